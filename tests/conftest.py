@@ -1,0 +1,48 @@
+"""Shared fixtures: one session-scoped SparkSession for the whole test run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from pyspark.sql import SparkSession
+
+from wcoj_core import spark as wspark
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+settings.register_profile(
+    "ci",
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+settings.register_profile(
+    "dev",
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    session = wspark.session(
+        "local[2]",
+        conf={"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "4g"},
+        app_name="wcoj-tests",
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return SHARED_DATA

@@ -1,0 +1,471 @@
+"""The engine: apply epochs of changes to shared arrangements and maintain query outputs.
+
+``Engine(spark, state_dir, queries)`` plans every query, then for each ``apply_epoch(t, changes)``:
+
+1. **stage** — each relation's changes are consolidated and written as a new batch at ``t``;
+2. **counts** — every counts arrangement is updated from the tuples whose support changed
+   (read from the changes and the old multiplicities of those tuples only);
+3. **rules** — every delta rule of every query runs against the old/new views; a query's rules
+   are summed, consolidated and written as the output's batch at ``t`` (one Spark job each);
+4. **commit** — one new manifest generation records all staged batches and the epoch.
+
+Nothing is visible until the commit, which either happens whole or not at all: a failure in any
+phase discards the staged batches and leaves the previous generation as it was. An epoch at or
+before the last applied one is refused (`EpochAlreadyApplied`), so nothing is counted twice.
+
+Arrangements are keyed by relation view and key columns and shared by all rules of all queries
+the engine serves. Static evaluation is one epoch applied to an empty state.
+"""
+
+from __future__ import annotations
+
+import time as clock
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from wcoj_core.arrangement import (
+    Snapshot,
+    counts_from_support,
+    counts_trace_name,
+    relation_trace_name,
+    support_changes,
+)
+from wcoj_core.errors import EpochAlreadyApplied, InputError, QueryError, StateError
+from wcoj_core.extend import (
+    WEIGHT,
+    StepObservations,
+    StepViews,
+    apply_filters,
+    check,
+    extend,
+    var_col,
+)
+from wcoj_core.query.ir import Query, Var
+from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Kind, Plan, Version, plan_query
+from wcoj_core.state import Batch, Manifest, StateStore, Trace
+from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns, update_schema
+
+
+def output_trace_name(query: str) -> str:
+    return f"out/{query}"
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetrics:
+    """Rows through one step of one rule (``None`` when Spark skipped the phase entirely)."""
+
+    query: str
+    rule: int
+    var: str
+    prefixes: int | None
+    min_count_sum: int | None
+    proposed: int | None
+    validated: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EpochMetrics:
+    """What one epoch did: changes in, rows proposed and validated, output rows, seconds."""
+
+    epoch: int
+    changes: dict[str, int]
+    outputs: dict[str, int]
+    steps: tuple[StepMetrics, ...]
+    seconds: dict[str, float]
+
+    @property
+    def proposed(self) -> int:
+        return sum(s.proposed or 0 for s in self.steps)
+
+    @property
+    def validated(self) -> int:
+        return sum(s.validated or 0 for s in self.steps)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "changes": self.changes,
+            "outputs": self.outputs,
+            "proposed": self.proposed,
+            "validated": self.validated,
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class EpochResult:
+    """The exact change of every query's output at an epoch, and the epoch's metrics."""
+
+    epoch: int
+    outputs: dict[str, DataFrame]
+    metrics: EpochMetrics
+
+
+@dataclass
+class _Timer:
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = clock.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + clock.perf_counter() - start
+
+
+def _observed(obs: Observation, key: str) -> int | None:
+    """An observed metric, or None when Spark never ran the observed part of the plan."""
+    try:
+        value = (obs.get or {}).get(key)
+    except Exception:  # the subtree was pruned (for example, joined with an empty side)
+        return None
+    return None if value is None else int(value)
+
+
+class Engine:
+    """Incremental worst-case-optimal evaluation of conjunctive queries over epochs."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        state_dir: str,
+        queries: Query | Sequence[Query],
+        *,
+        sizes: Mapping[str, int] | None = None,
+        orders: Mapping[str, Mapping[int, Sequence[Var]]] | None = None,
+        compact_every: int = 32,
+    ) -> None:
+        qs = [queries] if isinstance(queries, Query) else list(queries)
+        if len({q.name for q in qs}) != len(qs):
+            raise QueryError("two queries share a name; give each query its own name")
+        self.spark = spark
+        self.store = StateStore(spark, state_dir)
+        self.queries = {q.name: q for q in qs}
+        self.plans: dict[str, Plan] = {
+            q.name: plan_query(q, sizes, (orders or {}).get(q.name)) for q in qs
+        }
+        self.relations: dict[str, int] = {}
+        for q in qs:
+            for rel, arity in q.relations.items():
+                if self.relations.setdefault(rel, arity) != arity:
+                    raise QueryError(
+                        f"relation {rel!r} has arity {self.relations[rel]} in one query and "
+                        f"{arity} in {q.name!r}"
+                    )
+        self.compact_every = compact_every
+
+    # -- arrangements ----------------------------------------------------------------------
+    @property
+    def arrangements(self) -> tuple[Arrangement, ...]:
+        """Every arrangement any plan reads, each once."""
+        seen: dict[Arrangement, None] = {}
+        for plan in self.plans.values():
+            for a in plan.arrangements:
+                seen.setdefault(a, None)
+        return tuple(seen)
+
+    def _counts(self) -> list[Arrangement]:
+        return [a for a in self.arrangements if a.kind is Kind.COUNTS]
+
+    def _register(self, manifest: Manifest, staged_paths: list[str]) -> Manifest:
+        """Add the traces this engine needs; build missing counts from the committed state."""
+        m = manifest
+        for rel, arity in sorted(self.relations.items()):
+            name = relation_trace_name(rel)
+            existing = m.trace(name)
+            if existing is None:
+                m = m.with_trace(Trace(name, tuple(relation_columns(arity))))
+            elif len(existing.columns) != arity:
+                raise StateError(
+                    f"relation {rel!r} is stored with arity {len(existing.columns)} in "
+                    f"{self.store.root}, but the query uses arity {arity}"
+                )
+        for q in self.queries.values():
+            if m.trace(output_trace_name(q.name)) is None:
+                m = m.with_trace(
+                    Trace(output_trace_name(q.name), tuple(relation_columns(len(q.head))))
+                )
+        for a in self._counts():
+            name = counts_trace_name(a)
+            if m.trace(name) is not None:
+                continue
+            trace = Trace(name, tuple(f"c{k}" for k in a.key))
+            if m.epoch is not None and m.trace(relation_trace_name(a.view.relation)).rows() > 0:  # type: ignore[union-attr]
+                snap = Snapshot(self.store, m, {}, m.epoch + 1)
+                ones = snap.self_view(a.view, new=False).withColumn(DIFF, F.lit(1).cast("long"))
+                batch = self.store.write_batch(trace, counts_from_support(ones, a.key), m.epoch)
+                staged_paths.append(batch.path)
+                trace = trace.with_batch(batch)
+            m = m.with_trace(trace)
+        return m
+
+    # -- epochs ----------------------------------------------------------------------------
+    def apply_epoch(self, epoch: int, changes: Mapping[str, DataFrame]) -> EpochResult:
+        """Apply one epoch of changes; return the exact change of every output at `epoch`."""
+        base = self.store.current()
+        if base.epoch is not None and epoch <= base.epoch:
+            raise EpochAlreadyApplied(
+                f"epoch {epoch} cannot be applied to {self.store.root}: epoch {base.epoch} is "
+                f"already applied (epochs are applied once, in increasing order)"
+            )
+        for rel in changes:
+            if rel not in self.relations:
+                raise QueryError(
+                    f"changes given for relation {rel!r}, which no query uses "
+                    f"(used: {', '.join(sorted(self.relations))})"
+                )
+        timer = _Timer()
+        staged_paths: list[str] = []
+        try:
+            with timer.phase("stage"):
+                m = self._register(base, staged_paths)
+                staged = self._stage(m, epoch, changes, staged_paths)
+            with timer.phase("counts"):
+                staged |= self._maintain_counts(m, epoch, staged, staged_paths)
+            snapshot = Snapshot(self.store, m, staged, epoch)
+            with timer.phase("rules"):
+                outputs, steps = self._run_rules(snapshot, staged, staged_paths)
+            with timer.phase("commit"):
+                committed = self._commit(m, base, epoch, staged)
+        except BaseException:
+            self.store.discard(staged_paths)
+            raise
+        metrics = EpochMetrics(
+            epoch=epoch,
+            changes={
+                rel: staged[relation_trace_name(rel)].rows
+                for rel in sorted(changes)
+                if relation_trace_name(rel) in staged
+            },
+            outputs={q: outputs[q].rows for q in outputs},
+            steps=tuple(steps),
+            seconds=timer.seconds,
+        )
+        frames = {
+            q: self.store.read(committed.traces[output_trace_name(q)], [b])
+            for q, b in outputs.items()
+        }
+        if self.compact_every and any(
+            len(t.batches) > self.compact_every for t in committed.traces.values()
+        ):
+            self.compact()
+        return EpochResult(epoch, frames, metrics)
+
+    def _stage(
+        self, m: Manifest, epoch: int, changes: Mapping[str, DataFrame], staged_paths: list[str]
+    ) -> dict[str, Batch]:
+        staged: dict[str, Batch] = {}
+        for rel, df in sorted(changes.items()):
+            cols = relation_columns(self.relations[rel])
+            missing = [c for c in (*cols, DIFF) if c not in df.columns]
+            extra = [c for c in df.columns if c not in (*cols, DIFF, TIME)]
+            if missing or extra:
+                raise InputError(
+                    f"changes must have columns {[*cols, DIFF]} (and optionally {TIME}); "
+                    f"missing {missing}, unexpected {extra}",
+                    source=f"relation {rel!r} at epoch {epoch}",
+                )
+            trace = m.traces[relation_trace_name(rel)]
+            batch = self.store.write_batch(trace, consolidate(df.select(*cols, DIFF), cols), epoch)
+            staged_paths.append(batch.path)
+            staged[trace.name] = batch
+        return staged
+
+    def _maintain_counts(
+        self, m: Manifest, epoch: int, staged: dict[str, Batch], staged_paths: list[str]
+    ) -> dict[str, Batch]:
+        snapshot = Snapshot(self.store, m, staged, epoch)
+        by_view: dict[AtomView, list[Arrangement]] = {}
+        for a in self._counts():
+            by_view.setdefault(a.view, []).append(a)
+        out: dict[str, Batch] = {}
+        for view, arrangements in by_view.items():
+            if snapshot.is_empty(relation_trace_name(view.relation), new=True) or (
+                relation_trace_name(view.relation) not in staged
+            ):
+                continue
+            changes = support_changes(snapshot, view)
+            if len(arrangements) > 1:
+                changes = changes.persist()
+            for a in arrangements:
+                trace = m.traces[counts_trace_name(a)]
+                batch = self.store.write_batch(trace, counts_from_support(changes, a.key), epoch)
+                staged_paths.append(batch.path)
+                out[trace.name] = batch
+            changes.unpersist()
+        return out
+
+    def _rule_is_empty(self, plan: Plan, rule: DeltaRule, snapshot: Snapshot) -> bool:
+        atoms = plan.query.atoms
+        if relation_trace_name(atoms[rule.delta].relation) not in snapshot.staged:
+            return True
+        for j, version in enumerate(rule.versions):
+            if version is not Version.DELTA and snapshot.is_empty(
+                relation_trace_name(atoms[j].relation), new=version is Version.NEW
+            ):
+                return True
+        return False
+
+    def rule_output(
+        self, plan: Plan, rule: DeltaRule, snapshot: Snapshot, observations: list[StepObservations]
+    ) -> DataFrame:
+        """The output change produced by one delta rule: (c0.., diff), not consolidated."""
+        atom_vars = plan.atom_vars
+        start = atom_vars[rule.delta]
+        df = snapshot.delta_view(plan.views[rule.delta]).select(
+            *[F.col(f"c{i}").alias(var_col(v)) for i, v in enumerate(start)],
+            F.col(DIFF).alias(WEIGHT),
+        )
+        for c in rule.checks:
+            vs = atom_vars[c.atom]
+            tuples = snapshot.self_view(c.view, new=c.version is Version.NEW).select(
+                *[F.col(f"c{i}").alias(var_col(v)) for i, v in enumerate(vs)], DIFF
+            )
+            df = check(df, [var_col(v) for v in vs], tuples)
+        df = apply_filters(df, rule.start_filters)
+        for step in rule.steps:
+            views = StepViews(
+                counts=lambda x: snapshot.counts(x.counts, new=x.version is Version.NEW),
+                support=lambda x: (
+                    snapshot.self_view(x.view, new=x.version is Version.NEW)
+                    if x.completes
+                    else snapshot.counts(x.support, new=x.version is Version.NEW)
+                ),
+            )
+            obs = StepObservations(step.var.name)
+            observations.append(obs)
+            df = extend(df, step, atom_vars, views, obs)
+        head = plan.query.head
+        return df.select(
+            *[F.col(var_col(v)).alias(f"c{i}") for i, v in enumerate(head)],
+            F.col(WEIGHT).alias(DIFF),
+        )
+
+    def _run_rules(
+        self, snapshot: Snapshot, staged: dict[str, Batch], staged_paths: list[str]
+    ) -> tuple[dict[str, Batch], list[StepMetrics]]:
+        outputs: dict[str, Batch] = {}
+        steps: list[StepMetrics] = []
+        for name, plan in self.plans.items():
+            trace = snapshot.manifest.traces[output_trace_name(name)]
+            cols = list(trace.columns)
+            observed: list[tuple[int, list[StepObservations]]] = []
+            frames = []
+            for rule in plan.rules:
+                if self._rule_is_empty(plan, rule, snapshot):
+                    continue
+                obs: list[StepObservations] = []
+                frames.append(self.rule_output(plan, rule, snapshot, obs))
+                observed.append((rule.delta, obs))
+            if frames:
+                total = frames[0]
+                for f in frames[1:]:
+                    total = total.unionByName(f)
+                out = consolidate(total, cols)
+            else:
+                out = self.spark.createDataFrame([], update_schema(cols, with_time=False))
+            batch = self.store.write_batch(trace, out, snapshot.time, partitions=2)
+            staged_paths.append(batch.path)
+            outputs[name] = batch
+            staged[trace.name] = batch
+            for rule_index, obs in observed:
+                for o in obs:
+                    steps.append(
+                        StepMetrics(
+                            query=name,
+                            rule=rule_index,
+                            var=o.var,
+                            prefixes=_observed(o.prefixes, "rows"),
+                            min_count_sum=_observed(o.prefixes, "min_sum"),
+                            proposed=_observed(o.proposed, "rows"),
+                            validated=_observed(o.validated, "rows"),
+                        )
+                    )
+        return outputs, steps
+
+    def _commit(
+        self, m: Manifest, base: Manifest, epoch: int, staged: Mapping[str, Batch]
+    ) -> Manifest:
+        traces = dict(m.traces)
+        for name, batch in staged.items():
+            traces[name] = traces[name].with_batch(batch)
+        return self.store.commit(replace(m, epoch=epoch, traces=traces), expected=base)
+
+    # -- reading ---------------------------------------------------------------------------
+    def _accumulated(self, name: str, time: int | None) -> DataFrame:
+        m = self.store.current()
+        trace = m.trace(name)
+        if trace is None:
+            raise StateError(f"{name!r} is not in the state at {self.store.root}")
+        if time is not None and m.frontier is not None and time < m.frontier:
+            raise StateError(
+                f"history before epoch {m.frontier} was compacted in {self.store.root}; "
+                f"cannot read {name!r} as of epoch {time}"
+            )
+        df = self.store.read(trace, trace.visible(time)).drop(TIME)
+        return consolidate(df, trace.columns)
+
+    def output(self, query: str | None = None, time: int | None = None) -> DataFrame:
+        """A query's accumulated output as of `time` (default: the last applied epoch)."""
+        name = query or next(iter(self.queries))
+        if name not in self.queries:
+            raise QueryError(f"unknown query {name!r}; this engine serves {sorted(self.queries)}")
+        return self._accumulated(output_trace_name(name), time)
+
+    def relation(self, name: str, time: int | None = None) -> DataFrame:
+        """A relation's accumulated contents as of `time`: (c0.., diff)."""
+        if name not in self.relations:
+            raise QueryError(f"unknown relation {name!r}; known: {sorted(self.relations)}")
+        return self._accumulated(relation_trace_name(name), time)
+
+    @property
+    def epoch(self) -> int | None:
+        """The last applied epoch, or None for a new state."""
+        return self.store.current().epoch
+
+    # -- compaction ------------------------------------------------------------------------
+    def compact(self, frontier: int | None = None) -> None:
+        """Merge every trace's batches at or before `frontier` (default: last epoch) into one."""
+        base = self.store.current()
+        if base.epoch is None:
+            return
+        frontier = base.epoch if frontier is None else min(frontier, base.epoch)
+        traces = dict(base.traces)
+        staged_paths: list[str] = []
+        try:
+            for name, trace in base.traces.items():
+                old = trace.visible(frontier)
+                if len(old) <= 1:
+                    continue
+                merged = consolidate(self.store.read(trace, old).drop(TIME), trace.columns)
+                batch = self.store.write_batch(trace, merged, frontier, partitions=2)
+                staged_paths.append(batch.path)
+                later = tuple(b for b in trace.batches if b.time > frontier)
+                traces[name] = replace(trace, batches=(batch, *later))
+            self.store.commit(replace(base, traces=traces, frontier=frontier), expected=base)
+        except BaseException:
+            self.store.discard(staged_paths)
+            raise
+
+
+def evaluate_static(
+    spark: SparkSession,
+    query: Query,
+    relations: Mapping[str, DataFrame],
+    state_dir: str,
+) -> EpochResult:
+    """Evaluate `query` on whole relations as one epoch applied to an empty state."""
+    missing = sorted(set(query.relations) - set(relations))
+    if missing:
+        raise QueryError(f"no input given for relation(s) {', '.join(missing)} of {query.name}")
+    return Engine(spark, state_dir, query).apply_epoch(0, relations)

@@ -1,0 +1,208 @@
+"""The naive oracle: conjunctive queries over in-memory multisets, in pure Python.
+
+This is the reference every Spark result is checked against, so it is written to be obviously
+right first and only then reasonably fast. It imports no Spark.
+
+A relation is a mapping from tuples to signed integer multiplicities; tuples with multiplicity
+zero are ignored, and a relation the query uses but that is absent counts as empty. Evaluation
+has exact bag semantics: the multiplicity of a head tuple is the sum, over every binding of the
+body variables that matches every atom (constants equal, repeated variables equal) and passes
+every filter, of the product of the multiplicities of the matched tuples -- one factor per atom,
+so a relation used twice contributes two factors. Results that sum to zero are dropped.
+
+The search backtracks over the atoms in body order. Each atom is looked up through a hash index
+on the positions already bound when it is reached (built on first use), and each filter is
+checked as soon as its last variable is bound.
+
+>>> from wcoj_core.query.parse import parse_query
+>>> q = parse_query("p(a, c) :- e(a, b), e(b, c)")
+>>> naive_eval(q, {"e": {(1, 2): 2, (2, 3): 3, (2, 4): -1}})
+Counter({(1, 3): 6, (1, 4): -2})
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from wcoj_core.errors import QueryError
+from wcoj_core.query.ir import Const, Query, Term, Var
+
+Relations = Mapping[str, Mapping[tuple[int, ...], int]]
+_Bucket = list[tuple[tuple[int, ...], int]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """How to match one atom: which slots form the lookup key, which slots the match fills."""
+
+    relation: str
+    key_positions: tuple[int, ...]  # atom positions already bound when the atom is reached
+    key_slots: tuple[int, ...]  # the slot holding each of those positions' values
+    assign: tuple[tuple[int, int], ...]  # (position, slot) for the variables this atom binds
+    repeats: tuple[tuple[int, int], ...]  # (position, earlier position) of a repeated new variable
+    filters: tuple[Callable[[list[int]], bool], ...]  # checks whose last variable this atom binds
+
+
+class _Index:
+    """A relation's nonzero tuples, with hash indexes on position subsets built on demand."""
+
+    def __init__(self, name: str, arity: int, tuples: Mapping[tuple[int, ...], int]) -> None:
+        self.rows: _Bucket = []
+        for row, mult in tuples.items():
+            if mult == 0:
+                continue
+            if len(row) != arity:
+                raise QueryError(
+                    f"relation {name!r} holds the tuple {row!r} of arity {len(row)}, but the "
+                    f"query uses {name!r} with arity {arity}"
+                )
+            self.rows.append((tuple(row), mult))
+        self.by_positions: dict[tuple[int, ...], dict[tuple[int, ...], _Bucket]] = {}
+
+    def lookup(self, positions: tuple[int, ...]) -> dict[tuple[int, ...], _Bucket]:
+        """The rows grouped by their values at `positions` (built the first time it is asked)."""
+        if positions not in self.by_positions:
+            index: dict[tuple[int, ...], _Bucket] = {}
+            for row, mult in self.rows:
+                index.setdefault(tuple(row[p] for p in positions), []).append((row, mult))
+            self.by_positions[positions] = index
+        return self.by_positions[positions]
+
+
+def naive_eval(query: Query, relations: Relations) -> Counter[tuple[int, ...]]:
+    """Evaluate `query` over `relations` with exact signed bag semantics.
+
+    >>> from wcoj_core.query.parse import parse_query
+    >>> q = parse_query("p(a) :- e(a, a), f(7, a), a > 0")
+    >>> naive_eval(q, {"e": {(1, 1): 2, (2, 2): 1, (1, 2): 5, (0, 0): 1}, "f": {(7, 1): -3}})
+    Counter({(1,): -6})
+    """
+    # Every variable and every constant gets a slot in one value array, so that lookup keys and
+    # filters read their operands the same way.
+    slots: dict[Term, int] = {}
+    values: list[int] = []
+    for v in query.vars:
+        slots[v] = len(values)
+        values.append(0)
+    for atom in query.atoms:
+        for t in atom.terms:
+            if isinstance(t, Const) and t not in slots:
+                slots[t] = len(values)
+                values.append(t.value)
+    for f in query.filters:
+        for t in (f.left, f.right):
+            if isinstance(t, Const) and t not in slots:
+                slots[t] = len(values)
+                values.append(t.value)
+
+    indexes = {
+        name: _Index(name, arity, relations.get(name, {}))
+        for name, arity in query.relations.items()
+    }
+    steps = _plan_steps(query, slots)
+    lookups: list[dict[tuple[int, ...], _Bucket] | None] = [None] * len(steps)
+    head_slots = tuple(slots[v] for v in query.head)
+    out: Counter[tuple[int, ...]] = Counter()
+
+    def visit(depth: int, weight: int) -> None:
+        if depth == len(steps):
+            out[tuple(values[s] for s in head_slots)] += weight
+            return
+        step = steps[depth]
+        lookup = lookups[depth]
+        if lookup is None:
+            lookup = lookups[depth] = indexes[step.relation].lookup(step.key_positions)
+        bucket = lookup.get(tuple(values[s] for s in step.key_slots))
+        if not bucket:
+            return
+        for row, mult in bucket:
+            if any(row[p] != row[q] for p, q in step.repeats):
+                continue
+            for p, s in step.assign:
+                values[s] = row[p]
+            if all(check(values) for check in step.filters):
+                visit(depth + 1, weight * mult)
+
+    visit(0, 1)
+    return Counter({row: m for row, m in out.items() if m != 0})
+
+
+def _plan_steps(query: Query, slots: Mapping[Term, int]) -> list[_Step]:
+    """One `_Step` per atom, in body order."""
+    bound: set[Var] = set()
+    pending = list(query.filters)
+    steps: list[_Step] = []
+    for atom in query.atoms:
+        key_positions: list[int] = []
+        assign: list[tuple[int, int]] = []
+        repeats: list[tuple[int, int]] = []
+        first_position: dict[Var, int] = {}
+        for p, t in enumerate(atom.terms):
+            if isinstance(t, Const) or t in bound:
+                key_positions.append(p)
+            elif t in first_position:
+                repeats.append((p, first_position[t]))
+            else:
+                first_position[t] = p
+                assign.append((p, slots[t]))
+        bound.update(first_position)
+        ready = [f for f in pending if f.vars <= bound]
+        pending = [f for f in pending if not f.vars <= bound]
+        steps.append(
+            _Step(
+                relation=atom.relation,
+                key_positions=tuple(key_positions),
+                key_slots=tuple(slots[atom.terms[p]] for p in key_positions),
+                assign=tuple(assign),
+                repeats=tuple(repeats),
+                filters=tuple(
+                    _compile_check(f.op.fn, slots[f.left], slots[f.right]) for f in ready
+                ),
+            )
+        )
+    return steps
+
+
+def _compile_check(
+    fn: Callable[[int, int], bool], left: int, right: int
+) -> Callable[[list[int]], bool]:
+    """A filter as a function of the value array."""
+    return lambda values: fn(values[left], values[right])
+
+
+def naive_delta(query: Query, before: Relations, after: Relations) -> Counter[tuple[int, ...]]:
+    """The signed change of the query's output from `before` to `after` (zeros dropped).
+
+    >>> from wcoj_core.query.parse import parse_query
+    >>> q = parse_query("p(a) :- e(a)")
+    >>> naive_delta(q, {"e": {(1,): 1, (2,): 1}}, {"e": {(2,): 3, (3,): 1}})
+    Counter({(2,): 2, (3,): 1, (1,): -1})
+    """
+    old = naive_eval(query, before)
+    new = naive_eval(query, after)
+    delta: Counter[tuple[int, ...]] = Counter()
+    for row in old.keys() | new.keys():
+        change = new.get(row, 0) - old.get(row, 0)
+        if change != 0:
+            delta[row] = change
+    return delta
+
+
+def accumulate(
+    updates: Iterable[tuple[tuple[int, ...], int, int]], time: int, strict: bool = False
+) -> Counter[tuple[int, ...]]:
+    """Sum the diffs of ``(data, time, diff)`` updates at or before `time` (before it if `strict`).
+
+    >>> ups = [((1, 2), 0, 1), ((1, 2), 1, -1), ((3, 4), 1, 2), ((5, 6), 2, 1)]
+    >>> accumulate(ups, 1)
+    Counter({(3, 4): 2})
+    >>> accumulate(ups, 1, strict=True)
+    Counter({(1, 2): 1})
+    """
+    total: Counter[tuple[int, ...]] = Counter()
+    for data, t, diff in updates:
+        if t < time or (t == time and not strict):
+            total[data] += diff
+    return Counter({data: d for data, d in total.items() if d != 0})

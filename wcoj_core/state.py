@@ -1,0 +1,252 @@
+"""Persisted state: traces of update batches under a state directory, and atomic manifests.
+
+Layout::
+
+    <state>/manifests/0000000007.json   one file per committed generation, never rewritten
+    <state>/traces/<trace-dir>/<batch>/  Parquet files of one batch of update triples
+
+A *trace* is a named collection of update triples (a relation, a counts arrangement, a query's
+output) stored as immutable batches, each consolidated and stamped with one time. The current
+manifest (the highest generation) lists the live batches of every trace and the last applied
+epoch. Writers stage new batches in fresh directories, then commit a new manifest by creating the
+next generation's file exclusively: a crash before that leaves the previous state intact (the
+staged batches are orphans, removed later), and of two writers racing for the same generation
+exactly one wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+
+from wcoj_core.errors import StateError
+from wcoj_core.updates import DIFF, TIME, update_schema
+
+FORMAT = 1
+KEEP_MANIFESTS = 8
+ORPHAN_AGE = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One immutable batch of a trace: its directory (relative to the state), time and row count."""
+
+    path: str
+    time: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A named collection of update triples over long `columns`, as a list of batches."""
+
+    name: str
+    columns: tuple[str, ...]
+    batches: tuple[Batch, ...] = ()
+
+    def visible(self, time: int | None, strict: bool = False) -> tuple[Batch, ...]:
+        """The batches whose updates are visible at `time` (all of them for ``None``)."""
+        if time is None:
+            return self.batches
+        return tuple(b for b in self.batches if (b.time < time if strict else b.time <= time))
+
+    def rows(self, time: int | None = None, strict: bool = False) -> int:
+        """Stored rows visible at `time`; 0 means the collection is certainly empty."""
+        return sum(b.rows for b in self.visible(time, strict))
+
+    def with_batch(self, batch: Batch) -> Trace:
+        return replace(self, batches=(*self.batches, batch))
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """One committed generation of the state."""
+
+    generation: int = 0
+    epoch: int | None = None
+    traces: Mapping[str, Trace] = field(default_factory=dict)
+    frontier: int | None = None  # history at or before it is compacted into one batch
+
+    def trace(self, name: str) -> Trace | None:
+        return self.traces.get(name)
+
+    def with_trace(self, trace: Trace) -> Manifest:
+        return replace(self, traces={**self.traces, trace.name: trace})
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": FORMAT,
+                "generation": self.generation,
+                "epoch": self.epoch,
+                "frontier": self.frontier,
+                "traces": {
+                    name: {
+                        "columns": list(t.columns),
+                        "batches": [[b.path, b.time, b.rows] for b in t.batches],
+                    }
+                    for name, t in sorted(self.traces.items())
+                },
+            },
+            indent=1,
+        )
+
+    @staticmethod
+    def from_json(text: str, source: str) -> Manifest:
+        try:
+            raw = json.loads(text)
+            if raw.get("format") != FORMAT:
+                raise StateError(f"{source}: unsupported state format {raw.get('format')!r}")
+            traces = {
+                name: Trace(
+                    name,
+                    tuple(t["columns"]),
+                    tuple(Batch(p, int(time), int(rows)) for p, time, rows in t["batches"]),
+                )
+                for name, t in raw["traces"].items()
+            }
+            return Manifest(int(raw["generation"]), raw["epoch"], traces, raw.get("frontier"))
+        except (ValueError, KeyError, TypeError) as e:
+            raise StateError(f"{source}: corrupt manifest ({e})") from e
+
+
+def _local_root(root: str) -> Path:
+    if root.startswith("file://"):
+        root = root[len("file://") :]
+    elif "://" in root:
+        raise StateError(
+            f"state directory {root!r}: only local paths are supported by this version"
+        )
+    return Path(root).absolute()
+
+
+def trace_dir(name: str) -> str:
+    """A directory name for a trace: readable prefix plus a hash of the full name.
+
+    >>> trace_dir("rel/edge").startswith("rel-edge-")
+    True
+    """
+    readable = "".join(ch if ch.isalnum() else "-" for ch in name)[:40]
+    digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+    return f"{readable}-{digest}"
+
+
+class StateStore:
+    """A state directory: reads manifests, stages batches, commits generations."""
+
+    def __init__(self, spark: SparkSession, root: str | os.PathLike[str]) -> None:
+        self.spark = spark
+        self.root = _local_root(os.fspath(root))
+        self._manifests = self.root / "manifests"
+        self._traces = self.root / "traces"
+
+    # -- manifests -------------------------------------------------------------------------
+    def current(self) -> Manifest:
+        """The manifest of the highest committed generation (an empty one for a new state)."""
+        if not self._manifests.is_dir():
+            return Manifest()
+        gens = sorted(p for p in self._manifests.glob("*.json") if p.stem.isdigit())
+        if not gens:
+            return Manifest()
+        latest = gens[-1]
+        return Manifest.from_json(latest.read_text(), str(latest))
+
+    def commit(self, manifest: Manifest, expected: Manifest) -> Manifest:
+        """Commit `manifest` as the generation after `expected`, or fail if someone else did."""
+        new = replace(manifest, generation=expected.generation + 1)
+        try:
+            self._manifests.mkdir(parents=True, exist_ok=True)
+            path = self._manifests / f"{new.generation:010d}.json"
+            tmp = self._manifests / f".{new.generation:010d}.{uuid.uuid4().hex}.tmp"
+            tmp.write_text(new.to_json())
+            try:
+                # os.link fails if the target exists: an atomic create-exclusive of the full file.
+                os.link(tmp, path)
+            except FileExistsError:
+                raise StateError(
+                    f"state {self.root}: generation {new.generation} was committed by another "
+                    f"writer while this one was working; nothing was applied, reload and retry"
+                ) from None
+            finally:
+                tmp.unlink(missing_ok=True)
+        except OSError as e:
+            raise StateError(f"state {self.root}: cannot commit ({e.strerror or e})") from e
+        self._prune(new)
+        return new
+
+    def _prune(self, current: Manifest) -> None:
+        """Drop old manifest files, the batches only they referenced, and stale orphans.
+
+        A batch that no kept manifest references was either retired (by compaction; it was in
+        a manifest pruned now or earlier) or staged by a writer that failed. A staged batch
+        younger than `ORPHAN_AGE` seconds may belong to a writer still at work: it stays.
+        """
+        gens = sorted(p for p in self._manifests.glob("*.json") if p.stem.isdigit())
+        kept, dropped = gens[-KEEP_MANIFESTS:], gens[:-KEEP_MANIFESTS]
+        live: set[str] = {b.path for t in current.traces.values() for b in t.batches}
+        retired: set[str] = set()
+        for paths, files in ((live, kept), (retired, dropped)):
+            for p in files:
+                try:
+                    m = Manifest.from_json(p.read_text(), str(p))
+                except (StateError, OSError):
+                    return  # never delete data on a doubt
+                paths.update(b.path for t in m.traces.values() for b in t.batches)
+        for old in dropped:
+            old.unlink(missing_ok=True)
+        if not self._traces.is_dir():
+            return
+        now = time.time()
+        for tdir in self._traces.iterdir():
+            for bdir in tdir.iterdir():
+                rel = f"traces/{tdir.name}/{bdir.name}"
+                if rel in live:
+                    continue
+                if rel in retired or now - bdir.stat().st_mtime > ORPHAN_AGE:
+                    shutil.rmtree(bdir, ignore_errors=True)
+
+    def discard(self, paths: Sequence[str]) -> None:
+        """Remove staged batches that will never be committed."""
+        for p in paths:
+            shutil.rmtree(self.root / p, ignore_errors=True)
+
+    # -- batches ---------------------------------------------------------------------------
+    def write_batch(self, trace: Trace, df: DataFrame, time: int, partitions: int = 1) -> Batch:
+        """Write update triples (trace columns + diff) as a new batch at `time`; count its rows.
+
+        The row count comes from an observation on the write itself, not a second job.
+        """
+        rel = f"traces/{trace_dir(trace.name)}/b-s-{time}-{uuid.uuid4().hex[:12]}"
+        obs = Observation()
+        out = df.select(
+            *[F.col(c).cast("long") for c in trace.columns],
+            F.lit(time).cast("long").alias(TIME),
+            F.col(DIFF).cast("long"),
+        ).observe(obs, F.count(F.lit(1)).alias("rows"))
+        try:
+            out.coalesce(partitions).write.mode("errorifexists").parquet(str(self.root / rel))
+        except Exception as e:  # pragma: no cover - exercised by fault tests
+            shutil.rmtree(self.root / rel, ignore_errors=True)
+            if isinstance(e, OSError):
+                raise StateError(f"state {self.root}: cannot write a batch ({e})") from e
+            raise
+        rows = int((obs.get or {}).get("rows", 0))
+        return Batch(rel, time, rows)
+
+    def read(self, trace: Trace, batches: Sequence[Batch]) -> DataFrame:
+        """The update triples of some batches of a trace, unconsolidated across batches."""
+        schema = update_schema(trace.columns)
+        paths = [str(self.root / b.path) for b in batches if b.rows > 0]
+        if not paths:
+            return self.spark.createDataFrame([], schema)
+        return self.spark.read.schema(schema).parquet(*paths)
