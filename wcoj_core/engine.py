@@ -177,6 +177,19 @@ class Engine:
     def _counts(self) -> list[Arrangement]:
         return [a for a in self.arrangements if a.kind is Kind.COUNTS]
 
+    def _check_served(self, manifest: Manifest) -> None:
+        """Refuse a state holding queries (and so arrangements) this engine would not maintain."""
+        registered = {
+            name.removeprefix("out/") for name in manifest.traces if name.startswith("out/")
+        }
+        unserved = sorted(registered - set(self.queries))
+        if unserved:
+            raise StateError(
+                f"state {self.store.root} also maintains {', '.join(unserved)}; an engine "
+                f"applying epochs to it must serve every query it holds (serving: "
+                f"{', '.join(sorted(self.queries))})"
+            )
+
     def _register(self, manifest: Manifest, staged_paths: list[str]) -> Manifest:
         """Add the traces this engine needs; build missing counts from the committed state."""
         m = manifest
@@ -213,6 +226,13 @@ class Engine:
     def apply_epoch(self, epoch: int, changes: Mapping[str, DataFrame]) -> EpochResult:
         """Apply one epoch of changes; return the exact change of every output at `epoch`."""
         base = self.store.current()
+        self._check_served(base)
+        if self.compact_every and any(
+            len(t.batches) > self.compact_every for t in base.traces.values()
+        ):
+            # Compact before the epoch, as its own commit: a failure here applies nothing.
+            self.compact()
+            base = self.store.current()
         if base.epoch is not None and epoch <= base.epoch:
             raise EpochAlreadyApplied(
                 f"epoch {epoch} cannot be applied to {self.store.root}: epoch {base.epoch} is "
@@ -255,10 +275,6 @@ class Engine:
             q: self.store.read(committed.traces[output_trace_name(q)], [b])
             for q, b in outputs.items()
         }
-        if self.compact_every and any(
-            len(t.batches) > self.compact_every for t in committed.traces.values()
-        ):
-            self.compact()
         return EpochResult(epoch, frames, metrics)
 
     def _stage(
@@ -440,6 +456,8 @@ class Engine:
         if base.epoch is None:
             return
         frontier = base.epoch if frontier is None else min(frontier, base.epoch)
+        if base.frontier is not None and frontier <= base.frontier:
+            return  # the frontier only moves forward
         traces = dict(base.traces)
         staged_paths: list[str] = []
         try:

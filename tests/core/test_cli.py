@@ -1,0 +1,645 @@
+"""The ``wcoj`` command line: results against the naive oracle, JSON output, every error path.
+
+Most tests call `main` in-process (the session-scoped SparkSession is reused); two run the
+installed console script in a subprocess, one of them starting its own JVM.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+
+from wcoj_core import cli
+from wcoj_core.naive import naive_eval
+from wcoj_core.query.builtins import builtin
+from wcoj_core.query.explain import explain
+from wcoj_core.query.plan import plan_query
+from wcoj_core.replay import CheckOutcome, ReplayError, ReplayResult, check_parameters, epoch_stream
+
+# A small directed multigraph: a duplicate line (multiplicity 2), a self-loop and both
+# directions of 1-3.
+EDGES = [(1, 2), (2, 3), (1, 3), (3, 4), (2, 4), (1, 4), (4, 5), (5, 1), (2, 2), (3, 1), (1, 2)]
+EDGE_TEXT = "# a tiny graph\n" + "".join(f"{a}\t{b}\n" for a, b in EDGES)
+WCOJ_SCRIPT = Path(sys.executable).with_name("wcoj")
+
+
+@pytest.fixture(scope="module")
+def fast_spark(spark: SparkSession) -> Iterator[SparkSession]:
+    """The shared session without whole-stage codegen, which only slows tiny jobs down."""
+    key = "spark.sql.codegen.wholeStage"
+    previous = spark.conf.get(key)
+    spark.conf.set(key, "false")
+    yield spark
+    spark.conf.set(key, previous)
+
+
+@pytest.fixture
+def edge_file(tmp_path: Path) -> str:
+    path = tmp_path / "edges.txt"
+    path.write_text(EDGE_TEXT)
+    return str(path)
+
+
+@pytest.fixture
+def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if the CLI gets as far as starting Spark."""
+
+    def refuse(master: str | None) -> SparkSession:
+        raise AssertionError("Spark was started although the arguments are invalid")
+
+    monkeypatch.setattr(cli, "_start_spark", refuse)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], list[str]]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err.splitlines()
+
+
+def last_json(out: list[str]) -> dict[str, Any]:
+    assert out, "nothing printed"
+    payload = json.loads(out[-1])
+    assert isinstance(payload, dict)
+    return payload
+
+
+def assert_one_line_error(err: list[str], *fragments: str) -> None:
+    assert len(err) == 1, err
+    assert err[0].startswith("wcoj: error: "), err
+    assert "Traceback" not in err[0]
+    for fragment in fragments:
+        assert fragment in err[0], (fragment, err[0])
+
+
+def symmetric(edges: list[tuple[int, int]]) -> Counter[tuple[int, ...]]:
+    """The oracle's view of ``--undirected``: each undirected edge once per direction."""
+    undirected = {(min(a, b), max(a, b)) for a, b in edges if a != b}
+    return Counter([*undirected, *((b, a) for a, b in undirected)])
+
+
+def collect(df: DataFrame) -> Counter[tuple[int, ...]]:
+    """Update triples as a multiset of (c0, c1, time) with summed diffs, zeros dropped."""
+    total: Counter[tuple[int, ...]] = Counter()
+    for row in df.collect():
+        total[(row["c0"], row["c1"], row["time"])] += row["diff"]
+    return Counter({k: v for k, v in total.items() if v != 0})
+
+
+def final_relation(stream: Counter[tuple[int, ...]]) -> Counter[tuple[int, ...]]:
+    final: Counter[tuple[int, ...]] = Counter()
+    for (a, b, _), diff in stream.items():
+        final[(a, b)] += diff
+    return Counter({k: v for k, v in final.items() if v != 0})
+
+
+# --- count --------------------------------------------------------------------------------------
+
+
+def test_count_matches_the_oracle_and_ends_with_json(
+    fast_spark: SparkSession, capsys: pytest.CaptureFixture[str], edge_file: str, tmp_path: Path
+) -> None:
+    query = builtin("directed-triangles")
+    expected = sum(naive_eval(query, {"edge": Counter(EDGES)}).values())
+    assert expected > 0
+    state = tmp_path / "kept"
+    code, out, err = run(
+        capsys,
+        "count",
+        "--query",
+        "directed-triangles",
+        "--input",
+        f"edge={edge_file}",
+        "--state",
+        str(state),
+        "--json",
+    )
+    assert code == 0, err
+    assert out[0].startswith(f"count: {expected} (seconds ")
+    assert "proposed" in out[0] and "validated" in out[0]
+    payload = last_json(out)
+    assert payload["count"] == expected
+    assert payload["query"] == "directed_triangles"
+    assert isinstance(payload["seconds"], float)
+    assert payload["output_rows"] == len(naive_eval(query, {"edge": Counter(EDGES)}))
+    assert payload["proposed"] >= payload["validated"] >= 0
+    assert (state / "manifests").is_dir(), "--state DIR is kept"
+
+
+def test_count_undirected_and_query_text(
+    fast_spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+    edge_file: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[str] = []
+    real_mkdtemp = cli.tempfile.mkdtemp
+
+    def recording_mkdtemp(*args: Any, **kwargs: Any) -> str:
+        made.append(real_mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(cli.tempfile, "mkdtemp", recording_mkdtemp)
+    text = "tri(a, b, c) :- edge(a, b), edge(b, c), edge(a, c), a < b, b < c"
+    query = builtin("triangles")
+    expected = sum(naive_eval(query, {"edge": symmetric(EDGES)}).values())
+    assert expected > 0
+    code, out, err = run(
+        capsys, "count", "--query", text, "--input", f"edge={edge_file}", "--undirected", "edge"
+    )
+    assert code == 0, err
+    assert out == [out[0]] and out[0].startswith(f"count: {expected} ")
+    assert made and not any(Path(p).exists() for p in made), "the default state dir is removed"
+
+
+# --- replay -------------------------------------------------------------------------------------
+
+
+def test_replay_with_deletions_passes_the_check(
+    fast_spark: SparkSession, capsys: pytest.CaptureFixture[str], edge_file: str, tmp_path: Path
+) -> None:
+    epochs, fraction, seed = 3, 0.5, 4
+    # The oracle's final input: the same stream, accumulated in Python.
+    relation = fast_spark.createDataFrame(
+        [(a, b, 1) for a, b in EDGES], "c0 long, c1 long, diff long"
+    )
+    stream = collect(epoch_stream(relation, epochs, fraction, seed, undirected=True))
+    assert any(diff < 0 for diff in stream.values()), "pick a seed that deletes something"
+    expected = sum(naive_eval(builtin("triangles"), {"edge": final_relation(stream)}).values())
+    state = tmp_path / "state"
+    argv = [
+        "replay",
+        "--query",
+        "triangles",
+        "--input",
+        f"edge={edge_file}",
+        "--undirected",
+        "edge",
+        "--epochs",
+        str(epochs),
+        "--delete-fraction",
+        str(fraction),
+        "--seed",
+        str(seed),
+        "--check",
+        "--state",
+        str(state),
+        "--json",
+    ]
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    progress = [line for line in out if line.startswith("epoch ")]
+    assert [p.split(":")[0] for p in progress] == [f"epoch {i}/{epochs}" for i in (1, 2, 3)]
+    assert all("changes" in p and "output change" in p and "seconds" in p for p in progress)
+    assert any(line.startswith(f"final count: {expected}; check: passed") for line in out)
+    payload = last_json(out)
+    assert payload["check"] == "passed"
+    assert payload["mismatches"] == 0
+    assert payload["final_count"] == expected
+    assert payload["epochs"] == epochs
+    assert len(payload["seconds_per_epoch"]) == epochs
+    assert payload["median_seconds"] == pytest.approx(
+        sorted(payload["seconds_per_epoch"])[1], abs=1e-3
+    )
+    assert (state / "stream" / "edge").is_dir() and (state / "engine").is_dir()
+    # The state is kept, so it cannot be reused for another replay.
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert_one_line_error(err, "--state", "not empty")
+
+
+def test_replay_inserts_only_skips_the_check(
+    fast_spark: SparkSession, capsys: pytest.CaptureFixture[str], edge_file: str
+) -> None:
+    query = builtin("2-paths")
+    expected = sum(naive_eval(query, {"edge": Counter(EDGES)}).values())
+    code, out, err = run(
+        capsys,
+        "replay",
+        "--query",
+        "2-paths",
+        "--input",
+        f"edge={edge_file}",
+        "--epochs",
+        "2",
+        "--json",
+    )
+    assert code == 0, err
+    payload = last_json(out)
+    assert payload["check"] == "skipped" and payload["mismatches"] is None
+    assert payload["final_count"] == expected
+    assert [m["epoch"] for m in payload["epoch_metrics"]] == [0, 1]
+
+
+def test_replay_exits_1_when_the_check_fails(
+    fast_spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+    edge_file: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def failing(*args: Any, **kwargs: Any) -> ReplayResult:
+        return ReplayResult("triangles", (), (), 5, CheckOutcome.FAILED, 3)
+
+    monkeypatch.setattr(cli, "replay", failing)
+    code, out, err = run(
+        capsys,
+        "replay",
+        "--query",
+        "triangles",
+        "--input",
+        f"edge={edge_file}",
+        "--epochs",
+        "2",
+        "--check",
+        "--json",
+    )
+    assert code == 1
+    assert last_json(out)["check"] == "failed"
+    assert_one_line_error(err, "check failed", "3 output tuples differ")
+
+
+# --- the stream ---------------------------------------------------------------------------------
+
+
+def test_epoch_stream_is_seeded_and_partitioning_free(fast_spark: SparkSession) -> None:
+    rows = [(a, b, 1) for a in range(12) for b in range(a % 3, 12, 5)]
+    relation = fast_spark.createDataFrame(rows, "c0 long, c1 long, diff long")
+    epochs = 4
+    stream = collect(epoch_stream(relation, epochs, 0.6, 11))
+    assert stream == collect(epoch_stream(relation.repartition(5), epochs, 0.6, 11))
+    assert stream != collect(epoch_stream(relation, epochs, 0.6, 12))
+    inserted = {(a, b): t for (a, b, t), d in stream.items() if d > 0}
+    deleted = {(a, b): t for (a, b, t), d in stream.items() if d < 0}
+    assert set(inserted) == {(a, b) for a, b, _ in rows}
+    assert all(0 <= t < epochs for t in inserted.values())
+    assert deleted and all(inserted[k] < t <= epochs - 1 for k, t in deleted.items())
+    everything = collect(epoch_stream(relation, epochs, 1.0, 11))
+    assert {(a, b) for (a, b, _), d in everything.items() if d < 0} == {
+        k for k, t in inserted.items() if t < epochs - 1
+    }
+    assert all(d > 0 for d in collect(epoch_stream(relation, epochs, 0.0, 11)).values())
+
+
+def test_epoch_stream_undirected_is_symmetric(fast_spark: SparkSession) -> None:
+    relation = fast_spark.createDataFrame(
+        [(a, b, 1) for a, b in EDGES], "c0 long, c1 long, diff long"
+    )
+    stream = collect(epoch_stream(relation, 3, 0.5, 2, undirected=True))
+    assert stream == Counter({(b, a, t): d for (a, b, t), d in stream.items()})
+    assert Counter(final_relation(stream)) <= symmetric(EDGES)
+
+
+def test_replay_parameters_are_checked() -> None:
+    check_parameters(1, 0.0, -5)
+    for epochs, fraction, seed in [(0, 0.0, 1), (2, -0.1, 1), (2, 1.01, 1), (2, 0.5, 2**63)]:
+        with pytest.raises(ReplayError):
+            check_parameters(epochs, fraction, seed)
+
+
+# --- explain ------------------------------------------------------------------------------------
+
+
+def test_explain_prints_the_plan(capsys: pytest.CaptureFixture[str], no_spark: None) -> None:
+    code = cli.main(["explain", "--query", "triangles"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == ""
+    assert out == explain(plan_query(builtin("triangles")))
+    assert out.startswith("query triangles(a, b, c) :- edge(a, b)")
+
+
+# --- errors found before Spark starts -----------------------------------------------------------
+
+
+def _file_args(path: str) -> list[str]:
+    return ["count", "--query", "triangles", "--input", f"edge={path}"]
+
+
+PRE_SPARK_ERRORS: list[tuple[str, Callable[[str, Path], list[str]], tuple[str, ...]]] = [
+    ("no command", lambda f, d: [], ("required: COMMAND",)),
+    ("unknown command", lambda f, d: ["counts"], ("invalid choice",)),
+    ("no query", lambda f, d: ["count", "--input", f"edge={f}"], ("--query",)),
+    ("no input", lambda f, d: ["count", "--query", "triangles"], ("--input",)),
+    (
+        "query syntax",
+        lambda f, d: ["count", "--query", "p(a) :- edge(a b)", "--input", f"edge={f}"],
+        ("query line 1, column 16", "found 'b'"),
+    ),
+    (
+        "query syntax on line 2",
+        lambda f, d: ["explain", "--query", "p(a) :-\n  edge(a, b) edge(b, a)"],
+        ("query line 2, column 14",),
+    ),
+    (
+        "query arity clash",
+        lambda f, d: ["count", "--query", "p(a) :- edge(a, b), edge(a)", "--input", f"edge={f}"],
+        ("query line 1, column 21", "arity"),
+    ),
+    ("unknown built-in", lambda f, d: ["explain", "--query", "triangle"], ("'triangle'",)),
+    (
+        "input without '='",
+        lambda f, d: ["count", "--query", "triangles", "--input", f],
+        ("REL=PATH",),
+    ),
+    (
+        "input with empty path",
+        lambda f, d: ["count", "--query", "triangles", "--input", "edge="],
+        ("REL=PATH",),
+    ),
+    (
+        "input with a bad name",
+        lambda f, d: ["count", "--query", "triangles", "--input", f"1edge={f}"],
+        ("'1edge' is not a relation name",),
+    ),
+    (
+        "duplicate input",
+        lambda f, d: [*_file_args(f), "--input", f"edge={f}"],
+        ("'edge' twice",),
+    ),
+    (
+        "input the query does not use",
+        lambda f, d: [*_file_args(f), "--input", f"other={f}"],
+        ("'other'", "does not use"),
+    ),
+    (
+        "relation without input",
+        lambda f, d: ["count", "--query", "p(a) :- edge(a, b), w(b)", "--input", f"edge={f}"],
+        ("'w'", "--input w=PATH"),
+    ),
+    (
+        "missing file",
+        lambda f, d: _file_args(str(d / "absent.txt")),
+        ("absent.txt (relation edge): no such file",),
+    ),
+    (
+        "missing file behind file://",
+        lambda f, d: _file_args((d / "absent.txt").as_uri()),
+        ("absent.txt (relation edge): no such file",),
+    ),
+    (
+        "bad generator spec",
+        lambda f, d: _file_args("rmat:scale=4,edgs=9"),
+        ("rmat:scale=4,edgs=9, column 14", "unknown key 'edgs'"),
+    ),
+    (
+        "generator for a ternary relation",
+        lambda f, d: ["count", "--query", "p(a) :- t(a, b, c)", "--input", "t=rmat:scale=3"],
+        ("binary", "arity 3"),
+    ),
+    (
+        "undirected relation not given",
+        lambda f, d: [*_file_args(f), "--undirected", "friends"],
+        ("--undirected friends",),
+    ),
+    (
+        "undirected relation not binary",
+        lambda f, d: [
+            "count",
+            "--query",
+            "p(a) :- t(a, b, c)",
+            "--input",
+            f"t={f}",
+            "--undirected",
+            "t",
+        ],
+        ("--undirected t", "arity 3"),
+    ),
+    (
+        "state is a file",
+        lambda f, d: [*_file_args(f), "--state", f],
+        ("not a directory",),
+    ),
+    (
+        "state cannot be created",
+        lambda f, d: [*_file_args(f), "--state", f"{f}/state"],
+        ("cannot create the directory",),
+    ),
+    (
+        "state not empty",
+        lambda f, d: [*_file_args(f), "--state", str(d)],
+        ("not empty",),
+    ),
+    (
+        "epochs zero",
+        lambda f, d: ["replay", "--query", "triangles", "--input", f"edge={f}", "--epochs", "0"],
+        ("--epochs must be at least 1",),
+    ),
+    (
+        "epochs not an integer",
+        lambda f, d: ["replay", "--query", "triangles", "--input", f"edge={f}", "--epochs", "2.5"],
+        ("--epochs", "'2.5'"),
+    ),
+    (
+        "epochs missing",
+        lambda f, d: ["replay", "--query", "triangles", "--input", f"edge={f}"],
+        ("--epochs",),
+    ),
+    *[
+        (
+            f"delete fraction {value}",
+            lambda f, d, value=value: [
+                *["replay", "--query", "triangles", "--input", f"edge={f}", "--epochs", "2"],
+                *["--delete-fraction", value],
+            ],
+            ("--delete-fraction must be between 0 and 1",),
+        )
+        for value in ("1.5", "-0.25", "nan")
+    ],
+    (
+        "seed out of range",
+        lambda f, d: [
+            *["replay", "--query", "triangles", "--input", f"edge={f}", "--epochs", "2"],
+            *["--seed", str(2**63)],
+        ],
+        ("--seed",),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [pytest.param(argv, fragments, id=name) for name, argv, fragments in PRE_SPARK_ERRORS],
+)
+def test_errors_before_spark_are_one_line(
+    capsys: pytest.CaptureFixture[str],
+    no_spark: None,
+    edge_file: str,
+    tmp_path: Path,
+    argv: Callable[[str, Path], list[str]],
+    fragments: tuple[str, ...],
+) -> None:
+    code, out, err = run(capsys, *argv(edge_file, tmp_path))
+    assert code == 2
+    assert out == []
+    assert_one_line_error(err, *fragments)
+
+
+# --- errors found while reading ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "content", "fragments"),
+    [
+        pytest.param(
+            "triangles", "1 2\n2 3 4\n", ("line 2, column 5", "expected 2 fields"), id="malformed"
+        ),
+        pytest.param(
+            "triangles",
+            "# ids\n1 2\n3 x7\n",
+            ("line 3, column 3", "not an integer: 'x7'"),
+            id="non-integer id",
+        ),
+        pytest.param(
+            "p(a) :- edge(a, b, c)",
+            "1 2 3\n4 5\n",
+            ("line 2, column 4", "expected 3 fields, found 2"),
+            id="arity mismatch",
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["count", "replay"])
+def test_bad_files_name_file_line_and_column(
+    fast_spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    command: str,
+    query: str,
+    content: str,
+    fragments: tuple[str, ...],
+) -> None:
+    path = tmp_path / "bad.txt"
+    path.write_text(content)
+    extra = ["--epochs", "2"] if command == "replay" else []
+    code, out, err = run(capsys, command, "--query", query, "--input", f"edge={path}", *extra)
+    assert code == 2
+    assert out == []
+    assert_one_line_error(err, f"{path} (relation edge)", *fragments)
+
+
+# --- Spark failures and interruptions -----------------------------------------------------------
+
+
+class _FakeJavaException:
+    """Enough of a Py4J Java exception object for `Py4JJavaError` and the CLI."""
+
+    _target_id = "o0"
+    _gateway_client = None
+
+    def toString(self) -> str:  # the Java method name
+        return "java.lang.IllegalStateException: executor lost\n\tat org.apache.Spark.run"
+
+
+@pytest.mark.parametrize(
+    ("failure", "message"),
+    [
+        (PySparkException("[BOOM] the job failed\nmore detail"), "[BOOM] the job failed"),
+        (
+            Py4JJavaError("An error occurred while calling o1.parquet.\n", _FakeJavaException()),
+            "java.lang.IllegalStateException: executor lost",
+        ),
+    ],
+    ids=["pyspark", "py4j"],
+)
+@pytest.mark.parametrize("debug", [False, True], ids=["quiet", "debug"])
+def test_spark_failures_are_one_line_exit_1(
+    fast_spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    edge_file: str,
+    failure: Exception,
+    message: str,
+    debug: bool,
+) -> None:
+    def fail(*args: Any, **kwargs: Any) -> Any:
+        raise failure
+
+    if debug:
+        monkeypatch.setenv("WCOJ_DEBUG", "1")
+    else:
+        monkeypatch.delenv("WCOJ_DEBUG", raising=False)
+    monkeypatch.setattr(cli, "evaluate_static", fail)
+    code, _, err = run(capsys, *_file_args(edge_file))
+    assert code == 1
+    if debug:
+        assert err[0].startswith("Traceback") and err[-1] == f"wcoj: error: spark failed: {message}"
+    else:
+        assert_one_line_error(err, f"spark failed: {message}")
+
+
+def test_interrupt_exits_130(
+    fast_spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    edge_file: str,
+) -> None:
+    def interrupt(*args: Any, **kwargs: Any) -> DataFrame:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "read_relation", interrupt)
+    code, _, err = run(capsys, *_file_args(edge_file))
+    assert code == 130
+    assert_one_line_error(err, "interrupted")
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str], no_spark: None) -> None:
+    code, out, _ = run(capsys, "replay", "--help")
+    assert code == 0
+    assert any("--delete-fraction" in line for line in out)
+
+
+# --- the installed console script ---------------------------------------------------------------
+
+needs_script = pytest.mark.skipif(not WCOJ_SCRIPT.exists(), reason=f"{WCOJ_SCRIPT} not installed")
+
+
+@needs_script
+def test_console_script_explain() -> None:
+    done = subprocess.run(
+        [str(WCOJ_SCRIPT), "explain", "--query", "triangles"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == explain(plan_query(builtin("triangles")))
+
+
+@needs_script
+def test_console_script_errors_and_counts(tmp_path: Path) -> None:
+    bad = subprocess.run(
+        [str(WCOJ_SCRIPT), "count", "--query", "p(a :- edge(a, b)", "--input", "edge=x.txt"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.splitlines() == [
+        "wcoj: error: query line 1, column 5: expected ',' or ')' after a head variable, found ':-'"
+    ]
+    path = tmp_path / "edges.txt"
+    path.write_text(EDGE_TEXT)
+    expected = sum(naive_eval(builtin("directed-triangles"), {"edge": Counter(EDGES)}).values())
+    done = subprocess.run(
+        [
+            str(WCOJ_SCRIPT),
+            *["count", "--query", "directed-triangles", "--input", f"edge={path}"],
+            *["--master", "local[1]", "--json"],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["count"] == expected
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,448 @@
+"""The ``wcoj`` command line: count a query statically, replay it over epochs, explain its plan.
+
+Commands::
+
+    wcoj count   --query Q --input REL=PATH [--input ...] [--undirected REL] [--json]
+    wcoj replay  --query Q --input REL=PATH ... --epochs K [--delete-fraction F] [--seed S]
+                 [--check] [--json]
+    wcoj explain --query Q
+
+``count`` and ``replay`` also take ``--master URL`` (default ``local[*]``) and ``--state DIR``
+(default: a fresh temporary directory, removed at exit; with ``--state`` the directory is kept).
+``Q`` is the name of a built-in query or query text. ``--undirected REL`` reads a binary relation
+as the set of its undirected edges, each present in both directions.
+
+Contract:
+
+* everything that can be checked without Spark is checked before Spark starts: the query text,
+  the ``--input`` syntax, duplicate inputs, inputs the query does not use and relations it uses
+  without an input, ``--undirected`` naming a relation that is not given or not binary, missing
+  input files (generator specs such as ``rmat:scale=10`` are parsed instead), the epoch count,
+  the delete fraction, the seed and the state directory;
+* with ``--json`` the last line on stdout is one JSON object: for ``count`` at least ``count``
+  (the sum of the output's multiplicities) and ``seconds``; for ``replay`` at least
+  ``final_count``, ``check`` (``passed``, ``failed`` or ``skipped``), ``epochs``,
+  ``seconds_per_epoch`` and ``median_seconds``;
+* exit status: 0 on success; 1 when a replay check fails or Spark fails; 2 for a user mistake
+  (any `WcojError`, including bad arguments); 130 on interruption. An error is one line on stderr,
+  ``wcoj: error: ...``, naming the file, line and column (or the query position) when it has
+  them; never a traceback, unless the environment sets ``WCOJ_DEBUG=1``.
+
+>>> main(["explain", "--query", "p(a) :- e(a"])
+2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time as clock
+import traceback
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import urlparse
+
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from wcoj_core import generate, linear
+from wcoj_core.engine import evaluate_static
+from wcoj_core.errors import InputError, QueryError, WcojError
+from wcoj_core.query.explain import explain
+from wcoj_core.query.ir import Query
+from wcoj_core.query.parse import resolve_query
+from wcoj_core.query.plan import plan_query
+from wcoj_core.replay import CheckOutcome, EpochReport, epoch_stream, replay
+from wcoj_core.sources import canonical_undirected, read_relation
+from wcoj_core.spark import session
+from wcoj_core.updates import DIFF
+
+PROG = "wcoj"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+_MIN_LONG, _MAX_LONG = -(2**63), 2**63 - 1
+
+# Spark's own console logging, cut down to errors on stderr; used for a session this CLI starts.
+_QUIET_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n
+# Spark announces a "default log level" for shells unless its loggers have their own config.
+logger.spark.name = org.apache.spark
+logger.spark.level = error
+"""
+
+
+class UsageError(WcojError):
+    """Command-line arguments that do not describe a run."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are `UsageError`s, reported in one line like any other."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# --- arguments ----------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Incremental worst-case-optimal joins on Spark.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add_query(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--query", required=True, metavar="Q", help="a built-in query name or query text"
+        )
+
+    def add_run(p: argparse.ArgumentParser) -> None:
+        add_query(p)
+        p.add_argument(
+            "--input",
+            action="append",
+            required=True,
+            metavar="REL=PATH",
+            help="a relation file (text, CSV, Parquet) or generator spec (rmat:...)",
+        )
+        p.add_argument(
+            "--undirected",
+            action="append",
+            default=[],
+            metavar="REL",
+            help="read binary relation REL as undirected edges, present in both directions",
+        )
+        p.add_argument("--master", metavar="URL", help="Spark master (default local[*])")
+        p.add_argument("--state", metavar="DIR", help="keep the state in DIR (new or empty)")
+        p.add_argument("--json", action="store_true", help="end with one JSON line of results")
+
+    count = commands.add_parser("count", help="evaluate a query statically and count its output")
+    add_run(count)
+    count.set_defaults(run=_count)
+
+    rep = commands.add_parser("replay", help="apply the input over epochs, incrementally")
+    add_run(rep)
+    rep.add_argument("--epochs", type=int, required=True, metavar="K", help="number of epochs")
+    rep.add_argument(
+        "--delete-fraction",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="fraction of tuples deleted again at a later epoch (default 0)",
+    )
+    rep.add_argument("--seed", type=int, default=1, metavar="S", help="stream seed (default 1)")
+    rep.add_argument(
+        "--check", action="store_true", help="compare the final output with a static run"
+    )
+    rep.set_defaults(run=_replay)
+
+    exp = commands.add_parser("explain", help="print the query's plan")
+    add_query(exp)
+    exp.set_defaults(run=_explain)
+    return parser
+
+
+def _parse_inputs(specs: Sequence[str], query: Query) -> dict[str, str]:
+    """``REL=PATH`` arguments as a mapping, checked against the relations of `query`."""
+    inputs: dict[str, str] = {}
+    for spec in specs:
+        rel, sep, path = spec.partition("=")
+        rel = rel.strip()
+        if not sep or not rel or not path:
+            raise UsageError(
+                f"--input {spec!r} is not of the form REL=PATH (for example edge=graph.txt)"
+            )
+        if not (rel.isidentifier() and rel.isascii()):
+            raise UsageError(f"--input {spec!r}: {rel!r} is not a relation name (an identifier)")
+        if rel in inputs:
+            raise UsageError(
+                f"--input gives relation {rel!r} twice ({inputs[rel]} and {path}); "
+                "give each relation once"
+            )
+        inputs[rel] = path
+    used = ", ".join(sorted(query.relations))
+    for rel in inputs:
+        if rel not in query.relations:
+            raise QueryError(
+                f"--input gives relation {rel!r}, which query {query.name} does not use "
+                f"(it uses: {used})"
+            )
+    for rel in query.relations:
+        if rel not in inputs:
+            raise QueryError(
+                f"query {query.name} uses relation {rel!r}, but no --input gives it; "
+                f"add --input {rel}=PATH"
+            )
+    for rel, path in inputs.items():
+        _check_source(rel, path, query.relations[rel])
+    return inputs
+
+
+def _check_source(rel: str, path: str, arity: int) -> None:
+    """Fail fast on a generator spec that does not parse or a local file that does not exist."""
+    if generate.is_generator_spec(path):
+        generate.parse_generator_spec(path)
+        if arity != 2:
+            raise InputError(
+                f"a generated graph is binary, but the query uses relation {rel} with arity {arity}",
+                path,
+            )
+        return
+    parsed = urlparse(path)
+    if parsed.scheme == "file":
+        local = parsed.path
+    elif parsed.scheme and len(parsed.scheme) > 1:
+        return  # a remote URL: Spark reports it when reading
+    else:
+        local = path
+    if not os.path.exists(local):
+        raise InputError("no such file", f"{path} (relation {rel})")
+
+
+def _check_undirected(names: Sequence[str], query: Query, inputs: dict[str, str]) -> set[str]:
+    for rel in names:
+        if rel not in inputs:
+            raise UsageError(f"--undirected {rel}: no --input gives relation {rel!r}")
+        if query.relations[rel] != 2:
+            raise QueryError(
+                f"--undirected {rel}: query {query.name} uses {rel!r} with arity "
+                f"{query.relations[rel]}; only a binary relation can be undirected"
+            )
+    return set(names)
+
+
+def _prepare_state(path: str | None) -> None:
+    """Check that ``--state`` names a new or empty directory, and create it."""
+    if path is None:
+        return
+    state = Path(path)
+    if state.exists() and not state.is_dir():
+        raise UsageError(f"--state {path}: exists and is not a directory")
+    if state.is_dir() and any(state.iterdir()):
+        raise UsageError(
+            f"--state {path}: the directory is not empty; pass a new or empty directory"
+        )
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--state {path}: cannot create the directory ({exc.strerror})") from exc
+
+
+def _check_replay_numbers(args: argparse.Namespace) -> None:
+    if args.epochs < 1:
+        raise UsageError(f"--epochs must be at least 1, got {args.epochs}")
+    if not 0.0 <= args.delete_fraction <= 1.0:
+        raise UsageError(f"--delete-fraction must be between 0 and 1, got {args.delete_fraction}")
+    if not _MIN_LONG <= args.seed <= _MAX_LONG:
+        raise UsageError(f"--seed must be a 64-bit integer, got {args.seed}")
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _start_spark(master: str | None) -> SparkSession:
+    """The active session, or a new one whose console logging is limited to errors."""
+    if os.environ.get("WCOJ_DEBUG") == "1":
+        return session(master)
+    fd, config = tempfile.mkstemp(prefix="wcoj-log4j2-", suffix=".properties")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(_QUIET_LOG4J2)
+        options = f"-Dlog4j2.configurationFile={Path(config).as_uri()}"
+        return session(master, conf={"spark.driver.extraJavaOptions": options})
+    finally:
+        os.unlink(config)
+
+
+@contextmanager
+def _state_dir(path: str | None) -> Iterator[str]:
+    """`path` (prepared by `_prepare_state`, kept), or a fresh temporary directory, removed after."""
+    if path is not None:
+        yield path
+        return
+    scratch = tempfile.mkdtemp(prefix="wcoj-state-")
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _read(spark: SparkSession, rel: str, path: str, arity: int, undirected: bool) -> DataFrame:
+    df = read_relation(spark, path, arity, rel)
+    return linear.symmetrize().apply(canonical_undirected(df)) if undirected else df
+
+
+def _sum_diff(df: DataFrame) -> int:
+    row = df.agg(F.sum(DIFF).alias("total")).first()
+    return int(row["total"] or 0) if row is not None else 0
+
+
+def _emit_json(payload: dict[str, Any]) -> None:
+    _say(json.dumps(payload))
+
+
+def _count(args: argparse.Namespace) -> int:
+    query = resolve_query(args.query)
+    inputs = _parse_inputs(args.input, query)
+    undirected = _check_undirected(args.undirected, query, inputs)
+    _prepare_state(args.state)
+    spark = _start_spark(args.master)
+    with _state_dir(args.state) as state:
+        start = clock.perf_counter()
+        relations = {
+            rel: _read(spark, rel, path, query.relations[rel], rel in undirected)
+            for rel, path in sorted(inputs.items())
+        }
+        loaded = clock.perf_counter()
+        result = evaluate_static(spark, query, relations, state)
+        count = _sum_diff(result.outputs[query.name])
+        seconds = clock.perf_counter() - loaded
+    metrics = result.metrics
+    output_rows = metrics.outputs.get(query.name, 0)
+    _say(
+        f"count: {count} (seconds {seconds:.3f}; proposed {metrics.proposed}, "
+        f"validated {metrics.validated}, output rows {output_rows})"
+    )
+    if args.json:
+        _emit_json(
+            {
+                "command": "count",
+                "query": query.name,
+                "count": count,
+                "seconds": round(seconds, 3),
+                "input_seconds": round(loaded - start, 3),
+                "proposed": metrics.proposed,
+                "validated": metrics.validated,
+                "output_rows": output_rows,
+                "metrics": metrics.to_dict(),
+            }
+        )
+    return EXIT_OK
+
+
+def _progress(report: EpochReport) -> None:
+    _say(
+        f"epoch {report.epoch + 1}/{report.epochs}: changes {report.changes}, "
+        f"output change rows {report.output_changes}, proposed {report.metrics.proposed}, "
+        f"seconds {report.seconds:.3f}"
+    )
+
+
+def _replay(args: argparse.Namespace) -> int:
+    query = resolve_query(args.query)
+    inputs = _parse_inputs(args.input, query)
+    undirected = _check_undirected(args.undirected, query, inputs)
+    _check_replay_numbers(args)
+    _prepare_state(args.state)
+    spark = _start_spark(args.master)
+    with _state_dir(args.state) as state:
+        streams = {
+            rel: epoch_stream(
+                read_relation(spark, path, query.relations[rel], rel),
+                args.epochs,
+                args.delete_fraction,
+                args.seed,
+                undirected=rel in undirected,
+            )
+            for rel, path in sorted(inputs.items())
+        }
+        result = replay(
+            spark, query, streams, args.epochs, state, check=args.check, on_epoch=_progress
+        )
+    summary = f"final count: {result.final_count}; check: {result.check.value}"
+    if result.mismatches:
+        summary += f" ({result.mismatches} tuples differ)"
+    _say(f"{summary}; median epoch seconds {result.median_seconds:.3f}")
+    if args.json:
+        _emit_json(
+            {
+                "command": "replay",
+                "delete_fraction": args.delete_fraction,
+                "seed": args.seed,
+                **result.to_dict(),
+            }
+        )
+    if result.check is CheckOutcome.FAILED:
+        _error(
+            f"check failed: {result.mismatches} output tuples differ between the incremental "
+            "result and a static recomputation of the final inputs"
+        )
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _explain(args: argparse.Namespace) -> int:
+    sys.stdout.write(explain(plan_query(resolve_query(args.query))))
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+def _error(message: str) -> None:
+    text = " ".join(message.split()) or "unknown error"
+    print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
+
+
+def _spark_message(exc: BaseException) -> str:
+    """The first meaningful line of a Spark failure (the Java exception's, for Py4J)."""
+    text = ""
+    java = getattr(exc, "java_exception", None)
+    if not isinstance(exc, PySparkException) and java is not None:
+        try:
+            text = str(java.toString())
+        except Py4JError:
+            text = ""
+    if not text:
+        try:
+            text = str(exc)
+        except Exception:  # a Py4J error whose text needs a gateway that is gone
+            text = ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    debug = os.environ.get("WCOJ_DEBUG") == "1"
+    try:
+        args = _parser().parse_args(argv)
+        with warnings.catch_warnings():
+            # PySpark warns about the pandas version on its first DataFrame; not the user's issue.
+            warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
+            return int(args.run(args))
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return EXIT_INTERRUPTED
+    except WcojError as exc:
+        if debug:
+            traceback.print_exc()
+        _error(str(exc))
+        return EXIT_USAGE
+    except (PySparkException, Py4JError) as exc:
+        if debug:
+            traceback.print_exc()
+        _error(f"spark failed: {_spark_message(exc)}")
+        return EXIT_FAILED
