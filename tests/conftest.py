@@ -41,6 +41,15 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
+@pytest.fixture()
+def small(spark: SparkSession) -> Iterator[SparkSession]:
+    """The session, tuned for tiny data: interpreted expressions beat compiling code per plan."""
+    previous = spark.conf.get("spark.sql.codegen.wholeStage")
+    spark.conf.set("spark.sql.codegen.wholeStage", "false")
+    yield spark
+    spark.conf.set("spark.sql.codegen.wholeStage", previous or "true")
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,14 +33,10 @@ EDGE_TEXT = "# a tiny graph\n" + "".join(f"{a}\t{b}\n" for a, b in EDGES)
 WCOJ_SCRIPT = Path(sys.executable).with_name("wcoj")
 
 
-@pytest.fixture(scope="module")
-def fast_spark(spark: SparkSession) -> Iterator[SparkSession]:
-    """The shared session without whole-stage codegen, which only slows tiny jobs down."""
-    key = "spark.sql.codegen.wholeStage"
-    previous = spark.conf.get(key)
-    spark.conf.set(key, "false")
-    yield spark
-    spark.conf.set(key, previous)
+@pytest.fixture()
+def fast_spark(small: SparkSession) -> SparkSession:
+    """The shared session tuned for tiny data (see the `small` fixture in conftest)."""
+    return small
 
 
 @pytest.fixture

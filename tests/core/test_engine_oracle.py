@@ -35,14 +35,6 @@ DOMAIN = st.integers(0, 3)
 Rel = dict[tuple[int, ...], int]
 
 
-@pytest.fixture()
-def small(spark: SparkSession) -> SparkSession:
-    """Tiny data: interpreted expressions beat compiling code for every plan."""
-    spark.conf.set("spark.sql.codegen.wholeStage", "false")
-    yield spark
-    spark.conf.set("spark.sql.codegen.wholeStage", "true")
-
-
 @st.composite
 def queries(draw: st.DrawFn) -> Query:
     n_atoms = draw(st.integers(1, 4))

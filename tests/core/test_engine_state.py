@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,12 +34,9 @@ PATHS = builtin("2-paths")
 Graph = Counter[tuple[int, ...]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def small_data_conf(spark: SparkSession) -> Iterator[None]:
-    previous = spark.conf.get("spark.sql.codegen.wholeStage")
-    spark.conf.set("spark.sql.codegen.wholeStage", "false")
-    yield
-    spark.conf.set("spark.sql.codegen.wholeStage", previous)
+@pytest.fixture(autouse=True)
+def small_data_conf(small: SparkSession) -> None:
+    """Every test here runs on tiny data (see the `small` fixture)."""
 
 
 # --- data and oracle ------------------------------------------------------------------------------

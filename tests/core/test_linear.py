@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
@@ -14,13 +13,6 @@ from wcoj_core import linear
 from wcoj_core.updates import accumulate, compact, consolidate
 
 Triple = tuple[tuple[int, ...], int, int]
-
-
-@pytest.fixture()
-def small(spark: SparkSession) -> SparkSession:
-    spark.conf.set("spark.sql.codegen.wholeStage", "false")
-    yield spark
-    spark.conf.set("spark.sql.codegen.wholeStage", "true")
 
 
 def frame(spark: SparkSession, triples: list[Triple]) -> DataFrame:

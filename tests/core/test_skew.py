@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -35,12 +35,9 @@ TRIANGLES = builtin("triangles")
 Graph = Counter[tuple[int, int]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def small_data_conf(spark: SparkSession) -> Iterator[None]:
-    previous = spark.conf.get("spark.sql.codegen.wholeStage")
-    spark.conf.set("spark.sql.codegen.wholeStage", "false")
-    yield
-    spark.conf.set("spark.sql.codegen.wholeStage", previous)
+@pytest.fixture(autouse=True)
+def small_data_conf(small: SparkSession) -> None:
+    """Every test here runs on tiny data (see the `small` fixture)."""
 
 
 def symmetric(pairs: set[tuple[int, int]]) -> Graph:
