@@ -151,6 +151,14 @@ class Engine:
         self.spark = spark
         self.store = StateStore(spark, state_dir)
         self.queries = {q.name: q for q in qs}
+        if sizes is None:
+            # Stored rows per relation (no Spark work): good enough to break the planner's ties.
+            manifest = self.store.current()
+            sizes = {
+                rel: trace.rows()
+                for rel in {r for q in qs for r in q.relations}
+                if (trace := manifest.trace(relation_trace_name(rel))) is not None
+            }
         self.plans: dict[str, Plan] = {
             q.name: plan_query(q, sizes, (orders or {}).get(q.name)) for q in qs
         }
