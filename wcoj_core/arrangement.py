@@ -66,7 +66,11 @@ def view_operator(view: AtomView) -> linear.Linear:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """What a rule can read at one epoch: committed batches (old) plus staged ones (new).
+    """What a rule can read at epoch ``time``: the old state (batches before it) and the new one.
+
+    The changes at ``time`` are the trace's batches stamped ``time`` — staged ones (not yet
+    committed, when an epoch is being applied) take their place. So the same snapshot serves an
+    epoch being applied and an epoch long committed (a backfill re-running history).
 
     Views are memoized: every rule of every query reading the same view at the same version gets
     the same DataFrame, so each trace is listed and read once per epoch and Spark can reuse the
@@ -84,11 +88,14 @@ class Snapshot:
             self._memo[key] = build()
         return self._memo[key]
 
+    def _changes(self, trace: Trace) -> list[Batch]:
+        if trace.name in self.staged:
+            return [self.staged[trace.name]]
+        return [b for b in trace.batches if b.time == self.time]
+
     def _batches(self, trace: Trace, new: bool) -> list[Batch]:
         batches = list(trace.visible(self.time, strict=True))
-        if new and trace.name in self.staged:
-            batches.append(self.staged[trace.name])
-        return batches
+        return batches + self._changes(trace) if new else batches
 
     def trace(self, name: str) -> Trace:
         found = self.manifest.trace(name)
@@ -100,13 +107,15 @@ class Snapshot:
         """True when the collection certainly holds nothing (no stored rows at all)."""
         return sum(b.rows for b in self._batches(self.trace(name), new)) == 0
 
+    def has_changes(self, relation: str) -> bool:
+        """True when the relation may have changed at this epoch (stored rows at ``time``)."""
+        return sum(b.rows for b in self._changes(self.trace(relation_trace_name(relation)))) > 0
+
     def delta(self, relation: str) -> DataFrame:
-        """The staged changes of a relation at this epoch, as (c0.., diff)."""
+        """The changes of a relation at this epoch, as (c0.., diff)."""
         trace = self.trace(relation_trace_name(relation))
-        batch = self.staged.get(trace.name)
-        return self._cached(
-            ("delta", relation), lambda: self.store.read(trace, [batch] if batch else []).drop(TIME)
-        )
+        batches = self._changes(trace)
+        return self._cached(("delta", relation), lambda: self.store.read(trace, batches).drop(TIME))
 
     def accumulated(self, name: str, new: bool) -> DataFrame:
         """A trace accumulated as of old or new: (columns.., diff) with non-zero diffs."""

@@ -198,8 +198,14 @@ class Engine:
                 f"{', '.join(sorted(self.queries))})"
             )
 
-    def _register(self, manifest: Manifest, staged_paths: list[str]) -> Manifest:
-        """Add the traces this engine needs; build missing counts from the committed state."""
+    def _register(
+        self, manifest: Manifest, staged_paths: list[str], build_counts: bool = True
+    ) -> Manifest:
+        """Add the traces this engine needs; build missing counts from the committed state.
+
+        With ``build_counts=False`` a missing counts trace starts empty: it is then built epoch by
+        epoch (see `wcoj_core.history`).
+        """
         m = manifest
         for rel, arity in sorted(self.relations.items()):
             name = relation_trace_name(rel)
@@ -221,7 +227,8 @@ class Engine:
             if m.trace(name) is not None:
                 continue
             trace = Trace(name, tuple(f"c{k}" for k in a.key))
-            if m.epoch is not None and m.trace(relation_trace_name(a.view.relation)).rows() > 0:  # type: ignore[union-attr]
+            relation = m.traces[relation_trace_name(a.view.relation)]
+            if build_counts and m.epoch is not None and relation.rows() > 0:
                 snap = Snapshot(self.store, m, {}, m.epoch + 1)
                 ones = snap.self_view(a.view, new=False).withColumn(DIFF, F.lit(1).cast("long"))
                 batch = self.store.write_batch(trace, counts_from_support(ones, a.key), m.epoch)
@@ -314,9 +321,7 @@ class Engine:
             by_view.setdefault(a.view, []).append(a)
         out: dict[str, Batch] = {}
         for view, arrangements in by_view.items():
-            if snapshot.is_empty(relation_trace_name(view.relation), new=True) or (
-                relation_trace_name(view.relation) not in staged
-            ):
+            if not snapshot.has_changes(view.relation):
                 continue
             changes = support_changes(snapshot, view)
             if len(arrangements) > 1:
@@ -331,7 +336,7 @@ class Engine:
 
     def _rule_is_empty(self, plan: Plan, rule: DeltaRule, snapshot: Snapshot) -> bool:
         atoms = plan.query.atoms
-        if relation_trace_name(atoms[rule.delta].relation) not in snapshot.staged:
+        if not snapshot.has_changes(atoms[rule.delta].relation):
             return True
         for j, version in enumerate(rule.versions):
             if version is not Version.DELTA and snapshot.is_empty(

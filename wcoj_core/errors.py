@@ -57,3 +57,7 @@ class StateError(WcojError):
 
 class EpochAlreadyApplied(StateError):
     """The epoch (or a later one) has already been applied to this state directory."""
+
+
+class ConcurrentCommit(StateError):
+    """Another writer committed the generation this one was about to commit."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from wcoj_core.errors import StateError
+from wcoj_core.errors import ConcurrentCommit, StateError
 from wcoj_core.updates import DIFF, TIME, update_schema
 
 FORMAT = 1
@@ -66,6 +66,11 @@ class Trace:
 
     def with_batch(self, batch: Batch) -> Trace:
         return replace(self, batches=(*self.batches, batch))
+
+    def replacing(self, batch: Batch) -> Trace:
+        """The trace with `batch` in place of whatever it held at the batch's time."""
+        kept = tuple(b for b in self.batches if b.time != batch.time)
+        return replace(self, batches=tuple(sorted((*kept, batch), key=lambda b: b.time)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +178,7 @@ class StateStore:
                 # os.link fails if the target exists: an atomic create-exclusive of the full file.
                 os.link(tmp, path)
             except FileExistsError:
-                raise StateError(
+                raise ConcurrentCommit(
                     f"state {self.root}: generation {new.generation} was committed by another "
                     f"writer while this one was working; nothing was applied, reload and retry"
                 ) from None
