@@ -70,21 +70,8 @@ PROG = "wcoj"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 _MIN_LONG, _MAX_LONG = -(2**63), 2**63 - 1
 
+
 # Spark's own console logging, cut down to errors on stderr; used for a session this CLI starts.
-_QUIET_LOG4J2 = """\
-rootLogger.level = error
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n
-# Spark announces a "default log level" for shells unless its loggers have their own config.
-logger.spark.name = org.apache.spark
-logger.spark.level = error
-"""
-
-
 class UsageError(WcojError):
     """Command-line arguments that do not describe a run."""
 
@@ -261,16 +248,7 @@ def _say(line: str) -> None:
 
 def _start_spark(master: str | None) -> SparkSession:
     """The active session, or a new one whose console logging is limited to errors."""
-    if os.environ.get("WCOJ_DEBUG") == "1":
-        return session(master)
-    fd, config = tempfile.mkstemp(prefix="wcoj-log4j2-", suffix=".properties")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(_QUIET_LOG4J2)
-        options = f"-Dlog4j2.configurationFile={Path(config).as_uri()}"
-        return session(master, conf={"spark.driver.extraJavaOptions": options})
-    finally:
-        os.unlink(config)
+    return session(master, quiet=os.environ.get("WCOJ_DEBUG") != "1")
 
 
 @contextmanager

@@ -8,7 +8,10 @@ cluster.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
@@ -28,18 +31,50 @@ DEFAULT_CONF: dict[str, str] = {
 }
 
 
+# Console logging for command-line runs: errors only, and no "default log level" banner.
+QUIET_LOG4J2 = """\
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n
+logger.spark.name = org.apache.spark
+logger.spark.level = error
+"""
+
+
 def session(
     master: str | None = None,
     conf: Mapping[str, str] | None = None,
     app_name: str = "wcoj",
+    quiet: bool = False,
 ) -> SparkSession:
-    """Return the active SparkSession, or build one for `master` (default ``local[*]``)."""
+    """Return the active SparkSession, or build one for `master` (default ``local[*]``).
+
+    ``quiet=True`` starts the JVM with a log configuration that prints errors only (it has no
+    effect on a session that is already running).
+    """
     active = SparkSession.getActiveSession()
     if active is not None and (master is None or active.sparkContext.master == master):
         return active
+    settings = {**DEFAULT_CONF, **(conf or {})}
+    config = None
+    if quiet and "spark.driver.extraJavaOptions" not in settings:
+        fd, config = tempfile.mkstemp(prefix="wcoj-log4j2-", suffix=".properties")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(QUIET_LOG4J2)
+        settings["spark.driver.extraJavaOptions"] = (
+            f"-Dlog4j2.configurationFile={Path(config).as_uri()}"
+        )
     builder = SparkSession.builder.appName(app_name).master(master or DEFAULT_MASTER)
-    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    finally:
+        if config is not None:
+            os.unlink(config)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
