@@ -4,7 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint java clean
+DEMO   := .wcoj
+
+.PHONY: demo replay ui test lint java clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,10 +17,19 @@ $(STAMP): pyproject.toml
 java:
 	@scripts/check_java.sh
 
-## demo: replay the built-in skewed graph through the engine in 6 epochs, with deletions, checked.
+## demo: land a generated skewed graph's epochs, let the sensor find them, run each through Dagster.
 demo: $(STAMP) java
+	$(BIN)/python -m wcoj_assets.demo --root $(DEMO)
+
+## replay: the same kind of graph through the engine alone (no Dagster), checked at the end.
+replay: $(STAMP) java
 	$(BIN)/wcoj replay --query triangles --input edge=rmat:scale=12,edges=40000,seed=7 \
 		--undirected edge --epochs 6 --delete-fraction 0.2 --check
+
+## ui: the Dagster UI on http://127.0.0.1:3000 over the demo's instance, state and landing folder.
+ui: $(STAMP) java
+	@test -d $(DEMO)/dagster || { echo "run 'make demo' first: the UI shows its data"; exit 1; }
+	DAGSTER_HOME=$(abspath $(DEMO)/dagster) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 ## test: the whole suite (unit, oracle property tests, real SNAP graphs, CLI).
 test: $(STAMP) java
@@ -30,4 +41,4 @@ lint: $(STAMP)
 	$(BIN)/pyright
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis spark-warehouse
+	rm -rf $(VENV) $(DEMO) .pytest_cache .hypothesis spark-warehouse

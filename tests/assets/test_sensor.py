@@ -1,0 +1,93 @@
+"""The landing sensor: one run request per new or changed epoch folder, oldest first."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from dagster import build_sensor_context
+
+from wcoj_assets.definitions import JOB_NAME, build_definitions
+from wcoj_assets.epochs import epoch_key, epoch_number
+from wcoj_assets.intake import epoch_folders, landed_files
+from wcoj_assets.resources import WcojResource
+from wcoj_core.errors import InputError
+
+
+def land(root: Path, key: str, name: str = "part.csv", text: str = "a,b\n1,2\n") -> Path:
+    folder = root / "edge" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def tick(landing: Path, cursor: str | None = None):
+    defs = build_definitions(landing=str(landing))
+    sensor = defs.resolve_sensor_def("wcoj_landing_sensor")
+    context = build_sensor_context(
+        cursor=cursor,
+        definitions=defs,
+        resources={"wcoj": WcojResource(landing=str(landing))},
+    )
+    return sensor.evaluate_tick(context)
+
+
+def test_requests_good_folders_in_epoch_order_and_skips_malformed_ones(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    landing = tmp_path / "landing"
+    for n in (10, 2, 0):  # created out of order
+        land(landing, epoch_key(n))
+    for bad in ("abc", "2020-13-01", "2019-12-31", "2020-1-3"):
+        land(landing, bad)
+    (landing / "edge" / epoch_key(5)).mkdir()  # an empty epoch folder: nothing to run yet
+    land(landing, epoch_key(7), name="_SUCCESS")  # only ignored files: nothing to run either
+    land(landing, epoch_key(3), name=".part.csv.tmp")
+
+    first = tick(landing)
+    logged = capfd.readouterr().err
+    for bad in ("abc", "2020-13-01", "2019-12-31", "2020-1-3"):
+        assert f"edge/{bad}: not an epoch key" in logged
+    requests = first.run_requests
+    assert [r.partition_key for r in requests] == [epoch_key(n) for n in (0, 2, 10)]
+    assert all(r.job_name in (None, JOB_NAME) for r in requests)
+    assert all(r.run_key and r.run_key.startswith(r.partition_key + ":") for r in requests)
+    assert len({r.run_key for r in requests}) == 3
+
+    # Nothing new: no request. A replaced file (a corrected epoch): a request for it alone.
+    again = tick(landing, first.cursor)
+    assert not again.run_requests
+    path = land(landing, epoch_key(2), text="a,b\n1,2\n2,3\n")
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    corrected = tick(landing, again.cursor or first.cursor)
+    assert [r.partition_key for r in corrected.run_requests] == [epoch_key(2)]
+    old_key = next(r.run_key for r in requests if r.partition_key == epoch_key(2))
+    assert corrected.run_requests[0].run_key != old_key
+
+
+def test_no_landing_folder_is_a_skip(tmp_path: Path) -> None:
+    result = tick(tmp_path / "nowhere")
+    assert not result.run_requests
+    assert result.skip_message
+
+
+@pytest.mark.parametrize("key", ["..", "../edge", "/etc", "2020-13-01", "abc", "", "2020-01-01/.."])
+def test_malformed_keys_never_become_paths(tmp_path: Path, key: str) -> None:
+    with pytest.raises(InputError):
+        epoch_number(key)
+    with pytest.raises(InputError):
+        landed_files(str(tmp_path), "edge", key)
+
+
+def test_folder_listing_separates_good_and_malformed(tmp_path: Path) -> None:
+    for key in (epoch_key(1), epoch_key(0), "abc", "2020-02-30"):
+        land(tmp_path, key)
+    good, bad = epoch_folders(str(tmp_path), "edge")
+    assert good == [epoch_key(0), epoch_key(1)]
+    assert bad == ["2020-02-30", "abc"]
+    files = landed_files(str(tmp_path), "edge", epoch_key(0))
+    assert [f.name for f in files.files] == ["part.csv"]
+    land(tmp_path, epoch_key(0), name="notes.md")
+    assert landed_files(str(tmp_path), "edge", epoch_key(0)).ignored == ("notes.md",)

@@ -1,0 +1,120 @@
+"""Pieces of the pipeline on their own: pandera schemas, the binary-join reference, doctests."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import random
+from collections import Counter
+
+import pytest
+from pandera.config import config_context
+from pyspark.sql import SparkSession
+from wcoj_support import multiset
+
+from wcoj_assets.reference import compare, reference_output
+from wcoj_assets.schemas import Depth, problems, triples_schema
+from wcoj_core.naive import naive_eval
+from wcoj_core.query.builtins import BUILTINS
+from wcoj_core.query.parse import parse_query
+
+MODULES = [
+    "wcoj_assets.epochs",
+    "wcoj_assets.specs",
+    "wcoj_assets.intake",
+    "wcoj_assets.reference",
+    "wcoj_assets.resources",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.failed == 0 and result.attempted > 0
+
+
+SCHEMA = "c0 long, c1 long, time long, diff long"
+
+
+def test_good_update_triples_pass_in_full(small: SparkSession) -> None:
+    df = small.createDataFrame([(1, 2, 3, 1), (2, 1, 3, -2)], SCHEMA)
+    assert problems(df, triples_schema(["c0", "c1"], epoch=3, unique=True), Depth.FULL) == []
+
+
+@pytest.mark.parametrize(
+    "rows, ddl, expected",
+    [
+        ([(1, 2, 3, 0)], SCHEMA, "not_equal_to(0)"),
+        ([(1, None, 3, 1)], SCHEMA, "contains null"),
+        ([("x", 2, 3, 1)], "c0 string, c1 long, time long, diff long", "StringType"),
+        ([(1, 2, 4, 1)], SCHEMA, "equal_to(3)"),
+        ([(1, 2, 3, 1), (1, 2, 3, 2)], SCHEMA, "Duplicated rows"),
+        ([(1, 2, 3, 1, 9)], SCHEMA + ", extra long", "not in DataFrameSchema"),
+    ],
+    ids=["zero-diff", "null", "string-id", "wrong-time", "not-consolidated", "extra-column"],
+)
+def test_bad_update_triples_are_reported(small: SparkSession, rows, ddl: str, expected: str):
+    df = small.createDataFrame(rows, ddl)
+    found = problems(df, triples_schema(["c0", "c1"], epoch=3, unique=True), Depth.FULL)
+    assert any(expected in p for p in found), found
+
+
+def test_validation_cannot_be_switched_off_from_outside(small: SparkSession) -> None:
+    """pandera.pyspark records errors instead of raising; a disabled config must not hide them."""
+    df = small.createDataFrame([(1, 2, 3, 0)], SCHEMA)
+    with config_context(validation_enabled=False, validation_depth="SCHEMA_ONLY"):
+        found = problems(df, triples_schema(["c0", "c1"], epoch=3), Depth.FULL)
+    assert any("not_equal_to(0)" in p for p in found)
+
+
+def test_schema_only_depth_skips_data_checks(small: SparkSession) -> None:
+    df = small.createDataFrame([(1, 2, 4, 0)], SCHEMA)
+    schema = triples_schema(["c0", "c1"], epoch=3)
+    assert problems(df, schema, Depth.SCHEMA) == []
+    wrong = small.createDataFrame([(1, 2, 3, 1)], "c0 int, c1 long, time long, diff long")
+    assert any("IntegerType" in p for p in problems(wrong, schema, Depth.SCHEMA))
+
+
+QUERIES = [
+    BUILTINS["triangles"],
+    BUILTINS["4-cycles"],
+    BUILTINS["2-paths"],
+    "loops(a, b) :- edge(a, a), edge(a, b), b != a",
+    "fixed(b) :- edge(3, b), edge(b, c), c >= 2",
+    "pairs(a, d) :- edge(a, b), other(d, 1, a)",
+    "any() :- edge(a, b), edge(b, a)",
+]
+
+
+@pytest.mark.parametrize("text", QUERIES)
+def test_binary_join_reference_equals_the_naive_oracle(small: SparkSession, text: str) -> None:
+    query = parse_query(text)
+    rng = random.Random(len(text))
+    relations: dict[str, dict[tuple[int, ...], int]] = {}
+    for rel, arity in query.relations.items():
+        tuples: Counter = Counter()
+        for _ in range(40):
+            tuples[tuple(rng.randrange(6) for _ in range(arity))] += rng.choice([1, 1, 2, -1])
+        relations[rel] = {t: m for t, m in tuples.items() if m}
+    frames = {
+        rel: small.createDataFrame(
+            [(*t, m) for t, m in tuples.items()],
+            ", ".join(f"c{i} long" for i in range(query.relations[rel])) + ", diff long",
+        )
+        for rel, tuples in relations.items()
+    }
+    got = reference_output(small, query, frames)
+    assert multiset(got) == naive_eval(query, relations)
+    width = len(query.head)
+    assert compare(got, got, [f"c{i}" for i in range(width)]).equal
+
+
+def test_compare_reports_multiplicity_differences(small: SparkSession) -> None:
+    ddl = "c0 long, diff long"
+    expected = small.createDataFrame([(1, 2), (2, 1), (3, 1)], ddl)
+    actual = small.createDataFrame([(1, 1), (2, 1), (4, 5)], ddl)
+    result = compare(expected, actual, ["c0"])
+    assert not result.equal
+    assert result.mismatches == 3
+    assert result.examples == (((1,), 2, 1), ((3,), 1, 0), ((4,), 0, 5))
+    assert (result.expected_total, result.actual_total) == (4, 7)

@@ -1,0 +1,234 @@
+"""Helpers for the Dagster pipeline tests: random update streams, landing files, a test pipeline.
+
+Imported by the test modules of this folder (``from wcoj_support import ...``); it defines no
+fixtures.
+
+`Pipeline` is the code location built for temporary folders and the test SparkSession, an
+ephemeral Dagster instance, and the `History` over the same state, so a test can run epochs the
+way the sensor or a backfill does and then read every output directly. `updates` makes epochs of
+undirected edge changes that never delete an absent edge; `oracle` evaluates a query on the
+accumulated edges with the pure-Python `naive_eval`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetKey, DagsterEventType, DagsterInstance, ExecuteInProcessResult
+from pyspark.sql import DataFrame, SparkSession
+
+from wcoj_assets.definitions import JOB_NAME, build_definitions
+from wcoj_assets.epochs import epoch_key
+from wcoj_assets.resources import WcojResource
+from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec, Topology
+from wcoj_core.history import History
+from wcoj_core.naive import naive_eval
+
+Changes = list[tuple[tuple[int, int], int]]
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+
+
+def updates(
+    seed: int, epochs: int, nodes: int = 9, inserts: int = 9, deletes: int = 2
+) -> list[Changes]:
+    """Epochs of undirected edge changes (both directions), deleting only present edges.
+
+    The first epoch only inserts, so it can be landed as a SNAP edge list.
+    """
+    rng = random.Random(seed)
+    present: Counter[tuple[int, int]] = Counter()
+    out: list[Changes] = []
+    for epoch in range(epochs):
+        ups: Changes = []
+        for _ in range(inserts):
+            a, b = sorted(rng.sample(range(nodes), 2))
+            present[(a, b)] += 1
+            ups += [((a, b), 1), ((b, a), 1)]
+        live = sorted(e for e, m in present.items() if m > 0)
+        for a, b in rng.sample(live, deletes if epoch else 0):
+            present[(a, b)] -= 1
+            ups += [((a, b), -1), ((b, a), -1)]
+        out.append(ups)
+    return out
+
+
+def accumulated(history: Sequence[Changes], upto: int) -> dict[tuple[int, ...], int]:
+    edge: Counter[tuple[int, ...]] = Counter()
+    for ups in history[: upto + 1]:
+        for t, d in ups:
+            edge[t] += d
+    return {t: m for t, m in edge.items() if m}
+
+
+def oracle(topo: Topology, query: str, history: Sequence[Changes], upto: int) -> Counter:
+    return naive_eval(topo.query(query), {"edge": accumulated(history, upto)})
+
+
+def multiset(df: DataFrame) -> Counter:
+    out: Counter = Counter()
+    for row in df.collect():
+        out[tuple(row[:-1])] += row[-1]
+    return Counter({k: v for k, v in out.items() if v})
+
+
+def write_landing(
+    landing: Path, n: int, changes: Changes, fmt: str, name: str = "part", clear: bool = True
+) -> Path:
+    """Write one epoch's edge changes as ``<landing>/edge/<key>/<name>.<fmt>``; return the file.
+
+    With `clear`, the epoch folder's other files are removed first (a corrected epoch).
+    """
+    folder = landing / "edge" / epoch_key(n)
+    folder.mkdir(parents=True, exist_ok=True)
+    if clear:
+        for old in folder.iterdir():
+            old.unlink()
+    if fmt == "csv":
+        path = folder / f"{name}.csv"
+        lines = ["src,dst,diff"] + [f"{a},{b},{d}" for (a, b), d in changes]
+        path.write_text("\n".join(lines) + "\n")
+    elif fmt == "txt":
+        assert all(d == 1 for _, d in changes), "a SNAP edge list carries insertions only"
+        path = folder / f"{name}.txt"
+        path.write_text("# edges\n" + "".join(f"{a}\t{b}\n" for (a, b), _ in changes))
+    elif fmt == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = folder / f"{name}.parquet"
+        table = pa.table(
+            {
+                "src": pa.array([a for (a, _), _ in changes], pa.int64()),
+                "dst": pa.array([b for (_, b), _ in changes], pa.int64()),
+                "diff": pa.array([d for _, d in changes], pa.int64()),
+            }
+        )
+        pq.write_table(table, path)
+    else:  # pragma: no cover
+        raise ValueError(fmt)
+    return path
+
+
+@dataclass(frozen=True)
+class Check:
+    asset: str
+    name: str
+    passed: bool
+    partition: str | None
+    metadata: dict[str, Any]
+
+
+class Pipeline:
+    """The code location over temporary folders, with an ephemeral instance and a History."""
+
+    def __init__(self, spark: SparkSession, root: Path, specs: Sequence[QuerySpec] = DEFAULT_SPECS):
+        self.spark = spark
+        self.landing = root / "landing"
+        self.storage = root / "state"
+        self.topology = Topology.of(specs)
+        self.defs = build_definitions(
+            specs,
+            storage=str(self.storage),
+            landing=str(self.landing),
+            spark_master=spark.sparkContext.master,
+        )
+        self.job = self.defs.resolve_job_def(JOB_NAME)
+        self.instance = DagsterInstance.ephemeral()
+        self.resource = WcojResource(
+            master=spark.sparkContext.master, storage=str(self.storage), landing=str(self.landing)
+        )
+
+    @property
+    def history(self) -> History:
+        return self.resource.history(self.topology.queries)
+
+    def land(
+        self, n: int, changes: Changes, fmt: str = "csv", name: str = "part", clear: bool = True
+    ) -> Path:
+        return write_landing(self.landing, n, changes, fmt, name, clear)
+
+    def run(
+        self,
+        epochs: int | tuple[int, int],
+        assets: Sequence[str] | None = None,
+        run_config: dict[str, Any] | None = None,
+    ) -> ExecuteInProcessResult:
+        """Run the epoch job for one epoch or, for ``(first, last)``, a range in one run."""
+        selection = None if assets is None else [AssetKey(a) for a in assets]
+        if isinstance(epochs, int):
+            return self.job.execute_in_process(
+                partition_key=epoch_key(epochs),
+                instance=self.instance,
+                raise_on_error=False,
+                asset_selection=selection,
+                run_config=run_config,
+            )
+        first, last = epochs
+        return self.job.execute_in_process(
+            instance=self.instance,
+            raise_on_error=False,
+            asset_selection=selection,
+            run_config=run_config,
+            tags={RANGE_START: epoch_key(first), RANGE_END: epoch_key(last)},
+        )
+
+    def output(self, query: str, epoch: int) -> Counter:
+        return multiset(self.history.output(query, epoch))
+
+    def traces(self) -> dict[str, Any]:
+        """Every trace's batches in the current manifest (what a failed run must not change)."""
+        return dict(self.history.store.current().traces)
+
+
+def checks(result: ExecuteInProcessResult) -> list[Check]:
+    out = []
+    for event in result.all_events:
+        if event.event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
+            e = event.event_specific_data
+            out.append(
+                Check(
+                    e.asset_key.to_user_string(),
+                    e.check_name,
+                    e.passed,
+                    e.partition,
+                    {k: v.value for k, v in e.metadata.items()},
+                )
+            )
+    return out
+
+
+def materializations(result: ExecuteInProcessResult) -> list[Any]:
+    return [
+        event.event_specific_data.materialization
+        for event in result.all_events
+        if event.event_type == DagsterEventType.ASSET_MATERIALIZATION
+    ]
+
+
+def failures(result: ExecuteInProcessResult) -> list[str]:
+    return [
+        f"{event.step_key}: {event.event_specific_data.error.message}"
+        for event in result.all_events
+        if event.event_type == DagsterEventType.STEP_FAILURE
+    ]
+
+
+__all__ = [
+    "Changes",
+    "Check",
+    "Pipeline",
+    "accumulated",
+    "checks",
+    "failures",
+    "materializations",
+    "multiset",
+    "oracle",
+    "updates",
+    "write_landing",
+]

@@ -1,0 +1,124 @@
+"""The landing location: where each epoch's changes arrive, and how they are found and read.
+
+Layout: ``<landing>/<relation>/<epoch key>/`` holds one or more files — ``*.parquet`` (a file or
+a Spark output directory), ``*.csv`` / ``*.csv.gz`` with a header, ``*.txt`` / ``*.txt.gz`` SNAP
+edge lists. Names starting with ``_`` or ``.`` are ignored (``_SUCCESS``, ``.crc``, files still
+being written under a hidden name); anything else is listed as *ignored* so that a misnamed file
+is visible rather than silently dropped. Each file is read with `wcoj_core.sources.read_relation`
+(data columns in file order, then an optional ``diff``) and the files are unioned: the update
+triples of the epoch.
+
+A folder whose name is not a well-formed epoch key is never read: `epoch_folders` reports it
+separately, and `landed_files` refuses a malformed key before building any path from it.
+Listing goes through `upath.UPath`, so local paths and any fsspec URL work without Spark (the
+sensor runs in a process that has no JVM).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from upath import UPath
+
+from wcoj_assets.epochs import epoch_number, is_epoch_key
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+SUFFIXES = (".parquet", ".csv", ".csv.gz", ".txt", ".txt.gz")
+
+
+@dataclass(frozen=True, slots=True)
+class LandedFile:
+    """One file (or Parquet directory) of an epoch's changes."""
+
+    path: str
+    name: str
+    size: int
+    mtime: float
+
+
+@dataclass(frozen=True, slots=True)
+class Landing:
+    """What an epoch folder of one relation holds: files to read and names ignored."""
+
+    files: tuple[LandedFile, ...]
+    ignored: tuple[str, ...]
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(("_", "."))
+
+
+def epoch_folders(landing: str, relation: str) -> tuple[list[str], list[str]]:
+    """(well-formed epoch keys, malformed folder names) under ``<landing>/<relation>/``, sorted."""
+    root = UPath(landing) / relation
+    if not root.is_dir():
+        return [], []
+    good: list[str] = []
+    bad: list[str] = []
+    for entry in root.iterdir():
+        if _hidden(entry.name) or not entry.is_dir():
+            continue
+        (good if is_epoch_key(entry.name) else bad).append(entry.name)
+    return sorted(good, key=epoch_number), sorted(bad)
+
+
+def _stat(path: UPath) -> tuple[int, float]:
+    if path.is_dir():
+        sizes = [_stat(p) for p in path.iterdir() if not _hidden(p.name)]
+        return sum(s for s, _ in sizes), max((m for _, m in sizes), default=0.0)
+    st = path.stat()
+    return int(st.st_size), float(st.st_mtime)
+
+
+def landed_files(landing: str, relation: str, key: str) -> Landing:
+    """The files of one relation at one epoch (none when the folder does not exist)."""
+    epoch_number(key)  # refuse anything that is not an epoch key before touching a path
+    folder = UPath(landing) / relation / key
+    if not folder.is_dir():
+        return Landing((), ())
+    files: list[LandedFile] = []
+    ignored: list[str] = []
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        if _hidden(entry.name):
+            continue
+        if not entry.name.lower().endswith(SUFFIXES):
+            ignored.append(entry.name)
+            continue
+        size, mtime = _stat(entry)
+        files.append(LandedFile(str(entry), entry.name, size, mtime))
+    return Landing(tuple(files), tuple(ignored))
+
+
+def fingerprint(files: Sequence[LandedFile]) -> str:
+    """A short digest of names, sizes and modification times: changes when a file is replaced.
+
+    >>> fingerprint([LandedFile("/l/e/2020-01-01/a.csv", "a.csv", 10, 1.5)])
+    '02fe0694270e'
+    """
+    text = "\n".join(
+        f"{f.path}\t{f.size}\t{f.mtime:.6f}" for f in sorted(files, key=lambda f: f.path)
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def read_changes(
+    spark: SparkSession, files: Sequence[LandedFile], arity: int, relation: str
+) -> DataFrame | None:
+    """The union of the files' update rows (c0.., diff); None when there are no files.
+
+    Raises `wcoj_core.errors.InputError` for a file that is not a well-formed relation.
+    """
+    from wcoj_core.sources import read_relation
+
+    frames = [read_relation(spark, f.path, arity, relation) for f in files]
+    if not frames:
+        return None
+    total = frames[0]
+    for frame in frames[1:]:
+        total = total.unionByName(frame)
+    return total

@@ -1,0 +1,140 @@
+"""An independent reference: a query compiled to plain Spark SQL binary joins, and an exact diff.
+
+The correctness check recomputes a query from the relations as of an epoch with no WCOJ machinery
+at all — one self-join per atom, equality conditions for shared variables, constants and repeated
+variables, the filters, and a ``GROUP BY`` of the head summing the product of the atoms'
+multiplicities (bag semantics, exactly as `wcoj_core.naive`) — and compares the result with the
+maintained output as multisets: a full outer join on the head, a mismatch wherever the two
+multiplicities differ.
+
+>>> from wcoj_core.query.parse import parse_query
+>>> print(reference_sql(parse_query("p(a, c) :- e(a, b), e(b, c), e(c, 7), a < c")))
+SELECT a0.c0 AS c0, a1.c1 AS c1, SUM(a0.diff * a1.diff * a2.diff) AS diff
+FROM {r_e} AS a0
+JOIN {r_e} AS a1 ON a1.c0 = a0.c1
+JOIN {r_e} AS a2 ON a2.c0 = a1.c1 AND a2.c1 = CAST('7' AS BIGINT)
+WHERE a0.c0 < a1.c1
+GROUP BY a0.c0, a1.c1
+HAVING SUM(a0.diff * a1.diff * a2.diff) <> 0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from wcoj_core.query.ir import CmpOp, Const, Query, Term, Var
+from wcoj_core.updates import DIFF, relation_columns
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+_SQL_OP = {CmpOp.EQ: "=", CmpOp.NE: "<>"}
+
+
+def _literal(value: int) -> str:
+    return f"CAST('{value}' AS BIGINT)"
+
+
+def reference_sql(query: Query) -> str:
+    """Spark SQL for `query`; relation ``r`` is the placeholder ``{r_<r>}`` (c0.., diff)."""
+    first: dict[Var, str] = {}
+    joins: list[str] = []
+    where: list[str] = []
+    for i, atom in enumerate(query.atoms):
+        alias = f"a{i}"
+        conditions: list[str] = []
+        for col, term in enumerate(atom.terms):
+            here = f"{alias}.c{col}"
+            if isinstance(term, Const):
+                conditions.append(f"{here} = {_literal(term.value)}")
+            elif term in first:
+                conditions.append(f"{here} = {first[term]}")
+            else:
+                first[term] = here
+        table = f"{{r_{atom.relation}}} AS {alias}"
+        if i == 0:
+            joins.append(f"FROM {table}")
+            where.extend(conditions)
+        elif conditions:
+            joins.append(f"JOIN {table} ON {' AND '.join(conditions)}")
+        else:
+            joins.append(f"CROSS JOIN {table}")
+
+    def term_sql(t: Term) -> str:
+        return first[t] if isinstance(t, Var) else _literal(t.value)
+
+    for f in query.filters:
+        where.append(f"{term_sql(f.left)} {_SQL_OP.get(f.op, f.op.value)} {term_sql(f.right)}")
+    weight = " * ".join(f"a{i}.{DIFF}" for i in range(len(query.atoms)))
+    head = [first[v] for v in query.head]
+    select = [f"{h} AS c{i}" for i, h in enumerate(head)] + [f"SUM({weight}) AS {DIFF}"]
+    lines = [f"SELECT {', '.join(select)}", *joins]
+    if where:
+        lines.append(f"WHERE {' AND '.join(where)}")
+    if head:
+        lines.append(f"GROUP BY {', '.join(head)}")
+    lines.append(f"HAVING SUM({weight}) <> 0")
+    return "\n".join(lines)
+
+
+def reference_output(
+    spark: SparkSession, query: Query, relations: Mapping[str, DataFrame]
+) -> DataFrame:
+    """The query over accumulated relations (c0.., diff each) by binary joins: (c0.., diff)."""
+    frames = {f"r_{rel}": relations[rel] for rel in query.relations}
+    return spark.sql(reference_sql(query), **frames)
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """How a maintained output differs from the reference, as multisets."""
+
+    mismatches: int
+    expected_rows: int
+    actual_rows: int
+    expected_total: int
+    actual_total: int
+    examples: tuple[tuple[tuple[int, ...], int, int], ...]  # (tuple, expected, actual)
+
+    @property
+    def equal(self) -> bool:
+        return self.mismatches == 0
+
+
+def compare(
+    expected: DataFrame, actual: DataFrame, columns: Sequence[str], examples: int = 5
+) -> Comparison:
+    """Full outer join on the data columns; one aggregate, plus a few examples on a mismatch."""
+    from pyspark.sql import functions as F
+
+    key = "_wcoj_key"  # a constant key also joins the zero-column (boolean) queries
+    e = expected.select(*columns, F.col(DIFF).alias("_e")).withColumn(key, F.lit(1))
+    a = actual.select(*columns, F.col(DIFF).alias("_a")).withColumn(key, F.lit(1))
+    joined = e.join(a, [*columns, key], "full_outer")
+    differs = F.coalesce(F.col("_e"), F.lit(0)) != F.coalesce(F.col("_a"), F.lit(0))
+    row = joined.agg(
+        F.count(F.when(differs, 1)).alias("mismatches"),
+        F.count("_e").alias("expected_rows"),
+        F.count("_a").alias("actual_rows"),
+        F.coalesce(F.sum("_e"), F.lit(0)).alias("expected_total"),
+        F.coalesce(F.sum("_a"), F.lit(0)).alias("actual_total"),
+    ).first()
+    assert row is not None
+    found: tuple[tuple[tuple[int, ...], int, int], ...] = ()
+    if row["mismatches"]:
+        rows = joined.where(differs).orderBy(*columns).limit(examples).collect()
+        found = tuple((tuple(r[c] for c in columns), r["_e"] or 0, r["_a"] or 0) for r in rows)
+    return Comparison(
+        int(row["mismatches"]),
+        int(row["expected_rows"]),
+        int(row["actual_rows"]),
+        int(row["expected_total"]),
+        int(row["actual_total"]),
+        found,
+    )
+
+
+def output_columns(query: Query) -> list[str]:
+    return relation_columns(len(query.head))

@@ -1,0 +1,334 @@
+"""Relation assets: ``<rel>_deltas`` (each epoch's validated changes) and ``<rel>_snapshot``.
+
+``<rel>_deltas`` reads the landing folder of the epoch, checks it in full with pandera and only
+then ingests it; all relations are one step, so bad data in any of them stops the run before any
+relation or arrangement changes. ``<rel>_snapshot`` is the relation as of the epoch (its previous
+snapshot plus the epoch's changes) — the self arrangement every rule reads through its atoms'
+views — checked for negative multiplicities.
+"""
+
+import time as clock
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSpec,
+    AssetDep,
+    AssetExecutionContext,
+    AssetSpec,
+    BackfillPolicy,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    PartitionsDefinition,
+    asset,
+    multi_asset,
+)
+
+from wcoj_assets.epochs import epoch_key
+from wcoj_assets.intake import landed_files, read_changes
+from wcoj_assets.resources import WcojResource
+from wcoj_assets.schemas import Depth, problems, triples_schema
+from wcoj_assets.specs import deltas_asset_name, snapshot_asset_name
+from wcoj_assets.steps import CHECK, epochs_of, previous_epoch, rows_at, summarize
+from wcoj_core.errors import InputError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from wcoj_core.history import History
+    from wcoj_core.query.ir import Query
+
+NEGATIVE_EXAMPLES = 20
+
+
+def deltas_assets(
+    *,
+    relations: Mapping[str, int],
+    queries: Sequence["Query"],
+    partitions: PartitionsDefinition,
+) -> Any:
+    """``<rel>_deltas`` for every relation, as one step: validate everything, then ingest.
+
+    A relation's changes at an epoch are the update triples in its landing folder, consolidated
+    (no folder: no changes). Every relation's changes for every epoch of the step pass the full
+    pandera check first; any failure fails the step before anything is written, so bad data never
+    reaches a relation or an arrangement.
+    """
+    names = {rel: deltas_asset_name(rel) for rel in relations}
+    specs = [
+        AssetSpec(
+            names[rel],
+            partitions_def=partitions,
+            group_name="relations",
+            kinds={"spark"},
+            description=(
+                f"Consolidated update triples (c0..c{arity - 1}, diff) of relation `{rel}` at the "
+                f"epoch, read from `<landing>/{rel}/<epoch key>/` (CSV, SNAP edge list or "
+                "Parquet) after a full pandera check."
+            ),
+        )
+        for rel, arity in relations.items()
+    ]
+    check_specs = [
+        AssetCheckSpec(
+            CHECK,
+            asset=names[rel],
+            blocking=True,
+            partitions_def=partitions,
+            description="Full pandera.pyspark check of the epoch's changes before ingestion: long "
+            "non-null columns, diff != 0, time == epoch, one row per (data, time).",
+        )
+        for rel in relations
+    ]
+
+    @multi_asset(
+        name="relation_deltas",
+        specs=specs,
+        check_specs=check_specs,
+        partitions_def=partitions,
+        backfill_policy=BackfillPolicy.single_run(),
+        can_subset=False,
+    )
+    def _deltas(context: AssetExecutionContext, wcoj: WcojResource) -> Iterator[Any]:
+        history = wcoj.history(queries)
+        epochs = epochs_of(context)
+        staged: list[tuple[str, int, DataFrame, dict[str, Any]]] = []
+        failures: dict[str, list[str]] = {rel: [] for rel in relations}
+        for rel, arity in relations.items():
+            for key, t in epochs:
+                frame, info, errors = _read_epoch(history, wcoj.landing_path(), rel, arity, key, t)
+                failures[rel] += errors
+                if frame is not None:
+                    staged.append((rel, t, frame, info))
+        if any(failures.values()):
+            for rel, errors in failures.items():
+                yield AssetCheckResult(
+                    asset_key=names[rel],
+                    check_name=CHECK,
+                    passed=not errors,
+                    metadata={"depth": Depth.FULL.value, "errors": errors[:20]},
+                    description="; ".join(errors[:3]) or None,
+                )
+            bad = {rel: errors for rel, errors in failures.items() if errors}
+            raise Failure(
+                description="bad changes, nothing ingested: "
+                + "; ".join(f"{rel}: {errors[0]}" for rel, errors in bad.items()),
+                metadata={rel: MetadataValue.json(errors[:20]) for rel, errors in bad.items()},
+                allow_retries=False,
+            )
+        per_rel: dict[str, list[dict[str, Any]]] = {rel: [] for rel in relations}
+        for rel, t, frame, info in staged:
+            start = clock.perf_counter()
+            later = corrected_epochs(history, rel, t, frame)
+            batch = history.ingest(t, rel, frame)
+            info["rows_out"] = batch.rows
+            info["seconds"] = round(info["seconds"] + clock.perf_counter() - start, 3)
+            if later:
+                info["stale_later_epochs"] = len(later)
+                info["backfill_from"] = epoch_key(later[0])
+                context.log.warning(
+                    f"epoch {t} of {rel!r} changed after epochs {later[0]}..{later[-1]} were "
+                    f"derived from it: backfill from {epoch_key(later[0])} to bring them back"
+                )
+            per_rel[rel].append(info)
+        for rel in relations:
+            yield MaterializeResult(
+                asset_key=names[rel],
+                metadata=summarize(per_rel[rel]),
+                check_results=[
+                    AssetCheckResult(
+                        asset_key=names[rel],
+                        check_name=CHECK,
+                        passed=True,
+                        metadata={"depth": Depth.FULL.value, "epochs": len(per_rel[rel])},
+                    )
+                ],
+            )
+
+    return _deltas
+
+
+def corrected_epochs(history: "History", rel: str, t: int, changes: "DataFrame") -> list[int]:
+    """The later epochs with derived outputs when `changes` replace different changes at `t`.
+
+    Re-ingesting the same changes (a re-run) reports nothing. Dagster marks only the direct
+    readers of a corrected partition stale, so this is how a correction names every epoch a
+    backfill must cover. Costs one small Spark job, and only when later outputs exist.
+    """
+    from wcoj_core.arrangement import relation_trace_name
+    from wcoj_core.updates import DIFF, relation_columns
+
+    manifest = history.store.current()
+    trace = manifest.trace(relation_trace_name(rel))
+    if trace is None or not any(b.time == t for b in trace.batches):
+        return []
+    later = sorted(
+        {
+            b.time
+            for name, tr in manifest.traces.items()
+            if name.startswith("out/")
+            for b in tr.batches
+            if b.time > t
+        }
+    )
+    if not later:
+        return []
+    cols = [*relation_columns(history.engine.relations[rel]), DIFF]
+    old = history.changes(trace.name, t).select(*cols)
+    new = changes.select(*cols)
+    differs = old.exceptAll(new).unionByName(new.exceptAll(old)).limit(1).count() > 0
+    return later if differs else []
+
+
+def _read_epoch(
+    history: "History", landing: str, rel: str, arity: int, key: str, t: int
+) -> tuple["DataFrame | None", dict[str, Any], list[str]]:
+    """Read and fully validate one relation's landing folder at one epoch.
+
+    Returns the consolidated changes (c0.., diff), the metadata, and the errors found.
+    """
+    from pyspark.sql import functions as F
+
+    from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns, update_schema
+
+    start = clock.perf_counter()
+    spark = history.engine.spark
+    cols = relation_columns(arity)
+    landing_files = landed_files(landing, rel, key)
+    info: dict[str, Any] = {
+        "epoch": t,
+        "partition": key,
+        "files": len(landing_files.files),
+        "rows_in": 0,
+        "rows_out": 0,
+        "seconds": 0.0,
+    }
+    if landing_files.ignored:
+        info["ignored_files"] = ", ".join(landing_files.ignored)
+    try:
+        raw = read_changes(spark, landing_files.files, arity, rel)
+    except InputError as e:
+        return None, info, [f"epoch {t} ({key}): {e}"]
+    if raw is None:
+        raw = spark.createDataFrame([], update_schema(cols, with_time=False))
+    stamped = raw.select(*cols, F.lit(t).cast("long").alias(TIME), DIFF)
+    errors = problems(stamped, triples_schema(cols, epoch=t), Depth.FULL)
+    consolidated = consolidate(stamped, cols)
+    if not errors:
+        errors = problems(consolidated, triples_schema(cols, epoch=t, unique=True), Depth.FULL)
+        info["rows_in"] = stamped.count()
+    info["bytes_in"] = sum(f.size for f in landing_files.files)
+    info["seconds"] = round(clock.perf_counter() - start, 3)
+    return consolidated.drop(TIME), info, [f"epoch {t} ({key}): {p}" for p in errors]
+
+
+def snapshot_asset(
+    *,
+    relation: str,
+    arity: int,
+    queries: Sequence["Query"],
+    partitions: PartitionsDefinition,
+) -> Any:
+    """``<rel>_snapshot``: the relation as of the epoch, checked for negative multiplicities."""
+    name = snapshot_asset_name(relation)
+
+    @asset(
+        name=name,
+        partitions_def=partitions,
+        group_name="relations",
+        kinds={"spark"},
+        deps=[
+            AssetDep(deltas_asset_name(relation)),
+            AssetDep(name, partition_mapping=previous_epoch()),
+        ],
+        backfill_policy=BackfillPolicy.single_run(),
+        check_specs=[
+            AssetCheckSpec(
+                "non_negative",
+                asset=name,
+                blocking=True,
+                partitions_def=partitions,
+                description="No tuple has a negative accumulated multiplicity (a deletion of "
+                "something absent); reports the offending tuples.",
+            )
+        ],
+        description=(
+            f"The self arrangement of `{relation}`: its trace of consolidated batches, as of the "
+            "epoch (the previous snapshot plus the epoch's changes). It is stored once and read "
+            "through each atom's view: probed by c0 it is the forward index, by c1 the reverse "
+            "one, by all columns the validating self view — no copies."
+        ),
+    )
+    def _snapshot(context: AssetExecutionContext, wcoj: WcojResource) -> MaterializeResult:
+        from wcoj_core.arrangement import relation_trace_name
+
+        history = wcoj.history(queries)
+        trace = relation_trace_name(relation)
+        per_epoch: list[dict[str, Any]] = []
+        offending: list[str] = []
+        total_negative = 0
+        for key, t in epochs_of(context):
+            start = clock.perf_counter()
+            count, examples = negative_tuples(history, relation, arity, t)
+            total_negative += count
+            offending += [f"epoch {t}: {tup} has multiplicity {m}" for tup, m in examples]
+            manifest_trace = history.store.current().trace(trace)
+            stored = 0 if manifest_trace is None else manifest_trace.rows(t)
+            per_epoch.append(
+                {
+                    "epoch": t,
+                    "partition": key,
+                    "rows_in": rows_at(history, trace, t),
+                    "rows_out": stored,
+                    "negative": count,
+                    "seconds": round(clock.perf_counter() - start, 3),
+                }
+            )
+        check = AssetCheckResult(
+            check_name="non_negative",
+            passed=total_negative == 0,
+            metadata={
+                "negative_tuples": total_negative,
+                "offending": offending[:NEGATIVE_EXAMPLES],
+            },
+            description=(
+                f"{total_negative} tuple(s) with negative multiplicity: " + "; ".join(offending[:5])
+                if total_negative
+                else None
+            ),
+        )
+        return MaterializeResult(
+            metadata=summarize(per_epoch, latest=("rows_out",)), check_results=[check]
+        )
+
+    return _snapshot
+
+
+def negative_tuples(
+    history: "History", relation: str, arity: int, epoch: int
+) -> tuple[int, list[tuple[tuple[int, ...], int]]]:
+    """Tuples changed at `epoch` whose multiplicity as of `epoch` is negative (count, examples).
+
+    Only the changed tuples can turn negative at an epoch, so the check reads the relation's
+    batches semi-joined with the epoch's changes rather than the whole relation.
+    """
+    from pyspark.sql import functions as F
+
+    from wcoj_core.arrangement import relation_trace_name
+    from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns
+
+    trace = history.store.current().trace(relation_trace_name(relation))
+    if trace is None or rows_at(history, trace.name, epoch) == 0:
+        return 0, []
+    cols = relation_columns(arity)
+    changed = history.changes(trace.name, epoch).select(*cols)
+    accumulated = history.store.read(trace, trace.visible(epoch)).drop(TIME)
+    touched = accumulated.join(F.broadcast(changed), cols, "left_semi")
+    negative = consolidate(touched, cols).where(F.col(DIFF) < 0)
+    rows = negative.orderBy(*cols).limit(NEGATIVE_EXAMPLES + 1).collect()
+    if not rows:
+        return 0, []
+    count = len(rows) if len(rows) <= NEGATIVE_EXAMPLES else negative.count()
+    return count, [(tuple(r[c] for c in cols), r[DIFF]) for r in rows[:NEGATIVE_EXAMPLES]]

@@ -1,0 +1,86 @@
+"""Pandera (`pandera.pyspark`) schemas for update triples, and a validation that cannot pass silently.
+
+An update frame has data columns ``c0 .. c{k-1}``, an optional ``time`` and a ``diff``, all
+non-null longs, no other column; ``diff`` is non-zero, ``time`` equals the partition's epoch, and a
+consolidated frame holds each ``(data, time)`` once.
+
+`pandera.pyspark` does not raise on bad data: ``validate(lazy=True)`` returns the frame with the
+errors in ``df.pandera.errors``. `problems` reads them right after validating and returns them as
+lines; callers turn a non-empty list into a failed check. The validation depth is set explicitly
+(and validation forced on) for each call, so ``PANDERA_VALIDATION_DEPTH`` or
+``PANDERA_VALIDATION_ENABLED`` in the environment cannot weaken it:
+
+* `Depth.FULL` (schema and data: types, nulls, ``diff != 0``, ``time``, uniqueness) on each epoch's
+  incoming changes — they are small, and they are what can be wrong;
+* `Depth.SCHEMA` (columns and types only) on what the engine wrote (rule and query outputs).
+
+pandera is imported when a schema is built, not when this module is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from wcoj_core.updates import DIFF, TIME
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+class Depth(Enum):
+    """How deep a validation goes (pandera's ValidationDepth)."""
+
+    FULL = "SCHEMA_AND_DATA"
+    SCHEMA = "SCHEMA_ONLY"
+
+
+def triples_schema(
+    columns: Sequence[str],
+    *,
+    epoch: int | None = None,
+    with_time: bool = False,
+    unique: bool = False,
+) -> Any:
+    """A pandera.pyspark DataFrameSchema for update triples over data `columns`.
+
+    With `epoch`, ``time`` must be present and equal to it; `with_time` requires ``time``
+    without fixing its value; `unique` requires each (data, time) at most once.
+    """
+    import pandera.pyspark as pa
+    from pyspark.sql import types as T
+
+    long = T.LongType()
+    fields: dict[str, Any] = {
+        c: pa.Column(long, nullable=False, title=f"data column {c}") for c in columns
+    }
+    keys = list(fields)
+    if epoch is not None or with_time:
+        checks = [pa.Check.eq(epoch)] if epoch is not None else []
+        fields[TIME] = pa.Column(long, checks=checks, nullable=False, title="epoch")
+        keys.append(TIME)
+    fields[DIFF] = pa.Column(long, checks=[pa.Check.ne(0)], nullable=False, title="multiplicity")
+    return pa.DataFrameSchema(
+        columns=fields,
+        strict=True,
+        unique=keys if unique else None,
+        name="update_triples",
+    )
+
+
+def problems(df: DataFrame, schema: Any, depth: Depth) -> list[str]:
+    """Validate `df` against `schema` at `depth`; one line per error (empty when valid)."""
+    from pandera.config import config_context
+
+    with config_context(validation_enabled=True, validation_depth=depth.value):
+        validated = schema.validate(df, lazy=True)
+        errors = validated.pandera.errors or {}
+    lines: list[str] = []
+    for category, reasons in sorted(errors.items()):
+        for reason, items in sorted(reasons.items()):
+            for item in items:
+                column = item.get("column")
+                where = f" column {column!r}" if column and column != schema.name else ""
+                lines.append(f"{category}/{reason}{where}: {item.get('error', item)}")
+    return lines
