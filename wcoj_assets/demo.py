@@ -24,10 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 DAGSTER_YAML = """\
-# The demo's instance: runs launched from the UI start at once, without the daemon's queue.
-run_coordinator:
-  module: dagster._core.run_coordinator
-  class: DefaultRunCoordinator
+# The demo's instance. Under `make ui` (dagster dev runs the daemon) queued runs of epochs run one
+# at a time, oldest first: each epoch's arrangements build on the previous epoch's.
+concurrency:
+  runs:
+    tag_concurrency_limits:
+      - key: "wcoj/serial"
+        limit: 1
 telemetry:
   enabled: false
 """
