@@ -55,7 +55,8 @@ class WcojResource(ConfigurableResource):
     )
     storage: str = Field(
         default=DEFAULT_STORAGE,
-        description="State directory (traces, manifests); relative to the working directory.",
+        description="State directory (traces, manifests): a local path (relative to the working "
+        "directory) or any URI Spark can write, e.g. hdfs://... or s3a://...",
     )
     landing: str = Field(
         default=DEFAULT_LANDING,

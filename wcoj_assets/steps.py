@@ -96,7 +96,7 @@ def batch_schema_check(
     schema = triples_schema(columns, with_time=True)
     found: list[str] = []
     for batch in batches:
-        df = spark.read.parquet(str(history.store.root / batch.path))
+        df = spark.read.parquet(history.store.uri(batch.path))
         found += [f"epoch {batch.time}: {p}" for p in problems(df, schema, Depth.SCHEMA)]
     return AssetCheckResult(
         asset_key=asset_key,

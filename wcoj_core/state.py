@@ -19,16 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
+from wcoj_core import files
 from wcoj_core.errors import ConcurrentCommit, StateError
 from wcoj_core.updates import DIFF, TIME, update_schema
 
@@ -125,16 +124,6 @@ class Manifest:
             raise StateError(f"{source}: corrupt manifest ({e})") from e
 
 
-def _local_root(root: str) -> Path:
-    if root.startswith("file://"):
-        root = root[len("file://") :]
-    elif "://" in root:
-        raise StateError(
-            f"state directory {root!r}: only local paths are supported by this version"
-        )
-    return Path(root).absolute()
-
-
 def trace_dir(name: str) -> str:
     """A directory name for a trace: readable prefix plus a hash of the full name.
 
@@ -147,45 +136,54 @@ def trace_dir(name: str) -> str:
 
 
 class StateStore:
-    """A state directory: reads manifests, stages batches, commits generations."""
+    """A state directory: reads manifests, stages batches, commits generations.
+
+    The directory may be a local path or any URI Spark can write (``hdfs://``, ``s3a://``, ...);
+    see `wcoj_core.files`.
+    """
 
     def __init__(self, spark: SparkSession, root: str | os.PathLike[str]) -> None:
         self.spark = spark
-        self.root = _local_root(os.fspath(root))
-        self._manifests = self.root / "manifests"
-        self._traces = self.root / "traces"
+        self.files = files.files_for(spark, os.fspath(root))
+        self.root = self.files.root
+
+    def uri(self, rel: str) -> str:
+        """The full path of a stored batch, for Spark."""
+        return self.files.uri(rel)
+
+    def _generations(self) -> list[str]:
+        names = [n for n, _ in self.files.list("manifests") if n.endswith(".json")]
+        return sorted(n for n in names if n.removesuffix(".json").isdigit())
+
+    def _manifest(self, name: str) -> Manifest:
+        rel = f"manifests/{name}"
+        return Manifest.from_json(self.files.read_text(rel), self.files.uri(rel))
 
     # -- manifests -------------------------------------------------------------------------
     def current(self) -> Manifest:
         """The manifest of the highest committed generation (an empty one for a new state)."""
-        if not self._manifests.is_dir():
-            return Manifest()
-        gens = sorted(p for p in self._manifests.glob("*.json") if p.stem.isdigit())
-        if not gens:
-            return Manifest()
-        latest = gens[-1]
-        return Manifest.from_json(latest.read_text(), str(latest))
+        try:
+            gens = self._generations()
+            return self._manifest(gens[-1]) if gens else Manifest()
+        except OSError as e:
+            raise StateError(f"state {self.root}: cannot read ({e.strerror or e})") from e
 
     def commit(self, manifest: Manifest, expected: Manifest) -> Manifest:
         """Commit `manifest` as the generation after `expected`, or fail if someone else did."""
         new = replace(manifest, generation=expected.generation + 1)
         try:
-            self._manifests.mkdir(parents=True, exist_ok=True)
-            path = self._manifests / f"{new.generation:010d}.json"
-            tmp = self._manifests / f".{new.generation:010d}.{uuid.uuid4().hex}.tmp"
-            tmp.write_text(new.to_json())
-            try:
-                # os.link fails if the target exists: an atomic create-exclusive of the full file.
-                os.link(tmp, path)
-            except FileExistsError:
-                raise ConcurrentCommit(
-                    f"state {self.root}: generation {new.generation} was committed by another "
-                    f"writer while this one was working; nothing was applied, reload and retry"
-                ) from None
-            finally:
-                tmp.unlink(missing_ok=True)
+            created = self.files.create_exclusive(
+                f"manifests/{new.generation:010d}.json", new.to_json()
+            )
         except OSError as e:
             raise StateError(f"state {self.root}: cannot commit ({e.strerror or e})") from e
+        except Exception as e:  # a Java exception from a Hadoop file system
+            raise StateError(f"state {self.root}: cannot commit ({_first_line(e)})") from e
+        if not created:
+            raise ConcurrentCommit(
+                f"state {self.root}: generation {new.generation} was committed by another "
+                f"writer while this one was working; nothing was applied, reload and retry"
+            )
         self._prune(new)
         return new
 
@@ -196,34 +194,32 @@ class StateStore:
         a manifest pruned now or earlier) or staged by a writer that failed. A staged batch
         younger than `ORPHAN_AGE` seconds may belong to a writer still at work: it stays.
         """
-        gens = sorted(p for p in self._manifests.glob("*.json") if p.stem.isdigit())
+        gens = self._generations()
         kept, dropped = gens[-KEEP_MANIFESTS:], gens[:-KEEP_MANIFESTS]
         live: set[str] = {b.path for t in current.traces.values() for b in t.batches}
         retired: set[str] = set()
-        for paths, files in ((live, kept), (retired, dropped)):
-            for p in files:
+        for paths, names in ((live, kept), (retired, dropped)):
+            for name in names:
                 try:
-                    m = Manifest.from_json(p.read_text(), str(p))
+                    m = self._manifest(name)
                 except (StateError, OSError):
                     return  # never delete data on a doubt
                 paths.update(b.path for t in m.traces.values() for b in t.batches)
-        for old in dropped:
-            old.unlink(missing_ok=True)
-        if not self._traces.is_dir():
-            return
+        for name in dropped:
+            self.files.delete(f"manifests/{name}")
         now = time.time()
-        for tdir in self._traces.iterdir():
-            for bdir in tdir.iterdir():
-                rel = f"traces/{tdir.name}/{bdir.name}"
+        for tdir, _ in self.files.list("traces"):
+            for bdir, mtime in self.files.list(f"traces/{tdir}"):
+                rel = f"traces/{tdir}/{bdir}"
                 if rel in live:
                     continue
-                if rel in retired or now - bdir.stat().st_mtime > ORPHAN_AGE:
-                    shutil.rmtree(bdir, ignore_errors=True)
+                if rel in retired or now - mtime > ORPHAN_AGE:
+                    self.files.delete(rel)
 
     def discard(self, paths: Sequence[str]) -> None:
         """Remove staged batches that will never be committed."""
         for p in paths:
-            shutil.rmtree(self.root / p, ignore_errors=True)
+            self.files.delete(p)
 
     # -- batches ---------------------------------------------------------------------------
     def write_batch(self, trace: Trace, df: DataFrame, time: int, partitions: int = 1) -> Batch:
@@ -239,9 +235,9 @@ class StateStore:
             F.col(DIFF).cast("long"),
         ).observe(obs, F.count(F.lit(1)).alias("rows"))
         try:
-            out.coalesce(partitions).write.mode("errorifexists").parquet(str(self.root / rel))
+            out.coalesce(partitions).write.mode("errorifexists").parquet(self.uri(rel))
         except Exception as e:  # pragma: no cover - exercised by fault tests
-            shutil.rmtree(self.root / rel, ignore_errors=True)
+            self.files.delete(rel)
             if isinstance(e, OSError):
                 raise StateError(f"state {self.root}: cannot write a batch ({e})") from e
             raise
@@ -251,7 +247,11 @@ class StateStore:
     def read(self, trace: Trace, batches: Sequence[Batch]) -> DataFrame:
         """The update triples of some batches of a trace, unconsolidated across batches."""
         schema = update_schema(trace.columns)
-        paths = [str(self.root / b.path) for b in batches if b.rows > 0]
+        paths = [self.uri(b.path) for b in batches if b.rows > 0]
         if not paths:
             return self.spark.createDataFrame([], schema)
         return self.spark.read.schema(schema).parquet(*paths)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
