@@ -36,6 +36,8 @@ telemetry:
 """
 
 
+SENSOR = "wcoj_landing_sensor"
+
 # The run's console logger prints warnings and errors only; every event is still stored.
 QUIET_RUN = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
@@ -88,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     defs = build_definitions(storage=str(storage), landing=str(landing), spark_master=args.master)
     instance = DagsterInstance.get()
-    sensor = defs.resolve_sensor_def("wcoj_landing_sensor")
+    sensor = defs.resolve_sensor_def(SENSOR)
     context = build_sensor_context(instance=instance, resources=defs.resources)
     requests = sensor(context).run_requests
     job = defs.resolve_job_def(JOB_NAME)
@@ -101,7 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_config=QUIET_RUN,
             partition_key=key,
             instance=instance,
-            tags=request.tags,
+            # The tags a sensor-launched run carries: the daemon then knows these run keys.
+            tags={
+                **request.tags,
+                "dagster/sensor_name": SENSOR,
+                "dagster/run_key": request.run_key or key,
+            },
             raise_on_error=False,
         )
         checks = [
