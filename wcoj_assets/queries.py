@@ -80,7 +80,7 @@ def rule_asset(
     )
     def _rule(context: AssetExecutionContext, wcoj: WcojResource) -> MaterializeResult:
         from wcoj_core.arrangement import relation_trace_name
-        from wcoj_core.engine import _observed
+        from wcoj_core.engine import observed
         from wcoj_core.history import rule_trace_name
         from wcoj_core.updates import relation_columns
 
@@ -92,8 +92,8 @@ def rule_asset(
             df, observations = history.rule(query.name, atom, t)
             batch = history.record(rule_trace_name(query.name, atom), t, df)
             batches.append(batch)
-            proposed = sum(_observed(o.proposed, "rows") or 0 for o in observations)
-            validated = sum(_observed(o.validated, "rows") or 0 for o in observations)
+            proposed = sum(observed(o.proposed, "rows") or 0 for o in observations)
+            validated = sum(observed(o.validated, "rows") or 0 for o in observations)
             per_epoch.append(
                 {
                     "epoch": t,

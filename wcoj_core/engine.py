@@ -123,7 +123,7 @@ class _Timer:
             self.seconds[name] = self.seconds.get(name, 0.0) + clock.perf_counter() - start
 
 
-def _observed(obs: Observation, key: str) -> int | None:
+def observed(obs: Observation, key: str) -> int | None:
     """An observed metric, or None when Spark never ran the observed part of the plan."""
     try:
         value = (obs.get or {}).get(key)
@@ -414,10 +414,10 @@ class Engine:
                             query=name,
                             rule=rule_index,
                             var=o.var,
-                            prefixes=_observed(o.prefixes, "rows"),
-                            min_count_sum=_observed(o.prefixes, "min_sum"),
-                            proposed=_observed(o.proposed, "rows"),
-                            validated=_observed(o.validated, "rows"),
+                            prefixes=observed(o.prefixes, "rows"),
+                            min_count_sum=observed(o.prefixes, "min_sum"),
+                            proposed=observed(o.proposed, "rows"),
+                            validated=observed(o.validated, "rows"),
                         )
                     )
         return outputs, steps
