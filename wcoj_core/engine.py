@@ -388,14 +388,14 @@ class Engine:
         for name, plan in self.plans.items():
             trace = snapshot.manifest.traces[output_trace_name(name)]
             cols = list(trace.columns)
-            observed: list[tuple[int, list[StepObservations]]] = []
+            ran: list[tuple[int, list[StepObservations]]] = []
             frames = []
             for rule in plan.rules:
                 if self._rule_is_empty(plan, rule, snapshot):
                     continue
                 obs: list[StepObservations] = []
                 frames.append(self.rule_output(plan, rule, snapshot, obs))
-                observed.append((rule.delta, obs))
+                ran.append((rule.delta, obs))
             if frames:
                 total = frames[0]
                 for f in frames[1:]:
@@ -407,7 +407,7 @@ class Engine:
             staged_paths.append(batch.path)
             outputs[name] = batch
             staged[trace.name] = batch
-            for rule_index, obs in observed:
+            for rule_index, obs in ran:
                 for o in obs:
                     steps.append(
                         StepMetrics(
