@@ -95,10 +95,12 @@ class HadoopFiles:
 
     def __init__(self, spark: SparkSession, root: str) -> None:
         self.root = root.rstrip("/")
+        # py4j is the only way to Hadoop's FileSystem from Python.
         jvm: Any = spark._jvm
+        jsc: Any = spark.sparkContext._jsc
         self._Path = jvm.org.apache.hadoop.fs.Path
         self._jvm = jvm
-        conf = spark._jsc.hadoopConfiguration()
+        conf = jsc.hadoopConfiguration()
         self._fs = self._Path(self.root).getFileSystem(conf)
 
     def _p(self, rel: str) -> Any:
