@@ -5,7 +5,6 @@ forward, reverse and self views are not assets of their own: they are the relati
 (``<rel>_snapshot``) probed by different keys.
 """
 
-import time as clock
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import counts_asset_name, deltas_asset_name, snapshot_asset_name
 from wcoj_assets.steps import (
     batch_schema_check,
-    epochs_of,
+    each_epoch,
     previous_epoch,
     rows_at,
     schema_check_spec,
@@ -71,21 +70,14 @@ def counts_asset(
         from wcoj_core.arrangement import relation_trace_name
 
         history = wcoj.history(queries)
-        per_epoch: list[dict[str, Any]] = []
         batches: list[Batch] = []
-        for key, t in epochs_of(context):
-            start = clock.perf_counter()
-            batch = history.arrange(t, arrangement)
-            batches.append(batch)
-            per_epoch.append(
-                {
-                    "epoch": t,
-                    "partition": key,
-                    "rows_in": rows_at(history, relation_trace_name(relation), t),
-                    "rows_out": batch.rows,
-                    "seconds": round(clock.perf_counter() - start, 3),
-                }
-            )
+
+        def step(t: int) -> dict[str, Any]:
+            batches.append(history.arrange(t, arrangement))
+            rows_in = rows_at(history, relation_trace_name(relation), t)
+            return {"rows_in": rows_in, "rows_out": batches[-1].rows}
+
+        per_epoch = each_epoch(context, step)
         check = batch_schema_check(history, batches, key_cols, name)
         return MaterializeResult(metadata=summarize(per_epoch), check_results=[check])
 

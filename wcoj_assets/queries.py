@@ -6,7 +6,6 @@ the arrangements are in place, rules may run for any epochs in any order, in one
 and give exactly what processing the epochs one by one gives.
 """
 
-import time as clock
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,8 +26,8 @@ from wcoj_assets.specs import (
 )
 from wcoj_assets.steps import (
     batch_schema_check,
+    each_epoch,
     epoch_mapping,
-    epochs_of,
     explain_md,
     previous_epoch,
     rows_at,
@@ -85,26 +84,19 @@ def rule_asset(
         from wcoj_core.updates import relation_columns
 
         history = wcoj.history(queries)
-        per_epoch: list[dict[str, Any]] = []
         batches: list[Batch] = []
-        for key, t in epochs_of(context):
-            start = clock.perf_counter()
+
+        def step(t: int) -> dict[str, Any]:
             df, observations = history.rule(query.name, atom, t)
-            batch = history.record(rule_trace_name(query.name, atom), t, df)
-            batches.append(batch)
-            proposed = sum(observed(o.proposed, "rows") or 0 for o in observations)
-            validated = sum(observed(o.validated, "rows") or 0 for o in observations)
-            per_epoch.append(
-                {
-                    "epoch": t,
-                    "partition": key,
-                    "rows_in": rows_at(history, relation_trace_name(delta_relation), t),
-                    "rows_proposed": proposed,
-                    "rows_validated": validated,
-                    "rows_out": batch.rows,
-                    "seconds": round(clock.perf_counter() - start, 3),
-                }
-            )
+            batches.append(history.record(rule_trace_name(query.name, atom), t, df))
+            return {
+                "rows_in": rows_at(history, relation_trace_name(delta_relation), t),
+                "rows_proposed": sum(observed(o.proposed, "rows") or 0 for o in observations),
+                "rows_validated": sum(observed(o.validated, "rows") or 0 for o in observations),
+                "rows_out": batches[-1].rows,
+            }
+
+        per_epoch = each_epoch(context, step)
         check = batch_schema_check(history, batches, relation_columns(width), name)
         metadata = {**summarize(per_epoch), "explain": explain_md(text)}
         return MaterializeResult(metadata=metadata, check_results=[check])
@@ -136,26 +128,17 @@ def query_deltas_asset(
         from wcoj_core.updates import relation_columns
 
         history = wcoj.history(queries)
-        per_epoch: list[dict[str, Any]] = []
         batches: list[Batch] = []
-        for key, t in epochs_of(context):
-            start = clock.perf_counter()
+
+        def step(t: int) -> dict[str, Any]:
             rows_in = sum(
                 rows_at(history, rule_trace_name(query.name, i), t) for i in range(len(rules))
             )
-            batch = history.record(
-                output_trace_name(query.name), t, history.query_changes(query.name, t)
-            )
-            batches.append(batch)
-            per_epoch.append(
-                {
-                    "epoch": t,
-                    "partition": key,
-                    "rows_in": rows_in,
-                    "rows_out": batch.rows,
-                    "seconds": round(clock.perf_counter() - start, 3),
-                }
-            )
+            changes = history.query_changes(query.name, t)
+            batches.append(history.record(output_trace_name(query.name), t, changes))
+            return {"rows_in": rows_in, "rows_out": batches[-1].rows}
+
+        per_epoch = each_epoch(context, step)
         check = batch_schema_check(history, batches, relation_columns(len(query.head)), name)
         return MaterializeResult(metadata=summarize(per_epoch), check_results=[check])
 
@@ -188,9 +171,8 @@ def query_asset(
         from wcoj_core.updates import DIFF
 
         history = wcoj.history(queries)
-        per_epoch: list[dict[str, Any]] = []
-        for key, t in epochs_of(context):
-            start = clock.perf_counter()
+
+        def step(t: int) -> dict[str, Any]:
             row = (
                 history.output(query.name, t)
                 .agg(
@@ -200,16 +182,13 @@ def query_asset(
                 .first()
             )
             assert row is not None
-            per_epoch.append(
-                {
-                    "epoch": t,
-                    "partition": key,
-                    "rows_in": rows_at(history, output_trace_name(query.name), t),
-                    "rows_out": int(row["rows"]),
-                    "count": int(row["count"]),
-                    "seconds": round(clock.perf_counter() - start, 3),
-                }
-            )
+            return {
+                "rows_in": rows_at(history, output_trace_name(query.name), t),
+                "rows_out": int(row["rows"]),
+                "count": int(row["count"]),
+            }
+
+        per_epoch = each_epoch(context, step)
         return MaterializeResult(metadata=summarize(per_epoch, latest=("rows_out", "count")))
 
     return _query

@@ -31,7 +31,7 @@ from wcoj_assets.intake import landed_files, read_changes
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.schemas import Depth, problems, triples_schema
 from wcoj_assets.specs import deltas_asset_name, snapshot_asset_name
-from wcoj_assets.steps import CHECK, epochs_of, previous_epoch, rows_at, summarize
+from wcoj_assets.steps import CHECK, each_epoch, epochs_of, previous_epoch, rows_at, summarize
 from wcoj_core.errors import InputError
 
 if TYPE_CHECKING:
@@ -266,26 +266,17 @@ def snapshot_asset(
 
         history = wcoj.history(queries)
         trace = relation_trace_name(relation)
-        per_epoch: list[dict[str, Any]] = []
         offending: list[str] = []
-        total_negative = 0
-        for key, t in epochs_of(context):
-            start = clock.perf_counter()
+
+        def step(t: int) -> dict[str, Any]:
             count, examples = negative_tuples(history, relation, arity, t)
-            total_negative += count
-            offending += [f"epoch {t}: {tup} has multiplicity {m}" for tup, m in examples]
+            offending.extend(f"epoch {t}: {tup} has multiplicity {m}" for tup, m in examples)
             manifest_trace = history.store.current().trace(trace)
             stored = 0 if manifest_trace is None else manifest_trace.rows(t)
-            per_epoch.append(
-                {
-                    "epoch": t,
-                    "partition": key,
-                    "rows_in": rows_at(history, trace, t),
-                    "rows_out": stored,
-                    "negative": count,
-                    "seconds": round(clock.perf_counter() - start, 3),
-                }
-            )
+            return {"rows_in": rows_at(history, trace, t), "rows_out": stored, "negative": count}
+
+        per_epoch = each_epoch(context, step)
+        total_negative = sum(e["negative"] for e in per_epoch)
         check = AssetCheckResult(
             check_name="non_negative",
             passed=total_negative == 0,

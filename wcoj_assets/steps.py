@@ -8,7 +8,8 @@ partitions. Assets that read their own previous epoch declare it with
 `BackfillPolicy.single_run()` holds for all of them.
 """
 
-from collections.abc import Mapping, Sequence
+import time as clock
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
@@ -52,6 +53,20 @@ def epochs_of(context: Any) -> list[tuple[str, int]]:
     except InputError as e:
         raise Failure(description=str(e), allow_retries=False) from e
     return sorted(pairs, key=lambda p: p[1])
+
+
+def each_epoch(context: Any, step: Callable[[int], Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Run `step` for every epoch of the run, oldest first, and stamp its figures.
+
+    Each result is ``{"epoch", "partition", **step(t), "seconds"}``, ready for `summarize`.
+    """
+    out: list[dict[str, Any]] = []
+    for key, t in epochs_of(context):
+        start = clock.perf_counter()
+        figures = step(t)
+        seconds = round(clock.perf_counter() - start, 3)
+        out.append({"epoch": t, "partition": key, **figures, "seconds": seconds})
+    return out
 
 
 def rows_at(history: "History", trace: str, epoch: int) -> int:
