@@ -17,6 +17,7 @@ from dagster import (
     asset,
 )
 
+from wcoj_assets.provenance import current_check_result, current_check_spec
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import counts_asset_name, deltas_asset_name, snapshot_asset_name
 from wcoj_assets.steps import (
@@ -56,7 +57,7 @@ def counts_asset(
             AssetDep(name, partition_mapping=previous_epoch()),
         ],
         backfill_policy=BackfillPolicy.single_run(),
-        check_specs=[schema_check_spec(name, partitions)],
+        check_specs=[schema_check_spec(name, partitions), current_check_spec(name, partitions)],
         description=(
             f"`{arrangement}`: for each value of ({', '.join(key_cols) or 'no key'}) of "
             f"`{arrangement.view}`, the number of distinct tuples with non-zero multiplicity. "
@@ -78,7 +79,10 @@ def counts_asset(
             return {"rows_in": rows_in, "rows_out": batches[-1].rows}
 
         per_epoch = each_epoch(context, step)
-        check = batch_schema_check(history, batches, key_cols, name)
-        return MaterializeResult(metadata=summarize(per_epoch), check_results=[check])
+        checks = [
+            batch_schema_check(history, batches, key_cols, name),
+            current_check_result(context, history, name, [e["epoch"] for e in per_epoch]),
+        ]
+        return MaterializeResult(metadata=summarize(per_epoch), check_results=checks)
 
     return _counts

@@ -1,7 +1,7 @@
 """The correctness check: each query's maintained output against a from-scratch binary-join plan.
 
 For epoch ``t`` the check accumulates every relation as of ``t``, evaluates the query with the
-plain Spark SQL of `wcoj_assets.reference` and compares the result with the accumulated output as
+plain Spark SQL of `wcoj_core.reference` and compares the result with the accumulated output as
 exact multisets. It runs on every epoch divisible by the resource's ``check_every`` (1 by default,
 right for small data; raise it for large data, where a full recomputation per epoch costs more
 than the maintenance it checks). On other epochs it passes without work, saying so in its
@@ -19,10 +19,10 @@ from dagster import (
     asset_check,
 )
 
-from wcoj_assets.reference import compare, output_columns, reference_output, reference_sql
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import snapshot_asset_name
 from wcoj_assets.steps import epochs_of
+from wcoj_core.reference import compare, output_columns, reference_output, reference_sql
 
 if TYPE_CHECKING:
     from wcoj_core.query.ir import Query

@@ -18,6 +18,7 @@ from dagster import (
     asset,
 )
 
+from wcoj_assets.provenance import current_check_result, current_check_spec
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import (
     deltas_asset_name,
@@ -67,7 +68,7 @@ def rule_asset(
         kinds={"spark"},
         deps=deps,
         backfill_policy=BackfillPolicy.single_run(),
-        check_specs=[schema_check_spec(name, partitions)],
+        check_specs=[schema_check_spec(name, partitions), current_check_spec(name, partitions)],
         description=(
             f"Rule {atom} of `{query.name}`: the output change caused by the changes to atom "
             f"{atom} (`{query.atoms[atom]}`) at the epoch, joining atoms before it as of the "
@@ -80,15 +81,14 @@ def rule_asset(
     def _rule(context: AssetExecutionContext, wcoj: WcojResource) -> MaterializeResult:
         from wcoj_core.arrangement import relation_trace_name
         from wcoj_core.engine import observed
-        from wcoj_core.history import rule_trace_name
         from wcoj_core.updates import relation_columns
 
         history = wcoj.history(queries)
         batches: list[Batch] = []
 
         def step(t: int) -> dict[str, Any]:
-            df, observations = history.rule(query.name, atom, t)
-            batches.append(history.record(rule_trace_name(query.name, atom), t, df))
+            batch, observations = history.derive_rule(query.name, atom, t)
+            batches.append(batch)
             return {
                 "rows_in": rows_at(history, relation_trace_name(delta_relation), t),
                 "rows_proposed": sum(observed(o.proposed, "rows") or 0 for o in observations),
@@ -97,9 +97,12 @@ def rule_asset(
             }
 
         per_epoch = each_epoch(context, step)
-        check = batch_schema_check(history, batches, relation_columns(width), name)
+        checks = [
+            batch_schema_check(history, batches, relation_columns(width), name),
+            current_check_result(context, history, name, [e["epoch"] for e in per_epoch]),
+        ]
         metadata = {**summarize(per_epoch), "explain": explain_md(text)}
-        return MaterializeResult(metadata=metadata, check_results=[check])
+        return MaterializeResult(metadata=metadata, check_results=checks)
 
     return _rule
 
@@ -118,12 +121,11 @@ def query_deltas_asset(
         kinds={"spark"},
         deps=[AssetDep(r) for r in rules],
         backfill_policy=BackfillPolicy.single_run(),
-        check_specs=[schema_check_spec(name, partitions)],
+        check_specs=[schema_check_spec(name, partitions), current_check_spec(name, partitions)],
         description=f"The change of `{query.name}`'s output at the epoch: its delta rules' "
         "outputs summed and consolidated.",
     )
     def _query_deltas(context: AssetExecutionContext, wcoj: WcojResource) -> MaterializeResult:
-        from wcoj_core.engine import output_trace_name
         from wcoj_core.history import rule_trace_name
         from wcoj_core.updates import relation_columns
 
@@ -134,13 +136,15 @@ def query_deltas_asset(
             rows_in = sum(
                 rows_at(history, rule_trace_name(query.name, i), t) for i in range(len(rules))
             )
-            changes = history.query_changes(query.name, t)
-            batches.append(history.record(output_trace_name(query.name), t, changes))
+            batches.append(history.derive_output(query.name, t))
             return {"rows_in": rows_in, "rows_out": batches[-1].rows}
 
         per_epoch = each_epoch(context, step)
-        check = batch_schema_check(history, batches, relation_columns(len(query.head)), name)
-        return MaterializeResult(metadata=summarize(per_epoch), check_results=[check])
+        checks = [
+            batch_schema_check(history, batches, relation_columns(len(query.head)), name),
+            current_check_result(context, history, name, [e["epoch"] for e in per_epoch]),
+        ]
+        return MaterializeResult(metadata=summarize(per_epoch), check_results=checks)
 
     return _query_deltas
 
@@ -161,6 +165,7 @@ def query_asset(
             AssetDep(name, partition_mapping=previous_epoch()),
         ],
         backfill_policy=BackfillPolicy.single_run(),
+        check_specs=[current_check_spec(name, partitions)],
         description=f"The output of `{query}` as of the epoch: the previous output plus the "
         "epoch's change (the sum of the stored changes up to the epoch).",
     )
@@ -189,6 +194,9 @@ def query_asset(
             }
 
         per_epoch = each_epoch(context, step)
-        return MaterializeResult(metadata=summarize(per_epoch, latest=("rows_out", "count")))
+        check = current_check_result(context, history, name, [e["epoch"] for e in per_epoch])
+        return MaterializeResult(
+            metadata=summarize(per_epoch, latest=("rows_out", "count")), check_results=[check]
+        )
 
     return _query

@@ -28,6 +28,7 @@ from dagster import (
 
 from wcoj_assets.epochs import epoch_key
 from wcoj_assets.intake import landed_files, read_changes
+from wcoj_assets.provenance import CURRENT, stale_evaluations, stale_partitions
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.schemas import Depth, problems, triples_schema
 from wcoj_assets.specs import deltas_asset_name, snapshot_asset_name
@@ -121,18 +122,10 @@ def deltas_assets(
         per_rel: dict[str, list[dict[str, Any]]] = {rel: [] for rel in relations}
         for rel, t, frame, info in staged:
             start = clock.perf_counter()
-            later = corrected_epochs(history, rel, t, frame)
-            batch = history.ingest(t, rel, frame)
-            info["rows_out"] = batch.rows
+            info["rows_out"] = history.ingest(t, rel, frame).rows
             info["seconds"] = round(info["seconds"] + clock.perf_counter() - start, 3)
-            if later:
-                info["stale_later_epochs"] = len(later)
-                info["backfill_from"] = epoch_key(later[0])
-                context.log.warning(
-                    f"epoch {t} of {rel!r} changed after epochs {later[0]}..{later[-1]} were "
-                    f"derived from it: backfill from {epoch_key(later[0])} to bring them back"
-                )
             per_rel[rel].append(info)
+        _report_corrections(context, history, per_rel, [t for _, t in epochs])
         for rel in relations:
             yield MaterializeResult(
                 asset_key=names[rel],
@@ -150,36 +143,38 @@ def deltas_assets(
     return _deltas
 
 
-def corrected_epochs(history: "History", rel: str, t: int, changes: "DataFrame") -> list[int]:
-    """The later epochs with derived outputs when `changes` replace different changes at `t`.
+def _report_corrections(
+    context: AssetExecutionContext,
+    history: "History",
+    per_rel: dict[str, list[dict[str, Any]]],
+    run_epochs: list[int],
+) -> None:
+    """After ingesting: fail `current_history` on every later partition a correction left stale.
 
-    Re-ingesting the same changes (a re-run) reports nothing. Dagster marks only the direct
-    readers of a corrected partition stale, so this is how a correction names every epoch a
-    backfill must cover. Costs one small Spark job, and only when later outputs exist.
+    The run's own epochs are derived again by the rest of the job (and Dagster marks their
+    direct readers stale if only the changes were materialized); later epochs are not, so each
+    of their derived partitions is reported failed, and the changes' metadata and the log name
+    the backfill that brings them back.
     """
-    from wcoj_core.arrangement import relation_trace_name
-    from wcoj_core.updates import DIFF, relation_columns
-
-    manifest = history.store.current()
-    trace = manifest.trace(relation_trace_name(rel))
-    if trace is None or not any(b.time == t for b in trace.batches):
-        return []
-    later = sorted(
-        {
-            b.time
-            for name, tr in manifest.traces.items()
-            if name.startswith("out/")
-            for b in tr.batches
-            if b.time > t
-        }
+    stale = {
+        asset: later
+        for asset, times in stale_partitions(history).items()
+        if (later := [t for t in times if t > max(run_epochs)])
+    }
+    if not stale:
+        return
+    epochs = sorted({t for times in stale.values() for t in times})
+    corrected = ", ".join(epoch_key(t) for t in run_epochs)
+    for infos in per_rel.values():
+        infos[-1]["stale_later_epochs"] = len(epochs)
+        infos[-1]["backfill_from"] = epoch_key(epochs[0])
+    context.log.warning(
+        f"epochs {epochs[0]}..{epochs[-1]} were derived before {corrected} changed: "
+        f"{sum(map(len, stale.values()))} partitions fail `{CURRENT}` until a backfill from "
+        f"{epoch_key(epochs[0])} brings them back"
     )
-    if not later:
-        return []
-    cols = [*relation_columns(history.engine.relations[rel]), DIFF]
-    old = history.changes(trace.name, t).select(*cols)
-    new = changes.select(*cols)
-    differs = old.exceptAll(new).unionByName(new.exceptAll(old)).limit(1).count() > 0
-    return later if differs else []
+    for evaluation in stale_evaluations(stale, corrected):
+        context.log_event(evaluation)
 
 
 def _read_epoch(

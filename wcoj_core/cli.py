@@ -5,6 +5,8 @@ Commands::
     wcoj count   --query Q --input REL=PATH [--input ...] [--undirected REL] [--json]
     wcoj replay  --query Q --input REL=PATH ... --epochs K [--delete-fraction F] [--seed S]
                  [--check] [--json]
+    wcoj bench   [--query Q] --input REL=PATH ... --epochs K --epoch-size N [--skew D]
+                 [--seed S] [--methods recompute,binary-delta,wcoj] [--json]
     wcoj explain --query Q
 
 ``count`` and ``replay`` also take ``--master URL`` (default ``local[*]``) and ``--state DIR``
@@ -55,6 +57,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from wcoj_core import generate, linear
+from wcoj_core.bench import METHODS, Sample, bench, make_workload
 from wcoj_core.engine import evaluate_static
 from wcoj_core.errors import InputError, QueryError, WcojError
 from wcoj_core.query.explain import explain
@@ -98,8 +101,16 @@ def _parser() -> argparse.ArgumentParser:
             "--query", required=True, metavar="Q", help="a built-in query name or query text"
         )
 
-    def add_run(p: argparse.ArgumentParser) -> None:
-        add_query(p)
+    def add_run(p: argparse.ArgumentParser, query_default: str | None = None) -> None:
+        if query_default is None:
+            add_query(p)
+        else:
+            p.add_argument(
+                "--query",
+                default=query_default,
+                metavar="Q",
+                help=f"a built-in query name or query text (default {query_default})",
+            )
         p.add_argument(
             "--input",
             action="append",
@@ -137,6 +148,29 @@ def _parser() -> argparse.ArgumentParser:
         "--check", action="store_true", help="compare the final output with a static run"
     )
     rep.set_defaults(run=_replay)
+
+    ben = commands.add_parser(
+        "bench", help="the same epochs through recompute, binary-delta and wcoj, side by side"
+    )
+    add_run(ben, query_default="triangles")
+    ben.add_argument("--epochs", type=int, required=True, metavar="K", help="timed epochs")
+    ben.add_argument(
+        "--epoch-size", type=int, required=True, metavar="N", help="changed tuples per epoch"
+    )
+    ben.add_argument(
+        "--skew",
+        type=int,
+        metavar="D",
+        help="add an epoch in which a new vertex gains D edges",
+    )
+    ben.add_argument("--seed", type=int, default=1, metavar="S", help="workload seed (default 1)")
+    ben.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        metavar="M,..",
+        help=f"methods to run, wcoj always among them (default {','.join(METHODS)})",
+    )
+    ben.set_defaults(run=_bench)
 
     exp = commands.add_parser("explain", help="print the query's plan")
     add_query(exp)
@@ -372,6 +406,53 @@ def _replay(args: argparse.Namespace) -> int:
         )
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _bench(args: argparse.Namespace) -> int:
+    query = resolve_query(args.query)
+    inputs = _parse_inputs(args.input, query)
+    undirected = _check_undirected(args.undirected, query, inputs)
+    if args.epochs < 2 or args.epoch_size < 2:
+        raise UsageError("--epochs and --epoch-size must be at least 2")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    _prepare_state(args.state)
+    spark = _start_spark(args.master)
+    with _state_dir(args.state) as state:
+        relations = {
+            rel: read_relation(spark, path, query.relations[rel], rel)
+            for rel, path in sorted(inputs.items())
+        }
+        _say(f"bench: preparing {args.epochs} epochs of {args.epoch_size} changes")
+        workload = make_workload(
+            spark,
+            query,
+            relations,
+            epochs=args.epochs,
+            epoch_size=args.epoch_size,
+            seed=args.seed,
+            undirected=frozenset(undirected),
+            skew=args.skew,
+        )
+        result = bench(spark, query, workload, state, methods=methods, on_epoch=_bench_progress)
+    summary = result.to_dict()
+    for name, m in summary["methods"].items():
+        _say(
+            f"{name:>12}: median {m['median_seconds']:.3f} s/epoch, intermediate rows "
+            f"{m['intermediate_rows']}, shuffle bytes {m['shuffle_bytes']}, state bytes "
+            f"{m['state_bytes']}"
+        )
+    ratios = [k for k in summary if k.endswith(("_vs_recompute", "_vs_binary_delta"))]
+    _say("; ".join(f"{k} {summary[k]}" for k in ratios))
+    if args.json:
+        _emit_json(summary)
+    return EXIT_OK
+
+
+def _bench_progress(t: int, epochs: int, samples: dict[str, Sample], changes: int) -> None:
+    figures = ", ".join(
+        f"{name} {s.seconds:.2f} s ({s.intermediate_rows} join rows)" for name, s in samples.items()
+    )
+    _say(f"epoch {t}/{epochs}: {figures}; output change rows {changes}, identical")
 
 
 def _explain(args: argparse.Namespace) -> int:

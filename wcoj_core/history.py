@@ -13,6 +13,11 @@ that epoch, *replacing* the batch the trace held at that time:
   state before ``t`` and the new state at ``t``; never from earlier outputs;
 * `record(name, t, df)` — store a rule's or a query's output change at ``t``.
 
+Every derived batch records its provenance: a digest of the batches it was computed from. When
+history is corrected (an input batch replaced), `stale` names every derived batch whose inputs
+are no longer the ones it would be computed from now — directly or through another stale batch
+— which is what a backfill from the corrected epoch must rebuild.
+
 Replacing (rather than appending) makes every step idempotent: running it twice, or re-running it
 after its inputs were corrected, stores exactly one answer per epoch. Each step commits its own
 manifest generation and retries when another writer committed first.
@@ -20,7 +25,9 @@ manifest generation and retries when another writer committed first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from pyspark.sql import DataFrame
@@ -37,7 +44,7 @@ from wcoj_core.engine import Engine, output_trace_name
 from wcoj_core.errors import ConcurrentCommit, InputError, QueryError, StateError
 from wcoj_core.extend import StepObservations
 from wcoj_core.query.plan import Arrangement, Kind
-from wcoj_core.state import Batch, Trace
+from wcoj_core.state import Batch, Manifest, Trace
 from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns, update_schema
 
 RETRIES = 50
@@ -53,6 +60,7 @@ class History:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.store = engine.store
+        self.sources = derivations(engine)
 
     # -- committing one batch --------------------------------------------------------------
     def _trace(self, name: str, columns: Sequence[str]) -> Trace:
@@ -80,11 +88,16 @@ class History:
         self.store.discard([batch.path])
         raise StateError(f"{self.store.root}: gave up committing {name!r} after {RETRIES} tries")
 
-    def record(self, name: str, epoch: int, df: DataFrame) -> Batch:
-        """Store update rows (trace columns + diff) as the trace's batch at `epoch`."""
+    def record(self, name: str, epoch: int, df: DataFrame, inputs: str = "") -> Batch:
+        """Store update rows (trace columns + diff) as the trace's batch at `epoch`.
+
+        `inputs` is the batch's provenance (`digest`, taken from the manifest `df` was read
+        from); a derived batch recorded without it is never current.
+        """
         cols = [c for c in df.columns if c not in (TIME, DIFF)]
         trace = self._trace(name, cols)
-        batch = self.store.write_batch(trace, consolidate(df.select(*cols, DIFF), cols), epoch, 2)
+        out = consolidate(df.select(*cols, DIFF), cols)
+        batch = self.store.write_batch(trace, out, epoch, 2, inputs=inputs)
         self._replace(name, trace.columns, batch)
         return batch
 
@@ -100,7 +113,19 @@ class History:
             raise InputError(
                 f"changes lack columns {missing}", source=f"relation {relation!r} at {epoch}"
             )
-        return self.record(relation_trace_name(relation), epoch, changes.select(*cols, DIFF))
+        name = relation_trace_name(relation)
+        changes = changes.select(*cols, DIFF)
+        trace = self.store.current().trace(name)
+        existing = [b for b in trace.batches if b.time == epoch] if trace is not None else []
+        if existing and trace is not None and self._same(trace, existing[0], changes, cols):
+            return existing[0]  # a re-run: keep the batch, so nothing derived goes stale
+        return self.record(name, epoch, changes)
+
+    def _same(self, trace: Trace, batch: Batch, changes: DataFrame, cols: Sequence[str]) -> bool:
+        """Whether a stored batch holds exactly `changes` (consolidated), as multisets."""
+        old = self.store.read(trace, [batch]).select(*cols, DIFF)
+        new = consolidate(changes, cols).select(*cols, DIFF)
+        return old.exceptAll(new).unionByName(new.exceptAll(old)).limit(1).count() == 0
 
     def counts(self) -> tuple[Arrangement, ...]:
         """The counts arrangements the engine's plans read."""
@@ -110,6 +135,7 @@ class History:
         """A counts arrangement's change at `epoch`; needs every earlier epoch arranged."""
         snapshot = self.snapshot(epoch)
         name = counts_trace_name(arrangement)
+        inputs = digest(snapshot.manifest, self.sources[name], epoch)
         cols = [f"c{k}" for k in arrangement.key]
         if snapshot.has_changes(arrangement.view.relation):
             change = counts_from_support(
@@ -118,7 +144,7 @@ class History:
         else:
             change = self.engine.spark.createDataFrame([], update_schema(cols, with_time=False))
         trace = self._trace(name, cols)
-        batch = self.store.write_batch(trace, change, epoch)
+        batch = self.store.write_batch(trace, change, epoch, inputs=inputs)
         self._replace(name, trace.columns, batch)
         return batch
 
@@ -127,39 +153,84 @@ class History:
 
     def rule(self, query: str, index: int, epoch: int) -> tuple[DataFrame, list[StepObservations]]:
         """One delta rule's output change at `epoch` (c0.., diff; lazy) and its observations."""
+        df, observations, _ = self._rule(query, index, epoch)
+        return df, observations
+
+    def _rule(
+        self, query: str, index: int, epoch: int
+    ) -> tuple[DataFrame, list[StepObservations], str]:
         plan = self.engine.plans[query]
         rule = plan.rules[index]
         snapshot = self.snapshot(epoch)
+        inputs = digest(snapshot.manifest, self.sources[rule_trace_name(query, index)], epoch)
         observations: list[StepObservations] = []
         if self.engine._rule_is_empty(plan, rule, snapshot):
             width = len(plan.query.head)
             schema = update_schema(relation_columns(width), with_time=False)
-            return self.engine.spark.createDataFrame([], schema), observations
-        return self.engine.rule_output(plan, rule, snapshot, observations), observations
+            return self.engine.spark.createDataFrame([], schema), observations, inputs
+        return self.engine.rule_output(plan, rule, snapshot, observations), observations, inputs
 
-    def changes(self, name: str, epoch: int) -> DataFrame:
+    def derive_rule(
+        self, query: str, index: int, epoch: int
+    ) -> tuple[Batch, list[StepObservations]]:
+        """Compute and store one delta rule's output change at `epoch`, with its provenance."""
+        df, observations, inputs = self._rule(query, index, epoch)
+        return self.record(rule_trace_name(query, index), epoch, df, inputs), observations
+
+    def derive_output(self, query: str, epoch: int) -> Batch:
+        """Sum the stored rule outputs at `epoch` and store them as the query's change."""
+        manifest = self.store.current()
+        name = output_trace_name(query)
+        inputs = digest(manifest, self.sources[name], epoch)
+        return self.record(name, epoch, self.query_changes(query, epoch, manifest), inputs)
+
+    # -- provenance ------------------------------------------------------------------------
+    def stale(self, manifest: Manifest | None = None) -> dict[str, list[int]]:
+        """Every derived trace's epochs whose batch is not what it would be computed from now.
+
+        A batch is stale when the batches it was computed from have been replaced since, or
+        when one of them is itself stale. Reads the manifest only (no Spark work).
+        """
+        manifest = manifest or self.store.current()
+        digests = _Digests(manifest)
+        stale: dict[str, set[int]] = {}
+        for name, inputs in self.sources.items():  # sources come before their readers
+            trace = manifest.trace(name)
+            stale[name] = {
+                b.time
+                for b in (trace.batches if trace is not None else ())
+                if b.inputs != digests.of(inputs, b.time) or _reads_stale(inputs, stale, b.time)
+            }
+        return {name: sorted(times) for name, times in stale.items() if times}
+
+    def changes(self, name: str, epoch: int, manifest: Manifest | None = None) -> DataFrame:
         """A trace's stored change at `epoch` (columns.., diff)."""
-        trace = self.store.current().trace(name)
+        trace = (manifest or self.store.current()).trace(name)
         if trace is None:
             raise StateError(f"{name!r} is not in the state at {self.store.root}")
         return self.store.read(trace, [b for b in trace.batches if b.time == epoch]).drop(TIME)
 
-    def query_changes(self, query: str, epoch: int) -> DataFrame:
+    def query_changes(self, query: str, epoch: int, manifest: Manifest | None = None) -> DataFrame:
         """The sum of a query's stored rule outputs at `epoch`, consolidated (not yet recorded)."""
         plan = self.engine.plans[query]
         cols = relation_columns(len(plan.query.head))
+        manifest = manifest or self.store.current()
         frames = [
-            self.changes_or_empty(rule_trace_name(query, r.delta), cols, epoch) for r in plan.rules
+            self.changes_or_empty(rule_trace_name(query, r.delta), cols, epoch, manifest)
+            for r in plan.rules
         ]
         total = frames[0]
         for f in frames[1:]:
             total = total.unionByName(f)
         return consolidate(total, cols)
 
-    def changes_or_empty(self, name: str, cols: Sequence[str], epoch: int) -> DataFrame:
-        if self.store.current().trace(name) is None:
+    def changes_or_empty(
+        self, name: str, cols: Sequence[str], epoch: int, manifest: Manifest | None = None
+    ) -> DataFrame:
+        manifest = manifest or self.store.current()
+        if manifest.trace(name) is None:
             return self.engine.spark.createDataFrame([], update_schema(cols, with_time=False))
-        return self.changes(name, epoch)
+        return self.changes(name, epoch, manifest)
 
     def output(self, query: str, epoch: int) -> DataFrame:
         """A query's accumulated output as of `epoch` (c0.., diff)."""
@@ -174,4 +245,88 @@ class History:
         return self.relation(relation, epoch).where(F.col(DIFF) < 0)
 
 
-__all__ = ["History", "output_trace_name", "rule_trace_name"]
+# A derived trace's batch at t is computed from, per source trace, every batch up to t (True)
+# or only the batch at t (False).
+Sources = tuple[tuple[str, bool], ...]
+
+
+def derivations(engine: Engine) -> dict[str, Sources]:
+    """What each derived trace is computed from, sources listed before their readers.
+
+    Counts from their relation; a rule from its query's relations and counts, up to the epoch;
+    a query's change from its rules' changes at the epoch.
+    """
+    out: dict[str, Sources] = {}
+    for a in engine.arrangements:
+        if a.kind is Kind.COUNTS:
+            out[counts_trace_name(a)] = ((relation_trace_name(a.view.relation), True),)
+    for query, plan in engine.plans.items():
+        relations = sorted({relation_trace_name(r) for r in plan.query.relations})
+        counts = sorted({counts_trace_name(a) for a in plan.arrangements if a.kind is Kind.COUNTS})
+        for rule in plan.rules:
+            out[rule_trace_name(query, rule.delta)] = tuple((n, True) for n in relations + counts)
+        out[output_trace_name(query)] = tuple(
+            (rule_trace_name(query, r.delta), False) for r in plan.rules
+        )
+    return out
+
+
+def digest(manifest: Manifest, sources: Sources, epoch: int) -> str:
+    """A short digest of the batches a derived batch at `epoch` is computed from."""
+    return _Digests(manifest).of(sources, epoch)
+
+
+class _Digests:
+    """Digests of many epochs' inputs over one manifest, each source's batches hashed once.
+
+    Per source, a running hash over its batches in time order gives "every batch up to t" in one
+    lookup, so naming the stale batches of a long history costs time linear in its batches.
+    """
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+        self._chains: dict[str, tuple[list[int], list[str], list[str]]] = {}
+
+    def _chain(self, name: str) -> tuple[list[int], list[str], list[str]]:
+        """The source's batch times, identities and running hashes, in time order.
+
+        A derived batch is a pure function of its inputs, so its identity is its provenance
+        (recomputing it from the same inputs changes nothing downstream); an input batch's
+        identity is its path.
+        """
+        if name not in self._chains:
+            trace = self.manifest.trace(name)
+            batches = sorted(trace.batches, key=lambda b: b.time) if trace is not None else []
+            hashes: list[str] = []
+            h = ""
+            for b in batches:
+                h = hashlib.sha256(f"{h}\0{b.inputs or b.path}".encode()).hexdigest()
+                hashes.append(h)
+            ids = [b.inputs or b.path for b in batches]
+            self._chains[name] = ([b.time for b in batches], ids, hashes)
+        return self._chains[name]
+
+    def of(self, sources: Sources, epoch: int) -> str:
+        parts: list[str] = []
+        for name, upto in sources:
+            times, ids, hashes = self._chain(name)
+            if upto:
+                i = bisect.bisect_right(times, epoch)
+                parts.append(hashes[i - 1] if i else "")
+            else:  # the batch at the epoch alone
+                i = bisect.bisect_left(times, epoch)
+                parts.append(ids[i] if i < len(times) and times[i] == epoch else "")
+        return hashlib.sha256(
+            "|".join(f"{n}={p}" for (n, _), p in zip(sources, parts, strict=True)).encode()
+        ).hexdigest()[:20]
+
+
+def _reads_stale(sources: Sources, stale: Mapping[str, set[int]], epoch: int) -> bool:
+    for name, upto in sources:
+        times = stale.get(name)
+        if times and (epoch in times or (upto and min(times) < epoch)):
+            return True
+    return False
+
+
+__all__ = ["History", "derivations", "digest", "output_trace_name", "rule_trace_name"]

@@ -38,11 +38,16 @@ ORPHAN_AGE = 3600.0
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """One immutable batch of a trace: its directory (relative to the state), time and row count."""
+    """One immutable batch of a trace: its directory (relative to the state), time and row count.
+
+    `inputs` is the provenance of a derived batch: a digest of the batches it was computed from
+    (see `wcoj_core.history.History.current`); empty for batches that are inputs themselves.
+    """
 
     path: str
     time: int
     rows: int
+    inputs: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +102,10 @@ class Manifest:
                 "traces": {
                     name: {
                         "columns": list(t.columns),
-                        "batches": [[b.path, b.time, b.rows] for b in t.batches],
+                        "batches": [
+                            [b.path, b.time, b.rows, *([b.inputs] if b.inputs else [])]
+                            for b in t.batches
+                        ],
                     }
                     for name, t in sorted(self.traces.items())
                 },
@@ -115,7 +123,10 @@ class Manifest:
                 name: Trace(
                     name,
                     tuple(t["columns"]),
-                    tuple(Batch(p, int(time), int(rows)) for p, time, rows in t["batches"]),
+                    tuple(
+                        Batch(p, int(time), int(rows), str(inputs[0]) if inputs else "")
+                        for p, time, rows, *inputs in t["batches"]
+                    ),
                 )
                 for name, t in raw["traces"].items()
             }
@@ -222,7 +233,9 @@ class StateStore:
             self.files.delete(p)
 
     # -- batches ---------------------------------------------------------------------------
-    def write_batch(self, trace: Trace, df: DataFrame, time: int, partitions: int = 1) -> Batch:
+    def write_batch(
+        self, trace: Trace, df: DataFrame, time: int, partitions: int = 1, inputs: str = ""
+    ) -> Batch:
         """Write update triples (trace columns + diff) as a new batch at `time`; count its rows.
 
         The row count comes from an observation on the write itself, not a second job.
@@ -242,7 +255,7 @@ class StateStore:
                 raise StateError(f"state {self.root}: cannot write a batch ({e})") from e
             raise
         rows = int((obs.get or {}).get("rows", 0))
-        return Batch(rel, time, rows)
+        return Batch(rel, time, rows, inputs)
 
     def read(self, trace: Trace, batches: Sequence[Batch]) -> DataFrame:
         """The update triples of some batches of a trace, unconsolidated across batches."""

@@ -26,6 +26,7 @@ from wcoj_support import (
 )
 
 from wcoj_assets.epochs import epoch_key
+from wcoj_assets.provenance import CURRENT
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec
 from wcoj_core.engine import output_trace_name
 from wcoj_core.query.builtins import BUILTINS
@@ -35,7 +36,8 @@ QUERIES = ("triangles", "paths2")
 EPOCHS = 4
 # deltas + snapshot + 2 counts + 3 + 2 rules + 2 query deltas: update_triples / non_negative;
 # plus one binary-join correctness check per query.
-CHECKS_PER_EPOCH = 1 + 1 + 2 + 5 + 2 + 2
+# current_history on every derived asset: 2 counts + 5 rules + 2 query deltas + 2 outputs.
+CHECKS_PER_EPOCH = 1 + 1 + 2 + 5 + 2 + 2 + (2 + 5 + 2 + 2)
 
 
 @dataclass
@@ -147,6 +149,9 @@ def test_a_tampered_output_fails_the_correctness_check(scenario: Scenario) -> No
     assert not check.passed
     assert check.metadata["mismatches"] == 1
     assert "(100, 101, 102): expected 0, maintained 1" in str(check.metadata["examples"])
+    # A batch written by hand, not derived by a step, is not current either.
+    (current,) = [c for c in checks(result) if c.name == CURRENT]
+    assert not current.passed and current.metadata["stale_epochs"] == [last]
     # On a cadence of two epochs (config of the run, the rest as built), epoch 3 is not checked.
     cadence = {"resources": {"wcoj": {"config": {"check_every": 2}}}}
     for t, checked in ((last, False), (2, True)):
@@ -156,8 +161,10 @@ def test_a_tampered_output_fails_the_correctness_check(scenario: Scenario) -> No
         assert check.passed is not checked  # epoch 2 is checked, and is tampered too
     # Re-materializing the epoch's output change repairs it.
     assert p.run(1, assets=["triangles_deltas"]).success
-    (check,) = [c for c in checks(p.run(last, assets=["triangles"])) if c.asset == "triangles"]
+    found = checks(p.run(last, assets=["triangles"]))
+    (check,) = [c for c in found if c.asset == "triangles" and c.name == "matches_binary_join"]
     assert check.passed
+    assert all(c.passed for c in found if c.name == CURRENT)
 
 
 def test_a_corrected_epoch_and_a_backfill_equal_the_from_scratch_answer(
@@ -174,9 +181,20 @@ def test_a_corrected_epoch_and_a_backfill_equal_the_from_scratch_answer(
         m for m in materializations(rerun) if m.asset_key.to_user_string() == "edge_deltas"
     ]
     # Dagster marks only the corrected partitions' direct readers stale; the materialization
-    # names every later epoch derived from the old changes, and where a backfill must start.
+    # names every later epoch derived from the old changes, and where a backfill must start,
+    # and every later partition of every derived asset fails `current_history`.
     assert deltas.metadata["stale_later_epochs"].value == EPOCHS - 2
     assert deltas.metadata["backfill_from"].value == epoch_key(2)
+    later = {epoch_key(t) for t in range(2, EPOCHS)}
+    derived = {c.asset for c in checks(rerun) if c.name == CURRENT and c.partition == epoch_key(1)}
+    assert derived >= {"edge_counts_c0", "triangles_rule_0", "triangles_deltas", "triangles"}
+    assert {"paths2", "paths2_rule_1"} <= derived
+    failed = {(c.asset, c.partition) for c in checks(rerun) if c.name == CURRENT and not c.passed}
+    assert failed == {(a, k) for a in derived for k in later}
+    # Rebuilding a rule alone cannot make it current: the counts it reads are still stale.
+    rule_only = p.run(2, assets=["triangles_rule_0"])
+    (check,) = [c for c in checks(rule_only) if c.name == CURRENT]
+    assert not check.passed and check.metadata["stale_epochs"] == [2]
     assert p.output("triangles", 1) == oracle(p.topology, "triangles", corrected, 1)
     # The later epochs are stale until backfilled; one run over the range brings them back.
     assert p.output("triangles", EPOCHS - 1) != oracle(
@@ -188,6 +206,9 @@ def test_a_corrected_epoch_and_a_backfill_equal_the_from_scratch_answer(
         for q in QUERIES:
             assert p.output(q, t) == oracle(p.topology, q, corrected, t), f"{q} at epoch {t}"
     assert all(c.passed for c in checks(result))
+    # Each backfilled partition reports `current_history` passed on its own partition.
+    passed = {(c.asset, c.partition) for c in checks(result) if c.name == CURRENT}
+    assert passed >= {(a, k) for a in derived for k in later}
 
 
 def test_state_lives_under_the_configured_storage(scenario: Scenario) -> None:

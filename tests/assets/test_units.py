@@ -12,17 +12,17 @@ from pandera.config import config_context
 from pyspark.sql import SparkSession
 from wcoj_support import multiset
 
-from wcoj_assets.reference import compare, reference_output
 from wcoj_assets.schemas import Depth, problems, triples_schema
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import BUILTINS
 from wcoj_core.query.parse import parse_query
+from wcoj_core.reference import compare, reference_output
 
 MODULES = [
     "wcoj_assets.epochs",
     "wcoj_assets.specs",
     "wcoj_assets.intake",
-    "wcoj_assets.reference",
+    "wcoj_core.reference",
     "wcoj_assets.resources",
 ]
 

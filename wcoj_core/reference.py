@@ -20,7 +20,7 @@ HAVING SUM(a0.diff * a1.diff * a2.diff) <> 0
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,12 +37,25 @@ def _literal(value: int) -> str:
     return f"CAST('{value}' AS BIGINT)"
 
 
-def reference_sql(query: Query) -> str:
-    """Spark SQL for `query`; relation ``r`` is the placeholder ``{r_<r>}`` (c0.., diff)."""
+def reference_sql(
+    query: Query,
+    table: Callable[[int, str], str] | None = None,
+    start: int | None = None,
+) -> str:
+    """Spark SQL for `query`; relation ``r`` is the placeholder ``{r_<r>}`` (c0.., diff).
+
+    `table(i, r)` names the placeholder of atom ``i`` (over relation ``r``) instead: delta rules
+    read one atom from the changes and the others from old or new states. The joins follow the
+    atoms in query order, or with `start` begin at that atom and go on with connected atoms
+    (`join_order`) — how a delta rule is written by hand, starting from the changes.
+    """
+    name = table or (lambda _i, rel: f"r_{rel}")
     first: dict[Var, str] = {}
     joins: list[str] = []
     where: list[str] = []
-    for i, atom in enumerate(query.atoms):
+    order = join_order(query, start) if start is not None else range(len(query.atoms))
+    for i in order:
+        atom = query.atoms[i]
         alias = f"a{i}"
         conditions: list[str] = []
         for col, term in enumerate(atom.terms):
@@ -53,14 +66,14 @@ def reference_sql(query: Query) -> str:
                 conditions.append(f"{here} = {first[term]}")
             else:
                 first[term] = here
-        table = f"{{r_{atom.relation}}} AS {alias}"
-        if i == 0:
-            joins.append(f"FROM {table}")
+        source = f"{{{name(i, atom.relation)}}} AS {alias}"
+        if not joins:
+            joins.append(f"FROM {source}")
             where.extend(conditions)
         elif conditions:
-            joins.append(f"JOIN {table} ON {' AND '.join(conditions)}")
+            joins.append(f"JOIN {source} ON {' AND '.join(conditions)}")
         else:
-            joins.append(f"CROSS JOIN {table}")
+            joins.append(f"CROSS JOIN {source}")
 
     def term_sql(t: Term) -> str:
         return first[t] if isinstance(t, Var) else _literal(t.value)
@@ -79,12 +92,30 @@ def reference_sql(query: Query) -> str:
     return "\n".join(lines)
 
 
+def join_order(query: Query, start: int) -> list[int]:
+    """Atom `start`, then repeatedly the first atom sharing a variable with those before it.
+
+    >>> from wcoj_core.query.parse import parse_query
+    >>> join_order(parse_query("q(a, d) :- r(a, b), s(c, d), t(b, c)"), 1)
+    [1, 2, 0]
+    """
+    order = [start]
+    bound = {t for t in query.atoms[start].terms if isinstance(t, Var)}
+    while len(order) < len(query.atoms):
+        rest = [i for i in range(len(query.atoms)) if i not in order]
+        linked = [i for i in rest if bound & set(query.atoms[i].terms)]
+        nxt = (linked or rest)[0]
+        order.append(nxt)
+        bound |= {t for t in query.atoms[nxt].terms if isinstance(t, Var)}
+    return order
+
+
 def reference_output(
     spark: SparkSession, query: Query, relations: Mapping[str, DataFrame]
 ) -> DataFrame:
     """The query over accumulated relations (c0.., diff each) by binary joins: (c0.., diff)."""
     frames = {f"r_{rel}": relations[rel] for rel in query.relations}
-    return spark.sql(reference_sql(query), **frames)
+    return spark.sql(reference_sql(query), None, **frames)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,316 @@
+"""Talking to a real Dagster webserver the way the UI does: start it, query GraphQL, stop it.
+
+Shared by the webserver test (runs go straight to a launcher, no daemon) and the daemon test
+(`dagster dev`: webserver plus daemon, so sensors tick and backfills run). Either is started in a
+session of its own, so its whole process tree (code server, daemon, run workers, Spark JVMs) is
+one process group, which is always ended, even on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[2]
+WEBSERVER = Path(sys.executable).with_name("dagster-webserver")
+DAGSTER = Path(sys.executable).with_name("dagster")
+JOB = "wcoj_epoch_job"
+PARTITION = "2020-01-01"
+STARTUP_SECONDS = 120
+RUN_SECONDS = 300
+
+# Runs go straight to the launcher (no daemon); nothing is reported home.
+INSTANCE_YAML = """\
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: DefaultRunCoordinator
+run_launcher:
+  module: dagster
+  class: DefaultRunLauncher
+telemetry:
+  enabled: false
+"""
+
+WORKSPACE_QUERY = """
+query {
+  workspaceOrError {
+    __typename
+    ... on Workspace {
+      locationEntries {
+        name
+        loadStatus
+        locationOrLoadError {
+          __typename
+          ... on RepositoryLocation { name repositories { name jobs { name } } }
+          ... on PythonError { message stack }
+        }
+      }
+    }
+    ... on PythonError { message stack }
+  }
+}
+"""
+
+ASSETS_QUERY = """
+query {
+  assetNodes {
+    assetKey { path }
+    jobNames
+    assetChecksOrError {
+      __typename
+      ... on AssetChecks { checks { name jobNames } }
+    }
+  }
+}
+"""
+
+LAUNCH_MUTATION = """
+mutation Launch($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on RunConfigValidationInvalid { errors { message path } }
+    ... on PythonError { message stack }
+    ... on Error { message }
+  }
+}
+"""
+
+STATUS_QUERY = """
+query Status($runId: ID!) {
+  runOrError(runId: $runId) {
+    __typename
+    ... on Run { status }
+    ... on Error { message }
+  }
+}
+"""
+
+EVENTS_QUERY = """
+query Events($runId: ID!, $cursor: String) {
+  logsForRun(runId: $runId, afterCursor: $cursor) {
+    __typename
+    ... on EventConnection {
+      cursor
+      hasMore
+      events {
+        __typename
+        ... on MessageEvent { message }
+        ... on MaterializationEvent { assetKey { path } partition }
+        ... on AssetCheckEvaluationEvent {
+          evaluation { checkName assetKey { path } partition success }
+        }
+        ... on ExecutionStepFailureEvent { stepKey error { message stack } }
+        ... on RunFailureEvent { pipelineName }
+      }
+    }
+    ... on Error { message }
+  }
+}
+"""
+
+CheckKey = tuple[str, str]  # (asset key as "a/b", check name)
+
+
+@dataclass(frozen=True, slots=True)
+class Webserver:
+    """A running ``dagster-webserver`` and where its output goes."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def graphql(self, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        request = urllib.request.Request(
+            f"{self.url}/graphql", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer = json.load(response)
+        assert not answer.get("errors"), f"GraphQL errors: {answer['errors']}"
+        return answer["data"]
+
+    def output(self, lines: int = 60) -> str:
+        """The end of the webserver's (and its children's) output, for failure messages."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """End the webserver's whole process group: politely first, then for certain."""
+    with suppress(ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    # Whatever is left (a hung webserver, an orphaned code server or run worker) ends now.
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=10)
+
+
+@contextmanager
+def running_webserver(
+    home: Path,
+    cwd: Path,
+    load: list[str],
+    instance_yaml: str = INSTANCE_YAML,
+    program: Path = WEBSERVER,
+    arguments: tuple[str, ...] = (),
+) -> Iterator[Webserver]:
+    """Start the webserver with the instance in `home`; yield once the server answers.
+
+    `program` ``dagster`` with `arguments` ``("dev",)`` starts the webserver and the daemon.
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text(instance_yaml)
+    port = free_port()
+    log = home / "webserver.log"
+    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    command = [str(program), *arguments, "-h", "127.0.0.1", "-p", str(port), *load]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    server = Webserver(process, f"http://127.0.0.1:{port}", log)
+    try:
+        wait_until_serving(server)
+        yield server
+    finally:
+        stop(process)
+
+
+def wait_until_serving(server: Webserver) -> None:
+    """Poll ``/server_info`` until the webserver answers (and fail early if it died)."""
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            pytest.fail(
+                f"dagster-webserver exited with {server.process.returncode}:\n{server.output()}"
+            )
+        try:
+            with urllib.request.urlopen(f"{server.url}/server_info", timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"dagster-webserver did not answer within {STARTUP_SECONDS}s:\n{server.output()}")
+
+
+def loaded_location(server: Webserver, job: str) -> tuple[str, str]:
+    """Wait for the code location to load; return the (location, repository) holding `job`."""
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        workspace = server.graphql(WORKSPACE_QUERY)["workspaceOrError"]
+        assert workspace["__typename"] == "Workspace", workspace
+        entries = workspace["locationEntries"]
+        if entries and all(e["loadStatus"] == "LOADED" for e in entries):
+            found = []
+            for entry in entries:
+                location = entry["locationOrLoadError"]
+                assert location["__typename"] == "RepositoryLocation", (
+                    f"code location {entry['name']} failed to load: {location}"
+                )
+                found += [
+                    (location["name"], repo["name"])
+                    for repo in location["repositories"]
+                    if job in {j["name"] for j in repo["jobs"]}
+                ]
+            assert len(found) == 1, f"job {job} found in {found}; locations {entries}"
+            return found[0]
+        time.sleep(0.5)
+    pytest.fail(f"the code location did not load within {STARTUP_SECONDS}s:\n{server.output()}")
+
+
+def declared(server: Webserver, job: str) -> tuple[set[str], set[CheckKey]]:
+    """The assets and the asset checks that `job` executes, as the webserver reports them."""
+    assets: set[str] = set()
+    checks: set[CheckKey] = set()
+    for node in server.graphql(ASSETS_QUERY)["assetNodes"]:
+        asset = "/".join(node["assetKey"]["path"])
+        if job in node["jobNames"]:
+            assets.add(asset)
+        found = node["assetChecksOrError"]
+        assert found["__typename"] == "AssetChecks", found
+        checks |= {(asset, c["name"]) for c in found["checks"] if job in c["jobNames"]}
+    return assets, checks
+
+
+def launch(
+    server: Webserver,
+    location: str,
+    repository: str,
+    job: str,
+    partition: str,
+    run_config: dict[str, Any],
+) -> str:
+    """Launch `job` for one partition, as the UI's launchpad does; return the run id."""
+    params = {
+        "selector": {
+            "repositoryLocationName": location,
+            "repositoryName": repository,
+            "jobName": job,
+        },
+        "runConfigData": run_config,
+        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]},
+    }
+    result = server.graphql(LAUNCH_MUTATION, {"params": params})["launchRun"]
+    assert result["__typename"] == "LaunchRunSuccess", f"launchRun failed: {result}"
+    return result["run"]["runId"]
+
+
+def wait_for_run(server: Webserver, run_id: str) -> str:
+    """Poll the run until it reaches a final status; return that status."""
+    deadline = time.monotonic() + RUN_SECONDS
+    while time.monotonic() < deadline:
+        run = server.graphql(STATUS_QUERY, {"runId": run_id})["runOrError"]
+        assert run["__typename"] == "Run", run
+        if run["status"] in {"SUCCESS", "FAILURE", "CANCELED"}:
+            return run["status"]
+        time.sleep(1)
+    pytest.fail(f"run {run_id} did not finish within {RUN_SECONDS}s:\n{server.output()}")
+
+
+def run_events(server: Webserver, run_id: str) -> list[dict[str, Any]]:
+    """The run's whole event log, page by page."""
+    events: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        page = server.graphql(EVENTS_QUERY, {"runId": run_id, "cursor": cursor})["logsForRun"]
+        assert page["__typename"] == "EventConnection", page
+        events += page["events"]
+        cursor = page["cursor"]
+        if not page["hasMore"]:
+            return events
+
+
+def failures(events: list[dict[str, Any]]) -> str:
+    """The step failures of a run, for the assertion message."""
+    failed = [e for e in events if e["__typename"] == "ExecutionStepFailureEvent"]
+    return "\n".join(f"{e['stepKey']}: {e['error']['message']}" for e in failed) or "none"
+
+
+def epoch_run_config(storage: Path, landing: Path) -> dict[str, Any]:
+    """Point the ``wcoj`` resource at the test's folders, with a small Spark for the run."""
+    spark = {"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2"}
+    config = {"storage": str(storage), "landing": str(landing), "master": "local[2]"}
+    return {"resources": {"wcoj": {"config": {**config, "spark_conf": spark}}}}
