@@ -129,13 +129,27 @@ class Snapshot:
 
         return self._cached(("acc", name, new), build)
 
-    def self_view(self, view: AtomView, new: bool) -> DataFrame:
-        """The view's tuples with multiplicities as of old or new: (c0.., diff)."""
+    def self_view(self, view: AtomView, new: bool, linear: bool = False) -> DataFrame:
+        """The view's tuples with multiplicities as of old or new: (c0.., diff).
+
+        With `linear` the batches are not summed: a tuple may appear once per batch, with
+        multiplicities that add up to its own. That is all a linear use needs (a join that
+        multiplies multiplicities, a semi-join followed by a sum) and it spares consolidating
+        the whole relation to read a few of its tuples.
+        """
+        if not linear:
+            return self._cached(
+                ("self", view, new),
+                lambda: view_operator(view).apply(
+                    self.accumulated(relation_trace_name(view.relation), new)
+                ),
+            )
+        name = relation_trace_name(view.relation)
+        trace = self.trace(name)
+        batches = self._batches(trace, new)
         return self._cached(
-            ("self", view, new),
-            lambda: view_operator(view).apply(
-                self.accumulated(relation_trace_name(view.relation), new)
-            ),
+            ("linear", view, new),
+            lambda: view_operator(view).apply(self.store.read(trace, batches).drop(TIME)),
         )
 
     def delta_view(self, view: AtomView) -> DataFrame:
@@ -161,11 +175,10 @@ def support_changes(snapshot: Snapshot, view: AtomView) -> DataFrame:
     if snapshot.is_empty(relation_trace_name(view.relation), new=False):
         old = changed.limit(0).withColumn("_old", F.lit(0).cast("long"))
     else:
-        old = (
-            snapshot.self_view(view, new=False)
-            .join(F.broadcast(changed), cols, "left_semi")
-            .withColumnRenamed(DIFF, "_old")
+        touched = snapshot.self_view(view, new=False, linear=True).join(
+            F.broadcast(changed), cols, "left_semi"
         )
+        old = consolidate(touched, cols).withColumnRenamed(DIFF, "_old")
     joined = delta.join(old, cols, "left").withColumn("_old", F.coalesce("_old", F.lit(0)))
     was = (F.col("_old") != 0).cast("long")
     now = ((F.col("_old") + F.col(DIFF)) != 0).cast("long")

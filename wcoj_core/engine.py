@@ -20,7 +20,7 @@ the engine serves. Static evaluation is one epoch applied to an empty state.
 from __future__ import annotations
 
 import time as clock
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -49,6 +49,10 @@ from wcoj_core.query.ir import Query, Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Kind, Plan, Version, plan_query
 from wcoj_core.state import Batch, Manifest, StateStore, Trace
 from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns, update_schema
+
+# An epoch changing at most this many relation rows is small: its prefix sets are computed
+# once per step and broadcast against the arrangements, which are streamed (never shuffled).
+SMALL_EPOCH_ROWS = 200_000
 
 
 def output_trace_name(query: str) -> str:
@@ -133,7 +137,12 @@ def observed(obs: Observation, key: str) -> int | None:
 
 
 class Engine:
-    """Incremental worst-case-optimal evaluation of conjunctive queries over epochs."""
+    """Incremental worst-case-optimal evaluation of conjunctive queries over epochs.
+
+    `compact_every` merges a trace's batches once it holds more; an epoch changing at most
+    `small_epoch_rows` relation rows runs its rules broadcasting prefixes (see `SMALL_EPOCH_ROWS`);
+    `cache_state` keeps the batches read in Spark's memory for later epochs.
+    """
 
     def __init__(
         self,
@@ -144,12 +153,14 @@ class Engine:
         sizes: Mapping[str, int] | None = None,
         orders: Mapping[str, Mapping[int, Sequence[Var]]] | None = None,
         compact_every: int = 32,
+        small_epoch_rows: int = SMALL_EPOCH_ROWS,
+        cache_state: bool = True,
     ) -> None:
         qs = [queries] if isinstance(queries, Query) else list(queries)
         if len({q.name for q in qs}) != len(qs):
             raise QueryError("two queries share a name; give each query its own name")
         self.spark = spark
-        self.store = StateStore(spark, state_dir)
+        self.store = StateStore(spark, state_dir, cache=cache_state)
         self.queries = {q.name: q for q in qs}
         if sizes is None:
             # Stored rows per relation (no Spark work): good enough to break the planner's ties.
@@ -171,6 +182,7 @@ class Engine:
                         f"{arity} in {q.name!r}"
                     )
         self.compact_every = compact_every
+        self.small_epoch_rows = small_epoch_rows
 
     # -- arrangements ----------------------------------------------------------------------
     @property
@@ -346,9 +358,18 @@ class Engine:
         return False
 
     def rule_output(
-        self, plan: Plan, rule: DeltaRule, snapshot: Snapshot, observations: list[StepObservations]
+        self,
+        plan: Plan,
+        rule: DeltaRule,
+        snapshot: Snapshot,
+        observations: list[StepObservations],
+        materialize: Callable[[DataFrame], DataFrame] | None = None,
     ) -> DataFrame:
-        """The output change produced by one delta rule: (c0.., diff), not consolidated."""
+        """The output change produced by one delta rule: (c0.., diff), not consolidated.
+
+        With `materialize` (for a small epoch) each step computes its proposals once, then
+        broadcasts them against the arrangements (see `wcoj_core.extend`).
+        """
         atom_vars = plan.atom_vars
         start = atom_vars[rule.delta]
         df = snapshot.delta_view(plan.views[rule.delta]).select(
@@ -362,14 +383,16 @@ class Engine:
             )
             df = check(df, [var_col(v) for v in vs], tuples)
         df = apply_filters(df, rule.start_filters)
+        small = materialize is not None
         for step in rule.steps:
             views = StepViews(
                 counts=lambda x: snapshot.counts(x.counts, new=x.version is Version.NEW),
                 support=lambda x: (
-                    snapshot.self_view(x.view, new=x.version is Version.NEW)
+                    snapshot.self_view(x.view, new=x.version is Version.NEW, linear=small)
                     if x.completes
                     else snapshot.counts(x.support, new=x.version is Version.NEW)
                 ),
+                materialize=materialize,
             )
             obs = StepObservations(step.var.name)
             observations.append(obs)
@@ -385,6 +408,30 @@ class Engine:
     ) -> tuple[dict[str, Batch], list[StepMetrics]]:
         outputs: dict[str, Batch] = {}
         steps: list[StepMetrics] = []
+        kept: list[DataFrame] = []
+
+        def keep(df: DataFrame) -> DataFrame:
+            kept.append(df.cache())
+            kept[-1].count()
+            return kept[-1]
+
+        changed = sum(b.rows for name, b in staged.items() if name.startswith("rel/"))
+        materialize = keep if changed <= self.small_epoch_rows else None
+        try:
+            return self._rules_into(snapshot, staged, staged_paths, outputs, steps, materialize)
+        finally:
+            for df in kept:
+                df.unpersist()
+
+    def _rules_into(
+        self,
+        snapshot: Snapshot,
+        staged: dict[str, Batch],
+        staged_paths: list[str],
+        outputs: dict[str, Batch],
+        steps: list[StepMetrics],
+        materialize: Callable[[DataFrame], DataFrame] | None,
+    ) -> tuple[dict[str, Batch], list[StepMetrics]]:
         for name, plan in self.plans.items():
             trace = snapshot.manifest.traces[output_trace_name(name)]
             cols = list(trace.columns)
@@ -394,7 +441,7 @@ class Engine:
                 if self._rule_is_empty(plan, rule, snapshot):
                     continue
                 obs: list[StepObservations] = []
-                frames.append(self.rule_output(plan, rule, snapshot, obs))
+                frames.append(self.rule_output(plan, rule, snapshot, obs, materialize))
                 ran.append((rule.delta, obs))
             if frames:
                 total = frames[0]

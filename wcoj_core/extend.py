@@ -85,6 +85,9 @@ class StepViews:
 
     counts: Callable[[Extender], DataFrame]
     support: Callable[[Extender], DataFrame]
+    # For small epochs: computes a DataFrame once and keeps it (the caller releases it), so a
+    # step can read its proposals twice and broadcast them; None keeps one straight pipeline.
+    materialize: Callable[[DataFrame], DataFrame] | None = None
 
 
 @dataclass(slots=True)
@@ -117,6 +120,11 @@ def extend(
     xs = step.extenders
     bound = [c for c in prefixes.columns if c != WEIGHT]
     new = var_col(step.var)
+    small = views.materialize is not None
+
+    def side(df: DataFrame) -> DataFrame:
+        """The prefix side of a join: broadcast when the epoch is small."""
+        return F.broadcast(df) if small else df
 
     # 1. count: one inner join per extender; a missing key means zero candidates.
     counted = prefixes
@@ -126,7 +134,7 @@ def extend(
             *[F.col(f"c{k}").alias(c) for k, c in zip(x.key, keys, strict=True)],
             F.col(DIFF).alias(f"_n{j}"),
         )
-        counted = counted.join(cnt, keys, "inner") if keys else counted.crossJoin(cnt)
+        counted = side(counted).join(cnt, keys, "inner") if keys else counted.crossJoin(cnt)
 
     # 2. pick: the fewest candidates, ties to the lowest extender index.
     best = (
@@ -170,13 +178,18 @@ def extend(
             if i < len(keys):
                 expr = F.when(F.col("_tag") == j, F.col(keys[i])).otherwise(expr)
         keyed = keyed.withColumn(c, expr.cast("long"))
-    extended = keyed.join(proposals, ["_tag", *kcols], "inner").select(
-        *bound, new, (F.col(WEIGHT) * F.col("_m")).alias(WEIGHT), "_tag"
+    extended = (
+        side(keyed)
+        .join(proposals, ["_tag", *kcols], "inner")
+        .select(*bound, new, (F.col(WEIGHT) * F.col("_m")).alias(WEIGHT), "_tag")
     )
     extended = extended.observe(obs.proposed, F.count(F.lit(1)).alias("rows"))
     extended = apply_filters(extended, step.filters)
 
     # 4. validate: every non-winning extender multiplies in (or checks support).
+    if views.materialize is not None:
+        out = _validate_small(views.materialize(extended), xs, atom_vars, views, bound, new)
+        return out.observe(obs.validated, F.count(F.lit(1)).alias("rows"))
     for j, x in enumerate(xs):
         cols = [var_col(atom_vars[x.atom][k]) for k in (*x.key, x.value)]
         src = views.support(x)
@@ -197,6 +210,44 @@ def extend(
         )
     out = extended.select(*bound, new, WEIGHT)
     return out.observe(obs.validated, F.count(F.lit(1)).alias("rows"))
+
+
+def _validate_small(
+    extended: DataFrame,
+    xs: Sequence[Extender],
+    atom_vars: Sequence[Sequence[Var]],
+    views: StepViews,
+    bound: Sequence[str],
+    new: str,
+) -> DataFrame:
+    """Validation of a materialized, small `extended`: per winner, inner joins broadcasting it.
+
+    Each proposal is looked up in every extender but its winner, so the proposals are split by
+    winner and each part joins the others' tuples as the broadcast side: the arrangements are
+    streamed, never shuffled or broadcast.
+    """
+    parts: list[DataFrame] = []
+    for w in range(len(xs)):
+        part = extended.where(F.col("_tag") == w)
+        for j, x in enumerate(xs):
+            if j == w:
+                continue
+            cols = [var_col(atom_vars[x.atom][k]) for k in (*x.key, x.value)]
+            look = views.support(x).select(
+                *[F.col(f"c{k}").alias(c) for k, c in zip((*x.key, x.value), cols, strict=True)],
+                _weight_of(x).alias("_m"),
+            )
+            part = (
+                F.broadcast(part)
+                .join(look, cols, "inner")
+                .withColumn(WEIGHT, F.col(WEIGHT) * F.col("_m"))
+                .drop("_m")
+            )
+        parts.append(part.select(*bound, new, WEIGHT))
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
 
 
 def check(prefixes: DataFrame, cols: Sequence[str], tuples: DataFrame) -> DataFrame:

@@ -16,6 +16,7 @@ exactly one wins.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from wcoj_core import files
 from wcoj_core.errors import ConcurrentCommit, StateError
@@ -153,10 +155,14 @@ class StateStore:
     see `wcoj_core.files`.
     """
 
-    def __init__(self, spark: SparkSession, root: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, spark: SparkSession, root: str | os.PathLike[str], cache: bool = False
+    ) -> None:
         self.spark = spark
         self.files = files.files_for(spark, os.fspath(root))
         self.root = self.files.root
+        self.cache = cache
+        self._frames: dict[str, DataFrame] = {}
 
     def uri(self, rel: str) -> str:
         """The full path of a stored batch, for Spark."""
@@ -196,6 +202,7 @@ class StateStore:
                 f"writer while this one was working; nothing was applied, reload and retry"
             )
         self._prune(new)
+        self._release({b.path for t in new.traces.values() for b in t.batches})
         return new
 
     def _prune(self, current: Manifest) -> None:
@@ -230,6 +237,9 @@ class StateStore:
     def discard(self, paths: Sequence[str]) -> None:
         """Remove staged batches that will never be committed."""
         for p in paths:
+            frame = self._frames.pop(p, None)
+            if frame is not None:
+                frame.unpersist()
             self.files.delete(p)
 
     # -- batches ---------------------------------------------------------------------------
@@ -260,10 +270,29 @@ class StateStore:
     def read(self, trace: Trace, batches: Sequence[Batch]) -> DataFrame:
         """The update triples of some batches of a trace, unconsolidated across batches."""
         schema = update_schema(trace.columns)
-        paths = [self.uri(b.path) for b in batches if b.rows > 0]
-        if not paths:
+        live = [b for b in batches if b.rows > 0]
+        if not live:
             return self.spark.createDataFrame([], schema)
-        return self.spark.read.schema(schema).parquet(*paths)
+        if not self.cache:
+            return self.spark.read.schema(schema).parquet(*[self.uri(b.path) for b in live])
+        frames = [self._cached(b, schema) for b in live]
+        return functools.reduce(DataFrame.union, frames)
+
+    # -- the cache of hot batches ------------------------------------------------------------
+    # A batch never changes once written (its path is new), so a batch read once can be kept in
+    # Spark's memory for every later epoch that reads it: the big early batches of a relation
+    # are scanned from memory instead of Parquet. Batches that leave the state (compacted away,
+    # discarded) leave the cache.
+    def _cached(self, batch: Batch, schema: StructType) -> DataFrame:
+        frame = self._frames.get(batch.path)
+        if frame is None:
+            frame = self.spark.read.schema(schema).parquet(self.uri(batch.path)).cache()
+            self._frames[batch.path] = frame
+        return frame
+
+    def _release(self, live: set[str]) -> None:
+        for path in [p for p in self._frames if p not in live]:
+            self._frames.pop(path).unpersist()
 
 
 def _first_line(e: BaseException) -> str:

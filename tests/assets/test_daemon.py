@@ -7,8 +7,8 @@ folder), an instance limiting ``wcoj/serial`` runs to one at a time, and ``dagst
 of them; lands a correction of epoch 1 and waits for the sensor's re-run; checks that this run
 reported ``current_history`` failed on exactly the later partitions of every derived asset; then
 launches an asset backfill of the later epochs through GraphQL (``launchPartitionBackfill``, as
-the UI's backfill dialog does), waits for the daemon to complete it (a few runs, each over the
-whole range), and compares every output with the oracle over the corrected history.
+the UI's backfill dialog does), waits for the daemon to complete it (in several runs, in dependency
+order), and compares every output with the oracle over the corrected history.
 """
 
 from __future__ import annotations
@@ -189,8 +189,9 @@ def test_sensor_correction_and_backfill_through_dagster_dev(
         assert stale == {(asset, key) for asset in derived for key in keys[2:]}
 
         # The backfill of the later epochs, launched as the UI does. The daemon runs it in
-        # dependency order, a self-dependent asset in a run of its own, every run over the
-        # whole range of epochs; each rebuilt partition reports `current_history` passed.
+        # dependency order — a self-dependent asset never shares a run, and it requests whatever
+        # partitions are ready, so how many runs it takes varies — and each rebuilt partition
+        # reports `current_history` passed.
         done = backfill(server, assets, keys[2:])
         assert done["status"] in {"COMPLETED", "COMPLETED_SUCCESS"}, (done, server.output())
         reported = {}
@@ -198,7 +199,6 @@ def test_sensor_correction_and_backfill_through_dagster_dev(
             events = run_events(server, run["runId"])
             assert run["status"] == "SUCCESS", failures(events)
             reported |= current_history(events)
-        assert len(done["runs"]) <= len(assets), done["runs"]
         assert all(reported[(asset, key)] for asset in derived for key in keys[2:]), reported
 
     resource = WcojResource(storage=str(folder / ".wcoj" / "state"))

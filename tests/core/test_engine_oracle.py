@@ -22,7 +22,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_core.engine import Engine
+from wcoj_core.engine import SMALL_EPOCH_ROWS, Engine
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import BUILTINS, builtin
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
@@ -97,8 +97,23 @@ def run_and_compare(
     query: Query,
     epochs: Sequence[Mapping[str, list[tuple[tuple[int, ...], int]]]],
     orders: Mapping[int, Sequence[Var]] | None = None,
+    small_epoch_rows: int = SMALL_EPOCH_ROWS,
+    cache_state: bool = True,
 ) -> None:
-    engine = Engine(spark, state_dir, query, orders={query.name: orders or {}})
+    """Apply `epochs` and compare every change and accumulation with the oracle.
+
+    `small_epoch_rows` 0 forces the large-epoch path (one straight pipeline per rule, left-join
+    validation, consolidated views); the default takes the small-epoch path for these tiny
+    epochs (materialized, broadcast proposals, linear views). Both must agree with the oracle.
+    """
+    engine = Engine(
+        spark,
+        state_dir,
+        query,
+        orders={query.name: orders or {}},
+        small_epoch_rows=small_epoch_rows,
+        cache_state=cache_state,
+    )
     state: dict[str, Rel] = {rel: {} for rel in query.relations}
     width = len(query.head)
     for t, changes in enumerate(epochs):
@@ -133,8 +148,18 @@ def test_random_queries_match_the_oracle(small: SparkSession, tmp_path_factory, 
         i: data.draw(st.sampled_from(valid_orders(query, i)), label=f"order of rule {i}")
         for i in range(len(query.atoms))
     }
+    small_rows = data.draw(st.sampled_from([0, SMALL_EPOCH_ROWS]), label="small_epoch_rows")
+    cache_state = data.draw(st.booleans(), label="cache_state")
     note(f"query: {query}")
-    run_and_compare(small, str(tmp_path_factory.mktemp("state")), query, epochs, orders)
+    run_and_compare(
+        small,
+        str(tmp_path_factory.mktemp("state")),
+        query,
+        epochs,
+        orders,
+        small_epoch_rows=small_rows,
+        cache_state=cache_state,
+    )
 
 
 def _graph_epochs(seed: int, nodes: int, edges: int, epochs: int) -> list[dict]:
@@ -164,9 +189,10 @@ def test_builtins_under_every_variable_order(
     epochs = _graph_epochs(seed=len(name), nodes=9, edges=14, epochs=3)
     per_rule = [valid_orders(query, i) for i in range(len(query.atoms))]
     runs = max(len(o) for o in per_rule)
-    for k in range(runs):
+    for k in range(max(runs, 2)):
         orders = {i: o[k % len(o)] for i, o in enumerate(per_rule)}
-        run_and_compare(small, str(tmp_path_factory.mktemp(name)), query, epochs, orders)
+        rows = SMALL_EPOCH_ROWS if k % 2 == 0 else 0  # both paths, alternately
+        run_and_compare(small, str(tmp_path_factory.mktemp(name)), query, epochs, orders, rows)
 
 
 def test_the_example_query_with_constants_repeats_and_filters(
@@ -190,4 +216,5 @@ def test_the_example_query_with_constants_repeats_and_filters(
             "e": [((2, 2), 1)],
         },
     ]
-    run_and_compare(small, str(tmp_path_factory.mktemp("example")), query, epochs)
+    for rows in (SMALL_EPOCH_ROWS, 0):
+        run_and_compare(small, str(tmp_path_factory.mktemp("example")), query, epochs, None, rows)
