@@ -585,7 +585,6 @@ def bench(
         raise BenchError(f"unknown methods {unknown}; choose from {list(METHODS)}")
     root = Path(state_dir)
     inputs = root / "input"
-    input_bytes = 0
     for rel, df in workload.initial.items():
         df.write.parquet(str(inputs / rel))
     input_bytes = folder_bytes(inputs)

@@ -43,7 +43,7 @@ from wcoj_core.arrangement import (
 from wcoj_core.engine import Engine, output_trace_name
 from wcoj_core.errors import ConcurrentCommit, InputError, QueryError, StateError
 from wcoj_core.extend import StepObservations
-from wcoj_core.query.plan import Arrangement, Kind
+from wcoj_core.query.plan import Arrangement, Kind, Version
 from wcoj_core.state import Batch, Manifest, Trace
 from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns, update_schema
 
@@ -245,28 +245,39 @@ class History:
         return self.relation(relation, epoch).where(F.col(DIFF) < 0)
 
 
-# A derived trace's batch at t is computed from, per source trace, every batch up to t (True)
-# or only the batch at t (False).
-Sources = tuple[tuple[str, bool], ...]
+# A derived trace's batch at t is computed from, per source trace, the batches up to t
+# ("upto"), before t ("before"), or at t alone ("at").
+Sources = tuple[tuple[str, str], ...]
 
 
 def derivations(engine: Engine) -> dict[str, Sources]:
     """What each derived trace is computed from, sources listed before their readers.
 
-    Counts from their relation; a rule from its query's relations and counts, up to the epoch;
-    a query's change from its rules' changes at the epoch.
+    Counts from their relation up to the epoch; a rule from its query's relations up to the
+    epoch and from exactly the counts its steps read, as of the version it reads them (new: up
+    to the epoch, old: before it); a query's change from its rules' changes at the epoch.
     """
     out: dict[str, Sources] = {}
     for a in engine.arrangements:
         if a.kind is Kind.COUNTS:
-            out[counts_trace_name(a)] = ((relation_trace_name(a.view.relation), True),)
+            out[counts_trace_name(a)] = ((relation_trace_name(a.view.relation), "upto"),)
     for query, plan in engine.plans.items():
         relations = sorted({relation_trace_name(r) for r in plan.query.relations})
-        counts = sorted({counts_trace_name(a) for a in plan.arrangements if a.kind is Kind.COUNTS})
         for rule in plan.rules:
-            out[rule_trace_name(query, rule.delta)] = tuple((n, True) for n in relations + counts)
+            reads: dict[str, str] = {}
+            for step in rule.steps:
+                for x in step.extenders:
+                    for a in (x.counts, x.support):
+                        if a.kind is Kind.COUNTS:
+                            name = counts_trace_name(a)
+                            new = x.version is Version.NEW or reads.get(name) == "upto"
+                            reads[name] = "upto" if new else "before"
+            out[rule_trace_name(query, rule.delta)] = (
+                *((n, "upto") for n in relations),
+                *sorted(reads.items()),
+            )
         out[output_trace_name(query)] = tuple(
-            (rule_trace_name(query, r.delta), False) for r in plan.rules
+            (rule_trace_name(query, r.delta), "at") for r in plan.rules
         )
     return out
 
@@ -308,23 +319,30 @@ class _Digests:
 
     def of(self, sources: Sources, epoch: int) -> str:
         parts: list[str] = []
-        for name, upto in sources:
+        for name, mode in sources:
             times, ids, hashes = self._chain(name)
-            if upto:
-                i = bisect.bisect_right(times, epoch)
-                parts.append(hashes[i - 1] if i else "")
-            else:  # the batch at the epoch alone
+            if mode == "at":  # the batch at the epoch alone
                 i = bisect.bisect_left(times, epoch)
                 parts.append(ids[i] if i < len(times) and times[i] == epoch else "")
+            else:  # every batch up to (or before) the epoch: the running hash
+                cut = bisect.bisect_right if mode == "upto" else bisect.bisect_left
+                i = cut(times, epoch)
+                parts.append(hashes[i - 1] if i else "")
         return hashlib.sha256(
             "|".join(f"{n}={p}" for (n, _), p in zip(sources, parts, strict=True)).encode()
         ).hexdigest()[:20]
 
 
 def _reads_stale(sources: Sources, stale: Mapping[str, set[int]], epoch: int) -> bool:
-    for name, upto in sources:
+    for name, mode in sources:
         times = stale.get(name)
-        if times and (epoch in times or (upto and min(times) < epoch)):
+        if not times:
+            continue
+        if mode == "at" and epoch in times:
+            return True
+        if mode == "upto" and min(times) <= epoch:
+            return True
+        if mode == "before" and min(times) < epoch:
             return True
     return False
 
