@@ -19,6 +19,7 @@ or, from Python, ``defs.get_job_def("wcoj_epoch_job").execute_in_process(partiti
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 
@@ -121,4 +122,6 @@ def _build(
     )
 
 
-defs = build_definitions()
+# `dagster dev` / `dagster job execute` load this: WCOJ_SPARK_MASTER points it at a cluster
+# (run config can still set `resources.wcoj.config.master` per run).
+defs = build_definitions(spark_master=os.environ.get("WCOJ_SPARK_MASTER") or "local[*]")

@@ -7,10 +7,17 @@ Commands::
                  [--check] [--json]
     wcoj bench   [--query Q] --input REL=PATH ... --epochs K --epoch-size N [--skew D]
                  [--seed S] [--methods recompute,binary-delta,wcoj] [--json]
+    wcoj bench   --static [--query Q] --input REL=PATH ... [--undirected REL] [--repeat R]
+                 [--methods wcoj,spark-sql,neighbour-array,duckdb,kuzu,scipy] [--json]
+    wcoj apply   --query Q --state DIR --epoch T --changes REL=PATH ... [--undirected REL] [--json]
     wcoj explain --query Q
+    wcoj cluster up [--workers N] [--cores C] [--memory M] [--port P] [--ui-port P] [--dir DIR]
+    wcoj cluster down|status [--dir DIR]
 
 ``count`` and ``replay`` also take ``--master URL`` (default ``local[*]``) and ``--state DIR``
 (default: a fresh temporary directory, removed at exit; with ``--state`` the directory is kept).
+``apply`` adds one epoch of changes to a kept state directory (new or holding earlier epochs
+only: epochs are applied once, in increasing order; a second writer of the same epoch is refused).
 ``Q`` is the name of a built-in query or query text. ``--undirected REL`` reads a binary relation
 as the set of its undirected edges, each present in both directions.
 
@@ -56,7 +63,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from wcoj_core import generate, linear
+from wcoj_core import cluster, generate, linear
 from wcoj_core.bench import METHODS, Sample, bench, make_workload
 from wcoj_core.engine import evaluate_static
 from wcoj_core.errors import InputError, QueryError, WcojError
@@ -65,8 +72,15 @@ from wcoj_core.query.ir import Query
 from wcoj_core.query.parse import resolve_query
 from wcoj_core.query.plan import plan_query
 from wcoj_core.replay import CheckOutcome, EpochReport, epoch_stream, replay
-from wcoj_core.sources import canonical_undirected, read_relation
+from wcoj_core.sources import (
+    Format,
+    canonical_undirected,
+    detect_format,
+    negative_tuples,
+    read_relation,
+)
 from wcoj_core.spark import session
+from wcoj_core.static_bench import STATIC_DEFAULT, StaticRun, static_bench
 from wcoj_core.updates import DIFF
 
 PROG = "wcoj"
@@ -153,9 +167,16 @@ def _parser() -> argparse.ArgumentParser:
         "bench", help="the same epochs through recompute, binary-delta and wcoj, side by side"
     )
     add_run(ben, query_default="triangles")
-    ben.add_argument("--epochs", type=int, required=True, metavar="K", help="timed epochs")
+    ben.add_argument("--epochs", type=int, metavar="K", help="timed epochs")
+    ben.add_argument("--epoch-size", type=int, metavar="N", help="changed tuples per epoch")
     ben.add_argument(
-        "--epoch-size", type=int, required=True, metavar="N", help="changed tuples per epoch"
+        "--static",
+        action="store_true",
+        help="count the whole input once per method instead (wcoj, Spark SQL, neighbour "
+        "arrays, DuckDB, Kuzu, scipy); no epochs",
+    )
+    ben.add_argument(
+        "--repeat", type=int, default=3, metavar="R", help="--static: timed runs per method"
     )
     ben.add_argument(
         "--skew",
@@ -166,11 +187,69 @@ def _parser() -> argparse.ArgumentParser:
     ben.add_argument("--seed", type=int, default=1, metavar="S", help="workload seed (default 1)")
     ben.add_argument(
         "--methods",
-        default=",".join(METHODS),
         metavar="M,..",
-        help=f"methods to run, wcoj always among them (default {','.join(METHODS)})",
+        help=f"methods to run, wcoj always among them (default {','.join(METHODS)}; with "
+        f"--static {','.join(STATIC_DEFAULT)})",
     )
     ben.set_defaults(run=_bench)
+
+    app = commands.add_parser(
+        "apply", help="apply one epoch of changes to a kept state; print the output's change"
+    )
+    add_query(app)
+    app.add_argument(
+        "--state", required=True, metavar="DIR", help="the state directory (created when new)"
+    )
+    app.add_argument("--epoch", type=int, required=True, metavar="T", help="the epoch (>= 0)")
+    app.add_argument(
+        "--changes",
+        action="append",
+        default=[],
+        metavar="REL=PATH",
+        help="a relation's changes at the epoch: data columns, then an optional signed diff",
+    )
+    app.add_argument(
+        "--undirected",
+        action="append",
+        default=[],
+        metavar="REL",
+        help="each change (a, b) of binary relation REL applies to (b, a) too; loops are dropped",
+    )
+    app.add_argument("--master", metavar="URL", help="Spark master (default local[*])")
+    app.add_argument("--json", action="store_true", help="end with one JSON line of results")
+    app.set_defaults(run=_apply)
+
+    clu = commands.add_parser(
+        "cluster", help="a Spark standalone cluster on 127.0.0.1, from the installed pyspark"
+    )
+    clu_commands = clu.add_subparsers(dest="action", required=True, metavar="ACTION")
+    clu_up = clu_commands.add_parser("up", help="start a master and workers; print the master URL")
+    clu_up.add_argument("--workers", type=int, default=2, metavar="N", help="workers (default 2)")
+    clu_up.add_argument(
+        "--cores", type=int, default=1, metavar="C", help="cores per worker (default 1)"
+    )
+    clu_up.add_argument(
+        "--memory", default="2g", metavar="M", help="memory per worker, e.g. 2g (default 2g)"
+    )
+    clu_up.add_argument(
+        "--port", type=int, default=7077, metavar="P", help="master port (default 7077; 0: any)"
+    )
+    clu_up.add_argument(
+        "--ui-port",
+        type=int,
+        default=8080,
+        metavar="P",
+        help="master UI port (default 8080; 0: any)",
+    )
+    for sub in (clu_up, *(clu_commands.add_parser(a, help=h) for a, h in _CLUSTER_ACTIONS)):
+        sub.add_argument(
+            "--dir",
+            default=cluster.DEFAULT_DIR,
+            metavar="DIR",
+            help=f"where the cluster's record and logs live (default {cluster.DEFAULT_DIR})",
+        )
+        sub.add_argument("--json", action="store_true", help="end with one JSON line")
+    clu.set_defaults(run=_cluster)
 
     exp = commands.add_parser("explain", help="print the query's plan")
     add_query(exp)
@@ -298,9 +377,39 @@ def _state_dir(path: str | None) -> Iterator[str]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _read(spark: SparkSession, rel: str, path: str, arity: int, undirected: bool) -> DataFrame:
-    df = read_relation(spark, path, arity, rel)
+def _read(
+    spark: SparkSession,
+    rel: str,
+    path: str,
+    arity: int,
+    undirected: bool,
+    negative: dict[str, int],
+) -> DataFrame:
+    df = _read_flagged(spark, rel, path, arity, negative)
     return linear.symmetrize().apply(canonical_undirected(df)) if undirected else df
+
+
+def _read_flagged(
+    spark: SparkSession, rel: str, path: str, arity: int, negative: dict[str, int]
+) -> DataFrame:
+    """`read_relation`, then a warning listing tuples whose multiplicity is negative.
+
+    Such tuples (deletions of absent tuples) are kept as signed multiplicities; their number goes
+    into `negative`. Only CSV and Parquet can carry a ``diff`` column, so only they are checked.
+    """
+    df = read_relation(spark, path, arity, rel)
+    if generate.is_generator_spec(path) or detect_format(path) is Format.TEXT:
+        return df
+    count, examples = negative_tuples(df)
+    if count:
+        negative[rel] = count
+        shown = "; ".join(f"{tup} {m}" for tup, m in examples[:5])
+        more = ", ..." if count > 5 else ""
+        _warn(
+            f"{path} (relation {rel}): {count} tuple(s) have a negative multiplicity, i.e. "
+            f"delete tuples that are absent (kept as signed multiplicities): {shown}{more}"
+        )
+    return df
 
 
 def _sum_diff(df: DataFrame) -> int:
@@ -320,8 +429,9 @@ def _count(args: argparse.Namespace) -> int:
     spark = _start_spark(args.master)
     with _state_dir(args.state) as state:
         start = clock.perf_counter()
+        negative: dict[str, int] = {}
         relations = {
-            rel: _read(spark, rel, path, query.relations[rel], rel in undirected)
+            rel: _read(spark, rel, path, query.relations[rel], rel in undirected, negative)
             for rel, path in sorted(inputs.items())
         }
         loaded = clock.perf_counter()
@@ -345,6 +455,7 @@ def _count(args: argparse.Namespace) -> int:
                 "proposed": metrics.proposed,
                 "validated": metrics.validated,
                 "output_rows": output_rows,
+                "negative_tuples": negative,
                 "metrics": metrics.to_dict(),
             }
         )
@@ -373,9 +484,10 @@ def _replay(args: argparse.Namespace) -> int:
     _prepare_state(args.state)
     spark = _start_spark(args.master)
     with _state_dir(args.state) as state:
+        negative: dict[str, int] = {}
         streams = {
             rel: epoch_stream(
-                read_relation(spark, path, query.relations[rel], rel),
+                _read_flagged(spark, rel, path, query.relations[rel], negative),
                 args.epochs,
                 args.delete_fraction,
                 args.seed,
@@ -396,6 +508,7 @@ def _replay(args: argparse.Namespace) -> int:
                 "command": "replay",
                 "delete_fraction": args.delete_fraction,
                 "seed": args.seed,
+                "negative_tuples": negative,
                 **result.to_dict(),
             }
         )
@@ -412,9 +525,13 @@ def _bench(args: argparse.Namespace) -> int:
     query = resolve_query(args.query)
     inputs = _parse_inputs(args.input, query)
     undirected = _check_undirected(args.undirected, query, inputs)
+    if args.static:
+        return _static_bench(args, query, inputs, undirected)
+    if args.epochs is None or args.epoch_size is None:
+        raise UsageError("bench needs --epochs and --epoch-size (or --static)")
     if args.epochs < 2 or args.epoch_size < 2:
         raise UsageError("--epochs and --epoch-size must be at least 2")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [m.strip() for m in (args.methods or ",".join(METHODS)).split(",") if m.strip()]
     _prepare_state(args.state)
     spark = _start_spark(args.master)
     with _state_dir(args.state) as state:
@@ -455,9 +572,183 @@ def _bench_progress(t: int, epochs: int, samples: dict[str, Sample], changes: in
     _say(f"epoch {t}/{epochs}: {figures}; output change rows {changes}, identical")
 
 
+def _static_bench(
+    args: argparse.Namespace, query: Query, inputs: dict[str, str], undirected: set[str]
+) -> int:
+    if args.epochs is not None or args.epoch_size is not None or args.skew is not None:
+        raise UsageError("--static counts the whole input: drop --epochs, --epoch-size, --skew")
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
+    methods = [m.strip() for m in (args.methods or ",".join(STATIC_DEFAULT)).split(",")]
+    _prepare_state(args.state)
+    spark = _start_spark(args.master)
+    with _state_dir(args.state) as state:
+        relations = {
+            rel: read_relation(spark, path, query.relations[rel], rel)
+            for rel, path in sorted(inputs.items())
+        }
+        _say(f"bench --static: {query.name}, {args.repeat} timed runs per method")
+        result = static_bench(
+            spark,
+            query,
+            relations,
+            state,
+            undirected=frozenset(undirected),
+            methods=[m for m in methods if m],
+            repeat=args.repeat,
+            on_run=_static_progress,
+        )
+    summary = result.to_dict()
+    _say(f"count {result.count}: every method agrees")
+    for name, m in summary["methods"].items():
+        rows = "" if m["join_rows"] is None else f", join rows {m['join_rows']}"
+        _say(
+            f"{name:>15}: median {m['median_seconds']:.3f} s{rows}, "
+            f"{m['ratio_to_wcoj']}x wcoj's time"
+        )
+    ratios = [k for k in summary if k.startswith("speedup_vs_")]
+    _say("; ".join(f"{k} {summary[k]}" for k in ratios))
+    if args.json:
+        _emit_json(summary)
+    return EXIT_OK
+
+
+def _static_progress(run: StaticRun) -> None:
+    which = "warm-up" if run.warm_up else f"run {run.run}/{run.runs}"
+    rows = "" if run.join_rows is None else f", join rows {run.join_rows}"
+    _say(f"{run.method} {which}: {run.seconds:.3f} s, count {run.count}{rows}")
+
+
 def _explain(args: argparse.Namespace) -> int:
     sys.stdout.write(explain(plan_query(resolve_query(args.query))))
     sys.stdout.flush()
+    return EXIT_OK
+
+
+_CLUSTER_ACTIONS = (
+    ("down", "stop exactly the processes 'up' started"),
+    ("status", "print the master URL and the workers alive"),
+)
+
+
+def _parse_changes(specs: Sequence[str], query: Query) -> dict[str, str]:
+    """``REL=PATH`` arguments of ``apply``: relations of `query`, each once, files that exist."""
+    changes: dict[str, str] = {}
+    for spec in specs:
+        rel, sep, path = spec.partition("=")
+        rel = rel.strip()
+        if not sep or not rel or not path:
+            raise UsageError(f"--changes {spec!r} is not of the form REL=PATH")
+        if rel not in query.relations:
+            raise QueryError(
+                f"--changes gives relation {rel!r}, which query {query.name} does not use "
+                f"(it uses: {', '.join(sorted(query.relations))})"
+            )
+        if rel in changes:
+            raise UsageError(f"--changes gives relation {rel!r} twice; give each relation once")
+        if generate.is_generator_spec(path):
+            raise UsageError(f"--changes {spec!r}: changes come from a file, not a generator")
+        _check_source(rel, path, query.relations[rel])
+        changes[rel] = path
+    return changes
+
+
+def _apply(args: argparse.Namespace) -> int:
+    from wcoj_core.engine import Engine
+
+    query = resolve_query(args.query)
+    changes = _parse_changes(args.changes, query)
+    undirected = _check_undirected(args.undirected, query, changes)
+    if args.epoch < 0:
+        raise UsageError(f"--epoch must be 0 or more, got {args.epoch}")
+    state = Path(args.state)
+    if state.exists() and not state.is_dir():
+        raise UsageError(f"--state {args.state}: exists and is not a directory")
+    spark = _start_spark(args.master)
+    start = clock.perf_counter()
+    engine = Engine(spark, str(state), query)
+    frames = {}
+    for rel, path in sorted(changes.items()):
+        df = read_relation(spark, path, query.relations[rel], rel)
+        frames[rel] = linear.symmetrize().apply(df) if rel in undirected else df
+    result = engine.apply_epoch(args.epoch, frames)
+    count = _sum_diff(engine.output(query.name))
+    negative = {rel: _negative_after(engine, rel, df) for rel, df in frames.items()}
+    for rel, rows in negative.items():
+        if rows:
+            shown = ", ".join(f"{tuple(data)}: {diff}" for data, diff in rows[:_SHOWN])
+            more = f" (and {len(rows) - _SHOWN} more)" if len(rows) > _SHOWN else ""
+            _warn(
+                f"epoch {args.epoch} deleted tuples relation {rel!r} did not hold; "
+                f"{len(rows)} now have a negative multiplicity: {shown}{more}"
+            )
+    seconds = clock.perf_counter() - start
+    metrics = result.metrics
+    _say(
+        f"epoch {args.epoch}: changes {sum(metrics.changes.values())}, output change rows "
+        f"{metrics.outputs.get(query.name, 0)}, count {count}, seconds {seconds:.3f} "
+        f"({_phases(metrics.seconds)})"
+    )
+    if args.json:
+        _emit_json(
+            {
+                "command": "apply",
+                "query": query.name,
+                "epoch": args.epoch,
+                "count": count,
+                "seconds": round(seconds, 3),
+                "metrics": metrics.to_dict(),
+                "negative": {rel: [[d, m] for d, m in rows] for rel, rows in negative.items()},
+            }
+        )
+    return EXIT_OK
+
+
+_SHOWN, _LISTED = 10, 1000
+
+
+def _negative_after(engine: Any, rel: str, changes: DataFrame) -> list[tuple[list[int], int]]:
+    """Tuples the epoch deleted that now have a negative multiplicity (at most `_LISTED`).
+
+    Deleting an absent tuple is accepted (relations are signed multisets) but is almost always a
+    mistake upstream, so it is reported. Only the deleted tuples are looked up.
+    """
+    from wcoj_core.arrangement import relation_trace_name
+    from wcoj_core.updates import consolidate
+
+    cols = [c for c in changes.columns if c not in (DIFF, "time")]
+    deleted = changes.where(F.col(DIFF) < 0).select(*cols).distinct()
+    trace = engine.store.current().traces[relation_trace_name(rel)]
+    rows = engine.store.read(trace, trace.batches).join(F.broadcast(deleted), cols, "left_semi")
+    below = consolidate(rows.select(*cols, DIFF), cols).where(F.col(DIFF) < 0)
+    found = below.orderBy(*cols).limit(_LISTED).collect()
+    return [([int(r[c]) for c in cols], int(r[DIFF])) for r in found]
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    if args.action == "up":
+        started = cluster.up(
+            args.dir,
+            workers=args.workers,
+            cores=args.cores,
+            memory=args.memory,
+            port=args.port,
+            ui_port=args.ui_port,
+            say=_say,
+        )
+        _say(f"master: {started.master}")
+        _say(f"stop it with: wcoj cluster down --dir {args.dir}")
+        payload: dict[str, Any] = {"master": started.master, "ui": started.ui}
+        payload["workers"] = len(started.workers)
+    elif args.action == "down":
+        stopped = cluster.down(args.dir, say=_say)
+        payload = {"master": stopped.master, "stopped": len(stopped.processes)}
+    else:
+        found, alive = cluster.status(args.dir)
+        _say(f"master: {found.master} (UI {found.ui}); workers alive: {alive}")
+        payload = {"master": found.master, "ui": found.ui, "workers_alive": alive}
+    if args.json:
+        _emit_json({"command": f"cluster {args.action}", **payload})
     return EXIT_OK
 
 
@@ -467,6 +758,10 @@ def _explain(args: argparse.Namespace) -> int:
 def _error(message: str) -> None:
     text = " ".join(message.split()) or "unknown error"
     print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
+
+
+def _warn(message: str) -> None:
+    print(f"{PROG}: warning: {' '.join(message.split())}", file=sys.stderr, flush=True)
 
 
 def _spark_message(exc: BaseException) -> str:

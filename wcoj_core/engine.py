@@ -447,7 +447,9 @@ class Engine:
                 total = frames[0]
                 for f in frames[1:]:
                     total = total.unionByName(f)
-                out = consolidate(total, cols)
+                fresh = snapshot.manifest.epoch is None
+                distinct = _distinct_output(plan, fresh, len(frames))
+                out = total if distinct else consolidate(total, cols)
             else:
                 out = self.spark.createDataFrame([], update_schema(cols, with_time=False))
             batch = self.store.write_batch(trace, out, snapshot.time, partitions=2)
@@ -534,6 +536,19 @@ class Engine:
         except BaseException:
             self.store.discard(staged_paths)
             raise
+
+
+def _distinct_output(plan: Plan, fresh: bool, rules: int) -> bool:
+    """True when the rules' output is already consolidated, so summing it would change nothing.
+
+    That holds for one rule on a fresh state (a static evaluation: only the last rule runs) when
+    the head keeps every variable. Each view it reads is a single batch, consolidated when it was
+    written, so the delta tuples, the proposals and the validations are all distinct: each full
+    binding is produced once, with a product of non-zero multiplicities, and a head holding every
+    variable maps distinct bindings to distinct tuples. Skipping the sum spares a hash
+    aggregation over the whole output (8.9 M triangles for web-NotreDame).
+    """
+    return fresh and rules == 1 and set(plan.query.head) == set(plan.query.vars)
 
 
 def evaluate_static(

@@ -73,8 +73,11 @@ class LocalFiles:
         target = self.path / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_text(text)
         try:
+            with open(tmp, "w") as out:
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())  # the manifest is durable before it becomes visible
             os.link(tmp, target)  # fails if the target exists: atomic create-exclusive
             return True
         except FileExistsError:

@@ -47,7 +47,7 @@ from pyspark.sql import types as T
 
 from wcoj_core import generate
 from wcoj_core.errors import InputError
-from wcoj_core.updates import DIFF, TIME, relation_columns
+from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns
 
 INT_PATTERN = "^[+-]?[0-9]+$"
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
@@ -159,6 +159,23 @@ def canonical_undirected(df: DataFrame) -> DataFrame:
     return present.select("c0", "c1", F.lit(1).cast("long").alias(DIFF))
 
 
+def negative_tuples(
+    df: DataFrame, limit: int = 20
+) -> tuple[int, list[tuple[tuple[int, ...], int]]]:
+    """The tuples of relation `df` (``c0 .. c{k-1}, diff``) whose summed multiplicity is negative.
+
+    Such a tuple is a deletion of something absent. A file may carry one (a diff is a signed
+    multiplicity), so it is not an `InputError`; callers report these tuples instead. Returns
+    ``(how many, the first `limit` of them in tuple order with their multiplicities)``, in one
+    Spark job (two when more than `limit` are negative).
+    """
+    cols = [c for c in df.columns if c not in (TIME, DIFF)]
+    negative = consolidate(df.select(*cols, DIFF), cols).where(F.col(DIFF) < 0)
+    rows = negative.orderBy(*cols).limit(limit + 1).collect()
+    count = len(rows) if len(rows) <= limit else negative.count()
+    return count, [(tuple(r[c] for c in cols), r[DIFF]) for r in rows[:limit]]
+
+
 def check_text_line(line: str, arity: int) -> tuple[str, int] | None:
     """The problem with one line of a text edge list, as ``(message, column)``, or None if fine.
 
@@ -259,14 +276,24 @@ def _read_csv(
 def _scan_csv(
     path: str, header: Sequence[str], roles: Sequence[Role], source: str
 ) -> InputError | None:
-    with _open_local(path, source, newline="") as handle:
-        reader = csv.reader(handle)
+    # Like Spark (without its multiLine option), each physical line is one row: a quote never
+    # spans lines. Strict parsing refuses the irregular quoting Spark does not read as numbers.
+    with _open_local(path, source) as handle:
         seen_header = False
-        for row in reader:
-            if not row or not seen_header:
-                seen_header = seen_header or bool(row)
+        for line, text in enumerate(handle, 1):
+            text = text.rstrip("\n")
+            if not text or not seen_header:
+                seen_header = seen_header or bool(text)
                 continue
-            line = reader.line_num
+            try:
+                row = next(csv.reader([text], strict=True))
+            except csv.Error as exc:
+                return InputError(
+                    f"has malformed quoting ({exc}); quote a whole field, on one line",
+                    source,
+                    line,
+                    _quoting_column(text),
+                )
             if len(row) != len(header):
                 column = len(row) + 1 if len(row) < len(header) else len(header) + 1
                 return InputError(
@@ -279,6 +306,24 @@ def _scan_csv(
                 if problem is not None:
                     return InputError(f"value in column {name!r} {problem}", source, line, index)
     return None
+
+
+def _quoting_column(text: str, limit: int = 4096) -> int | None:
+    """The 1-based column where strict CSV parsing of the line `text` fails.
+
+    >>> _quoting_column('1,"2"3'), _quoting_column('1,"2')
+    (6, 3)
+    """
+    if len(text) > limit:
+        return None
+    for end in range(1, len(text) + 1):
+        try:
+            next(csv.reader([text[:end]], strict=True))
+        except csv.Error as exc:
+            if "unexpected end of data" not in str(exc):
+                return end
+    # Only an unclosed quote is left: point at the quote that opens the last field.
+    return text.rfind(',"') + 2 if text.rfind(',"') >= 0 else text.find('"') + 1
 
 
 # --- Parquet ------------------------------------------------------------------------------------
@@ -478,7 +523,7 @@ def _check_exists(path: str, source: str) -> None:
 
 
 @contextmanager
-def _open_local(path: str, source: str, newline: str | None = None) -> Iterator[IO[str]]:
+def _open_local(path: str, source: str) -> Iterator[IO[str]]:
     """Open a local file as text with universal newlines (as Spark splits lines), gzip-aware."""
     local = _local_path(path)
     if local is None:
@@ -486,8 +531,12 @@ def _open_local(path: str, source: str, newline: str | None = None) -> Iterator[
     binary = gzip.open(local, "rb") if local.lower().endswith(".gz") else open(local, "rb")  # noqa: SIM115
     with (
         binary,
-        io.TextIOWrapper(binary, encoding="utf-8-sig", errors="replace", newline=newline) as t,
+        io.TextIOWrapper(binary, encoding="utf-8", errors="replace") as t,
     ):
+        # Skip a byte order mark, as Spark does. (Not "utf-8-sig": it swallows a file that is
+        # only the first byte of one, which Spark reads as a bad line.)
+        if t.read(1) != "\ufeff":
+            t.seek(0)
         yield t
 
 

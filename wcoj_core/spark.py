@@ -9,6 +9,7 @@ cluster.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,7 +43,32 @@ appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n
 logger.spark.name = org.apache.spark
 logger.spark.level = error
+# A task that fails on a bad input file logs its Java stack trace here; the driver raises the same
+# failure, which the CLI reports in one line.
+logger.executor.name = org.apache.spark.executor.Executor
+logger.executor.level = off
+logger.tasks.name = org.apache.spark.scheduler.TaskSetManager
+logger.tasks.level = off
 """
+
+
+def cluster_defaults(master: str | None) -> dict[str, str]:
+    """Settings a ``spark://`` master needs: executors run Python with this interpreter, and a
+    cluster on this machine (127.0.0.1 or localhost) reaches the driver on the loopback address.
+
+    >>> cluster_defaults("spark://127.0.0.1:7077")["spark.driver.host"]
+    '127.0.0.1'
+    >>> cluster_defaults("local[2]")
+    {}
+    """
+    if not master or not master.startswith("spark://"):
+        return {}
+    settings = {"spark.pyspark.python": sys.executable}
+    hosts = {h.rsplit(":", 1)[0] for h in master.removeprefix("spark://").split(",")}
+    if hosts <= {"127.0.0.1", "localhost"}:
+        settings["spark.driver.host"] = "127.0.0.1"
+        settings["spark.driver.bindAddress"] = "127.0.0.1"
+    return settings
 
 
 def session(
@@ -59,7 +85,7 @@ def session(
     active = SparkSession.getActiveSession()
     if active is not None and (master is None or active.sparkContext.master == master):
         return active
-    settings = {**DEFAULT_CONF, **(conf or {})}
+    settings = {**DEFAULT_CONF, **cluster_defaults(master), **(conf or {})}
     config = None
     if quiet and "spark.driver.extraJavaOptions" not in settings:
         fd, config = tempfile.mkstemp(prefix="wcoj-log4j2-", suffix=".properties")

@@ -16,6 +16,7 @@ exactly one wins.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -259,10 +260,16 @@ class StateStore:
         ).observe(obs, F.count(F.lit(1)).alias("rows"))
         try:
             out.coalesce(partitions).write.mode("errorifexists").parquet(self.uri(rel))
-        except Exception as e:  # pragma: no cover - exercised by fault tests
-            self.files.delete(rel)
+        except Exception as e:
+            with contextlib.suppress(Exception):  # cleaning up must not hide the failure
+                self.files.delete(rel)
             if isinstance(e, OSError):
                 raise StateError(f"state {self.root}: cannot write a batch ({e})") from e
+            cause = storage_failure(e)
+            if cause is not None:
+                raise StateError(
+                    f"state {self.root}: cannot write a batch ({cause}); nothing was applied"
+                ) from e
             raise
         rows = int((obs.get or {}).get("rows", 0))
         return Batch(rel, time, rows, inputs)
@@ -293,6 +300,40 @@ class StateStore:
     def _release(self, live: set[str]) -> None:
         for path in [p for p in self._frames if p not in live]:
             self._frames.pop(path).unpersist()
+
+
+# How a storage failure reads in a Java exception chain (Spark wraps it several times).
+STORAGE_FAILURES = (
+    "No space left on device",
+    "Disk quota exceeded",
+    "File too large",
+    "Read-only file system",
+    "Permission denied",
+    "Operation not permitted",
+    "Mkdirs failed",
+    "Not a directory",
+    "Parent path is not a directory",
+    "AccessDeniedException",
+)
+
+
+def storage_failure(e: BaseException) -> str | None:
+    """The storage failure behind a Spark write error (full disk, unwritable path), if any."""
+    text = str(e)
+    java = getattr(e, "java_exception", None)
+    if java is not None:
+        try:
+            text += "\n" + str(java.toString())
+            cause = java.getCause()
+            while cause is not None:
+                text += "\n" + str(cause.toString())
+                cause = cause.getCause()
+        except Exception:  # the gateway may be gone
+            pass
+    for phrase in STORAGE_FAILURES:
+        if phrase in text:
+            return phrase
+    return None
 
 
 def _first_line(e: BaseException) -> str:

@@ -1,0 +1,172 @@
+"""Bad input at the Dagster level: landed files, epoch keys, repeated epochs, absent deletions.
+
+One pipeline (the default triangles spec) ingests a good epoch 0. Then each bad file lands at
+epoch 1 and a run of the epoch job must fail the ``update_triples`` check of ``edge_deltas`` with a
+message naming the epoch, the file, the line and the column, materialize nothing and leave every
+file of the state as it was. The last tests land data that is accepted but suspicious (the same
+epoch again, deletions of absent edges): they run in file order, after the refusals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from dagster import Failure
+from pyspark.sql import SparkSession
+from wcoj_support import Changes, Pipeline, checks, failures, materializations, oracle
+
+from wcoj_assets.epochs import epoch_key
+from wcoj_assets.steps import epochs_of
+from wcoj_core.arrangement import relation_trace_name
+
+FIRST: Changes = [
+    (edge, 1) for a, b in ((1, 2), (2, 3), (1, 3), (3, 4)) for edge in ((a, b), (b, a))
+]
+
+
+@dataclass
+class Scenario:
+    pipeline: Pipeline
+    history: list[Changes]
+
+
+@pytest.fixture(scope="module")
+def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
+    previous = spark.conf.get("spark.sql.codegen.wholeStage")
+    spark.conf.set("spark.sql.codegen.wholeStage", "false")
+    p = Pipeline(spark, tmp_path_factory.mktemp("bad_input"))
+    p.land(0, FIRST, "csv")
+    result = p.run(0)
+    assert result.success, failures(result)
+    yield Scenario(p, [FIRST])
+    spark.conf.set("spark.sql.codegen.wholeStage", previous or "true")
+
+
+def files_under(root: Path) -> dict[str, str]:
+    """Every file under `root` with a digest of its bytes."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _parquet(columns: dict[str, pa.Array]) -> Callable[[Path], None]:
+    return lambda path: pq.write_table(pa.table(columns), path)
+
+
+def _int64(*values: int | None) -> pa.Array:
+    return pa.array(values, pa.int64())
+
+
+# (id, file name, content, fragments of the first error)
+BAD_LANDINGS: list[tuple[str, str, str | bytes | Callable[[Path], None], tuple[str, ...]]] = [
+    ("malformed-line", "part.txt", "1\t2\n2\t3\t4\n", ("line 2, column 5", "expected 2 fields")),
+    ("non-integer-id", "part.txt", "1 2\n3 x\n", ("line 2, column 3", "not an integer: 'x'")),
+    (
+        "out-of-range-id",
+        "part.csv",
+        "src,dst\n1,99999999999999999999\n",
+        ("line 2, column 2", "out of the signed 64-bit range"),
+    ),
+    ("empty-file", "part.txt", "", ("has no data rows",)),
+    ("missing-column", "part.csv", "src\n1\n", ("line 1", "has 1 data columns ['src']")),
+    (
+        "wrong-type",
+        "part.parquet",
+        _parquet({"src": _int64(1), "dst": pa.array([2.5])}),
+        ("column dst", "has type double"),
+    ),
+    ("nan", "part.csv", "src,dst\n1,NaN\n", ("line 2, column 2", "'NaN'")),
+    (
+        "null",
+        "part.parquet",
+        _parquet({"src": _int64(1, None), "dst": _int64(2, 3)}),
+        ("line 2, column src", "is null"),
+    ),
+    ("zero-diff", "part.csv", "src,dst,diff\n1,2,0\n", ("line 2, column 3", "is zero")),
+    ("corrupt-parquet", "part.parquet", b"PAR1 not really", ("cannot be read as Parquet",)),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragments"),
+    [pytest.param(n, c, f, id=i) for i, n, c, f in BAD_LANDINGS],
+)
+def test_a_bad_landed_file_fails_the_check_and_writes_nothing(
+    scenario: Scenario,
+    name: str,
+    content: str | bytes | Callable[[Path], None],
+    fragments: tuple[str, ...],
+) -> None:
+    p = scenario.pipeline
+    folder = p.landing / "edge" / epoch_key(1)
+    folder.mkdir(parents=True)
+    try:
+        path = folder / name
+        if isinstance(content, str):
+            path.write_text(content)
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            content(path)
+        before, stored = p.traces(), files_under(p.storage)
+        result = p.run(1)
+        assert not result.success
+        (check,) = [c for c in checks(result) if c.asset == "edge_deltas"]
+        assert not check.passed and check.partition == epoch_key(1)
+        (first, *_) = check.metadata["errors"]
+        assert first.startswith(f"epoch 1 ({epoch_key(1)}): {path} (relation edge)"), first
+        for fragment in fragments:
+            assert fragment in first, (fragment, first)
+        assert any(f"{path} (relation edge)" in f for f in failures(result))
+        assert materializations(result) == []
+        assert p.traces() == before
+        assert files_under(p.storage) == stored
+    finally:
+        shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize("key", ["..", "../2020-01-02", "/2020-01-02", "/etc", "2020-02-30"])
+def test_a_malformed_partition_key_fails_the_step_before_any_path(key: str) -> None:
+    with pytest.raises(Failure) as caught:
+        epochs_of(SimpleNamespace(partition_keys=[epoch_key(0), key]))
+    assert f"epoch key {key!r}" in str(caught.value.description)
+
+
+def test_the_same_epoch_again_keeps_its_batch_and_its_answer(scenario: Scenario) -> None:
+    p = scenario.pipeline
+    trace = relation_trace_name("edge")
+    (batch,) = [b for b in p.traces()[trace].batches if b.time == 0]
+    result = p.run(0)
+    assert result.success, failures(result)
+    assert [b for b in p.traces()[trace].batches if b.time == 0] == [batch]
+    assert p.output("triangles", 0) == oracle(p.topology, "triangles", scenario.history, 0)
+
+
+def test_deleting_absent_edges_is_flagged_with_the_tuples(scenario: Scenario) -> None:
+    p = scenario.pipeline
+    absent: Changes = [((5, 6), -1), ((6, 5), -1), ((7, 8), -2)]
+    p.land(1, [((1, 4), 1), *absent], "csv")
+    result = p.run(1)
+    found = {(c.asset, c.name): c for c in checks(result)}
+    assert found[("edge_deltas", "update_triples")].passed  # signed multiplicities are fine
+    check = found[("edge_snapshot", "non_negative")]
+    assert not check.passed and check.partition == epoch_key(1)
+    assert check.metadata["negative_tuples"] == 3
+    assert check.metadata["offending"] == [
+        "epoch 1: (5, 6) has multiplicity -1",
+        "epoch 1: (6, 5) has multiplicity -1",
+        "epoch 1: (7, 8) has multiplicity -2",
+    ]
+    # The check blocks: nothing downstream of the snapshot is materialized.
+    materialized = {m.asset_key.to_user_string() for m in materializations(result)}
+    assert materialized == {"edge_deltas", "edge_snapshot"}, materialized

@@ -1,0 +1,525 @@
+"""`wcoj bench --static`: one whole graph counted by wcoj and by the usual alternatives — checked, then timed.
+
+The input. Every relation is read once and written as Parquet under the state directory, before
+any timing: a relation read with ``--undirected`` as its symmetric, loop-free set of edges (both
+directions, as `wcoj count` reads it), any other relation as it is. Every Spark method reads
+those Parquet files. The single-machine methods get the same graph as its canonical undirected
+edge list (``src < dst``, each edge once), collected from that Parquet once, outside the timing,
+as numpy arrays and a Parquet file.
+
+The methods, each counting the query's output (the sum of its multiplicities):
+
+* **wcoj** — `evaluate_static`, the project's static evaluation, exactly what `wcoj count` runs:
+  the whole input applied as one epoch to a fresh, empty state (arrangements built and written,
+  the output written), then the output's multiplicities summed.
+* **spark-sql** — Spark SQL's plan for the binary-join query `wcoj_core.reference` writes (one
+  self-join per atom, a ``GROUP BY`` of the head), then summed.
+* **neighbour-array** — the neighbour-array intersection of GraphFrames' triangle count, on
+  Spark DataFrames: orient every edge from its lower to its higher endpoint, collect each
+  vertex's set of higher neighbours, and for every edge add the size of the intersection of its
+  two endpoints' sets (each triangle ``a < b < c`` is found once, on its edge ``a b``).
+* **duckdb** — DuckDB's SQL triangle query (two joins on the oriented edge table).
+* **kuzu** — Kùzu's Cypher triangle pattern over the oriented edges.
+* **scipy** — a sparse-matrix count: ``sum((U @ U) ∘ U)`` for the upper-triangular adjacency
+  matrix ``U`` (the machine's practical limit for a single-threaded count).
+
+The last four count undirected triangles only: they refuse any query other than the built-in
+``triangles`` over a relation read with ``--undirected``. What is timed: for the Spark methods,
+from DataFrames over the input Parquet to the count on the driver (after one untimed warm-up
+run each, so that the JVM's code generation is not charged to the first method); for duckdb and
+kuzu, the query alone — loading the edges into DuckDB's table and Kùzu's node and relationship
+tables happens before, untimed; for scipy, building the matrix from the arrays (ids relabelled
+in order) and the product. Between Spark runs Spark's cache is cleared, untimed, so no run reads
+what an earlier one kept.
+
+Every run of every method must give the same count as the first run; one that does not stops the
+benchmark with a `BenchError` naming both methods and counts, before anything is reported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import statistics
+import time as clock
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from wcoj_core import linear
+from wcoj_core.bench import BenchError, SparkMeter
+from wcoj_core.engine import evaluate_static
+from wcoj_core.query.builtins import builtin
+from wcoj_core.query.ir import Atom, Filter, Query, Term, Var
+from wcoj_core.reference import reference_sql
+from wcoj_core.sources import canonical_undirected
+from wcoj_core.updates import DIFF
+
+
+class Runtime(Enum):
+    """Where a method runs: in Spark (warmed up, join rows measured) or on the driver alone."""
+
+    SPARK = "spark"
+    LOCAL = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class StaticMethod:
+    name: str
+    runtime: Runtime
+    triangles_only: bool
+    package: str | None = None  # the PyPI package (from the `bench` extra) it needs
+
+
+STATIC_METHODS: dict[str, StaticMethod] = {
+    m.name: m
+    for m in (
+        StaticMethod("wcoj", Runtime.SPARK, triangles_only=False),
+        StaticMethod("spark-sql", Runtime.SPARK, triangles_only=False),
+        StaticMethod("neighbour-array", Runtime.SPARK, triangles_only=True),
+        StaticMethod("duckdb", Runtime.LOCAL, triangles_only=True, package="duckdb"),
+        StaticMethod("kuzu", Runtime.LOCAL, triangles_only=True, package="kuzu"),
+        StaticMethod("scipy", Runtime.LOCAL, triangles_only=True, package="scipy"),
+    )
+}
+STATIC_DEFAULT = tuple(STATIC_METHODS)
+
+
+# -- which queries the methods take ------------------------------------------------------------
+
+
+def triangle_relation(query: Query, undirected: frozenset[str]) -> str | None:
+    """The relation of `query` if it is the built-in undirected triangles over it, else None.
+
+    Variables and the relation may be named differently; atoms and filters may come in any order.
+
+    >>> from wcoj_core.query.parse import parse_query
+    >>> q = parse_query("t(x, y, z) :- g(y, z), g(x, y), g(x, z), y < z, x < y")
+    >>> triangle_relation(q, frozenset({"g"})), triangle_relation(q, frozenset())
+    ('g', None)
+    >>> triangle_relation(builtin("directed-triangles"), frozenset({"edge"})) is None
+    True
+    """
+    model = builtin("triangles")
+    if len(query.relations) != 1 or len(set(query.head)) != len(model.head):
+        return None
+    rel = next(iter(query.relations))
+    if rel not in undirected:
+        return None
+    names = dict(zip(query.head, model.head, strict=True))
+
+    def term(t: Term) -> Term:
+        return names.get(t, t) if isinstance(t, Var) else t
+
+    atoms = {Atom(model.atoms[0].relation, tuple(term(t) for t in a.terms)) for a in query.atoms}
+    filters = {Filter(term(f.left), f.op, term(f.right)) for f in query.filters}
+    return rel if atoms == set(model.atoms) and filters == set(model.filters) else None
+
+
+def check_methods(
+    methods: Sequence[str], query: Query, undirected: frozenset[str]
+) -> tuple[str, ...]:
+    """The methods to run, in order; refuse unknown ones, missing packages and unsupported queries."""
+    chosen = tuple(dict.fromkeys(methods))
+    unknown = [m for m in chosen if m not in STATIC_METHODS]
+    if unknown:
+        raise BenchError(
+            f"unknown static methods {unknown}; choose from {', '.join(STATIC_METHODS)}"
+        )
+    if "wcoj" not in chosen:
+        raise BenchError("the static benchmark compares the other methods with wcoj; include it")
+    picky = [m for m in chosen if STATIC_METHODS[m].triangles_only]
+    if picky and triangle_relation(query, undirected) is None:
+        hint = (
+            f"read relation {next(iter(query.relations))!r} with --undirected"
+            if len(query.relations) == 1 and not undirected
+            else "run this query with --methods wcoj,spark-sql"
+        )
+        raise BenchError(
+            f"method(s) {', '.join(picky)} count undirected triangles only (the built-in "
+            f"'triangles' query over a relation read with --undirected), and query "
+            f"{query.name} is not that; {hint}"
+        )
+    for m in chosen:
+        package = STATIC_METHODS[m].package
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise BenchError(
+                f"method {m} needs the Python package {package!r}, which is not installed; "
+                "install the benchmark's extra: pip install 'wcoj[bench]'"
+            )
+    return chosen
+
+
+# -- the inputs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeList:
+    """The canonical undirected edges (``src < dst``, each once), in memory and as Parquet."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    parquet: Path
+
+
+class StaticInputs:
+    """The query's relations, materialized as Parquet once; the edge list, collected on demand."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        query: Query,
+        relations: Mapping[str, DataFrame],
+        undirected: frozenset[str],
+        root: Path,
+    ) -> None:
+        self.spark = spark
+        self.query = query
+        self.root = root
+        self.frames: dict[str, DataFrame] = {}
+        self.rows: dict[str, int] = {}
+        for rel in sorted(query.relations):
+            df = relations[rel]
+            if rel in undirected:
+                df = linear.symmetrize().apply(canonical_undirected(df))
+            path = str(root / "input" / rel)
+            df.write.parquet(path)
+            self.frames[rel] = spark.read.parquet(path)
+            self.rows[rel] = self.frames[rel].count()
+        self._edges: EdgeList | None = None
+
+    def edges(self) -> EdgeList:
+        if self._edges is None:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            (rel,) = self.query.relations
+            oriented = self.frames[rel].where(F.col("c0") < F.col("c1"))
+            table = oriented.select(F.col("c0").alias("src"), F.col("c1").alias("dst")).toArrow()
+            src = table.column("src").to_numpy().astype(np.int64)
+            dst = table.column("dst").to_numpy().astype(np.int64)
+            path = self.root / "local" / "edges.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.table({"src": src, "dst": dst}), path)
+            self._edges = EdgeList(src, dst, path)
+        return self._edges
+
+
+# -- the methods -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Runner:
+    """One method, ready: `run` is what is timed; `after` runs untimed after each run."""
+
+    run: Callable[[], int]
+    after: Callable[[], None] = lambda: None
+    close: Callable[[], None] = lambda: None
+    phases: list[dict[str, float]] = field(default_factory=lambda: [])
+
+
+def _sum_diff(df: DataFrame) -> int:
+    row = df.agg(F.sum(DIFF).alias("total")).first()
+    return int(row["total"] or 0) if row is not None else 0
+
+
+def _wcoj(inputs: StaticInputs) -> Runner:
+    runs = inputs.root / "wcoj"
+    phases: list[dict[str, float]] = []
+
+    def run() -> int:
+        state = runs / f"run-{len(phases)}"
+        result = evaluate_static(inputs.spark, inputs.query, inputs.frames, str(state))
+        phases.append(result.metrics.seconds)
+        return _sum_diff(result.outputs[inputs.query.name])
+
+    def after() -> None:
+        inputs.spark.catalog.clearCache()
+        shutil.rmtree(runs, ignore_errors=True)
+
+    return Runner(run, after, phases=phases)
+
+
+def _spark_sql(inputs: StaticInputs) -> Runner:
+    def run() -> int:
+        frames = {f"r_{rel}": df for rel, df in inputs.frames.items()}
+        return _sum_diff(inputs.spark.sql(reference_sql(inputs.query), None, **frames))
+
+    return Runner(run, inputs.spark.catalog.clearCache)
+
+
+def _neighbour_array(inputs: StaticInputs) -> Runner:
+    (rel,) = inputs.query.relations
+
+    def run() -> int:
+        # Each edge once, from its lower to its higher endpoint.
+        edges = inputs.frames[rel].where(F.col("c0") < F.col("c1")).select("c0", "c1")
+        # Every vertex with its set of higher neighbours.
+        higher = edges.groupBy("c0").agg(F.collect_set("c1").alias("nbrs"))
+        low = higher.select(F.col("c0").alias("u"), F.col("nbrs").alias("u_nbrs"))
+        high = higher.select(F.col("c0").alias("v"), F.col("nbrs").alias("v_nbrs"))
+        # Edge u < v closes a triangle with every w > v in both sets.
+        pairs = edges.select(F.col("c0").alias("u"), F.col("c1").alias("v"))
+        shared = pairs.join(low, "u").join(high, "v")
+        row = shared.agg(
+            F.sum(F.size(F.array_intersect("u_nbrs", "v_nbrs"))).alias("triangles")
+        ).first()
+        return int(row["triangles"] or 0) if row is not None else 0
+
+    return Runner(run, inputs.spark.catalog.clearCache)
+
+
+TRIANGLES_SQL = """
+SELECT count(*)
+FROM edges AS ab
+JOIN edges AS bc ON bc.src = ab.dst
+JOIN edges AS ac ON ac.src = ab.src AND ac.dst = bc.dst
+"""
+
+
+def _duckdb(inputs: StaticInputs) -> Runner:
+    import duckdb
+
+    edges = inputs.edges()
+    con = duckdb.connect()
+    con.execute(f"CREATE TABLE edges AS SELECT src, dst FROM read_parquet('{edges.parquet}')")
+
+    def run() -> int:
+        row = con.execute(TRIANGLES_SQL).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    return Runner(run, close=con.close)
+
+
+TRIANGLES_CYPHER = "MATCH (a:V)-[:E]->(b:V)-[:E]->(c:V), (a)-[:E]->(c) RETURN count(*)"
+
+
+def _kuzu(inputs: StaticInputs) -> Runner:
+    import kuzu
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    edges = inputs.edges()
+    folder = inputs.root / "local" / "kuzu"
+    folder.mkdir(parents=True)
+    nodes = folder / "nodes.parquet"
+    pq.write_table(pa.table({"id": np.unique(np.concatenate([edges.src, edges.dst]))}), nodes)
+    db = kuzu.Database(str(folder / "db"), buffer_pool_size=2 << 30)
+    con = kuzu.Connection(db)
+    for statement in (
+        "CREATE NODE TABLE V(id INT64, PRIMARY KEY(id))",
+        "CREATE REL TABLE E(FROM V TO V)",
+        f"COPY V FROM '{nodes}'",
+        f"COPY E FROM '{edges.parquet}'",
+    ):
+        con.execute(statement)
+
+    def run() -> int:
+        result = con.execute(TRIANGLES_CYPHER)
+        assert not isinstance(result, list)
+        row: list[Any] = result.get_next()  # pyright: ignore[reportAssignmentType]
+        return int(row[0])
+
+    def close() -> None:
+        con.close()
+        db.close()
+
+    return Runner(run, close=close)
+
+
+def _scipy(inputs: StaticInputs) -> Runner:
+    from scipy import sparse
+
+    edges = inputs.edges()
+
+    def run() -> int:
+        ids, index = np.unique(np.concatenate([edges.src, edges.dst]), return_inverse=True)
+        m = len(edges.src)
+        n = len(ids)
+        upper = sparse.csr_matrix(
+            (np.ones(m, dtype=np.int64), (index[:m], index[m:])), shape=(n, n)
+        )
+        return int(upper.multiply(upper @ upper).sum())
+
+    return Runner(run)
+
+
+PREPARE: dict[str, Callable[[StaticInputs], Runner]] = {
+    "wcoj": _wcoj,
+    "spark-sql": _spark_sql,
+    "neighbour-array": _neighbour_array,
+    "duckdb": _duckdb,
+    "kuzu": _kuzu,
+    "scipy": _scipy,
+}
+
+
+# -- the run -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StaticRun:
+    """One run of one method, as reported while the benchmark goes (`run` 0 is a warm-up)."""
+
+    method: str
+    run: int
+    runs: int
+    seconds: float
+    count: int
+    join_rows: int | None
+
+    @property
+    def warm_up(self) -> bool:
+        return self.run == 0
+
+
+@dataclass
+class StaticMethodResult:
+    name: str
+    count: int
+    seconds: list[float]
+    join_rows: int | None
+    warm_up_seconds: float | None
+    phases: dict[str, float] | None = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+@dataclass
+class StaticResult:
+    query: str
+    count: int
+    repeat: int
+    input_rows: dict[str, int]
+    undirected_edges: int | None
+    methods: dict[str, StaticMethodResult]
+
+    def ratio(self, method: str) -> float:
+        """How many times longer `method` took than wcoj (median against median)."""
+        return round(self.methods[method].median / self.methods["wcoj"].median, 3)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "command": "bench",
+            "mode": "static",
+            "query": self.query,
+            "count": self.count,
+            "check": "passed",
+            "repeat": self.repeat,
+            "input_rows": self.input_rows,
+            "undirected_edges": self.undirected_edges,
+            "methods": {
+                name: {
+                    "median_seconds": round(m.median, 3),
+                    "seconds": [round(s, 3) for s in m.seconds],
+                    "warm_up_seconds": (
+                        None if m.warm_up_seconds is None else round(m.warm_up_seconds, 3)
+                    ),
+                    "count": m.count,
+                    "join_rows": m.join_rows,
+                    "ratio_to_wcoj": self.ratio(name),
+                    **({"phases": m.phases} if m.phases is not None else {}),
+                }
+                for name, m in self.methods.items()
+            },
+        }
+        for other, key in (("spark-sql", "spark_sql"), ("neighbour-array", "neighbour_array")):
+            if other in self.methods:
+                out[f"speedup_vs_{key}"] = self.ratio(other)
+        return out
+
+
+def static_bench(
+    spark: SparkSession,
+    query: Query,
+    relations: Mapping[str, DataFrame],
+    state_dir: str,
+    *,
+    undirected: frozenset[str] = frozenset(),
+    methods: Sequence[str] = STATIC_DEFAULT,
+    repeat: int = 3,
+    on_run: Callable[[StaticRun], None] | None = None,
+) -> StaticResult:
+    """Count `query` over whole relations with every method, `repeat` timed runs each."""
+    if repeat < 1:
+        raise BenchError(f"--repeat must be at least 1, got {repeat}")
+    chosen = check_methods(methods, query, undirected)
+    inputs = StaticInputs(spark, query, relations, undirected, Path(state_dir) / "static")
+    meter = SparkMeter(spark)
+    expected: tuple[str, int] | None = None
+    results: dict[str, StaticMethodResult] = {}
+    for name in chosen:
+        method = STATIC_METHODS[name]
+        runner = PREPARE[name](inputs)
+        first = 0 if method.runtime is Runtime.SPARK else 1
+        seconds: list[float] = []
+        warm_up: float | None = None
+        rows: int | None = None
+        count = 0
+        try:
+            for k in range(first, repeat + 1):
+                mark = meter.mark()
+                start = clock.perf_counter()
+                count = runner.run()
+                took = clock.perf_counter() - start
+                if method.runtime is Runtime.SPARK:
+                    rows = meter.since(mark)[0]
+                runner.after()
+                if expected is None:
+                    expected = (name, count)
+                elif count != expected[1]:
+                    raise BenchError(
+                        f"the methods disagree: {name} counted {count} "
+                        f"({'warm-up' if k == 0 else f'run {k}'}), {expected[0]} counted "
+                        f"{expected[1]}; nothing is reported"
+                    )
+                if k == 0:
+                    warm_up = took
+                else:
+                    seconds.append(took)
+                if on_run is not None:
+                    on_run(StaticRun(name, k, repeat, took, count, rows))
+        finally:
+            runner.close()
+        results[name] = StaticMethodResult(
+            name,
+            count,
+            seconds,
+            rows,
+            warm_up,
+            phases=_median_phases(runner.phases[1 - first :]) if runner.phases else None,
+        )
+    assert expected is not None
+    local = any(STATIC_METHODS[m].runtime is Runtime.LOCAL for m in chosen)
+    return StaticResult(
+        query=query.name,
+        count=expected[1],
+        repeat=repeat,
+        input_rows=inputs.rows,
+        undirected_edges=len(inputs.edges().src) if local else None,
+        methods=results,
+    )
+
+
+def _median_phases(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each engine phase's median seconds over the timed runs."""
+    return {k: round(statistics.median(r.get(k, 0.0) for r in runs), 3) for k in runs[0]}
+
+
+__all__ = [
+    "STATIC_DEFAULT",
+    "STATIC_METHODS",
+    "StaticResult",
+    "StaticRun",
+    "check_methods",
+    "static_bench",
+    "triangle_relation",
+]
