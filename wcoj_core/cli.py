@@ -64,8 +64,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from wcoj_core import cluster, generate, linear
+from wcoj_core.arrangement import relation_trace_name
 from wcoj_core.bench import METHODS, Sample, bench, make_workload
-from wcoj_core.engine import evaluate_static
+from wcoj_core.engine import Engine, evaluate_static
 from wcoj_core.errors import InputError, QueryError, WcojError
 from wcoj_core.query.explain import explain
 from wcoj_core.query.ir import Query
@@ -535,10 +536,7 @@ def _bench(args: argparse.Namespace) -> int:
     _prepare_state(args.state)
     spark = _start_spark(args.master)
     with _state_dir(args.state) as state:
-        relations = {
-            rel: read_relation(spark, path, query.relations[rel], rel)
-            for rel, path in sorted(inputs.items())
-        }
+        relations = _read_inputs(spark, query, inputs)
         _say(f"bench: preparing {args.epochs} epochs of {args.epoch_size} changes")
         workload = make_workload(
             spark,
@@ -565,6 +563,14 @@ def _bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _read_inputs(spark: SparkSession, query: Query, inputs: dict[str, str]) -> dict[str, DataFrame]:
+    """Every ``--input`` of a benchmark, as read (the methods normalize them themselves)."""
+    return {
+        rel: read_relation(spark, path, query.relations[rel], rel)
+        for rel, path in sorted(inputs.items())
+    }
+
+
 def _bench_progress(t: int, epochs: int, samples: dict[str, Sample], changes: int) -> None:
     figures = ", ".join(
         f"{name} {s.seconds:.2f} s ({s.intermediate_rows} join rows)" for name, s in samples.items()
@@ -583,10 +589,7 @@ def _static_bench(
     _prepare_state(args.state)
     spark = _start_spark(args.master)
     with _state_dir(args.state) as state:
-        relations = {
-            rel: read_relation(spark, path, query.relations[rel], rel)
-            for rel, path in sorted(inputs.items())
-        }
+        relations = _read_inputs(spark, query, inputs)
         _say(f"bench --static: {query.name}, {args.repeat} timed runs per method")
         result = static_bench(
             spark,
@@ -654,8 +657,6 @@ def _parse_changes(specs: Sequence[str], query: Query) -> dict[str, str]:
 
 
 def _apply(args: argparse.Namespace) -> int:
-    from wcoj_core.engine import Engine
-
     query = resolve_query(args.query)
     changes = _parse_changes(args.changes, query)
     undirected = _check_undirected(args.undirected, query, changes)
@@ -674,13 +675,13 @@ def _apply(args: argparse.Namespace) -> int:
     result = engine.apply_epoch(args.epoch, frames)
     count = _sum_diff(engine.output(query.name))
     negative = {rel: _negative_after(engine, rel, df) for rel, df in frames.items()}
-    for rel, rows in negative.items():
-        if rows:
+    for rel, (found, rows) in negative.items():
+        if found:
             shown = ", ".join(f"{tuple(data)}: {diff}" for data, diff in rows[:_SHOWN])
-            more = f" (and {len(rows) - _SHOWN} more)" if len(rows) > _SHOWN else ""
+            more = f" (and {found - _SHOWN} more)" if found > _SHOWN else ""
             _warn(
                 f"epoch {args.epoch} deleted tuples relation {rel!r} did not hold; "
-                f"{len(rows)} now have a negative multiplicity: {shown}{more}"
+                f"{found} now have a negative multiplicity: {shown}{more}"
             )
     seconds = clock.perf_counter() - start
     metrics = result.metrics
@@ -698,7 +699,7 @@ def _apply(args: argparse.Namespace) -> int:
                 "count": count,
                 "seconds": round(seconds, 3),
                 "metrics": metrics.to_dict(),
-                "negative": {rel: [[d, m] for d, m in rows] for rel, rows in negative.items()},
+                "negative": {rel: [[d, m] for d, m in rows] for rel, (_, rows) in negative.items()},
             }
         )
     return EXIT_OK
@@ -707,22 +708,20 @@ def _apply(args: argparse.Namespace) -> int:
 _SHOWN, _LISTED = 10, 1000
 
 
-def _negative_after(engine: Any, rel: str, changes: DataFrame) -> list[tuple[list[int], int]]:
-    """Tuples the epoch deleted that now have a negative multiplicity (at most `_LISTED`).
+def _negative_after(
+    engine: Engine, rel: str, changes: DataFrame
+) -> tuple[int, list[tuple[list[int], int]]]:
+    """How many tuples the epoch deleted now have a negative multiplicity; the first `_LISTED`.
 
     Deleting an absent tuple is accepted (relations are signed multisets) but is almost always a
-    mistake upstream, so it is reported. Only the deleted tuples are looked up.
+    mistake upstream, so it is reported. Only the deleted tuples are looked up in the relation.
     """
-    from wcoj_core.arrangement import relation_trace_name
-    from wcoj_core.updates import consolidate
-
     cols = [c for c in changes.columns if c not in (DIFF, "time")]
     deleted = changes.where(F.col(DIFF) < 0).select(*cols).distinct()
     trace = engine.store.current().traces[relation_trace_name(rel)]
     rows = engine.store.read(trace, trace.batches).join(F.broadcast(deleted), cols, "left_semi")
-    below = consolidate(rows.select(*cols, DIFF), cols).where(F.col(DIFF) < 0)
-    found = below.orderBy(*cols).limit(_LISTED).collect()
-    return [([int(r[c]) for c in cols], int(r[DIFF])) for r in found]
+    count, found = negative_tuples(rows.select(*cols, DIFF), limit=_LISTED)
+    return count, [([int(v) for v in data], int(diff)) for data, diff in found]
 
 
 def _cluster(args: argparse.Namespace) -> int:

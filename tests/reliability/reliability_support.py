@@ -9,6 +9,7 @@ trace of the current manifest, the multiset of ``(data..., time)`` with its summ
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -80,8 +81,6 @@ def manifest_files(state: Path) -> dict[str, str]:
 
 def committed_epoch(state: Path) -> int | None:
     """The epoch of the highest committed generation, read without Spark."""
-    import json
-
     manifests = manifest_files(state)
     if not manifests:
         return None
