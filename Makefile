@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 DEMO   := .wcoj
 
-.PHONY: demo replay ui test lint java clean
+.PHONY: demo replay ui test benchmarks lint java clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ ui: $(STAMP) java
 ## test: the whole suite (unit, oracle property tests, real SNAP graphs, CLI).
 test: $(STAMP) java
 	$(BIN)/pytest
+
+## benchmarks: rerun every benchmark, rewrite docs/benchmarks.md (long: use an idle machine).
+##   ARGS='--only curve-size' reruns one part; ARGS=--render-only rebuilds the page from docs/bench.
+benchmarks: $(STAMP) java
+	$(BIN)/python -m wcoj_core.report $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check wcoj_core wcoj_assets tests

@@ -9,6 +9,10 @@ Commands::
                  [--seed S] [--methods recompute,binary-delta,wcoj] [--json]
     wcoj bench   --static [--query Q] --input REL=PATH ... [--undirected REL] [--repeat R]
                  [--methods wcoj,spark-sql,neighbour-array,duckdb,kuzu,scipy] [--json]
+    wcoj bench   --curve size --input REL=rmat:seed=S ... [--sizes E,..] [--epoch-size N]
+                 [--epochs K] [--methods binary-delta,wcoj] [--plot PNG] [--save JSON] [--json]
+    wcoj bench   --curve epoch-size --input REL=PATH ... [--epoch-sizes N,..] [--epochs K]
+                 [--methods binary-delta,wcoj] [--plot PNG] [--save JSON] [--json]
     wcoj apply   --query Q --state DIR --epoch T --changes REL=PATH ... [--undirected REL] [--json]
     wcoj explain --query Q
     wcoj cluster up [--workers N] [--cores C] [--memory M] [--port P] [--ui-port P] [--dir DIR]
@@ -66,7 +70,23 @@ from pyspark.sql import functions as F
 from wcoj_core import cluster, generate, linear
 from wcoj_core.arrangement import relation_trace_name
 from wcoj_core.bench import METHODS, Sample, bench, make_workload
-from wcoj_core.engine import Engine, evaluate_static
+from wcoj_core.curves import (
+    CURVE_METHODS,
+    CURVES,
+    DEFAULT_EPOCH_SIZE,
+    DEFAULT_EPOCH_SIZES,
+    DEFAULT_EPOCHS,
+    DEFAULT_SIZES,
+    Curve,
+    check_curve_methods,
+    check_points,
+    parse_points,
+    plot_curve,
+    run_curve,
+    save_curve,
+    sized_spec,
+)
+from wcoj_core.engine import KEYED_EPOCH_ROWS, Engine, evaluate_static
 from wcoj_core.errors import InputError, QueryError, WcojError
 from wcoj_core.query.explain import explain
 from wcoj_core.query.ir import Query
@@ -190,8 +210,29 @@ def _parser() -> argparse.ArgumentParser:
         "--methods",
         metavar="M,..",
         help=f"methods to run, wcoj always among them (default {','.join(METHODS)}; with "
-        f"--static {','.join(STATIC_DEFAULT)})",
+        f"--static {','.join(STATIC_DEFAULT)}; with --curve {','.join(CURVE_METHODS)})",
     )
+    ben.add_argument(
+        "--curve",
+        choices=CURVES,
+        help="measure a scale curve instead: seconds per epoch against graph size (generated "
+        "R-MAT graphs) or against epoch size; writes a log-log PNG",
+    )
+    ben.add_argument(
+        "--sizes",
+        metavar="E,..",
+        help=f"--curve size: graph sizes in edges (default {','.join(map(str, DEFAULT_SIZES))})",
+    )
+    ben.add_argument(
+        "--epoch-sizes",
+        metavar="N,..",
+        help="--curve epoch-size: changes per epoch "
+        f"(default {','.join(map(str, DEFAULT_EPOCH_SIZES))})",
+    )
+    ben.add_argument(
+        "--plot", metavar="PNG", help="--curve: the plot to write (default curve-CURVE.png)"
+    )
+    ben.add_argument("--save", metavar="JSON", help="--curve: also write every point as JSON")
     ben.set_defaults(run=_bench)
 
     app = commands.add_parser(
@@ -215,6 +256,11 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         metavar="REL",
         help="each change (a, b) of binary relation REL applies to (b, a) too; loops are dropped",
+    )
+    app.add_argument(
+        "--no-keyed",
+        action="store_true",
+        help="evaluate on Spark even when the epoch is small enough for the driver's keyed path",
     )
     app.add_argument("--master", metavar="URL", help="Spark master (default local[*])")
     app.add_argument("--json", action="store_true", help="end with one JSON line of results")
@@ -526,6 +572,12 @@ def _bench(args: argparse.Namespace) -> int:
     query = resolve_query(args.query)
     inputs = _parse_inputs(args.input, query)
     undirected = _check_undirected(args.undirected, query, inputs)
+    if args.curve is not None:
+        return _curve_bench(args, query, inputs, undirected)
+    given = [o for o in ("sizes", "epoch_sizes", "plot", "save") if getattr(args, o) is not None]
+    if given:
+        options = ", ".join("--" + o.replace("_", "-") for o in given)
+        raise UsageError(f"{options} only go with --curve size or --curve epoch-size")
     if args.static:
         return _static_bench(args, query, inputs, undirected)
     if args.epochs is None or args.epoch_size is None:
@@ -576,6 +628,78 @@ def _bench_progress(t: int, epochs: int, samples: dict[str, Sample], changes: in
         f"{name} {s.seconds:.2f} s ({s.intermediate_rows} join rows)" for name, s in samples.items()
     )
     _say(f"epoch {t}/{epochs}: {figures}; output change rows {changes}, identical")
+
+
+def _curve_bench(
+    args: argparse.Namespace, query: Query, inputs: dict[str, str], undirected: set[str]
+) -> int:
+    """``bench --curve``: every point checked and timed by `bench`; progress on stderr."""
+    curve = Curve(args.curve)
+    if args.static or args.skew is not None:
+        raise UsageError("--curve times regular epochs: drop --static and --skew")
+    if curve is Curve.SIZE:
+        if args.epoch_sizes is not None:
+            raise UsageError(
+                "--epoch-sizes goes with --curve epoch-size; --curve size varies --sizes"
+            )
+        points = parse_points(args.sizes, "--sizes") if args.sizes else DEFAULT_SIZES
+        for path in inputs.values():
+            sized_spec(path, points[0])  # a file, or a generator that fixes its size, is refused
+    else:
+        if args.sizes is not None or args.epoch_size is not None:
+            raise UsageError(
+                "--curve epoch-size varies the epoch size: give --epoch-sizes, not --sizes or "
+                "--epoch-size"
+            )
+        points = DEFAULT_EPOCH_SIZES
+        if args.epoch_sizes:
+            points = parse_points(args.epoch_sizes, "--epoch-sizes")
+    epochs = DEFAULT_EPOCHS if args.epochs is None else args.epochs
+    epoch_size = DEFAULT_EPOCH_SIZE if args.epoch_size is None else args.epoch_size
+    check_points(curve, points, epochs=epochs, epoch_size=epoch_size)
+    methods = check_curve_methods((args.methods or ",".join(CURVE_METHODS)).split(","))
+    plot = Path(args.plot or f"curve-{curve.value}.png")
+    if plot.suffix.lower() != ".png":
+        raise UsageError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
+    _prepare_state(args.state)
+    spark = _start_spark(args.master)
+    with _state_dir(args.state) as state:
+        result = run_curve(
+            spark,
+            query,
+            curve,
+            inputs,
+            state,
+            points=points,
+            epochs=epochs,
+            epoch_size=epoch_size,
+            undirected=frozenset(undirected),
+            methods=methods,
+            seed=args.seed,
+            say=_note,
+        )
+    plot_curve(result, plot)
+    if args.save:
+        save_curve(result, Path(args.save))
+    summary = result.to_dict()
+    for p in result.points:
+        medians = ", ".join(f"{m} {p.median(m):.3f} s/epoch" for m in result.methods)
+        _say(f"{p.x:>12,}: {medians}")
+    _say(
+        "growth per 10x: "
+        + "; ".join(
+            f"{m} x{g['fit']} (fit), x{g['end_points']} (end points)"
+            for m, g in summary["growth_per_decade"].items()
+        )
+    )
+    _say(f"plot: {plot}" + (f"; points: {args.save}" if args.save else ""))
+    if args.json:
+        _emit_json(summary)
+    return EXIT_OK
+
+
+def _note(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _static_bench(
@@ -667,7 +791,9 @@ def _apply(args: argparse.Namespace) -> int:
         raise UsageError(f"--state {args.state}: exists and is not a directory")
     spark = _start_spark(args.master)
     start = clock.perf_counter()
-    engine = Engine(spark, str(state), query)
+    engine = Engine(
+        spark, str(state), query, keyed_epoch_rows=0 if args.no_keyed else KEYED_EPOCH_ROWS
+    )
     frames = {}
     for rel, path in sorted(changes.items()):
         df = read_relation(spark, path, query.relations[rel], rel)

@@ -28,6 +28,7 @@ from typing import Any
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
+from wcoj_core import keyed as kd
 from wcoj_core.arrangement import (
     Snapshot,
     counts_from_support,
@@ -45,6 +46,7 @@ from wcoj_core.extend import (
     extend,
     var_col,
 )
+from wcoj_core.files import LocalFiles
 from wcoj_core.query.ir import Query, Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Kind, Plan, Version, plan_query
 from wcoj_core.state import Batch, Manifest, StateStore, Trace
@@ -53,6 +55,11 @@ from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns, update_
 # An epoch changing at most this many relation rows is small: its prefix sets are computed
 # once per step and broadcast against the arrangements, which are streamed (never shuffled).
 SMALL_EPOCH_ROWS = 200_000
+# The keyed path (`wcoj_core.keyed`) serves epochs changing at most this many relation rows, on
+# a local state whose relation and counts traces hold at most `KEYED_MAX_ROWS` rows in all (the
+# driver keeps them in memory: about 30 bytes a row per sort order).
+KEYED_EPOCH_ROWS = 50_000
+KEYED_MAX_ROWS = 100_000_000
 
 
 def output_trace_name(query: str) -> str:
@@ -81,6 +88,10 @@ class EpochMetrics:
     outputs: dict[str, int]
     steps: tuple[StepMetrics, ...]
     seconds: dict[str, float]
+    # Rows out of every lookup of the keyed path (its analogue of join output rows; the Spark
+    # path's joins are counted by Spark's own SQL metrics instead, so it leaves this 0).
+    join_rows: int = 0
+    path: str = "spark"  # which path applied the epoch: "spark" or "keyed"
 
     @property
     def proposed(self) -> int:
@@ -102,6 +113,7 @@ class EpochMetrics:
             "proposed": self.proposed,
             "validated": self.validated,
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            "path": self.path,
         }
 
 
@@ -141,7 +153,9 @@ class Engine:
 
     `compact_every` merges a trace's batches once it holds more; an epoch changing at most
     `small_epoch_rows` relation rows runs its rules broadcasting prefixes (see `SMALL_EPOCH_ROWS`);
-    `cache_state` keeps the batches read in Spark's memory for later epochs.
+    `cache_state` keeps the batches read in Spark's memory for later epochs. An epoch changing at
+    most `keyed_epoch_rows` rows of a local state of at most `keyed_max_rows` arrangement rows
+    runs on the driver's resident index instead (`wcoj_core.keyed`); 0 turns that path off.
     """
 
     def __init__(
@@ -155,6 +169,8 @@ class Engine:
         compact_every: int = 32,
         small_epoch_rows: int = SMALL_EPOCH_ROWS,
         cache_state: bool = True,
+        keyed_epoch_rows: int = KEYED_EPOCH_ROWS,
+        keyed_max_rows: int = KEYED_MAX_ROWS,
     ) -> None:
         qs = [queries] if isinstance(queries, Query) else list(queries)
         if len({q.name for q in qs}) != len(qs):
@@ -183,6 +199,13 @@ class Engine:
                     )
         self.compact_every = compact_every
         self.small_epoch_rows = small_epoch_rows
+        self.keyed_epoch_rows = keyed_epoch_rows
+        self.keyed_max_rows = keyed_max_rows
+        self._keyed = (
+            kd.KeyedIndex(self.store.files.root)
+            if isinstance(self.store.files, LocalFiles)
+            else None
+        )
 
     # -- arrangements ----------------------------------------------------------------------
     @property
@@ -250,8 +273,15 @@ class Engine:
         return m
 
     # -- epochs ----------------------------------------------------------------------------
-    def apply_epoch(self, epoch: int, changes: Mapping[str, DataFrame]) -> EpochResult:
-        """Apply one epoch of changes; return the exact change of every output at `epoch`."""
+    def apply_epoch(
+        self, epoch: int, changes: Mapping[str, DataFrame], *, rules: bool = True
+    ) -> EpochResult:
+        """Apply one epoch of changes; return the exact change of every output at `epoch`.
+
+        With ``rules=False`` only the arrangements are updated and the outputs are left as they
+        were: a benchmark seeds a large state this way when it measures later epochs only (the
+        outputs then hold the changes of later epochs, not their totals).
+        """
         base = self.store.current()
         self._check_served(base)
         if self.compact_every and any(
@@ -271,6 +301,10 @@ class Engine:
                     f"changes given for relation {rel!r}, which no query uses "
                     f"(used: {', '.join(sorted(self.relations))})"
                 )
+        if rules:
+            small = self._keyed_changes(base, epoch, changes)
+            if small is not None:
+                return self._apply_keyed(base, epoch, small)
         timer = _Timer()
         staged_paths: list[str] = []
         try:
@@ -281,7 +315,9 @@ class Engine:
                 staged |= self._maintain_counts(m, epoch, staged, staged_paths)
             snapshot = Snapshot(self.store, m, staged, epoch)
             with timer.phase("rules"):
-                outputs, steps = self._run_rules(snapshot, staged, staged_paths)
+                outputs, steps = (
+                    self._run_rules(snapshot, staged, staged_paths) if rules else ({}, [])
+                )
             with timer.phase("commit"):
                 committed = self._commit(m, base, epoch, staged)
         except BaseException:
@@ -304,20 +340,146 @@ class Engine:
         }
         return EpochResult(epoch, frames, metrics)
 
+    def _check_columns(self, rel: str, df: DataFrame, epoch: int) -> list[str]:
+        cols = relation_columns(self.relations[rel])
+        missing = [c for c in (*cols, DIFF) if c not in df.columns]
+        extra = [c for c in df.columns if c not in (*cols, DIFF, TIME)]
+        if missing or extra:
+            raise InputError(
+                f"changes must have columns {[*cols, DIFF]} (and optionally {TIME}); "
+                f"missing {missing}, unexpected {extra}",
+                source=f"relation {rel!r} at epoch {epoch}",
+            )
+        return cols
+
+    # -- the keyed path -----------------------------------------------------------------------
+    def _keyed_traces(self) -> list[str]:
+        return [relation_trace_name(r) for r in sorted(self.relations)] + [
+            counts_trace_name(a) for a in self._counts()
+        ]
+
+    def _keyed_changes(
+        self, base: Manifest, epoch: int, changes: Mapping[str, DataFrame]
+    ) -> dict[str, kd.Layer] | None:
+        """The epoch's changes on the driver, when the keyed path can serve it; else None.
+
+        It serves an epoch of a state that already holds every trace this engine reads, at most
+        `keyed_max_rows` rows of them, changing at most `keyed_epoch_rows` rows (found by
+        collecting at most one row more than that). A change with a null stays on Spark's path.
+        """
+        if self._keyed is None or self.keyed_epoch_rows <= 0 or base.epoch is None:
+            return None
+        names = self._keyed_traces()
+        if any(base.trace(n) is None for n in names) or any(
+            base.trace(output_trace_name(q)) is None for q in self.queries
+        ):
+            return None
+        if sum(base.traces[n].rows() for n in names) > self.keyed_max_rows:
+            return None
+        budget = self.keyed_epoch_rows
+        out: dict[str, kd.Layer] = {}
+        for rel, df in sorted(changes.items()):
+            if rel not in self.relations:
+                return None  # refused with its message on the Spark path
+            cols = self._check_columns(rel, df, epoch)
+            table = df.select(*cols, DIFF).limit(budget + 1).toArrow()
+            if table.num_rows > budget or any(c.null_count for c in table.columns):
+                return None
+            budget -= table.num_rows
+            out[rel] = kd.changes_layer(cols, table)
+        return out
+
+    def _apply_keyed(
+        self, base: Manifest, epoch: int, changes: Mapping[str, kd.Layer]
+    ) -> EpochResult:
+        """Apply a small epoch on the driver's resident index (see `wcoj_core.keyed`)."""
+        index = self._keyed
+        assert index is not None
+        timer = _Timer()
+        staged_paths: list[str] = []
+        staged: dict[str, Batch] = {}
+        deltas: dict[str, kd.Layer] = {}
+        joins: list[int] = []
+        outputs: dict[str, Batch] = {}
+        steps: list[StepMetrics] = []
+
+        def stage(trace: Trace, layer: kd.Layer) -> None:
+            batch = index.write(trace, layer, epoch)
+            staged_paths.append(batch.path)
+            staged[trace.name] = batch
+            deltas[trace.name] = layer
+
+        try:
+            with timer.phase("stage"):
+                m = self._register(base, staged_paths)
+                index.sync(m, self._keyed_traces())
+                for rel, layer in sorted(changes.items()):
+                    stage(m.traces[relation_trace_name(rel)], layer)
+            layers = kd.EpochLayers(index, deltas)
+            with timer.phase("counts"):
+                by_view: dict[AtomView, list[Arrangement]] = {}
+                for a in self._counts():
+                    by_view.setdefault(a.view, []).append(a)
+                for view, arrangements in by_view.items():
+                    if relation_trace_name(view.relation) not in deltas:
+                        continue
+                    support = kd.support_delta(layers, view)
+                    for a in arrangements:
+                        stage(m.traces[counts_trace_name(a)], kd.counts_delta(support, a.key))
+            snapshot = Snapshot(self.store, m, staged, epoch)
+            with timer.phase("rules"):
+                for name, plan in self.plans.items():
+                    found: list[kd.Prefixes] = []
+                    for rule in plan.rules:
+                        if self._rule_is_empty(plan, rule, snapshot):
+                            continue
+                        bindings, counts = kd.run_rule(plan, rule, layers, joins)
+                        found.append(bindings)
+                        steps.extend(
+                            StepMetrics(
+                                name,
+                                rule.delta,
+                                c.var,
+                                c.prefixes,
+                                c.min_sum,
+                                c.proposed,
+                                c.validated,
+                            )
+                            for c in counts
+                        )
+                    trace = m.traces[output_trace_name(name)]
+                    batch = index.write(trace, kd.output_layer(found, plan.query.head), epoch)
+                    staged_paths.append(batch.path)
+                    staged[trace.name] = batch
+                    outputs[name] = batch
+            with timer.phase("commit"):
+                committed = self._commit(m, base, epoch, staged)
+        except BaseException:
+            self.store.discard(staged_paths)
+            raise
+        for name, layer in deltas.items():
+            index.traces[name] = index.traces[name].advanced(layer, staged[name].path)
+        metrics = EpochMetrics(
+            epoch=epoch,
+            changes={rel: staged[relation_trace_name(rel)].rows for rel in sorted(changes)},
+            outputs={q: b.rows for q, b in outputs.items()},
+            steps=tuple(steps),
+            seconds=timer.seconds,
+            join_rows=sum(joins),
+            path="keyed",
+        )
+        frames = {
+            q: self.store.read(committed.traces[output_trace_name(q)], [b])
+            for q, b in outputs.items()
+        }
+        return EpochResult(epoch, frames, metrics)
+
     def _stage(
         self, m: Manifest, epoch: int, changes: Mapping[str, DataFrame], staged_paths: list[str]
     ) -> dict[str, Batch]:
         staged: dict[str, Batch] = {}
         for rel, df in sorted(changes.items()):
-            cols = relation_columns(self.relations[rel])
-            missing = [c for c in (*cols, DIFF) if c not in df.columns]
-            extra = [c for c in df.columns if c not in (*cols, DIFF, TIME)]
-            if missing or extra:
-                raise InputError(
-                    f"changes must have columns {[*cols, DIFF]} (and optionally {TIME}); "
-                    f"missing {missing}, unexpected {extra}",
-                    source=f"relation {rel!r} at epoch {epoch}",
-                )
+            cols = self._check_columns(rel, df, epoch)
             trace = m.traces[relation_trace_name(rel)]
             batch = self.store.write_batch(trace, consolidate(df.select(*cols, DIFF), cols), epoch)
             staged_paths.append(batch.path)
@@ -532,7 +694,11 @@ class Engine:
                 staged_paths.append(batch.path)
                 later = tuple(b for b in trace.batches if b.time > frontier)
                 traces[name] = replace(trace, batches=(batch, *later))
-            self.store.commit(replace(base, traces=traces, frontier=frontier), expected=base)
+            after = self.store.commit(
+                replace(base, traces=traces, frontier=frontier), expected=base
+            )
+            if self._keyed is not None:
+                self._keyed.remap(base, after)
         except BaseException:
             self.store.discard(staged_paths)
             raise

@@ -22,11 +22,12 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_core.engine import SMALL_EPOCH_ROWS, Engine
+from wcoj_core.arrangement import counts_trace_name
+from wcoj_core.engine import KEYED_EPOCH_ROWS, SMALL_EPOCH_ROWS, Engine
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import BUILTINS, builtin
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
-from wcoj_core.query.plan import valid_orders
+from wcoj_core.query.plan import Arrangement, Kind, valid_orders
 
 ARITY = {"r": 2, "s": 2, "t": 3, "u": 1}
 VARS = [Var(n) for n in "abcd"]
@@ -91,27 +92,33 @@ def signed_difference(after: Counter, before: Counter) -> Counter:
     return diff
 
 
+PATHS = ("keyed", "small", "large")
+
+
 def run_and_compare(
     spark: SparkSession,
     state_dir: str,
     query: Query,
     epochs: Sequence[Mapping[str, list[tuple[tuple[int, ...], int]]]],
     orders: Mapping[int, Sequence[Var]] | None = None,
-    small_epoch_rows: int = SMALL_EPOCH_ROWS,
+    path: str = "keyed",
     cache_state: bool = True,
 ) -> None:
     """Apply `epochs` and compare every change and accumulation with the oracle.
 
-    `small_epoch_rows` 0 forces the large-epoch path (one straight pipeline per rule, left-join
-    validation, consolidated views); the default takes the small-epoch path for these tiny
-    epochs (materialized, broadcast proposals, linear views). Both must agree with the oracle.
+    `path` picks how epochs after the first are evaluated, and the test checks it was taken:
+    ``keyed`` on the driver's resident index (`wcoj_core.keyed`); ``small`` on Spark with
+    materialized, broadcast proposals and linear views; ``large`` on Spark in one straight
+    pipeline per rule (left-join validation, consolidated views). All must agree with the oracle.
     """
+    assert path in PATHS, path
     engine = Engine(
         spark,
         state_dir,
         query,
         orders={query.name: orders or {}},
-        small_epoch_rows=small_epoch_rows,
+        small_epoch_rows=0 if path == "large" else SMALL_EPOCH_ROWS,
+        keyed_epoch_rows=KEYED_EPOCH_ROWS if path == "keyed" else 0,
         cache_state=cache_state,
     )
     state: dict[str, Rel] = {rel: {} for rel in query.relations}
@@ -126,6 +133,7 @@ def run_and_compare(
             rel: frame(spark, query.relations[rel], ups) for rel, ups in changes.items() if ups
         }
         result = engine.apply_epoch(t, given_changes)
+        assert result.metrics.path == ("keyed" if path == "keyed" and t > 0 else "spark")
         change = collected(result.outputs[query.name], width)
         expected = signed_difference(after, before)
         assert change == expected, f"epoch {t}: output change differs from the oracle"
@@ -148,7 +156,7 @@ def test_random_queries_match_the_oracle(small: SparkSession, tmp_path_factory, 
         i: data.draw(st.sampled_from(valid_orders(query, i)), label=f"order of rule {i}")
         for i in range(len(query.atoms))
     }
-    small_rows = data.draw(st.sampled_from([0, SMALL_EPOCH_ROWS]), label="small_epoch_rows")
+    path = data.draw(st.sampled_from(PATHS), label="path")
     cache_state = data.draw(st.booleans(), label="cache_state")
     note(f"query: {query}")
     run_and_compare(
@@ -157,7 +165,7 @@ def test_random_queries_match_the_oracle(small: SparkSession, tmp_path_factory, 
         query,
         epochs,
         orders,
-        small_epoch_rows=small_rows,
+        path=path,
         cache_state=cache_state,
     )
 
@@ -191,8 +199,8 @@ def test_builtins_under_every_variable_order(
     runs = max(len(o) for o in per_rule)
     for k in range(max(runs, 2)):
         orders = {i: o[k % len(o)] for i, o in enumerate(per_rule)}
-        rows = SMALL_EPOCH_ROWS if k % 2 == 0 else 0  # both paths, alternately
-        run_and_compare(small, str(tmp_path_factory.mktemp(name)), query, epochs, orders, rows)
+        path = PATHS[k % len(PATHS)]  # every path, in turn
+        run_and_compare(small, str(tmp_path_factory.mktemp(name)), query, epochs, orders, path)
 
 
 def test_the_example_query_with_constants_repeats_and_filters(
@@ -216,5 +224,80 @@ def test_the_example_query_with_constants_repeats_and_filters(
             "e": [((2, 2), 1)],
         },
     ]
-    for rows in (SMALL_EPOCH_ROWS, 0):
-        run_and_compare(small, str(tmp_path_factory.mktemp("example")), query, epochs, None, rows)
+    for path in PATHS:
+        run_and_compare(small, str(tmp_path_factory.mktemp("example")), query, epochs, None, path)
+
+
+@given(data=st.data())
+def test_keyed_and_spark_epochs_interleave_and_match_the_oracle(
+    small: SparkSession, tmp_path_factory, data, monkeypatch
+) -> None:
+    """Random queries over 2-5 epochs, each epoch on a path drawn at random.
+
+    The keyed path's resident index must follow batches the Spark path wrote (and the other way
+    round), and its recent layer must give the same answers whether or not it was merged into
+    the base (the merge threshold is drawn too: 0 merges after every epoch).
+    """
+    from wcoj_core import keyed
+
+    query = data.draw(queries(), label="query")
+    epochs = data.draw(
+        st.lists(
+            st.fixed_dictionaries({rel: updates(ar) for rel, ar in query.relations.items()}),
+            min_size=2,
+            max_size=5,
+        ),
+        label="epochs",
+    )
+    merge_at = data.draw(st.sampled_from([0, 3, keyed.MERGE_MIN_ROWS]), label="merge at rows")
+    monkeypatch.setattr(keyed, "MERGE_MIN_ROWS", merge_at)
+    monkeypatch.setattr(keyed, "MERGE_SHARE", 0.0 if merge_at == 0 else keyed.MERGE_SHARE)
+    note(f"query: {query}")
+    engine = Engine(small, str(tmp_path_factory.mktemp("mixed")), query)
+    state: dict[str, Rel] = {rel: {} for rel in query.relations}
+    width = len(query.head)
+    for t, changes in enumerate(epochs):
+        keyed_epoch = data.draw(st.booleans(), label=f"epoch {t} keyed")
+        engine.keyed_epoch_rows = KEYED_EPOCH_ROWS if keyed_epoch else 0
+        before = naive_eval(query, state)
+        for rel, ups in changes.items():
+            for tup, d in ups:
+                state[rel][tup] = state[rel].get(tup, 0) + d
+        result = engine.apply_epoch(
+            t,
+            {rel: frame(small, query.relations[rel], ups) for rel, ups in changes.items()},
+        )
+        assert result.metrics.path == ("keyed" if keyed_epoch and t > 0 else "spark")
+        after = naive_eval(query, state)
+        assert collected(result.outputs[query.name], width) == signed_difference(after, before)
+        assert collected(engine.output(query.name), width) == after
+        for rel in query.relations:
+            arity = query.relations[rel]
+            expected = Counter({k: v for k, v in state[rel].items() if v})
+            assert collected(engine.relation(rel), arity) == expected
+        for a in engine.arrangements:
+            if a.kind is Kind.COUNTS:
+                df = engine._accumulated(counts_trace_name(a), None)
+                cols = [f"c{k}" for k in a.key]
+                stored = Counter({tuple(r[c] for c in cols): r["diff"] for r in df.collect()})
+                assert stored == naive_counts(a, state[a.view.relation]), f"epoch {t}: {a}"
+
+
+def naive_counts(a: Arrangement, tuples: Rel) -> Counter:
+    """counts[key] of a view, from the relation's tuples: distinct view tuples per key."""
+    seen: set[tuple[int, ...]] = set()
+    for tup, d in tuples.items():
+        if d == 0:
+            continue
+        first: dict[int, int] = {}
+        ok = True
+        for col, p in enumerate(a.view.pattern):
+            if isinstance(p, Const):
+                ok &= tup[col] == p.value
+            elif p in first:
+                ok &= tup[col] == tup[first[p]]
+            else:
+                first[p] = col
+        if ok:
+            seen.add(tuple(tup[first[j]] for j in range(a.view.arity)))
+    return Counter(tuple(v[k] for k in a.key) for v in seen)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from wcoj_core import keyed
 from wcoj_core.arrangement import counts_trace_name
 from wcoj_core.engine import Engine, EpochResult
 from wcoj_core.errors import EpochAlreadyApplied, StateError
@@ -208,14 +209,18 @@ def failing(
 @pytest.mark.parametrize(
     ("owner", "name", "run_original", "exc"),
     [
-        # After the relation's batch and the counts batches are staged.
+        # Spark's path, after the relation's batch and the counts batches are staged.
         (Engine, "_maintain_counts", True, Injected("after counts")),
-        # After the output batches are staged too: everything but the manifest.
+        # Spark's path, after the output batches are staged too: all but the manifest.
         (Engine, "_run_rules", True, Injected("after rules")),
+        # The keyed path, after the relation's batch and one counts change are staged.
+        (keyed, "counts_delta", True, Injected("keyed, in counts")),
+        # The keyed path, with every relation and counts batch staged, before the output's.
+        (keyed, "output_layer", True, Injected("keyed, in rules")),
         # Instead of writing the manifest, as an interrupt would (the engine catches it too).
         (StateStore, "commit", False, KeyboardInterrupt()),
     ],
-    ids=["counts", "rules", "commit"],
+    ids=["counts", "rules", "keyed-counts", "keyed-rules", "commit"],
 )
 def test_a_failed_epoch_leaves_the_state_intact(
     spark: SparkSession,
@@ -228,6 +233,8 @@ def test_a_failed_epoch_leaves_the_state_intact(
 ) -> None:
     state = tmp_path / "state"
     run = new_run(spark, state, [TRIANGLES], epochs=1)
+    if owner is Engine:
+        run.engine.keyed_epoch_rows = 0  # these stand-ins are on Spark's path
     before = observe(run.engine, state)
     changes = epoch_changes(1, run.graph)
 

@@ -165,7 +165,8 @@ def test_hub_edges_propose_from_the_small_side(spark: SparkSession, tmp_path: Pa
     for s in measured:
         min_count_sum = s.min_count_sum or 0  # Spark sums no rows to null
         assert (s.prefixes, min_count_sum) == bound[s.rule], s
-        assert s.proposed == min_count_sum, s
+        # Spark proposes every candidate; the keyed path narrows ranges by the order filters.
+        assert s.proposed is not None and s.proposed <= min_count_sum, s
     proposed = sum(s.proposed or 0 for s in measured)
     wcoj_bound = sum(fewest for _, fewest in bound.values())
     assert proposed <= wcoj_bound
