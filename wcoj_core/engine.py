@@ -58,7 +58,7 @@ SMALL_EPOCH_ROWS = 200_000
 # The keyed path (`wcoj_core.keyed`) serves epochs changing at most this many relation rows, on
 # a local state whose relation and counts traces hold at most `KEYED_MAX_ROWS` rows in all (the
 # driver keeps them in memory: about 30 bytes a row per sort order).
-KEYED_EPOCH_ROWS = 50_000
+KEYED_EPOCH_ROWS = 250_000
 KEYED_MAX_ROWS = 100_000_000
 
 
