@@ -32,16 +32,18 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from wcoj_core.arrangement import counts_trace_name, relation_trace_name
 from wcoj_core.errors import StateError
 from wcoj_core.query.ir import CmpOp, Const, Filter, Var
-from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Extender, Plan, Version
+from wcoj_core.query.plan import AtomView, DeltaRule, Extender, Plan, Version
 from wcoj_core.state import Batch, Manifest, Trace, trace_dir
 from wcoj_core.updates import DIFF, TIME
 
@@ -427,19 +429,9 @@ class EpochLayers:
 
 
 def _cmp(op: CmpOp, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-    match op:
-        case CmpOp.LT:
-            return left < right
-        case CmpOp.LE:
-            return left <= right
-        case CmpOp.GT:
-            return left > right
-        case CmpOp.GE:
-            return left >= right
-        case CmpOp.EQ:
-            return left == right
-        case CmpOp.NE:
-            return left != right
+    """An elementwise comparison: `CmpOp.fn` is the `operator` function, which numpy broadcasts."""
+    compare: Callable[[Any, Any], Any] = op.fn
+    return np.asarray(compare(left, right), dtype=bool)
 
 
 @dataclass
@@ -478,20 +470,12 @@ class StepCounts:
     validated: int
 
 
-def _relation_trace(relation: str) -> str:
-    return f"rel/{relation}"
-
-
-def _counts_trace(a: Arrangement) -> str:
-    return f"counts/{a.view}/{','.join(map(str, a.key))}"
-
-
 def _support_source(x: Extender) -> tuple[str, AtomView | None, tuple[int, ...]]:
     """Where extender `x` proposes from: the trace, its view, and the columns (key, value)."""
     if x.completes:
-        return _relation_trace(x.view.relation), x.view, (*x.key, x.value)
+        return relation_trace_name(x.view.relation), x.view, (*x.key, x.value)
     cols = x.support.key  # sorted view columns: key + value
-    return _counts_trace(x.support), None, tuple(cols.index(c) for c in (*x.key, x.value))
+    return counts_trace_name(x.support), None, tuple(cols.index(c) for c in (*x.key, x.value))
 
 
 def run_rule(
@@ -502,13 +486,13 @@ def run_rule(
     delta_view = plan.views[rule.delta]
     start = atom_vars[rule.delta]
     ident = tuple(range(delta_view.arity))
-    (d,) = layers.layers(_relation_trace(delta_view.relation), delta_view, ident, Version.DELTA)
+    (d,) = layers.layers(relation_trace_name(delta_view.relation), delta_view, ident, Version.DELTA)
     prefixes = Prefixes({v: d.rows[:, i] for i, v in enumerate(start)}, d.diff.copy())
     for c in rule.checks:
         vs = atom_vars[c.atom]
         order = tuple(range(c.view.arity))
         m = lookup_sum(
-            layers.layers(_relation_trace(c.view.relation), c.view, order, c.version),
+            layers.layers(relation_trace_name(c.view.relation), c.view, order, c.version),
             prefixes.rows(vs),
         )
         keep = m != 0
@@ -526,11 +510,11 @@ def run_rule(
             order = tuple(range(len(x.key)))
             if x.key:
                 n[j] = lookup_sum(
-                    layers.layers(_counts_trace(x.counts), None, order, x.version), keys
+                    layers.layers(counts_trace_name(x.counts), None, order, x.version), keys
                 )
             else:
                 total = lookup_sum(
-                    layers.layers(_counts_trace(x.counts), None, (), x.version),
+                    layers.layers(counts_trace_name(x.counts), None, (), x.version),
                     np.zeros((1, 0), dtype=I64),
                 )
                 n[j] = total[0]
@@ -629,7 +613,7 @@ def _concat(
 
 def support_delta(layers: EpochLayers, view: AtomView) -> Layer:
     """View tuples entering (+1) or leaving (-1) the non-zero support at this epoch."""
-    name = _relation_trace(view.relation)
+    name = relation_trace_name(view.relation)
     order = tuple(range(view.arity))
     (delta,) = layers.layers(name, view, order, Version.DELTA)
     old = lookup_sum(layers.layers(name, view, order, Version.OLD), delta.rows)
@@ -661,4 +645,4 @@ def output_layer(prefixes: Sequence[Prefixes], head: Sequence[Var]) -> Layer:
 
 
 def relation_traces(plans: Mapping[str, Plan]) -> list[str]:
-    return sorted({_relation_trace(r) for p in plans.values() for r in p.query.relations})
+    return sorted({relation_trace_name(r) for p in plans.values() for r in p.query.relations})
