@@ -180,6 +180,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--seed", type=int, default=1, metavar="S", help="stream seed (default 1)")
     rep.add_argument(
+        "--no-keyed",
+        action="store_true",
+        help="evaluate on Spark even when an epoch is small enough for the driver's keyed path",
+    )
+    rep.add_argument(
         "--check", action="store_true", help="compare the final output with a static run"
     )
     rep.set_defaults(run=_replay)
@@ -543,7 +548,14 @@ def _replay(args: argparse.Namespace) -> int:
             for rel, path in sorted(inputs.items())
         }
         result = replay(
-            spark, query, streams, args.epochs, state, check=args.check, on_epoch=_progress
+            spark,
+            query,
+            streams,
+            args.epochs,
+            state,
+            check=args.check,
+            on_epoch=_progress,
+            keyed=not args.no_keyed,
         )
     summary = f"final count: {result.final_count}; check: {result.check.value}"
     if result.mismatches:

@@ -249,11 +249,13 @@ def replay(
     *,
     check: bool = False,
     on_epoch: Callable[[EpochReport], None] | None = None,
+    keyed: bool = True,
 ) -> ReplayResult:
     """Apply the update streams in `inputs` epoch by epoch ``0 .. epochs - 1`` to a new engine.
 
     `inputs` maps every relation of `query` to update triples ``(c0.., time, diff)`` whose times
-    lie in ``[0, epochs)``; updates at other times are never applied.
+    lie in ``[0, epochs)``; updates at other times are never applied. With ``keyed=False`` every
+    epoch runs on Spark's path, however small (see `wcoj_core.keyed`).
     """
     check_parameters(epochs, 0.0, 0)
     missing = sorted(set(query.relations) - set(inputs))
@@ -265,6 +267,8 @@ def replay(
         )
     root = Path(state_dir)
     engine = Engine(spark, str(root / "engine"), query)
+    if not keyed:
+        engine.keyed_epoch_rows = 0
     if engine.epoch is not None:
         raise StateError(
             f"{root / 'engine'} already holds epochs up to {engine.epoch}; "

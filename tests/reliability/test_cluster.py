@@ -183,6 +183,7 @@ def test_a_killed_worker_costs_time_not_results(spark: SparkSession, tmp_path: P
         args = [
             *["replay", "--query", "triangles", "--input", "edge=rmat:scale=11,edges=20000,seed=9"],
             *["--undirected", "edge", "--epochs", "4", "--delete-fraction", "0.2", "--check"],
+            "--no-keyed",  # the executors must be at work when the worker dies
         ]
         proc = start_wcoj(*args, "--master", own.master, "--state", state, "--json")
         engine = state / "engine"
