@@ -23,7 +23,6 @@ from wcoj_core.errors import StateError
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import CmpOp, Var
-from wcoj_core.query.plan import Version
 
 TRIANGLES = builtin("triangles")
 
@@ -225,4 +224,3 @@ def test_the_path_choice(small: SparkSession, tmp_path: Path) -> None:
     assert engine.apply_epoch(2, {"edge": edge_frame(small, epochs[2])}).metrics.path == "spark"
     engine.keyed_max_rows = 10**9
     assert engine.apply_epoch(3, {"edge": edge_frame(small, epochs[3])}).metrics.path == "keyed"
-    assert Version.OLD is not Version.NEW  # the enum the layers are read by
