@@ -177,6 +177,11 @@ def view_of(view: AtomView, layer: Layer) -> Layer:
     return Layer(picked[idx], layer.diff[keep][idx])
 
 
+def _arranged(layer: Layer, view: AtomView | None, order: tuple[int, ...]) -> Layer:
+    """A layer through a view (None: as stored), columns in `order`, sorted."""
+    return (view_of(view, layer) if view is not None else layer).permuted(order)
+
+
 def lookup_sum(layers: Sequence[Layer], rows: np.ndarray) -> np.ndarray:
     """The summed diff of each row over the layers (0 when absent from all)."""
     total = np.zeros(len(rows), dtype=I64)
@@ -283,8 +288,7 @@ class TraceIndex:
         key = (which, view, order)
         if key not in self.derived:
             raw = self.base if which == "base" else self.recent
-            seen = view_of(view, raw) if view is not None else raw
-            self.derived[key] = seen.permuted(order)
+            self.derived[key] = _arranged(raw, view, order)
         return self.derived[key]
 
     def advanced(self, delta: Layer, path: str) -> TraceIndex:
@@ -409,8 +413,7 @@ class EpochLayers:
         key = (name, view, order)
         if key not in self._derived:
             raw = self.deltas[name]
-            seen = view_of(view, raw) if view is not None else raw
-            self._derived[key] = seen.permuted(order)
+            self._derived[key] = _arranged(raw, view, order)
         return self._derived[key]
 
     def layers(
@@ -508,16 +511,10 @@ def run_rule(
         for j, x in enumerate(xs):
             keys = prefixes.rows([atom_vars[x.atom][k] for k in x.key])
             order = tuple(range(len(x.key)))
-            if x.key:
-                n[j] = lookup_sum(
-                    layers.layers(counts_trace_name(x.counts), None, order, x.version), keys
-                )
-            else:
-                total = lookup_sum(
-                    layers.layers(counts_trace_name(x.counts), None, (), x.version),
-                    np.zeros((1, 0), dtype=I64),
-                )
-                n[j] = total[0]
+            # An empty key is a (m, 0) array: every prefix then reads the one total count.
+            n[j] = lookup_sum(
+                layers.layers(counts_trace_name(x.counts), None, order, x.version), keys
+            )
             alive &= n[j] > 0
             joins.append(int(alive.sum()))
         prefixes, n = prefixes.where(alive), n[:, alive]
