@@ -102,7 +102,7 @@ from wcoj_core.sources import (
 )
 from wcoj_core.spark import session
 from wcoj_core.static_bench import STATIC_DEFAULT, StaticRun, static_bench
-from wcoj_core.updates import DIFF
+from wcoj_core.updates import DIFF, total_diff
 
 PROG = "wcoj"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -464,11 +464,6 @@ def _read_flagged(
     return df
 
 
-def _sum_diff(df: DataFrame) -> int:
-    row = df.agg(F.sum(DIFF).alias("total")).first()
-    return int(row["total"] or 0) if row is not None else 0
-
-
 def _emit_json(payload: dict[str, Any]) -> None:
     _say(json.dumps(payload))
 
@@ -488,7 +483,7 @@ def _count(args: argparse.Namespace) -> int:
         }
         loaded = clock.perf_counter()
         result = evaluate_static(spark, query, relations, state)
-        count = _sum_diff(result.outputs[query.name])
+        count = result.total(query.name)
         seconds = clock.perf_counter() - loaded
     metrics = result.metrics
     output_rows = metrics.outputs.get(query.name, 0)
@@ -811,7 +806,7 @@ def _apply(args: argparse.Namespace) -> int:
         df = read_relation(spark, path, query.relations[rel], rel)
         frames[rel] = linear.symmetrize().apply(df) if rel in undirected else df
     result = engine.apply_epoch(args.epoch, frames)
-    count = _sum_diff(engine.output(query.name))
+    count = total_diff(engine.output(query.name))
     negative = {rel: _negative_after(engine, rel, df) for rel, df in frames.items()}
     for rel, (found, rows) in negative.items():
         if found:

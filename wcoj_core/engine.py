@@ -50,16 +50,27 @@ from wcoj_core.files import LocalFiles
 from wcoj_core.query.ir import Query, Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Kind, Plan, Version, plan_query
 from wcoj_core.state import Batch, Manifest, StateStore, Trace
-from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns, update_schema
+from wcoj_core.updates import (
+    DIFF,
+    TIME,
+    consolidate,
+    relation_columns,
+    total_diff,
+    update_schema,
+)
 
 # An epoch changing at most this many relation rows is small: its prefix sets are computed
 # once per step and broadcast against the arrangements, which are streamed (never shuffled).
 SMALL_EPOCH_ROWS = 200_000
 # The keyed path (`wcoj_core.keyed`) serves epochs changing at most this many relation rows, on
-# a local state whose relation and counts traces hold at most `KEYED_MAX_ROWS` rows in all (the
-# driver keeps them in memory: about 30 bytes a row per sort order).
-KEYED_EPOCH_ROWS = 250_000
+# a local state whose relation and counts traces hold at most `KEYED_MAX_ROWS` rows in all,
+# the epoch's included (the driver keeps them in memory: about 30 bytes a row per sort order).
+KEYED_EPOCH_ROWS = 10_000_000
 KEYED_MAX_ROWS = 100_000_000
+# An epoch's changes are first collected with a limit of this many rows (one cheap job for the
+# usual small epoch); a larger epoch is counted, then collected whole, which costs Spark less
+# than a large limit (a limit gathers its rows through a shuffle to one partition).
+KEYED_PROBE_ROWS = 250_000
 
 
 def output_trace_name(query: str) -> str:
@@ -124,6 +135,14 @@ class EpochResult:
     epoch: int
     outputs: dict[str, DataFrame]
     metrics: EpochMetrics
+    # The sum of each output change's multiplicities, where the path computed it on the driver.
+    totals: dict[str, int] = field(default_factory=dict)
+
+    def total(self, query: str) -> int:
+        """The sum of the multiplicities of `query`'s output change (a count's answer)."""
+        if query in self.totals:
+            return self.totals[query]
+        return total_diff(self.outputs[query])
 
 
 @dataclass
@@ -363,26 +382,31 @@ class Engine:
     ) -> dict[str, kd.Layer] | None:
         """The epoch's changes on the driver, when the keyed path can serve it; else None.
 
-        It serves an epoch of a state that already holds every trace this engine reads, at most
-        `keyed_max_rows` rows of them, changing at most `keyed_epoch_rows` rows (found by
-        collecting at most one row more than that). A change with a null stays on Spark's path.
+        It serves an epoch of a local state whose traces this engine reads hold, with the epoch,
+        at most `keyed_max_rows` rows, changing at most `keyed_epoch_rows` rows. The changes are
+        collected with a limit of `KEYED_PROBE_ROWS` rows (of `keyed_epoch_rows`, if fewer)
+        first; when that limit is reached, they are counted and then collected whole. A fresh
+        state's epoch (usually a whole relation) is counted first. A change with a null stays on
+        Spark's path.
         """
-        if self._keyed is None or self.keyed_epoch_rows <= 0 or base.epoch is None:
+        if self._keyed is None or self.keyed_epoch_rows <= 0:
             return None
-        names = self._keyed_traces()
-        if any(base.trace(n) is None for n in names) or any(
-            base.trace(output_trace_name(q)) is None for q in self.queries
-        ):
+        held = sum(t.rows() for n in self._keyed_traces() if (t := base.trace(n)) is not None)
+        budget = min(self.keyed_epoch_rows, self.keyed_max_rows - held)
+        if budget < 0:
             return None
-        if sum(base.traces[n].rows() for n in names) > self.keyed_max_rows:
-            return None
-        budget = self.keyed_epoch_rows
         out: dict[str, kd.Layer] = {}
         for rel, df in sorted(changes.items()):
             if rel not in self.relations:
-                return None  # refused with its message on the Spark path
+                return None  # refused with its message on Spark's path
             cols = self._check_columns(rel, df, epoch)
-            table = df.select(*cols, DIFF).limit(budget + 1).toArrow()
+            rows = df.select(*cols, DIFF)
+            probe = min(budget, KEYED_PROBE_ROWS)
+            table = None if base.epoch is None else rows.limit(probe + 1).toArrow()
+            if table is None or table.num_rows > probe:
+                if rows.count() > budget:
+                    return None
+                table = rows.toArrow()
             if table.num_rows > budget or any(c.null_count for c in table.columns):
                 return None
             budget -= table.num_rows
@@ -401,10 +425,11 @@ class Engine:
         deltas: dict[str, kd.Layer] = {}
         joins: list[int] = []
         outputs: dict[str, Batch] = {}
+        totals: dict[str, int] = {}
         steps: list[StepMetrics] = []
 
         def stage(trace: Trace, layer: kd.Layer) -> None:
-            batch = index.write(trace, layer, epoch)
+            batch = index.write(trace, layer.rows, layer.diff, epoch)
             staged_paths.append(batch.path)
             staged[trace.name] = batch
             deltas[trace.name] = layer
@@ -448,7 +473,10 @@ class Engine:
                             for c in counts
                         )
                     trace = m.traces[output_trace_name(name)]
-                    batch = index.write(trace, kd.output_layer(found, plan.query.head), epoch)
+                    distinct = _distinct_output(plan, base.epoch is None, len(found))
+                    rows, diff = kd.output_changes(found, plan.query.head, distinct)
+                    totals[name] = int(diff.sum())
+                    batch = index.write(trace, rows, diff, epoch)
                     staged_paths.append(batch.path)
                     staged[trace.name] = batch
                     outputs[name] = batch
@@ -472,7 +500,7 @@ class Engine:
             q: self.store.read(committed.traces[output_trace_name(q)], [b])
             for q, b in outputs.items()
         }
-        return EpochResult(epoch, frames, metrics)
+        return EpochResult(epoch, frames, metrics, totals)
 
     def _stage(
         self, m: Manifest, epoch: int, changes: Mapping[str, DataFrame], staged_paths: list[str]

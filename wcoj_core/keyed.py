@@ -48,11 +48,14 @@ from wcoj_core.state import Batch, Manifest, Trace, trace_dir
 from wcoj_core.updates import DIFF, TIME
 
 I64 = np.int64
+U64 = np.uint64
 _SIGN = np.uint64(1 << 63)
 # Recent is merged into the base once it holds more than this share of the base's rows (and at
 # least `MERGE_MIN_ROWS`): rare enough to amortize, small enough to keep range lookups cheap.
 MERGE_SHARE = 0.05
 MERGE_MIN_ROWS = 50_000
+# A rule takes its delta tuples this many at a time (see `run_rule`).
+CHUNK_ROWS = 1 << 20
 
 
 def encode(rows: np.ndarray) -> np.ndarray:
@@ -67,44 +70,119 @@ def encode(rows: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(flipped).view(f"V{8 * width}").reshape(len(rows))
 
 
-def _sort_rows(rows: np.ndarray) -> np.ndarray:
-    """The permutation that sorts rows lexicographically."""
-    if rows.shape[1] == 0 or len(rows) <= 1:
-        return np.arange(len(rows))
-    return np.lexsort(rows.T[::-1])
+@dataclass(frozen=True, slots=True)
+class Packing:
+    """Rows packed into one ``uint64`` each, order-preserving, for rows inside a box.
+
+    Column ``j`` contributes ``value - lows[j]`` in ``bits[j]`` bits, the first column highest,
+    so comparing packed rows compares the rows lexicographically, and the first ``p`` columns of
+    a packed row are its top bits. A layer whose columns' spans fit in 64 bits together (vertex
+    ids of any graph that fits in memory) is searched as plain integers, several times faster
+    than the byte strings of `encode`; a probe outside the box is known absent without a search.
+
+    >>> pk = Packing.of(np.array([[5, -1], [7, 2]]))
+    >>> pk.bits, pk.pack(np.array([[5, -1], [7, 2], [8, 0]]))[1].tolist()
+    ((2, 2), [True, True, False])
+    """
+
+    lows: tuple[int, ...]
+    highs: tuple[int, ...]
+    bits: tuple[int, ...]
+
+    @classmethod
+    def of(cls, rows: np.ndarray) -> Packing | None:
+        """The tightest packing of `rows` (non-empty), or None when it needs more than 64 bits."""
+        lows = tuple(int(v) for v in rows.min(axis=0))
+        highs = tuple(int(v) for v in rows.max(axis=0))
+        bits = tuple((h - lo).bit_length() for lo, h in zip(lows, highs, strict=True))
+        return cls(lows, highs, bits) if sum(bits) <= 64 else None
+
+    def shift(self, p: int) -> int:
+        """How far a packed row is shifted right to leave its first `p` columns."""
+        return sum(self.bits[p:])
+
+    def pack(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``rows.shape[1]`` columns packed, and which rows lie inside the box."""
+        out = np.zeros(len(rows), dtype=U64)
+        inside = np.ones(len(rows), dtype=bool)
+        for j in range(rows.shape[1]):
+            col = rows[:, j]
+            inside &= (col >= self.lows[j]) & (col <= self.highs[j])
+            if self.bits[j] == 0:
+                continue
+            # Wrapping subtraction: exact for every value inside the box (the others are masked).
+            offset = col.astype(I64, copy=False).view(U64) - U64(self.lows[j] % (1 << 64))
+            out = offset if self.bits[j] == 64 else (out << U64(self.bits[j])) | offset
+        out[~inside] = 0
+        return out, inside
 
 
-def consolidated(rows: np.ndarray, diff: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sort rows, sum the diffs of equal rows, drop zeros."""
-    if len(rows) == 0:
-        return rows.reshape(0, rows.shape[1]).astype(I64), diff.astype(I64)
-    order = _sort_rows(rows)
-    rows, diff = rows[order], diff[order]
-    if rows.shape[1] == 0:
-        total = diff.sum(dtype=I64)
-        keep = np.array([total], dtype=I64)
-        return (rows[:1], keep) if total != 0 else (rows[:0], keep[:0])
+def _consolidate_sorted(
+    rows: np.ndarray, diff: np.ndarray, keys: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Sum the diffs of equal adjacent rows (rows sorted) and drop zeros."""
     starts = np.ones(len(rows), dtype=bool)
-    starts[1:] = np.any(rows[1:] != rows[:-1], axis=1)
+    if keys is not None:
+        starts[1:] = keys[1:] != keys[:-1]
+    else:
+        starts[1:] = np.any(rows[1:] != rows[:-1], axis=1)
     first = np.flatnonzero(starts)
     sums = np.add.reduceat(diff, first).astype(I64)
     nonzero = sums != 0
-    return rows[first][nonzero], sums[nonzero]
+    picked = first[nonzero]
+    return rows[picked], sums[nonzero], None if keys is None else keys[picked]
 
 
 class Layer:
-    """Consolidated rows (no zero diffs), sorted lexicographically, with binary-search lookups."""
+    """Consolidated rows (no zero diffs), sorted lexicographically, with binary-search lookups.
 
-    __slots__ = ("_enc", "diff", "rows")
+    Searches run on each row's packed ``uint64`` when the layer's columns fit (`Packing`), on
+    its `encode` bytes otherwise; both orders equal the rows' lexicographic order.
+    """
 
-    def __init__(self, rows: np.ndarray, diff: np.ndarray) -> None:
+    __slots__ = ("_keys", "_packing", "diff", "rows")
+
+    def __init__(
+        self,
+        rows: np.ndarray,
+        diff: np.ndarray,
+        packing: Packing | None = None,
+        packed: np.ndarray | None = None,
+    ) -> None:
         self.rows = rows
         self.diff = diff
-        self._enc: np.ndarray | None = None
+        self._packing = packing
+        self._keys: dict[int, np.ndarray] = {} if packed is None else {rows.shape[1]: packed}
+
+    @classmethod
+    def sort(cls, rows: np.ndarray, diff: np.ndarray, *, consolidate: bool = False) -> Layer:
+        """A layer of `rows` in any order (consolidated first when asked: equal rows summed)."""
+        rows = np.asarray(rows, dtype=I64)
+        diff = np.asarray(diff, dtype=I64)
+        width = rows.shape[1]
+        if width == 0 or len(rows) == 0:
+            if consolidate and len(rows):
+                total = diff.sum(dtype=I64)
+                keep = slice(0, 1 if total != 0 else 0)
+                return cls(rows[keep], np.array([total], dtype=I64)[keep])
+            return cls(rows, diff)
+        packing = Packing.of(rows)
+        if packing is not None:
+            packed, _ = packing.pack(rows)
+            order = np.argsort(packed)
+            packed = packed[order]
+        else:
+            order = np.lexsort(rows.T[::-1])
+            packed = None
+        rows, diff = rows[order], diff[order]
+        if consolidate:
+            rows, diff, packed = _consolidate_sorted(rows, diff, packed)
+        return cls(rows, diff, packing, packed)
 
     @classmethod
     def build(cls, rows: np.ndarray, diff: np.ndarray) -> Layer:
-        return cls(*consolidated(np.asarray(rows, dtype=I64), np.asarray(diff, dtype=I64)))
+        """Rows in any order, equal rows summed, zeros dropped."""
+        return cls.sort(rows, diff, consolidate=True)
 
     @classmethod
     def empty(cls, width: int) -> Layer:
@@ -117,41 +195,111 @@ class Layer:
     def width(self) -> int:
         return self.rows.shape[1]
 
-    def _prefix(self, p: int) -> np.ndarray:
-        if self._enc is None:
-            self._enc = encode(self.rows)
-        if p == self.width:
-            return self._enc
-        raw = self._enc.view(np.uint8).reshape(len(self), 8 * self.width)
-        return raw[:, : 8 * p].view(f"V{8 * p}").reshape(len(self))
+    @property
+    def packing(self) -> Packing | None:
+        if self._packing is None and len(self) and self.width:
+            self._packing = Packing.of(self.rows)
+        return self._packing
+
+    def _sorted_keys(self, p: int) -> np.ndarray:
+        """The sorted search keys of the first `p` columns (packed, or bytes)."""
+        if p not in self._keys:
+            packing = self.packing
+            if packing is not None:
+                full = self._sorted_keys(self.width) if p < self.width else None
+                if full is None:
+                    self._keys[p] = packing.pack(self.rows)[0]
+                else:
+                    shift = packing.shift(p)
+                    self._keys[p] = full >> U64(shift) if shift < 64 else np.zeros_like(full)
+            elif p == self.width:
+                self._keys[p] = encode(self.rows)
+            else:
+                raw = self._sorted_keys(self.width).view(np.uint8).reshape(len(self), -1)
+                self._keys[p] = raw[:, : 8 * p].view(f"V{8 * p}").reshape(len(self))
+        return self._keys[p]
+
+    def _probe(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Keys in the layer's search encoding; with packing, which keys can be present at all."""
+        packing = self.packing
+        if packing is None:
+            return encode(keys), None
+        return packing.pack(keys)
 
     def ranges(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For each key (the first ``p`` columns), the half-open range of rows starting with it."""
         m, p = keys.shape
         if p == 0 or len(self) == 0:
             return np.zeros(m, dtype=I64), np.full(m, len(self), dtype=I64)
-        sorted_keys = self._prefix(p)
-        probe = encode(keys)
-        return (
-            np.searchsorted(sorted_keys, probe, "left").astype(I64),
-            np.searchsorted(sorted_keys, probe, "right").astype(I64),
-        )
+        sorted_keys = self._sorted_keys(p)
+        probe, inside = self._probe(keys)
+        lo = np.searchsorted(sorted_keys, probe, "left").astype(I64, copy=False)
+        hi = np.searchsorted(sorted_keys, probe, "right").astype(I64, copy=False)
+        if inside is not None:
+            hi[~inside] = lo[~inside]
+        return lo, hi
 
     def lookup(self, rows: np.ndarray) -> np.ndarray:
         """The diff of each row (0 when absent)."""
-        lo, hi = self.ranges(rows)
-        found = hi > lo
         out = np.zeros(len(rows), dtype=I64)
+        if self.packing is None or rows.shape[1] != self.width or len(rows) == 0:
+            lo, hi = self.ranges(rows)
+            found = hi > lo
+        else:
+            # Whole rows are unique: one search, then "is it this row?" (half the work of a range).
+            keys = self._sorted_keys(self.width)
+            probe, inside = self.packing.pack(rows)
+            lo = np.minimum(np.searchsorted(keys, probe, "left"), len(self) - 1)
+            found = inside & (keys[lo] == probe)
         out[found] = self.diff[lo[found]]
         return out
+
+    def narrow(
+        self, keys: np.ndarray, lo: np.ndarray, hi: np.ndarray, bounds: Sequence[Bound]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Narrow each key's range to the rows whose next column satisfies every bound."""
+        p = keys.shape[1]
+        sorted_keys = self._sorted_keys(p + 1)
+        packing = self.packing
+        for b in bounds:
+            values = np.asarray(b.values, dtype=I64)
+            if packing is None:
+                # Bytes: the first row at or past the bound (lower), or past or at it (upper).
+                probe = encode(np.column_stack([keys, values]).reshape(len(keys), p + 1))
+                if b.lower:
+                    lo = np.maximum(
+                        lo, np.searchsorted(sorted_keys, probe, "left" if b.inclusive else "right")
+                    )
+                else:
+                    hi = np.minimum(
+                        hi, np.searchsorted(sorted_keys, probe, "right" if b.inclusive else "left")
+                    )
+                continue
+            # Integers: ``> v`` is ``>= v + 1`` and ``< v`` is ``<= v - 1`` (wrapping only where
+            # no value can pass). The bound is then clipped into the column's box, where it
+            # packs exactly.
+            low, high = packing.lows[p], packing.highs[p]
+            if b.lower:
+                none = values > high if b.inclusive else values >= high
+                edge = values if b.inclusive else values + 1
+            else:
+                none = values < low if b.inclusive else values <= low
+                edge = values if b.inclusive else values - 1
+            edge = np.clip(edge, low, high)
+            probe, _ = packing.pack(np.column_stack([keys, edge]).reshape(len(keys), p + 1))
+            found = np.searchsorted(sorted_keys, probe, "left" if b.lower else "right")
+            if b.lower:
+                lo = np.maximum(lo, found)
+            else:
+                hi = np.minimum(hi, found)
+            hi = np.where(none, lo, hi)
+        return lo, np.maximum(hi, lo)
 
     def permuted(self, order: Sequence[int]) -> Layer:
         """The same rows with columns in `order`, sorted again."""
         if tuple(order) == tuple(range(self.width)):
             return self
-        rows = self.rows[:, list(order)]
-        idx = _sort_rows(rows)
-        return Layer(rows[idx], self.diff[idx])
+        return Layer.sort(self.rows[:, list(order)], self.diff)
 
 
 def view_of(view: AtomView, layer: Layer) -> Layer:
@@ -172,9 +320,7 @@ def view_of(view: AtomView, layer: Layer) -> Layer:
         else:
             first[p] = col
     cols = [first[j] for j in range(view.arity)]
-    picked = rows[keep][:, cols]
-    idx = _sort_rows(picked)
-    return Layer(picked[idx], layer.diff[keep][idx])
+    return Layer.sort(rows[keep][:, cols], layer.diff[keep])
 
 
 def _arranged(layer: Layer, view: AtomView | None, order: tuple[int, ...]) -> Layer:
@@ -200,25 +346,6 @@ class Bound:
     inclusive: bool
 
 
-def _bounded(
-    layer: Layer, keys: np.ndarray, lo: np.ndarray, hi: np.ndarray, bounds: Sequence[Bound]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Narrow each key's range to the rows whose next column satisfies every bound."""
-    p = keys.shape[1]
-    sorted_keys = layer._prefix(p + 1)
-    for b in bounds:
-        probe = encode(np.column_stack([keys, b.values]).reshape(len(keys), p + 1))
-        if b.lower:
-            lo = np.maximum(
-                lo, np.searchsorted(sorted_keys, probe, "left" if b.inclusive else "right")
-            )
-        else:
-            hi = np.minimum(
-                hi, np.searchsorted(sorted_keys, probe, "right" if b.inclusive else "left")
-            )
-    return lo, np.maximum(hi, lo)
-
-
 def enumerate_ranges(
     layers: Sequence[Layer], keys: np.ndarray, bounds: Sequence[Bound] = ()
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -236,7 +363,7 @@ def enumerate_ranges(
             continue
         lo, hi = layer.ranges(keys)
         if bounds:
-            lo, hi = _bounded(layer, keys, lo, hi, bounds)
+            lo, hi = layer.narrow(keys, lo, hi, bounds)
         sizes = hi - lo
         if i > 0:
             touched |= sizes > 0
@@ -263,10 +390,11 @@ def enumerate_ranges(
     rows = np.column_stack(
         [np.concatenate([o for o, _, _ in mixed]), np.concatenate([r for _, r, _ in mixed])]
     )
-    rows, summed = consolidated(rows, np.concatenate([d for _, _, d in mixed]))
+    summed = Layer.build(rows, np.concatenate([d for _, _, d in mixed]))
+    rows = summed.rows
     owner = np.concatenate([*(o for o, _, _ in clean), rows[:, 0]])
     rest = np.concatenate([*(r for _, r, _ in clean), rows[:, 1:]])
-    diff = np.concatenate([*(d for _, _, d in clean), summed])
+    diff = np.concatenate([*(d for _, _, d in clean), summed.diff])
     return owner, rest, diff
 
 
@@ -367,13 +495,13 @@ class KeyedIndex:
             np.concatenate([p.rows for p in parts]), np.concatenate([p.diff for p in parts])
         )
 
-    def write(self, trace: Trace, layer: Layer, time: int) -> Batch:
-        """Write a layer as a new batch of `trace` at `time` (same schema as Spark's batches)."""
+    def write(self, trace: Trace, rows: np.ndarray, diff: np.ndarray, time: int) -> Batch:
+        """Write rows and diffs as a new batch of `trace` at `time` (Spark's batch schema)."""
         rel = f"traces/{trace_dir(trace.name)}/b-k-{time}-{uuid.uuid4().hex[:12]}"
         folder = os.path.join(self.root, rel)
-        n = len(layer)
-        arrays = [pa.array(layer.rows[:, i], type=pa.int64()) for i in range(layer.width)]
-        arrays += [pa.array(np.full(n, time, dtype=I64)), pa.array(layer.diff, type=pa.int64())]
+        n = len(diff)
+        arrays = [pa.array(rows[:, i], type=pa.int64()) for i in range(rows.shape[1])]
+        arrays += [pa.array(np.full(n, time, dtype=I64)), pa.array(diff, type=pa.int64())]
         schema = pa.schema(
             [pa.field(c, pa.int64(), nullable=False) for c in (*trace.columns, TIME, DIFF)]
         )
@@ -456,7 +584,7 @@ class Prefixes:
     def rows(self, vs: Sequence[Var]) -> np.ndarray:
         if not vs:
             return np.zeros((len(self), 0), dtype=I64)
-        return np.column_stack([self.cols[v] for v in vs]).astype(I64)
+        return np.column_stack([self.cols[v] for v in vs]).astype(I64, copy=False)
 
     def filtered(self, filters: Sequence[Filter]) -> Prefixes:
         return self.where(_filter_mask(self, filters))
@@ -472,6 +600,16 @@ class StepCounts:
     proposed: int
     validated: int
 
+    def plus(self, other: StepCounts) -> StepCounts:
+        """Both chunks' counts of the same step."""
+        return StepCounts(
+            self.var,
+            self.prefixes + other.prefixes,
+            self.min_sum + other.min_sum,
+            self.proposed + other.proposed,
+            self.validated + other.validated,
+        )
+
 
 def _support_source(x: Extender) -> tuple[str, AtomView | None, tuple[int, ...]]:
     """Where extender `x` proposes from: the trace, its view, and the columns (key, value)."""
@@ -482,15 +620,38 @@ def _support_source(x: Extender) -> tuple[str, AtomView | None, tuple[int, ...]]
 
 
 def run_rule(
-    plan: Plan, rule: DeltaRule, layers: EpochLayers, joins: list[int]
+    plan: Plan,
+    rule: DeltaRule,
+    layers: EpochLayers,
+    joins: list[int],
+    chunk_rows: int = CHUNK_ROWS,
 ) -> tuple[Prefixes, list[StepCounts]]:
-    """One delta rule on the driver: start from the delta view, then count, propose, validate."""
-    atom_vars = plan.atom_vars
+    """One delta rule on the driver: start from the delta view, then count, propose, validate.
+
+    The delta's tuples are taken `chunk_rows` at a time, so the proposals held at once stay
+    bounded by a chunk's, not the whole epoch's; the counts of the chunks add up.
+    """
     delta_view = plan.views[rule.delta]
-    start = atom_vars[rule.delta]
     ident = tuple(range(delta_view.arity))
     (d,) = layers.layers(relation_trace_name(delta_view.relation), delta_view, ident, Version.DELTA)
-    prefixes = Prefixes({v: d.rows[:, i] for i, v in enumerate(start)}, d.diff.copy())
+    start = plan.atom_vars[rule.delta]
+    found: list[tuple[Prefixes, np.ndarray]] = []
+    counts: list[StepCounts] = []
+    for lo in range(0, max(len(d), 1), max(chunk_rows, 1)):  # once at least: counts of 0
+        part = slice(lo, lo + chunk_rows)
+        prefixes = Prefixes({v: d.rows[part, i] for i, v in enumerate(start)}, d.diff[part].copy())
+        bindings, made = _run_prefixes(plan, rule, prefixes, layers, joins)
+        found.append((bindings, np.zeros(len(bindings), dtype=I64)))
+        counts = made if not counts else [a.plus(b) for a, b in zip(counts, made, strict=True)]
+    vs = [*start, *(s.var for s in rule.steps)]
+    return _concat(found, list(dict.fromkeys(vs)))[0], counts
+
+
+def _run_prefixes(
+    plan: Plan, rule: DeltaRule, prefixes: Prefixes, layers: EpochLayers, joins: list[int]
+) -> tuple[Prefixes, list[StepCounts]]:
+    """A rule from the given delta tuples (as prefixes): checks, then each step in turn."""
+    atom_vars = plan.atom_vars
     for c in rule.checks:
         vs = atom_vars[c.atom]
         order = tuple(range(c.view.arity))
@@ -633,12 +794,23 @@ def changes_layer(columns: Sequence[str], table: pa.Table) -> Layer:
     return Layer.build(rows, table.column(DIFF).to_numpy(zero_copy_only=False).astype(I64))
 
 
-def output_layer(prefixes: Sequence[Prefixes], head: Sequence[Var]) -> Layer:
-    """Rules' full bindings projected on the head and summed: an output change."""
+def output_changes(
+    prefixes: Sequence[Prefixes], head: Sequence[Var], distinct: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rules' full bindings projected on the head and summed: an output change (rows, diff).
+
+    With `distinct` the caller knows each binding gives a different head tuple with a non-zero
+    weight (see `Engine`'s `_distinct_output`): the rows are then already consolidated, and are
+    returned as they come, unsorted.
+    """
     if not prefixes:
-        return Layer.empty(len(head))
+        return np.zeros((0, len(head)), dtype=I64), np.zeros(0, dtype=I64)
     rows = np.concatenate([p.rows(head) for p in prefixes])
-    return Layer.build(rows, np.concatenate([p.weight for p in prefixes]))
+    weight = np.concatenate([p.weight for p in prefixes])
+    if distinct:
+        return rows, weight
+    out = Layer.build(rows, weight)
+    return out.rows, out.diff
 
 
 def relation_traces(plans: Mapping[str, Plan]) -> list[str]:

@@ -55,7 +55,14 @@ from wcoj_core.engine import Engine, EpochMetrics, EpochResult, evaluate_static
 from wcoj_core.errors import InputError, QueryError, StateError, WcojError
 from wcoj_core.query.ir import Query
 from wcoj_core.sources import canonical_undirected
-from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns, update_schema
+from wcoj_core.updates import (
+    DIFF,
+    TIME,
+    consolidate,
+    relation_columns,
+    total_diff,
+    update_schema,
+)
 
 # Salts keep the three draws about one tuple independent of each other.
 _INSERT_SALT, _DELETE_SALT, _REMOVAL_SALT = 1, 2, 3
@@ -215,11 +222,6 @@ def _write_streams(
     return stored
 
 
-def _sum_diff(df: DataFrame) -> int:
-    row = df.agg(F.sum(DIFF).alias("total")).first()
-    return int(row["total"] or 0) if row is not None else 0
-
-
 def _mismatches(
     spark: SparkSession,
     query: Query,
@@ -301,7 +303,7 @@ def replay(
                 )
             )
     final = engine.output(query.name)
-    final_count = _sum_diff(final)
+    final_count = total_diff(final)
     outcome, mismatches = CheckOutcome.SKIPPED, None
     if check:
         mismatches = _mismatches(spark, query, streams, final, root)

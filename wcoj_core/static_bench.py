@@ -59,7 +59,7 @@ from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Atom, Filter, Query, Term, Var
 from wcoj_core.reference import reference_sql
 from wcoj_core.sources import canonical_undirected
-from wcoj_core.updates import DIFF
+from wcoj_core.updates import total_diff
 
 
 class Runtime(Enum):
@@ -224,11 +224,6 @@ class Runner:
     phases: list[dict[str, float]] = field(default_factory=lambda: [])
 
 
-def _sum_diff(df: DataFrame) -> int:
-    row = df.agg(F.sum(DIFF).alias("total")).first()
-    return int(row["total"] or 0) if row is not None else 0
-
-
 def _wcoj(inputs: StaticInputs) -> Runner:
     runs = inputs.root / "wcoj"
     phases: list[dict[str, float]] = []
@@ -237,7 +232,7 @@ def _wcoj(inputs: StaticInputs) -> Runner:
         state = runs / f"run-{len(phases)}"
         result = evaluate_static(inputs.spark, inputs.query, inputs.frames, str(state))
         phases.append(result.metrics.seconds)
-        return _sum_diff(result.outputs[inputs.query.name])
+        return result.total(inputs.query.name)
 
     def after() -> None:
         inputs.spark.catalog.clearCache()
@@ -249,7 +244,7 @@ def _wcoj(inputs: StaticInputs) -> Runner:
 def _spark_sql(inputs: StaticInputs) -> Runner:
     def run() -> int:
         frames = {f"r_{rel}": df for rel, df in inputs.frames.items()}
-        return _sum_diff(inputs.spark.sql(reference_sql(inputs.query), None, **frames))
+        return total_diff(inputs.spark.sql(reference_sql(inputs.query), None, **frames))
 
     return Runner(run, inputs.spark.catalog.clearCache)
 

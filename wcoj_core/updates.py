@@ -39,6 +39,12 @@ def relation_columns(arity: int) -> list[str]:
     return [f"c{i}" for i in range(arity)]
 
 
+def total_diff(df: DataFrame) -> int:
+    """The sum of the multiplicities of a collection of changes (0 when it is empty)."""
+    row = df.agg(F.sum(DIFF).alias("total")).first()
+    return int(row["total"] or 0) if row is not None else 0
+
+
 def update_schema(columns: Sequence[str], with_time: bool = True) -> T.StructType:
     """The schema of update triples over long data columns."""
     fields = [T.StructField(c, T.LongType(), False) for c in columns]

@@ -216,7 +216,7 @@ def failing(
         # The keyed path, after the relation's batch and one counts change are staged.
         (keyed, "counts_delta", True, Injected("keyed, in counts")),
         # The keyed path, with every relation and counts batch staged, before the output's.
-        (keyed, "output_layer", True, Injected("keyed, in rules")),
+        (keyed, "output_changes", True, Injected("keyed, in rules")),
         # Instead of writing the manifest, as an interrupt would (the engine catches it too).
         (StateStore, "commit", False, KeyboardInterrupt()),
     ],
