@@ -750,9 +750,16 @@ def evaluate_static(
     query: Query,
     relations: Mapping[str, DataFrame],
     state_dir: str,
+    *,
+    keyed: bool = True,
 ) -> EpochResult:
-    """Evaluate `query` on whole relations as one epoch applied to an empty state."""
+    """Evaluate `query` on whole relations as one epoch applied to an empty state.
+
+    A local state takes the keyed path when the relations fit its limits (see `Engine`);
+    ``keyed=False`` keeps the evaluation on Spark's path.
+    """
     missing = sorted(set(query.relations) - set(relations))
     if missing:
         raise QueryError(f"no input given for relation(s) {', '.join(missing)} of {query.name}")
-    return Engine(spark, state_dir, query).apply_epoch(0, relations)
+    engine = Engine(spark, state_dir, query, keyed_epoch_rows=KEYED_EPOCH_ROWS if keyed else 0)
+    return engine.apply_epoch(0, relations)

@@ -682,6 +682,7 @@ def _run_prefixes(
         tag = np.argmin(n, axis=0) if len(xs) > 1 else np.zeros(len(prefixes), dtype=I64)
         least = n[tag, np.arange(len(prefixes))] if len(prefixes) else np.zeros(0, dtype=I64)
         proposed_parts: list[tuple[Prefixes, np.ndarray]] = []
+        leftover: Sequence[Filter] = step.filters
         for j, x in enumerate(xs):
             mine = prefixes.where(tag == j)
             if len(mine) == 0:
@@ -689,7 +690,8 @@ def _run_prefixes(
             name, view, order = _support_source(x)
             keys = mine.rows([atom_vars[x.atom][k] for k in x.key])
             found = layers.layers(name, view, order, x.version)
-            owner, rest, mult = enumerate_ranges(found, keys, _bounds(step.var, step.filters, mine))
+            bounds, leftover = _bounds(step.var, step.filters, mine)
+            owner, rest, mult = enumerate_ranges(found, keys, bounds)
             grown = mine.take(owner)
             grown.cols[step.var] = rest[:, 0].copy()
             if x.completes:
@@ -698,8 +700,9 @@ def _run_prefixes(
         extended, winners = _concat(proposed_parts, [*prefixes.cols, step.var])
         proposed = len(extended)
         joins.append(proposed)
-        keep = _filter_mask(extended, step.filters)
-        extended, winners = extended.where(keep), winners[keep]
+        if leftover:  # the filters the proposals' bounds did not already apply
+            keep = _filter_mask(extended, leftover)
+            extended, winners = extended.where(keep), winners[keep]
         # validate: every extender but the winner looks the extended tuple up.
         for j, x in enumerate(xs):
             check = winners != j
@@ -707,8 +710,9 @@ def _run_prefixes(
                 continue
             name, view, order = _support_source(x)
             vs = [atom_vars[x.atom][k] for k in (*x.key, x.value)]
-            sub = extended.where(check)
-            m = lookup_sum(layers.layers(name, view, order, x.version), sub.rows(vs))
+            everyone = bool(check.all())
+            cols = [extended.cols[v] if everyone else extended.cols[v][check] for v in vs]
+            m = lookup_sum(layers.layers(name, view, order, x.version), np.column_stack(cols))
             factor = np.ones(len(extended), dtype=I64)
             factor[check] = m if x.completes else (m != 0).astype(I64)
             keep = (~check) | (factor != 0)
@@ -727,26 +731,33 @@ _LOWER = {CmpOp.GT: (True, False), CmpOp.GE: (True, True)}
 _UPPER = {CmpOp.LT: (False, False), CmpOp.LE: (False, True)}
 
 
-def _bounds(var: Var, filters: Sequence[Filter], p: Prefixes) -> list[Bound]:
-    """The step's filters that compare the new variable with a bound term, as range bounds."""
+def _bounds(var: Var, filters: Sequence[Filter], p: Prefixes) -> tuple[list[Bound], list[Filter]]:
+    """The step's filters that compare the new variable with a bound term, as range bounds.
+
+    Also returns the filters left over: those a range cannot apply (``!=``, or not on the new
+    variable). Every proposal made within the bounds satisfies the others.
+    """
     out: list[Bound] = []
+    rest: list[Filter] = []
     for f in filters:
         if f.left == var and f.right != var:
             op, other = f.op, f.right
         elif f.right == var and f.left != var:
             op, other = f.op.flipped(), f.left
         else:
+            rest.append(f)
             continue
         sides = {**_LOWER, **_UPPER, CmpOp.EQ: None}
         if op not in sides:
-            continue  # != cannot narrow a range
+            rest.append(f)  # != cannot narrow a range
+            continue
         values = np.asarray(
             p.cols[other] if isinstance(other, Var) else np.full(len(p), other.value), dtype=I64
         )
         found = sides[op]
         for lower, inclusive in [(True, True), (False, True)] if found is None else [found]:
             out.append(Bound(values, lower, inclusive))
-    return out
+    return out, rest
 
 
 def _filter_mask(p: Prefixes, filters: Sequence[Filter]) -> np.ndarray:

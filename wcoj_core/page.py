@@ -90,6 +90,7 @@ LABELS = {
     "recompute": "recompute (Spark SQL binary plan)",
     "binary-delta": "binary-delta (delta rules, binary joins)",
     "wcoj": "wcoj",
+    "wcoj-spark": "wcoj-spark (Spark's path, keyed path off)",
     "spark-sql": "spark-sql (binary plan, `reference.py`)",
     "neighbour-array": "neighbour-array (`collect_set` + `array_intersect`)",
     "duckdb": "duckdb (SQL)",

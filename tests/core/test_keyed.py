@@ -73,8 +73,10 @@ def test_bounds_narrow_a_range_to_the_values_a_filter_keeps() -> None:
     p = keyed.Prefixes({Var("b"): np.array([3, 1])}, np.ones(2, dtype=np.int64))
     from wcoj_core.query.ir import Filter
 
-    made = keyed._bounds(Var("c"), [Filter(Var("b"), CmpOp.LT, Var("c"))], p)
+    kept = Filter(Var("c"), CmpOp.NE, Var("b"))
+    made, left = keyed._bounds(Var("c"), [Filter(Var("b"), CmpOp.LT, Var("c")), kept], p)
     assert [(b.lower, b.inclusive, b.values.tolist()) for b in made] == [(True, False, [3, 1])]
+    assert left == [kept]  # a range cannot apply !=: it is filtered after proposing
 
 
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
