@@ -2,24 +2,27 @@
 
 Commands::
 
-    wcoj count   --query Q --input REL=PATH [--input ...] [--undirected REL] [--json]
+    wcoj count   --query Q --input REL=PATH [--input ...] [--undirected REL] [--no-keyed] [--json]
     wcoj replay  --query Q --input REL=PATH ... --epochs K [--delete-fraction F] [--seed S]
-                 [--check] [--json]
+                 [--check] [--no-keyed] [--json]
     wcoj bench   [--query Q] --input REL=PATH ... --epochs K --epoch-size N [--skew D]
                  [--seed S] [--methods recompute,binary-delta,wcoj] [--json]
     wcoj bench   --static [--query Q] --input REL=PATH ... [--undirected REL] [--repeat R]
-                 [--methods wcoj,spark-sql,neighbour-array,duckdb,kuzu,scipy] [--json]
+                 [--methods wcoj,wcoj-spark,spark-sql,neighbour-array,duckdb,kuzu,scipy] [--json]
     wcoj bench   --curve size --input REL=rmat:seed=S ... [--sizes E,..] [--epoch-size N]
                  [--epochs K] [--methods binary-delta,wcoj] [--plot PNG] [--save JSON] [--json]
     wcoj bench   --curve epoch-size --input REL=PATH ... [--epoch-sizes N,..] [--epochs K]
                  [--methods binary-delta,wcoj] [--plot PNG] [--save JSON] [--json]
-    wcoj apply   --query Q --state DIR --epoch T --changes REL=PATH ... [--undirected REL] [--json]
+    wcoj apply   --query Q --state DIR --epoch T --changes REL=PATH ... [--undirected REL]
+                 [--no-keyed] [--json]
     wcoj explain --query Q
     wcoj cluster up [--workers N] [--cores C] [--memory M] [--port P] [--ui-port P] [--dir DIR]
     wcoj cluster down|status [--dir DIR]
 
 ``count`` and ``replay`` also take ``--master URL`` (default ``local[*]``) and ``--state DIR``
 (default: a fresh temporary directory, removed at exit; with ``--state`` the directory is kept).
+``--no-keyed`` keeps every epoch on Spark's dataflow path, even one the driver's keyed path
+could take (`wcoj_core.keyed`).
 ``apply`` adds one epoch of changes to a kept state directory (new or holding earlier epochs
 only: epochs are applied once, in increasing order; a second writer of the same epoch is refused).
 ``Q`` is the name of a built-in query or query text. ``--undirected REL`` reads a binary relation
@@ -166,6 +169,11 @@ def _parser() -> argparse.ArgumentParser:
 
     count = commands.add_parser("count", help="evaluate a query statically and count its output")
     add_run(count)
+    count.add_argument(
+        "--no-keyed",
+        action="store_true",
+        help="evaluate on Spark even when the input is small enough for the driver's keyed path",
+    )
     count.set_defaults(run=_count)
 
     rep = commands.add_parser("replay", help="apply the input over epochs, incrementally")
@@ -482,7 +490,7 @@ def _count(args: argparse.Namespace) -> int:
             for rel, path in sorted(inputs.items())
         }
         loaded = clock.perf_counter()
-        result = evaluate_static(spark, query, relations, state)
+        result = evaluate_static(spark, query, relations, state, keyed=not args.no_keyed)
         count = result.total(query.name)
         seconds = clock.perf_counter() - loaded
     metrics = result.metrics

@@ -228,6 +228,7 @@ def _mismatches(
     streams: Mapping[str, DataFrame],
     incremental: DataFrame,
     root: Path,
+    keyed: bool,
 ) -> int:
     """Tuples whose multiplicity differs between `incremental` and a static recomputation."""
     finals = {
@@ -236,7 +237,7 @@ def _mismatches(
     }
     cols = relation_columns(len(query.head))
     with tempfile.TemporaryDirectory(prefix="check-", dir=root) as scratch:
-        static = evaluate_static(spark, query, finals, scratch).outputs[query.name]
+        static = evaluate_static(spark, query, finals, scratch, keyed=keyed).outputs[query.name]
         negated = static.select(*cols, (-F.col(DIFF)).alias(DIFF))
         difference = consolidate(incremental.select(*cols, DIFF).unionByName(negated), cols)
         return difference.count()
@@ -306,7 +307,7 @@ def replay(
     final_count = total_diff(final)
     outcome, mismatches = CheckOutcome.SKIPPED, None
     if check:
-        mismatches = _mismatches(spark, query, streams, final, root)
+        mismatches = _mismatches(spark, query, streams, final, root, keyed)
         outcome = CheckOutcome.PASSED if mismatches == 0 else CheckOutcome.FAILED
     return ReplayResult(
         query=query.name,

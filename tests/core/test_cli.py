@@ -101,8 +101,13 @@ def final_relation(stream: Counter[tuple[int, ...]]) -> Counter[tuple[int, ...]]
 # --- count --------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "no-keyed"])
 def test_count_matches_the_oracle_and_ends_with_json(
-    fast_spark: SparkSession, capsys: pytest.CaptureFixture[str], edge_file: str, tmp_path: Path
+    fast_spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+    edge_file: str,
+    tmp_path: Path,
+    keyed: bool,
 ) -> None:
     query = builtin("directed-triangles")
     expected = sum(naive_eval(query, {"edge": Counter(EDGES)}).values())
@@ -118,6 +123,7 @@ def test_count_matches_the_oracle_and_ends_with_json(
         "--state",
         str(state),
         "--json",
+        *([] if keyed else ["--no-keyed"]),
     )
     assert code == 0, err
     assert out[0].startswith(f"count: {expected} (seconds ")
@@ -128,6 +134,7 @@ def test_count_matches_the_oracle_and_ends_with_json(
     assert isinstance(payload["seconds"], float)
     assert payload["output_rows"] == len(naive_eval(query, {"edge": Counter(EDGES)}))
     assert payload["proposed"] >= payload["validated"] >= 0
+    assert payload["metrics"]["path"] == ("keyed" if keyed else "spark")
     assert (state / "manifests").is_dir(), "--state DIR is kept"
 
 
