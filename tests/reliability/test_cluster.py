@@ -120,8 +120,15 @@ def test_count_on_the_cluster_equals_local(
     spark: SparkSession, local_cluster: cluster.Cluster, tmp_path: Path
 ) -> None:
     args = ["count", "--query", "triangles", "--input", f"edge={GRAPH}", "--undirected", "edge"]
+    # The cluster evaluates on Spark's path (its executors at work); locally, the keyed path.
     remote = run_wcoj(
-        *args, "--master", local_cluster.master, "--state", tmp_path / "remote", "--json"
+        *args,
+        "--master",
+        local_cluster.master,
+        "--state",
+        tmp_path / "remote",
+        "--json",
+        "--no-keyed",
     )
     assert remote.returncode == 0, remote.stderr
     assert cli.main([*args, "--state", str(tmp_path / "local")]) == 0
@@ -139,7 +146,10 @@ def test_replay_check_on_the_cluster_equals_local(
         *["replay", "--query", "triangles", "--input", f"edge={GRAPH}", "--undirected", "edge"],
         *["--epochs", "4", "--delete-fraction", "0.2", "--seed", "3", "--check", "--json"],
     ]
-    remote = run_wcoj(*args, "--master", local_cluster.master, "--state", tmp_path / "remote")
+    # As for count: Spark's path on the cluster, the keyed path locally.
+    remote = run_wcoj(
+        *args, "--master", local_cluster.master, "--state", tmp_path / "remote", "--no-keyed"
+    )
     assert remote.returncode == 0, remote.stderr
     assert json.loads(last_line(remote.stdout))["check"] == "passed"
     assert cli.main([*args, "--state", str(tmp_path / "local")]) == 0
