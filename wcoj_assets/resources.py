@@ -89,7 +89,12 @@ class WcojResource(ConfigurableResource):
 
         key = (self.storage_path(), tuple(queries))
         if key not in self._histories:
-            engine = Engine(self.spark(), self.storage_path(), list(queries), sizes={})
+            # No batch cache: a single-run backfill reads every epoch's batches in one process,
+            # and with Spark's cache on the driver's heap kept growing (about 65 MB an epoch on
+            # web-NotreDame) until a 100-epoch range failed to broadcast; off, it stays flat.
+            engine = Engine(
+                self.spark(), self.storage_path(), list(queries), sizes={}, cache_state=False
+            )
             self._histories[key] = History(engine)
         return self._histories[key]
 
