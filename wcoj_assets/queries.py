@@ -80,20 +80,20 @@ def rule_asset(
     )
     def _rule(context: AssetExecutionContext, wcoj: WcojResource) -> MaterializeResult:
         from wcoj_core.arrangement import relation_trace_name
-        from wcoj_core.engine import observed
         from wcoj_core.updates import relation_columns
 
         history = wcoj.history(queries)
         batches: list[Batch] = []
 
         def step(t: int) -> dict[str, Any]:
-            batch, observations = history.derive_rule(query.name, atom, t)
+            batch, work = history.derive_rule(query.name, atom, t)
             batches.append(batch)
             return {
                 "rows_in": rows_at(history, relation_trace_name(delta_relation), t),
-                "rows_proposed": sum(observed(o.proposed, "rows") or 0 for o in observations),
-                "rows_validated": sum(observed(o.validated, "rows") or 0 for o in observations),
-                "rows_out": batches[-1].rows,
+                "rows_proposed": work.proposed,
+                "rows_validated": work.validated,
+                "rows_out": batch.rows,
+                "path": work.path,
             }
 
         per_epoch = each_epoch(context, step)
@@ -178,19 +178,22 @@ def query_asset(
         history = wcoj.history(queries)
 
         def step(t: int) -> dict[str, Any]:
-            row = (
-                history.output(query.name, t)
-                .agg(
-                    F.count(F.lit(1)).alias("rows"),
-                    F.coalesce(F.sum(DIFF), F.lit(0)).alias("count"),
+            figures = history.output_figures(query.name, t)
+            if figures is None:  # Spark's path: aggregate the accumulated output
+                row = (
+                    history.output(query.name, t)
+                    .agg(
+                        F.count(F.lit(1)).alias("rows"),
+                        F.coalesce(F.sum(DIFF), F.lit(0)).alias("count"),
+                    )
+                    .first()
                 )
-                .first()
-            )
-            assert row is not None
+                assert row is not None
+                figures = int(row["rows"]), int(row["count"])
             return {
                 "rows_in": rows_at(history, output_trace_name(query.name), t),
-                "rows_out": int(row["rows"]),
-                "count": int(row["count"]),
+                "rows_out": figures[0],
+                "count": figures[1],
             }
 
         per_epoch = each_epoch(context, step)

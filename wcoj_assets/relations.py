@@ -36,9 +36,11 @@ from wcoj_assets.steps import CHECK, each_epoch, epochs_of, previous_epoch, rows
 from wcoj_core.errors import InputError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
     from wcoj_core.history import History
+    from wcoj_core.keyed import Layer
     from wcoj_core.query.ir import Query
 
 NEGATIVE_EXAMPLES = 20
@@ -95,7 +97,7 @@ def deltas_assets(
     def _deltas(context: AssetExecutionContext, wcoj: WcojResource) -> Iterator[Any]:
         history = wcoj.history(queries)
         epochs = epochs_of(context)
-        staged: list[tuple[str, int, DataFrame, dict[str, Any]]] = []
+        staged: list[tuple[str, int, DataFrame | Layer, dict[str, Any]]] = []
         failures: dict[str, list[str]] = {rel: [] for rel in relations}
         for rel, arity in relations.items():
             for key, t in epochs:
@@ -179,13 +181,18 @@ def _report_corrections(
 
 def _read_epoch(
     history: "History", landing: str, rel: str, arity: int, key: str, t: int
-) -> tuple["DataFrame | None", dict[str, Any], list[str]]:
+) -> tuple["DataFrame | Layer | None", dict[str, Any], list[str]]:
     """Read and fully validate one relation's landing folder at one epoch.
 
-    Returns the consolidated changes (c0.., diff), the metadata, and the errors found.
+    Returns the consolidated changes (c0.., diff), the metadata, and the errors found. A small
+    epoch (at most the engine's keyed limit, and `KEYED_PROBE_ROWS`) is collected once and
+    checked and consolidated on the driver, with the same schemas in pandera's pandas backend:
+    its changes come back as a `Layer`. A larger one stays a Spark DataFrame, checked by
+    pandera.pyspark.
     """
     from pyspark.sql import functions as F
 
+    from wcoj_core.engine import KEYED_PROBE_ROWS
     from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns, update_schema
 
     start = clock.perf_counter()
@@ -202,21 +209,51 @@ def _read_epoch(
     }
     if landing_files.ignored:
         info["ignored_files"] = ", ".join(landing_files.ignored)
+    info["bytes_in"] = sum(f.size for f in landing_files.files)
     try:
         raw = read_changes(spark, landing_files.files, arity, rel)
+        probe = min(history.keyed_epoch_rows, KEYED_PROBE_ROWS)
+        table = None
+        if raw is not None and probe > 0:
+            table = raw.select(*cols, DIFF).limit(probe + 1).toArrow()
     except InputError as e:
         return None, info, [f"epoch {t} ({key}): {e}"]
-    if raw is None:
-        raw = spark.createDataFrame([], update_schema(cols, with_time=False))
-    stamped = raw.select(*cols, F.lit(t).cast("long").alias(TIME), DIFF)
-    errors = problems(stamped, triples_schema(cols, epoch=t), Depth.FULL)
-    consolidated = consolidate(stamped, cols)
-    if not errors:
-        errors = problems(consolidated, triples_schema(cols, epoch=t, unique=True), Depth.FULL)
-        info["rows_in"] = stamped.count()
-    info["bytes_in"] = sum(f.size for f in landing_files.files)
+    if table is not None and table.num_rows <= probe:
+        changes, errors = _check_local(table, cols, t)
+        info["rows_in"] = table.num_rows
+    else:
+        if raw is None:
+            raw = spark.createDataFrame([], update_schema(cols, with_time=False))
+        stamped = raw.select(*cols, F.lit(t).cast("long").alias(TIME), DIFF)
+        errors = problems(stamped, triples_schema(cols, epoch=t), Depth.FULL)
+        consolidated = consolidate(stamped, cols)
+        if not errors:
+            errors = problems(consolidated, triples_schema(cols, epoch=t, unique=True), Depth.FULL)
+            info["rows_in"] = stamped.count()
+        changes = consolidated.drop(TIME)
     info["seconds"] = round(clock.perf_counter() - start, 3)
-    return consolidated.drop(TIME), info, [f"epoch {t} ({key}): {p}" for p in errors]
+    return changes, info, [f"epoch {t} ({key}): {p}" for p in errors]
+
+
+def _check_local(table: "pa.Table", cols: Sequence[str], t: int) -> tuple["Layer", list[str]]:
+    """A small epoch's changes on the driver: checked as read, consolidated, checked again."""
+    import numpy as np
+    import pandas as pd
+
+    from wcoj_core.keyed import Layer, changes_layer
+    from wcoj_core.updates import DIFF, TIME
+
+    raw = table.to_pandas()
+    raw.insert(len(cols), TIME, np.full(len(raw), t, dtype=np.int64))
+    errors = problems(raw, triples_schema(cols, epoch=t, local=True), Depth.FULL)
+    if errors:
+        return Layer.empty(len(cols)), errors
+    layer = changes_layer(cols, table)
+    done = {c: layer.rows[:, i] for i, c in enumerate(cols)}
+    frame = pd.DataFrame({**done, TIME: np.full(len(layer), t, dtype=np.int64), DIFF: layer.diff})
+    return layer, problems(
+        frame, triples_schema(cols, epoch=t, unique=True, local=True), Depth.FULL
+    )
 
 
 def snapshot_asset(
@@ -308,6 +345,9 @@ def negative_tuples(
     trace = history.store.current().trace(relation_trace_name(relation))
     if trace is None or rows_at(history, trace.name, epoch) == 0:
         return 0, []
+    found = history.negative_changed(relation, epoch, NEGATIVE_EXAMPLES)
+    if found is not None:  # the keyed path: looked up on the driver
+        return found
     cols = relation_columns(arity)
     changed = history.changes(trace.name, epoch).select(*cols)
     accumulated = history.store.read(trace, trace.visible(epoch)).drop(TIME)

@@ -68,6 +68,12 @@ class WcojResource(ConfigurableResource):
         description="Run the binary-join correctness check on epochs divisible by this.",
     )
 
+    keyed: bool = Field(
+        default=True,
+        description="Run the steps of an epoch changing few rows on the driver's keyed index "
+        "(a local state only); false keeps every step on Spark.",
+    )
+
     _histories: dict[Any, Any] = PrivateAttr(default_factory=dict)
 
     def spark(self) -> SparkSession:
@@ -84,16 +90,21 @@ class WcojResource(ConfigurableResource):
 
     def history(self, queries: Sequence[Query]) -> History:
         """A `History` over one Engine serving all `queries` (cached for this resource)."""
-        from wcoj_core.engine import Engine
+        from wcoj_core.engine import KEYED_EPOCH_ROWS, Engine
         from wcoj_core.history import History
 
-        key = (self.storage_path(), tuple(queries))
+        key = (self.storage_path(), tuple(queries), self.keyed)
         if key not in self._histories:
             # No batch cache: a single-run backfill reads every epoch's batches in one process,
             # and with Spark's cache on the driver's heap kept growing (about 65 MB an epoch on
             # web-NotreDame) until a 100-epoch range failed to broadcast; off, it stays flat.
             engine = Engine(
-                self.spark(), self.storage_path(), list(queries), sizes={}, cache_state=False
+                self.spark(),
+                self.storage_path(),
+                list(queries),
+                sizes={},
+                cache_state=False,
+                keyed_epoch_rows=KEYED_EPOCH_ROWS if self.keyed else 0,
             )
             self._histories[key] = History(engine)
         return self._histories[key]

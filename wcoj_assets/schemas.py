@@ -1,4 +1,4 @@
-"""Pandera (`pandera.pyspark`) schemas for update triples, and a validation that cannot pass silently.
+"""Pandera schemas for update triples, and a validation that cannot pass silently.
 
 An update frame has data columns ``c0 .. c{k-1}``, an optional ``time`` and a ``diff``, all
 non-null longs, no other column; ``diff`` is non-zero, ``time`` equals the partition's epoch, and a
@@ -14,6 +14,11 @@ lines; callers turn a non-empty list into a failed check. The validation depth i
   incoming changes — they are small, and they are what can be wrong;
 * `Depth.SCHEMA` (columns and types only) on what the engine wrote (rule and query outputs).
 
+Each schema comes in two backends with the same rules: `pandera.pyspark` for frames Spark holds,
+and `pandera.pandas` (``local=True``) for what is already on the driver — a small epoch's changes
+collected for the keyed path, or a written batch's Parquet footer — where a Spark job per check
+would cost far more than the data it looks at. `problems` takes either and reports the same way.
+
 pandera is imported when a schema is built, not when this module is imported.
 """
 
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from wcoj_core.updates import DIFF, TIME
 
 if TYPE_CHECKING:
+    import pandas as pd
     from pyspark.sql import DataFrame
 
 
@@ -42,16 +48,23 @@ def triples_schema(
     epoch: int | None = None,
     with_time: bool = False,
     unique: bool = False,
+    local: bool = False,
 ) -> Any:
-    """A pandera.pyspark DataFrameSchema for update triples over data `columns`.
+    """A pandera DataFrameSchema for update triples over data `columns`.
 
     With `epoch`, ``time`` must be present and equal to it; `with_time` requires ``time``
-    without fixing its value; `unique` requires each (data, time) at most once.
+    without fixing its value; `unique` requires each (data, time) at most once. The schema is
+    for Spark DataFrames (`pandera.pyspark`), or with `local` for pandas ones (`pandera.pandas`).
     """
-    import pandera.pyspark as pa
-    from pyspark.sql import types as T
+    if local:
+        import pandera.pandas as pa
 
-    long = T.LongType()
+        long: Any = "int64"
+    else:
+        import pandera.pyspark as pa  # type: ignore[no-redef]
+        from pyspark.sql import types as T
+
+        long = T.LongType()
     fields: dict[str, Any] = {
         c: pa.Column(long, nullable=False, title=f"data column {c}") for c in columns
     }
@@ -69,10 +82,16 @@ def triples_schema(
     )
 
 
-def problems(df: DataFrame, schema: Any, depth: Depth) -> list[str]:
-    """Validate `df` against `schema` at `depth`; one line per error (empty when valid)."""
+def problems(df: DataFrame | pd.DataFrame, schema: Any, depth: Depth) -> list[str]:
+    """Validate `df` against `schema` at `depth`; one line per error (empty when valid).
+
+    `df` is a Spark DataFrame for a `pandera.pyspark` schema, or a pandas one for a local schema.
+    """
+    import pandas as pd
     from pandera.config import config_context
 
+    if isinstance(df, pd.DataFrame):
+        return _local_problems(df, schema, depth)
     with config_context(validation_enabled=True, validation_depth=depth.value):
         validated = schema.validate(df, lazy=True)
         errors = validated.pandera.errors or {}
@@ -84,3 +103,23 @@ def problems(df: DataFrame, schema: Any, depth: Depth) -> list[str]:
                 where = f" column {column!r}" if column and column != schema.name else ""
                 lines.append(f"{category}/{reason}{where}: {item.get('error', item)}")
     return lines
+
+
+def _local_problems(df: pd.DataFrame, schema: Any, depth: Depth) -> list[str]:
+    """`problems` for a pandas frame: pandera.pandas raises every error at once (lazy)."""
+    from pandera.config import config_context
+    from pandera.errors import SchemaErrors
+
+    with config_context(validation_enabled=True, validation_depth=depth.value):
+        try:
+            schema.validate(df, lazy=True)
+        except SchemaErrors as e:
+            lines = []
+            for error in e.schema_errors:
+                reason = getattr(error.reason_code, "name", str(error.reason_code))
+                column = getattr(error, "column_name", None)
+                where = f" column {column!r}" if column else ""
+                first = str(error).splitlines()[0] if str(error) else repr(error)
+                lines.append(f"{reason}{where}: {first}")
+            return lines
+    return []

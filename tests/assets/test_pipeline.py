@@ -47,11 +47,14 @@ class Scenario:
     results: list
 
 
-@pytest.fixture(scope="module")
-def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
+@pytest.fixture(scope="module", params=[True, False], ids=["keyed", "spark"])
+def scenario(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Scenario]:
+    """The scenario with small epochs' steps on the driver (keyed), and all on Spark."""
     previous = spark.conf.get("spark.sql.codegen.wholeStage")
     spark.conf.set("spark.sql.codegen.wholeStage", "false")
-    p = Pipeline(spark, tmp_path_factory.mktemp("pipeline"), SPECS)
+    p = Pipeline(spark, tmp_path_factory.mktemp("pipeline"), SPECS, keyed=request.param)
     history = updates(seed=11, epochs=EPOCHS)
     p.land(0, history[0], "txt")
     p.land(1, history[1], "parquet")
@@ -60,8 +63,15 @@ def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> I
     p.land(3, history[3][:half], "csv", name="a")
     p.land(3, history[3][half:], "parquet", name="b", clear=False)
     results = [p.run(n) for n in range(EPOCHS)]
+    paths = [e.metadata["path"].value for r in results for e in _rule_figures(r)]
+    assert paths and set(paths) == {"keyed" if request.param else "spark"}, paths
     yield Scenario(p, history, results)
     spark.conf.set("spark.sql.codegen.wholeStage", previous or "true")
+
+
+def _rule_figures(result) -> list:
+    """The rule assets' materializations of a run (their metadata names the path taken)."""
+    return [m for m in materializations(result) if "_rule_" in m.asset_key.to_user_string()]
 
 
 def test_every_epoch_matches_the_oracle(scenario: Scenario) -> None:

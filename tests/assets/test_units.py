@@ -7,6 +7,7 @@ import importlib
 import random
 from collections import Counter
 
+import pandas as pd
 import pytest
 from pandera.config import config_context
 from pyspark.sql import SparkSession
@@ -73,6 +74,49 @@ def test_schema_only_depth_skips_data_checks(small: SparkSession) -> None:
     assert problems(df, schema, Depth.SCHEMA) == []
     wrong = small.createDataFrame([(1, 2, 3, 1)], "c0 int, c1 long, time long, diff long")
     assert any("IntegerType" in p for p in problems(wrong, schema, Depth.SCHEMA))
+
+
+# The same cases for the pandas twin of each schema (what a small epoch is checked with on the
+# driver); pandera.pandas words its errors differently.
+LOCAL_CASES = [
+    ({"c0": [1], "c1": [2], "time": [3], "diff": [0]}, "not_equal_to(0)"),
+    ({"c0": [1], "c1": pd.array([None], dtype="Int64"), "time": [3], "diff": [1]}, "contains null"),
+    ({"c0": ["x"], "c1": [2], "time": [3], "diff": [1]}, "to have type int64"),
+    ({"c0": [1], "c1": [2], "time": [4], "diff": [1]}, "equal_to(3)"),
+    ({"c0": [1, 1], "c1": [2, 2], "time": [3, 3], "diff": [1, 2]}, "not unique"),
+    ({"c0": [1], "c1": [2], "time": [3], "diff": [1], "extra": [9]}, "not in DataFrameSchema"),
+]
+
+
+def test_good_update_triples_pass_in_full_locally() -> None:
+    df = pd.DataFrame({"c0": [1, 2], "c1": [2, 1], "time": [3, 3], "diff": [1, -2]})
+    schema = triples_schema(["c0", "c1"], epoch=3, unique=True, local=True)
+    assert problems(df, schema, Depth.FULL) == []
+
+
+@pytest.mark.parametrize(
+    "columns, expected",
+    LOCAL_CASES,
+    ids=["zero-diff", "null", "string-id", "wrong-time", "not-consolidated", "extra-column"],
+)
+def test_bad_update_triples_are_reported_locally(columns, expected: str) -> None:
+    found = problems(
+        pd.DataFrame(columns),
+        triples_schema(["c0", "c1"], epoch=3, unique=True, local=True),
+        Depth.FULL,
+    )
+    assert any(expected in p for p in found), found
+
+
+def test_local_validation_cannot_be_switched_off_and_schema_depth_skips_data() -> None:
+    bad = pd.DataFrame({"c0": [1], "c1": [2], "time": [4], "diff": [0]})
+    schema = triples_schema(["c0", "c1"], epoch=3, local=True)
+    with config_context(validation_enabled=False, validation_depth="SCHEMA_ONLY"):
+        found = problems(bad, schema, Depth.FULL)
+    assert any("not_equal_to(0)" in p for p in found) and any("equal_to(3)" in p for p in found)
+    assert problems(bad, schema, Depth.SCHEMA) == []
+    wrong = bad.astype({"c0": "int32"})
+    assert any("int32" in p for p in problems(wrong, schema, Depth.SCHEMA))
 
 
 QUERIES = [
@@ -150,3 +194,36 @@ def test_provenance_follows_the_dependencies_the_assets_declare(
             n: mode for n, mode in sources[rule_trace_name("q", atom)] if n.startswith("counts/")
         }
         assert derived == declared, f"rule {atom}"
+
+
+def test_written_batches_are_checked_from_their_parquet_footers(small, tmp_path) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from wcoj_assets.steps import batch_schema_check
+    from wcoj_core.engine import Engine
+    from wcoj_core.history import History
+    from wcoj_core.keyed import Layer
+    from wcoj_core.query.builtins import builtin
+    from wcoj_core.state import Batch
+
+    h = History(Engine(small, str(tmp_path / "state"), builtin("triangles")))
+    assert h.local_root is not None
+    good = h.ingest(0, "edge", Layer.build(np.array([[1, 2], [2, 1]]), np.array([1, 1])))
+    assert batch_schema_check(h, [good], ["c0", "c1"], "edge_deltas").passed
+
+    bad_dir = tmp_path / "state" / "bad"
+    bad_dir.mkdir()
+    columns = {"c0": pa.array([1], pa.int32()), "c1": pa.array([2], pa.int64())}
+    columns |= {"time": pa.array([1], pa.int64()), "diff": pa.array([1], pa.int64())}
+    pq.write_table(pa.table(columns), bad_dir / "part-0.parquet")
+    (tmp_path / "state" / "empty").mkdir()
+    result = batch_schema_check(
+        h, [good, Batch("bad", 1, 1), Batch("empty", 2, 0)], ["c0", "c1"], "edge_deltas"
+    )
+    assert not result.passed
+    errors = result.metadata["errors"].value
+    assert len(errors) == 2, errors
+    assert errors[0].startswith("epoch 1: ") and "int32" in errors[0], errors
+    assert errors[1] == "epoch 2: no Parquet file in empty", errors

@@ -127,8 +127,15 @@ class Check:
 class Pipeline:
     """The code location over temporary folders, with an ephemeral instance and a History."""
 
-    def __init__(self, spark: SparkSession, root: Path, specs: Sequence[QuerySpec] = DEFAULT_SPECS):
+    def __init__(
+        self,
+        spark: SparkSession,
+        root: Path,
+        specs: Sequence[QuerySpec] = DEFAULT_SPECS,
+        keyed: bool = True,
+    ):
         self.spark = spark
+        self.keyed = keyed
         self.landing = root / "landing"
         self.storage = root / "state"
         self.topology = Topology.of(specs)
@@ -141,7 +148,10 @@ class Pipeline:
         self.job = self.defs.resolve_job_def(JOB_NAME)
         self.instance = DagsterInstance.ephemeral()
         self.resource = WcojResource(
-            master=spark.sparkContext.master, storage=str(self.storage), landing=str(self.landing)
+            master=spark.sparkContext.master,
+            storage=str(self.storage),
+            landing=str(self.landing),
+            keyed=keyed,
         )
 
     @property
@@ -159,8 +169,18 @@ class Pipeline:
         assets: Sequence[str] | None = None,
         run_config: dict[str, Any] | None = None,
     ) -> ExecuteInProcessResult:
-        """Run the epoch job for one epoch or, for ``(first, last)``, a range in one run."""
+        """Run the epoch job for one epoch or, for ``(first, last)``, a range in one run.
+
+        A pipeline built with ``keyed=False`` adds ``keyed: false`` to every run's resource config.
+        """
         selection = None if assets is None else [AssetKey(a) for a in assets]
+        if not self.keyed:
+            config = dict(run_config or {})
+            resources = dict(config.get("resources", {}))
+            wcoj = dict(resources.get("wcoj", {}))
+            wcoj["config"] = {**wcoj.get("config", {}), "keyed": False}
+            config["resources"] = {**resources, "wcoj": wcoj}
+            run_config = config
         if isinstance(epochs, int):
             return self.job.execute_in_process(
                 partition_key=epoch_key(epochs),

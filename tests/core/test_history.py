@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from wcoj_core.arrangement import counts_trace_name
@@ -68,12 +69,35 @@ def derive(h: History, spark: SparkSession, history: list[Changes], rule_order: 
         h.derive_output(QUERY.name, t)
 
 
-def test_reverse_order_backfill_and_corrected_history(small: SparkSession, tmp_path) -> None:
+def engine(spark: SparkSession, root: str, keyed: bool) -> Engine:
+    return Engine(spark, root, QUERY, keyed_epoch_rows=1_000 if keyed else 0)
+
+
+def derived_paths(h: History, keyed: bool) -> None:
+    """Every derived batch came from the path asked for (the keyed path's are named b-k-)."""
+    manifest = h.store.current()
+    for name in h.sources:
+        trace = manifest.trace(name)
+        assert trace is not None and trace.batches, name
+        assert all(("/b-k-" in b.path) == keyed for b in trace.batches), name
+
+
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "spark"])
+def test_reverse_order_backfill_and_corrected_history(
+    small: SparkSession, tmp_path, keyed: bool
+) -> None:
     history = epochs(seed=5, count=4)
-    h = History(Engine(small, str(tmp_path / "state"), QUERY))
+    h = History(engine(small, str(tmp_path / "state"), keyed))
     derive(h, small, history, rule_order=[3, 2, 1, 0])
+    derived_paths(h, keyed)
     for t in range(4):
         assert multiset(h.output(QUERY.name, t)) == oracle(history, t), f"epoch {t}"
+        figures = h.output_figures(QUERY.name, t)
+        if keyed:
+            expected = oracle(history, t)
+            assert figures == (len(expected), sum(expected.values())), f"epoch {t}"
+        else:
+            assert figures is None
 
     assert h.stale() == {}
 
@@ -108,6 +132,7 @@ def test_reverse_order_backfill_and_corrected_history(small: SparkSession, tmp_p
     assert h.stale() == {}
     for t in range(4):
         assert multiset(h.output(QUERY.name, t)) == oracle(corrected, t), f"corrected epoch {t}"
-    fresh = History(Engine(small, str(tmp_path / "fresh"), QUERY))
+    derived_paths(h, keyed)
+    fresh = History(engine(small, str(tmp_path / "fresh"), keyed))
     derive(fresh, small, corrected, rule_order=[0, 1, 2, 3])
     assert multiset(fresh.output(QUERY.name, 3)) == multiset(h.output(QUERY.name, 3))
