@@ -315,8 +315,7 @@ class History:
             order = tuple(range(delta.width))
             old = kd.lookup_sum(layers.layers(name, None, order, Version.OLD), delta.rows)
             now = old + delta.diff
-            rows += int(np.count_nonzero((old == 0) & (now != 0)))
-            rows -= int(np.count_nonzero((old != 0) & (now == 0)))
+            rows += _support_change(old, now)
             count += int(delta.diff.sum())
         return rows, count
 
@@ -326,8 +325,7 @@ class History:
         if len(index.recent):
             old = index.base.lookup(index.recent.rows)
             now = old + index.recent.diff
-            rows += int(np.count_nonzero((old == 0) & (now != 0)))
-            rows -= int(np.count_nonzero((old != 0) & (now == 0)))
+            rows += _support_change(old, now)
             count += int(index.recent.diff.sum())
         return rows, count
 
@@ -432,6 +430,13 @@ class History:
     def negative(self, relation: str, epoch: int) -> DataFrame:
         """Tuples whose accumulated multiplicity at `epoch` is negative."""
         return self.relation(relation, epoch).where(F.col(DIFF) < 0)
+
+
+def _support_change(old: np.ndarray, now: np.ndarray) -> int:
+    """Tuples entering the non-zero support minus tuples leaving it (multiplicities old -> now)."""
+    return int(
+        np.count_nonzero((old == 0) & (now != 0)) - np.count_nonzero((old != 0) & (now == 0))
+    )
 
 
 class _Resident:
