@@ -392,12 +392,6 @@ class Layer:
         found &= inside
         return lo, found
 
-    def narrow(
-        self, keys: np.ndarray, lo: np.ndarray, hi: np.ndarray, bounds: Sequence[Bound]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Narrow each key's range to the rows whose next column satisfies every bound."""
-        return self.narrow_of(_columns(keys), len(keys), lo, hi, bounds)
-
     def narrow_of(
         self,
         cols: Sequence[np.ndarray],
@@ -406,7 +400,8 @@ class Layer:
         hi: np.ndarray,
         bounds: Sequence[Bound],
     ) -> tuple[np.ndarray, np.ndarray]:
-        """`narrow` for `m` keys given as columns."""
+        """Narrow each of `m` keys' ranges (keys given as columns) to the rows whose next column
+        satisfies every bound."""
         p = len(cols)
         sorted_keys = self._sorted_keys(p + 1)
         packing = self.packing
