@@ -26,6 +26,7 @@ from upath import UPath
 from wcoj_assets.epochs import epoch_number, is_epoch_key
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 SUFFIXES = (".parquet", ".csv", ".csv.gz", ".txt", ".txt.gz")
@@ -122,3 +123,26 @@ def read_changes(
     for frame in frames[1:]:
         total = total.unionByName(frame)
     return total
+
+
+def read_changes_locally(
+    files: Sequence[LandedFile], arity: int, relation: str, max_rows: int
+) -> pa.Table | None:
+    """The files' update rows (c0.., diff) read by pyarrow, when every file can be so read.
+
+    That is: every file is a local Parquet file (or folder) that
+    `wcoj_core.sources.read_relation_locally` takes, and they hold at most `max_rows` rows
+    together. Else None, and `read_changes` reads them with Spark (and reports their errors).
+    """
+    import pyarrow as pa
+
+    from wcoj_core.sources import read_relation_locally
+
+    tables: list[pa.Table] = []
+    for f in files:
+        table = read_relation_locally(f.path, arity, relation, max_rows)
+        if table is None:
+            return None
+        max_rows -= table.num_rows
+        tables.append(table)
+    return pa.concat_tables(tables) if tables else None

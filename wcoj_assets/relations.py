@@ -27,7 +27,7 @@ from dagster import (
 )
 
 from wcoj_assets.epochs import epoch_key
-from wcoj_assets.intake import landed_files, read_changes
+from wcoj_assets.intake import landed_files, read_changes, read_changes_locally
 from wcoj_assets.provenance import CURRENT, stale_evaluations, stale_partitions
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.schemas import Depth, problems, triples_schema
@@ -187,8 +187,9 @@ def _read_epoch(
     Returns the consolidated changes (c0.., diff), the metadata, and the errors found. A small
     epoch (at most the engine's keyed limit, and `KEYED_PROBE_ROWS`) is collected once and
     checked and consolidated on the driver, with the same schemas in pandera's pandas backend:
-    its changes come back as a `Layer`. A larger one stays a Spark DataFrame, checked by
-    pandera.pyspark.
+    its changes come back as a `Layer`. Small local Parquet files are read by pyarrow, without
+    Spark (`read_changes_locally`); other files are read by Spark. A larger epoch stays a Spark
+    DataFrame, checked by pandera.pyspark.
     """
     from pyspark.sql import functions as F
 
@@ -210,12 +211,14 @@ def _read_epoch(
     if landing_files.ignored:
         info["ignored_files"] = ", ".join(landing_files.ignored)
     info["bytes_in"] = sum(f.size for f in landing_files.files)
+    probe = min(history.keyed_epoch_rows, KEYED_PROBE_ROWS)
     try:
-        raw = read_changes(spark, landing_files.files, arity, rel)
-        probe = min(history.keyed_epoch_rows, KEYED_PROBE_ROWS)
-        table = None
-        if raw is not None and probe > 0:
-            table = raw.select(*cols, DIFF).limit(probe + 1).toArrow()
+        raw = None
+        table = read_changes_locally(landing_files.files, arity, rel, probe) if probe > 0 else None
+        if table is None:
+            raw = read_changes(spark, landing_files.files, arity, rel)
+            if raw is not None and probe > 0:
+                table = raw.select(*cols, DIFF).limit(probe + 1).toArrow()
     except InputError as e:
         return None, info, [f"epoch {t} ({key}): {e}"]
     if table is not None and table.num_rows <= probe:

@@ -49,6 +49,7 @@ from wcoj_core.extend import (
 from wcoj_core.files import LocalFiles
 from wcoj_core.query.ir import Query, Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Kind, Plan, Version, plan_query
+from wcoj_core.spark import local_parquet_files, parquet_rows, read_local_parquet
 from wcoj_core.state import Batch, Manifest, StateStore, Trace
 from wcoj_core.updates import (
     DIFF,
@@ -386,8 +387,9 @@ class Engine:
         at most `keyed_max_rows` rows, changing at most `keyed_epoch_rows` rows. The changes are
         collected with a limit of `KEYED_PROBE_ROWS` rows (of `keyed_epoch_rows`, if fewer)
         first; when that limit is reached, they are counted and then collected whole. A fresh
-        state's epoch (usually a whole relation) is counted first. A change with a null stays on
-        Spark's path.
+        state's epoch (usually a whole relation) is counted first. Changes that are nothing but
+        a scan of local Parquet files are counted from the files' footers and read with pyarrow,
+        without a Spark job. A change with a null stays on Spark's path.
         """
         if self._keyed is None or self.keyed_epoch_rows <= 0:
             return None
@@ -401,12 +403,19 @@ class Engine:
                 return None  # refused with its message on Spark's path
             cols = self._check_columns(rel, df, epoch)
             rows = df.select(*cols, DIFF)
-            probe = min(budget, KEYED_PROBE_ROWS)
-            table = None if base.epoch is None else rows.limit(probe + 1).toArrow()
-            if table is None or table.num_rows > probe:
-                if rows.count() > budget:
+            table = None
+            files = local_parquet_files(rows)
+            if files is not None:
+                if parquet_rows(files) > budget:
                     return None
-                table = rows.toArrow()
+                table = read_local_parquet(rows, files)
+            if table is None:
+                probe = min(budget, KEYED_PROBE_ROWS)
+                table = None if base.epoch is None else rows.limit(probe + 1).toArrow()
+                if table is None or table.num_rows > probe:
+                    if rows.count() > budget:
+                        return None
+                    table = rows.toArrow()
             if table.num_rows > budget or any(c.null_count for c in table.columns):
                 return None
             budget -= table.num_rows

@@ -44,6 +44,7 @@ import pyarrow.parquet as pq
 
 from wcoj_core.arrangement import counts_trace_name, relation_trace_name
 from wcoj_core.errors import StateError
+from wcoj_core.memory import keep_freed_memory
 from wcoj_core.query.ir import CmpOp, Const, Filter, Var
 from wcoj_core.query.plan import AtomView, DeltaRule, Extender, Plan, Step, Version
 from wcoj_core.state import Batch, Manifest, Trace, trace_dir
@@ -713,6 +714,7 @@ class KeyedIndex:
     """The driver-resident index of a state's relation and counts traces."""
 
     def __init__(self, root: str) -> None:
+        keep_freed_memory()  # the driver reuses its arrays' memory (see `wcoj_core.memory`)
         self.root = root
         self.traces: dict[str, TraceIndex] = {}
 

@@ -39,6 +39,8 @@ from enum import Enum
 from typing import IO
 from urllib.parse import urlparse
 
+import numpy as np
+import pyarrow as pa
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -358,6 +360,57 @@ def _read_parquet(
     )
     _validate(rows, source, "Parquet", lambda: _scan_parquet(path, header, roles, source))
     return rows.drop("_bad")
+
+
+def read_relation_locally(path: str, arity: int, name: str, max_rows: int) -> pa.Table | None:
+    """Relation `name` from a small local Parquet `path`, read by pyarrow; None if not that.
+
+    The same rows, as ``c0 .. c{arity-1}, diff`` int64 columns, as `read_relation` gives for it,
+    without a Spark job, when `path` is a local Parquet file (or folder) of at most `max_rows`
+    rows whose files share one schema of signed integer columns, and no value is null and no
+    diff zero. Anything else gives None, and the caller reads `path` with `read_relation`: Spark
+    then reads it, or raises its `InputError`, as it always does. A header that is not the
+    relation's (a ``time`` column, a wrong number of data columns) raises that error here.
+    """
+    import pyarrow.parquet as pq
+
+    local = _local_path(path)
+    if local is None or detect_format(path) is not Format.PARQUET or not os.path.exists(local):
+        return None
+    files = _parquet_files(local)
+    try:
+        metas = [pq.ParquetFile(f).metadata for f in files]
+        schemas = [m.schema.to_arrow_schema() for m in metas]
+    except (OSError, pa.ArrowException):
+        return None
+    if not files or sum(m.num_rows for m in metas) > max_rows:
+        return None
+    schema = schemas[0]
+    if (
+        any(not s.equals(schema) for s in schemas)
+        or not all(pa.types.is_signed_integer(t) for t in schema.types)
+        or len({n.lower() for n in schema.names}) != len(schema.names)  # Spark: ambiguous
+    ):
+        return None
+    roles = _assign_roles(schema.names, arity, _source(path, name), False, line=None)
+    try:
+        table = pq.read_table(files, schema=schema)
+    except (OSError, pa.ArrowException):
+        return None
+    if table.num_rows == 0 or any(c.null_count for c in table.columns):
+        return None
+    columns = [
+        c.cast(pa.int64())
+        for c, role in zip(table.columns, roles, strict=True)
+        if role is Role.DATA
+    ]
+    if Role.DIFF in roles:
+        diff = table.column(roles.index(Role.DIFF)).cast(pa.int64())
+        if bool((diff.to_numpy() == 0).any()):
+            return None
+    else:
+        diff = pa.chunked_array([pa.array(np.ones(table.num_rows, dtype=np.int64))])
+    return pa.table([*columns, diff], names=[*relation_columns(arity), DIFF])
 
 
 def _scan_parquet(

@@ -1,0 +1,202 @@
+"""Changes that are nothing but a scan of local Parquet files are read by the driver itself.
+
+`local_parquet_files` must recognise exactly the plans whose rows are the files' rows (a plain
+scan, or some of its columns), and `read_local_parquet` must give exactly Spark's rows and types
+or nothing. The engine's results must not depend on which way its input was read.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from wcoj_core.engine import Engine, evaluate_static
+from wcoj_core.errors import InputError
+from wcoj_core.naive import naive_eval
+from wcoj_core.query.builtins import builtin
+from wcoj_core.sources import read_relation, read_relation_locally
+from wcoj_core.spark import local_parquet_files, parquet_rows, read_local_parquet
+
+ROWS = [(1, 2, 1), (2, 3, 1), (1, 3, 2), (3, 4, -1), (2, 4, 1)]
+
+
+@pytest.fixture
+def parquet(spark: SparkSession, tmp_path: Path) -> tuple[str, DataFrame]:
+    path = str(tmp_path / "edge")
+    spark.createDataFrame(ROWS, "c0 long, c1 long, diff long").repartition(2).write.parquet(path)
+    return path, spark.read.parquet(path)
+
+
+def _rows(table: pa.Table) -> Counter[tuple[int, ...]]:
+    return Counter(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
+
+
+def test_plain_scans_are_read_from_their_files(parquet: tuple[str, DataFrame]) -> None:
+    _, df = parquet
+    for scan, want in [
+        (df, ROWS),
+        (df.select("c0", "c1", "diff"), ROWS),
+        (df.select("c1", "c0", "diff"), [(b, a, d) for a, b, d in ROWS]),
+        (df.select("c0", "diff"), [(a, d) for a, _, d in ROWS]),
+    ]:
+        files = local_parquet_files(scan)
+        assert files is not None and len(files) == 2
+        assert all(Path(f).is_file() for f in files)
+        assert parquet_rows(files) == len(ROWS)
+        table = read_local_parquet(scan, files)
+        assert table is not None and table.column_names == scan.columns
+        assert _rows(table) == Counter(want) == Counter(tuple(r) for r in scan.collect())
+
+
+def test_anything_more_than_a_scan_is_left_to_spark(
+    spark: SparkSession, parquet: tuple[str, DataFrame], tmp_path: Path
+) -> None:
+    path, df = parquet
+    spark.createDataFrame(ROWS, "c0 long, c1 long, diff long").write.parquet(
+        str(tmp_path / "by" / "k=1")
+    )
+    for other in [
+        df.where(F.col("c0") > 1),  # a filter
+        df.select((F.col("c0") + 1).alias("c0"), "c1", "diff"),  # an expression
+        df.select(F.col("c0").alias("a"), "c1", "diff"),  # a renamed column
+        df.union(df),  # two scans
+        df.cache(),  # the cache, not the files
+        spark.read.parquet(str(tmp_path / "by")),  # a partition column
+        spark.createDataFrame(ROWS, "c0 long, c1 long, diff long"),  # no files at all
+        spark.read.option("header", True).csv(path),  # not Parquet (unreadable here anyway)
+    ]:
+        assert local_parquet_files(other) is None, other
+    df.unpersist()
+
+
+def test_types_spark_would_cast_are_not_read_directly(
+    spark: SparkSession, parquet: tuple[str, DataFrame]
+) -> None:
+    path, _ = parquet
+    # A schema given to the reader: Spark reads int64 as the declared type, names without case.
+    for schema in ("c0 long, c1 long, diff int", "C0 long, c1 long, diff long"):
+        df = spark.read.schema(schema).parquet(path)
+        files = local_parquet_files(df)
+        assert files is not None
+        assert read_local_parquet(df, files) is None, schema
+
+
+def test_engine_results_do_not_depend_on_how_the_input_was_read(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    rng = random.Random(7)
+    edges = {(rng.randrange(40), rng.randrange(40)) for _ in range(400)}
+    rows = [(a, b, rng.choice([1, 1, 2])) for a, b in sorted(edges) if a != b]
+    path = str(tmp_path / "edge")
+    spark.createDataFrame(rows, "c0 long, c1 long, diff long").write.parquet(path)
+    scan = spark.read.parquet(path)
+    assert local_parquet_files(scan) is not None
+    query = builtin("directed-triangles")
+    want = naive_eval(query, {"edge": {(a, b): d for a, b, d in rows}})
+    for name, df in [("files", scan), ("spark", scan.where(F.lit(True) == F.lit(True)).cache())]:
+        result = evaluate_static(spark, query, {"edge": df}, str(tmp_path / name))
+        assert result.metrics.path == "keyed"
+        assert _change(result.outputs[query.name], query.head) == want, name
+    scan.unpersist()
+    # A later epoch from files: every edge deleted. Its rows count against the keyed limit from
+    # the files' footers: within it, the driver reads them; over it, Spark's path runs.
+    deletions = str(tmp_path / "deletions")
+    spark.createDataFrame(
+        [(a, b, -d) for a, b, d in rows], "c0 long, c1 long, diff long"
+    ).write.parquet(deletions)
+    gone = Counter({k: -v for k, v in want.items()})
+    for name, limit, path in [("files", 10_000, "keyed"), ("spark", len(rows) - 1, "spark")]:
+        engine = Engine(spark, str(tmp_path / name), query, keyed_epoch_rows=limit)
+        later = engine.apply_epoch(1, {"edge": spark.read.parquet(deletions)})
+        assert later.metrics.path == path
+        assert _change(later.outputs[query.name], query.head) == gone, name
+
+
+def _change(df: DataFrame, head: tuple) -> Counter[tuple[int, ...]]:
+    out: Counter[tuple[int, ...]] = Counter()
+    for r in df.collect():
+        out[tuple(r[f"c{i}"] for i in range(len(head)))] += r["diff"]
+    return Counter({k: v for k, v in out.items() if v})
+
+
+# -- a landed relation file read by the driver (`read_relation_locally`) -----------------------
+
+
+def _write(folder: Path, name: str, table: pa.Table) -> str:
+    import pyarrow.parquet as pq
+
+    path = folder / name
+    pq.write_table(table, path)
+    return str(path)
+
+
+def test_small_local_parquet_relations_read_as_spark_reads_them(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    ints = pa.array([5, 6, 7], pa.int32())
+    good = {
+        "plain.parquet": pa.table({"a": [1, 2, 3], "b": [2, 3, 1], "diff": [1, -2, 3]}),
+        "no_diff.parquet": pa.table({"src": [1, 2, 2], "dst": [2, 3, 3]}),
+        "diff_first.parquet": pa.table({"DIFF": [2, 1, 1], "x": [9, 8, 7], "y": [1, 1, 1]}),
+        "narrow.parquet": pa.table({"a": ints, "b": pa.array([1, 2, 3], pa.int8())}),
+    }
+    for name, table in good.items():
+        path = _write(tmp_path, name, table)
+        got = read_relation_locally(path, 2, "edge", max_rows=10)
+        assert got is not None, name
+        assert got.column_names == ["c0", "c1", "diff"]
+        assert all(t == pa.int64() for t in got.schema.types)
+        assert _rows(got) == Counter(
+            tuple(r) for r in read_relation(spark, path, 2, "edge").collect()
+        ), name
+    # A Spark output folder of several files is one relation.
+    folder = tmp_path / "folder"
+    spark.createDataFrame(ROWS, "c0 long, c1 long, diff long").repartition(3).write.parquet(
+        str(folder)
+    )
+    got = read_relation_locally(str(folder), 2, "edge", max_rows=10)
+    assert got is not None and _rows(got) == Counter(ROWS)
+    assert read_relation_locally(str(folder), 2, "edge", max_rows=4) is None  # too many rows
+
+
+def test_anything_spark_would_refuse_or_convert_is_left_to_spark(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    left = {
+        "null.parquet": pa.table({"a": [1, None], "b": [2, 3]}),
+        "zero.parquet": pa.table({"a": [1, 2], "b": [2, 3], "diff": [1, 0]}),
+        "text.parquet": pa.table({"a": ["1", "2"], "b": [2, 3]}),
+        "float.parquet": pa.table({"a": [1.0, 2.0], "b": [2, 3]}),
+        "unsigned.parquet": pa.table({"a": pa.array([1, 2], pa.uint64()), "b": [2, 3]}),
+        "empty.parquet": pa.table({"a": pa.array([], pa.int64()), "b": pa.array([], pa.int64())}),
+    }
+    for name, table in left.items():
+        path = _write(tmp_path, name, table)
+        assert read_relation_locally(path, 2, "edge", max_rows=10) is None, name
+        with pytest.raises(InputError):
+            read_relation(spark, path, 2, "edge")
+    csv = tmp_path / "edges.csv"
+    csv.write_text("a,b\n1,2\n")
+    assert read_relation_locally(str(csv), 2, "edge", max_rows=10) is None
+    assert read_relation_locally(str(tmp_path / "missing.parquet"), 2, "edge", 10) is None
+
+
+def test_a_header_that_is_not_the_relations_is_the_same_error(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    for name, table in {
+        "time.parquet": pa.table({"a": [1], "b": [2], "time": [3]}),
+        "arity.parquet": pa.table({"a": [1], "b": [2], "c": [3]}),
+    }.items():
+        path = _write(tmp_path, name, table)
+        with pytest.raises(InputError) as here:
+            read_relation_locally(path, 2, "edge", max_rows=10)
+        with pytest.raises(InputError) as there:
+            read_relation(spark, path, 2, "edge")
+        assert str(here.value) == str(there.value)
