@@ -10,7 +10,8 @@ CLI's", side by side in one process and one SparkSession:
    and deletes the rest of its ``N`` (an undirected edge counts once and lands in both
    directions). Every epoch is landed as ``<root>/landing/<rel>/<epoch key>/part-0.parquet`` with
    `wcoj_assets.landing.write_epochs` before anything is timed. Both sides read these files with
-   the pipeline's own reader (`wcoj_assets.intake`).
+   the pipeline's own reader (`wcoj_assets.intake`: a small local Parquet epoch is read by
+   pyarrow, anything else by Spark).
 2. **Dagster** — the code location of `build_definitions` (the default spec, ``triangles`` over
    ``edge``) over a fresh state, on a real `DagsterInstance` in ``<root>/dagster`` (the demo's
    ``dagster.yaml``). Epoch 0, the bulk load of the whole initial graph, is materialized first in
@@ -60,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from wcoj_core.errors import WcojError
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from dagster import DagsterInstance, ExecuteInProcessResult
     from pyspark.sql import DataFrame, SparkSession
 
@@ -156,14 +158,19 @@ def land(spark: SparkSession, workload: Workload, landing: Path) -> list[str]:
 
 def read_landed(
     spark: SparkSession, landing: Path, relations: Mapping[str, int], t: int
-) -> dict[str, DataFrame]:
-    """Every relation's landed changes at epoch `t`, read as the pipeline reads them."""
+) -> dict[str, DataFrame | pa.Table]:
+    """Every relation's landed changes at epoch `t`, read as the pipeline reads them: small
+    local Parquet files by pyarrow, anything else by Spark."""
     from wcoj_assets.epochs import epoch_key
-    from wcoj_assets.intake import landed_files, read_changes
+    from wcoj_assets.intake import landed_files, read_changes, read_changes_locally
+    from wcoj_core.engine import KEYED_PROBE_ROWS
 
-    frames: dict[str, DataFrame] = {}
+    frames: dict[str, DataFrame | pa.Table] = {}
     for rel, arity in relations.items():
-        found = read_changes(spark, landed_files(str(landing), rel, epoch_key(t)).files, arity, rel)
+        files = landed_files(str(landing), rel, epoch_key(t)).files
+        found = read_changes_locally(files, arity, rel, KEYED_PROBE_ROWS)
+        if found is None:
+            found = read_changes(spark, files, arity, rel)
         if found is not None:
             frames[rel] = found
     return frames

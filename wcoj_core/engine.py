@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -294,11 +295,13 @@ class Engine:
 
     # -- epochs ----------------------------------------------------------------------------
     def apply_epoch(
-        self, epoch: int, changes: Mapping[str, DataFrame], *, rules: bool = True
+        self, epoch: int, changes: Mapping[str, DataFrame | pa.Table], *, rules: bool = True
     ) -> EpochResult:
         """Apply one epoch of changes; return the exact change of every output at `epoch`.
 
-        With ``rules=False`` only the arrangements are updated and the outputs are left as they
+        A relation's changes are a Spark DataFrame or, already on the driver, an Arrow table
+        (``c0 ..``, ``diff`` int64 columns without nulls, as `wcoj_core.sources` reads a small
+        local file); a table the keyed path cannot take is handed to Spark. With ``rules=False`` only the arrangements are updated and the outputs are left as they
         were: a benchmark seeds a large state this way when it measures later epochs only (the
         outputs then hold the changes of later epochs, not their totals).
         """
@@ -325,6 +328,16 @@ class Engine:
             small = self._keyed_changes(base, epoch, changes)
             if small is not None:
                 return self._apply_keyed(base, epoch, small)
+        frames = {
+            rel: df if isinstance(df, DataFrame) else self.spark.createDataFrame(df)
+            for rel, df in changes.items()
+        }
+        return self._apply_spark(base, epoch, frames, rules)
+
+    def _apply_spark(
+        self, base: Manifest, epoch: int, changes: Mapping[str, DataFrame], rules: bool
+    ) -> EpochResult:
+        """Apply an epoch with Spark's dataflow (stage, counts, rules, commit)."""
         timer = _Timer()
         staged_paths: list[str] = []
         try:
@@ -360,10 +373,11 @@ class Engine:
         }
         return EpochResult(epoch, frames, metrics)
 
-    def _check_columns(self, rel: str, df: DataFrame, epoch: int) -> list[str]:
+    def _check_columns(self, rel: str, df: DataFrame | pa.Table, epoch: int) -> list[str]:
         cols = relation_columns(self.relations[rel])
-        missing = [c for c in (*cols, DIFF) if c not in df.columns]
-        extra = [c for c in df.columns if c not in (*cols, DIFF, TIME)]
+        names: list[str] = df.columns if isinstance(df, DataFrame) else list(df.column_names)
+        missing = [c for c in (*cols, DIFF) if c not in names]
+        extra = [c for c in names if c not in (*cols, DIFF, TIME)]
         if missing or extra:
             raise InputError(
                 f"changes must have columns {[*cols, DIFF]} (and optionally {TIME}); "
@@ -379,7 +393,7 @@ class Engine:
         ]
 
     def _keyed_changes(
-        self, base: Manifest, epoch: int, changes: Mapping[str, DataFrame]
+        self, base: Manifest, epoch: int, changes: Mapping[str, DataFrame | pa.Table]
     ) -> dict[str, kd.Layer] | None:
         """The epoch's changes on the driver, when the keyed path can serve it; else None.
 
@@ -402,25 +416,37 @@ class Engine:
             if rel not in self.relations:
                 return None  # refused with its message on Spark's path
             cols = self._check_columns(rel, df, epoch)
-            rows = df.select(*cols, DIFF)
-            table = None
-            files = local_parquet_files(rows)
-            if files is not None:
-                if parquet_rows(files) > budget:
-                    return None
-                table = read_local_parquet(rows, files)
+            table: pa.Table | None
+            if isinstance(df, DataFrame):
+                table = self._collect(df.select(*cols, DIFF), budget, fresh=base.epoch is None)
+            else:
+                table = df.select([*cols, DIFF])
             if table is None:
-                probe = min(budget, KEYED_PROBE_ROWS)
-                table = None if base.epoch is None else rows.limit(probe + 1).toArrow()
-                if table is None or table.num_rows > probe:
-                    if rows.count() > budget:
-                        return None
-                    table = rows.toArrow()
-            if table.num_rows > budget or any(c.null_count for c in table.columns):
                 return None
-            budget -= table.num_rows
+            rows: int = table.num_rows
+            if rows > budget or any(c.null_count for c in table.columns):
+                return None
+            budget -= rows
             out[rel] = kd.changes_layer(cols, table)
         return out
+
+    @staticmethod
+    def _collect(rows: DataFrame, budget: int, *, fresh: bool) -> pa.Table | None:
+        """A relation's changes on the driver, or None when they hold more than `budget` rows."""
+        files = local_parquet_files(rows)
+        if files is not None:
+            if parquet_rows(files) > budget:
+                return None
+            table = read_local_parquet(rows, files)
+            if table is not None:
+                return table
+        probe = min(budget, KEYED_PROBE_ROWS)
+        table = None if fresh else rows.limit(probe + 1).toArrow()
+        if table is None or table.num_rows > probe:
+            if rows.count() > budget:
+                return None
+            table = rows.toArrow()
+        return table
 
     def _apply_keyed(
         self, base: Manifest, epoch: int, changes: Mapping[str, kd.Layer]

@@ -200,3 +200,42 @@ def test_a_header_that_is_not_the_relations_is_the_same_error(
         with pytest.raises(InputError) as there:
             read_relation(spark, path, 2, "edge")
         assert str(here.value) == str(there.value)
+
+
+def test_changes_given_as_arrow_tables(spark: SparkSession, tmp_path: Path) -> None:
+    """An epoch's changes may come as Arrow tables; over the keyed limit they go to Spark."""
+    rng = random.Random(11)
+    query = builtin("triangles")
+    edges = sorted({(rng.randrange(30), rng.randrange(30)) for _ in range(300)})
+    first = [(a, b, 1) for a, b in edges if a != b]
+    later = [(a, b, -1) for a, b, _ in first[::3]] + [(b, a + 30, 2) for a, b, _ in first[::5]]
+
+    def table(rows: list[tuple[int, int, int]]) -> pa.Table:
+        return pa.table({n: [r[i] for r in rows] for i, n in enumerate(("c0", "c1", "diff"))})
+
+    def frame(rows: list[tuple[int, int, int]]) -> DataFrame:
+        return spark.createDataFrame(rows, "c0 long, c1 long, diff long")
+
+    changes = {}
+    for name, given, limit, path in [
+        ("frames", frame, 10_000, "keyed"),
+        ("tables", table, 10_000, "keyed"),
+        ("tables-over-limit", table, 10, "spark"),
+    ]:
+        engine = Engine(spark, str(tmp_path / name), query, keyed_epoch_rows=limit)
+        engine.apply_epoch(0, {"edge": given(first)})
+        result = engine.apply_epoch(1, {"edge": given(later)})
+        assert result.metrics.path == path, name
+        changes[name] = _change(result.outputs[query.name], query.head)
+    before = {(a, b): d for a, b, d in first}
+    after = Counter(before)
+    for a, b, d in later:
+        after[(a, b)] += d
+    want = Counter(naive_eval(query, {"edge": after}))
+    want.subtract(naive_eval(query, {"edge": before}))
+    want = Counter({k: v for k, v in want.items() if v})
+    assert want and changes == {name: want for name in changes}
+    with pytest.raises(InputError, match="missing"):
+        Engine(spark, str(tmp_path / "bad"), query).apply_epoch(
+            0, {"edge": pa.table({"c0": [1], "c1": [2]})}
+        )
