@@ -301,7 +301,9 @@ class Engine:
 
         A relation's changes are a Spark DataFrame or, already on the driver, an Arrow table
         (``c0 ..``, ``diff`` int64 columns without nulls, as `wcoj_core.sources` reads a small
-        local file); a table the keyed path cannot take is handed to Spark. With ``rules=False`` only the arrangements are updated and the outputs are left as they
+        local file); a table the keyed path cannot take is handed to Spark.
+
+        With ``rules=False`` only the arrangements are updated and the outputs are left as they
         were: a benchmark seeds a large state this way when it measures later epochs only (the
         outputs then hold the changes of later epochs, not their totals).
         """
