@@ -100,6 +100,7 @@ def test_engine_results_do_not_depend_on_how_the_input_was_read(
     query = builtin("directed-triangles")
     want = naive_eval(query, {"edge": {(a, b): d for a, b, d in rows}})
     for name, df in [("files", scan), ("spark", scan.where(F.lit(True) == F.lit(True)).cache())]:
+        assert (local_parquet_files(df) is not None) == (name == "files")
         result = evaluate_static(spark, query, {"edge": df}, str(tmp_path / name))
         assert result.metrics.path == "keyed"
         assert _change(result.outputs[query.name], query.head) == want, name
