@@ -569,14 +569,16 @@ class BackfillResult:
             "epochs": k,
             "epoch_size": self.epoch_size,
             "dagster_seconds": round(d.range_seconds, 3),
-            "dagster_seconds_per_epoch": round(per_epoch, 3),
+            # Per-epoch figures keep a tenth of a millisecond: a median epoch of 20 ms rounded to
+            # whole milliseconds would move the ratio by up to 2.5 %.
+            "dagster_seconds_per_epoch": round(per_epoch, 4),
             "dagster_seconds_per_epoch_without_correctness_check": round(
-                (d.range_seconds - correctness) / k, 3
+                (d.range_seconds - correctness) / k, 4
             ),
             "dagster_epoch0_seconds": round(d.epoch0_seconds, 3),
-            "cli_seconds_per_epoch": round(median, 3),
-            "cli_mean_seconds_per_epoch": round(mean, 3),
-            "cli_seconds": [round(s, 3) for s in c.seconds],
+            "cli_seconds_per_epoch": round(median, 4),
+            "cli_mean_seconds_per_epoch": round(mean, 4),
+            "cli_seconds": [round(s, 4) for s in c.seconds],
             "cli_epoch0_seconds": round(c.epoch0_seconds, 3),
             "cli_paths": dict(Counter(c.paths)),
             "cli_phase_seconds": {p: round(v, 3) for p, v in c.phase_seconds.items()},
