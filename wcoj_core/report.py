@@ -78,7 +78,7 @@ def commands(quick: bool, data: str, img: Path, master: str | None = None) -> di
         epoch_size += ["--epochs", "2"]
     else:
         epochs = ["--input", nd, "--epochs", "4", "--epoch-size", "1000", "--skew", "3000"]
-        static = ["--input", nd, "--repeat", "3"]
+        static = ["--input", nd, "--repeat", "5"]
         size = ["--sizes", "200000,2000000,20000000", "--epoch-size", "1000", "--epochs", "4"]
         epoch_size = ["--input", nd, "--epoch-sizes", "10,100,1000,10000,100000", "--epochs", "4"]
     runs = {

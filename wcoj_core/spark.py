@@ -23,6 +23,8 @@ from urllib.request import url2pathname
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
+from wcoj_core.memory import keep_freed_memory
+
 DEFAULT_MASTER = "local[*]"
 
 # Settings that suit per-epoch jobs on small deltas: few shuffle partitions (AQE coalesces
@@ -89,6 +91,7 @@ def session(
     ``quiet=True`` starts the JVM with a log configuration that prints errors only (it has no
     effect on a session that is already running).
     """
+    keep_freed_memory()  # before any thread allocates (see `wcoj_core.memory`)
     active = SparkSession.getActiveSession()
     if active is not None and (master is None or active.sparkContext.master == master):
         return active
