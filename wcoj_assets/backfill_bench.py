@@ -591,7 +591,7 @@ class BackfillResult:
             # ... of which the epochs' own work (the assets' per-epoch figures), in all and per
             # epoch: first, median, last (a growing figure is a cost that grows with history).
             "asset_epoch_work_seconds": {
-                step: round(sum(s), 3) for step, s in d.epoch_seconds.items()
+                step: round(sum(s), 4) for step, s in d.epoch_seconds.items()
             },
             "asset_epoch_seconds": {
                 step: {
