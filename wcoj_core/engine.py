@@ -740,7 +740,14 @@ class Engine:
 
     # -- compaction ------------------------------------------------------------------------
     def compact(self, frontier: int | None = None) -> None:
-        """Merge every trace's batches at or before `frontier` (default: last epoch) into one."""
+        """Merge every trace's batches at or before `frontier` (default: last epoch) into one.
+
+        On a local state with the keyed path on, a trace whose batches to merge hold at most
+        `keyed_max_rows` rows is merged on the driver: read with pyarrow, summed and written as
+        the keyed path writes a batch (`KeyedIndex.read`, `KeyedIndex.write`), without a Spark
+        job. Any other trace is merged by Spark. Either way the merged batch holds each tuple
+        once with its summed diff, tuples summing to 0 dropped.
+        """
         base = self.store.current()
         if base.epoch is None:
             return
@@ -754,8 +761,13 @@ class Engine:
                 old = trace.visible(frontier)
                 if len(old) <= 1:
                     continue
-                merged = consolidate(self.store.read(trace, old).drop(TIME), trace.columns)
-                batch = self.store.write_batch(trace, merged, frontier, partitions=2)
+                if self._compacts_keyed(old):
+                    assert self._keyed is not None
+                    layer = self._keyed.read(trace, old)
+                    batch = self._keyed.write(trace, layer.rows, layer.diff, frontier)
+                else:
+                    merged = consolidate(self.store.read(trace, old).drop(TIME), trace.columns)
+                    batch = self.store.write_batch(trace, merged, frontier, partitions=2)
                 staged_paths.append(batch.path)
                 later = tuple(b for b in trace.batches if b.time > frontier)
                 traces[name] = replace(trace, batches=(batch, *later))
@@ -767,6 +779,14 @@ class Engine:
         except BaseException:
             self.store.discard(staged_paths)
             raise
+
+    def _compacts_keyed(self, batches: Sequence[Batch]) -> bool:
+        """Whether `compact` merges these batches on the driver (see `compact`)."""
+        return (
+            self._keyed is not None
+            and self.keyed_epoch_rows > 0
+            and sum(b.rows for b in batches) <= self.keyed_max_rows
+        )
 
 
 def _distinct_output(plan: Plan, fresh: bool, rules: int) -> bool:

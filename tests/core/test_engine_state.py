@@ -27,7 +27,7 @@ from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Query
 from wcoj_core.query.plan import Kind
 from wcoj_core.state import Manifest, StateStore
-from wcoj_core.updates import consolidate
+from wcoj_core.updates import DIFF, consolidate
 
 TRIANGLES = builtin("triangles")
 PATHS = builtin("2-paths")
@@ -110,8 +110,10 @@ class Run:
             assert multiset(self.engine.output(query.name)) == expected, query.name
 
 
-def new_run(spark: SparkSession, state: Path, queries: list[Query], epochs: int) -> Run:
-    run = Run(spark, Engine(spark, str(state), queries), Counter())
+def new_run(
+    spark: SparkSession, state: Path, queries: list[Query], epochs: int, **options: Any
+) -> Run:
+    run = Run(spark, Engine(spark, str(state), queries, **options), Counter())
     for epoch in range(epochs):
         run.step(epoch, epoch_changes(epoch, run.graph))
     return run
@@ -289,11 +291,14 @@ def test_a_second_engine_cannot_reapply_or_race(
 # --- compaction -----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("keyed", [True, False], ids=["driver", "spark"])
 def test_compaction_keeps_contents_and_later_epochs_exact(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, keyed: bool
 ) -> None:
+    """Merged on the driver (a local state's default) or by Spark (keyed path off): the same."""
     state = tmp_path / "state"
-    run = new_run(spark, state, [TRIANGLES], epochs=3)
+    options = {} if keyed else {"keyed_epoch_rows": 0}
+    run = new_run(spark, state, [TRIANGLES], epochs=3, **options)
     before = observe(run.engine, state)
     assert any(len(t.batches) == 3 for t in before.manifest.traces.values())
 
@@ -304,6 +309,14 @@ def test_compaction_keeps_contents_and_later_epochs_exact(
     assert sorted(after.traces) == sorted(before.manifest.traces)
     for trace in after.traces.values():
         assert len(trace.batches) <= 1 and all(b.time == 2 for b in trace.batches), trace
+        for batch in trace.batches:
+            # The driver writes its batches as `b-k-*` (see `KeyedIndex.write`).
+            assert ("/b-k-" in batch.path) == keyed, batch.path
+            # Each tuple once, with its summed, non-zero diff; the manifest counts its rows.
+            rows = run.engine.store.read(trace, [batch]).collect()
+            tuples = [tuple(r[c] for c in trace.columns) for r in rows]
+            assert len(tuples) == len(set(tuples)) == batch.rows, trace.name
+            assert all(r[DIFF] != 0 for r in rows), trace.name
     assert multiset(run.engine.output()) == before.output
     assert multiset(run.engine.relation("edge")) == before.relation
     assert multiset(run.engine.output(time=2)) == before.output
@@ -316,6 +329,36 @@ def test_compaction_keeps_contents_and_later_epochs_exact(
     run.step(3, epoch_changes(3, run.graph))
     run.check_accumulated()
     assert multiset(run.engine.output(time=2)) == before.output
+
+
+def test_a_failed_compaction_on_the_driver_leaves_the_state_intact(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The third merged batch fails to write: the two written are removed, nothing commits."""
+    state = tmp_path / "state"
+    run = new_run(spark, state, [TRIANGLES], epochs=3)
+    before = observe(run.engine, state)
+    seen: list[set[str]] = []
+    original = keyed.KeyedIndex.write
+
+    def write(self: keyed.KeyedIndex, *args: Any) -> Any:
+        if len(seen) == 2:
+            raise Injected("the third merged batch")
+        batch = original(self, *args)
+        seen.append(batch_dirs(state))
+        return batch
+
+    with monkeypatch.context() as patch:
+        patch.setattr(keyed.KeyedIndex, "write", write)
+        with pytest.raises(Injected):
+            run.engine.compact()
+    assert seen[-1] > before.dirs, "two merged batches were written before the failure"
+    assert_unchanged(run.engine, state, before)
+
+    run.engine.compact()  # then it compacts, and later epochs stay exact
+    assert run.engine.store.current().frontier == 2
+    run.step(3, epoch_changes(3, run.graph))
+    run.check_accumulated()
 
 
 def test_compacting_to_an_earlier_frontier_keeps_the_later_one(
