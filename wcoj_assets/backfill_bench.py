@@ -25,11 +25,15 @@ CLI's", side by side in one process and one SparkSession:
    per-epoch work from the ``per_epoch`` figures of its materialization. A launched run has a
    process of its own; here both runs share this one, so Spark's cache is cleared between them
    (and again before the CLI side).
-3. **CLI** — a fresh `Engine` applies the same landed files epoch by epoch with
+3. **Floor** — the same two runs of the same asset graph with empty bodies
+   (`wcoj_assets.hollow`), on a fresh instance of the same kind in ``<root>/dagster-hollow``: what
+   Dagster's own bookkeeping costs per epoch for this asset model, with no wcoj work at all. Its
+   range run must write as many materializations and check evaluations as the real one did.
+4. **CLI** — a fresh `Engine` applies the same landed files epoch by epoch with
    `Engine.apply_epoch`, the call ``wcoj replay`` and ``wcoj apply`` make (small epochs take the
    keyed path). Epoch 0 is untimed; an epoch's time covers reading its landed files and applying
    them (what ``wcoj apply`` does, without starting a JVM). Reported: median and mean.
-4. **Correctness** — before any figure is reported, every epoch's output change of the pipeline
+5. **Correctness** — before any figure is reported, every epoch's output change of the pipeline
    (the query's change batch in its state, read through `wcoj_core.history.History`) must equal
    the engine's as an exact multiset (epoch 0 compared in Spark, epochs ``1..K`` as `Counter`s);
    the first difference raises `BackfillError` naming the epoch. Both Dagster runs must succeed
@@ -211,6 +215,7 @@ class DagsterSide:
     manifest_commits: int = 0
     checks_passed: int = 0
     final_count: int | None = None
+    events: dict[str, int] = field(default_factory=dict)
 
 
 def step_seconds(instance: DagsterInstance, run_id: str) -> dict[str, float]:
@@ -255,6 +260,18 @@ def epoch_seconds(result: ExecuteInProcessResult) -> dict[str, list[float]]:
         known = out.setdefault(event.step_key, [0.0] * len(seconds))
         out[event.step_key] = [a + b for a, b in zip(known, seconds, strict=True)]
     return out
+
+
+def event_counts(result: ExecuteInProcessResult) -> dict[str, int]:
+    """The run's asset materializations and check evaluations (the events counted per epoch)."""
+    from dagster import DagsterEventType
+
+    kinds = {
+        DagsterEventType.ASSET_MATERIALIZATION: "materializations",
+        DagsterEventType.ASSET_CHECK_EVALUATION: "check_evaluations",
+    }
+    found = Counter(kinds[e.event_type] for e in result.all_events if e.event_type in kinds)
+    return {name: found[name] for name in kinds.values()}
 
 
 def _metadata(result: ExecuteInProcessResult, asset: str, key: str) -> Any:
@@ -457,6 +474,7 @@ def run_dagster(
         )
         side.checks_passed += verify_run(result, f"epochs 1..{epochs}")
         side.epoch_seconds = epoch_seconds(result)
+        side.events = event_counts(result)
         count = _metadata(result, topo.queries[0].name, "count")
         side.final_count = None if count is None else int(count)
         say(f"dagster: epochs 1..{epochs} done in {side.range_seconds:.1f} s, checks passed")
@@ -472,6 +490,58 @@ def run_dagster(
             changes[int(row["time"])][data] += int(row["diff"])
     changes = {t: Counter({k: v for k, v in c.items() if v}) for t, c in changes.items()}
     return side, changes, history.output(query.name, 0)
+
+
+# -- the floor: the same asset graph with empty bodies -------------------------------------
+
+
+@dataclass
+class HollowSide:
+    range_seconds: float = 0.0
+    events: dict[str, int] = field(default_factory=dict)
+
+
+def run_hollow(root: Path, epochs: int, expected: Mapping[str, int], say: Say) -> HollowSide:
+    """The pipeline's runs again with empty bodies: epoch 0, then one timed run over ``1..epochs``.
+
+    Raises `BackfillError` if a run fails or the range run's events differ from `expected` (the
+    real range run's): the floor must be the same bookkeeping.
+    """
+    from dagster import DagsterInstance
+
+    from wcoj_assets.definitions import build_definitions
+    from wcoj_assets.demo import QUIET_RUN, prepare_home
+    from wcoj_assets.epochs import epoch_key
+    from wcoj_assets.hollow import HOLLOW_JOB, hollow_definitions
+    from wcoj_assets.specs import DEFAULT_SPECS
+
+    job = hollow_definitions(build_definitions(DEFAULT_SPECS)).resolve_job_def(HOLLOW_JOB)
+    side = HollowSide()
+    with DagsterInstance.from_config(str(prepare_home(root / "dagster-hollow"))) as instance:
+        first = job.execute_in_process(
+            run_config=QUIET_RUN,
+            instance=instance,
+            partition_key=epoch_key(0),
+            raise_on_error=False,
+        )
+        verify_run(first, "floor, epoch 0")
+        say(f"floor: the same assets and checks with empty bodies, ONE run over 1..{epochs}")
+        start = clock.perf_counter()
+        result = job.execute_in_process(
+            run_config=QUIET_RUN,
+            instance=instance,
+            tags={RANGE_START: epoch_key(1), RANGE_END: epoch_key(epochs)},
+            raise_on_error=False,
+        )
+        side.range_seconds = clock.perf_counter() - start
+    verify_run(result, f"floor, epochs 1..{epochs}")
+    side.events = event_counts(result)
+    if side.events != dict(expected):
+        raise BackfillError(
+            f"floor: the hollow run wrote {side.events}, the pipeline's run {dict(expected)}"
+        )
+    say(f"floor: epochs 1..{epochs} done in {side.range_seconds:.1f} s, events {side.events}")
+    return side
 
 
 # -- the CLI side ---------------------------------------------------------------------------
@@ -550,6 +620,7 @@ class BackfillResult:
     epochs: int
     epoch_size: int
     dagster: DagsterSide
+    hollow: HollowSide
     cli: CliSide
     tuples_compared: int
     load_average: dict[str, list[float]]
@@ -560,7 +631,7 @@ class BackfillResult:
         from wcoj_assets.checks import CORRECTNESS
 
         d, c, k = self.dagster, self.cli, self.epochs
-        per_epoch = d.range_seconds / k
+        per_epoch, floor = d.range_seconds / k, self.hollow.range_seconds / k
         median, mean = statistics.median(c.seconds), statistics.fmean(c.seconds)
         correctness = sum(v for s, v in d.step_seconds.items() if s.endswith(CORRECTNESS))
         return {
@@ -586,6 +657,11 @@ class BackfillResult:
             "ratio_vs_cli_mean": round(per_epoch / mean, 3),
             "target_ratio": TARGET_RATIO,
             "target_met": per_epoch <= TARGET_RATIO * median,
+            # The same runs with empty bodies: Dagster's own cost per epoch for this asset model.
+            "dagster_floor_seconds_per_epoch": round(floor, 4),
+            "floor_ratio": round(floor / median, 3),
+            "floor_ratio_vs_cli_mean": round(floor / mean, 3),
+            "dagster_events_per_epoch": {n: round(v / k, 2) for n, v in d.events.items()},
             # Wall seconds of each step of the range run (STEP_START to STEP_SUCCESS) ...
             "asset_seconds": d.step_seconds,
             # ... of which the epochs' own work (the assets' per-epoch figures), in all and per
@@ -664,6 +740,7 @@ def backfill_bench(
     dagster, pipeline_changes, pipeline_initial = run_dagster(
         spark, root, epochs, say, progress_interval
     )
+    hollow = run_hollow(root, epochs, dagster.events, say)
     spark.catalog.clearCache()  # the CLI starts without the pipeline's cached batches
 
     def check_initial(engine_initial: DataFrame) -> int:
@@ -691,6 +768,7 @@ def backfill_bench(
         epochs=epochs,
         epoch_size=epoch_size,
         dagster=dagster,
+        hollow=hollow,
         cli=cli,
         tuples_compared=compared,
         load_average=load,
@@ -709,8 +787,10 @@ def table(summary: Mapping[str, Any]) -> list[str]:
         f"{'dagster (one run over the range)':34}{summary['dagster_seconds_per_epoch']:>10.3f}",
         f"{'cli (median)':34}{summary['cli_seconds_per_epoch']:>10.3f}",
         f"{'cli (mean)':34}{summary['cli_mean_seconds_per_epoch']:>10.3f}",
+        f"{'dagster, empty bodies (floor)':34}{summary['dagster_floor_seconds_per_epoch']:>10.3f}",
         f"ratio dagster / cli median: {summary['ratio']} "
         f"(target <= {summary['target_ratio']}: {'met' if summary['target_met'] else 'NOT met'})",
+        f"ratio floor / cli median: {summary['floor_ratio']} (Dagster's bookkeeping alone)",
         "",
         f"{'dagster step':34}{'step s':>10}{'epoch work s':>14}{'first':>8}{'median':>8}"
         f"{'last':>8}",

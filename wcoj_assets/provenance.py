@@ -102,13 +102,18 @@ def current_check_result(
 ) -> AssetCheckResult:
     """`current_history` for the epochs a step just wrote.
 
-    Dagster records a check result of a run over a range of partitions without a partition, so
-    for a range each epoch's evaluation is also logged on its own partition — what clears the
-    failures a correction reported.
+    Dagster records a check result of a run over a range of partitions without a partition. For
+    a range, an epoch's evaluation is therefore also logged on its own partition wherever that
+    partition's status is news: its latest evaluation failed (a correction reported it stale;
+    this clears it) or it is stale now. Every other epoch of the range was current before and
+    is after, and the step's own result covers it: logging it again per partition would cost an
+    event each, about as much as the epoch's work.
     """
     stale = set(stale_partitions(history).get(asset, ())) & set(epochs)
     if len(epochs) > 1:
-        for t in epochs:
+        keys = {epoch_key(t): t for t in epochs}
+        failed = {keys[k] for k in reported_failed(context.instance, asset, list(keys))}
+        for t in sorted(failed | stale):
             context.log_event(
                 AssetCheckEvaluation(
                     asset_key=AssetKey(asset),
@@ -129,3 +134,43 @@ def current_check_result(
             else None
         ),
     )
+
+
+def reported_failed(instance: Any, asset: str, keys: Sequence[str]) -> set[str]:
+    """The partitions among `keys` whose latest `current_history` evaluation failed.
+
+    Reads the check's failed evaluations (a correction's, so few), newest first, then for each
+    partition of `keys` among them whether a passing evaluation came later. Planned evaluations
+    (a running run's) are skipped: they hide nothing.
+    """
+    from dagster import AssetCheckKey
+    from dagster._core.event_api import PartitionKeyFilter
+    from dagster._core.storage.asset_check_execution_record import (
+        AssetCheckExecutionRecordStatus as Status,
+    )
+
+    storage = instance.event_log_storage
+    check = AssetCheckKey(AssetKey(asset), CURRENT)
+    wanted, failed = set(keys), {}
+    cursor = None
+    while True:
+        page = storage.get_asset_check_execution_history(
+            check, limit=_PAGE, cursor=cursor, status={Status.FAILED}
+        )
+        for record in page:
+            if record.partition in wanted:
+                failed.setdefault(record.partition, record.id)
+        if len(page) < _PAGE:
+            break
+        cursor = page[-1].id
+    out = set()
+    for key, failed_id in failed.items():
+        passed = storage.get_asset_check_execution_history(
+            check, limit=1, status={Status.SUCCEEDED}, partition_filter=PartitionKeyFilter(key=key)
+        )
+        if not passed or passed[0].id < failed_id:
+            out.add(key)
+    return out
+
+
+_PAGE = 1000

@@ -41,7 +41,9 @@ def test_rules_backfilled_in_reverse_order_equal_processing_in_order(
     result = p.run((0, EPOCHS - 1), assets=["triangles"])
     assert result.success and all(c.passed for c in checks(result)), checks(result)
     assert [c.name for c in checks(result) if c.name != CURRENT] == ["matches_binary_join"]
-    current = {c.partition for c in checks(result) if c.name == CURRENT}
-    assert current >= {epoch_key(n) for n in range(EPOCHS)}
+    # `current_history` once for the range (Dagster records a range's result without a
+    # partition). The output had no partition yet, so none was stale before the run and none is
+    # after: no evaluation of a partition on its own (`test_pipeline` shows the stale ones').
+    assert [c.partition for c in checks(result) if c.name == CURRENT] == [None]
     for t in range(EPOCHS):
         assert p.output("triangles", t) == oracle(p.topology, "triangles", history, t), t

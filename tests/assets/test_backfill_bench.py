@@ -114,6 +114,14 @@ def test_the_report_and_its_json(run: Run) -> None:
     assert (dagster - half) / (cli + half) - 0.0005 <= s["ratio"]
     assert s["ratio"] <= (dagster + half) / (cli - half) + 0.0005
     assert s["target_met"] == (s["ratio"] <= 2.0)
+    assert "ratio floor / cli median:" in text and "floor: epochs 1..2 done in" in text
+    floor = s["dagster_floor_seconds_per_epoch"]
+    assert floor > 0 and (floor - half) / (cli + half) - 0.0005 <= s["floor_ratio"]
+    assert s["floor_ratio"] <= (floor + half) / (cli - half) + 0.0005
+    # Per epoch one materialization per asset (the floor's run wrote the same, or it raised); once
+    # per step of the range, the 15 partitioned checks and the correctness check: nothing was
+    # stale, so no `current_history` evaluation is logged per partition.
+    assert s["dagster_events_per_epoch"] == {"materializations": 9.0, "check_evaluations": 8.0}
     assert list(s["asset_seconds"]) == STEPS
     assert all(v > 0 for v in s["asset_seconds"].values())
     # Each step's per-epoch work fits inside the step.
