@@ -761,10 +761,10 @@ class Engine:
                 old = trace.visible(frontier)
                 if len(old) <= 1:
                     continue
-                if self._compacts_keyed(old):
-                    assert self._keyed is not None
-                    layer = self._keyed.read(trace, old)
-                    batch = self._keyed.write(trace, layer.rows, layer.diff, frontier)
+                index = self._compaction_index(old)
+                if index is not None:
+                    layer = index.read(trace, old)
+                    batch = index.write(trace, layer.rows, layer.diff, frontier)
                 else:
                     merged = consolidate(self.store.read(trace, old).drop(TIME), trace.columns)
                     batch = self.store.write_batch(trace, merged, frontier, partitions=2)
@@ -780,13 +780,11 @@ class Engine:
             self.store.discard(staged_paths)
             raise
 
-    def _compacts_keyed(self, batches: Sequence[Batch]) -> bool:
-        """Whether `compact` merges these batches on the driver (see `compact`)."""
-        return (
-            self._keyed is not None
-            and self.keyed_epoch_rows > 0
-            and sum(b.rows for b in batches) <= self.keyed_max_rows
-        )
+    def _compaction_index(self, batches: Sequence[Batch]) -> kd.KeyedIndex | None:
+        """The keyed index when `compact` merges these batches on the driver (see `compact`)."""
+        if self.keyed_epoch_rows > 0 and sum(b.rows for b in batches) <= self.keyed_max_rows:
+            return self._keyed
+        return None
 
 
 def _distinct_output(plan: Plan, fresh: bool, rules: int) -> bool:

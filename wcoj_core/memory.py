@@ -21,8 +21,9 @@ heap, which glibc still trims, and later threads may be handed that heap. `wcoj_
 calls it before starting Spark, the keyed index again (a no-op by then). Measured on the static
 count of web-NotreDame, with the setting made only when the keyed index was built, after Arrow's
 threads had read the input: 5,000-16,000 page faults per run and 1.0-1.6 s; made first,
-100-3,000 faults per run and 0.8-1.1 s after the first two runs. The cost is that the driver's resident memory stays at its peak. Only glibc
-on Linux has these settings; set ``WCOJ_KEEP_MEMORY=0`` to leave the allocators as they are.
+100-3,000 faults per run and 0.8-1.1 s after the first two runs. The cost is that the driver's
+resident memory stays at its peak. Only glibc on Linux has these settings; set
+``WCOJ_KEEP_MEMORY=0`` to leave the allocators as they are.
 """
 
 from __future__ import annotations
