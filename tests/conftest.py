@@ -1,4 +1,11 @@
-"""Shared fixtures: one session-scoped SparkSession for the whole test run."""
+"""Shared fixtures: one session-scoped SparkSession for the whole test run; the test markers.
+
+Markers (registered in pyproject.toml, ``--strict-markers``): ``spark`` is added here to every
+test that uses the `spark` or `small` fixture, directly or through another fixture; a test that
+starts a JVM another way carries it by hand. ``cluster`` marks tests that start a Spark
+standalone cluster, ``slow`` the long real-data tests. ``make test-fast`` runs the rest:
+``pytest -m "not spark and not cluster and not slow"``.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ from pyspark.sql import SparkSession
 from wcoj_core import spark as wspark
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SPARK_FIXTURES = frozenset({"spark", "small"})
 
 settings.register_profile(
     "ci",
@@ -55,3 +63,10 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that needs the shared SparkSession ``spark``."""
+    for item in items:
+        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)

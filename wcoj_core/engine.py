@@ -2,12 +2,14 @@
 
 ``Engine(spark, state_dir, queries)`` plans every query, then for each ``apply_epoch(t, changes)``:
 
-1. **stage** — each relation's changes are consolidated and written as a new batch at ``t``;
-2. **counts** — every counts arrangement is updated from the tuples whose support changed
-   (read from the changes and the old multiplicities of those tuples only);
-3. **rules** — every delta rule of every query runs against the old/new views; a query's rules
-   are summed, consolidated and written as the output's batch at ``t`` (one Spark job each);
-4. **commit** — one new manifest generation records all staged batches and the epoch.
+1. **choose** — where the epoch's kernel work runs (`wcoj_core.deploy.choose`: the driver, or
+   Spark's executors), and why; both run the same kernel (`wcoj_core.kernel`);
+2. **stage** — each relation's changes, consolidated, become a new batch at ``t``;
+3. **counts** — every counts arrangement changes by the tuples whose support changed (read
+   from the changes and the old multiplicities of those tuples only);
+4. **rules** — every delta rule of every query runs against the old/new traces; a query's
+   rules are summed into the output's batch at ``t``;
+5. **commit** — one new manifest generation records all staged batches and the epoch.
 
 Nothing is visible until the commit, which either happens whole or not at all: a failure in any
 phase discards the staged batches and leaves the previous generation as it was. An epoch at or
@@ -20,38 +22,39 @@ the engine serves. Static evaluation is one epoch applied to an empty state.
 from __future__ import annotations
 
 import time as clock
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-from pyspark.sql import DataFrame, Observation, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_core import keyed as kd
-from wcoj_core.arrangement import (
-    Snapshot,
-    counts_from_support,
-    counts_trace_name,
-    relation_trace_name,
-    support_changes,
-)
+from wcoj_core import deploy
+from wcoj_core.deploy import Choice, Limits
+from wcoj_core.deploy.batches import BatchFiles, batch_path
+from wcoj_core.deploy.driver import run_on_driver
+from wcoj_core.deploy.executors import run_on_executors
+from wcoj_core.deploy.resident import Resident
+from wcoj_core.deploy.sharded import Router, counts_frames, rule_frames, tallies_of, with_deltas
+from wcoj_core.deploy.work import RuleJob, TraceRead, Work, open_layers
 from wcoj_core.errors import EpochAlreadyApplied, InputError, QueryError, StateError
-from wcoj_core.extend import (
-    WEIGHT,
-    StepObservations,
-    StepViews,
-    apply_filters,
-    check,
-    extend,
-    var_col,
-)
 from wcoj_core.files import LocalFiles
+from wcoj_core.kernel.changes import changes_layer
+from wcoj_core.kernel.index import EpochLayers
+from wcoj_core.kernel.join import RuleTally
+from wcoj_core.kernel.layer import Layer
 from wcoj_core.query.ir import Query, Var
-from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Kind, Plan, Version, plan_query
+from wcoj_core.query.plan import Arrangement, DeltaRule, Kind, Plan, Version, plan_query
 from wcoj_core.spark import local_parquet_files, parquet_rows, read_local_parquet
-from wcoj_core.state import Batch, Manifest, StateStore, Trace
+from wcoj_core.state import Batch, Manifest, StateStore, Trace, trace_dir
+from wcoj_core.traces import (
+    counts_trace_name,
+    output_trace_name,
+    relation_trace_name,
+)
 from wcoj_core.updates import (
     DIFF,
     TIME,
@@ -61,58 +64,55 @@ from wcoj_core.updates import (
     update_schema,
 )
 
-# An epoch changing at most this many relation rows is small: its prefix sets are computed
-# once per step and broadcast against the arrangements, which are streamed (never shuffled).
-SMALL_EPOCH_ROWS = 200_000
-# The keyed path (`wcoj_core.keyed`) serves epochs changing at most this many relation rows, on
-# a local state whose relation and counts traces hold at most `KEYED_MAX_ROWS` rows in all,
-# the epoch's included (the driver keeps them in memory: about 30 bytes a row per sort order).
-KEYED_EPOCH_ROWS = 10_000_000
-KEYED_MAX_ROWS = 100_000_000
 # An epoch's changes are first collected with a limit of this many rows (one cheap job for the
 # usual small epoch); a larger epoch is counted, then collected whole, which costs Spark less
 # than a large limit (a limit gathers its rows through a shuffle to one partition).
-KEYED_PROBE_ROWS = 250_000
-
-
-def output_trace_name(query: str) -> str:
-    return f"out/{query}"
+DRIVER_PROBE_ROWS = 250_000
+# On the executors, Arrow-table changes of at most this many rows travel with the work (else
+# they are written to a scratch folder), and a work whose changes hold at most `ONE_TASK_ROWS`
+# rows runs in one task (no second stage to sum its outputs across tasks).
+INLINE_ROWS = 1_000_000
+ONE_TASK_ROWS = 50_000
+# Copies of a candidate's columns a step may hold at once (proposals, gathers, validations,
+# the next step's prefixes), for `Engine.executor_budget`.
+CANDIDATE_COPIES = 24
 
 
 @dataclass(frozen=True, slots=True)
 class StepMetrics:
-    """Rows through one step of one rule (``None`` when Spark skipped the phase entirely)."""
+    """Rows through one step of one rule."""
 
     query: str
     rule: int
     var: str
-    prefixes: int | None
-    min_count_sum: int | None
-    proposed: int | None
-    validated: int | None
+    prefixes: int
+    min_count_sum: int
+    proposed: int
+    validated: int
 
 
 @dataclass(frozen=True, slots=True)
 class EpochMetrics:
-    """What one epoch did: changes in, rows proposed and validated, output rows, seconds."""
+    """What one epoch did: changes in, rows proposed and validated, output rows, seconds, and
+    where it ran (`deployment`) and why (`reason`)."""
 
     epoch: int
     changes: dict[str, int]
     outputs: dict[str, int]
     steps: tuple[StepMetrics, ...]
     seconds: dict[str, float]
-    # Rows out of every lookup of the keyed path (its analogue of join output rows; the Spark
-    # path's joins are counted by Spark's own SQL metrics instead, so it leaves this 0).
+    deployment: str = "driver"
+    reason: str = ""
+    # Rows out of every lookup the kernel made (its analogue of a binary plan's join rows).
     join_rows: int = 0
-    path: str = "spark"  # which path applied the epoch: "spark" or "keyed"
 
     @property
     def proposed(self) -> int:
-        return sum(s.proposed or 0 for s in self.steps)
+        return sum(s.proposed for s in self.steps)
 
     @property
     def validated(self) -> int:
-        return sum(s.validated or 0 for s in self.steps)
+        return sum(s.validated for s in self.steps)
 
     @property
     def total_seconds(self) -> float:
@@ -126,7 +126,8 @@ class EpochMetrics:
             "proposed": self.proposed,
             "validated": self.validated,
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
-            "path": self.path,
+            "deployment": self.deployment,
+            "reason": self.reason,
         }
 
 
@@ -137,7 +138,7 @@ class EpochResult:
     epoch: int
     outputs: dict[str, DataFrame]
     metrics: EpochMetrics
-    # The sum of each output change's multiplicities, where the path computed it on the driver.
+    # The sum of each output change's multiplicities, as the kernel's deployment reported it.
     totals: dict[str, int] = field(default_factory=dict)
 
     def total(self, query: str) -> int:
@@ -160,23 +161,25 @@ class _Timer:
             self.seconds[name] = self.seconds.get(name, 0.0) + clock.perf_counter() - start
 
 
-def observed(obs: Observation, key: str) -> int | None:
-    """An observed metric, or None when Spark never ran the observed part of the plan."""
-    try:
-        value = (obs.get or {}).get(key)
-    except Exception:  # the subtree was pruned (for example, joined with an empty side)
-        return None
-    return None if value is None else int(value)
+@dataclass(frozen=True, slots=True)
+class WorkOutcome:
+    """What a work stored: a staged batch per output trace, each output's diff total, and what
+    every rule did."""
+
+    batches: dict[str, Batch]
+    totals: dict[str, int]
+    tallies: dict[RuleJob, RuleTally]
+    layers: EpochLayers | None = None  # what the driver read (to advance its indexes)
 
 
 class Engine:
     """Incremental worst-case-optimal evaluation of conjunctive queries over epochs.
 
-    `compact_every` merges a trace's batches once it holds more; an epoch changing at most
-    `small_epoch_rows` relation rows runs its rules broadcasting prefixes (see `SMALL_EPOCH_ROWS`);
-    `cache_state` keeps the batches read in Spark's memory for later epochs. An epoch changing at
-    most `keyed_epoch_rows` rows of a local state of at most `keyed_max_rows` arrangement rows
-    runs on the driver's resident index instead (`wcoj_core.keyed`); 0 turns that path off.
+    `deployment` is ``auto`` (the driver when the epoch and state fit `limits`, see
+    `wcoj_core.deploy.choose`), ``driver`` or ``executors``; `executor_tasks` is the number of
+    tasks an epoch runs in on the executors (default: Spark's default parallelism), one when
+    its changes hold at most `one_task_rows` rows.
+    `compact_every` merges a trace's batches once it holds more.
     """
 
     def __init__(
@@ -188,16 +191,17 @@ class Engine:
         sizes: Mapping[str, int] | None = None,
         orders: Mapping[str, Mapping[int, Sequence[Var]]] | None = None,
         compact_every: int = 32,
-        small_epoch_rows: int = SMALL_EPOCH_ROWS,
-        cache_state: bool = True,
-        keyed_epoch_rows: int = KEYED_EPOCH_ROWS,
-        keyed_max_rows: int = KEYED_MAX_ROWS,
+        deployment: str = "auto",
+        driver_max_rows: int = deploy.DRIVER_MAX_ROWS,
+        driver_epoch_rows: int = deploy.DRIVER_EPOCH_ROWS,
+        executor_max_rows: int = deploy.EXECUTOR_MAX_ROWS,
+        executor_tasks: int | None = None,
     ) -> None:
         qs = [queries] if isinstance(queries, Query) else list(queries)
         if len({q.name for q in qs}) != len(qs):
             raise QueryError("two queries share a name; give each query its own name")
         self.spark = spark
-        self.store = StateStore(spark, state_dir, cache=cache_state)
+        self.store = StateStore(spark, state_dir)
         self.queries = {q.name: q for q in qs}
         if sizes is None:
             # Stored rows per relation (no Spark work): good enough to break the planner's ties.
@@ -219,14 +223,47 @@ class Engine:
                         f"{arity} in {q.name!r}"
                     )
         self.compact_every = compact_every
-        self.small_epoch_rows = small_epoch_rows
-        self.keyed_epoch_rows = keyed_epoch_rows
-        self.keyed_max_rows = keyed_max_rows
-        self._keyed = (
-            kd.KeyedIndex(self.store.files.root)
-            if isinstance(self.store.files, LocalFiles)
-            else None
-        )
+        self.limits = Limits(deployment, driver_max_rows, driver_epoch_rows, executor_max_rows)
+        self.executor_tasks = executor_tasks
+        self.one_task_rows = ONE_TASK_ROWS
+        self._executors_warm = False
+        self.local = isinstance(self.store.files, LocalFiles)
+        self._files: BatchFiles | None = None
+        self._resident: Resident | None = None
+
+    # -- where the work runs -------------------------------------------------------------------
+    @property
+    def files(self) -> BatchFiles:
+        """The state's batches through pyarrow (made when first needed)."""
+        if self._files is None:
+            self._files = BatchFiles(self.store.root)
+        return self._files
+
+    @property
+    def resident(self) -> Resident:
+        """The traces this process keeps in memory for the driver deployment."""
+        if self._resident is None:
+            self._resident = Resident(self.files)
+        return self._resident
+
+    def choose(self, manifest: Manifest, names: Sequence[str], changed: int | None) -> Choice:
+        """Where a work reading the traces `names` of `manifest` runs (see `deploy.choose`)."""
+        held = sum(t.rows() for n in names if (t := manifest.trace(n)) is not None)
+        return deploy.choose(self.limits, local=self.local, held=held, changed=changed)
+
+    def executor_budget(self, work: Work) -> int:
+        """The candidates a step proposes at once inside an executor: what fits the Python
+        worker's memory when ``spark.executor.pyspark.memory`` sets it (several arrays of a
+        long per variable, each candidate's, live at once), else the kernel's default."""
+        limit = _bytes(self.spark.conf.get("spark.executor.pyspark.memory", None))
+        if limit is None:
+            return work.budget
+        width = max((len(p.query.vars) for p in work.plans.values()), default=1)
+        return max(1 << 14, min(work.budget, limit // (8 * CANDIDATE_COPIES * (width + 2))))
+
+    def tasks(self) -> int:
+        """The tasks an epoch's work runs in on the executors."""
+        return self.executor_tasks or max(1, self.spark.sparkContext.defaultParallelism)
 
     # -- arrangements ----------------------------------------------------------------------
     @property
@@ -238,8 +275,15 @@ class Engine:
                 seen.setdefault(a, None)
         return tuple(seen)
 
-    def _counts(self) -> list[Arrangement]:
+    def counts(self) -> list[Arrangement]:
+        """The counts arrangements the plans read."""
         return [a for a in self.arrangements if a.kind is Kind.COUNTS]
+
+    def trace_names(self) -> list[str]:
+        """The relation and counts traces an epoch reads."""
+        return [relation_trace_name(r) for r in sorted(self.relations)] + [
+            counts_trace_name(a) for a in self.counts()
+        ]
 
     def _check_served(self, manifest: Manifest) -> None:
         """Refuse a state holding queries (and so arrangements) this engine would not maintain."""
@@ -254,14 +298,8 @@ class Engine:
                 f"{', '.join(sorted(self.queries))})"
             )
 
-    def _register(
-        self, manifest: Manifest, staged_paths: list[str], build_counts: bool = True
-    ) -> Manifest:
-        """Add the traces this engine needs; build missing counts from the committed state.
-
-        With ``build_counts=False`` a missing counts trace starts empty: it is then built epoch by
-        epoch (see `wcoj_core.history`).
-        """
+    def registered(self, manifest: Manifest) -> Manifest:
+        """The manifest with every trace this engine needs (new ones empty)."""
         m = manifest
         for rel, arity in sorted(self.relations.items()):
             name = relation_trace_name(rel)
@@ -278,20 +316,141 @@ class Engine:
                 m = m.with_trace(
                     Trace(output_trace_name(q.name), tuple(relation_columns(len(q.head))))
                 )
-        for a in self._counts():
-            name = counts_trace_name(a)
-            if m.trace(name) is not None:
-                continue
-            trace = Trace(name, tuple(f"c{k}" for k in a.key))
-            relation = m.traces[relation_trace_name(a.view.relation)]
-            if build_counts and m.epoch is not None and relation.rows() > 0:
-                snap = Snapshot(self.store, m, {}, m.epoch + 1)
-                ones = snap.self_view(a.view, new=False).withColumn(DIFF, F.lit(1).cast("long"))
-                batch = self.store.write_batch(trace, counts_from_support(ones, a.key), m.epoch)
-                staged_paths.append(batch.path)
-                trace = trace.with_batch(batch)
-            m = m.with_trace(trace)
+        for a in self.counts():
+            if m.trace(counts_trace_name(a)) is None:
+                m = m.with_trace(Trace(counts_trace_name(a), tuple(f"c{k}" for k in a.key)))
         return m
+
+    def _build_counts(self, base: Manifest, m: Manifest, staged: list[str]) -> Manifest:
+        """Counts arrangements new to a state holding relations: built from the relations (as
+        one work whose changes are the relations' whole contents), stamped the last epoch."""
+        missing = [
+            a
+            for a in self.counts()
+            if base.trace(counts_trace_name(a)) is None
+            and m.traces[relation_trace_name(a.view.relation)].rows() > 0
+        ]
+        if not missing or m.epoch is None:
+            return m
+        names = sorted({relation_trace_name(a.view.relation) for a in missing})
+        reads = tuple(
+            TraceRead(n, m.traces[n].columns, (), _refs(m.traces[n].batches)) for n in names
+        )
+        work = Work(self.store.root, m.epoch, self.plans, reads, counts=tuple(missing))
+        choice = self.choose(m, names, 0)
+        outcome = self.run_work(work, choice, {}, staged, sum(m.traces[n].rows() for n in names))
+        for name, batch in outcome.batches.items():
+            m = m.with_trace(m.traces[name].with_batch(batch))
+        return m
+
+    # -- running a work ----------------------------------------------------------------------
+    def run_work(
+        self,
+        work: Work,
+        choice: Choice,
+        given: Mapping[str, Layer],
+        staged: list[str],
+        changed: int,
+    ) -> WorkOutcome:
+        """Run a work where `choice` says and write its outputs as batches at its epoch (their
+        folders are added to `staged` as soon as they may exist). `changed`: the rows of the
+        changes it reads (a small work runs in one task on the executors)."""
+        if choice.on_driver:
+            return self._run_on_driver(work, given, staged)
+        work = replace(work, budget=self.executor_budget(work))
+        if choice.shards > 1:
+            return self._run_sharded(work, choice.shards, staged)
+        folders = {name: self._folder(name, work.epoch, "x") for name in work.columns()}
+        staged += folders.values()
+        # A small work runs in one task; the first on the executors runs in all of them, so
+        # that every executor reads the state's traces once, not in a later, timed epoch.
+        small = changed <= self.one_task_rows and self._executors_warm
+        written = run_on_executors(self.spark, work, folders, 1 if small else self.tasks())
+        self._executors_warm = True
+        written.clean(self.files, folders, work)
+        batches = {n: Batch(folders[n], work.epoch, written.rows[n]) for n in folders}
+        return WorkOutcome(batches, dict(written.totals), dict(written.tallies))
+
+    def _run_on_driver(
+        self, work: Work, given: Mapping[str, Layer], staged: list[str]
+    ) -> WorkOutcome:
+        layers = open_layers(work, self.resident, given)
+        result = run_on_driver(work, layers)
+        columns = work.columns()
+        batches: dict[str, Batch] = {}
+        totals: dict[str, int] = {}
+        for name, (rows, diff) in result.changes.items():
+            batches[name] = self.write_batch(name, columns[name], rows, diff, work.epoch, staged)
+            totals[name] = int(diff.sum())
+        return WorkOutcome(batches, totals, dict(result.tallies), layers)
+
+    def _run_sharded(self, work: Work, shards: int, staged: list[str]) -> WorkOutcome:
+        """Run a work on the executors with its arrangements cut into `shards` (see
+        `wcoj_core.deploy.sharded`): the relation changes are stored first, then the counts
+        changes, then the rules read both as the epoch's stored changes."""
+        router = Router.of(shards, max(2, -(-self.tasks() // shards)))
+        columns = work.columns()
+        batches: dict[str, Batch] = {}
+
+        def store(name: str, df: DataFrame) -> Batch:
+            trace = Trace(name, columns[name])
+            batch = self.store.write_batch(trace, df, work.epoch, partitions=2)
+            staged.append(batch.path)
+            batches[name] = batch
+            return batch
+
+        for r in work.reads:
+            if r.raw or r.inline is not None:
+                df = (
+                    self.spark.read.parquet(*[self.files.uri(f) for f in r.raw])
+                    if r.raw
+                    else self.spark.createDataFrame(r.inline)
+                )
+                store(r.name, consolidate(df.select(*r.columns, DIFF), r.columns))
+        stored = {n: ((b.path, b.rows),) for n, b in batches.items()}
+        work = with_deltas(work, stored)
+        read = {
+            r.name.removeprefix("rel/"): self.store.read(
+                Trace(r.name, r.columns), _batches(r.delta)
+            ).drop(TIME)
+            for r in work.reads
+            if r.name.startswith("rel/") and any(rows for _, rows in r.delta)
+        }
+        for name, df in counts_frames(work, router, read).items():
+            store(name, df)
+        for a in work.counts:
+            name = counts_trace_name(a)
+            if name not in batches:
+                store(name, self._empty(columns[name]))
+        work = with_deltas(work, {n: ((b.path, b.rows),) for n, b in batches.items()})
+        outputs, observed = rule_frames(self.spark, work, router, read)
+        for job in work.rules:
+            name = job.output
+            if name not in batches:
+                store(name, outputs.get(name, self._empty(columns[name])))
+        return WorkOutcome(batches, {}, tallies_of(work, observed))
+
+    def _empty(self, columns: Sequence[str]) -> DataFrame:
+        return self.spark.createDataFrame([], update_schema(columns, with_time=False))
+
+    def _folder(self, name: str, epoch: int, kind: str) -> str:
+        return batch_path(trace_dir(name), epoch, kind)
+
+    def write_batch(
+        self,
+        name: str,
+        columns: Sequence[str],
+        rows: np.ndarray,
+        diff: np.ndarray,
+        epoch: int,
+        staged: list[str],
+        inputs: str = "",
+    ) -> Batch:
+        """Write a batch computed on the driver (pyarrow)."""
+        folder = self._folder(name, epoch, "k")
+        staged.append(folder)
+        self.files.write(folder, columns, rows, diff, epoch, threads=True)
+        return Batch(folder, epoch, len(diff), inputs)
 
     # -- epochs ----------------------------------------------------------------------------
     def apply_epoch(
@@ -300,8 +459,7 @@ class Engine:
         """Apply one epoch of changes; return the exact change of every output at `epoch`.
 
         A relation's changes are a Spark DataFrame or, already on the driver, an Arrow table
-        (``c0 ..``, ``diff`` int64 columns without nulls, as `wcoj_core.sources` reads a small
-        local file); a table the keyed path cannot take is handed to Spark.
+        (``c0 ..``, ``diff`` int64 columns without nulls).
 
         With ``rules=False`` only the arrangements are updated and the outputs are left as they
         were: a benchmark seeds a large state this way when it measures later epochs only (the
@@ -320,60 +478,211 @@ class Engine:
                 f"epoch {epoch} cannot be applied to {self.store.root}: epoch {base.epoch} is "
                 f"already applied (epochs are applied once, in increasing order)"
             )
-        for rel in changes:
+        for rel, df in changes.items():
             if rel not in self.relations:
                 raise QueryError(
                     f"changes given for relation {rel!r}, which no query uses "
                     f"(used: {', '.join(sorted(self.relations))})"
                 )
-        if rules:
-            small = self._keyed_changes(base, epoch, changes)
-            if small is not None:
-                return self._apply_keyed(base, epoch, small)
-        frames = {
-            rel: df if isinstance(df, DataFrame) else self.spark.createDataFrame(df)
-            for rel, df in changes.items()
-        }
-        return self._apply_spark(base, epoch, frames, rules)
-
-    def _apply_spark(
-        self, base: Manifest, epoch: int, changes: Mapping[str, DataFrame], rules: bool
-    ) -> EpochResult:
-        """Apply an epoch with Spark's dataflow (stage, counts, rules, commit)."""
+            self._check_columns(rel, df, epoch)
         timer = _Timer()
-        staged_paths: list[str] = []
+        staged: list[str] = []
+        scratch: list[str] = []
         try:
             with timer.phase("stage"):
-                m = self._register(base, staged_paths)
-                staged = self._stage(m, epoch, changes, staged_paths)
-            with timer.phase("counts"):
-                staged |= self._maintain_counts(m, epoch, staged, staged_paths)
-            snapshot = Snapshot(self.store, m, staged, epoch)
+                m = self.registered(base)
+                choice = self.choose(m, self.trace_names(), None)
+                given: dict[str, Layer] | None = None
+                if choice.on_driver:
+                    given, choice = self._on_driver(m, changes, choice, fresh=base.epoch is None)
+                m = self._build_counts(base, m, staged)
+                batches: dict[str, Batch] = {}
+                if given is not None:
+                    for rel, layer in given.items():
+                        name = relation_trace_name(rel)
+                        cols = m.traces[name].columns
+                        batches[name] = self.write_batch(
+                            name, cols, layer.rows, layer.diff, epoch, staged
+                        )
+                    deltas = {relation_trace_name(r): layer for r, layer in given.items()}
+                    changed = {rel for rel, layer in given.items() if len(layer)}
+                    work = self._epoch_work(m, epoch, rules, changed, {}, {})
+                    rows = sum(len(layer) for layer in given.values())
+                else:
+                    raw, inline, counted = self._executor_changes(changes, scratch)
+                    deltas = {}
+                    changed = {rel for rel, n in counted.items() if n}
+                    work = self._epoch_work(m, epoch, rules, changed, raw, inline)
+                    rows = sum(counted.values())
+                    choice = self.choose(m, self.trace_names(), rows)  # now counted: shards?
             with timer.phase("rules"):
-                outputs, steps = (
-                    self._run_rules(snapshot, staged, staged_paths) if rules else ({}, [])
-                )
+                outcome = self.run_work(work, choice, deltas, staged, rows)
+                batches |= outcome.batches
+                for q in self.queries if rules else ():
+                    name = output_trace_name(q)
+                    if name not in batches:  # no rule ran: an empty change
+                        cols = m.traces[name].columns
+                        batches[name] = self.write_batch(
+                            name, cols, *_nothing(len(cols)), epoch, staged
+                        )
             with timer.phase("commit"):
-                committed = self._commit(m, base, epoch, staged)
+                committed = self._commit(m, base, epoch, batches)
         except BaseException:
-            self.store.discard(staged_paths)
+            self.store.discard(staged)
             raise
+        finally:
+            for folder in scratch:
+                self.files.remove(folder)
+        if outcome.layers is not None:
+            self._advance(outcome.layers, batches)
         metrics = EpochMetrics(
             epoch=epoch,
-            changes={
-                rel: staged[relation_trace_name(rel)].rows
-                for rel in sorted(changes)
-                if relation_trace_name(rel) in staged
-            },
-            outputs={q: outputs[q].rows for q in outputs},
-            steps=tuple(steps),
+            changes={rel: batches[relation_trace_name(rel)].rows for rel in sorted(changes)},
+            outputs={q: batches[output_trace_name(q)].rows for q in self.queries if rules},
+            steps=_steps(outcome.tallies),
             seconds=timer.seconds,
+            deployment=choice.deployment.value,
+            reason=choice.reason,
+            join_rows=sum(t.joins for t in outcome.tallies.values()),
         )
+        outputs = {q: batches[output_trace_name(q)] for q in self.queries if rules}
         frames = {
             q: self.store.read(committed.traces[output_trace_name(q)], [b])
             for q, b in outputs.items()
         }
-        return EpochResult(epoch, frames, metrics)
+        totals = {  # where the deployment did not sum an output, `EpochResult.total` will
+            q: outcome.totals.get(output_trace_name(q), 0)
+            for q in outputs
+            if output_trace_name(q) in outcome.totals or output_trace_name(q) not in outcome.batches
+        }
+        return EpochResult(epoch, frames, metrics, totals)
+
+    def _epoch_work(
+        self,
+        m: Manifest,
+        epoch: int,
+        rules: bool,
+        changed: set[str],
+        raw: Mapping[str, tuple[str, ...]],
+        inline: Mapping[str, pa.Table],
+    ) -> Work:
+        """The kernel work of an engine epoch: every counts change, and every rule of every
+        query whose delta relation changed and whose other atoms can hold tuples. The relations'
+        changes are `raw` files or `inline` tables (the executors'), else given to `open_layers`
+        (the driver's)."""
+        relation = {relation_trace_name(r): r for r in self.relations}
+        reads = tuple(
+            TraceRead(
+                n,
+                m.traces[n].columns,
+                _refs(m.traces[n].batches),
+                raw=raw.get(relation.get(n, ""), ()),
+                inline=inline.get(relation.get(n, "")),
+            )
+            for n in self.trace_names()
+        )
+        jobs: list[RuleJob] = []
+        distinct: set[str] = set()
+        for name, plan in self.plans.items() if rules else ():
+            ran = [
+                r
+                for r in plan.rules
+                if plan.query.atoms[r.delta].relation in changed
+                and not _reads_empty(plan, r, m, changed)
+            ]
+            jobs += [RuleJob(name, r.delta, output_trace_name(name)) for r in ran]
+            if _distinct_output(plan, m.epoch is None, len(ran)):
+                distinct.add(output_trace_name(name))
+        counts = tuple(self.counts())
+        emit = [relation_trace_name(r) for r in sorted({*raw, *inline})]
+        return Work(
+            self.store.root,
+            epoch,
+            self.plans,
+            reads,
+            counts=counts,
+            rules=tuple(jobs),
+            emit=(*emit, *(counts_trace_name(a) for a in counts)),
+            distinct=frozenset(distinct),
+        )
+
+    def _on_driver(
+        self, m: Manifest, changes: Mapping[str, DataFrame | pa.Table], choice: Choice, fresh: bool
+    ) -> tuple[dict[str, Layer] | None, Choice]:
+        """The epoch's changes on the driver, consolidated; or None and the executors' choice
+        when they hold more rows than the driver takes (collected up to that many)."""
+        budget = self.limits.driver_epoch_rows
+        out: dict[str, Layer] = {}
+        seen = 0
+        for rel, df in sorted(changes.items()):
+            cols = relation_columns(self.relations[rel])
+            if isinstance(df, DataFrame):
+                table = _collect(df.select(*cols, DIFF), budget - seen, fresh=fresh)
+            else:
+                table = df.select([*cols, DIFF])
+            if table is None or table.num_rows > budget - seen:
+                return None, self.choose(m, self.trace_names(), budget + 1)
+            nulls = [
+                c
+                for c, col in zip(table.column_names, table.columns, strict=True)
+                if col.null_count
+            ]
+            if nulls:
+                raise InputError(
+                    f"changes hold null values in {', '.join(nulls)}; every value must be a "
+                    "whole number",
+                    source=f"relation {rel!r}",
+                )
+            seen += table.num_rows
+            out[rel] = changes_layer(cols, table)
+        return out, self.choose(m, self.trace_names(), seen)
+
+    def _executor_changes(
+        self, changes: Mapping[str, DataFrame | pa.Table], scratch: list[str]
+    ) -> tuple[dict[str, tuple[str, ...]], dict[str, pa.Table], dict[str, int]]:
+        """Each relation's changes in a form the executors read, and how many rows they hold.
+
+        An Arrow table (already on the driver) of at most `INLINE_ROWS` rows travels with the
+        work; a larger one is written into a scratch folder of the state. A DataFrame that is a
+        plain scan of local Parquet files is read from those files when the state is local too;
+        any other is written into a scratch folder by Spark (no shuffle). The scratch folders
+        are added to `scratch`, for the caller to remove.
+        """
+        raw: dict[str, tuple[str, ...]] = {}
+        inline: dict[str, pa.Table] = {}
+        rows: dict[str, int] = {}
+        for rel, df in sorted(changes.items()):
+            cols = relation_columns(self.relations[rel])
+            folder = f"scratch/{uuid.uuid4().hex}"
+            if isinstance(df, DataFrame):
+                frame = df.select(*cols, DIFF)
+                files = local_parquet_files(frame) if self.local else None
+                if files is None:
+                    scratch.append(folder)
+                    frame.write.parquet(self.store.uri(folder))
+                    files = [
+                        self.files.full(f"{folder}/{f}")
+                        for f in self.files.listing(folder)
+                        if f.endswith(".parquet")
+                    ]
+            else:
+                table = df.select([*cols, DIFF])
+                if table.num_rows <= INLINE_ROWS:
+                    inline[rel] = table
+                    rows[rel] = int(table.num_rows)
+                    continue
+                scratch.append(folder)
+                files = self.files.write_changes(folder, table)
+            raw[rel] = tuple(files)
+            rows[rel] = self.files.file_rows(files)
+        return raw, inline, rows
+
+    def _advance(self, layers: EpochLayers, batches: Mapping[str, Batch]) -> None:
+        """Keep the driver's indexes advanced by the epoch's changes, already in memory."""
+        for name, delta in layers.deltas.items():
+            batch = batches.get(name)
+            if batch is not None and name in layers.traces:
+                self.resident.advance(name, layers.traces[name], delta, batch.path)
 
     def _check_columns(self, rel: str, df: DataFrame | pa.Table, epoch: int) -> list[str]:
         cols = relation_columns(self.relations[rel])
@@ -387,316 +696,6 @@ class Engine:
                 source=f"relation {rel!r} at epoch {epoch}",
             )
         return cols
-
-    # -- the keyed path -----------------------------------------------------------------------
-    def _keyed_traces(self) -> list[str]:
-        return [relation_trace_name(r) for r in sorted(self.relations)] + [
-            counts_trace_name(a) for a in self._counts()
-        ]
-
-    def _keyed_changes(
-        self, base: Manifest, epoch: int, changes: Mapping[str, DataFrame | pa.Table]
-    ) -> dict[str, kd.Layer] | None:
-        """The epoch's changes on the driver, when the keyed path can serve it; else None.
-
-        It serves an epoch of a local state whose traces this engine reads hold, with the epoch,
-        at most `keyed_max_rows` rows, changing at most `keyed_epoch_rows` rows. The changes are
-        collected with a limit of `KEYED_PROBE_ROWS` rows (of `keyed_epoch_rows`, if fewer)
-        first; when that limit is reached, they are counted and then collected whole. A fresh
-        state's epoch (usually a whole relation) is counted first. Changes that are nothing but
-        a scan of local Parquet files are counted from the files' footers and read with pyarrow,
-        without a Spark job. A change with a null stays on Spark's path.
-        """
-        if self._keyed is None or self.keyed_epoch_rows <= 0:
-            return None
-        held = sum(t.rows() for n in self._keyed_traces() if (t := base.trace(n)) is not None)
-        budget = min(self.keyed_epoch_rows, self.keyed_max_rows - held)
-        if budget < 0:
-            return None
-        out: dict[str, kd.Layer] = {}
-        for rel, df in sorted(changes.items()):
-            if rel not in self.relations:
-                return None  # refused with its message on Spark's path
-            cols = self._check_columns(rel, df, epoch)
-            table: pa.Table | None
-            if isinstance(df, DataFrame):
-                table = self._collect(df.select(*cols, DIFF), budget, fresh=base.epoch is None)
-            else:
-                table = df.select([*cols, DIFF])
-            if table is None:
-                return None
-            rows: int = table.num_rows
-            if rows > budget or any(c.null_count for c in table.columns):
-                return None
-            budget -= rows
-            out[rel] = kd.changes_layer(cols, table)
-        return out
-
-    @staticmethod
-    def _collect(rows: DataFrame, budget: int, *, fresh: bool) -> pa.Table | None:
-        """A relation's changes on the driver, or None when they hold more than `budget` rows."""
-        files = local_parquet_files(rows)
-        if files is not None:
-            if parquet_rows(files) > budget:
-                return None
-            table = read_local_parquet(rows, files)
-            if table is not None:
-                return table
-        probe = min(budget, KEYED_PROBE_ROWS)
-        table = None if fresh else rows.limit(probe + 1).toArrow()
-        if table is None or table.num_rows > probe:
-            if rows.count() > budget:
-                return None
-            table = rows.toArrow()
-        return table
-
-    def _apply_keyed(
-        self, base: Manifest, epoch: int, changes: Mapping[str, kd.Layer]
-    ) -> EpochResult:
-        """Apply a small epoch on the driver's resident index (see `wcoj_core.keyed`)."""
-        index = self._keyed
-        assert index is not None
-        timer = _Timer()
-        staged_paths: list[str] = []
-        staged: dict[str, Batch] = {}
-        deltas: dict[str, kd.Layer] = {}
-        joins: list[int] = []
-        outputs: dict[str, Batch] = {}
-        totals: dict[str, int] = {}
-        steps: list[StepMetrics] = []
-
-        def stage(trace: Trace, layer: kd.Layer) -> None:
-            batch = index.write(trace, layer.rows, layer.diff, epoch)
-            staged_paths.append(batch.path)
-            staged[trace.name] = batch
-            deltas[trace.name] = layer
-
-        try:
-            with timer.phase("stage"):
-                m = self._register(base, staged_paths)
-                index.sync(m, self._keyed_traces())
-                for rel, layer in sorted(changes.items()):
-                    stage(m.traces[relation_trace_name(rel)], layer)
-            layers = kd.EpochLayers(index, deltas)
-            with timer.phase("counts"):
-                by_view: dict[AtomView, list[Arrangement]] = {}
-                for a in self._counts():
-                    by_view.setdefault(a.view, []).append(a)
-                for view, arrangements in by_view.items():
-                    if relation_trace_name(view.relation) not in deltas:
-                        continue
-                    support = kd.support_delta(layers, view)
-                    for a in arrangements:
-                        stage(m.traces[counts_trace_name(a)], kd.counts_delta(support, a.key))
-            snapshot = Snapshot(self.store, m, staged, epoch)
-            with timer.phase("rules"):
-                for name, plan in self.plans.items():
-                    found: list[kd.Prefixes] = []
-                    for rule in plan.rules:
-                        if self._rule_is_empty(plan, rule, snapshot):
-                            continue
-                        bindings, counts = kd.run_rule(plan, rule, layers, joins)
-                        found.append(bindings)
-                        steps.extend(
-                            StepMetrics(
-                                name,
-                                rule.delta,
-                                c.var,
-                                c.prefixes,
-                                c.min_sum,
-                                c.proposed,
-                                c.validated,
-                            )
-                            for c in counts
-                        )
-                    trace = m.traces[output_trace_name(name)]
-                    distinct = _distinct_output(plan, base.epoch is None, len(found))
-                    rows, diff = kd.output_changes(found, plan.query.head, distinct)
-                    totals[name] = int(diff.sum())
-                    batch = index.write(trace, rows, diff, epoch)
-                    staged_paths.append(batch.path)
-                    staged[trace.name] = batch
-                    outputs[name] = batch
-            with timer.phase("commit"):
-                committed = self._commit(m, base, epoch, staged)
-        except BaseException:
-            self.store.discard(staged_paths)
-            raise
-        for name, layer in deltas.items():
-            index.traces[name] = index.traces[name].advanced(layer, staged[name].path)
-        metrics = EpochMetrics(
-            epoch=epoch,
-            changes={rel: staged[relation_trace_name(rel)].rows for rel in sorted(changes)},
-            outputs={q: b.rows for q, b in outputs.items()},
-            steps=tuple(steps),
-            seconds=timer.seconds,
-            join_rows=sum(joins),
-            path="keyed",
-        )
-        frames = {
-            q: self.store.read(committed.traces[output_trace_name(q)], [b])
-            for q, b in outputs.items()
-        }
-        return EpochResult(epoch, frames, metrics, totals)
-
-    def _stage(
-        self, m: Manifest, epoch: int, changes: Mapping[str, DataFrame], staged_paths: list[str]
-    ) -> dict[str, Batch]:
-        staged: dict[str, Batch] = {}
-        for rel, df in sorted(changes.items()):
-            cols = self._check_columns(rel, df, epoch)
-            trace = m.traces[relation_trace_name(rel)]
-            batch = self.store.write_batch(trace, consolidate(df.select(*cols, DIFF), cols), epoch)
-            staged_paths.append(batch.path)
-            staged[trace.name] = batch
-        return staged
-
-    def _maintain_counts(
-        self, m: Manifest, epoch: int, staged: dict[str, Batch], staged_paths: list[str]
-    ) -> dict[str, Batch]:
-        snapshot = Snapshot(self.store, m, staged, epoch)
-        by_view: dict[AtomView, list[Arrangement]] = {}
-        for a in self._counts():
-            by_view.setdefault(a.view, []).append(a)
-        out: dict[str, Batch] = {}
-        for view, arrangements in by_view.items():
-            if not snapshot.has_changes(view.relation):
-                continue
-            changes = support_changes(snapshot, view)
-            if len(arrangements) > 1:
-                changes = changes.persist()
-            for a in arrangements:
-                trace = m.traces[counts_trace_name(a)]
-                batch = self.store.write_batch(trace, counts_from_support(changes, a.key), epoch)
-                staged_paths.append(batch.path)
-                out[trace.name] = batch
-            changes.unpersist()
-        return out
-
-    def _rule_is_empty(self, plan: Plan, rule: DeltaRule, snapshot: Snapshot) -> bool:
-        atoms = plan.query.atoms
-        if not snapshot.has_changes(atoms[rule.delta].relation):
-            return True
-        for j, version in enumerate(rule.versions):
-            if version is not Version.DELTA and snapshot.is_empty(
-                relation_trace_name(atoms[j].relation), new=version is Version.NEW
-            ):
-                return True
-        return False
-
-    def rule_output(
-        self,
-        plan: Plan,
-        rule: DeltaRule,
-        snapshot: Snapshot,
-        observations: list[StepObservations],
-        materialize: Callable[[DataFrame], DataFrame] | None = None,
-    ) -> DataFrame:
-        """The output change produced by one delta rule: (c0.., diff), not consolidated.
-
-        With `materialize` (for a small epoch) each step computes its proposals once, then
-        broadcasts them against the arrangements (see `wcoj_core.extend`).
-        """
-        atom_vars = plan.atom_vars
-        start = atom_vars[rule.delta]
-        df = snapshot.delta_view(plan.views[rule.delta]).select(
-            *[F.col(f"c{i}").alias(var_col(v)) for i, v in enumerate(start)],
-            F.col(DIFF).alias(WEIGHT),
-        )
-        for c in rule.checks:
-            vs = atom_vars[c.atom]
-            tuples = snapshot.self_view(c.view, new=c.version is Version.NEW).select(
-                *[F.col(f"c{i}").alias(var_col(v)) for i, v in enumerate(vs)], DIFF
-            )
-            df = check(df, [var_col(v) for v in vs], tuples)
-        df = apply_filters(df, rule.start_filters)
-        small = materialize is not None
-        for step in rule.steps:
-            views = StepViews(
-                counts=lambda x: snapshot.counts(x.counts, new=x.version is Version.NEW),
-                support=lambda x: (
-                    snapshot.self_view(x.view, new=x.version is Version.NEW, linear=small)
-                    if x.completes
-                    else snapshot.counts(x.support, new=x.version is Version.NEW)
-                ),
-                materialize=materialize,
-            )
-            obs = StepObservations(step.var.name)
-            observations.append(obs)
-            df = extend(df, step, atom_vars, views, obs)
-        head = plan.query.head
-        return df.select(
-            *[F.col(var_col(v)).alias(f"c{i}") for i, v in enumerate(head)],
-            F.col(WEIGHT).alias(DIFF),
-        )
-
-    def _run_rules(
-        self, snapshot: Snapshot, staged: dict[str, Batch], staged_paths: list[str]
-    ) -> tuple[dict[str, Batch], list[StepMetrics]]:
-        outputs: dict[str, Batch] = {}
-        steps: list[StepMetrics] = []
-        kept: list[DataFrame] = []
-
-        def keep(df: DataFrame) -> DataFrame:
-            kept.append(df.cache())
-            kept[-1].count()
-            return kept[-1]
-
-        changed = sum(b.rows for name, b in staged.items() if name.startswith("rel/"))
-        materialize = keep if changed <= self.small_epoch_rows else None
-        try:
-            return self._rules_into(snapshot, staged, staged_paths, outputs, steps, materialize)
-        finally:
-            for df in kept:
-                df.unpersist()
-
-    def _rules_into(
-        self,
-        snapshot: Snapshot,
-        staged: dict[str, Batch],
-        staged_paths: list[str],
-        outputs: dict[str, Batch],
-        steps: list[StepMetrics],
-        materialize: Callable[[DataFrame], DataFrame] | None,
-    ) -> tuple[dict[str, Batch], list[StepMetrics]]:
-        for name, plan in self.plans.items():
-            trace = snapshot.manifest.traces[output_trace_name(name)]
-            cols = list(trace.columns)
-            ran: list[tuple[int, list[StepObservations]]] = []
-            frames = []
-            for rule in plan.rules:
-                if self._rule_is_empty(plan, rule, snapshot):
-                    continue
-                obs: list[StepObservations] = []
-                frames.append(self.rule_output(plan, rule, snapshot, obs, materialize))
-                ran.append((rule.delta, obs))
-            if frames:
-                total = frames[0]
-                for f in frames[1:]:
-                    total = total.unionByName(f)
-                fresh = snapshot.manifest.epoch is None
-                distinct = _distinct_output(plan, fresh, len(frames))
-                out = total if distinct else consolidate(total, cols)
-            else:
-                out = self.spark.createDataFrame([], update_schema(cols, with_time=False))
-            batch = self.store.write_batch(trace, out, snapshot.time, partitions=2)
-            staged_paths.append(batch.path)
-            outputs[name] = batch
-            staged[trace.name] = batch
-            for rule_index, obs in ran:
-                for o in obs:
-                    steps.append(
-                        StepMetrics(
-                            query=name,
-                            rule=rule_index,
-                            var=o.var,
-                            prefixes=observed(o.prefixes, "rows"),
-                            min_count_sum=observed(o.prefixes, "min_sum"),
-                            proposed=observed(o.proposed, "rows"),
-                            validated=observed(o.validated, "rows"),
-                        )
-                    )
-        return outputs, steps
 
     def _commit(
         self, m: Manifest, base: Manifest, epoch: int, staged: Mapping[str, Batch]
@@ -742,11 +741,10 @@ class Engine:
     def compact(self, frontier: int | None = None) -> None:
         """Merge every trace's batches at or before `frontier` (default: last epoch) into one.
 
-        On a local state with the keyed path on, a trace whose batches to merge hold at most
-        `keyed_max_rows` rows is merged on the driver: read with pyarrow, summed and written as
-        the keyed path writes a batch (`KeyedIndex.read`, `KeyedIndex.write`), without a Spark
-        job. Any other trace is merged by Spark. Either way the merged batch holds each tuple
-        once with its summed diff, tuples summing to 0 dropped.
+        A trace of a local state whose batches to merge fit the driver's limit is merged on the
+        driver (read with pyarrow, summed, written as the driver writes a batch), without a Spark
+        job; any other by Spark. Either way the merged batch holds each tuple once with its
+        summed diff, tuples summing to 0 dropped.
         """
         base = self.store.current()
         if base.epoch is None:
@@ -755,49 +753,120 @@ class Engine:
         if base.frontier is not None and frontier <= base.frontier:
             return  # the frontier only moves forward
         traces = dict(base.traces)
-        staged_paths: list[str] = []
+        staged: list[str] = []
+        renamed: dict[str, tuple[list[str], list[str]]] = {}
         try:
             for name, trace in base.traces.items():
                 old = trace.visible(frontier)
                 if len(old) <= 1:
                     continue
-                index = self._compaction_index(old)
-                if index is not None:
-                    layer = index.read(trace, old)
-                    batch = index.write(trace, layer.rows, layer.diff, frontier)
+                rows = sum(b.rows for b in old)
+                if self.choose(base, [name], 0).on_driver and rows <= self.limits.driver_max_rows:
+                    layer = self.files.read_layer(trace.columns, [b.path for b in old if b.rows])
+                    batch = self.write_batch(
+                        name, trace.columns, layer.rows, layer.diff, frontier, staged
+                    )
                 else:
                     merged = consolidate(self.store.read(trace, old).drop(TIME), trace.columns)
                     batch = self.store.write_batch(trace, merged, frontier, partitions=2)
-                staged_paths.append(batch.path)
+                    staged.append(batch.path)
                 later = tuple(b for b in trace.batches if b.time > frontier)
                 traces[name] = replace(trace, batches=(batch, *later))
-            after = self.store.commit(
-                replace(base, traces=traces, frontier=frontier), expected=base
-            )
-            if self._keyed is not None:
-                self._keyed.remap(base, after)
+                renamed[name] = (
+                    [b.path for b in trace.batches],
+                    [b.path for b in traces[name].batches],
+                )
+            self.store.commit(replace(base, traces=traces, frontier=frontier), expected=base)
         except BaseException:
-            self.store.discard(staged_paths)
+            self.store.discard(staged)
             raise
+        if self._resident is not None:
+            for name, (before, after) in renamed.items():
+                self._resident.rename(name, before, after)
 
-    def _compaction_index(self, batches: Sequence[Batch]) -> kd.KeyedIndex | None:
-        """The keyed index when `compact` merges these batches on the driver (see `compact`)."""
-        if self.keyed_epoch_rows > 0 and sum(b.rows for b in batches) <= self.keyed_max_rows:
-            return self._keyed
+
+def _bytes(size: str | None) -> int | None:
+    """A Spark size setting (``1g``, ``512m``, ``2048k``, bytes) in bytes.
+
+    >>> _bytes("1g"), _bytes("512m"), _bytes(None)
+    (1073741824, 536870912, None)
+    """
+    if not size:
         return None
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    text = size.strip().lower().removesuffix("b")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def _refs(batches: Sequence[Batch]) -> tuple[tuple[str, int], ...]:
+    return tuple((b.path, b.rows) for b in batches)
+
+
+def _batches(refs: Sequence[tuple[str, int]]) -> list[Batch]:
+    return [Batch(path, 0, rows) for path, rows in refs]
+
+
+def _nothing(width: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((0, width), dtype=np.int64), np.zeros(0, dtype=np.int64)
+
+
+def _steps(tallies: Mapping[RuleJob, RuleTally]) -> tuple[StepMetrics, ...]:
+    return tuple(
+        StepMetrics(job.query, job.rule, s.var, s.prefixes, s.min_sum, s.proposed, s.validated)
+        for job, tally in tallies.items()
+        for s in tally.steps
+    )
+
+
+def _reads_empty(plan: Plan, rule: DeltaRule, m: Manifest, changed: set[str]) -> bool:
+    """Whether an atom of the rule other than its delta reads a relation holding nothing."""
+    for j, version in enumerate(rule.versions):
+        if version is Version.DELTA:
+            continue
+        rel = plan.query.atoms[j].relation
+        stored = m.traces[relation_trace_name(rel)].rows()
+        if stored == 0 and not (version is Version.NEW and rel in changed):
+            return True
+    return False
 
 
 def _distinct_output(plan: Plan, fresh: bool, rules: int) -> bool:
     """True when the rules' output is already consolidated, so summing it would change nothing.
 
     That holds for one rule on a fresh state (a static evaluation: only the last rule runs) when
-    the head keeps every variable. Each view it reads is a single batch, consolidated when it was
-    written, so the delta tuples, the proposals and the validations are all distinct: each full
-    binding is produced once, with a product of non-zero multiplicities, and a head holding every
-    variable maps distinct bindings to distinct tuples. Skipping the sum spares a hash
-    aggregation over the whole output (8.9 M triangles for web-NotreDame).
+    the head keeps every variable. Each trace it reads is consolidated, so the delta tuples, the
+    proposals and the validations are all distinct: each full binding is produced once, with a
+    product of non-zero multiplicities, and a head holding every variable maps distinct
+    bindings to distinct tuples. Skipping the sum spares sorting the whole output (8.9 M
+    triangles for web-NotreDame).
     """
     return fresh and rules == 1 and set(plan.query.head) == set(plan.query.vars)
+
+
+def _collect(rows: DataFrame, budget: int, *, fresh: bool) -> pa.Table | None:
+    """A relation's changes on the driver, or None when they hold more than `budget` rows.
+
+    Changes that are nothing but a scan of local Parquet files are counted from the files'
+    footers and read with pyarrow, without a Spark job. Others are collected with a limit of
+    `DRIVER_PROBE_ROWS` rows first; when that limit is reached, they are counted and then
+    collected whole (a fresh state's epoch, usually a whole relation, is counted first).
+    """
+    files = local_parquet_files(rows)
+    if files is not None:
+        if parquet_rows(files) > budget:
+            return None
+        table = read_local_parquet(rows, files)
+        if table is not None:
+            return table
+    probe = min(budget, DRIVER_PROBE_ROWS)
+    table = None if fresh else rows.limit(probe + 1).toArrow()
+    if table is None or table.num_rows > probe:
+        if rows.count() > budget:
+            return None
+        table = rows.toArrow()
+    return table
 
 
 def evaluate_static(
@@ -806,15 +875,13 @@ def evaluate_static(
     relations: Mapping[str, DataFrame],
     state_dir: str,
     *,
-    keyed: bool = True,
+    deployment: str = "auto",
 ) -> EpochResult:
-    """Evaluate `query` on whole relations as one epoch applied to an empty state.
-
-    A local state takes the keyed path when the relations fit its limits (see `Engine`);
-    ``keyed=False`` keeps the evaluation on Spark's path.
-    """
+    """Evaluate `query` on whole relations as one epoch applied to an empty state (on the
+    driver when the relations fit its limits, see `wcoj_core.deploy.choose`; `deployment`
+    forces one)."""
     missing = sorted(set(query.relations) - set(relations))
     if missing:
         raise QueryError(f"no input given for relation(s) {', '.join(missing)} of {query.name}")
-    engine = Engine(spark, state_dir, query, keyed_epoch_rows=KEYED_EPOCH_ROWS if keyed else 0)
+    engine = Engine(spark, state_dir, query, deployment=deployment)
     return engine.apply_epoch(0, relations)

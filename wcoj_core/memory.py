@@ -1,6 +1,6 @@
-"""Keep the memory the driver frees, for its next arrays (the keyed path's allocator setting).
+"""Keep the memory a process frees, for its next arrays (the kernel's allocator setting).
 
-The keyed path (`wcoj_core.keyed`) allocates large numpy arrays for every epoch: proposals,
+The kernel (`wcoj_core.kernel`) allocates large numpy arrays for every epoch: proposals,
 bindings, sorted keys. glibc's allocator gives an allocation above its threshold its own
 mapping and returns it to the kernel when it is freed; on a virtual machine that hands freed
 memory back to its host (free page reporting, ballooning) the next allocation's first touch then
@@ -18,10 +18,11 @@ mimalloc, gives freed pages back on its own, so its default pool becomes the sys
 
 It has to run before other threads allocate: a thread that allocated before it keeps its own
 heap, which glibc still trims, and later threads may be handed that heap. `wcoj_core.spark.session`
-calls it before starting Spark, the keyed index again (a no-op by then). Measured on the static
-count of web-NotreDame, with the setting made only when the keyed index was built, after Arrow's
+calls it before starting Spark, and `wcoj_core.deploy.resident` when a process first keeps traces
+(a no-op on the driver by then; first thing in an executor's Python worker). Measured on the
+static count of web-NotreDame, with the setting made only when the driver's index was built, after Arrow's
 threads had read the input: 5,000-16,000 page faults per run and 1.0-1.6 s; made first,
-100-3,000 faults per run and 0.8-1.1 s after the first two runs. The cost is that the driver's
+100-3,000 faults per run and 0.8-1.1 s after the first two runs. The cost is that a process's
 resident memory stays at its peak. Only glibc on Linux has these settings; set
 ``WCOJ_KEEP_MEMORY=0`` to leave the allocators as they are.
 """

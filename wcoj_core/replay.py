@@ -228,7 +228,7 @@ def _mismatches(
     streams: Mapping[str, DataFrame],
     incremental: DataFrame,
     root: Path,
-    keyed: bool,
+    deployment: str,
 ) -> int:
     """Tuples whose multiplicity differs between `incremental` and a static recomputation."""
     finals = {
@@ -237,7 +237,8 @@ def _mismatches(
     }
     cols = relation_columns(len(query.head))
     with tempfile.TemporaryDirectory(prefix="check-", dir=root) as scratch:
-        static = evaluate_static(spark, query, finals, scratch, keyed=keyed).outputs[query.name]
+        result = evaluate_static(spark, query, finals, scratch, deployment=deployment)
+        static = result.outputs[query.name]
         negated = static.select(*cols, (-F.col(DIFF)).alias(DIFF))
         difference = consolidate(incremental.select(*cols, DIFF).unionByName(negated), cols)
         return difference.count()
@@ -252,13 +253,13 @@ def replay(
     *,
     check: bool = False,
     on_epoch: Callable[[EpochReport], None] | None = None,
-    keyed: bool = True,
+    deployment: str = "auto",
 ) -> ReplayResult:
     """Apply the update streams in `inputs` epoch by epoch ``0 .. epochs - 1`` to a new engine.
 
     `inputs` maps every relation of `query` to update triples ``(c0.., time, diff)`` whose times
-    lie in ``[0, epochs)``; updates at other times are never applied. With ``keyed=False`` every
-    epoch runs on Spark's path, however small (see `wcoj_core.keyed`).
+    lie in ``[0, epochs)``; updates at other times are never applied. `deployment` says where
+    the kernel runs every epoch (``auto``, ``driver`` or ``executors``; see `wcoj_core.deploy`).
     """
     check_parameters(epochs, 0.0, 0)
     missing = sorted(set(query.relations) - set(inputs))
@@ -269,9 +270,7 @@ def replay(
             f"{sorted(query.relations)}; missing {missing}, not used {unused}"
         )
     root = Path(state_dir)
-    engine = Engine(spark, str(root / "engine"), query)
-    if not keyed:
-        engine.keyed_epoch_rows = 0
+    engine = Engine(spark, str(root / "engine"), query, deployment=deployment)
     if engine.epoch is not None:
         raise StateError(
             f"{root / 'engine'} already holds epochs up to {engine.epoch}; "
@@ -307,7 +306,7 @@ def replay(
     final_count = total_diff(final)
     outcome, mismatches = CheckOutcome.SKIPPED, None
     if check:
-        mismatches = _mismatches(spark, query, streams, final, root, keyed)
+        mismatches = _mismatches(spark, query, streams, final, root, deployment)
         outcome = CheckOutcome.PASSED if mismatches == 0 else CheckOutcome.FAILED
     return ReplayResult(
         query=query.name,

@@ -24,6 +24,12 @@ local file find the first bad spot, so the `InputError` can name the file, the 1
 Parquet: the 1-based row) and the column: for text the 1-based character column where the
 offending field starts, for CSV the 1-based column index, for Parquet the column name. Spark and
 Py4J exceptions raised while reading a bad file are turned into `InputError` as well.
+
+`check_locally` runs the same checks on a local file without Spark, as far as they are cheap (a
+small file whole, the head of a large one, a Parquet file's footer), so that a command can refuse
+bad input before it starts a JVM. It raises exactly the `InputError` the Spark read would raise
+for what it finds, and leaves anything it cannot judge the same way (a damaged file, a column
+type Spark names differently, malformed CSV quoting) to the Spark read.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import gzip
 import io
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import Enum
@@ -52,6 +59,9 @@ from wcoj_core.errors import InputError
 from wcoj_core.updates import DIFF, TIME, consolidate, relation_columns
 
 INT_PATTERN = "^[+-]?[0-9]+$"
+# `check_locally` reads a file up to this size whole, and only the first lines of a larger one.
+LOCAL_CHECK_BYTES = 4 << 20
+LOCAL_CHECK_LINES = 10_000
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _EDGE_BLANKS = r"^[ \t\r]+|[ \t\r]+$"
 _FIELD = re.compile(r"[^ \t\r]+")
@@ -276,38 +286,62 @@ def _read_csv(
 
 
 def _scan_csv(
-    path: str, header: Sequence[str], roles: Sequence[Role], source: str
+    path: str,
+    header: Sequence[str],
+    roles: Sequence[Role],
+    source: str,
+    lines: int | None = None,
+    quoting: bool = True,
 ) -> InputError | None:
     # Like Spark (without its multiLine option), each physical line is one row: a quote never
-    # spans lines. Strict parsing refuses the irregular quoting Spark does not read as numbers.
+    # spans lines. Strict parsing refuses the irregular quoting Spark does not read as numbers;
+    # without `quoting` the scan stops there instead (Spark drops fields past the header's, so
+    # only it knows whether it reads such a row).
     with _open_local(path, source) as handle:
         seen_header = False
         for line, text in enumerate(handle, 1):
+            if lines is not None and line > lines:
+                break
             text = text.rstrip("\n")
-            if not text or not seen_header:
+            if not seen_header or _blank(text):
                 seen_header = seen_header or bool(text)
                 continue
             try:
                 row = next(csv.reader([text], strict=True))
             except csv.Error as exc:
+                if not quoting:
+                    return None
                 return InputError(
                     f"has malformed quoting ({exc}); quote a whole field, on one line",
                     source,
                     line,
                     _quoting_column(text),
                 )
-            if len(row) != len(header):
+            # Spark reads one field past the header: a row is too long when that one is not
+            # empty (it drops any field after it).
+            if len(row) < len(header) or (len(row) > len(header) and row[len(header)] != ""):
                 column = len(row) + 1 if len(row) < len(header) else len(header) + 1
                 return InputError(
                     f"has {len(row)} fields but the header has {len(header)}", source, line, column
                 )
-            for index, (text, name, role) in enumerate(zip(row, header, roles, strict=True), 1):
+            for index, (text, name, role) in enumerate(
+                zip(row[: len(header)], header, roles, strict=True), 1
+            ):
                 problem = _integer_problem(text.strip(" \t"))
                 if problem is None and role is Role.DIFF and int(text) == 0:
                     problem = "is zero; a diff must be a non-zero multiplicity"
                 if problem is not None:
                     return InputError(f"value in column {name!r} {problem}", source, line, index)
     return None
+
+
+def _blank(text: str) -> bool:
+    """Whether Spark's CSV parser skips the line `text`: nothing but spaces and control characters.
+
+    >>> _blank(" \\t\\x0c"), _blank("\\xa0"), _blank(",")
+    (True, False, False)
+    """
+    return all(c <= " " for c in text)
 
 
 def _quoting_column(text: str, limit: int = 4096) -> int | None:
@@ -454,6 +488,141 @@ def _parquet_files(local: str) -> list[str]:
         dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
         found.extend(os.path.join(root, f) for f in sorted(files) if not f.startswith(("_", ".")))
     return found
+
+
+# --- without Spark ------------------------------------------------------------------------------
+
+
+def check_locally(
+    path: str,
+    arity: int,
+    name: str,
+    *,
+    whole_bytes: int = LOCAL_CHECK_BYTES,
+    head_lines: int = LOCAL_CHECK_LINES,
+) -> None:
+    """Refuse a bad local relation file without Spark: what `read_relation` would refuse first.
+
+    A missing or unreadable file is refused. A text edge list or CSV file of at most
+    `whole_bytes` bytes is checked whole (every line, and that it has data rows), a larger one
+    up to line `head_lines`; a CSV file's header always. For Parquet the footers give the columns
+    and the row count, and a small file's values are checked for nulls and zero diffs. Generator
+    specs and remote paths are left alone, and so is anything this cannot judge exactly as Spark
+    would: a file that does not decompress or whose footer does not read, a Parquet column that
+    is not a signed integer, a CSV line with malformed quoting (the check stops there). Raises
+    the `InputError` the Spark read raises for the same problem.
+
+    >>> import pathlib, tempfile
+    >>> bad = pathlib.Path(tempfile.mkdtemp()) / "e.txt"
+    >>> _ = bad.write_text("1 2\\n3 x\\n")
+    >>> try:
+    ...     check_locally(str(bad), 2, "edge")
+    ... except InputError as error:
+    ...     print(error.line, error.column, str(error).split(": ", 1)[1])
+    2 3 field 2 is not an integer: 'x'
+    """
+    local = None if generate.is_generator_spec(path) else _local_path(path)
+    if local is None:
+        return
+    source = _source(path, name)
+    _check_arity(arity, source)
+    _check_exists(path, source)
+    if not os.access(local, os.R_OK):
+        raise InputError("cannot be read: permission denied", source)
+    kind = detect_format(path)
+    whole = _local_bytes(local) <= whole_bytes
+    try:
+        if kind is Format.PARQUET:
+            _check_parquet_locally(path, local, arity, source, whole)
+            return
+        if whole and local.lower().endswith(".gz"):
+            _read_through(local)  # a damaged archive is Spark's to report
+        if kind is Format.TEXT:
+            _check_text_locally(path, arity, source, None if whole else head_lines)
+        else:
+            _check_csv_locally(path, arity, source, None if whole else head_lines)
+    except (OSError, EOFError, zlib.error):
+        return
+
+
+def _check_text_locally(path: str, arity: int, source: str, lines: int | None) -> None:
+    data = False
+    with _open_local(path, source) as handle:
+        for number, line in enumerate(handle, 1):
+            if lines is not None and number > lines:
+                return
+            text = line.rstrip("\n")
+            problem = check_text_line(text, arity)
+            if problem is not None:
+                raise InputError(problem[0], source, number, problem[1])
+            stripped = text.strip(" \t\r")
+            data = data or (bool(stripped) and not stripped.startswith("#"))
+    if not data:
+        raise InputError("has no data rows", source)
+
+
+def _check_csv_locally(path: str, arity: int, source: str, lines: int | None) -> None:
+    with _open_local(path, source) as handle:
+        first = next((t.rstrip("\n") for t in handle if t.rstrip("\n")), None)
+        rows = first is not None and any(not _blank(t.rstrip("\n")) for t in handle)
+    if first is None:
+        raise InputError("has no data rows (the file is empty)", source)
+    header = next(csv.reader([first]))
+    if all(_INT.fullmatch(h.strip()) for h in header):
+        raise InputError(
+            "the first line looks like data; a CSV file needs a header row naming its columns",
+            source,
+            1,
+            1,
+        )
+    roles = _assign_roles(header, arity, source, False, line=1)
+    problem = _scan_csv(path, header, roles, source, lines, quoting=False)
+    if problem is not None:
+        raise problem
+    if lines is None and not rows:
+        raise InputError("has no data rows", source)
+
+
+def _check_parquet_locally(path: str, local: str, arity: int, source: str, whole: bool) -> None:
+    import pyarrow.parquet as pq
+
+    files = _parquet_files(local)
+    try:
+        metas = [pq.ParquetFile(f).metadata for f in files]
+        schemas = [m.schema.to_arrow_schema() for m in metas]
+    except (OSError, pa.ArrowException):
+        return
+    if not files or any(not s.equals(schemas[0]) for s in schemas):
+        return
+    names = schemas[0].names
+    if not all(pa.types.is_signed_integer(t) for t in schemas[0].types) or len(
+        {n.lower() for n in names}
+    ) != len(names):
+        return
+    roles = _assign_roles(names, arity, source, False, line=None)
+    if sum(m.num_rows for m in metas) == 0:
+        raise InputError("has no data rows", source)
+    if whole:
+        try:
+            problem = _scan_parquet(path, names, roles, source)
+        except (OSError, pa.ArrowException):
+            return
+        if problem is not None:
+            raise problem
+
+
+def _local_bytes(local: str) -> int:
+    """The size of a local file, or of every file under a local folder."""
+    if os.path.isfile(local):
+        return os.path.getsize(local)
+    return sum(os.path.getsize(f) for f in _parquet_files(local))
+
+
+def _read_through(local: str) -> None:
+    """Decompress a whole gzip file, raising what a damaged one raises."""
+    with gzip.open(local, "rb") as handle:
+        while handle.read(1 << 20):
+            pass
 
 
 # --- shared -------------------------------------------------------------------------------------

@@ -62,15 +62,19 @@ logger.tasks.level = off
 
 
 def cluster_defaults(master: str | None) -> dict[str, str]:
-    """Settings a ``spark://`` master needs: executors run Python with this interpreter, and a
-    cluster on this machine (127.0.0.1 or localhost) reaches the driver on the loopback address.
+    """Settings a master needs: local mode's and a ``spark://`` cluster's Python workers run this
+    interpreter, and a cluster on this machine (127.0.0.1 or localhost) reaches the driver on
+    the loopback address.
 
     >>> cluster_defaults("spark://127.0.0.1:7077")["spark.driver.host"]
     '127.0.0.1'
-    >>> cluster_defaults("local[2]")
+    >>> cluster_defaults("yarn")
     {}
     """
-    if not master or not master.startswith("spark://"):
+    if not master or master.startswith("local"):
+        # Local mode's Python workers run this interpreter too (the kernel runs in them).
+        return {"spark.pyspark.python": sys.executable}
+    if not master.startswith("spark://"):
         return {}
     settings = {"spark.pyspark.python": sys.executable}
     hosts = {h.rsplit(":", 1)[0] for h in master.removeprefix("spark://").split(",")}
@@ -96,6 +100,10 @@ def session(
     if active is not None and (master is None or active.sparkContext.master == master):
         return active
     settings = {**DEFAULT_CONF, **cluster_defaults(master), **(conf or {})}
+    if "spark.pyspark.python" in settings:
+        # PySpark starts its Python workers with $PYSPARK_PYTHON (default: `python3` on the PATH,
+        # which need not have pyarrow or wcoj): the kernel runs in them.
+        os.environ.setdefault("PYSPARK_PYTHON", settings["spark.pyspark.python"])
     config = None
     if quiet and "spark.driver.extraJavaOptions" not in settings:
         fd, config = tempfile.mkstemp(prefix="wcoj-log4j2-", suffix=".properties")

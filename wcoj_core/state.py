@@ -164,6 +164,7 @@ class StateStore:
         self.root = self.files.root
         self.cache = cache
         self._frames: dict[str, DataFrame] = {}
+        self._parsed: dict[str, Manifest] = {}  # generations read, by file name
 
     def uri(self, rel: str) -> str:
         """The full path of a stored batch, for Spark."""
@@ -174,8 +175,15 @@ class StateStore:
         return sorted(n for n in names if n.removesuffix(".json").isdigit())
 
     def _manifest(self, name: str) -> Manifest:
-        rel = f"manifests/{name}"
-        return Manifest.from_json(self.files.read_text(rel), self.files.uri(rel))
+        """A committed generation (parsed once: a generation's file is never rewritten)."""
+        found = self._parsed.get(name)
+        if found is None:
+            rel = f"manifests/{name}"
+            found = Manifest.from_json(self.files.read_text(rel), self.files.uri(rel))
+            self._parsed[name] = found
+            while len(self._parsed) > 2 * KEEP_MANIFESTS:
+                self._parsed.pop(next(iter(self._parsed)))
+        return found
 
     # -- manifests -------------------------------------------------------------------------
     def current(self) -> Manifest:

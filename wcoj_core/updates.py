@@ -21,22 +21,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-TIME = "time"
-DIFF = "diff"
+from wcoj_core.traces import DIFF, TIME
+from wcoj_core.traces import relation_columns as relation_columns  # part of this contract too
 
 
 def data_columns(df: DataFrame) -> list[str]:
     """The data columns of an update DataFrame: every column but ``time`` and ``diff``."""
     return [c for c in df.columns if c not in (TIME, DIFF)]
-
-
-def relation_columns(arity: int) -> list[str]:
-    """Canonical data column names of a relation of the given arity: ``c0 .. c{arity-1}``.
-
-    >>> relation_columns(3)
-    ['c0', 'c1', 'c2']
-    """
-    return [f"c{i}" for i in range(arity)]
 
 
 def total_diff(df: DataFrame) -> int:

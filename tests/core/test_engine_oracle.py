@@ -21,54 +21,36 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
+from strategies import Rel, queries, signed_difference, updates
 
-from wcoj_core.arrangement import counts_trace_name
-from wcoj_core.engine import KEYED_EPOCH_ROWS, SMALL_EPOCH_ROWS, Engine
+from wcoj_core.deploy import Limits
+from wcoj_core.engine import Engine
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import BUILTINS, builtin
-from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
+from wcoj_core.query.ir import Const, Query, Var
 from wcoj_core.query.plan import Arrangement, Kind, valid_orders
-
-ARITY = {"r": 2, "s": 2, "t": 3, "u": 1}
-VARS = [Var(n) for n in "abcd"]
-DOMAIN = st.integers(0, 3)
-
-Rel = dict[tuple[int, ...], int]
+from wcoj_core.traces import counts_trace_name
 
 
-@st.composite
-def queries(draw: st.DrawFn) -> Query:
-    n_atoms = draw(st.integers(1, 4))
-    atoms = []
-    for _ in range(n_atoms):
-        rel = draw(st.sampled_from(sorted(ARITY)))
-        term = (
-            st.one_of(st.sampled_from(VARS), DOMAIN.map(Const))
-            if draw(st.booleans())
-            else st.sampled_from(VARS)
-        )
-        terms = [draw(term) for _ in range(ARITY[rel])]
-        atoms.append(Atom(rel, tuple(terms)))
-    bound = sorted({v for a in atoms for v in a.vars}, key=lambda v: v.name)
-    if not bound:
-        # Every atom is all constants: still a valid query (a product of scalars).
-        head: tuple[Var, ...] = ()
-        return Query("q", head, tuple(atoms))
-    filters = []
-    for _ in range(draw(st.integers(0, 2))):
-        left = draw(st.sampled_from(bound))
-        op = draw(st.sampled_from(list(CmpOp)))
-        right = draw(st.one_of(st.sampled_from(bound), DOMAIN.map(Const)))
-        if right != left:
-            filters.append(Filter(left, op, right))
-    head = tuple(draw(st.lists(st.sampled_from(bound), max_size=3)))
-    return Query("q", head, tuple(atoms), tuple(filters))
-
-
-def updates(arity: int) -> st.SearchStrategy[list[tuple[tuple[int, ...], int]]]:
-    tuple_ = st.tuples(*[DOMAIN] * arity)
-    diff = st.sampled_from([1, 1, 1, 2, -1, -2])
-    return st.lists(st.tuples(tuple_, diff), max_size=10)
+def engine_for(
+    spark: SparkSession,
+    state_dir: str,
+    query: Query,
+    orders: Mapping[int, Sequence[Var]],
+    deployment: str,
+) -> Engine:
+    engine = Engine(
+        spark,
+        state_dir,
+        query,
+        orders={query.name: orders},
+        deployment=deployment.split("-")[0],
+        executor_tasks=2,
+        executor_max_rows=SHARD_ROWS if deployment.endswith("-sharded") else 10**9,
+    )
+    if deployment.endswith("-split"):
+        engine.one_task_rows = 0
+    return engine
 
 
 def frame(spark: SparkSession, arity: int, ups: Sequence[tuple[tuple[int, ...], int]]) -> DataFrame:
@@ -83,16 +65,10 @@ def collected(df: DataFrame, arity: int) -> Counter[tuple[int, ...]]:
     return Counter({k: v for k, v in out.items() if v})
 
 
-def signed_difference(after: Counter, before: Counter) -> Counter:
-    diff: Counter = Counter()
-    for k in set(after) | set(before):
-        d = after.get(k, 0) - before.get(k, 0)
-        if d:
-            diff[k] = d
-    return diff
-
-
-PATHS = ("keyed", "small", "large")
+DEPLOYMENTS = ("driver", "executors", "executors-split", "executors-sharded")
+# executors-sharded: an executor holds at most this many rows, so the test's arrangements are cut
+# in a few shards.
+SHARD_ROWS = 16
 
 
 def run_and_compare(
@@ -101,26 +77,18 @@ def run_and_compare(
     query: Query,
     epochs: Sequence[Mapping[str, list[tuple[tuple[int, ...], int]]]],
     orders: Mapping[int, Sequence[Var]] | None = None,
-    path: str = "keyed",
-    cache_state: bool = True,
+    deployment: str = "driver",
 ) -> None:
     """Apply `epochs` and compare every change and accumulation with the oracle.
 
-    `path` picks how every epoch is evaluated, and the test checks it was taken:
-    ``keyed`` on the driver's resident index (`wcoj_core.keyed`); ``small`` on Spark with
-    materialized, broadcast proposals and linear views; ``large`` on Spark in one straight
-    pipeline per rule (left-join validation, consolidated views). All must agree with the oracle.
+    `deployment` picks where the kernel runs every epoch, and the test checks it ran there:
+    ``driver`` on this process's resident traces, ``executors`` inside one Spark task (as a
+    small epoch runs), ``executors-split`` in two tasks (every rule's delta cut in two shares,
+    the outputs summed by a second stage), ``executors-sharded`` with every arrangement cut in
+    shards and the prefixes routed to them. All must agree with the oracle.
     """
-    assert path in PATHS, path
-    engine = Engine(
-        spark,
-        state_dir,
-        query,
-        orders={query.name: orders or {}},
-        small_epoch_rows=0 if path == "large" else SMALL_EPOCH_ROWS,
-        keyed_epoch_rows=KEYED_EPOCH_ROWS if path == "keyed" else 0,
-        cache_state=cache_state,
-    )
+    assert deployment in DEPLOYMENTS, deployment
+    engine = engine_for(spark, state_dir, query, orders or {}, deployment)
     state: dict[str, Rel] = {rel: {} for rel in query.relations}
     width = len(query.head)
     for t, changes in enumerate(epochs):
@@ -133,7 +101,7 @@ def run_and_compare(
             rel: frame(spark, query.relations[rel], ups) for rel, ups in changes.items() if ups
         }
         result = engine.apply_epoch(t, given_changes)
-        assert result.metrics.path == ("keyed" if path == "keyed" else "spark")
+        assert result.metrics.deployment == deployment.split("-")[0]
         change = collected(result.outputs[query.name], width)
         expected = signed_difference(after, before)
         assert change == expected, f"epoch {t}: output change differs from the oracle"
@@ -156,18 +124,9 @@ def test_random_queries_match_the_oracle(small: SparkSession, tmp_path_factory, 
         i: data.draw(st.sampled_from(valid_orders(query, i)), label=f"order of rule {i}")
         for i in range(len(query.atoms))
     }
-    path = data.draw(st.sampled_from(PATHS), label="path")
-    cache_state = data.draw(st.booleans(), label="cache_state")
+    deployment = data.draw(st.sampled_from(DEPLOYMENTS), label="deployment")
     note(f"query: {query}")
-    run_and_compare(
-        small,
-        str(tmp_path_factory.mktemp("state")),
-        query,
-        epochs,
-        orders,
-        path=path,
-        cache_state=cache_state,
-    )
+    run_and_compare(small, str(tmp_path_factory.mktemp("state")), query, epochs, orders, deployment)
 
 
 def _graph_epochs(seed: int, nodes: int, edges: int, epochs: int) -> list[dict]:
@@ -199,8 +158,9 @@ def test_builtins_under_every_variable_order(
     runs = max(len(o) for o in per_rule)
     for k in range(max(runs, 2)):
         orders = {i: o[k % len(o)] for i, o in enumerate(per_rule)}
-        path = PATHS[k % len(PATHS)]  # every path, in turn
-        run_and_compare(small, str(tmp_path_factory.mktemp(name)), query, epochs, orders, path)
+        deployment = DEPLOYMENTS[k % len(DEPLOYMENTS)]  # every deployment, in turn
+        state = str(tmp_path_factory.mktemp(name))
+        run_and_compare(small, state, query, epochs, orders, deployment)
 
 
 def test_the_example_query_with_constants_repeats_and_filters(
@@ -224,21 +184,22 @@ def test_the_example_query_with_constants_repeats_and_filters(
             "e": [((2, 2), 1)],
         },
     ]
-    for path in PATHS:
-        run_and_compare(small, str(tmp_path_factory.mktemp("example")), query, epochs, None, path)
+    for deployment in DEPLOYMENTS:
+        state = str(tmp_path_factory.mktemp("example"))
+        run_and_compare(small, state, query, epochs, None, deployment)
 
 
 @given(data=st.data())
-def test_keyed_and_spark_epochs_interleave_and_match_the_oracle(
+def test_driver_and_executor_epochs_interleave_and_match_the_oracle(
     small: SparkSession, tmp_path_factory, data, monkeypatch
 ) -> None:
-    """Random queries over 2-5 epochs, each epoch on a path drawn at random.
+    """Random queries over 2-5 epochs, each epoch in a deployment drawn at random.
 
-    The keyed path's resident index must follow batches the Spark path wrote (and the other way
-    round), and its recent layer must give the same answers whether or not it was merged into
+    The driver's resident traces must follow batches the executors wrote (and the other way
+    round), and a recent layer must give the same answers whether or not it was merged into
     the base (the merge threshold is drawn too: 0 merges after every epoch).
     """
-    from wcoj_core import keyed
+    from wcoj_core.kernel import index
 
     query = data.draw(queries(), label="query")
     epochs = data.draw(
@@ -249,16 +210,18 @@ def test_keyed_and_spark_epochs_interleave_and_match_the_oracle(
         ),
         label="epochs",
     )
-    merge_at = data.draw(st.sampled_from([0, 3, keyed.MERGE_MIN_ROWS]), label="merge at rows")
-    monkeypatch.setattr(keyed, "MERGE_MIN_ROWS", merge_at)
-    monkeypatch.setattr(keyed, "MERGE_SHARE", 0.0 if merge_at == 0 else keyed.MERGE_SHARE)
+    merge_at = data.draw(st.sampled_from([0, 3, index.MERGE_MIN_ROWS]), label="merge at rows")
+    monkeypatch.setattr(index, "MERGE_MIN_ROWS", merge_at)
+    monkeypatch.setattr(index, "MERGE_SHARE", 0.0 if merge_at == 0 else index.MERGE_SHARE)
     note(f"query: {query}")
-    engine = Engine(small, str(tmp_path_factory.mktemp("mixed")), query)
+    engine = Engine(small, str(tmp_path_factory.mktemp("mixed")), query, executor_tasks=2)
     state: dict[str, Rel] = {rel: {} for rel in query.relations}
     width = len(query.head)
     for t, changes in enumerate(epochs):
-        keyed_epoch = data.draw(st.booleans(), label=f"epoch {t} keyed")
-        engine.keyed_epoch_rows = KEYED_EPOCH_ROWS if keyed_epoch else 0
+        deployment = data.draw(st.sampled_from(DEPLOYMENTS), label=f"epoch {t} deployment")
+        shard_rows = SHARD_ROWS if deployment.endswith("-sharded") else 10**9
+        engine.limits = Limits(deployment.split("-")[0], executor_max_rows=shard_rows)
+        engine.one_task_rows = 0 if deployment.endswith("-split") else 50_000
         before = naive_eval(query, state)
         for rel, ups in changes.items():
             for tup, d in ups:
@@ -267,7 +230,7 @@ def test_keyed_and_spark_epochs_interleave_and_match_the_oracle(
             t,
             {rel: frame(small, query.relations[rel], ups) for rel, ups in changes.items()},
         )
-        assert result.metrics.path == ("keyed" if keyed_epoch else "spark")
+        assert result.metrics.deployment == deployment.split("-")[0]
         after = naive_eval(query, state)
         assert collected(result.outputs[query.name], width) == signed_difference(after, before)
         assert collected(engine.output(query.name), width) == after

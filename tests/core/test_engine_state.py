@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_core import keyed
-from wcoj_core.arrangement import counts_trace_name
+from wcoj_core import engine as engine_module
+from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.engine import Engine, EpochResult
 from wcoj_core.errors import EpochAlreadyApplied, StateError
 from wcoj_core.naive import naive_delta, naive_eval
@@ -27,6 +27,7 @@ from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Query
 from wcoj_core.query.plan import Kind
 from wcoj_core.state import Manifest, StateStore
+from wcoj_core.traces import counts_trace_name
 from wcoj_core.updates import DIFF, consolidate
 
 TRIANGLES = builtin("triangles")
@@ -209,34 +210,34 @@ def failing(
 
 
 @pytest.mark.parametrize(
-    ("owner", "name", "run_original", "exc"),
+    ("owner", "name", "deployment", "run_original", "exc"),
     [
-        # Spark's path, after the relation's batch and the counts batches are staged.
-        (Engine, "_maintain_counts", True, Injected("after counts")),
-        # Spark's path, after the output batches are staged too: all but the manifest.
-        (Engine, "_run_rules", True, Injected("after rules")),
-        # The keyed path, after the relation's batch and one counts change are staged.
-        (keyed, "counts_delta", True, Injected("keyed, in counts")),
-        # The keyed path, with every relation and counts batch staged, before the output's.
-        (keyed, "output_changes", True, Injected("keyed, in rules")),
+        # On the driver, after the relation's batch is staged, as the kernel finishes.
+        (engine_module, "run_on_driver", "driver", True, Injected("driver, in rules")),
+        # On the executors, after every counts and output batch was written by the tasks.
+        (engine_module, "run_on_executors", "executors", True, Injected("executors, in rules")),
+        # Sharded, after the relation and counts batches were written, before the rules'.
+        (engine_module, "rule_frames", "sharded", True, Injected("sharded, in rules")),
         # Instead of writing the manifest, as an interrupt would (the engine catches it too).
-        (StateStore, "commit", False, KeyboardInterrupt()),
+        (StateStore, "commit", "driver", False, KeyboardInterrupt()),
     ],
-    ids=["counts", "rules", "keyed-counts", "keyed-rules", "commit"],
+    ids=["driver", "executors", "sharded", "commit"],
 )
 def test_a_failed_epoch_leaves_the_state_intact(
     spark: SparkSession,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    owner: type,
+    owner: Any,
     name: str,
+    deployment: str,
     run_original: bool,
     exc: BaseException,
 ) -> None:
     state = tmp_path / "state"
-    run = new_run(spark, state, [TRIANGLES], epochs=1)
-    if owner is Engine:
-        run.engine.keyed_epoch_rows = 0  # these stand-ins are on Spark's path
+    options: dict[str, Any] = {"deployment": deployment.replace("sharded", "executors")}
+    if deployment == "sharded":
+        options["executor_max_rows"] = 5
+    run = new_run(spark, state, [TRIANGLES], epochs=1, **options)
     before = observe(run.engine, state)
     changes = epoch_changes(1, run.graph)
 
@@ -291,14 +292,13 @@ def test_a_second_engine_cannot_reapply_or_race(
 # --- compaction -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("keyed", [True, False], ids=["driver", "spark"])
+@pytest.mark.parametrize("deployment", ["driver", "executors"])
 def test_compaction_keeps_contents_and_later_epochs_exact(
-    spark: SparkSession, tmp_path: Path, keyed: bool
+    spark: SparkSession, tmp_path: Path, deployment: str
 ) -> None:
-    """Merged on the driver (a local state's default) or by Spark (keyed path off): the same."""
+    """Merged on the driver (a local state's default) or by Spark (the executors'): the same."""
     state = tmp_path / "state"
-    options = {} if keyed else {"keyed_epoch_rows": 0}
-    run = new_run(spark, state, [TRIANGLES], epochs=3, **options)
+    run = new_run(spark, state, [TRIANGLES], epochs=3, deployment=deployment)
     before = observe(run.engine, state)
     assert any(len(t.batches) == 3 for t in before.manifest.traces.values())
 
@@ -310,8 +310,8 @@ def test_compaction_keeps_contents_and_later_epochs_exact(
     for trace in after.traces.values():
         assert len(trace.batches) <= 1 and all(b.time == 2 for b in trace.batches), trace
         for batch in trace.batches:
-            # The driver writes its batches as `b-k-*` (see `KeyedIndex.write`).
-            assert ("/b-k-" in batch.path) == keyed, batch.path
+            # The driver writes its batches as `b-k-*` (see `Engine.write_batch`).
+            assert ("/b-k-" in batch.path) == (deployment == "driver"), batch.path
             # Each tuple once, with its summed, non-zero diff; the manifest counts its rows.
             rows = run.engine.store.read(trace, [batch]).collect()
             tuples = [tuple(r[c] for c in trace.columns) for r in rows]
@@ -339,17 +339,16 @@ def test_a_failed_compaction_on_the_driver_leaves_the_state_intact(
     run = new_run(spark, state, [TRIANGLES], epochs=3)
     before = observe(run.engine, state)
     seen: list[set[str]] = []
-    original = keyed.KeyedIndex.write
+    original = BatchFiles.write
 
-    def write(self: keyed.KeyedIndex, *args: Any) -> Any:
+    def write(self: BatchFiles, *args: Any, **kwargs: Any) -> Any:
         if len(seen) == 2:
             raise Injected("the third merged batch")
-        batch = original(self, *args)
+        original(self, *args, **kwargs)
         seen.append(batch_dirs(state))
-        return batch
 
     with monkeypatch.context() as patch:
-        patch.setattr(keyed.KeyedIndex, "write", write)
+        patch.setattr(BatchFiles, "write", write)
         with pytest.raises(Injected):
             run.engine.compact()
     assert seen[-1] > before.dirs, "two merged batches were written before the failure"

@@ -8,11 +8,11 @@ from collections import Counter
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_core.arrangement import counts_trace_name
-from wcoj_core.engine import Engine, output_trace_name
-from wcoj_core.history import History, rule_trace_name
+from wcoj_core.engine import Engine
+from wcoj_core.history import History
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
+from wcoj_core.traces import counts_trace_name, output_trace_name, rule_trace_name
 
 QUERY = builtin("4-cycles")
 Changes = list[tuple[tuple[int, int], int]]
@@ -69,31 +69,32 @@ def derive(h: History, spark: SparkSession, history: list[Changes], rule_order: 
         h.derive_output(QUERY.name, t)
 
 
-def engine(spark: SparkSession, root: str, keyed: bool) -> Engine:
-    return Engine(spark, root, QUERY, keyed_epoch_rows=1_000 if keyed else 0)
+def engine(spark: SparkSession, root: str, deployment: str) -> Engine:
+    return Engine(spark, root, QUERY, deployment=deployment, executor_tasks=2)
 
 
-def derived_paths(h: History, keyed: bool) -> None:
-    """Every derived batch came from the path asked for (the keyed path's are named b-k-)."""
+def derived_where(h: History, deployment: str) -> None:
+    """Every derived batch was written where asked (the driver's are named b-k-)."""
     manifest = h.store.current()
     for name in h.sources:
         trace = manifest.trace(name)
         assert trace is not None and trace.batches, name
-        assert all(("/b-k-" in b.path) == keyed for b in trace.batches), name
+        driver = deployment == "driver"
+        assert all(("/b-k-" in b.path) == driver for b in trace.batches), name
 
 
-@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "spark"])
+@pytest.mark.parametrize("deployment", ["driver", "executors"])
 def test_reverse_order_backfill_and_corrected_history(
-    small: SparkSession, tmp_path, keyed: bool
+    small: SparkSession, tmp_path, deployment: str
 ) -> None:
     history = epochs(seed=5, count=4)
-    h = History(engine(small, str(tmp_path / "state"), keyed))
+    h = History(engine(small, str(tmp_path / "state"), deployment))
     derive(h, small, history, rule_order=[3, 2, 1, 0])
-    derived_paths(h, keyed)
+    derived_where(h, deployment)
     for t in range(4):
         assert multiset(h.output(QUERY.name, t)) == oracle(history, t), f"epoch {t}"
         figures = h.output_figures(QUERY.name, t)
-        if keyed:
+        if deployment == "driver":
             expected = oracle(history, t)
             assert figures == (len(expected), sum(expected.values())), f"epoch {t}"
         else:
@@ -132,7 +133,7 @@ def test_reverse_order_backfill_and_corrected_history(
     assert h.stale() == {}
     for t in range(4):
         assert multiset(h.output(QUERY.name, t)) == oracle(corrected, t), f"corrected epoch {t}"
-    derived_paths(h, keyed)
-    fresh = History(engine(small, str(tmp_path / "fresh"), keyed))
+    derived_where(h, deployment)
+    fresh = History(engine(small, str(tmp_path / "fresh"), deployment))
     derive(fresh, small, corrected, rule_order=[0, 1, 2, 3])
     assert multiset(fresh.output(QUERY.name, 3)) == multiset(h.output(QUERY.name, 3))

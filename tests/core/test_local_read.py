@@ -102,20 +102,23 @@ def test_engine_results_do_not_depend_on_how_the_input_was_read(
     for name, df in [("files", scan), ("spark", scan.where(F.lit(True) == F.lit(True)).cache())]:
         assert (local_parquet_files(df) is not None) == (name == "files")
         result = evaluate_static(spark, query, {"edge": df}, str(tmp_path / name))
-        assert result.metrics.path == "keyed"
+        assert result.metrics.deployment == "driver"
         assert _change(result.outputs[query.name], query.head) == want, name
     scan.unpersist()
-    # A later epoch from files: every edge deleted. Its rows count against the keyed limit from
-    # the files' footers: within it, the driver reads them; over it, Spark's path runs.
+    # A later epoch from files: every edge deleted. Its rows count against the driver's limit
+    # from the files' footers: within it, the driver reads them; over it, the executors do.
     deletions = str(tmp_path / "deletions")
     spark.createDataFrame(
         [(a, b, -d) for a, b, d in rows], "c0 long, c1 long, diff long"
     ).write.parquet(deletions)
     gone = Counter({k: -v for k, v in want.items()})
-    for name, limit, path in [("files", 10_000, "keyed"), ("spark", len(rows) - 1, "spark")]:
-        engine = Engine(spark, str(tmp_path / name), query, keyed_epoch_rows=limit)
+    for name, limit, where in [
+        ("files", 10_000, "driver"),
+        ("spark", len(rows) - 1, "executors"),
+    ]:
+        engine = Engine(spark, str(tmp_path / name), query, driver_epoch_rows=limit)
         later = engine.apply_epoch(1, {"edge": spark.read.parquet(deletions)})
-        assert later.metrics.path == path
+        assert later.metrics.deployment == where
         assert _change(later.outputs[query.name], query.head) == gone, name
 
 
@@ -218,15 +221,15 @@ def test_changes_given_as_arrow_tables(spark: SparkSession, tmp_path: Path) -> N
         return spark.createDataFrame(rows, "c0 long, c1 long, diff long")
 
     changes = {}
-    for name, given, limit, path in [
-        ("frames", frame, 10_000, "keyed"),
-        ("tables", table, 10_000, "keyed"),
-        ("tables-over-limit", table, 10, "spark"),
+    for name, given, limit, where in [
+        ("frames", frame, 10_000, "driver"),
+        ("tables", table, 10_000, "driver"),
+        ("tables-over-limit", table, 10, "executors"),
     ]:
-        engine = Engine(spark, str(tmp_path / name), query, keyed_epoch_rows=limit)
+        engine = Engine(spark, str(tmp_path / name), query, driver_epoch_rows=limit)
         engine.apply_epoch(0, {"edge": given(first)})
         result = engine.apply_epoch(1, {"edge": given(later)})
-        assert result.metrics.path == path, name
+        assert result.metrics.deployment == where, name
         changes[name] = _change(result.outputs[query.name], query.head)
     before = {(a, b): d for a, b, d in first}
     after = Counter(before)

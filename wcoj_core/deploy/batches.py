@@ -1,0 +1,249 @@
+"""Batches read and written with pyarrow: what the kernel's deployments do with state files.
+
+A state's batches are Parquet folders (see `wcoj_core.state`). Spark reads them as DataFrames;
+the deployments of the kernel read them into `Layer`s and write their results as batches of the
+same schema, with pyarrow, wherever they run: on the driver, or inside a Spark task on an
+executor. `BatchFiles` reaches a state through a pyarrow file system made from its root:
+
+* a local path (or ``file://``) — the local file system; on a cluster this must be storage
+  every executor mounts at the same path (a cluster on one machine, NFS);
+* ``hdfs://`` — pyarrow's HDFS client (it needs ``libhdfs`` and a Hadoop ``CLASSPATH`` on
+  every executor);
+* ``s3a://`` (read as ``s3://``), ``s3://``, ``gs://`` — pyarrow's object store clients, with
+  the credentials of their usual environment variables.
+
+Reading a batch never consolidates across files; `read_layer` sums everything it read. A batch
+written here holds one Parquet file per writer piece and an empty ``_SUCCESS`` marker.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from wcoj_core.errors import StateError
+from wcoj_core.kernel.changes import changes_layer, changes_table
+from wcoj_core.kernel.layer import Layer
+from wcoj_core.traces import DIFF
+
+# A batch written on the driver is one file per this many rows, up to `WRITE_FILES` files
+# written at once (Arrow encodes and compresses without the GIL).
+WRITE_FILE_ROWS = 1 << 21
+WRITE_FILES = 4
+
+
+def file_system(root: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow file system of a state root, and the root's path in it.
+
+    >>> fs, path = file_system("/tmp/state")
+    >>> type(fs).__name__, path
+    ('LocalFileSystem', '/tmp/state')
+    """
+    if "://" not in root or root.startswith("file://"):
+        path = root.removeprefix("file://")
+        return pafs.LocalFileSystem(), os.path.abspath(path)
+    uri = "s3://" + root.removeprefix("s3a://") if root.startswith("s3a://") else root
+    try:
+        fs, path = pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowException, OSError) as e:
+        raise StateError(f"state {root}: pyarrow cannot reach it ({e})") from e
+    return fs, path.rstrip("/")
+
+
+def batch_path(trace_dir: str, time: int, kind: str) -> str:
+    """A fresh batch folder (relative to the state) for a trace at `time`, written by `kind`."""
+    return f"traces/{trace_dir}/b-{kind}-{time}-{uuid.uuid4().hex[:12]}"
+
+
+class BatchFiles:
+    """The batches of one state, read and written with pyarrow."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.fs, self.path = file_system(root)
+
+    def full(self, rel: str) -> str:
+        return f"{self.path}/{rel}"
+
+    def uri(self, path: str) -> str:
+        """A path of this file system (`full`'s kind) as a URI Spark reads."""
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            return f"file://{path}"
+        root = self.root.rstrip("/")
+        prefix = root[: len(root) - len(self.path)] if root.endswith(self.path) else ""
+        return prefix + path
+
+    def read_table(self, rel: str, columns: Sequence[str]) -> pa.Table:
+        """The data columns and diffs of one stored batch (every file of its folder)."""
+        # Spark's batches and the driver's differ in nullability only: read each on its own.
+        return pq.read_table(self.full(rel), columns=[*columns, DIFF], filesystem=self.fs)
+
+    def read_layer(self, columns: Sequence[str], paths: Sequence[str]) -> Layer:
+        """Batches (relative folders) as one consolidated layer."""
+        tables = [self.read_table(p, columns) for p in paths]
+        return read_tables(columns, tables)
+
+    def iter_chunks(self, rel: str, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+        """The data columns and diffs of a stored batch, a record batch at a time."""
+        for name in sorted(self.listing(rel)):
+            if name.endswith(".parquet"):
+                parquet = pq.ParquetFile(self.full(f"{rel}/{name}"), filesystem=self.fs)
+                yield from parquet.iter_batches(columns=[*columns, DIFF])
+
+    def read_files(self, columns: Sequence[str], files: Sequence[str]) -> Layer:
+        """Parquet files of changes (absolute paths in this file system), consolidated."""
+        return read_tables(columns, [read_changes_file(self.fs, f, columns) for f in files])
+
+    def write(
+        self,
+        rel: str,
+        columns: Sequence[str],
+        rows: np.ndarray,
+        diff: np.ndarray,
+        time: int,
+        *,
+        part: str = "0",
+        threads: bool = False,
+    ) -> None:
+        """Write rows and diffs into the batch folder `rel` as Parquet files named by `part`.
+
+        With `threads` a large batch is several files written at once. Raises `StateError`
+        (with the folder removed) when the storage refuses.
+        """
+        n = len(diff)
+        files = max(1, min(WRITE_FILES, n // WRITE_FILE_ROWS)) if threads else 1
+        cuts = [n * i // files for i in range(files + 1)]
+        folder = self.full(rel)
+        # Dictionaries for the time and the diffs only (a value or a few: a tiny page). The
+        # data columns hold ids with far too many distinct values for one: Arrow would build a
+        # dictionary until it overflows, then write them plain anyway, at twice the cost.
+        dictionary: Any = ["time", DIFF]
+
+        def write_file(i: int) -> None:
+            lo, hi = cuts[i], cuts[i + 1]
+            table = changes_table(columns, rows[lo:hi], diff[lo:hi], time)
+            with self.fs.open_output_stream(f"{folder}/part-{part}-{i:03d}.snappy.parquet") as out:
+                pq.write_table(table, out, compression="snappy", use_dictionary=dictionary)
+
+        try:
+            self.fs.create_dir(folder, recursive=True)
+            if files == 1:
+                write_file(0)
+            else:
+                with ThreadPoolExecutor(files) as pool:
+                    list(pool.map(write_file, range(files)))
+            with self.fs.open_output_stream(f"{folder}/_SUCCESS"):
+                pass
+        except OSError as e:
+            self.remove(rel)
+            raise StateError(
+                f"state {self.root}: cannot write a batch ({e.strerror or e}); nothing was applied"
+            ) from e
+
+    def write_changes(self, rel: str, table: pa.Table) -> list[str]:
+        """Write a table of changes as one Parquet file in the folder `rel`; its full path."""
+        folder = self.full(rel)
+        self.fs.create_dir(folder, recursive=True)
+        path = f"{folder}/part-0.parquet"
+        with self.fs.open_output_stream(path) as out:
+            pq.write_table(table, out)
+        return [path]
+
+    def file_rows(self, files: Sequence[str]) -> int:
+        """The rows of Parquet files (absolute paths in this file system), from their footers."""
+        return sum(pq.ParquetFile(f, filesystem=self.fs).metadata.num_rows for f in files)
+
+    def remove(self, rel: str) -> None:
+        """Delete a folder or file (relative), ignoring one that is not there."""
+        target = self.full(rel)
+        try:
+            info = self.fs.get_file_info(target)
+            if info.type == pafs.FileType.Directory:
+                self.fs.delete_dir(target)
+            elif info.type == pafs.FileType.File:
+                self.fs.delete_file(target)
+        except OSError:
+            pass
+
+    def listing(self, rel: str) -> list[str]:
+        """The names of the files in a folder (relative), none when it is not there."""
+        selector = pafs.FileSelector(self.full(rel), allow_not_found=True)
+        return [info.base_name for info in self.fs.get_file_info(selector)]
+
+
+def read_changes_file(fs: pafs.FileSystem, path: str, columns: Sequence[str]) -> pa.Table:
+    """One Parquet file of changes: its data `columns` and ``diff`` as non-null longs.
+
+    Raises `StateError` naming the file for a missing column, a null or a value that is not
+    a whole number.
+    """
+    table = pq.read_table(path, columns=[*columns, DIFF], filesystem=fs)
+    out = []
+    for name in (*columns, DIFF):
+        col = table.column(name)
+        if col.null_count:
+            raise StateError(f"{path}: column {name!r} holds {col.null_count} null value(s)")
+        out.append(col.cast(pa.int64()))
+    return pa.Table.from_arrays(out, names=[*columns, DIFF])
+
+
+def read_tables(columns: Sequence[str], tables: Sequence[pa.Table]) -> Layer:
+    """Tables of changes (data `columns` and ``diff``) as one consolidated layer."""
+    live = [t for t in tables if t.num_rows]
+    if not live:
+        return Layer.empty(len(columns))
+    if len(live) == 1:
+        return changes_layer(columns, live[0])
+    parts = [changes_layer(columns, t) for t in live]
+    return Layer.build(
+        np.concatenate([p.rows for p in parts]), np.concatenate([p.diff for p in parts])
+    )
+
+
+class PartWriter:
+    """One Parquet file of a batch folder, written a chunk at a time (opened at the first)."""
+
+    def __init__(self, files: BatchFiles, rel: str, columns: Sequence[str], time: int, name: str):
+        self.files = files
+        self.rel = rel
+        self.columns = tuple(columns)
+        self.time = time
+        self.name = name
+        self.rows = 0
+        self.total = 0  # the sum of the diffs written
+        self._writer: pq.ParquetWriter | None = None
+        self._sink: Any = None
+
+    @property
+    def path(self) -> str:
+        """The file, relative to the state."""
+        return f"{self.rel}/{self.name}"
+
+    def write(self, rows: np.ndarray, diff: np.ndarray) -> None:
+        if len(diff) == 0:
+            return
+        table = changes_table(self.columns, rows, diff, self.time)
+        if self._writer is None:
+            self.files.fs.create_dir(self.files.full(self.rel), recursive=True)
+            self._sink = self.files.fs.open_output_stream(self.files.full(self.path))
+            dictionary: Any = ["time", DIFF]  # see `BatchFiles.write`
+            self._writer = pq.ParquetWriter(
+                self._sink, table.schema, compression="snappy", use_dictionary=dictionary
+            )
+        self._writer.write_table(table)
+        self.rows += len(diff)
+        self.total += int(diff.sum())
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer = None

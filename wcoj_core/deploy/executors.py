@@ -1,0 +1,314 @@
+"""The executors deployment: the kernel inside Spark tasks, one Spark job per epoch.
+
+The work (`wcoj_core.deploy.work`) is shipped to ``n`` tasks of one job; task ``i`` runs share
+``i``. Each task's Python worker keeps the state's traces in memory between tasks and epochs
+(`resident_for`: Spark reuses its Python workers), reading only the batches added since, from
+the state's storage (`BatchFiles`): every arrangement is replicated to every executor, and the
+work is split by ranges of each rule's delta tuples, balanced on the work the counts predict,
+so a hub's tuples are spread over tasks like any others.
+
+Results leave the tasks as batch files, written where the state keeps them:
+
+* **stage 1** (the kernel): changes known to be consolidated as made (relation changes, counts
+  changes, and outputs whose bindings are all distinct) are written by the task that makes them;
+  the others leave as rows;
+* **stage 2** (only when some output needs it): those rows, hash-partitioned by tuple, are
+  summed and written by the task owning them.
+
+Tasks stream: bindings are projected and written (or sent on) a part at a time, so a task holds
+one part of its proposals, never its whole output. Every file written and every rule's counts
+come back as small records, collected by the driver; the files of a task attempt Spark gave up
+on are never named by one, and are deleted (`Written.clean`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from wcoj_core.deploy.batches import BatchFiles, PartWriter
+from wcoj_core.deploy.resident import resident_for
+from wcoj_core.deploy.work import (
+    Bindings,
+    Emitted,
+    RuleJob,
+    Tallied,
+    Work,
+    open_layers,
+    project,
+    run_share,
+)
+from wcoj_core.kernel.join import RuleTally, StepCounts
+from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.layer import Layer
+from wcoj_core.traces import DIFF
+
+# Record kinds in the rows a task returns.
+ROW, FILE, METRIC = 0, 1, 2
+# Rows per Arrow batch a task sends on.
+SEND_ROWS = 1 << 16
+# Step fields of a METRIC record (c1), and the rule's joins (c0 = -1).
+FIELDS = ("prefixes", "min_sum", "proposed", "validated")
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What a work's job wrote: per output trace, its files and rows and the sum of its diffs;
+    and what every rule did."""
+
+    files: Mapping[str, list[str]]
+    rows: Mapping[str, int]
+    totals: Mapping[str, int]
+    tallies: Mapping[RuleJob, RuleTally]
+
+    def clean(self, files: BatchFiles, folders: Mapping[str, str], work: Work) -> None:
+        """Delete every file in the outputs' folders that no record names (left by attempts
+        Spark gave up on); give an output no task wrote to an empty file of its schema (as the
+        driver writes an empty batch); mark each folder complete."""
+        columns = work.columns()
+        for name, folder in folders.items():
+            named = {path.rsplit("/", 1)[-1] for path in self.files.get(name, [])}
+            for entry in files.listing(folder):
+                if entry not in named:
+                    files.remove(f"{folder}/{entry}")
+            if not named:
+                empty = np.zeros((0, len(columns[name])), dtype=I64)
+                files.write(folder, columns[name], empty, np.zeros(0, dtype=I64), work.epoch)
+                continue
+            with files.fs.open_output_stream(files.full(f"{folder}/_SUCCESS")):
+                pass
+
+
+def run_on_executors(
+    spark: SparkSession, work: Work, folders: Mapping[str, str], tasks: int
+) -> Written:
+    """Run a work in `tasks` Spark tasks; its outputs are written into `folders` (output trace
+    -> batch folder relative to the state). See the module.
+
+    With one task, the task sums every output itself (there is no other share to meet): a
+    small epoch is one stage, one task.
+    """
+    columns = work.columns()
+    names = list(columns)
+    width = max(3, *(len(c) for c in columns.values()))
+    direct = frozenset(work.emit) | work.distinct
+    summed = frozenset(n for n in names if n not in direct)
+    schema = _schema(width)
+    run_id = uuid.uuid4().hex[:8]
+    kernel = partial(_kernel_task, work, dict(folders), names, summed, width, run_id, tasks)
+    df: DataFrame = spark.range(0, tasks, 1, tasks).mapInArrow(kernel, schema)
+    if summed and tasks > 1:
+        keys = ["tag", *(f"c{i}" for i in range(width))]
+        sums = partial(_sum_task, work, dict(folders), names, width, run_id)
+        df = df.repartition(tasks, *keys).mapInArrow(sums, schema)
+    spark.sparkContext.setJobDescription(f"wcoj: epoch {work.epoch} on the executors")
+    try:
+        records = df.collect()
+    finally:
+        spark.sparkContext.setJobDescription(None)  # type: ignore[arg-type]
+    return _written(work, names, records)
+
+
+def _schema(width: int) -> str:
+    cols = ", ".join(f"c{i} long" for i in range(width))
+    return f"kind int, tag int, {cols}, diff long, path string"
+
+
+def _kernel_task(
+    work: Work,
+    folders: dict[str, str],
+    names: list[str],
+    summed: frozenset[str],
+    width: int,
+    run_id: str,
+    total: int,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """Stage 1: the shares given to this task (the ids of its input rows), of `total`."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    attempt = f"{run_id}-s{ctx.stageId()}-a{ctx.attemptNumber()}" if ctx else run_id
+    shares = [int(i) for b in batches for i in b.column(0).to_numpy()]
+    resident = resident_for(work.root)
+    layers = open_layers(work, resident)
+    columns = work.columns()
+    tag = {n: i for i, n in enumerate(names)}
+    out = _Sender(width)
+    writers: dict[str, PartWriter] = {}
+    kept: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # summed here (one task)
+    jobs = {job: i for i, job in enumerate(work.rules)}
+
+    def writer(name: str, share: int) -> PartWriter:
+        if name not in writers:
+            file = f"part-{attempt}-p{share}.snappy.parquet"
+            writers[name] = PartWriter(
+                resident.files, folders[name], columns[name], work.epoch, file
+            )
+        return writers[name]
+
+    for share in shares:
+        for item in run_share(work, layers, share, total):
+            match item:
+                case Emitted(name, rows, diff, _):
+                    writer(name, share).write(rows, diff)
+                case Bindings(job, part):
+                    rows, diff = project(part, work.plans[job.query].query.head)
+                    if job.output not in summed:
+                        writer(job.output, share).write(rows, diff)
+                    elif total == 1:
+                        kept.setdefault(job.output, []).append((rows, diff))
+                    else:
+                        yield from out.rows(tag[job.output], rows, diff)
+                case Tallied(job, tally):
+                    yield from out.metrics(jobs[job], tally)
+    for name, parts in kept.items():
+        layer = Layer.build(
+            np.concatenate([r for r, _ in parts]), np.concatenate([d for _, d in parts])
+        )
+        writer(name, shares[0]).write(layer.rows, layer.diff)
+    for name, w in writers.items():
+        w.close()
+        if w.rows:
+            yield from out.file(tag[name], w)
+    yield from out.flush()
+
+
+def _sum_task(
+    work: Work,
+    folders: dict[str, str],
+    names: list[str],
+    width: int,
+    run_id: str,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """Stage 2: sum the rows of each output this task owns, write them; pass records on."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    part = ctx.partitionId() if ctx else 0
+    attempt = f"{run_id}-s{ctx.stageId()}-a{ctx.attemptNumber()}" if ctx else run_id
+    columns = work.columns()
+    rows: dict[int, list[pa.RecordBatch]] = {}
+    for b in batches:
+        kind = b.column("kind").to_numpy()
+        if (kind != ROW).any():
+            yield b.filter(pa.array(kind != ROW))
+        if (kind == ROW).any():
+            data = b.filter(pa.array(kind == ROW))
+            for t in np.unique(data.column("tag").to_numpy()):
+                rows.setdefault(int(t), []).append(
+                    data.filter(pa.array(data.column("tag").to_numpy() == t))
+                )
+    files = resident_for(work.root).files
+    out = _Sender(width)
+    for t, parts in rows.items():
+        name = names[t]
+        arity = len(columns[name])
+        table = pa.Table.from_batches(parts)
+        cols = np.empty((table.num_rows, arity), dtype=I64, order="F")
+        for i in range(arity):
+            cols[:, i] = table.column(f"c{i}").to_numpy()
+        layer = Layer.build(cols, table.column(DIFF).to_numpy())
+        w = PartWriter(
+            files,
+            folders[name],
+            columns[name],
+            work.epoch,
+            f"part-{attempt}-q{part}.snappy.parquet",
+        )
+        w.write(layer.rows, layer.diff)
+        w.close()
+        if w.rows:
+            yield from out.file(t, w)
+    yield from out.flush()
+
+
+class _Sender:
+    """Builds the records a task returns, in batches of `SEND_ROWS`."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self._pending: list[pa.RecordBatch] = []
+        self._rows = 0
+
+    def _batch(
+        self,
+        kind: int,
+        tag: np.ndarray,
+        cols: Sequence[np.ndarray],
+        diff: np.ndarray,
+        path: Sequence[str | None],
+    ) -> pa.RecordBatch:
+        n = len(diff)
+        arrays = [pa.array(np.full(n, kind, dtype=np.int32)), pa.array(tag.astype(np.int32))]
+        for i in range(self.width):
+            arrays.append(
+                pa.array(cols[i], type=pa.int64()) if i < len(cols) else pa.nulls(n, pa.int64())
+            )
+        arrays += [pa.array(diff, type=pa.int64()), pa.array(path, type=pa.string())]
+        names = ["kind", "tag", *(f"c{i}" for i in range(self.width)), DIFF, "path"]
+        return pa.RecordBatch.from_arrays(arrays, names=names)
+
+    def _add(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        self._pending.append(batch)
+        self._rows += batch.num_rows
+        if self._rows >= SEND_ROWS:
+            yield from self.flush()
+
+    def rows(self, tag: int, rows: np.ndarray, diff: np.ndarray) -> Iterator[pa.RecordBatch]:
+        for lo in range(0, len(diff), SEND_ROWS):
+            hi = min(lo + SEND_ROWS, len(diff))
+            cols = [np.ascontiguousarray(rows[lo:hi, i]) for i in range(rows.shape[1])]
+            batch = self._batch(ROW, np.full(hi - lo, tag), cols, diff[lo:hi], [None] * (hi - lo))
+            yield from self._add(batch)
+
+    def file(self, tag: int, w: PartWriter) -> Iterator[pa.RecordBatch]:
+        cols = [np.array([w.rows], dtype=I64), np.array([w.total], dtype=I64)]
+        yield from self._add(self._batch(FILE, np.array([tag]), cols, np.zeros(1, I64), [w.path]))
+
+    def metrics(self, job: int, tally: RuleTally) -> Iterator[pa.RecordBatch]:
+        steps, fields, values = [-1], [0], [tally.joins]
+        for k, s in enumerate(tally.steps):
+            for f, name in enumerate(FIELDS):
+                steps.append(k)
+                fields.append(f)
+                values.append(getattr(s, name))
+        n = len(values)
+        cols = [np.array(steps, dtype=I64), np.array(fields, dtype=I64)]
+        batch = self._batch(METRIC, np.full(n, job), cols, np.array(values, I64), [None] * n)
+        yield from self._add(batch)
+
+    def flush(self) -> Iterator[pa.RecordBatch]:
+        yield from self._pending
+        self._pending, self._rows = [], 0
+
+
+def _written(work: Work, names: list[str], records: Sequence[object]) -> Written:
+    files: dict[str, list[str]] = {n: [] for n in names}
+    rows = dict.fromkeys(names, 0)
+    totals = dict.fromkeys(names, 0)
+    tallies = {job: RuleTally.of(work.rule(job)) for job in work.rules}
+    jobs = list(work.rules)
+    for r in records:
+        kind, tag = r["kind"], r["tag"]  # type: ignore[index]
+        if kind == FILE:
+            name = names[tag]
+            files[name].append(r["path"])  # type: ignore[index]
+            rows[name] += r["c0"]  # type: ignore[index]
+            totals[name] += r["c1"]  # type: ignore[index]
+        elif kind == METRIC:
+            tally = tallies[jobs[tag]]
+            step, field, value = r["c0"], r["c1"], r[DIFF]  # type: ignore[index]
+            if step < 0:
+                tally.joins += value
+            else:
+                s: StepCounts = tally.steps[step]
+                setattr(s, FIELDS[field], getattr(s, FIELDS[field]) + value)
+    return Written(files, rows, totals, tallies)

@@ -1,0 +1,198 @@
+"""What one epoch (or one epoch-addressed step) asks of the kernel, and how a share of it runs.
+
+A `Work` names everything a deployment needs, as plain picklable data: the state's root, the
+epoch, the plans, the traces to read (`TraceRead`: batches of the old state, and the epoch's
+changes as stored batches or as raw change files), the counts changes to compute and the delta
+rules to run (`RuleJob`, each writing its output change to a named trace; several rules of a
+query may add up into one).
+
+Both deployments run it the same way: `open_layers` reads the traces into an `EpochLayers`
+(indexes kept by a `Resident`, the epoch's changes consolidated, counts changes computed from
+the relation changes), then `run_share` runs share ``i`` of ``n``: every rule takes the i-th of
+``n`` consecutive ranges of its delta tuples, cut to balance the work the counts predict. Share 0
+also emits the changes that are outputs of the work themselves (relation changes read raw,
+counts changes computed). The driver runs the shares on threads; the executors, one per task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from wcoj_core.deploy.resident import BatchRef, Resident
+from wcoj_core.kernel.changes import changes_layer, counts_delta, support_delta
+from wcoj_core.kernel.index import EpochLayers
+from wcoj_core.kernel.join import (
+    PROPOSAL_BUDGET,
+    Part,
+    RuleTally,
+    delta_layer,
+    run_rule,
+    shares,
+    weights,
+)
+from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.layer import Layer
+from wcoj_core.query.ir import Var
+from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Plan
+from wcoj_core.traces import counts_trace_name, relation_columns, relation_trace_name
+
+# A rule's delta of at most this many tuples is cut into shares by tuple count alone; a larger
+# one by the work its first step's counts predict (a count per tuple costs a lookup).
+WEIGH_ROWS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRead:
+    """A trace a work reads: its batches as of the old state, and its changes at the epoch:
+    stored batches, files of unconsolidated changes (absolute paths in the state's file
+    system), or unconsolidated changes carried along (data columns and ``diff``)."""
+
+    name: str
+    columns: tuple[str, ...]
+    old: tuple[BatchRef, ...]
+    delta: tuple[BatchRef, ...] = ()
+    raw: tuple[str, ...] = ()
+    inline: pa.Table | None = None  # or the changes themselves (a small epoch's)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleJob:
+    """One delta rule to run, and the trace its output change goes to."""
+
+    query: str
+    rule: int
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """Everything one epoch's kernel work needs (see the module)."""
+
+    root: str
+    epoch: int
+    plans: Mapping[str, Plan]
+    reads: tuple[TraceRead, ...]
+    counts: tuple[Arrangement, ...] = ()
+    rules: tuple[RuleJob, ...] = ()
+    # The traces whose epoch changes are outputs of the work (relation changes read raw or
+    # carried along, computed counts changes), emitted once, by share 0.
+    emit: tuple[str, ...] = ()
+    # Outputs known consolidated as the rules make them (no summing needed across shares).
+    distinct: frozenset[str] = field(default_factory=frozenset)
+    # The candidates a step proposes at once (`wcoj_core.kernel.join`): what bounds memory.
+    budget: int = PROPOSAL_BUDGET
+
+    def rule(self, job: RuleJob) -> DeltaRule:
+        return self.plans[job.query].rules[job.rule]
+
+    def columns(self) -> dict[str, tuple[str, ...]]:
+        """Every output trace of the work and its columns, in a stable order."""
+        out: dict[str, tuple[str, ...]] = {}
+        reads = {r.name: r.columns for r in self.reads}
+        for name in self.emit:
+            out[name] = reads.get(name, ())
+        for a in self.counts:
+            out[counts_trace_name(a)] = tuple(f"c{k}" for k in a.key)
+        for job in self.rules:
+            out[job.output] = tuple(relation_columns(len(self.plans[job.query].query.head)))
+        return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class Emitted:
+    """Changes of an output trace made by a share (consolidated when `consolidated`)."""
+
+    name: str
+    rows: np.ndarray
+    diff: np.ndarray
+    consolidated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Bindings:
+    """Full bindings of one rule, a part at a time."""
+
+    job: RuleJob
+    part: Part
+
+
+@dataclass(frozen=True, slots=True)
+class Tallied:
+    """What one rule did in one share."""
+
+    job: RuleJob
+    tally: RuleTally
+
+
+Made = Emitted | Bindings | Tallied
+
+
+def open_layers(
+    work: Work, resident: Resident, given: Mapping[str, Layer] | None = None
+) -> EpochLayers:
+    """The traces of a work as of its old state, with its changes (`given` ones first, then raw
+    files, then stored batches) and the counts changes it computes."""
+    traces = {r.name: resident.index(r.name, r.columns, r.old) for r in work.reads}
+    deltas: dict[str, Layer] = {}
+    for r in work.reads:
+        if given and r.name in given:
+            deltas[r.name] = given[r.name]
+        elif r.inline is not None:
+            deltas[r.name] = changes_layer(r.columns, r.inline)
+        elif r.raw:
+            deltas[r.name] = resident.files.read_files(r.columns, r.raw)
+        elif any(rows for _, rows in r.delta):
+            deltas[r.name] = resident.read(r.columns, r.delta)
+    layers = EpochLayers(traces, deltas)
+    by_view: dict[AtomView, list[Arrangement]] = {}
+    for a in work.counts:
+        by_view.setdefault(a.view, []).append(a)
+    for view, arrangements in by_view.items():
+        if relation_trace_name(view.relation) not in deltas:
+            continue
+        support = support_delta(layers, view)
+        for a in arrangements:
+            deltas[counts_trace_name(a)] = counts_delta(support, a.key)
+    return layers
+
+
+def run_share(work: Work, layers: EpochLayers, share: int, count: int) -> Iterator[Made]:
+    """Share `share` of `count` of a work: emitted changes (share 0), then every rule's
+    bindings on its share of the delta, each rule followed by its tally."""
+    if share == 0:
+        columns = work.columns()
+        for name in work.emit:
+            layer = layers.deltas.get(name)
+            if layer is None:
+                layer = Layer.empty(len(columns[name]))
+            yield Emitted(name, layer.rows, layer.diff, True)
+    for job in work.rules:
+        plan = work.plans[job.query]
+        rule = plan.rules[job.rule]
+        tally = RuleTally.of(rule)
+        d = delta_layer(plan, rule, layers)
+        if len(d):
+            sizes = weights(plan, rule, layers) if len(d) > WEIGH_ROWS else np.ones(len(d), I64)
+            lo, hi = shares(sizes, count)[share]
+            for part in run_rule(plan, rule, layers, tally, (lo, hi), budget=work.budget):
+                yield Bindings(job, part)
+        yield Tallied(job, tally)
+
+
+def project(part: Part, head: Sequence[Var]) -> tuple[np.ndarray, np.ndarray]:
+    """A part of bindings projected on the head: output rows (column-major) and weights."""
+    prefixes, kept = part
+    n = len(prefixes) if kept is None else len(kept)
+    rows = np.empty((n, len(head)), dtype=I64, order="F")
+    for i, v in enumerate(head):
+        col = prefixes.cols[v]
+        if kept is None:
+            rows[:, i] = col
+        else:
+            np.take(col, kept, out=rows[:, i], mode="clip")
+    weight = prefixes.weight if kept is None else prefixes.weight[kept]
+    return rows, weight

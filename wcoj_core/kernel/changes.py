@@ -1,0 +1,116 @@
+"""Changes in and out of the kernel: relation changes, counts maintenance, output changes.
+
+* `changes_layer` — an epoch's changes as an Arrow table (data columns and ``diff``), summed
+  into a consolidated `Layer`; `changes_table` — the other way, in the stored batch schema.
+* `support_delta` / `counts_delta` — a counts arrangement maintained from the changes alone:
+  a view tuple whose multiplicity turns non-zero adds one to its key's count, one turning zero
+  subtracts one (`support_delta` reads the old multiplicities of the changed tuples only).
+* `output_changes` — rules' full bindings projected on the head and summed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from wcoj_core.kernel.index import EpochLayers
+from wcoj_core.kernel.join import Prefixes, head_block
+from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.layer import Layer, lookup_sum
+from wcoj_core.query.ir import Var
+from wcoj_core.query.plan import AtomView, Version
+from wcoj_core.traces import DIFF, TIME, relation_trace_name
+
+
+def data_rows(table: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> np.ndarray:
+    """The data `columns` of a table as a column-major array of longs (no column: width 0).
+
+    >>> data_rows(pa.table({"c0": [1, 2], "c1": [3, 4]}), ["c1"]).tolist()
+    [[3], [4]]
+    """
+    rows = np.empty((table.num_rows, len(columns)), dtype=I64, order="F")
+    for i, c in enumerate(columns):
+        rows[:, i] = table.column(c).to_numpy(zero_copy_only=False)
+    return rows
+
+
+def changes_layer(columns: Sequence[str], table: pa.Table) -> Layer:
+    """Changes (an Arrow table with the data `columns` and ``diff``), consolidated.
+
+    >>> t = pa.table({"c0": [2, 1, 2], "c1": [0, 0, 0], "diff": [1, 1, -1]})
+    >>> layer = changes_layer(["c0", "c1"], t)
+    >>> layer.rows.tolist(), layer.diff.tolist()
+    ([[1, 0]], [1])
+    """
+    rows = data_rows(table, columns)  # column-major: see output_changes
+    diff = table.column(DIFF).to_numpy(zero_copy_only=False).astype(I64, copy=False)
+    return Layer.build(rows, diff)
+
+
+def batch_schema(columns: Sequence[str]) -> pa.Schema:
+    """The schema of a stored batch: the data columns, ``time`` and ``diff``, longs, no nulls."""
+    return pa.schema([pa.field(c, pa.int64(), nullable=False) for c in (*columns, TIME, DIFF)])
+
+
+def changes_table(
+    columns: Sequence[str], rows: np.ndarray, diff: np.ndarray, time: int
+) -> pa.Table:
+    """Rows and diffs as a table in the stored batch schema, stamped `time`.
+
+    >>> changes_table(["c0"], np.array([[4]]), np.array([2]), 7).to_pylist()
+    [{'c0': 4, 'time': 7, 'diff': 2}]
+    """
+    # A contiguous column (a column-major array's) is taken by Arrow without a copy.
+    arrays = [
+        pa.array(np.ascontiguousarray(rows[:, j]), type=pa.int64()) for j in range(len(columns))
+    ]
+    arrays += [pa.array(np.full(len(diff), time, dtype=I64)), pa.array(diff, type=pa.int64())]
+    return pa.Table.from_arrays(arrays, schema=batch_schema(columns))
+
+
+def support_delta(layers: EpochLayers, view: AtomView) -> Layer:
+    """View tuples entering (+1) or leaving (-1) the non-zero support at this epoch."""
+    name = relation_trace_name(view.relation)
+    order = tuple(range(view.arity))
+    delta = layers.delta(name, view, order)
+    old = lookup_sum(layers.layers(name, view, order, Version.OLD), delta.rows)
+    change = (old + delta.diff != 0).astype(I64) - (old != 0).astype(I64)
+    keep = change != 0
+    if keep.all():  # every tuple changed its support (a whole relation): same rows, same keys
+        return delta.with_diff(change)
+    return Layer(delta.rows[keep], change[keep])
+
+
+def counts_delta(support: Layer, key: Sequence[int]) -> Layer:
+    """Support changes grouped by the key columns: a counts change."""
+    return Layer.build(support.rows[:, list(key)], support.diff)
+
+
+def output_changes(
+    prefixes: Sequence[Prefixes], head: Sequence[Var], distinct: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rules' full bindings projected on the head and summed: an output change (rows, diff).
+
+    With `distinct` the caller knows each binding gives a different head tuple with a non-zero
+    weight (a single rule on a fresh state whose head keeps every variable): the rows are then
+    already consolidated, and are returned as they come, unsorted.
+    """
+    if not prefixes:
+        return np.zeros((0, len(head)), dtype=I64), np.zeros(0, dtype=I64)
+    # Column-major: each column is filled with one contiguous copy, and read as it is by the
+    # sort or by Arrow when the batch is written (a row-major array's columns are strided).
+    # One rule's bindings (a static evaluation's) usually hold that array already (`bindings`).
+    block = head_block(prefixes[0], head) if len(prefixes) == 1 else None
+    if block is not None:
+        rows, weight = block, prefixes[0].weight
+    else:
+        rows = np.empty((sum(len(p) for p in prefixes), len(head)), dtype=I64, order="F")
+        for i, v in enumerate(head):
+            np.concatenate([p.cols[v] for p in prefixes], out=rows[:, i])
+        weight = np.concatenate([p.weight for p in prefixes])
+    if distinct:
+        return rows, weight
+    out = Layer.build(rows, weight)
+    return out.rows, out.diff
