@@ -5,8 +5,13 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 DEMO   := .wcoj
+PG_DIR := .wcoj-postgres
+# What every process that creates or executes runs needs (wcoj_assets.instance.dagster_env).
+DAGSTER_ENV = $$($(BIN)/python -m wcoj_assets.instance env)
+# The demo's epochs start on its first landed day (the oldest folder), so the UI counts them only.
+DEMO_START = WCOJ_EPOCH_START=$$(ls $(DEMO)/landing/edge | head -n 1)
 
-.PHONY: demo replay ui test benchmarks lint java clean
+.PHONY: demo replay ui postgres postgres-down ui-prod test test-fast benchmarks lint java clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,21 +34,40 @@ replay: $(STAMP) java
 ## ui: the Dagster UI on http://127.0.0.1:3000 over the demo's instance, state and landing folder.
 ui: $(STAMP) java
 	@test -d $(DEMO)/dagster || { echo "run 'make demo' first: the UI shows its data"; exit 1; }
-	DAGSTER_HOME=$(abspath $(DEMO)/dagster) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	env $(DAGSTER_ENV) DAGSTER_HOME=$(abspath $(DEMO)/dagster) $(DEMO_START) \
+		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+## postgres: start the production instance's Postgres server (from a wheel) in .wcoj-postgres.
+postgres: $(STAMP)
+	$(BIN)/python -m wcoj_assets.instance postgres up --dir $(PG_DIR)
+
+## postgres-down: stop it; its data stays in .wcoj-postgres for the next `make postgres`.
+postgres-down: $(STAMP)
+	$(BIN)/python -m wcoj_assets.instance postgres down --dir $(PG_DIR)
+
+## ui-prod: the Dagster UI and daemon on http://127.0.0.1:3000 over the Postgres instance.
+ui-prod: postgres java
+	env $(DAGSTER_ENV) DAGSTER_HOME=$(abspath $(PG_DIR)/dagster) \
+		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 ## test: the whole suite (unit, oracle property tests, real SNAP graphs, CLI).
 test: $(STAMP) java
 	$(BIN)/pytest
 
+## test-fast: the tests that start no JVM (no Spark, no cluster, nothing marked slow); no Java needed.
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not spark and not cluster and not slow"
+
 ## benchmarks: rerun every benchmark, rewrite docs/benchmarks.md (long: use an idle machine).
 ##   ARGS='--only curve-size' reruns one part; ARGS=--render-only rebuilds the page from docs/bench.
 benchmarks: $(STAMP) java
-	$(BIN)/python -m wcoj_core.report $(ARGS)
+	$(BIN)/python -m wcoj_bench.report $(ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check wcoj_core wcoj_assets tests
-	$(BIN)/ruff format --check wcoj_core wcoj_assets tests
+	$(BIN)/ruff check wcoj_core wcoj_assets wcoj_bench tests
+	$(BIN)/ruff format --check wcoj_core wcoj_assets wcoj_bench tests
 	$(BIN)/pyright
 
 clean:
+	-test ! -x $(BIN)/python || $(BIN)/python -m wcoj_assets.instance postgres down --dir $(PG_DIR)
 	rm -rf $(VENV) $(DEMO) .pytest_cache .hypothesis spark-warehouse

@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from wcoj_core import cli
+from wcoj_core.cli import workspace
 from wcoj_core.engine import Engine
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
@@ -109,7 +110,7 @@ def test_apply_arguments_are_checked_before_spark(
     def refuse(master: str | None) -> SparkSession:
         raise AssertionError("Spark was started although the arguments are invalid")
 
-    monkeypatch.setattr(cli, "_start_spark", refuse)
+    monkeypatch.setattr(workspace, "start_spark", refuse)
     good = write(tmp_path / "e.csv", EPOCHS[0])
     base = ["apply", "--query", "triangles", "--state", str(tmp_path / "s")]
     for argv, fragment in [

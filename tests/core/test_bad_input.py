@@ -35,6 +35,8 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 
 from wcoj_core import cli
+from wcoj_core.cli import workspace
+from wcoj_core.cli.inputs import parse_inputs
 from wcoj_core.engine import Engine, evaluate_static
 from wcoj_core.errors import InputError, QueryError, QuerySyntaxError, StateError, WcojError
 from wcoj_core.history import History
@@ -42,7 +44,7 @@ from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Var
 from wcoj_core.query.parse import parse_query, resolve_query
-from wcoj_core.sources import negative_tuples, read_relation, read_updates
+from wcoj_core.sources import check_locally, negative_tuples, read_relation, read_updates
 
 # Examples per fuzz test. The readers start Spark jobs (a few tenths of a second each), so they
 # get fewer than the pure-Python query checks.
@@ -65,7 +67,7 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(master: str | None) -> SparkSession:
         raise AssertionError("Spark was started although the arguments are invalid")
 
-    monkeypatch.setattr(cli, "_start_spark", refuse)
+    monkeypatch.setattr(workspace, "start_spark", refuse)
 
 
 def write(path: Path, content: Content) -> Path:
@@ -595,8 +597,16 @@ def scratch_file(name: str, content: Content) -> Iterator[Path]:
 def check_read(
     spark: SparkSession, path: Path, arity: int, *, updates: bool = False
 ) -> list[tuple[int, ...]] | InputError:
-    """Read `path` and force the frame: well-formed rows, or an `InputError` saying where."""
+    """Read `path` and force the frame: well-formed rows, or an `InputError` saying where.
+
+    A relation file is also checked without Spark (`check_locally`, what the CLI runs before
+    starting Spark): it must accept what Spark accepts, and refuse only with Spark's message.
+    """
     reader = read_updates if updates else read_relation
+    try:
+        early = None if updates else check_locally(str(path), arity, "r")
+    except InputError as error:
+        early = error
     try:
         df: DataFrame = reader(spark, str(path), arity, "r")
         rows = [tuple(r) for r in df.collect()]
@@ -607,7 +617,9 @@ def check_read(
         assert message.split(": ", 1)[1].strip(), message
         # Spark and the local rescan must agree on which row is bad.
         assert "could not be located" not in message, message
+        assert early is None or str(early) == message, (str(early), message)
         return error
+    assert early is None, f"refused without Spark but read by Spark: {early}"
     width = arity + (2 if updates else 1)
     assert rows, "an accepted file has data rows"
     for row in rows:
@@ -625,6 +637,27 @@ def expected_text_rows(text: str, arity: int) -> Counter[tuple[int, ...]]:
             rows[(*map(int, fields), 1)] += 1
     assert all(len(r) == arity + 1 for r in rows)
     return rows
+
+
+@pytest.mark.parametrize(
+    "last_line",
+    [" \t ", "\x0c", "\x00", "1,2,", '1,2,""', '1,2,"",3', '1,2,,"x'],
+    ids=[
+        "blanks",
+        "form-feed",
+        "nul",
+        "empty-extra",
+        "quoted-empty-extra",
+        "dropped",
+        "bad-dropped",
+    ],
+)
+def test_csv_lines_spark_accepts_pass_the_check_without_spark(
+    fast_spark: SparkSession, tmp_path: Path, last_line: str
+) -> None:
+    """Blank lines and a field past the header Spark drops: accepted by both readers alike."""
+    path = write(tmp_path / "e.csv", f"a,b\n1,2\n{last_line}\n")
+    assert check_read(fast_spark, path, 2) == [(1, 2, 1)] * (2 if "2" in last_line else 1)
 
 
 @settings(max_examples=READER_EXAMPLES)
@@ -857,7 +890,7 @@ def test_fuzz_inputs_against_the_query(
         return
     specs = [f"{rel}={some_file}" for rel in given_relations]
     try:
-        inputs = cli._parse_inputs(specs, query)
+        inputs = parse_inputs(specs, query)
     except QueryError as error:
         # Reported in this order: inputs the query does not read, then relations without input.
         extra = [rel for rel in given_relations if rel not in query.relations]

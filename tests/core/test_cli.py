@@ -1,7 +1,8 @@
 """The ``wcoj`` command line: results against the naive oracle, JSON output, every error path.
 
-Most tests call `main` in-process (the session-scoped SparkSession is reused); two run the
-installed console script in a subprocess, one of them starting its own JVM.
+Most tests call `main` in-process (the session-scoped SparkSession is reused); three run the
+installed console script in a subprocess, one of them starting its own JVM. Also covered: the
+version, each command's help, bad input files refused before Spark starts, ``--output``.
 """
 
 from __future__ import annotations
@@ -9,19 +10,27 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import pytest
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
 from wcoj_core import cli
+from wcoj_core.cli import count as count_command
+from wcoj_core.cli import inputs as inputs_module
+from wcoj_core.cli import replay as replay_command
+from wcoj_core.cli import workspace
 from wcoj_core.naive import naive_eval
-from wcoj_core.query.builtins import builtin
+from wcoj_core.query.builtins import BUILTINS, builtin
 from wcoj_core.query.explain import explain
 from wcoj_core.query.plan import plan_query
 from wcoj_core.replay import CheckOutcome, ReplayError, ReplayResult, check_parameters, epoch_stream
@@ -53,7 +62,7 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(master: str | None) -> SparkSession:
         raise AssertionError("Spark was started although the arguments are invalid")
 
-    monkeypatch.setattr(cli, "_start_spark", refuse)
+    monkeypatch.setattr(workspace, "start_spark", refuse)
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[str], list[str]]:
@@ -101,13 +110,13 @@ def final_relation(stream: Counter[tuple[int, ...]]) -> Counter[tuple[int, ...]]
 # --- count --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "no-keyed"])
+@pytest.mark.parametrize("deploy", ["auto", "executors"])
 def test_count_matches_the_oracle_and_ends_with_json(
     fast_spark: SparkSession,
     capsys: pytest.CaptureFixture[str],
     edge_file: str,
     tmp_path: Path,
-    keyed: bool,
+    deploy: str,
 ) -> None:
     query = builtin("directed-triangles")
     expected = sum(naive_eval(query, {"edge": Counter(EDGES)}).values())
@@ -123,7 +132,7 @@ def test_count_matches_the_oracle_and_ends_with_json(
         "--state",
         str(state),
         "--json",
-        *([] if keyed else ["--no-keyed"]),
+        *["--deploy", deploy],
     )
     assert code == 0, err
     assert out[0].startswith(f"count: {expected} (seconds ")
@@ -134,7 +143,8 @@ def test_count_matches_the_oracle_and_ends_with_json(
     assert isinstance(payload["seconds"], float)
     assert payload["output_rows"] == len(naive_eval(query, {"edge": Counter(EDGES)}))
     assert payload["proposed"] >= payload["validated"] >= 0
-    assert payload["metrics"]["path"] == ("keyed" if keyed else "spark")
+    assert payload["metrics"]["deployment"] == ("driver" if deploy == "auto" else "executors")
+    assert payload["metrics"]["reason"]
     assert (state / "manifests").is_dir(), "--state DIR is kept"
 
 
@@ -145,13 +155,13 @@ def test_count_undirected_and_query_text(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     made: list[str] = []
-    real_mkdtemp = cli.tempfile.mkdtemp
+    real_mkdtemp = workspace.tempfile.mkdtemp
 
     def recording_mkdtemp(*args: Any, **kwargs: Any) -> str:
         made.append(real_mkdtemp(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(cli.tempfile, "mkdtemp", recording_mkdtemp)
+    monkeypatch.setattr(workspace.tempfile, "mkdtemp", recording_mkdtemp)
     text = "tri(a, b, c) :- edge(a, b), edge(b, c), edge(a, c), a < b, b < c"
     query = builtin("triangles")
     expected = sum(naive_eval(query, {"edge": symmetric(EDGES)}).values())
@@ -252,7 +262,7 @@ def test_replay_exits_1_when_the_check_fails(
     def failing(*args: Any, **kwargs: Any) -> ReplayResult:
         return ReplayResult("triangles", (), (), 5, CheckOutcome.FAILED, 3)
 
-    monkeypatch.setattr(cli, "replay", failing)
+    monkeypatch.setattr(replay_command, "replay", failing)
     code, out, err = run(
         capsys,
         "replay",
@@ -324,6 +334,18 @@ def test_explain_prints_the_plan(capsys: pytest.CaptureFixture[str], no_spark: N
 
 def _file_args(path: str) -> list[str]:
     return ["count", "--query", "triangles", "--input", f"edge={path}"]
+
+
+def _written(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def _apply_args(folder: Path, changes: str) -> list[str]:
+    return [
+        *["apply", "--query", "triangles", "--state", str(folder / "state"), "--epoch", "0"],
+        *["--changes", f"edge={changes}"],
+    ]
 
 
 PRE_SPARK_ERRORS: list[tuple[str, Callable[[str, Path], list[str]], tuple[str, ...]]] = [
@@ -464,6 +486,54 @@ PRE_SPARK_ERRORS: list[tuple[str, Callable[[str, Path], list[str]], tuple[str, .
         ],
         ("--seed",),
     ),
+    (
+        "output neither Parquet nor CSV",
+        lambda f, d: [*_file_args(f), "--output", str(d / "out.txt")],
+        ("--output", "give a path ending in .parquet or .csv"),
+    ),
+    (
+        "output in a missing folder",
+        lambda f, d: [*_file_args(f), "--output", str(d / "none" / "out.csv")],
+        ("--output", "does not exist"),
+    ),
+    (
+        "apply output neither Parquet nor CSV",
+        lambda f, d: [*_apply_args(d, f), "--output", str(d / "change.json")],
+        ("--output", "give a path ending in .parquet or .csv"),
+    ),
+    (
+        "CSV without the relation's columns",
+        lambda f, d: _file_args(_written(d / "e.csv", "a\n1\n2\n")),
+        ("e.csv (relation edge), line 1", "has 1 data columns ['a']"),
+    ),
+    (
+        "CSV with a bad value",
+        lambda f, d: _file_args(_written(d / "e.csv", "a,b\n1,2\n3,x\n")),
+        ("e.csv (relation edge), line 3, column 2", "value in column 'b' is not an integer: 'x'"),
+    ),
+    (
+        "CSV with a zero diff",
+        lambda f, d: _file_args(_written(d / "e.csv", "a,b,diff\n1,2,0\n")),
+        ("line 2, column 3", "is zero"),
+    ),
+    (
+        "empty text file",
+        lambda f, d: _file_args(_written(d / "e.txt", "# nothing\n")),
+        ("e.txt (relation edge): has no data rows",),
+    ),
+    (
+        "bad changes file",
+        lambda f, d: _apply_args(d, _written(d / "c.csv", "a,b\n1,2,3\n")),
+        ("c.csv (relation edge), line 2, column 3", "has 3 fields but the header has 2"),
+    ),
+    (
+        "bad second input",
+        lambda f, d: [
+            *["count", "--query", "p(a) :- r(a, b), s(b, a)", "--input", f"r={f}"],
+            *["--input", "s=" + _written(d / "s.txt", "1 2\n2\n")],
+        ],
+        ("s.txt (relation s), line 2, column 2", "expected 2 fields, found 1"),
+    ),
 ]
 
 
@@ -485,7 +555,7 @@ def test_errors_before_spark_are_one_line(
     assert_one_line_error(err, *fragments)
 
 
-# --- errors found while reading ----------------------------------------------------------------
+# --- bad files, found before Spark starts ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -509,8 +579,8 @@ def test_errors_before_spark_are_one_line(
     ],
 )
 @pytest.mark.parametrize("command", ["count", "replay"])
-def test_bad_files_name_file_line_and_column(
-    fast_spark: SparkSession,
+def test_bad_files_name_file_line_and_column_before_spark(
+    no_spark: None,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
     command: str,
@@ -568,7 +638,7 @@ def test_spark_failures_are_one_line_exit_1(
         monkeypatch.setenv("WCOJ_DEBUG", "1")
     else:
         monkeypatch.delenv("WCOJ_DEBUG", raising=False)
-    monkeypatch.setattr(cli, "evaluate_static", fail)
+    monkeypatch.setattr(count_command, "evaluate_static", fail)
     code, _, err = run(capsys, *_file_args(edge_file))
     assert code == 1
     if debug:
@@ -586,7 +656,7 @@ def test_interrupt_exits_130(
     def interrupt(*args: Any, **kwargs: Any) -> DataFrame:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "read_relation", interrupt)
+    monkeypatch.setattr(inputs_module, "read_relation", interrupt)
     code, _, err = run(capsys, *_file_args(edge_file))
     assert code == 130
     assert_one_line_error(err, "interrupted")
@@ -596,6 +666,109 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str], no_spark: None) -> Non
     code, out, _ = run(capsys, "replay", "--help")
     assert code == 0
     assert any("--delete-fraction" in line for line in out)
+
+
+@pytest.mark.parametrize("command", ["count", "replay", "apply", "explain"])
+def test_each_help_ends_with_examples_and_the_built_in_queries(
+    capsys: pytest.CaptureFixture[str], no_spark: None, command: str
+) -> None:
+    code, out, _ = run(capsys, command, "--help")
+    assert code == 0
+    tail = out[out.index("examples:") + 1 :]
+    examples = [line.strip() for line in tail if line.startswith("  wcoj ")]
+    assert 2 <= len(examples) <= 3
+    assert all(e.startswith(f"wcoj {command} --") for e in examples), examples
+    assert out[-1] == f"built-in queries (--query NAME): {', '.join(BUILTINS)}"
+
+
+def test_version_is_the_installed_package_version(
+    capsys: pytest.CaptureFixture[str], no_spark: None
+) -> None:
+    code, out, err = run(capsys, "--version")
+    assert code == 0 and err == []
+    assert out == [f"wcoj {metadata.version('wcoj')}"]
+
+
+class _NoActiveSession:
+    @staticmethod
+    def getActiveSession() -> None:
+        return None
+
+
+def test_a_new_spark_session_is_announced_on_stderr(
+    fast_spark: SparkSession, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert workspace.start_spark(None) is fast_spark
+    assert capsys.readouterr().err == "", "the running session is reused silently"
+    with monkeypatch.context() as patch:
+        patch.setattr(workspace, "SparkSession", _NoActiveSession)
+        patch.setattr(workspace, "session", lambda master, quiet: fast_spark)
+        workspace.start_spark(None)
+        workspace.start_spark("spark://127.0.0.1:7077")
+    assert capsys.readouterr().err.splitlines() == [
+        "starting Spark (local[*])…",
+        "starting Spark (spark://127.0.0.1:7077)…",
+    ]
+
+
+# --- --output -----------------------------------------------------------------------------------
+
+
+def read_tuples(path: Path) -> Counter[tuple[int, ...]]:
+    """A written output file as a multiset: data columns to their diff."""
+    table = pq.read_table(path) if path.suffix == ".parquet" else pacsv.read_csv(path)
+    assert table.column_names[-1] == "diff"
+    assert all(name == f"c{i}" for i, name in enumerate(table.column_names[:-1]))
+    columns = table.to_pydict().values()
+    return Counter({tuple(row[:-1]): row[-1] for row in zip(*columns, strict=True)})
+
+
+@pytest.mark.parametrize(
+    ("suffix", "deploy"), [(".parquet", "driver"), (".csv", "driver"), (".parquet", "executors")]
+)
+def test_count_writes_the_output_tuples(
+    fast_spark: SparkSession,
+    capsys: pytest.CaptureFixture[str],
+    edge_file: str,
+    tmp_path: Path,
+    suffix: str,
+    deploy: str,
+) -> None:
+    target = tmp_path / f"out{suffix.upper() if suffix == '.csv' else suffix}"
+    code, out, err = run(
+        capsys,
+        *["count", "--query", "directed-triangles", "--input", f"edge={edge_file}"],
+        *["--output", str(target), "--json", "--deploy", deploy],
+    )
+    assert code == 0, err
+    expected = naive_eval(builtin("directed-triangles"), {"edge": Counter(EDGES)})
+    assert read_tuples(target) == expected
+    assert f"output: {len(expected)} tuples written to {target}" in out
+    assert last_json(out)["output"] == str(target)
+    if suffix == ".csv":
+        assert target.read_text().splitlines()[0] == "c0,c1,c2,diff"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [], "no scratch left"
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_apply_writes_the_epochs_output_change(
+    fast_spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path, suffix: str
+) -> None:
+    state = tmp_path / "state"
+    epochs = ["a,b\n1,2\n2,3\n", "a,b\n1,3\n", "a,b,diff\n2,1,-1\n"]
+    written: list[Counter[tuple[int, ...]]] = []
+    for epoch, text in enumerate(epochs):
+        changes = tmp_path / f"changes-{epoch}.csv"
+        changes.write_text(text)
+        target = tmp_path / f"change-{epoch}{suffix}"
+        code, _, err = run(
+            capsys,
+            *["apply", "--query", "triangles", "--state", str(state), "--epoch", str(epoch)],
+            *["--changes", f"edge={changes}", "--undirected", "edge", "--output", str(target)],
+        )
+        assert code == 0, err
+        written.append(read_tuples(target))
+    assert written == [Counter(), Counter({(1, 2, 3): 1}), Counter({(1, 2, 3): -1})]
 
 
 # --- the installed console script ---------------------------------------------------------------
@@ -617,6 +790,7 @@ def test_console_script_explain() -> None:
 
 
 @needs_script
+@pytest.mark.spark  # its own JVM, in the subprocess
 def test_console_script_errors_and_counts(tmp_path: Path) -> None:
     bad = subprocess.run(
         [str(WCOJ_SCRIPT), "count", "--query", "p(a :- edge(a, b)", "--input", "edge=x.txt"],
@@ -645,4 +819,27 @@ def test_console_script_errors_and_counts(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["count"] == expected
+    assert done.stderr.splitlines()[0] == "starting Spark (local[1])…"
     assert "Traceback" not in done.stderr
+
+
+@needs_script
+def test_console_script_refuses_a_bad_csv_before_starting_spark(tmp_path: Path) -> None:
+    """No JVM: the file is refused from its first lines, with no "starting Spark" line."""
+    bad = tmp_path / "edges.csv"
+    bad.write_text("src,dst\n1,2\n2,3\n3,x\n4,5\n")
+    start = time.monotonic()
+    done = subprocess.run(
+        [str(WCOJ_SCRIPT), "count", "--query", "triangles", "--input", f"edge={bad}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    seconds = time.monotonic() - start
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"wcoj: error: {bad} (relation edge), line 4, column 2: value in column 'dst' is not an "
+        "integer: 'x'"
+    ]
+    assert seconds < 60, f"took {seconds:.1f} s"

@@ -1,4 +1,4 @@
-"""`wcoj bench --static`: one whole graph counted by wcoj and by the usual alternatives — checked, then timed.
+"""`wcoj-bench static`: one whole graph counted by wcoj and by the usual alternatives — checked, then timed.
 
 The input. Every relation is read once and written as Parquet under the state directory, before
 any timing: a relation read with ``--undirected`` as its symmetric, loop-free set of edges (both
@@ -11,10 +11,10 @@ The methods, each counting the query's output (the sum of its multiplicities):
 
 * **wcoj** — `evaluate_static`, the project's static evaluation, exactly what `wcoj count` runs:
   the whole input applied as one epoch to a fresh, empty state (arrangements built and written,
-  the output written), then the output's multiplicities summed. A local state whose relations
-  fit the keyed path's limits is evaluated on the driver (`wcoj_core.keyed`).
-* **wcoj-spark** — the same with the keyed path turned off: the dataflow Spark runs, which is
-  what a state too large for the driver, or on a cluster's storage, gets.
+  the output written), then the output's multiplicities summed. Its kernel runs where
+  ``--deploy`` says (default ``auto``: on the driver when the relations fit its limits).
+* **wcoj-executors** — the same with the kernel in Spark's executors (one job, the traces read
+  by every task), what a state too large for the driver, or on a cluster's storage, gets.
 * **spark-sql** — Spark SQL's plan for the binary-join query `wcoj_core.reference` writes (one
   self-join per atom, a ``GROUP BY`` of the head), then summed.
 * **neighbour-array** — the neighbour-array intersection of GraphFrames' triangle count, on
@@ -56,8 +56,8 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from wcoj_bench.epochs import BenchError, MemoryWatch, SparkMeter
 from wcoj_core import linear
-from wcoj_core.bench import BenchError, SparkMeter
 from wcoj_core.engine import evaluate_static
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Atom, Filter, Query, Term, Var
@@ -85,7 +85,7 @@ STATIC_METHODS: dict[str, StaticMethod] = {
     m.name: m
     for m in (
         StaticMethod("wcoj", Runtime.SPARK, triangles_only=False),
-        StaticMethod("wcoj-spark", Runtime.SPARK, triangles_only=False),
+        StaticMethod("wcoj-executors", Runtime.SPARK, triangles_only=False),
         StaticMethod("spark-sql", Runtime.SPARK, triangles_only=False),
         StaticMethod("neighbour-array", Runtime.SPARK, triangles_only=True),
         StaticMethod("duckdb", Runtime.LOCAL, triangles_only=True, package="duckdb"),
@@ -183,10 +183,12 @@ class StaticInputs:
         relations: Mapping[str, DataFrame],
         undirected: frozenset[str],
         root: Path,
+        deployment: str = "auto",
     ) -> None:
         self.spark = spark
         self.query = query
         self.root = root
+        self.deployment = deployment  # where the `wcoj` method's kernel runs
         self.frames: dict[str, DataFrame] = {}
         self.rows: dict[str, int] = {}
         for rel in sorted(query.relations):
@@ -227,28 +229,34 @@ class Runner:
     after: Callable[[], None] = lambda: None
     close: Callable[[], None] = lambda: None
     phases: list[dict[str, float]] = field(default_factory=lambda: [])
-    # Per run, the join rows the method counted itself (the keyed path's lookups), which
-    # Spark's SQL metrics cannot see.
+    # Per run, the join rows the method counted itself (the kernel's lookups), which Spark's
+    # SQL metrics cannot see; and where wcoj's kernel ran.
     own_rows: list[int] = field(default_factory=lambda: [])
+    deployments: list[str] = field(default_factory=lambda: [])
 
 
-def _wcoj(inputs: StaticInputs, keyed: bool = True) -> Runner:
-    runs = inputs.root / ("wcoj" if keyed else "wcoj-spark")
+def _wcoj(inputs: StaticInputs, deployment: str | None = None) -> Runner:
+    where = deployment or inputs.deployment
+    runs = inputs.root / ("wcoj" if deployment is None else f"wcoj-{deployment}")
     phases: list[dict[str, float]] = []
     own_rows: list[int] = []
+    deployments: list[str] = []
 
     def run() -> int:
         state = runs / f"run-{len(phases)}"
-        result = evaluate_static(inputs.spark, inputs.query, inputs.frames, str(state), keyed=keyed)
+        result = evaluate_static(
+            inputs.spark, inputs.query, inputs.frames, str(state), deployment=where
+        )
         phases.append(result.metrics.seconds)
         own_rows.append(result.metrics.join_rows)
+        deployments.append(result.metrics.deployment)
         return result.total(inputs.query.name)
 
     def after() -> None:
         inputs.spark.catalog.clearCache()
         shutil.rmtree(runs, ignore_errors=True)
 
-    return Runner(run, after, phases=phases, own_rows=own_rows)
+    return Runner(run, after, phases=phases, own_rows=own_rows, deployments=deployments)
 
 
 def _spark_sql(inputs: StaticInputs) -> Runner:
@@ -357,7 +365,7 @@ def _scipy(inputs: StaticInputs) -> Runner:
 
 PREPARE: dict[str, Callable[[StaticInputs], Runner]] = {
     "wcoj": _wcoj,
-    "wcoj-spark": partial(_wcoj, keyed=False),
+    "wcoj-executors": partial(_wcoj, deployment="executors"),
     "spark-sql": _spark_sql,
     "neighbour-array": _neighbour_array,
     "duckdb": _duckdb,
@@ -393,6 +401,10 @@ class StaticMethodResult:
     join_rows: int | None
     warm_up_seconds: float | None
     phases: dict[str, float] | None = None
+    # The largest Spark Python worker on this machine during the method's runs, and where
+    # wcoj's kernel ran (its deployments).
+    peak_worker_rss_bytes: int | None = None
+    deployments: tuple[str, ...] = ()
 
     @property
     def median(self) -> float:
@@ -432,7 +444,9 @@ class StaticResult:
                     "count": m.count,
                     "join_rows": m.join_rows,
                     "ratio_to_wcoj": self.ratio(name),
+                    "peak_worker_rss_bytes": m.peak_worker_rss_bytes,
                     **({"phases": m.phases} if m.phases is not None else {}),
+                    **({"deployments": list(m.deployments)} if m.deployments else {}),
                 }
                 for name, m in self.methods.items()
             },
@@ -453,13 +467,18 @@ def static_bench(
     methods: Sequence[str] = STATIC_DEFAULT,
     repeat: int = 3,
     on_run: Callable[[StaticRun], None] | None = None,
+    deployment: str = "auto",
 ) -> StaticResult:
-    """Count `query` over whole relations with every method, `repeat` timed runs each."""
+    """Count `query` over whole relations with every method, `repeat` timed runs each (the
+    `wcoj` method's kernel where `deployment` says)."""
     if repeat < 1:
         raise BenchError(f"--repeat must be at least 1, got {repeat}")
     chosen = check_methods(methods, query, undirected)
-    inputs = StaticInputs(spark, query, relations, undirected, Path(state_dir) / "static")
+    inputs = StaticInputs(
+        spark, query, relations, undirected, Path(state_dir) / "static", deployment
+    )
     meter = SparkMeter(spark)
+    watch = MemoryWatch()
     expected: tuple[str, int] | None = None
     results: dict[str, StaticMethodResult] = {}
     for name in chosen:
@@ -473,9 +492,10 @@ def static_bench(
         try:
             for k in range(first, repeat + 1):
                 mark = meter.mark()
-                start = clock.perf_counter()
-                count = runner.run()
-                took = clock.perf_counter() - start
+                with watch.watching(name):
+                    start = clock.perf_counter()
+                    count = runner.run()
+                    took = clock.perf_counter() - start
                 if method.runtime is Runtime.SPARK:
                     rows = meter.since(mark)[0] + (runner.own_rows[-1] if runner.own_rows else 0)
                 runner.after()
@@ -502,7 +522,10 @@ def static_bench(
             rows,
             warm_up,
             phases=_median_phases(runner.phases[1 - first :]) if runner.phases else None,
+            peak_worker_rss_bytes=watch.worker_peaks.get(name),
+            deployments=tuple(sorted(set(runner.deployments))),
         )
+    watch.close()
     assert expected is not None
     local = any(STATIC_METHODS[m].runtime is Runtime.LOCAL for m in chosen)
     return StaticResult(

@@ -1,4 +1,4 @@
-"""`wcoj bench`: the workload it builds, the agreement check it relies on, and its report.
+"""`wcoj-bench epochs`: the workload it builds, the agreement check it relies on, and its report.
 
 Timings are not asserted (benchmarks measure, tests check); what is asserted is that the three
 methods are handed the same changes, that their output changes are compared exactly (a method
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_core import cli
-from wcoj_core.bench import BenchError, BinaryDelta, Workload, bench, make_workload
+from wcoj_bench import cli
+from wcoj_bench.epochs import BenchError, BinaryDelta, Workload, bench, make_workload
 from wcoj_core.engine import Engine
 from wcoj_core.generate import generate
 from wcoj_core.naive import naive_eval
@@ -123,7 +123,7 @@ def test_too_small_an_input_is_refused(small: SparkSession) -> None:
 def test_the_command_reports_json(small: SparkSession, capsys: pytest.CaptureFixture[str]) -> None:
     status = cli.main(
         [
-            "bench",
+            "epochs",
             "--input",
             f"edge={GRAPH}",
             "--undirected",
@@ -144,5 +144,5 @@ def test_the_command_reports_json(small: SparkSession, capsys: pytest.CaptureFix
     assert "speedup_vs_binary_delta" in report and "intermediate_ratio_vs_binary_delta" in report
     assert any(line.startswith("epoch 2/2:") and "identical" in line for line in out)
     assert (
-        cli.main(["bench", "--input", f"edge={GRAPH}", "--epochs", "1", "--epoch-size", "9"]) == 2
+        cli.main(["epochs", "--input", f"edge={GRAPH}", "--epochs", "1", "--epoch-size", "9"]) == 2
     )

@@ -1,4 +1,6 @@
-"""``python -m wcoj_core.report`` (``make benchmarks``): run the benchmarks, regenerate their page.
+"""``wcoj-bench report`` (``make benchmarks``): run the benchmarks, regenerate their page.
+
+Also ``python -m wcoj_bench.report``, with the same options.
 
 The page, ``docs/benchmarks.md``, is written by hand except for marked regions::
 
@@ -6,20 +8,29 @@ The page, ``docs/benchmarks.md``, is written by hand except for marked regions::
     (rewritten from the JSON of part NAME)
     <!-- /generated -->
 
-Parts, run in this order, each one ``wcoj`` command run in this process through `cli.main`, so
-that the command the page prints is exactly the one that ran:
+Parts, run in this order, each one ``wcoj-bench`` command run in a process of its own (``python -m
+wcoj_bench``: its own Spark session and settings), so that the command the page prints is
+exactly the one that ran:
 
-* ``epochs`` — ``wcoj bench`` on web-NotreDame, 1,000-change epochs and a skew epoch, all three
+* ``epochs`` — ``wcoj-bench epochs`` on web-NotreDame, 1,000-change epochs and a skew epoch, all three
   methods;
-* ``static`` — ``wcoj bench --static`` on web-NotreDame, every static method;
-* ``curve-size`` and ``curve-epoch-size`` — ``wcoj bench --curve`` (`wcoj_core.curves`).
+* ``static`` — ``wcoj-bench static`` on web-NotreDame, every static method;
+* ``curve-size`` and ``curve-epoch-size`` — ``wcoj-bench curve`` (`wcoj_bench.curves`);
+* ``cluster-static``, ``cluster-epochs``, ``cluster-curve-size``, ``cluster-cliques`` — the same
+  kinds of runs on a two-worker, one-core-each standalone cluster that the report starts on this
+  machine (`wcoj_bench.cluster`) and stops afterwards, with wcoj's kernel on the executors
+  (``--deploy executors``): web-NotreDame counted against Spark SQL and the neighbour array;
+  its 1,000-change epochs against recompute; R-MAT graphs up to 20 M edges with a 1 GiB driver;
+  4-cliques of the densest shared graphs (facebook_combined: the highest mean degree;
+  email-Eu-core: the highest edge density) with 1 GiB executors, their Python workers held to
+  1 GiB.
 
 Each part's JSON line, with its command, date, wall time, load average and the machine
-(`wcoj_core.machine`), is saved as ``<root>/bench/<part>.json``; a curve's plot goes to
+(`wcoj_bench.machine`), is saved as ``<root>/bench/<part>.json``; a curve's plot goes to
 ``<root>/img/<part>.png``. After every part the page is rendered again from every saved JSON:
 the region of each part, and ``machine`` (machine, versions, dates and the exact commands). A
 region without a saved JSON is left as it is; the text outside the regions is never touched.
-Rendering (`wcoj_core.page`) reads only the JSON, so ``--render-only`` rebuilds the same page
+Rendering (`wcoj_bench.page`) reads only the JSON, so ``--render-only`` rebuilds the same page
 without running anything.
 
 Options: ``--only PART`` (repeatable) reruns some parts; ``--render-only``; ``--quick`` runs
@@ -32,26 +43,35 @@ default a new temporary directory, starting from a copy of the repository's page
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time as clock
-from collections.abc import Callable, Sequence
-from contextlib import redirect_stdout
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import NoReturn
 
-from pyspark.sql import SparkSession
-
-from wcoj_core import cli
+from wcoj_bench.machine import load_average, machine_facts
+from wcoj_bench.page import MACHINE, PAGE, RENDER, render_machine, replace_regions
+from wcoj_core.cli.console import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from wcoj_core.errors import WcojError
-from wcoj_core.machine import load_average, machine_facts
-from wcoj_core.page import MACHINE, PAGE, RENDER, render_machine, replace_regions
 
-PARTS = ("epochs", "static", "curve-size", "curve-epoch-size")
+LOCAL_PARTS = ("epochs", "static", "curve-size", "curve-epoch-size")
+CLUSTER_PARTS = (
+    "cluster-static",
+    "cluster-epochs",
+    "cluster-curve-size",
+    "cluster-cliques",
+    "cluster-cliques-dense",
+)
+PARTS = (*LOCAL_PARTS, *CLUSTER_PARTS)
+# The cluster the cluster parts run on (what `wcoj-bench cluster up` starts by default).
+CLUSTER = {"workers": 2, "cores": 1, "memory": "2g"}
+ONE_GIB = ["--conf", "spark.executor.memory=1g", "--conf", "spark.executor.pyspark.memory=1g"]
 NOTRE_DAME = "web-NotreDame.txt.gz"
 DEFAULT_ROOT = "docs"
 DEFAULT_DATA = "../shared/data"
@@ -65,8 +85,11 @@ class ReportError(WcojError):
 # -- the commands -------------------------------------------------------------------------------
 
 
-def commands(quick: bool, data: str, img: Path, master: str | None = None) -> dict[str, list[str]]:
-    """Each part's ``wcoj`` arguments: the full runs, or tiny generated graphs with `quick`."""
+def commands(
+    quick: bool, data: str, img: Path, master: str | None = None, cluster: str = "CLUSTER"
+) -> dict[str, list[str]]:
+    """Each part's ``wcoj-bench`` arguments: the full runs, or tiny generated graphs with `quick`;
+    the cluster parts on the master `cluster`."""
     nd = f"edge={data}/{NOTRE_DAME}"
     if quick:
         epochs = ["--input", "edge=rmat:scale=9,edges=3000,seed=5", "--epochs", "2"]
@@ -76,76 +99,100 @@ def commands(quick: bool, data: str, img: Path, master: str | None = None) -> di
         size = ["--sizes", "1000,3000", "--epoch-size", "10", "--epochs", "2"]
         epoch_size = ["--input", "edge=rmat:scale=9,edges=4000,seed=2", "--epoch-sizes", "4,20"]
         epoch_size += ["--epochs", "2"]
+        cliques = ["--input", "edge=rmat:scale=8,edges=1500,seed=3"]
+        dense = ["--input", "edge=rmat:scale=7,edges=1200,seed=4"]
     else:
         epochs = ["--input", nd, "--epochs", "4", "--epoch-size", "1000", "--skew", "3000"]
         static = ["--input", nd, "--repeat", "5"]
         size = ["--sizes", "200000,2000000,20000000", "--epoch-size", "1000", "--epochs", "4"]
         epoch_size = ["--input", nd, "--epoch-sizes", "10,100,1000,10000,100000", "--epochs", "4"]
+        cliques = ["--input", f"edge={data}/facebook_combined.txt.gz"]
+        dense = ["--input", f"edge={data}/email-Eu-core.txt.gz"]
     runs = {
-        "epochs": ["bench", *epochs],
-        "static": ["bench", "--static", *static],
-        "curve-size": ["bench", "--curve", "size", "--input", "edge=rmat:seed=1", *size],
-        "curve-epoch-size": ["bench", "--curve", "epoch-size", *epoch_size],
+        "epochs": ["epochs", *epochs],
+        "static": ["static", *static],
+        "curve-size": ["curve", "size", "--input", "edge=rmat:seed=1", *size],
+        "curve-epoch-size": ["curve", "epoch-size", *epoch_size],
     }
     for curve in ("curve-size", "curve-epoch-size"):
         runs[curve] += ["--plot", str(img / f"{curve}.png")]
     tail = ["--undirected", "edge", *(["--master", master] if master else []), "--json"]
-    return {name: [*argv, *tail] for name, argv in runs.items()}
+    out = {name: [*argv, *tail] for name, argv in runs.items()}
+    on = ["--master", cluster, "--deploy", "executors", "--undirected", "edge", "--json"]
+    three = ["--methods", "wcoj,spark-sql,neighbour-array"]
+    out["cluster-static"] = ["static", *static[:2], "--repeat", "3", *three, *on]
+    out["cluster-epochs"] = ["epochs", *epochs, "--methods", "recompute,wcoj", *on]
+    out["cluster-curve-size"] = [
+        *["curve", "size", "--input", "edge=rmat:seed=1", *size, "--methods", "wcoj"],
+        *["--conf", "spark.driver.memory=1g", "--plot", str(img / "cluster-curve-size.png"), *on],
+    ]
+    for part, graph in (("cluster-cliques", cliques), ("cluster-cliques-dense", dense)):
+        out[part] = [
+            *["static", "--query", "4-cliques", *graph, "--repeat", "1", "--methods", "wcoj"],
+            *[*ONE_GIB, *on],
+        ]
+    return out
 
 
 # -- running ------------------------------------------------------------------------------------
 
 
-class _Tee(io.StringIO):
-    """Standard output of a part: echoed to stderr as it comes, kept for its last (JSON) line."""
-
-    def __init__(self, echo: TextIO) -> None:
-        super().__init__()
-        self.echo = echo
-
-    def write(self, text: str) -> int:
-        self.echo.write(text)
-        return super().write(text)
-
-    def flush(self) -> None:
-        self.echo.flush()
-
-
 def run_part(name: str, argv: list[str], bench_dir: Path, say: Callable[[str], None]) -> Path:
-    """Run one part's command; save its JSON with the command, date, time and machine."""
-    command = "wcoj " + shlex.join(argv)
+    """Run one part's command in a process of its own; save its JSON with the command, date,
+    time, load and machine (the machine and Spark settings as that process saw them)."""
+    command = f"wcoj-bench {shlex.join(argv)}"
     say(f"report: {name}: {command}")
     before = load_average()
     start = clock.perf_counter()
-    out = _Tee(sys.stderr)
-    with redirect_stdout(out):
-        status = cli.main(argv)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wcoj_bench", *argv], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    for line in proc.stdout:  # echoed to stderr as it comes, kept for the last (JSON) line
+        sys.stderr.write(line)
+        lines.append(line.rstrip("\n"))
+    status = proc.wait()
     seconds = clock.perf_counter() - start
-    if status != cli.EXIT_OK:
+    if status != EXIT_OK:
         raise ReportError(
             f"part {name} failed (exit status {status}, error above); its JSON and the page's "
             f"region are left as they were: {command}"
         )
-    lines = out.getvalue().strip().splitlines()
+    lines = [line for line in lines if line.strip()]
     if not lines or not lines[-1].startswith("{"):
         raise ReportError(f"part {name} printed no JSON line at the end: {command}")
-    spark = SparkSession.getActiveSession()
+    result = json.loads(lines[-1])
     record = {
         "part": name,
         "command": command,
         "argv": argv,
         "seconds": round(seconds, 1),
         "load_average": [before, load_average()],
-        "machine": machine_facts(spark),
-        "result": json.loads(lines[-1]),
+        "machine": result.pop("machine", None) or machine_facts(None),
+        "result": result,
     }
-    if spark is not None:
-        spark.catalog.clearCache()
     bench_dir.mkdir(parents=True, exist_ok=True)
     path = bench_dir / f"{name}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")
     say(f"report: {name}: done in {seconds:.0f} s; wrote {path}")
     return path
+
+
+@contextmanager
+def local_cluster(root: Path, say: Callable[[str], None]) -> Iterator[str]:
+    """A standalone cluster on this machine for the cluster parts: its master URL; stopped
+    after, whatever happens."""
+    from wcoj_bench import cluster
+
+    where = root / "cluster"
+    say(f"report: starting a cluster ({CLUSTER}) under {where}")
+    running = cluster.up(where, port=0, ui_port=0, timeout=300, **CLUSTER)  # type: ignore[arg-type]
+    try:
+        yield running.master
+    finally:
+        cluster.down(where)
+        say("report: the cluster is stopped")
 
 
 # -- rendering ----------------------------------------------------------------------------------
@@ -179,12 +226,12 @@ def render(root: Path, say: Callable[[str], None]) -> list[str]:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise ReportError(f"{message} (see 'python -m wcoj_core.report --help')")
+        raise ReportError(f"{message} (see '{self.prog} --help')")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m wcoj_core.report",
+        prog="wcoj-bench report",
         description="Run the benchmarks and regenerate docs/benchmarks.md from their JSON.",
     )
     p.add_argument("--only", action="append", choices=PARTS, help="run only this part (repeatable)")
@@ -239,20 +286,32 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = _say) -
             snap = Path(args.data) / NOTRE_DAME
             if not snap.is_file():
                 raise ReportError(f"no {snap}: pass --data DIR, the folder of the SNAP files")
-        for name in chosen:
+        for name in [p for p in chosen if p in LOCAL_PARTS]:
             run_part(name, runs[name], root / "bench", say)
             render(root, say)
+        on_cluster = [p for p in chosen if p in CLUSTER_PARTS]
+        if on_cluster:
+            scratch = Path(tempfile.mkdtemp(prefix="wcoj-report-cluster-"))
+            with local_cluster(scratch, say) as master:
+                for name in on_cluster:
+                    argv = ["master" if a == "CLUSTER" else a for a in runs[name]]
+                    argv = [master if a == "master" else a for a in argv]
+                    run_part(name, argv, root / "bench", say)
+                    render(root, say)
+            shutil.rmtree(scratch, ignore_errors=True)
         if not chosen:
             render(root, say)
     except WcojError as exc:
-        print(f"wcoj report: error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
-        return cli.EXIT_USAGE
+        print(
+            f"wcoj-bench report: error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True
+        )
+        return EXIT_USAGE
     except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else cli.EXIT_OK
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
     except KeyboardInterrupt:
-        print("wcoj report: error: interrupted", file=sys.stderr, flush=True)
-        return cli.EXIT_INTERRUPTED
-    return cli.EXIT_OK
+        print("wcoj-bench report: error: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

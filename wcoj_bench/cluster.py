@@ -1,13 +1,13 @@
 """A Spark standalone cluster on this machine, from the installed pyspark: `up`, `status`, `down`.
 
-``wcoj cluster up`` starts one master and N workers bound to 127.0.0.1, each a JVM run by
+``wcoj-bench cluster up`` starts one master and N workers bound to 127.0.0.1, each a JVM run by
 pyspark's own ``bin/spark-class`` (nothing is downloaded), waits until every worker has
 registered with the master, and records what it started in ``<dir>/cluster.json``::
 
     {"master": "spark://127.0.0.1:7077", "ui": "http://127.0.0.1:8080",
      "processes": [{"role": "master", "pid": 1234, "log": "..."}, {"role": "worker-1", ...}]}
 
-``wcoj cluster down`` stops exactly those processes (each started in its own process group, so a
+``wcoj-bench cluster down`` stops exactly those processes (each started in its own process group, so a
 worker's executors go with it) and nothing else: a recorded pid that now belongs to another
 program is left alone. Logs stay in ``<dir>/logs``.
 
@@ -225,7 +225,7 @@ def up(
     if existing is not None and any(is_running(p) for p in existing.processes):
         raise ClusterError(
             f"a cluster started from {root} is running at {existing.master}; "
-            "stop it first with 'wcoj cluster down'"
+            "stop it first with 'wcoj-bench cluster down'"
         )
     port = port or free_port()
     ui_port = ui_port or free_port()

@@ -1,4 +1,4 @@
-"""`wcoj bench --curve`: argument errors, and what seeding a curve's state without outputs keeps.
+"""`wcoj-bench curve`: argument errors, and what seeding a curve's state without outputs keeps.
 
 Timings are not asserted. What is: every mistake in a curve's arguments is refused in one line,
 before Spark starts; a bench seeded with ``seed_outputs=False`` still gives exact epoch changes
@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_core import cli
-from wcoj_core.bench import bench, make_workload
+from wcoj_bench import cli
+from wcoj_bench.epochs import bench, make_workload
+from wcoj_core.cli import workspace
+from wcoj_core.cli.console import EXIT_USAGE
 from wcoj_core.engine import Engine, EpochResult
 from wcoj_core.generate import generate
 from wcoj_core.naive import naive_eval
@@ -27,7 +29,7 @@ from wcoj_core.query.builtins import builtin
 
 TRIANGLES = builtin("triangles")
 GRAPH = "rmat:scale=9,edges=3000,seed=5"
-CURVE = ["bench", "--curve"]
+CURVE = ["curve"]
 
 
 def rows(df: DataFrame) -> Counter[tuple[int, ...]]:
@@ -44,13 +46,16 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(master: str | None) -> SparkSession:
         raise AssertionError("Spark was started although the arguments are invalid")
 
-    monkeypatch.setattr(cli, "_start_spark", refuse)
+    monkeypatch.setattr(workspace, "start_spark", refuse)
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["sizes", "--input", "edge=rmat:seed=1"], "argument --curve: invalid choice: 'sizes'"),
+        (
+            ["sizes", "--input", "edge=rmat:seed=1"],
+            "unknown curve 'sizes'; choose size or epoch-size",
+        ),
         (
             ["size", "--input", "edge=rmat:seed=1", "--sizes", "1000,abc"],
             "--sizes: 'abc' is not a positive integer",
@@ -65,7 +70,7 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
         (["size", "--input", "edge=rmat:seed=1,edges=9"], "drop edges from rmat:seed=1,edges=9"),
         (
             ["size", "--input", "edge=rmat:seed=1", "--epoch-sizes", "10,100"],
-            "--epoch-sizes goes with --curve epoch-size",
+            "--epoch-sizes goes with curve epoch-size",
         ),
         (
             ["epoch-size", "--input", f"edge={GRAPH}", "--epoch-size", "10"],
@@ -75,7 +80,7 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
             ["epoch-size", "--input", f"edge={GRAPH}", "--epoch-sizes", "1,10"],
             "an epoch needs at least 2 changes, got 1",
         ),
-        (["size", "--input", "edge=rmat:seed=1", "--static"], "drop --static and --skew"),
+        (["size", "--input", "edge=rmat:seed=1", "--static"], "unrecognized arguments: --static"),
         (["size", "--input", "edge=rmat:seed=1", "--epochs", "1"], "at least 2 epochs per point"),
         (
             ["size", "--input", "edge=rmat:seed=1", "--methods", "binary-delta"],
@@ -91,9 +96,9 @@ def no_spark(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_curve_arguments_are_refused_in_one_line(
     no_spark: None, capsys: pytest.CaptureFixture[str], args: list[str], message: str
 ) -> None:
-    assert cli.main([*CURVE, *args, "--undirected", "edge"]) == cli.EXIT_USAGE
+    assert cli.main([*CURVE, *args, "--undirected", "edge"]) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("wcoj: error: "), err
+    assert len(err) == 1 and err[0].startswith("wcoj-bench: error: "), err
     assert message in err[0]
 
 
@@ -102,16 +107,16 @@ def test_a_curve_needs_a_generator_for_the_size_curve(
 ) -> None:
     graph = tmp_path / "g.txt"
     graph.write_text("1\t2\n")
-    assert cli.main([*CURVE, "size", "--input", f"edge={graph}"]) == cli.EXIT_USAGE
-    assert "--curve size generates its graphs" in capsys.readouterr().err
+    assert cli.main([*CURVE, "size", "--input", f"edge={graph}"]) == EXIT_USAGE
+    assert "curve size generates its graphs" in capsys.readouterr().err
 
 
 def test_curve_options_without_a_curve_are_refused(
     no_spark: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["bench", "--input", f"edge={GRAPH}", "--epochs", "2", "--epoch-size", "10"]
-    assert cli.main([*argv, "--sizes", "10,100", "--plot", "p.png"]) == cli.EXIT_USAGE
-    assert "--sizes, --plot only go with --curve" in capsys.readouterr().err
+    argv = ["epochs", "--input", f"edge={GRAPH}", "--epochs", "2", "--epoch-size", "10"]
+    assert cli.main([*argv, "--sizes", "10,100", "--plot", "p.png"]) == EXIT_USAGE
+    assert "unrecognized arguments: --sizes 10,100 --plot p.png" in capsys.readouterr().err
 
 
 def test_seeding_without_outputs_keeps_epoch_changes_exact_and_counts_lookup_rows(

@@ -1,4 +1,4 @@
-"""`wcoj bench`: the same epochs through recompute, binary-delta and wcoj — checked, then timed.
+"""`wcoj-bench epochs`: the same epochs through recompute, binary-delta and wcoj — checked, then timed.
 
 The workload. Each input relation is consolidated (undirected relations reduced to their edges)
 and split by a seeded hash: ``epochs * epoch_size`` tuples are picked, half of them held back
@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -77,15 +78,20 @@ class BenchError(WcojError):
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """The initial relations (epoch 0) and each epoch's changes (epochs 1..)."""
+    """The initial relations (epoch 0) and each epoch's changes (epochs 1..), as Spark
+    DataFrames and, the same rows already on the driver, as Arrow tables."""
 
     initial: dict[str, DataFrame]
     epochs: list[dict[str, DataFrame]]
     epoch_size: int
     skew_epoch: int | None  # the 1-based number of the skew epoch, if any
+    tables: list[dict[str, pa.Table]] = field(default_factory=lambda: [])
 
     def changes(self, t: int) -> dict[str, DataFrame]:
         return self.epochs[t - 1]
+
+    def changes_table(self, t: int) -> dict[str, pa.Table]:
+        return self.tables[t - 1]
 
 
 def make_workload(
@@ -106,14 +112,16 @@ def make_workload(
         raise BenchError(f"an epoch needs at least 2 changes, got {epoch_size}")
     initial: dict[str, DataFrame] = {}
     per_epoch: list[dict[str, DataFrame]] = [{} for _ in range(epochs)]
+    tables: list[dict[str, pa.Table]] = [{} for _ in range(epochs)]
     for rel in sorted(query.relations):
         cols = relation_columns(query.relations[rel])
         base, changes = _split(
             spark, relations[rel], cols, epochs, epoch_size, seed, rel in undirected
         )
         initial[rel] = base
-        for t, df in enumerate(changes):
-            per_epoch[t][rel] = df
+        for t, rows in enumerate(changes):
+            per_epoch[t][rel] = spark.createDataFrame(rows, update_schema(cols, with_time=False))
+            tables[t][rel] = _table(cols, rows)
     skew_epoch = None
     if skew:
         rel = _skew_relation(query, undirected)
@@ -122,9 +130,23 @@ def make_workload(
             r: spark.createDataFrame([], update_schema(relation_columns(a), with_time=False))
             for r, a in query.relations.items()
         }
-        per_epoch.append({**empty, rel: hub})
+        per_epoch.append(
+            {**empty, rel: spark.createDataFrame(hub, update_schema(["c0", "c1"], with_time=False))}
+        )
+        tables.append(
+            {
+                **{r: _table(relation_columns(a), []) for r, a in query.relations.items()},
+                rel: _table(["c0", "c1"], hub),
+            }
+        )
         skew_epoch = len(per_epoch)
-    return Workload(initial, per_epoch, epoch_size, skew_epoch)
+    return Workload(initial, per_epoch, epoch_size, skew_epoch, tables)
+
+
+def _table(cols: Sequence[str], rows: Sequence[tuple[int, ...]]) -> pa.Table:
+    """Change rows (data, diff) as an Arrow table of longs."""
+    names = [*cols, DIFF]
+    return pa.table({n: pa.array([r[i] for r in rows], pa.int64()) for i, n in enumerate(names)})
 
 
 def _split(
@@ -135,7 +157,7 @@ def _split(
     size: int,
     seed: int,
     undirected: bool,
-) -> tuple[DataFrame, list[DataFrame]]:
+) -> tuple[DataFrame, list[list[tuple[int, ...]]]]:
     base = canonical_undirected(df) if undirected else consolidate(df, cols)
     inserts = size // 2
     deletes = size - inserts
@@ -155,7 +177,7 @@ def _split(
     for t in range(epochs):
         rows = held[t * inserts : (t + 1) * inserts]
         rows += [(*r[:-1], -r[-1]) for r in gone[t * deletes : (t + 1) * deletes]]
-        changes.append(spark.createDataFrame(_both_ways(rows) if undirected else rows, schema))
+        changes.append(_both_ways(rows) if undirected else rows)
     return (_symmetric(initial) if undirected else initial), changes
 
 
@@ -175,7 +197,9 @@ def _skew_relation(query: Query, undirected: frozenset[str]) -> str:
     return (preferred or binary)[0]
 
 
-def _hub_changes(spark: SparkSession, initial: DataFrame, degree: int, seed: int) -> DataFrame:
+def _hub_changes(
+    spark: SparkSession, initial: DataFrame, degree: int, seed: int
+) -> list[tuple[int, ...]]:
     """A new vertex joined to `degree` vertices: the endpoints of existing edges, both ways.
 
     The hub's id is below every other, so with the usual ``a < b < c`` orientation it is the
@@ -199,8 +223,7 @@ def _hub_changes(spark: SparkSession, initial: DataFrame, degree: int, seed: int
         raise BenchError(
             f"a hub of degree {degree} needs as many vertices; the input has {len(neighbours)}"
         )
-    rows = [(hub, v, 1) for v in neighbours]
-    return spark.createDataFrame(_both_ways(rows), update_schema(["c0", "c1"], with_time=False))
+    return _both_ways([(hub, v, 1) for v in neighbours])
 
 
 # -- measuring ------------------------------------------------------------------------------
@@ -279,10 +302,13 @@ class SparkMeter:
 
 
 class MemoryWatch:
-    """Peak resident memory of this process and its children (Spark's JVM), per label."""
+    """Peak resident memory of this process and its children (Spark's JVM), per label; and of
+    the largest Spark Python worker on this machine (``pyspark.daemon`` processes: a local
+    cluster's executors are not this process's children), per label too."""
 
     def __init__(self, interval: float = 0.2) -> None:
         self.peaks: dict[str, int] = {}
+        self.worker_peaks: dict[str, int] = {}
         self._label: str | None = None
         self._stop = threading.Event()
         self._interval = interval
@@ -291,6 +317,7 @@ class MemoryWatch:
         except ImportError:  # the bench extra is not installed: no memory figures
             self._process = None
             return
+        self._psutil = psutil
         self._process = psutil.Process()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -305,11 +332,25 @@ class MemoryWatch:
                 continue
         return total
 
+    def _worker_rss(self) -> int:
+        largest = 0
+        for p in self._psutil.process_iter(["cmdline", "memory_info"]):
+            try:
+                if "pyspark.daemon" in " ".join(p.info["cmdline"] or ()):
+                    largest = max(largest, p.info["memory_info"].rss)
+            except Exception:  # a process that just ended
+                continue
+        return largest
+
+    def _sample(self, label: str) -> None:
+        self.peaks[label] = max(self.peaks.get(label, 0), self._rss())
+        self.worker_peaks[label] = max(self.worker_peaks.get(label, 0), self._worker_rss())
+
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             label = self._label
             if label is not None:
-                self.peaks[label] = max(self.peaks.get(label, 0), self._rss())
+                self._sample(label)
 
     @contextmanager
     def watching(self, label: str) -> Iterator[None]:
@@ -318,7 +359,7 @@ class MemoryWatch:
             yield
         finally:
             if self._process is not None:
-                self.peaks[label] = max(self.peaks.get(label, 0), self._rss())
+                self._sample(label)
             self._label = None
 
     def close(self) -> None:
@@ -349,7 +390,11 @@ class Method:
     def load(self, initial: Mapping[str, DataFrame]) -> None:
         raise NotImplementedError
 
-    def apply(self, t: int, changes: Mapping[str, DataFrame]) -> None:
+    def apply(
+        self, t: int, changes: Mapping[str, DataFrame], tables: Mapping[str, pa.Table]
+    ) -> None:
+        """Apply epoch `t`: its changes as DataFrames (cached) or the same rows as Arrow tables
+        on the driver, whichever the method takes."""
         raise NotImplementedError
 
     def change(self, t: int) -> DataFrame:
@@ -396,7 +441,9 @@ class Recompute(Method):
         if previous.exists():  # keep the last two outputs: their difference is the change
             shutil.rmtree(previous)
 
-    def apply(self, t: int, changes: Mapping[str, DataFrame]) -> None:
+    def apply(
+        self, t: int, changes: Mapping[str, DataFrame], tables: Mapping[str, pa.Table]
+    ) -> None:
         for rel in self.query.relations:
             cols = relation_columns(self.query.relations[rel])
             old = self._table("rel", rel, t - 1)
@@ -416,7 +463,9 @@ class BinaryDelta(Method):
         for rel, df in initial.items():
             self._write(consolidate(df, relation_columns(self.query.relations[rel])), "rel", rel, 0)
 
-    def apply(self, t: int, changes: Mapping[str, DataFrame]) -> None:
+    def apply(
+        self, t: int, changes: Mapping[str, DataFrame], tables: Mapping[str, pa.Table]
+    ) -> None:
         old = {rel: self._table("rel", rel, t - 1) for rel in self.query.relations}
         new = {rel: old[rel].unionByName(changes[rel]) for rel in self.query.relations}
         sources = {
@@ -453,18 +502,29 @@ class Wcoj(Method):
     name = "wcoj"
 
     def __init__(
-        self, spark: SparkSession, query: Query, root: Path, *, seed_outputs: bool = True
+        self,
+        spark: SparkSession,
+        query: Query,
+        root: Path,
+        *,
+        seed_outputs: bool = True,
+        deployment: str = "auto",
     ) -> None:
         super().__init__(spark, query, root)
-        self.engine = Engine(spark, str(self.root / "engine"), query)
+        self.engine = Engine(spark, str(self.root / "engine"), query, deployment=deployment)
         self.seed_outputs = seed_outputs
+        self.deployments: list[str] = []  # where each epoch's kernel ran
 
     def load(self, initial: Mapping[str, DataFrame]) -> None:
         self.engine.apply_epoch(0, dict(initial), rules=self.seed_outputs)
 
-    def apply(self, t: int, changes: Mapping[str, DataFrame]) -> None:
-        result = self.engine.apply_epoch(t, dict(changes))
+    def apply(
+        self, t: int, changes: Mapping[str, DataFrame], tables: Mapping[str, pa.Table]
+    ) -> None:
+        # The rows are on the driver already: the engine takes them as Arrow tables.
+        result = self.engine.apply_epoch(t, dict(tables))
         self.lookup_rows = result.metrics.join_rows
+        self.deployments.append(result.metrics.deployment)
 
     def change(self, t: int) -> DataFrame:
         store = self.engine.store
@@ -494,6 +554,7 @@ class MethodResult:
     samples: dict[int, Sample] = field(default_factory=dict)
     state_bytes: int = 0
     peak_rss_bytes: int | None = None
+    peak_worker_rss_bytes: int | None = None
 
     def timed(self, skip: Sequence[int]) -> list[Sample]:
         return [s for t, s in sorted(self.samples.items()) if t not in skip]
@@ -510,6 +571,7 @@ class MethodResult:
             "shuffle_bytes": sum(s.shuffle_bytes for s in timed),
             "state_bytes": self.state_bytes,
             "peak_rss_bytes": self.peak_rss_bytes,
+            "peak_worker_rss_bytes": self.peak_worker_rss_bytes,
         }
 
 
@@ -524,6 +586,7 @@ class BenchResult:
     skew_epoch: int | None
     arrangement_bytes: int
     seed_outputs: bool = True
+    wcoj_deployments: tuple[str, ...] = ()  # where wcoj's kernel ran, epoch by epoch
 
     @property
     def warm_up_and_skew(self) -> list[int]:
@@ -549,6 +612,7 @@ class BenchResult:
             ),
             "output_change_rows": self.output_change_rows,
             "seed_outputs": self.seed_outputs,
+            "wcoj_deployments": sorted(set(self.wcoj_deployments)),
             "methods": {name: m.to_dict(skip) for name, m in self.methods.items()},
         }
         wcoj = self.median("wcoj")
@@ -594,10 +658,12 @@ def bench(
     methods: Sequence[str] = METHODS,
     on_epoch: Callable[[int, int, dict[str, Sample], int], None] | None = None,
     seed_outputs: bool = True,
+    deployment: str = "auto",
 ) -> BenchResult:
     """Run every method over the workload, epoch by epoch, checking each epoch's output change.
 
-    ``seed_outputs=False`` loads wcoj's epoch 0 without computing its output (see above).
+    ``seed_outputs=False`` loads wcoj's epoch 0 without computing its output (see above);
+    `deployment` says where wcoj's kernel runs (see `wcoj_core.deploy`).
     """
     if "wcoj" not in methods:
         raise BenchError("the benchmark compares the other methods with wcoj; include it")
@@ -610,7 +676,7 @@ def bench(
         df.write.parquet(str(inputs / rel))
     input_bytes = folder_bytes(inputs)
     runners = [
-        Wcoj(spark, query, root, seed_outputs=seed_outputs)
+        Wcoj(spark, query, root, seed_outputs=seed_outputs, deployment=deployment)
         if m == "wcoj"
         else CLASSES[m](spark, query, root)
         for m in methods
@@ -624,6 +690,7 @@ def bench(
         changes_rows: list[int] = []
         for t in range(1, len(workload.epochs) + 1):
             changes = {rel: df.cache() for rel, df in workload.changes(t).items()}
+            tables = workload.changes_table(t)
             for df in changes.values():
                 df.count()
             samples: dict[str, Sample] = {}
@@ -631,7 +698,7 @@ def bench(
                 mark = meter.mark()
                 with watch.watching(m.name):
                     start = clock.perf_counter()
-                    m.apply(t, changes)
+                    m.apply(t, changes, tables)
                     seconds = clock.perf_counter() - start
                 rows, shuffled = meter.since(mark)
                 samples[m.name] = Sample(seconds, rows + m.lookup_rows, shuffled)
@@ -644,6 +711,7 @@ def bench(
         for m in runners:
             results[m.name].state_bytes = m.state_bytes()
             results[m.name].peak_rss_bytes = watch.peaks.get(m.name)
+            results[m.name].peak_worker_rss_bytes = watch.worker_peaks.get(m.name)
     finally:
         watch.close()
     wcoj = next(m for m in runners if isinstance(m, Wcoj))
@@ -657,6 +725,7 @@ def bench(
         skew_epoch=workload.skew_epoch,
         arrangement_bytes=wcoj.arrangement_bytes(),
         seed_outputs=seed_outputs,
+        wcoj_deployments=tuple(wcoj.deployments),
     )
 
 

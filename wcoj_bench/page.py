@@ -7,7 +7,7 @@
     <!-- /generated -->
 
 `replace_regions` rewrites the body of named regions and keeps every other byte of the page.
-The renderers turn one saved part (the record `wcoj_core.report` writes: the command, date, wall
+The renderers turn one saved part (the record `wcoj_bench.report` writes: the command, date, wall
 time, load average, machine and the command's JSON) into markdown. They read nothing but that
 record, so the same JSON always renders the same page. Pure Python: no Spark, no files.
 """
@@ -60,7 +60,7 @@ def replace_regions(text: str, bodies: dict[str, str], page: str = PAGE) -> str:
     >>> replace_regions(page, {"b": "x"})
     Traceback (most recent call last):
       ...
-    wcoj_core.page.PageError: benchmarks.md has no region 'b'; add a line <!-- generated: b --> and a line <!-- /generated --> where its figures belong
+    wcoj_bench.page.PageError: benchmarks.md has no region 'b'; add a line <!-- generated: b --> and a line <!-- /generated --> where its figures belong
     """
     opened = _OPEN.findall(text)
     found = [m.group("name") for m in _REGION.finditer(text)]
@@ -90,7 +90,7 @@ LABELS = {
     "recompute": "recompute (Spark SQL binary plan)",
     "binary-delta": "binary-delta (delta rules, binary joins)",
     "wcoj": "wcoj",
-    "wcoj-spark": "wcoj-spark (Spark's path, keyed path off)",
+    "wcoj-executors": "wcoj-executors (the kernel in Spark's executors)",
     "spark-sql": "spark-sql (binary plan, `reference.py`)",
     "neighbour-array": "neighbour-array (`collect_set` + `array_intersect`)",
     "duckdb": "duckdb (SQL)",
@@ -161,20 +161,36 @@ def _bullets(items: Sequence[str]) -> list[str]:
 
 
 def _measured(record: dict[str, Any], then: str) -> list[str]:
-    """The part's command, then one paragraph: when it ran, how long, how loaded, and `then`."""
+    """The part's command, then one paragraph: when it ran, how long, how loaded, where, and
+    `then`."""
     load = " → ".join("?" if v is None else f"{v:g}" for v in record["load_average"])
     when = (
         f"Measured {record['machine']['date']} in {record['seconds']:.0f} s (load average {load}, "
         f"start → end)."
     )
-    return ["```sh", wrap_command(record["command"]), "```", "", _paragraph(f"{when} {then}")]
+    argv = record["argv"]
+    where = []
+    master = _option(argv, "--master")
+    if master and master.startswith("spark://"):
+        where.append(
+            f"On a standalone cluster on this machine ({master}: two workers of one core each, "
+            "started by `wcoj-bench cluster up`)."
+        )
+    deploy = _option(argv, "--deploy")
+    if deploy:
+        where.append(f"wcoj's kernel deployed: `{deploy}`.")
+    settings = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--conf"]
+    if settings:
+        where.append("Spark settings: " + ", ".join(f"`{c}`" for c in settings) + ".")
+    text = " ".join([when, *where, then])
+    return ["```sh", wrap_command(record["command"]), "```", "", _paragraph(text)]
 
 
 def wrap_command(command: str, width: int = 96) -> str:
     """A shell command folded into lines of at most `width`, an option kept with its value.
 
-    >>> print(wrap_command("wcoj bench --input edge=g.txt --epochs 4 --json", width=32))
-    wcoj bench --input edge=g.txt \\
+    >>> print(wrap_command("wcoj-bench epochs --input edge=g.txt --epochs 4 --json", width=40))
+    wcoj-bench epochs --input edge=g.txt \\
         --epochs 4 --json
     """
     groups: list[str] = []
@@ -251,6 +267,8 @@ def render_epochs(record: dict[str, Any]) -> str:
         + ".",
         "Output change rows per epoch: " + ", ".join(_n(n) for n in r["output_change_rows"]) + ".",
     ]
+    if r.get("wcoj_deployments"):
+        bullets.append(f"wcoj's kernel ran on: {', '.join(r['wcoj_deployments'])}.")
     return "\n".join([*lines, "", *_bullets(bullets)])
 
 
@@ -284,6 +302,19 @@ def render_static(record: dict[str, Any]) -> str:
             f"{_n(m['join_rows'])} | {m['ratio_to_wcoj']} |"
         )
     bullets = []
+    workers = [
+        f"{name} {_bytes(m['peak_worker_rss_bytes'])}"
+        for name, m in methods.items()
+        if m.get("peak_worker_rss_bytes")
+    ]
+    if workers:
+        bullets.append(
+            "Peak resident memory of the largest Spark Python worker on the machine, during "
+            "each method's runs: " + ", ".join(workers) + "."
+        )
+    ran = methods.get("wcoj", {}).get("deployments")
+    if ran:
+        bullets.append(f"wcoj's kernel ran on: {', '.join(ran)}.")
     speedups = [k for k in r if k.startswith("speedup_vs_")]
     if speedups:
         bullets.append(", ".join(f"`{k}` **{r[k]}**" for k in speedups) + ".")
@@ -392,6 +423,11 @@ RENDER: dict[str, Callable[[dict[str, Any]], str]] = {
     "static": render_static,
     "curve-size": render_curve,
     "curve-epoch-size": render_curve,
+    "cluster-static": render_static,
+    "cluster-epochs": render_epochs,
+    "cluster-curve-size": render_curve,
+    "cluster-cliques": render_static,
+    "cluster-cliques-dense": render_static,
 }
 
 

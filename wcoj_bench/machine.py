@@ -22,6 +22,8 @@ PACKAGES = ("pyspark", "duckdb", "kuzu", "scipy", "matplotlib")
 # The Spark settings that change what a figure measures.
 SPARK_SETTINGS = (
     "spark.driver.memory",
+    "spark.executor.memory",
+    "spark.executor.pyspark.memory",
     "spark.sql.shuffle.partitions",
     "spark.sql.adaptive.enabled",
 )

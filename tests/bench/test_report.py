@@ -1,4 +1,4 @@
-"""`python -m wcoj_core.report`: the quick mode end to end, rendering, and its argument errors.
+"""`wcoj-bench report`: the quick mode end to end, rendering, and its argument errors.
 
 One quick run (tiny generated graphs, no SNAP file) writes into a temporary root that starts as a
 copy of the repository's ``docs/benchmarks.md``. Asserted: every part's JSON is saved with its
@@ -20,7 +20,7 @@ import pytest
 from matplotlib import image
 from pyspark.sql import SparkSession
 
-from wcoj_core import page, report
+from wcoj_bench import page, report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REGIONS = ("machine", *report.PARTS)
@@ -65,7 +65,7 @@ def test_every_part_is_saved_with_its_command_and_machine(quick: QuickRun) -> No
     for name in report.PARTS:
         record = json.loads((quick.root / "bench" / f"{name}.json").read_text())
         assert record["part"] == name
-        assert record["command"].startswith("wcoj bench ") and "--json" in record["argv"]
+        assert record["command"].startswith("wcoj-bench ") and "--json" in record["argv"]
         assert record["machine"]["cores"] >= 1 and record["machine"]["python"]
         assert record["machine"]["java"], "the Java version comes from the running session"
         assert record["result"]["check"] == "passed"
@@ -159,7 +159,7 @@ def test_mistakes_are_one_line_errors(
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     assert report.main(argv, say=lambda _line: None) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("wcoj report: error: "), err
+    assert len(err) == 1 and err[0].startswith("wcoj-bench report: error: "), err
     assert message in err[0]
 
 

@@ -1,7 +1,7 @@
 """Scale curves: seconds per epoch against graph size and against epoch size, checked point by point.
 
-Two curves, each a series of `wcoj_core.bench` runs (one per point, each in its own state folder,
-removed once the point is measured), each point checked and timed exactly as ``wcoj bench`` does:
+Two curves, each a series of `wcoj_bench.epochs` runs (one per point, each in its own state folder,
+removed once the point is measured), each point checked and timed exactly as ``wcoj-bench epochs`` does:
 every epoch's output changes must be identical across the methods before a figure is kept, and
 a point's figure is the median seconds per epoch after the warm-up epoch.
 
@@ -43,9 +43,9 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
+from wcoj_bench.epochs import METHODS, BenchError, Sample, bench, make_workload
+from wcoj_bench.machine import machine_facts, machine_label
 from wcoj_core import generate
-from wcoj_core.bench import METHODS, BenchError, Sample, bench, make_workload
-from wcoj_core.machine import machine_facts, machine_label
 from wcoj_core.query.ir import Query
 from wcoj_core.sources import canonical_undirected, read_relation
 from wcoj_core.updates import consolidate, relation_columns
@@ -80,7 +80,7 @@ def parse_curve(text: str) -> Curve:
     >>> parse_curve("sizes")
     Traceback (most recent call last):
       ...
-    wcoj_core.bench.BenchError: unknown curve 'sizes'; choose size or epoch-size
+    wcoj_bench.epochs.BenchError: unknown curve 'sizes'; choose size or epoch-size
     """
     try:
         return Curve(text)
@@ -98,11 +98,11 @@ def parse_points(text: str, option: str) -> tuple[int, ...]:
     >>> parse_points("10,1e3", "--sizes")
     Traceback (most recent call last):
       ...
-    wcoj_core.bench.BenchError: --sizes: '1e3' is not a positive integer; give a list such as 10,100,1000
+    wcoj_bench.epochs.BenchError: --sizes: '1e3' is not a positive integer; give a list such as 10,100,1000
     >>> parse_points("100", "--sizes")
     Traceback (most recent call last):
       ...
-    wcoj_core.bench.BenchError: --sizes needs at least two different values to draw a curve, got 100
+    wcoj_bench.epochs.BenchError: --sizes needs at least two different values to draw a curve, got 100
     """
     points: set[int] = set()
     for item in text.split(","):
@@ -137,11 +137,11 @@ def sized_spec(template: str, edges: int) -> str:
     >>> sized_spec("rmat:scale=10", 1000)
     Traceback (most recent call last):
       ...
-    wcoj_core.bench.BenchError: --curve size sets each graph's scale and edges from --sizes; drop scale from rmat:scale=10
+    wcoj_bench.epochs.BenchError: curve size sets each graph's scale and edges from --sizes; drop scale from rmat:scale=10
     """
     if not generate.is_generator_spec(template):
         raise BenchError(
-            f"--curve size generates its graphs: give a generator such as edge=rmat:seed=1 "
+            f"curve size generates its graphs: give a generator such as edge=rmat:seed=1 "
             f"(scale and edges come from --sizes), not the file {template}"
         )
     generate.parse_generator_spec(template)
@@ -150,7 +150,7 @@ def sized_spec(template: str, edges: int) -> str:
     fixed = [k for k in (i.partition("=")[0].strip() for i in items) if k in _SIZED_KEYS]
     if fixed:
         raise BenchError(
-            f"--curve size sets each graph's scale and edges from --sizes; drop "
+            f"curve size sets each graph's scale and edges from --sizes; drop "
             f"{' and '.join(fixed)} from {template}"
         )
     spec = ",".join([f"scale={rmat_scale(edges)}", f"edges={edges}", *items])
@@ -174,7 +174,7 @@ def check_points(curve: Curve, points: Sequence[int], *, epochs: int, epoch_size
     >>> check_points(Curve.SIZE, [1000, 10_000], epochs=4, epoch_size=1000)
     Traceback (most recent call last):
       ...
-    wcoj_core.bench.BenchError: --sizes 1000: 4 epochs of 1000 changes need a graph of at least 4000 edges
+    wcoj_bench.epochs.BenchError: --sizes 1000: 4 epochs of 1000 changes need a graph of at least 4000 edges
     """
     if epochs < 2:
         raise BenchError(
@@ -318,6 +318,7 @@ def run_curve(
     methods: Sequence[str] = CURVE_METHODS,
     seed: int = 1,
     say: Callable[[str], None] = lambda _line: None,
+    deployment: str = "auto",
 ) -> CurveResult:
     """Measure every point of `curve` (see the module's docstring); `inputs` maps each relation
     to a file or generator spec (for the size curve, a generator without scale and edges)."""
@@ -373,6 +374,7 @@ def run_curve(
             methods=chosen,
             on_epoch=progress,
             seed_outputs=False,
+            deployment=deployment,
         )
         point = CurvePoint(
             x=rows if curve is Curve.SIZE else x,

@@ -1,0 +1,441 @@
+"""The ``wcoj-bench`` command line: the benchmarks, their report page and a local Spark cluster.
+
+Commands::
+
+    wcoj-bench epochs  [--query Q] --input REL=PATH ... --epochs K --epoch-size N [--skew D]
+                       [--seed S] [--methods recompute,binary-delta,wcoj] [--json]
+    wcoj-bench static  [--query Q] --input REL=PATH ... [--undirected REL] [--repeat R]
+                       [--methods wcoj,wcoj-executors,spark-sql,neighbour-array,duckdb,kuzu,scipy]
+                       [--json]
+    wcoj-bench curve size --input REL=rmat:seed=S ... [--sizes E,..] [--epoch-size N]
+                       [--epochs K] [--methods binary-delta,wcoj] [--plot PNG] [--save JSON]
+    wcoj-bench curve epoch-size --input REL=PATH ... [--epoch-sizes N,..] [--epochs K]
+                       [--methods binary-delta,wcoj] [--plot PNG] [--save JSON] [--json]
+    wcoj-bench backfill --input REL=PATH --undirected REL --epochs K --epoch-size N [--json]
+    wcoj-bench report  [--only PART] [--render-only] [--quick] [--root DIR] [--data DIR]
+    wcoj-bench cluster up [--workers N] [--cores C] [--memory M] [--port P] [--ui-port P]
+                       [--dir DIR]
+    wcoj-bench cluster down|status [--dir DIR]
+
+``epochs``, ``static`` and ``curve`` take ``--undirected REL``, ``--master URL`` and
+``--state DIR`` as ``wcoj count`` does, and check their arguments and input files before Spark
+starts (`wcoj_core.cli.inputs`). ``backfill`` and ``report`` are `wcoj_bench.backfill.main` and
+`wcoj_bench.report.main`, handed the arguments after their name.
+
+Contract: results go to stdout, progress to stderr; with ``--json`` the last line on stdout is one
+JSON object. Exit status: 0 on success; 1 when Spark fails; 2 for a user mistake or a benchmark
+whose methods disagree (any `WcojError`), reported as one line ``wcoj-bench: error: ...``; 130 on
+interruption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
+
+from wcoj_bench import backfill, cluster, report
+from wcoj_bench.curves import (
+    CURVE_METHODS,
+    DEFAULT_EPOCH_SIZE,
+    DEFAULT_EPOCH_SIZES,
+    DEFAULT_EPOCHS,
+    DEFAULT_SIZES,
+    Curve,
+    check_curve_methods,
+    check_points,
+    parse_curve,
+    parse_points,
+    plot_curve,
+    run_curve,
+    save_curve,
+    sized_spec,
+)
+from wcoj_bench.epochs import METHODS, Sample, bench, make_workload
+from wcoj_bench.machine import machine_facts
+from wcoj_bench.static import STATIC_DEFAULT, StaticRun, check_methods, static_bench
+from wcoj_core.cli import workspace
+from wcoj_core.cli.console import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Parser,
+    UsageError,
+    emit_json,
+    error,
+    note,
+    say,
+    spark_message,
+)
+from wcoj_core.cli.count import add_run_arguments
+from wcoj_core.cli.inputs import check_files, check_undirected, parse_inputs, read_inputs
+from wcoj_core.errors import WcojError
+from wcoj_core.query.ir import Query
+from wcoj_core.query.parse import resolve_query
+
+PROG = "wcoj-bench"
+
+# Commands with a parser of their own: the arguments after the name are handed to it.
+DELEGATED: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
+    "backfill": (backfill.main, "a single-run Dagster backfill against the CLI's engine"),
+    "report": (report.main, "run the benchmarks and regenerate docs/benchmarks.md"),
+}
+
+
+# --- arguments ----------------------------------------------------------------------------------
+
+
+def _add_inputs(p: argparse.ArgumentParser) -> None:
+    add_run_arguments(p, query_default="triangles")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(prog=PROG, description="wcoj's benchmarks, report page and local cluster.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    ep = commands.add_parser(
+        "epochs", help="the same epochs through recompute, binary-delta and wcoj, side by side"
+    )
+    _add_inputs(ep)
+    ep.add_argument("--epochs", type=int, required=True, metavar="K", help="timed epochs")
+    ep.add_argument(
+        "--epoch-size", type=int, required=True, metavar="N", help="changed tuples per epoch"
+    )
+    ep.add_argument(
+        "--skew", type=int, metavar="D", help="add an epoch in which a new vertex gains D edges"
+    )
+    ep.add_argument("--seed", type=int, default=1, metavar="S", help="workload seed (default 1)")
+    ep.add_argument(
+        "--methods",
+        metavar="M,..",
+        help=f"methods to run, wcoj always among them (default {','.join(METHODS)})",
+    )
+    ep.set_defaults(run=_epochs)
+
+    st = commands.add_parser(
+        "static",
+        help="count the whole input once per method: wcoj, Spark SQL, neighbour arrays, DuckDB, "
+        "Kuzu, scipy",
+    )
+    _add_inputs(st)
+    st.add_argument("--repeat", type=int, default=3, metavar="R", help="timed runs per method")
+    st.add_argument(
+        "--methods",
+        metavar="M,..",
+        help=f"methods to run, wcoj always among them (default {','.join(STATIC_DEFAULT)})",
+    )
+    st.set_defaults(run=_static)
+
+    cu = commands.add_parser(
+        "curve",
+        help="seconds per epoch against graph size (generated R-MAT graphs) or epoch size; "
+        "writes a log-log PNG",
+    )
+    cu.add_argument("curve", type=parse_curve, metavar="size|epoch-size", help="the curve")
+    _add_inputs(cu)
+    cu.add_argument("--epochs", type=int, metavar="K", help=f"epochs (default {DEFAULT_EPOCHS})")
+    cu.add_argument(
+        "--epoch-size",
+        type=int,
+        metavar="N",
+        help=f"curve size: changes per epoch (default {DEFAULT_EPOCH_SIZE})",
+    )
+    cu.add_argument("--seed", type=int, default=1, metavar="S", help="workload seed (default 1)")
+    cu.add_argument(
+        "--methods",
+        metavar="M,..",
+        help=f"methods to run, wcoj always among them (default {','.join(CURVE_METHODS)})",
+    )
+    cu.add_argument(
+        "--sizes",
+        metavar="E,..",
+        help=f"curve size: graph sizes in edges (default {','.join(map(str, DEFAULT_SIZES))})",
+    )
+    cu.add_argument(
+        "--epoch-sizes",
+        metavar="N,..",
+        help="curve epoch-size: changes per epoch "
+        f"(default {','.join(map(str, DEFAULT_EPOCH_SIZES))})",
+    )
+    cu.add_argument("--plot", metavar="PNG", help="the plot to write (default curve-CURVE.png)")
+    cu.add_argument("--save", metavar="JSON", help="also write every point as JSON")
+    cu.set_defaults(run=_curve)
+
+    for name, (_, help_text) in DELEGATED.items():
+        commands.add_parser(name, help=help_text, add_help=False)
+
+    clu = commands.add_parser(
+        "cluster", help="a Spark standalone cluster on 127.0.0.1, from the installed pyspark"
+    )
+    actions = clu.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = actions.add_parser("up", help="start a master and workers; print the master URL")
+    up.add_argument("--workers", type=int, default=2, metavar="N", help="workers (default 2)")
+    up.add_argument(
+        "--cores", type=int, default=1, metavar="C", help="cores per worker (default 1)"
+    )
+    up.add_argument(
+        "--memory", default="2g", metavar="M", help="memory per worker, e.g. 2g (default 2g)"
+    )
+    up.add_argument(
+        "--port", type=int, default=7077, metavar="P", help="master port (default 7077; 0: any)"
+    )
+    up.add_argument(
+        "--ui-port",
+        type=int,
+        default=8080,
+        metavar="P",
+        help="master UI port (default 8080; 0: any)",
+    )
+    down = actions.add_parser("down", help="stop exactly the processes 'up' started")
+    status = actions.add_parser("status", help="print the master URL and the workers alive")
+    for sub in (up, down, status):
+        sub.add_argument(
+            "--dir",
+            default=cluster.DEFAULT_DIR,
+            metavar="DIR",
+            help=f"where the cluster's record and logs live (default {cluster.DEFAULT_DIR})",
+        )
+        sub.add_argument("--json", action="store_true", help="end with one JSON line")
+    clu.set_defaults(run=_cluster)
+    return parser
+
+
+def _methods(given: str | None, default: Sequence[str]) -> list[str]:
+    return [m.strip() for m in (given or ",".join(default)).split(",") if m.strip()]
+
+
+def _checked_inputs(args: argparse.Namespace) -> tuple[Query, dict[str, str], set[str]]:
+    """The query, its inputs and undirected relations, checked (files included) without Spark."""
+    query = resolve_query(args.query)
+    inputs = parse_inputs(args.input, query)
+    undirected = check_undirected(args.undirected, query, inputs)
+    check_files(query, inputs)
+    return query, inputs, undirected
+
+
+# --- epochs -------------------------------------------------------------------------------------
+
+
+def _epochs(args: argparse.Namespace) -> int:
+    query, inputs, undirected = _checked_inputs(args)
+    if args.epochs < 2 or args.epoch_size < 2:
+        raise UsageError("--epochs and --epoch-size must be at least 2")
+    workspace.prepare_state(args.state)
+    spark = workspace.start_spark(args.master, args.conf)
+    with workspace.state_dir(args.state) as state:
+        relations = read_inputs(spark, query, inputs)
+        say(f"bench: preparing {args.epochs} epochs of {args.epoch_size} changes")
+        workload = make_workload(
+            spark,
+            query,
+            relations,
+            epochs=args.epochs,
+            epoch_size=args.epoch_size,
+            seed=args.seed,
+            undirected=frozenset(undirected),
+            skew=args.skew,
+        )
+        methods = _methods(args.methods, METHODS)
+        result = bench(
+            spark,
+            query,
+            workload,
+            state,
+            methods=methods,
+            on_epoch=_epoch_progress,
+            deployment=args.deploy,
+        )
+    summary = result.to_dict()
+    for name, m in summary["methods"].items():
+        say(
+            f"{name:>12}: median {m['median_seconds']:.3f} s/epoch, intermediate rows "
+            f"{m['intermediate_rows']}, shuffle bytes {m['shuffle_bytes']}, state bytes "
+            f"{m['state_bytes']}"
+        )
+    ratios = [k for k in summary if k.endswith(("_vs_recompute", "_vs_binary_delta"))]
+    say("; ".join(f"{k} {summary[k]}" for k in ratios))
+    if args.json:
+        emit_json({**summary, "machine": machine_facts(spark)})
+    return EXIT_OK
+
+
+def _epoch_progress(t: int, epochs: int, samples: dict[str, Sample], changes: int) -> None:
+    figures = ", ".join(
+        f"{name} {s.seconds:.2f} s ({s.intermediate_rows} join rows)" for name, s in samples.items()
+    )
+    say(f"epoch {t}/{epochs}: {figures}; output change rows {changes}, identical")
+
+
+# --- static -------------------------------------------------------------------------------------
+
+
+def _static(args: argparse.Namespace) -> int:
+    query, inputs, undirected = _checked_inputs(args)
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
+    methods = check_methods(_methods(args.methods, STATIC_DEFAULT), query, frozenset(undirected))
+    workspace.prepare_state(args.state)
+    spark = workspace.start_spark(args.master, args.conf)
+    with workspace.state_dir(args.state) as state:
+        relations = read_inputs(spark, query, inputs)
+        say(f"bench static: {query.name}, {args.repeat} timed runs per method")
+        result = static_bench(
+            spark,
+            query,
+            relations,
+            state,
+            undirected=frozenset(undirected),
+            methods=methods,
+            repeat=args.repeat,
+            on_run=_static_progress,
+            deployment=args.deploy,
+        )
+    summary = result.to_dict()
+    say(f"count {result.count}: every method agrees")
+    for name, m in summary["methods"].items():
+        rows = "" if m["join_rows"] is None else f", join rows {m['join_rows']}"
+        say(
+            f"{name:>15}: median {m['median_seconds']:.3f} s{rows}, "
+            f"{m['ratio_to_wcoj']}x wcoj's time"
+        )
+    ratios = [k for k in summary if k.startswith("speedup_vs_")]
+    say("; ".join(f"{k} {summary[k]}" for k in ratios))
+    if args.json:
+        emit_json({**summary, "machine": machine_facts(spark)})
+    return EXIT_OK
+
+
+def _static_progress(run: StaticRun) -> None:
+    which = "warm-up" if run.warm_up else f"run {run.run}/{run.runs}"
+    rows = "" if run.join_rows is None else f", join rows {run.join_rows}"
+    say(f"{run.method} {which}: {run.seconds:.3f} s, count {run.count}{rows}")
+
+
+# --- curve --------------------------------------------------------------------------------------
+
+
+def _curve(args: argparse.Namespace) -> int:
+    """Every point checked and timed by `bench`; progress on stderr."""
+    curve: Curve = args.curve
+    query, inputs, undirected = _checked_inputs(args)
+    if curve is Curve.SIZE:
+        if args.epoch_sizes is not None:
+            raise UsageError("--epoch-sizes goes with curve epoch-size; curve size varies --sizes")
+        points = parse_points(args.sizes, "--sizes") if args.sizes else DEFAULT_SIZES
+        for path in inputs.values():
+            sized_spec(path, points[0])  # a file, or a generator that fixes its size, is refused
+    else:
+        if args.sizes is not None or args.epoch_size is not None:
+            raise UsageError(
+                "curve epoch-size varies the epoch size: give --epoch-sizes, not --sizes or "
+                "--epoch-size"
+            )
+        points = DEFAULT_EPOCH_SIZES
+        if args.epoch_sizes:
+            points = parse_points(args.epoch_sizes, "--epoch-sizes")
+    epochs = DEFAULT_EPOCHS if args.epochs is None else args.epochs
+    epoch_size = DEFAULT_EPOCH_SIZE if args.epoch_size is None else args.epoch_size
+    check_points(curve, points, epochs=epochs, epoch_size=epoch_size)
+    methods = check_curve_methods((args.methods or ",".join(CURVE_METHODS)).split(","))
+    plot = Path(args.plot or f"curve-{curve.value}.png")
+    if plot.suffix.lower() != ".png":
+        raise UsageError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
+    workspace.prepare_state(args.state)
+    spark = workspace.start_spark(args.master, args.conf)
+    with workspace.state_dir(args.state) as state:
+        result = run_curve(
+            spark,
+            query,
+            curve,
+            inputs,
+            state,
+            points=points,
+            epochs=epochs,
+            epoch_size=epoch_size,
+            undirected=frozenset(undirected),
+            methods=methods,
+            seed=args.seed,
+            say=note,
+            deployment=args.deploy,
+        )
+    plot_curve(result, plot)
+    if args.save:
+        save_curve(result, Path(args.save))
+    summary = result.to_dict()
+    for p in result.points:
+        medians = ", ".join(f"{m} {p.median(m):.3f} s/epoch" for m in result.methods)
+        say(f"{p.x:>12,}: {medians}")
+    say(
+        "growth per 10x: "
+        + "; ".join(
+            f"{m} x{g['fit']} (fit), x{g['end_points']} (end points)"
+            for m, g in summary["growth_per_decade"].items()
+        )
+    )
+    say(f"plot: {plot}" + (f"; points: {args.save}" if args.save else ""))
+    if args.json:
+        emit_json({**summary, "machine": machine_facts(spark)})
+    return EXIT_OK
+
+
+# --- cluster ------------------------------------------------------------------------------------
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    if args.action == "up":
+        started = cluster.up(
+            args.dir,
+            workers=args.workers,
+            cores=args.cores,
+            memory=args.memory,
+            port=args.port,
+            ui_port=args.ui_port,
+            say=say,
+        )
+        say(f"master: {started.master}")
+        say(f"stop it with: {PROG} cluster down --dir {args.dir}")
+        payload: dict[str, Any] = {"master": started.master, "ui": started.ui}
+        payload["workers"] = len(started.workers)
+    elif args.action == "down":
+        stopped = cluster.down(args.dir, say=say)
+        payload = {"master": stopped.master, "stopped": len(stopped.processes)}
+    else:
+        found, alive = cluster.status(args.dir)
+        say(f"master: {found.master} (UI {found.ui}); workers alive: {alive}")
+        payload = {"master": found.master, "ui": found.ui, "workers_alive": alive}
+    if args.json:
+        emit_json({"command": f"cluster {args.action}", **payload})
+    return EXIT_OK
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given and given[0] in DELEGATED:
+        return DELEGATED[given[0]][0](given[1:])
+    try:
+        args = _parser().parse_args(given)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
+            return int(args.run(args))
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    except KeyboardInterrupt:
+        error("interrupted", PROG)
+        return EXIT_INTERRUPTED
+    except WcojError as exc:
+        error(str(exc), PROG)
+        return EXIT_USAGE
+    except (PySparkException, Py4JError) as exc:
+        error(f"spark failed: {spark_message(exc)}", PROG)
+        return EXIT_FAILED

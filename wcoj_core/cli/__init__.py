@@ -1,0 +1,113 @@
+"""The ``wcoj`` command line: count a query statically, replay it over epochs, explain its plan.
+
+Commands (one module each)::
+
+    wcoj count   --query Q --input REL=PATH [--input ...] [--undirected REL] [--output FILE]
+                 [--deploy WHERE] [--json]
+    wcoj replay  --query Q --input REL=PATH ... --epochs K [--delete-fraction F] [--seed S]
+                 [--check] [--deploy WHERE] [--json]
+    wcoj apply   --query Q --state DIR --epoch T --changes REL=PATH ... [--undirected REL]
+                 [--output FILE] [--deploy WHERE] [--json]
+    wcoj explain --query Q
+    wcoj --version
+
+``count`` and ``replay`` also take ``--master URL`` (default ``local[*]``) and ``--state DIR``
+(default: a fresh temporary directory, removed at exit; with ``--state`` the directory is kept).
+``--deploy`` says where the join kernel runs: ``auto`` (default: the driver when the state is
+local and the epoch fits its limits), ``driver`` or ``executors`` (`wcoj_core.deploy`). ``apply`` adds one epoch of changes to a kept state directory
+(new or holding earlier epochs only: epochs are applied once, in increasing order; a second
+writer of the same epoch is refused). ``Q`` is the name of a built-in query or query text.
+``--undirected REL`` reads a binary relation as the set of its undirected edges, each present
+in both directions. The benchmarks and the local Spark cluster are a separate command,
+``wcoj-bench`` (`wcoj_bench`).
+
+Contract:
+
+* everything that can be checked without Spark is checked before Spark starts: the query text,
+  the ``--input`` syntax, duplicate inputs, inputs the query does not use and relations it uses
+  without an input, ``--undirected`` naming a relation that is not given or not binary, missing
+  input files (generator specs such as ``rmat:scale=10`` are parsed instead), what is cheap to
+  read of the files themselves (`wcoj_core.cli.inputs.check_files`), the epoch count, the
+  delete fraction, the seed, ``--output`` and the state directory; a Spark session this command
+  starts is announced on stderr first;
+* with ``--json`` the last line on stdout is one JSON object: for ``count`` at least ``count``
+  (the sum of the output's multiplicities) and ``seconds``; for ``replay`` at least
+  ``final_count``, ``check`` (``passed``, ``failed`` or ``skipped``), ``epochs``,
+  ``seconds_per_epoch`` and ``median_seconds``;
+* exit status: 0 on success; 1 when a replay check fails or Spark fails; 2 for a user mistake
+  (any `WcojError`, including bad arguments); 130 on interruption. An error is one line on stderr,
+  ``wcoj: error: ...``, naming the file, line and column (or the query position) when it has
+  them; never a traceback, unless the environment sets ``WCOJ_DEBUG=1``.
+
+>>> main(["explain", "--query", "p(a) :- e(a"])
+2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import traceback
+import warnings
+from collections.abc import Sequence
+from importlib import metadata
+
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
+
+from wcoj_core.cli import apply, count, explain, replay
+from wcoj_core.cli.console import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PROG,
+    Parser,
+    error,
+    spark_message,
+)
+from wcoj_core.errors import WcojError
+
+__all__ = ["main"]
+
+
+def _version() -> str:
+    try:
+        return metadata.version("wcoj")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = Parser(prog=PROG, description="Incremental worst-case-optimal joins on Spark.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in (count, replay, apply, explain):
+        command.add_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    debug = os.environ.get("WCOJ_DEBUG") == "1"
+    try:
+        args = _parser().parse_args(argv)
+        with warnings.catch_warnings():
+            # PySpark warns about the pandas version on its first DataFrame; not the user's issue.
+            warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
+            return int(args.run(args))
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    except KeyboardInterrupt:
+        error("interrupted")
+        return EXIT_INTERRUPTED
+    except WcojError as exc:
+        if debug:
+            traceback.print_exc()
+        error(str(exc))
+        return EXIT_USAGE
+    except (PySparkException, Py4JError) as exc:
+        if debug:
+            traceback.print_exc()
+        error(f"spark failed: {spark_message(exc)}")
+        return EXIT_FAILED

@@ -1,0 +1,107 @@
+"""What every ``wcoj`` command prints, and how it fails: one line per error, fixed exit codes.
+
+Contract: results go to stdout, one flushed line at a time (`say`; `emit_json` for the final JSON
+line); notes, warnings and errors go to stderr (`note`, `warn`, `error`), each folded onto one
+line. A mistake in the arguments is a `UsageError`, which `Parser` raises instead of printing
+argparse's usage block, so that it is reported like every other `WcojError`. `epilog` is the
+text each command's ``--help`` ends with: examples, then the built-in query names.
+
+>>> print(epilog(["wcoj explain --query triangles"]).splitlines()[1])
+  wcoj explain --query triangles
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from py4j.protocol import Py4JError
+from pyspark.errors import PySparkException
+
+from wcoj_core.errors import WcojError
+from wcoj_core.query.builtins import BUILTINS
+
+PROG = "wcoj"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(WcojError):
+    """Command-line arguments that do not describe a run."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are `UsageError`s, reported in one line like any other."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def epilog(examples: Sequence[str]) -> str:
+    """The end of a command's ``--help``: example command lines and the built-in queries."""
+    lines = ["examples:", *(f"  {e}" for e in examples), ""]
+    lines.append(f"built-in queries (--query NAME): {', '.join(BUILTINS)}")
+    return "\n".join(lines)
+
+
+def say(line: str) -> None:
+    """A line of results on stdout, flushed at once (progress shows as it happens)."""
+    print(line, flush=True)
+
+
+def note(line: str) -> None:
+    """A line of progress on stderr, flushed at once."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def emit_json(payload: dict[str, Any]) -> None:
+    say(json.dumps(payload))
+
+
+def error(message: str, prog: str = PROG) -> None:
+    text = " ".join(message.split()) or "unknown error"
+    print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
+
+
+def warn(message: str, prog: str = PROG) -> None:
+    print(f"{prog}: warning: {' '.join(message.split())}", file=sys.stderr, flush=True)
+
+
+def phases(seconds: dict[str, float]) -> str:
+    """Seconds per engine phase.
+
+    >>> phases({"stage": 0.42, "counts": 1.25})
+    'stage 0.4 counts 1.2'
+    """
+    return " ".join(f"{name} {value:.1f}" for name, value in seconds.items())
+
+
+def spark_message(exc: BaseException) -> str:
+    """The first meaningful line of a Spark failure (the Java exception's, for Py4J)."""
+    text = ""
+    java = getattr(exc, "java_exception", None)
+    if not isinstance(exc, PySparkException) and java is not None:
+        try:
+            text = str(java.toString())
+        except Py4JError:
+            text = ""
+    if not text:
+        try:
+            text = str(exc)
+        except Exception:  # a Py4J error whose text needs a gateway that is gone
+            text = ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def add_deploy_argument(p: argparse.ArgumentParser) -> None:
+    """``--deploy``: where the join kernel runs (see `wcoj_core.deploy`)."""
+    p.add_argument(
+        "--deploy",
+        choices=("auto", "driver", "executors"),
+        default="auto",
+        help="where the join kernel runs: auto (the driver when the state is local and the epoch "
+        "fits its limits, else Spark's executors), driver, or executors (default auto)",
+    )

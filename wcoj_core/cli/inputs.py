@@ -1,0 +1,189 @@
+"""The relations a command reads: ``--input`` / ``--changes`` specs, checked, then read.
+
+Contract, in the order a command uses it, everything before `read_*` without Spark:
+
+* `parse_inputs` (``--input REL=PATH``) and `parse_changes` (``--changes REL=PATH``) turn the
+  specs into a mapping from relation to path, checked against the query: each relation once, a
+  name that is an identifier, no relation the query does not use, and (for inputs) every
+  relation the query uses. A local file must exist; a generator spec (``rmat:...``) must parse
+  and feed a binary relation; changes come from files only.
+* `check_undirected` checks ``--undirected REL``: given, and binary.
+* `check_files` reads what is cheap to read of every local file without a JVM
+  (`wcoj_core.sources.check_locally`: readable, the CSV header, the first lines or a small file
+  whole, Parquet footers) and raises the `InputError` the Spark read would raise, with the file,
+  line and column, so that bad input is refused before Spark starts.
+* `read_inputs` reads every input as it is (the benchmarks normalize inputs themselves);
+  `read_relations` reads them as ``count`` does (undirected relations symmetric and loop-free);
+  `read_flagged` reads one and warns about tuples whose summed multiplicity is negative.
+
+Every error is a `WcojError` (`UsageError` for the syntax of an argument).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from urllib.parse import urlparse
+
+from pyspark.sql import DataFrame, SparkSession
+
+from wcoj_core import generate, linear
+from wcoj_core.cli.console import UsageError, warn
+from wcoj_core.errors import InputError, QueryError
+from wcoj_core.query.ir import Query
+from wcoj_core.sources import (
+    Format,
+    canonical_undirected,
+    check_locally,
+    detect_format,
+    negative_tuples,
+    read_relation,
+)
+
+
+def parse_inputs(specs: Sequence[str], query: Query) -> dict[str, str]:
+    """``REL=PATH`` arguments as a mapping, checked against the relations of `query`."""
+    inputs: dict[str, str] = {}
+    for spec in specs:
+        rel, sep, path = spec.partition("=")
+        rel = rel.strip()
+        if not sep or not rel or not path:
+            raise UsageError(
+                f"--input {spec!r} is not of the form REL=PATH (for example edge=graph.txt)"
+            )
+        if not (rel.isidentifier() and rel.isascii()):
+            raise UsageError(f"--input {spec!r}: {rel!r} is not a relation name (an identifier)")
+        if rel in inputs:
+            raise UsageError(
+                f"--input gives relation {rel!r} twice ({inputs[rel]} and {path}); "
+                "give each relation once"
+            )
+        inputs[rel] = path
+    used = ", ".join(sorted(query.relations))
+    for rel in inputs:
+        if rel not in query.relations:
+            raise QueryError(
+                f"--input gives relation {rel!r}, which query {query.name} does not use "
+                f"(it uses: {used})"
+            )
+    for rel in query.relations:
+        if rel not in inputs:
+            raise QueryError(
+                f"query {query.name} uses relation {rel!r}, but no --input gives it; "
+                f"add --input {rel}=PATH"
+            )
+    for rel, path in inputs.items():
+        _check_source(rel, path, query.relations[rel])
+    return inputs
+
+
+def parse_changes(specs: Sequence[str], query: Query) -> dict[str, str]:
+    """``REL=PATH`` arguments of ``apply``: relations of `query`, each once, files that exist."""
+    changes: dict[str, str] = {}
+    for spec in specs:
+        rel, sep, path = spec.partition("=")
+        rel = rel.strip()
+        if not sep or not rel or not path:
+            raise UsageError(f"--changes {spec!r} is not of the form REL=PATH")
+        if rel not in query.relations:
+            raise QueryError(
+                f"--changes gives relation {rel!r}, which query {query.name} does not use "
+                f"(it uses: {', '.join(sorted(query.relations))})"
+            )
+        if rel in changes:
+            raise UsageError(f"--changes gives relation {rel!r} twice; give each relation once")
+        if generate.is_generator_spec(path):
+            raise UsageError(f"--changes {spec!r}: changes come from a file, not a generator")
+        _check_source(rel, path, query.relations[rel])
+        changes[rel] = path
+    return changes
+
+
+def _check_source(rel: str, path: str, arity: int) -> None:
+    """Fail fast on a generator spec that does not parse or a local file that does not exist."""
+    if generate.is_generator_spec(path):
+        generate.parse_generator_spec(path)
+        if arity != 2:
+            raise InputError(
+                f"a generated graph is binary, but the query uses relation {rel} with arity {arity}",
+                path,
+            )
+        return
+    parsed = urlparse(path)
+    if parsed.scheme == "file":
+        local = parsed.path
+    elif parsed.scheme and len(parsed.scheme) > 1:
+        return  # a remote URL: Spark reports it when reading
+    else:
+        local = path
+    if not os.path.exists(local):
+        raise InputError("no such file", f"{path} (relation {rel})")
+
+
+def check_undirected(names: Sequence[str], query: Query, inputs: Mapping[str, str]) -> set[str]:
+    """The ``--undirected`` relations, each given by an input and binary."""
+    for rel in names:
+        if rel not in inputs:
+            raise UsageError(f"--undirected {rel}: no --input gives relation {rel!r}")
+        if query.relations[rel] != 2:
+            raise QueryError(
+                f"--undirected {rel}: query {query.name} uses {rel!r} with arity "
+                f"{query.relations[rel]}; only a binary relation can be undirected"
+            )
+    return set(names)
+
+
+def check_files(query: Query, inputs: Mapping[str, str]) -> None:
+    """Refuse bad local input files without Spark, relation by relation in name order."""
+    for rel, path in sorted(inputs.items()):
+        check_locally(path, query.relations[rel], rel)
+
+
+def read_inputs(
+    spark: SparkSession, query: Query, inputs: Mapping[str, str]
+) -> dict[str, DataFrame]:
+    """Every input, as read (callers such as the benchmarks normalize them themselves)."""
+    return {
+        rel: read_relation(spark, path, query.relations[rel], rel)
+        for rel, path in sorted(inputs.items())
+    }
+
+
+def read_relations(
+    spark: SparkSession,
+    query: Query,
+    inputs: Mapping[str, str],
+    undirected: set[str],
+    negative: dict[str, int],
+) -> dict[str, DataFrame]:
+    """Every input as ``count`` evaluates it: undirected relations symmetric and loop-free."""
+    relations = {}
+    for rel, path in sorted(inputs.items()):
+        df = read_flagged(spark, rel, path, query.relations[rel], negative)
+        if rel in undirected:
+            df = linear.symmetrize().apply(canonical_undirected(df))
+        relations[rel] = df
+    return relations
+
+
+def read_flagged(
+    spark: SparkSession, rel: str, path: str, arity: int, negative: dict[str, int]
+) -> DataFrame:
+    """`read_relation`, then a warning listing tuples whose multiplicity is negative.
+
+    Such tuples (deletions of absent tuples) are kept as signed multiplicities; their number goes
+    into `negative`. Only CSV and Parquet can carry a ``diff`` column, so only they are checked.
+    """
+    df = read_relation(spark, path, arity, rel)
+    if generate.is_generator_spec(path) or detect_format(path) is Format.TEXT:
+        return df
+    count, examples = negative_tuples(df)
+    if count:
+        negative[rel] = count
+        shown = "; ".join(f"{tup} {m}" for tup, m in examples[:5])
+        more = ", ..." if count > 5 else ""
+        warn(
+            f"{path} (relation {rel}): {count} tuple(s) have a negative multiplicity, i.e. "
+            f"delete tuples that are absent (kept as signed multiplicities): {shown}{more}"
+        )
+    return df

@@ -1,0 +1,90 @@
+"""Where a command runs: its state directory and its Spark session.
+
+Contract: `prepare_state` checks and creates a ``--state`` directory before Spark starts (a new
+or empty directory, never a file); `state_dir` yields that directory, kept, or a fresh temporary
+one removed afterwards. `start_spark` is the only way a command gets its SparkSession: the
+active one, or a new one whose console logging is cut down to errors, announced by one line on
+stderr (``starting Spark (local[*])…``) because starting a JVM takes several seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from wcoj_core.cli.console import UsageError, note
+from wcoj_core.spark import DEFAULT_MASTER, session
+
+
+def prepare_state(path: str | None) -> None:
+    """Check that ``--state`` names a new or empty directory, and create it."""
+    if path is None:
+        return
+    state = Path(path)
+    if state.exists() and not state.is_dir():
+        raise UsageError(f"--state {path}: exists and is not a directory")
+    if state.is_dir() and any(state.iterdir()):
+        raise UsageError(
+            f"--state {path}: the directory is not empty; pass a new or empty directory"
+        )
+    try:
+        state.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--state {path}: cannot create the directory ({exc.strerror})") from exc
+
+
+@contextmanager
+def state_dir(path: str | None) -> Iterator[str]:
+    """`path` (prepared by `prepare_state`, kept), or a fresh temporary directory, removed after."""
+    if path is not None:
+        yield path
+        return
+    scratch = tempfile.mkdtemp(prefix="wcoj-state-")
+    try:
+        yield scratch
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def start_spark(master: str | None, conf: Sequence[str] = ()) -> SparkSession:
+    """The active session, or a new one for `master` with the ``--conf KEY=VALUE`` settings
+    `conf`; a new one is announced on stderr."""
+    settings = spark_settings(conf)
+    active = SparkSession.getActiveSession()
+    if active is None or (master is not None and active.sparkContext.master != master):
+        note(f"starting Spark ({master or DEFAULT_MASTER})…")
+    return session(master, settings, quiet=os.environ.get("WCOJ_DEBUG") != "1")
+
+
+def spark_settings(conf: Sequence[str]) -> dict[str, str]:
+    """``--conf KEY=VALUE`` arguments as Spark settings; a malformed one is a usage error.
+
+    >>> spark_settings(["spark.driver.memory=1g"])
+    {'spark.driver.memory': '1g'}
+    """
+    settings: dict[str, str] = {}
+    for item in conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise UsageError(f"--conf {item!r}: expected KEY=VALUE, e.g. spark.driver.memory=1g")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def add_spark_arguments(p: argparse.ArgumentParser) -> None:
+    """``--master`` and ``--conf``: the Spark session a command starts."""
+    p.add_argument("--master", metavar="URL", help="Spark master (default local[*])")
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the session started, e.g. spark.executor.memory=1g (repeatable)",
+    )
