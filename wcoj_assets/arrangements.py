@@ -13,15 +13,19 @@ from dagster import (
     AssetExecutionContext,
     BackfillPolicy,
     MaterializeResult,
-    PartitionsDefinition,
+    TableColumn,
+    TableSchema,
     asset,
 )
 
-from wcoj_assets.provenance import current_check_result, current_check_spec
+from wcoj_assets.epochs import Epochs
+from wcoj_assets.provenance import current_check_result, current_check_spec, rebuild_condition
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import counts_asset_name, deltas_asset_name, snapshot_asset_name
 from wcoj_assets.steps import (
+    add_standard_metadata,
     batch_schema_check,
+    batch_uri,
     each_epoch,
     previous_epoch,
     rows_at,
@@ -39,12 +43,19 @@ def counts_asset(
     *,
     arrangement: "Arrangement",
     queries: Sequence["Query"],
-    partitions: PartitionsDefinition,
+    epochs: Epochs,
 ) -> Any:
     """``<rel>_counts_<key>``: one counts arrangement, maintained once for every reader."""
     name = counts_asset_name(arrangement)
     relation = arrangement.view.relation
     key_cols = [f"c{k}" for k in arrangement.key]
+    partitions = epochs.partitions()
+    schema = TableSchema(
+        [
+            *[TableColumn(c, "long", f"key column {c} of `{arrangement.view}`") for c in key_cols],
+            TableColumn("diff", "long", "change of the number of distinct tuples with this key"),
+        ]
+    )
 
     @asset(
         name=name,
@@ -65,23 +76,27 @@ def counts_asset(
             "previous epoch arranged first. Shared by every rule of every query that counts or "
             "checks support by this key."
         ),
-        metadata={"arrangement": str(arrangement)},
+        metadata={"arrangement": str(arrangement), "dagster/column_schema": schema},
+        automation_condition=rebuild_condition(name),
     )
     def _counts(context: AssetExecutionContext, wcoj: WcojResource) -> MaterializeResult:
-        from wcoj_core.arrangement import relation_trace_name
+        from wcoj_core.traces import relation_trace_name
 
         history = wcoj.history(queries)
         batches: list[Batch] = []
 
         def step(t: int) -> dict[str, Any]:
-            batches.append(history.arrange(t, arrangement))
+            batch = history.arrange(t, arrangement)
+            batches.append(batch)
+            uri = batch_uri(history, batch)
+            add_standard_metadata(context, name, epochs.key(t), schema, uri, batch.rows)
             rows_in = rows_at(history, relation_trace_name(relation), t)
-            return {"rows_in": rows_in, "rows_out": batches[-1].rows}
+            return {"rows_in": rows_in, "rows_out": batch.rows}
 
-        per_epoch = each_epoch(context, step)
+        per_epoch = each_epoch(context, epochs, step)
         checks = [
             batch_schema_check(history, batches, key_cols, name),
-            current_check_result(context, history, name, [e["epoch"] for e in per_epoch]),
+            current_check_result(context, history, name, [e["epoch"] for e in per_epoch], epochs),
         ]
         return MaterializeResult(metadata=summarize(per_epoch), check_results=checks)
 

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
-    PartitionsDefinition,
     asset_check,
 )
 
+from wcoj_assets.epochs import Epochs
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import snapshot_asset_name
 from wcoj_assets.steps import epochs_of
@@ -30,16 +30,14 @@ if TYPE_CHECKING:
 CORRECTNESS = "matches_binary_join"
 
 
-def correctness_check(
-    *, query: "Query", queries: Sequence["Query"], partitions: PartitionsDefinition
-) -> Any:
+def correctness_check(*, query: "Query", queries: Sequence["Query"], epochs: Epochs) -> Any:
     """The `matches_binary_join` check of ``<query>``."""
     sql = reference_sql(query)
 
     @asset_check(
         asset=query.name,
         name=CORRECTNESS,
-        partitions_def=partitions,
+        partitions_def=epochs.partitions(),
         additional_deps=[snapshot_asset_name(rel) for rel in query.relations],
         description=(
             f"Recomputes `{query.name}` from the relations as of the epoch with a plain Spark SQL "
@@ -50,14 +48,14 @@ def correctness_check(
         compute_kind="spark",
     )
     def _check(context: AssetCheckExecutionContext, wcoj: WcojResource) -> AssetCheckResult:
-        epochs = epochs_of(context)
-        due = [(key, t) for key, t in epochs if t % wcoj.check_every == 0]
+        run_epochs = epochs_of(context, epochs)
+        due = [(key, t) for key, t in run_epochs if t % wcoj.check_every == 0]
         if not due:
             return AssetCheckResult(
                 passed=True,
                 metadata={
                     "checked": False,
-                    "epoch": epochs[-1][1],
+                    "epoch": run_epochs[-1][1],
                     "check_every": wcoj.check_every,
                 },
                 description=f"not due: checks run on epochs divisible by {wcoj.check_every}",

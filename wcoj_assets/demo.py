@@ -3,10 +3,14 @@
 ``python -m wcoj_assets.demo`` (what ``make demo`` runs) does everything on a fresh machine:
 
 1. generates the built-in skewed (R-MAT) graph and splits it into epochs of inserts and
-   deletions, written as one folder per epoch under ``<root>/landing/edge/``;
+   deletions, written as one folder per epoch under ``<root>/landing/edge/``; the first epoch
+   is `demo_start`, so that the last one is yesterday (UTC) and every epoch is a partition the
+   UI already shows, and none else (``make ui`` passes the first folder's day on as
+   ``WCOJ_EPOCH_START``);
 2. asks the landing sensor which epochs are new — the same code the daemon runs — and runs
-   ``wcoj_epoch_job`` for each, in order, on a real Dagster instance (``<root>/dagster``), so
-   runs, materializations and check results are stored where ``make ui`` shows them;
+   ``wcoj_epoch_job`` for each, in order, on a real Dagster instance (``<root>/dagster``: SQLite,
+   with the settings of `wcoj_assets.instance.dagster_env`), so runs, materializations and check
+   results are stored where ``make ui`` shows them;
 3. prints a line per epoch and ends with ``demo: <E> epochs, <C> checks passed, <F> failed``;
    the exit status is non-zero when a check failed or a run did not succeed.
 
@@ -16,6 +20,7 @@ The demo's root (default ``.wcoj``) is cleared first, so every demo starts from 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import shutil
 import sys
@@ -23,18 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-DAGSTER_YAML = """\
-# The demo's instance. Under `make ui` (dagster dev runs the daemon) queued runs of epochs run one
-# at a time, oldest first: each epoch's arrangements build on the previous epoch's.
-concurrency:
-  runs:
-    tag_concurrency_limits:
-      - key: "wcoj/serial"
-        limit: 1
-telemetry:
-  enabled: false
-"""
-
+from wcoj_assets.instance import dagster_env, prepare_home
 
 SENSOR = "wcoj_landing_sensor"
 
@@ -42,14 +36,14 @@ SENSOR = "wcoj_landing_sensor"
 QUIET_RUN = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
-def prepare_home(root: Path) -> Path:
-    """Create the demo's Dagster home (with its dagster.yaml) and return it."""
-    home = root / "dagster"
-    home.mkdir(parents=True, exist_ok=True)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        config.write_text(DAGSTER_YAML)
-    return home
+def demo_start(epochs: int, today: dt.date | None = None) -> str:
+    """The first epoch's day: `epochs` days before `today` (UTC's), so the last is yesterday.
+
+    >>> demo_start(5, dt.date(2024, 3, 6))
+    '2024-03-01'
+    """
+    today = today or dt.datetime.now(dt.UTC).date()
+    return (today - dt.timedelta(days=epochs)).isoformat()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.rmtree(root, ignore_errors=True)
     landing, storage = root / "landing", root / "state"
     os.environ["DAGSTER_HOME"] = str(prepare_home(root))
+    os.environ.update(dagster_env())  # this process creates and executes the runs
 
     # Imported here: the instance reads DAGSTER_HOME, and Spark starts only when asked.
     from dagster import DagsterEventType, DagsterInstance, build_sensor_context
@@ -77,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     spark = session(args.master, quiet=True)
     started = time.perf_counter()
+    start = demo_start(args.epochs)
     keys = generate_landing(
         spark,
         str(landing),
@@ -85,10 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         epochs=args.epochs,
         delete_fraction=args.delete_fraction,
+        start=start,
     )
-    print(f"landed {len(keys)} epochs under {landing / 'edge'}", flush=True)
+    print(f"landed {len(keys)} epochs from {start} under {landing / 'edge'}", flush=True)
 
-    defs = build_definitions(storage=str(storage), landing=str(landing), spark_master=args.master)
+    defs = build_definitions(
+        storage=str(storage), landing=str(landing), spark_master=args.master, start=start
+    )
     instance = DagsterInstance.get()
     sensor = defs.resolve_sensor_def(SENSOR)
     context = build_sensor_context(instance=instance, resources=defs.resources)

@@ -11,7 +11,14 @@ triples of the epoch.
 A folder whose name is not a well-formed epoch key is never read: `epoch_folders` reports it
 separately, and `landed_files` refuses a malformed key before building any path from it.
 Listing goes through `upath.UPath`, so local paths and any fsspec URL work without Spark (the
-sensor runs in a process that has no JVM).
+sensor runs in a process that has no JVM). Which folders are epochs depends on the code location's
+first day (`wcoj_assets.epochs.Epochs`); `landed_files` only requires a well-formed date.
+
+An **undirected** binary relation lands as a plain edge list: each change ``(a, b, diff)`` once,
+in either direction. Read with ``undirected=True``, both readers return its changes symmetric
+and loop-free, as ``wcoj apply --undirected`` reads them: every change also as ``(b, a, diff)``,
+and every self-loop ``(a, a, diff)`` dropped and counted (`Read.loops`), so the caller can warn.
+An edge landed in both directions is thus counted twice.
 """
 
 from __future__ import annotations
@@ -19,11 +26,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from upath import UPath
 
-from wcoj_assets.epochs import epoch_number, is_epoch_key
+from wcoj_assets.epochs import DEFAULT_EPOCHS, Epochs, date_of_key
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -54,8 +63,13 @@ def _hidden(name: str) -> bool:
     return name.startswith(("_", "."))
 
 
-def epoch_folders(landing: str, relation: str) -> tuple[list[str], list[str]]:
-    """(well-formed epoch keys, malformed folder names) under ``<landing>/<relation>/``, sorted."""
+def epoch_folders(
+    landing: str, relation: str, epochs: Epochs = DEFAULT_EPOCHS
+) -> tuple[list[str], list[str]]:
+    """(epoch keys, other folder names) under ``<landing>/<relation>/``, each sorted.
+
+    A folder named by a date before the first epoch is not an epoch: it is among the others.
+    """
     root = UPath(landing) / relation
     if not root.is_dir():
         return [], []
@@ -64,8 +78,8 @@ def epoch_folders(landing: str, relation: str) -> tuple[list[str], list[str]]:
     for entry in root.iterdir():
         if _hidden(entry.name) or not entry.is_dir():
             continue
-        (good if is_epoch_key(entry.name) else bad).append(entry.name)
-    return sorted(good, key=epoch_number), sorted(bad)
+        (good if epochs.is_key(entry.name) else bad).append(entry.name)
+    return sorted(good, key=epochs.number), sorted(bad)
 
 
 def _stat(path: UPath) -> tuple[int, float]:
@@ -78,7 +92,7 @@ def _stat(path: UPath) -> tuple[int, float]:
 
 def landed_files(landing: str, relation: str, key: str) -> Landing:
     """The files of one relation at one epoch (none when the folder does not exist)."""
-    epoch_number(key)  # refuse anything that is not an epoch key before touching a path
+    date_of_key(key)  # refuse anything that is not a date before touching a path
     folder = UPath(landing) / relation / key
     if not folder.is_dir():
         return Landing((), ())
@@ -107,42 +121,95 @@ def fingerprint(files: Sequence[LandedFile]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def read_changes(
-    spark: SparkSession, files: Sequence[LandedFile], arity: int, relation: str
-) -> DataFrame | None:
-    """The union of the files' update rows (c0.., diff); None when there are no files.
+@dataclass(frozen=True, slots=True)
+class Read(Generic[T]):
+    """What a reader read (None: nothing to read, or not this way) and the self-loops it
+    dropped from an undirected relation."""
 
-    Raises `wcoj_core.errors.InputError` for a file that is not a well-formed relation.
+    rows: T | None
+    loops: int = 0
+
+
+def read_changes(
+    spark: SparkSession,
+    files: Sequence[LandedFile],
+    arity: int,
+    relation: str,
+    *,
+    undirected: bool = False,
+) -> Read[DataFrame]:
+    """The union of the files' update rows (c0.., diff); no rows when there are no files.
+
+    Raises `wcoj_core.errors.InputError` for a file that is not a well-formed relation. An
+    `undirected` relation's rows come back symmetric and loop-free; counting its self-loops
+    costs one Spark job (the files are valid by then: `read_relation` checked them).
     """
+    from pyspark.sql import functions as F
+
+    from wcoj_core import linear
     from wcoj_core.sources import read_relation
 
     frames = [read_relation(spark, f.path, arity, relation) for f in files]
     if not frames:
-        return None
+        return Read(None)
     total = frames[0]
     for frame in frames[1:]:
         total = total.unionByName(frame)
-    return total
+    if not undirected:
+        return Read(total)
+    loops = total.where(F.col("c0") == F.col("c1")).count()
+    return Read(linear.symmetrize().apply(total), loops)
 
 
 def read_changes_locally(
-    files: Sequence[LandedFile], arity: int, relation: str, max_rows: int
-) -> pa.Table | None:
+    files: Sequence[LandedFile],
+    arity: int,
+    relation: str,
+    max_rows: int,
+    *,
+    undirected: bool = False,
+) -> Read[pa.Table]:
     """The files' update rows (c0.., diff) read by pyarrow, when every file can be so read.
 
     That is: every file is a local Parquet file (or folder) that
     `wcoj_core.sources.read_relation_locally` takes, and they hold at most `max_rows` rows
-    together. Else None, and `read_changes` reads them with Spark (and reports their errors).
+    together (an undirected relation's, once made symmetric). Else no rows, and `read_changes`
+    reads them with Spark (and reports their errors).
     """
     import pyarrow as pa
 
     from wcoj_core.sources import read_relation_locally
 
+    if undirected:
+        max_rows //= 2  # each change comes back in both directions
     tables: list[pa.Table] = []
     for f in files:
         table = read_relation_locally(f.path, arity, relation, max_rows)
         if table is None:
-            return None
+            return Read(None)
         max_rows -= table.num_rows
         tables.append(table)
-    return pa.concat_tables(tables) if tables else None
+    if not tables:
+        return Read(None)
+    total = pa.concat_tables(tables)
+    if not undirected:
+        return Read(total)
+    symmetric, loops = symmetric_table(total)
+    return Read(symmetric, loops)
+
+
+def symmetric_table(table: pa.Table) -> tuple[pa.Table, int]:
+    """A binary relation's rows (c0, c1, diff) in both directions, self-loops dropped; and how
+    many self-loops there were. The same rows as `wcoj_core.linear.symmetrize` gives on Spark.
+
+    >>> import pyarrow as pa
+    >>> rows, loops = symmetric_table(pa.table({"c0": [1, 3], "c1": [2, 3], "diff": [1, -1]}))
+    >>> rows.to_pylist(), loops
+    ([{'c0': 1, 'c1': 2, 'diff': 1}, {'c0': 2, 'c1': 1, 'diff': 1}], 1)
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kept = table.filter(pc.not_equal(table["c0"], table["c1"]))
+    back = pa.table([kept["c1"], kept["c0"], kept["diff"]], names=["c0", "c1", "diff"])
+    return pa.concat_tables([kept, back]), table.num_rows - kept.num_rows

@@ -1,7 +1,8 @@
 """The landing zone: an update stream laid out as one folder per epoch.
 
 Contract: `write_epochs` takes update triples ``(c0 .. c{k-1}, time, diff)`` and, for every time
-``n`` present in the stream, publishes ``<landing>/<relation>/<epoch key of n>/part-0.<ext>``:
+``n`` present in the stream, publishes ``<landing>/<relation>/<epoch key of n>/part-0.<ext>``
+(the key of ``n`` is the day ``n`` days after `start`, the code location's first epoch):
 exactly one plain file holding that epoch's updates as the columns ``c0 .. c{k-1}, diff`` (long
 integers; the time is the folder's epoch, so the file carries none). ``fmt="csv"`` writes CSV
 with the header row ``c0,...,diff``; the default is Parquet. Both read back with
@@ -33,7 +34,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from wcoj_assets.epochs import epoch_key
+from wcoj_assets.epochs import EPOCH_START, Epochs
 from wcoj_core.errors import WcojError
 from wcoj_core.generate import generate
 from wcoj_core.replay import epoch_stream
@@ -63,13 +64,16 @@ def write_epochs(
     relation: str,
     stream: DataFrame,
     fmt: str = "parquet",
+    start: str = EPOCH_START,
 ) -> list[str]:
     """Publish `stream` under ``<landing>/<relation>/`` as one folder per epoch.
 
-    Returns the epoch keys written, oldest first. `spark` is the session `stream` belongs to;
-    the stream carries it, so the writer only takes it to match the other landing functions.
+    Returns the epoch keys written, oldest first (time ``n`` is the day ``n`` days after
+    `start`). `spark` is the session `stream` belongs to; the stream carries it, so the writer
+    only takes it to match the other landing functions.
     """
     form = _landing_format(fmt)
+    epochs = Epochs(start)
     if not relation or relation.startswith((".", "_")) or "/" in relation or os.sep in relation:
         raise LandingError(
             f"relation {relation!r}: a relation name must be a plain folder name "
@@ -95,7 +99,7 @@ def write_epochs(
         else:
             writer.parquet(str(spark_out))
         parts = _spark_parts(spark_out, relation)
-        keys = [epoch_key(n) for n in parts]
+        keys = [epochs.key(n) for n in parts]
         for key in keys:
             _check_folder(target / key, form.file_name)
         for key, part in zip(keys, parts.values(), strict=True):
@@ -116,11 +120,13 @@ def generate_landing(
     delete_fraction: float = 0.2,
     relation: str = "edge",
     fmt: str = "parquet",
+    start: str = EPOCH_START,
 ) -> list[str]:
-    """Land an undirected R-MAT graph as `epochs` epochs of inserts and deletions."""
+    """Land an undirected R-MAT graph as `epochs` epochs of inserts and deletions, the first on
+    the day `start`. Every change is landed in both directions (a directed relation)."""
     graph = generate(spark, f"rmat:scale={scale},edges={edges},seed={seed}")
     stream = epoch_stream(graph, epochs, delete_fraction, seed, undirected=True)
-    return write_epochs(spark, landing, relation, stream, fmt)
+    return write_epochs(spark, landing, relation, stream, fmt, start)
 
 
 def _landing_format(fmt: str) -> LandingFormat:

@@ -68,10 +68,10 @@ class WcojResource(ConfigurableResource):
         description="Run the binary-join correctness check on epochs divisible by this.",
     )
 
-    keyed: bool = Field(
-        default=True,
-        description="Run the steps of an epoch changing few rows on the driver's keyed index "
-        "(a local state only); false keeps every step on Spark.",
+    deployment: str = Field(
+        default="auto",
+        description="Where the join kernel runs each step: auto (the driver when the state is "
+        "local and the epoch fits its limits, else Spark's executors), driver, or executors.",
     )
 
     _histories: dict[Any, Any] = PrivateAttr(default_factory=dict)
@@ -90,21 +90,17 @@ class WcojResource(ConfigurableResource):
 
     def history(self, queries: Sequence[Query]) -> History:
         """A `History` over one Engine serving all `queries` (cached for this resource)."""
-        from wcoj_core.engine import KEYED_EPOCH_ROWS, Engine
+        from wcoj_core.engine import Engine
         from wcoj_core.history import History
 
-        key = (self.storage_path(), tuple(queries), self.keyed)
+        key = (self.storage_path(), tuple(queries), self.deployment)
         if key not in self._histories:
-            # No batch cache: a single-run backfill reads every epoch's batches in one process,
-            # and with Spark's cache on the driver's heap kept growing (about 65 MB an epoch on
-            # web-NotreDame) until a 100-epoch range failed to broadcast; off, it stays flat.
             engine = Engine(
                 self.spark(),
                 self.storage_path(),
                 list(queries),
                 sizes={},
-                cache_state=False,
-                keyed_epoch_rows=KEYED_EPOCH_ROWS if self.keyed else 0,
+                deployment=self.deployment,
             )
             self._histories[key] = History(engine)
         return self._histories[key]

@@ -5,11 +5,13 @@ epoch folder holding files, requests one run of the epoch job for that partition
 first. The run key is the epoch key plus a fingerprint of the files (names, sizes, modification
 times): a replaced file — a corrected epoch — gets a new run; an unchanged folder never gets a
 second one. The cursor remembers the fingerprints already requested. A folder whose name is not
-an epoch key (``abc``, ``2020-13-01``, ``..``) is logged and skipped, never read.
+an epoch key of the code location's epochs (``abc``, ``2020-13-01``, ``..``, a day before the
+first epoch) is logged and skipped, never read.
 
 A corrected epoch is re-run alone; the outputs of later epochs are then stale (their partitions
-depend on the previous epoch) and a backfill from the corrected epoch brings them back to what
-they would have been had the correct data arrived on time.
+depend on the previous epoch) and the automation sensor of `wcoj_assets.provenance` (or a
+backfill from the corrected epoch, by hand) brings them back to what they would have been had
+the correct data arrived on time.
 
 Epochs must run in order: an epoch's arrangements build on the previous epoch's. The requests are
 made oldest first and every run of the job carries the tag ``wcoj/serial=epochs``; limit that tag
@@ -39,14 +41,16 @@ from dagster import (
     sensor,
 )
 
-from wcoj_assets.epochs import epoch_number
+from wcoj_assets.epochs import Epochs
 from wcoj_assets.intake import epoch_folders, fingerprint, landed_files
 from wcoj_assets.resources import WcojResource
 
 SERIAL_TAG = "wcoj/serial"
 
 
-def landing_sensor(*, job: Any, relations: Sequence[str], interval: int = 30) -> Any:
+def landing_sensor(
+    *, job: Any, relations: Sequence[str], epochs: Epochs, interval: int = 30
+) -> Any:
     """The sensor ``wcoj_landing_sensor`` requesting `job` runs for new epoch folders."""
 
     @sensor(
@@ -63,16 +67,16 @@ def landing_sensor(*, job: Any, relations: Sequence[str], interval: int = 30) ->
         landing = wcoj.landing_path()
         keys: set[str] = set()
         for rel in relations:
-            good, bad = epoch_folders(landing, rel)
+            good, bad = epoch_folders(landing, rel, epochs)
             keys.update(good)
             for name in bad:
                 context.log.warning(
                     f"skipping {landing}/{rel}/{name}: not an epoch key (YYYY-MM-DD, from "
-                    "2020-01-01); rename the folder to ingest it"
+                    f"{epochs.start}); rename the folder to ingest it"
                 )
         requested: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
         requests: list[RunRequest] = []
-        for key in sorted(keys, key=epoch_number):
+        for key in sorted(keys, key=epochs.number):
             files = [f for rel in relations for f in landed_files(landing, rel, key).files]
             if not files:
                 continue

@@ -4,7 +4,8 @@ A `QuerySpec` names a query, gives its text and lists its input relations. `Topo
 plans every spec once (with no size statistics, so the plans are the same at definition time and
 at run time) and derives what the Dagster assets need:
 
-* the relations and their arities, and the counts arrangements the plans read, each once however
+* the relations and their arities, which binary relations are undirected (their landed changes
+  are read in both directions, see `wcoj_assets.intake`), and the counts arrangements the plans read, each once however
   many rules and queries read it (self views are the relation's own trace: no asset of their own);
 * for each delta rule, which assets it reads and at which epoch offset: atoms before the delta
   atom are read *new* (offset 0, the state at ``t``), atoms after it *old* (offset -1, the state
@@ -21,7 +22,7 @@ at run time) and derives what the Dagster assets need:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from wcoj_core.errors import QueryError
@@ -81,6 +82,20 @@ def query_deltas_asset_name(query: str) -> str:
     return f"{query}_deltas"
 
 
+def head_columns(query: Query) -> list[str]:
+    """The names a query's output columns (stored as ``c0 ..``) take for readers: its head
+    variables; a repeated variable, or one named like the ``diff`` or ``time`` column, gets its
+    position appended.
+
+    >>> head_columns(parse_query("q(a, b, a, diff) :- r(a, b, diff)"))
+    ['a', 'b', 'a_2', 'diff_3']
+    """
+    names: list[str] = []
+    for i, v in enumerate(query.head):
+        names.append(v.name if v.name not in {*names, "diff", "time"} else f"{v.name}_{i}")
+    return names
+
+
 # -- the topology --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Topology:
@@ -91,10 +106,23 @@ class Topology:
     plans: dict[str, Plan] = field(compare=False)
     relations: dict[str, int] = field(compare=False)
     counts: tuple[Arrangement, ...] = field(compare=False)
+    undirected: frozenset[str] = frozenset()
 
     @staticmethod
-    def of(specs: Sequence[QuerySpec]) -> Topology:
-        """Parse and plan `specs`; refuse clashing names and undeclared relations."""
+    def of(specs: Sequence[QuerySpec], undirected: Iterable[str] = ()) -> Topology:
+        """Parse and plan `specs`; refuse clashing names and undeclared relations.
+
+        `undirected` names binary relations whose landed changes are edges in no particular
+        direction: a relation is undirected for every query that reads it, so it is given once
+        here rather than per spec.
+
+        >>> Topology.of(DEFAULT_SPECS, undirected=["edge"]).undirected
+        frozenset({'edge'})
+        >>> Topology.of(DEFAULT_SPECS, undirected=["edges"])
+        Traceback (most recent call last):
+          ...
+        wcoj_core.errors.QueryError: undirected relation 'edges' is read by no query (the relations are edge)
+        """
         if not specs:
             raise QueryError("no query specs given; pass at least one QuerySpec")
         queries: list[Query] = []
@@ -128,8 +156,24 @@ class Topology:
                 if a.kind is Kind.COUNTS:
                     seen.setdefault(a, None)
         counts = tuple(sorted(seen, key=counts_asset_name))
+        for rel in undirected:
+            if rel not in relations:
+                raise QueryError(
+                    f"undirected relation {rel!r} is read by no query (the relations are "
+                    f"{', '.join(sorted(relations))})"
+                )
+            if relations[rel] != 2:
+                raise QueryError(
+                    f"undirected relation {rel!r} has arity {relations[rel]}; only a binary "
+                    "relation can be undirected"
+                )
         topo = Topology(
-            tuple(specs), tuple(queries), plans, dict(sorted(relations.items())), counts
+            tuple(specs),
+            tuple(queries),
+            plans,
+            dict(sorted(relations.items())),
+            counts,
+            frozenset(undirected),
         )
         topo._check_names()
         return topo

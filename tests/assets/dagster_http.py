@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from wcoj_assets.instance import dagster_env
+
 PROJECT = Path(__file__).resolve().parents[2]
 WEBSERVER = Path(sys.executable).with_name("dagster-webserver")
 DAGSTER = Path(sys.executable).with_name("dagster")
@@ -178,13 +180,15 @@ def running_webserver(
 ) -> Iterator[Webserver]:
     """Start the webserver with the instance in `home`; yield once the server answers.
 
-    `program` ``dagster`` with `arguments` ``("dev",)`` starts the webserver and the daemon.
+    `program` ``dagster`` with `arguments` ``("dev",)`` starts the webserver and the daemon. They
+    and every process they start (code server, run workers) have `dagster_env`'s settings, as
+    under ``make ui``.
     """
     home.mkdir(parents=True, exist_ok=True)
     (home / "dagster.yaml").write_text(instance_yaml)
     port = free_port()
     log = home / "webserver.log"
-    env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **dagster_env(), "DAGSTER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     command = [str(program), *arguments, "-h", "127.0.0.1", "-p", str(port), *load]
     with log.open("wb") as sink:
         process = subprocess.Popen(

@@ -23,9 +23,9 @@ from dagster import Failure
 from pyspark.sql import SparkSession
 from wcoj_support import Changes, Pipeline, checks, failures, materializations, oracle
 
-from wcoj_assets.epochs import epoch_key
+from wcoj_assets.epochs import Epochs, epoch_key
 from wcoj_assets.steps import epochs_of
-from wcoj_core.arrangement import relation_trace_name
+from wcoj_core.traces import relation_trace_name
 
 FIRST: Changes = [
     (edge, 1) for a, b in ((1, 2), (2, 3), (1, 3), (3, 4)) for edge in ((a, b), (b, a))
@@ -138,7 +138,7 @@ def test_a_bad_landed_file_fails_the_check_and_writes_nothing(
 @pytest.mark.parametrize("key", ["..", "../2020-01-02", "/2020-01-02", "/etc", "2020-02-30"])
 def test_a_malformed_partition_key_fails_the_step_before_any_path(key: str) -> None:
     with pytest.raises(Failure) as caught:
-        epochs_of(SimpleNamespace(partition_keys=[epoch_key(0), key]))
+        epochs_of(SimpleNamespace(partition_keys=[epoch_key(0), key]), Epochs())
     assert f"epoch key {key!r}" in str(caught.value.description)
 
 

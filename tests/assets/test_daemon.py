@@ -1,19 +1,24 @@
-"""`dagster dev` end to end: the sensor runs new epochs, a correction, a backfill from the UI's API.
+"""`dagster dev` end to end: the sensor runs new epochs; after a correction the automation
+sensor rebuilds the later epochs by itself; with it stopped, a backfill from the UI's API does.
 
 What `make ui` gives a user, driven the way the UI drives it: a project folder with a
 ``workspace.yaml`` loading the default code location (state and landing under ``.wcoj/`` of the
-folder), an instance limiting ``wcoj/serial`` runs to one at a time, and ``dagster dev``
-(webserver and daemon). The test lands four epochs and waits for the daemon's sensor to run each
-of them; lands a correction of epoch 1 and waits for the sensor's re-run; checks that this run
-reported ``current_history`` failed on exactly the later partitions of every derived asset; then
-launches an asset backfill of the later epochs through GraphQL (``launchPartitionBackfill``, as
-the UI's backfill dialog does), waits for the daemon to complete it (in several runs, in dependency
-order), and compares every output with the oracle over the corrected history.
+folder, epochs from ``WCOJ_EPOCH_START``), an instance limiting ``wcoj/serial`` runs to one at a
+time, and ``dagster dev`` (webserver and daemon). The test lands four epochs and waits for the
+daemon's sensor to run each of them. It lands a correction of epoch 1 and waits for the sensor's
+re-run, which reports ``current_history`` failed on exactly the later partitions of every derived
+asset; then, with no backfill launched by anyone, waits for the automation sensor's backfill to
+bring every output back to the oracle over the corrected history, each rebuilt partition
+reporting ``current_history`` passed. Last, the manual path: it stops the automation sensor (as
+the UI's toggle does), corrects epoch 2, launches an asset backfill of the later epochs through
+GraphQL (``launchPartitionBackfill``, as the UI's backfill dialog does), waits for the daemon to
+complete it (in several runs, in dependency order), and compares every output with the oracle.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +36,15 @@ from dagster_http import (
 from pyspark.sql import SparkSession
 from wcoj_support import Changes, multiset, oracle, updates, write_landing
 
-from wcoj_assets.epochs import epoch_key
-from wcoj_assets.provenance import CURRENT
+from wcoj_assets.epochs import START_ENV, Epochs
+from wcoj_assets.provenance import CURRENT, REBUILD_SENSOR
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.sensors import SERIAL_TAG
 from wcoj_assets.specs import DEFAULT_SPECS, Topology
+from wcoj_core.history import History
 
 EPOCHS = 4
+START = "2024-03-01"
 WAIT_SECONDS = 600
 
 INSTANCE_YAML = """\
@@ -88,7 +95,40 @@ query Backfill($id: String!) {
 }
 """
 
+BACKFILLS_QUERY = """
+query {
+  partitionBackfillsOrError(limit: 100) {
+    __typename
+    ... on PartitionBackfills {
+      results { id status tags { key value } runs(limit: 100) { runId status } }
+    }
+    ... on PythonError { message }
+  }
+}
+"""
+
+SENSOR_STATE_QUERY = """
+query Sensor($selector: SensorSelector!) {
+  sensorOrError(sensorSelector: $selector) {
+    __typename
+    ... on Sensor { sensorState { id status } }
+    ... on Error { message }
+  }
+}
+"""
+
+STOP_SENSOR_MUTATION = """
+mutation Stop($id: String!) {
+  stopSensor(id: $id) {
+    __typename
+    ... on StopSensorMutationResult { instigationState { status } }
+    ... on PythonError { message }
+  }
+}
+"""
+
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
+BACKFILL_RUNNING = {"REQUESTED", "CANCELING", "FAILING"}
 
 
 def sensor_runs(server: Webserver) -> list[dict[str, Any]]:
@@ -127,10 +167,56 @@ def backfill(server: Webserver, assets: set[str], partitions: list[str]) -> dict
         found = server.graphql(BACKFILL_QUERY, {"id": launched["backfillId"]})
         state = found["partitionBackfillOrError"]
         assert state["__typename"] == "PartitionBackfill", state
-        if state["status"] not in {"REQUESTED", "CANCELING", "FAILING"}:
+        if state["status"] not in BACKFILL_RUNNING:
             return state
         time.sleep(2)
     pytest.fail(f"the backfill did not finish within {WAIT_SECONDS}s:\n{server.output()}")
+
+
+def automation_backfills(server: Webserver) -> list[dict[str, Any]]:
+    """The asset backfills the automation sensor launched."""
+    found = server.graphql(BACKFILLS_QUERY)["partitionBackfillsOrError"]
+    assert found["__typename"] == "PartitionBackfills", found
+    return [
+        b
+        for b in found["results"]
+        if {"key": "dagster/sensor_name", "value": REBUILD_SENSOR} in b["tags"]
+    ]
+
+
+def wait_for_rebuild(
+    server: Webserver, state: History, expected: dict[int, Counter]
+) -> list[dict[str, Any]]:
+    """Wait until the automation's backfills ended, no partition is stale and every output is
+    the expected one; return those backfills."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while time.monotonic() < deadline:
+        launched = automation_backfills(server)
+        if (
+            launched
+            and all(b["status"] not in BACKFILL_RUNNING for b in launched)
+            and not state.stale()
+            and all(multiset(state.output("triangles", n)) == e for n, e in expected.items())
+        ):
+            return launched
+        time.sleep(5)
+    pytest.fail(f"the automation did not rebuild within {WAIT_SECONDS}s:\n{server.output()}")
+
+
+def stop_sensor(server: Webserver, location: str, repository: str, name: str) -> None:
+    """Stop a sensor as the UI's toggle does."""
+    selector = {
+        "repositoryLocationName": location,
+        "repositoryName": repository,
+        "sensorName": name,
+    }
+    found = server.graphql(SENSOR_STATE_QUERY, {"selector": selector})["sensorOrError"]
+    assert found["__typename"] == "Sensor", found
+    assert found["sensorState"]["status"] == "RUNNING", found  # running by default
+    stopped = server.graphql(STOP_SENSOR_MUTATION, {"id": found["sensorState"]["id"]})
+    result = stopped["stopSensor"]
+    assert result["__typename"] == "StopSensorMutationResult", result
+    assert result["instigationState"]["status"] == "STOPPED", result
 
 
 def current_history(events: list[dict[str, Any]]) -> dict[tuple[str, str | None], bool]:
@@ -143,17 +229,27 @@ def current_history(events: list[dict[str, Any]]) -> dict[tuple[str, str | None]
     }
 
 
-def test_sensor_correction_and_backfill_through_dagster_dev(
-    small: SparkSession, tmp_path: Path
+def correct(history: list[Changes], epoch: int, extra: list[tuple[int, int]]) -> list[Changes]:
+    """`history` with undirected edges `extra` inserted at `epoch` (both directions)."""
+    corrected = list(history)
+    corrected[epoch] = [*history[epoch], *[(e, 1) for e in extra], *[((b, a), 1) for a, b in extra]]
+    return corrected
+
+
+def test_sensor_correction_automation_and_backfill_through_dagster_dev(
+    small: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv(START_ENV, START)  # read by the code location `dagster dev` loads
+    epochs = Epochs(START)
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "workspace.yaml").write_text(WORKSPACE_YAML.format(folder=folder))
     landing = folder / ".wcoj" / "landing"
     history: list[Changes] = updates(seed=23, epochs=EPOCHS)
     for n, changes in enumerate(history):
-        write_landing(landing, n, changes, "csv")
-    keys = [epoch_key(n) for n in range(EPOCHS)]
+        write_landing(landing, n, changes, "csv", start=START)
+    keys = [epochs.key(n) for n in range(EPOCHS)]
+    topo = Topology.of(DEFAULT_SPECS)
 
     with running_webserver(
         tmp_path / "home",
@@ -163,7 +259,7 @@ def test_sensor_correction_and_backfill_through_dagster_dev(
         program=DAGSTER,
         arguments=("dev",),
     ) as server:
-        loaded_location(server, JOB)
+        location, repository = loaded_location(server, JOB)
         assets, _ = declared(server, JOB)
 
         # The daemon's sensor finds the four epochs and runs them, one at a time, in order.
@@ -171,12 +267,12 @@ def test_sensor_correction_and_backfill_through_dagster_dev(
         assert sorted(partition(r) for r in runs) == keys
         assert all(r["status"] == "SUCCESS" for r in runs), runs
         first = {r["runId"] for r in runs}
+        state = WcojResource(storage=str(folder / ".wcoj" / "state")).history(topo.queries)
 
-        # A corrected epoch 1: the sensor re-runs that epoch alone.
-        corrected = list(history)
-        extra = [(0, 7), (7, 8), (0, 8), (1, 7), (1, 8)]
-        corrected[1] = [*history[1], *[(e, 1) for e in extra], *[((b, a), 1) for a, b in extra]]
-        write_landing(landing, 1, corrected[1], "csv")
+        # A corrected epoch 1: the sensor re-runs that epoch alone, and each derived asset
+        # rebuilt at epoch 1 reports its later partitions stale.
+        corrected = correct(history, 1, [(0, 7), (7, 8), (0, 8), (1, 7), (1, 8)])
+        write_landing(landing, 1, corrected[1], "csv", start=START)
         runs = wait_for_sensor_runs(server, EPOCHS + 1)
         (rerun,) = [r for r in runs if r["runId"] not in first]
         events = run_events(server, rerun["runId"])
@@ -188,22 +284,42 @@ def test_sensor_correction_and_backfill_through_dagster_dev(
         assert {"triangles", "triangles_deltas", "triangles_rule_0", "edge_counts_c0"} <= derived
         assert stale == {(asset, key) for asset in derived for key in keys[2:]}
 
-        # The backfill of the later epochs, launched as the UI does. The daemon runs it in
-        # dependency order — a self-dependent asset never shares a run, and it requests whatever
-        # partitions are ready, so how many runs it takes varies — and each rebuilt partition
-        # reports `current_history` passed.
-        done = backfill(server, assets, keys[2:])
+        # Nobody launches a backfill: the automation sensor requests the failed partitions and
+        # the daemon rebuilds them, in dependency order, until the outputs are the oracle's.
+        expected = {n: oracle(topo, "triangles", corrected, n) for n in range(EPOCHS)}
+        launched = wait_for_rebuild(server, state, expected)
+        passed: set[tuple[str, str | None]] = set()
+        for done in launched:
+            assert done["status"] in {"COMPLETED", "COMPLETED_SUCCESS"}, (done, server.output())
+            for run in done["runs"]:
+                events = run_events(server, run["runId"])
+                assert run["status"] == "SUCCESS", failures(events)
+                passed |= {key for key, ok in current_history(events).items() if ok}
+        assert stale <= passed, stale - passed
+
+        # The manual path, with the automation stopped: a correction of epoch 2, re-run by the
+        # landing sensor, then the backfill of the later epochs launched as the UI does.
+        stop_sensor(server, location, repository, REBUILD_SENSOR)
+        automated = {b["id"] for b in automation_backfills(server)}
+        again = correct(corrected, 2, [(2, 7), (2, 8)])
+        write_landing(landing, 2, again[2], "csv", start=START)
+        runs = wait_for_sensor_runs(server, EPOCHS + 2)
+        (rerun,) = [r for r in runs if r["runId"] not in first and partition(r) == keys[2]]
+        events = run_events(server, rerun["runId"])
+        assert rerun["status"] == "SUCCESS", failures(events)
+        stale = {key for key, passed in current_history(events).items() if not passed}
+        assert stale == {(asset, keys[3]) for asset in derived}
+        done = backfill(server, assets, keys[3:])
         assert done["status"] in {"COMPLETED", "COMPLETED_SUCCESS"}, (done, server.output())
         reported = {}
         for run in done["runs"]:
             events = run_events(server, run["runId"])
             assert run["status"] == "SUCCESS", failures(events)
             reported |= current_history(events)
-        assert all(reported[(asset, key)] for asset in derived for key in keys[2:]), reported
+        assert all(reported[key] for key in stale), reported
+        assert {b["id"] for b in automation_backfills(server)} == automated
 
-    resource = WcojResource(storage=str(folder / ".wcoj" / "state"))
-    topo = Topology.of(DEFAULT_SPECS)
-    state = resource.history(topo.queries)
+    assert not state.stale()
     for n in range(EPOCHS):
-        expected = oracle(topo, "triangles", corrected, n)
-        assert multiset(state.output("triangles", n)) == expected, f"triangles at epoch {n}"
+        expected_n = oracle(topo, "triangles", again, n)
+        assert multiset(state.output("triangles", n)) == expected_n, f"triangles at epoch {n}"

@@ -28,19 +28,35 @@ IMPORT_PROBE = """
 import json, os, sys
 before = sorted(os.listdir("."))
 import wcoj_assets.definitions as d
+import wcoj_assets.component
 from pyspark import SparkContext
-print(json.dumps({
+imported = {
     "files": sorted(os.listdir(".")) == before,
     "jvm": SparkContext._gateway is not None,
     "session": SparkContext._active_spark_context is not None,
     "pandera": "pandera" in sys.modules,
-    "type": type(d.defs).__name__,
+}
+os.environ["WCOJ_EPOCH_START"] = "2024-03-01"  # read when Dagster loads the location, not before
+loaded = d.defs()
+from dagster import AssetKey
+node = loaded.resolve_asset_graph().get(AssetKey("triangles"))
+print(json.dumps({
+    **imported,
+    "type": type(loaded).__name__,
+    "first": node.partitions_def.get_first_partition_key(),
+    "files after loading": sorted(os.listdir(".")) == before,
+    "session after loading": SparkContext._active_spark_context is not None,
 }))
 """
 
 
 def test_importing_the_definitions_has_no_side_effects(tmp_path: Path) -> None:
-    env = {"PATH": str(BIN), "HOME": str(tmp_path), "WCOJ_STORAGE": "/nonexistent"}
+    env = {
+        "PATH": str(BIN),
+        "HOME": str(tmp_path),
+        "WCOJ_STORAGE": "/nonexistent",
+        "WCOJ_EPOCH_START": "not read at import",
+    }
     out = subprocess.run(
         [sys.executable, "-c", IMPORT_PROBE],
         cwd=tmp_path,
@@ -56,6 +72,9 @@ def test_importing_the_definitions_has_no_side_effects(tmp_path: Path) -> None:
         "session": False,
         "pandera": False,
         "type": "Definitions",
+        "first": "2024-03-01",
+        "files after loading": True,
+        "session after loading": False,
     }
     assert list(tmp_path.iterdir()) == []
 
@@ -182,3 +201,80 @@ def test_storage_from_an_env_var_is_read_at_run_time_only(monkeypatch) -> None:
     assert resource.landing == "/data/landing"
     monkeypatch.setenv("WCOJ_TEST_STORAGE", "/data/state")
     assert resource.process_config_and_initialize().storage == "/data/state"
+
+
+def test_epochs_start_on_the_given_day() -> None:
+    from wcoj_assets.epochs import Epochs
+
+    epochs = Epochs("2024-02-28")
+    assert [epochs.key(n) for n in (0, 1, 2)] == ["2024-02-28", "2024-02-29", "2024-03-01"]
+    assert epochs.number("2024-03-01") == 2 and not epochs.is_key("2024-02-27")
+    defs = build_definitions(start="2024-02-28")
+    for node in defs.resolve_asset_graph().asset_nodes:
+        assert node.partitions_def == epochs.partitions()
+        assert node.partitions_def.get_first_partition_key() == "2024-02-28"
+    with pytest.raises(InputError, match="first epoch '2024-02-30'"):
+        build_definitions(start="2024-02-30")
+
+
+@pytest.mark.parametrize(
+    "undirected, message",
+    [(["edges"], "read by no query"), (["other"], "read by no query")],
+)
+def test_undirected_relations_must_be_read_and_binary(undirected, message: str) -> None:
+    with pytest.raises(QueryError, match=message):
+        build_definitions(undirected=undirected)
+    ternary = [QuerySpec("t", "t(a) :- r(a, b, c)", ("r",))]
+    with pytest.raises(QueryError, match="arity 3; only a binary"):
+        build_definitions(ternary, undirected="r")
+
+
+def test_derived_assets_are_rebuilt_by_the_automation_sensor() -> None:
+    from wcoj_assets.provenance import REBUILD_SENSOR
+
+    defs = build_definitions(undirected=["edge"])
+    graph = defs.resolve_asset_graph()
+    derived = {
+        "edge_counts_c0",
+        "edge_counts_c1",
+        "triangles_rule_0",
+        "triangles_rule_1",
+        "triangles_rule_2",
+        "triangles_deltas",
+        "triangles",
+    }
+    for key in graph.get_all_asset_keys():
+        condition = graph.get(key).automation_condition
+        if key.to_user_string() in derived:
+            assert condition is not None
+            assert condition.get_label() == "rebuild what a correction left stale"
+        else:  # the relations change only when changes land
+            assert condition is None
+    sensor = defs.resolve_sensor_def(REBUILD_SENSOR)
+    assert sensor.default_status is DefaultSensorStatus.RUNNING
+    assert {k.to_user_string() for k in sensor.asset_selection.resolve(graph)} == derived
+    assert sensor.run_tags == {"wcoj/serial": "epochs"}
+    assert "Undirected" in (graph.get(AssetKey("edge_deltas")).description or "")
+
+
+def test_query_assets_declare_their_columns_and_their_io_manager() -> None:
+    from dagster import TableSchema
+
+    from wcoj_assets.outputs import OUTPUTS_IO_MANAGER
+
+    defs = build_definitions()
+    graph = defs.resolve_asset_graph()
+    assert OUTPUTS_IO_MANAGER in defs.resources
+    for name, columns in [
+        ("triangles", ["a", "b", "c", "diff"]),
+        ("triangles_deltas", ["a", "b", "c", "diff"]),
+        ("triangles_rule_1", ["a", "b", "c", "diff"]),
+        ("edge_deltas", ["c0", "c1", "diff"]),
+        ("edge_counts_c1", ["c1", "diff"]),
+    ]:
+        schema = graph.get(AssetKey(name)).metadata["dagster/column_schema"]
+        schema = schema.schema if not isinstance(schema, TableSchema) else schema
+        assert [c.name for c in schema.columns] == columns, name
+    for name in ("triangles", "triangles_deltas"):
+        assets = defs.resolve_assets_def(name)
+        assert assets.get_io_manager_key_for_asset_key(AssetKey(name)) == OUTPUTS_IO_MANAGER

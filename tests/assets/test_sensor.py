@@ -23,8 +23,8 @@ def land(root: Path, key: str, name: str = "part.csv", text: str = "a,b\n1,2\n")
     return path
 
 
-def tick(landing: Path, cursor: str | None = None):
-    defs = build_definitions(landing=str(landing))
+def tick(landing: Path, cursor: str | None = None, start: str = "2020-01-01"):
+    defs = build_definitions(landing=str(landing), start=start)
     sensor = defs.resolve_sensor_def("wcoj_landing_sensor")
     context = build_sensor_context(
         cursor=cursor,
@@ -65,6 +65,21 @@ def test_requests_good_folders_in_epoch_order_and_skips_malformed_ones(
     assert [r.partition_key for r in corrected.run_requests] == [epoch_key(2)]
     old_key = next(r.run_key for r in requests if r.partition_key == epoch_key(2))
     assert corrected.run_requests[0].run_key != old_key
+
+
+def test_epochs_count_from_the_code_locations_first_day(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    landing = tmp_path / "landing"
+    for key in ("2024-03-03", "2024-03-01", "2024-02-29"):
+        land(landing, key)
+    requests = tick(landing, start="2024-03-01").run_requests
+    assert [r.partition_key for r in requests] == ["2024-03-01", "2024-03-03"]
+    assert (
+        "edge/2024-02-29: not an epoch key (YYYY-MM-DD, from 2024-03-01)" in capfd.readouterr().err
+    )
+    # Reading a folder needs a date only; which dates are epochs is the code location's business.
+    assert [f.name for f in landed_files(str(landing), "edge", "2024-02-29").files] == ["part.csv"]
 
 
 def test_no_landing_folder_is_a_skip(tmp_path: Path) -> None:

@@ -23,6 +23,9 @@ MODULES = [
     "wcoj_assets.epochs",
     "wcoj_assets.specs",
     "wcoj_assets.intake",
+    "wcoj_assets.steps",
+    "wcoj_assets.component",
+    "wcoj_assets.demo",
     "wcoj_core.reference",
     "wcoj_assets.resources",
 ]
@@ -175,9 +178,9 @@ def test_provenance_follows_the_dependencies_the_assets_declare(
     a freshly rebuilt rule stale. Checked against `Topology.rule_reads`, which declares the deps.
     """
     from wcoj_assets.specs import QuerySpec, Topology, counts_asset_name
-    from wcoj_core.arrangement import counts_trace_name
     from wcoj_core.engine import Engine
     from wcoj_core.history import derivations, rule_trace_name
+    from wcoj_core.traces import counts_trace_name
 
     topo = Topology.of([QuerySpec("q", BUILTINS[name], ("edge",))])
     query = topo.query("q")
@@ -197,20 +200,18 @@ def test_provenance_follows_the_dependencies_the_assets_declare(
 
 
 def test_written_batches_are_checked_from_their_parquet_footers(small, tmp_path) -> None:
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from wcoj_assets.steps import batch_schema_check
     from wcoj_core.engine import Engine
     from wcoj_core.history import History
-    from wcoj_core.keyed import Layer
     from wcoj_core.query.builtins import builtin
     from wcoj_core.state import Batch
 
     h = History(Engine(small, str(tmp_path / "state"), builtin("triangles")))
     assert h.local_root is not None
-    good = h.ingest(0, "edge", Layer.build(np.array([[1, 2], [2, 1]]), np.array([1, 1])))
+    good = h.ingest(0, "edge", pa.table({"c0": [1, 2], "c1": [2, 1], "diff": [1, 1]}))
     assert batch_schema_check(h, [good], ["c0", "c1"], "edge_deltas").passed
 
     bad_dir = tmp_path / "state" / "bad"

@@ -3,11 +3,12 @@
 Imported by the test modules of this folder (``from wcoj_support import ...``); it defines no
 fixtures.
 
-`Pipeline` is the code location built for temporary folders and the test SparkSession, an
-ephemeral Dagster instance, and the `History` over the same state, so a test can run epochs the
-way the sensor or a backfill does and then read every output directly. `updates` makes epochs of
-undirected edge changes that never delete an absent edge; `oracle` evaluates a query on the
-accumulated edges with the pure-Python `naive_eval`.
+`Pipeline` is the code location built for temporary folders and the test SparkSession, a Dagster
+instance (ephemeral unless one is given), and the `History` over the same state, so a test can
+run epochs the way the sensor or a backfill does and then read every output directly. Its runs
+have the settings every process that runs the pipeline has (`wcoj_assets.instance.dagster_env`).
+`updates` makes epochs of undirected edge changes that never delete an absent edge; `oracle`
+evaluates a query on the accumulated edges with the pure-Python `naive_eval`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from dagster import AssetKey, DagsterEventType, DagsterInstance, ExecuteInProces
 from pyspark.sql import DataFrame, SparkSession
 
 from wcoj_assets.definitions import JOB_NAME, build_definitions
-from wcoj_assets.epochs import epoch_key
+from wcoj_assets.epochs import EPOCH_START, Epochs, epoch_key
+from wcoj_assets.instance import dagster_settings
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec, Topology
 from wcoj_core.history import History
@@ -70,6 +72,12 @@ def oracle(topo: Topology, query: str, history: Sequence[Changes], upto: int) ->
     return naive_eval(topo.query(query), {"edge": accumulated(history, upto)})
 
 
+def symmetric(history: Sequence[Changes]) -> list[Changes]:
+    """Edge changes landed in one direction as the undirected relation holds them: each also
+    reversed, self-loops dropped."""
+    return [[(e, d) for (a, b), d in ups if a != b for e in ((a, b), (b, a))] for ups in history]
+
+
 def multiset(df: DataFrame) -> Counter:
     out: Counter = Counter()
     for row in df.collect():
@@ -78,13 +86,20 @@ def multiset(df: DataFrame) -> Counter:
 
 
 def write_landing(
-    landing: Path, n: int, changes: Changes, fmt: str, name: str = "part", clear: bool = True
+    landing: Path,
+    n: int,
+    changes: Changes,
+    fmt: str,
+    name: str = "part",
+    clear: bool = True,
+    start: str = EPOCH_START,
 ) -> Path:
     """Write one epoch's edge changes as ``<landing>/edge/<key>/<name>.<fmt>``; return the file.
 
-    With `clear`, the epoch folder's other files are removed first (a corrected epoch).
+    With `clear`, the epoch folder's other files are removed first (a corrected epoch). Epoch
+    ``n`` is the day ``n`` days after `start`.
     """
-    folder = landing / "edge" / epoch_key(n)
+    folder = landing / "edge" / epoch_key(n, start)
     folder.mkdir(parents=True, exist_ok=True)
     if clear:
         for old in folder.iterdir():
@@ -132,26 +147,32 @@ class Pipeline:
         spark: SparkSession,
         root: Path,
         specs: Sequence[QuerySpec] = DEFAULT_SPECS,
-        keyed: bool = True,
+        deployment: str = "auto",
+        instance: DagsterInstance | None = None,
+        undirected: Sequence[str] = (),
+        start: str = EPOCH_START,
     ):
         self.spark = spark
-        self.keyed = keyed
+        self.deployment = deployment
         self.landing = root / "landing"
         self.storage = root / "state"
-        self.topology = Topology.of(specs)
+        self.topology = Topology.of(specs, undirected)
+        self.epochs = Epochs(start)
         self.defs = build_definitions(
             specs,
             storage=str(self.storage),
             landing=str(self.landing),
             spark_master=spark.sparkContext.master,
+            start=start,
+            undirected=undirected,
         )
         self.job = self.defs.resolve_job_def(JOB_NAME)
-        self.instance = DagsterInstance.ephemeral()
+        self.instance = instance if instance is not None else DagsterInstance.ephemeral()
         self.resource = WcojResource(
             master=spark.sparkContext.master,
             storage=str(self.storage),
             landing=str(self.landing),
-            keyed=keyed,
+            deployment=deployment,
         )
 
     @property
@@ -161,7 +182,7 @@ class Pipeline:
     def land(
         self, n: int, changes: Changes, fmt: str = "csv", name: str = "part", clear: bool = True
     ) -> Path:
-        return write_landing(self.landing, n, changes, fmt, name, clear)
+        return write_landing(self.landing, n, changes, fmt, name, clear, self.epochs.start)
 
     def run(
         self,
@@ -171,32 +192,31 @@ class Pipeline:
     ) -> ExecuteInProcessResult:
         """Run the epoch job for one epoch or, for ``(first, last)``, a range in one run.
 
-        A pipeline built with ``keyed=False`` adds ``keyed: false`` to every run's resource config.
+        A pipeline built with a `deployment` other than ``auto`` sets it in every run's resource
+        config.
         """
         selection = None if assets is None else [AssetKey(a) for a in assets]
-        if not self.keyed:
+        if self.deployment != "auto":
             config = dict(run_config or {})
             resources = dict(config.get("resources", {}))
             wcoj = dict(resources.get("wcoj", {}))
-            wcoj["config"] = {**wcoj.get("config", {}), "keyed": False}
+            wcoj["config"] = {**wcoj.get("config", {}), "deployment": self.deployment}
             config["resources"] = {**resources, "wcoj": wcoj}
             run_config = config
+        key = self.epochs.key
         if isinstance(epochs, int):
+            scope: dict[str, Any] = {"partition_key": key(epochs)}
+        else:
+            first, last = epochs
+            scope = {"tags": {RANGE_START: key(first), RANGE_END: key(last)}}
+        with dagster_settings():
             return self.job.execute_in_process(
-                partition_key=epoch_key(epochs),
                 instance=self.instance,
                 raise_on_error=False,
                 asset_selection=selection,
                 run_config=run_config,
+                **scope,
             )
-        first, last = epochs
-        return self.job.execute_in_process(
-            instance=self.instance,
-            raise_on_error=False,
-            asset_selection=selection,
-            run_config=run_config,
-            tags={RANGE_START: epoch_key(first), RANGE_END: epoch_key(last)},
-        )
 
     def output(self, query: str, epoch: int) -> Counter:
         return multiset(self.history.output(query, epoch))
@@ -249,6 +269,7 @@ __all__ = [
     "materializations",
     "multiset",
     "oracle",
+    "symmetric",
     "updates",
     "write_landing",
 ]

@@ -1,4 +1,5 @@
-"""Helpers for the reliability tests: running the ``wcoj`` script, watching and comparing states.
+"""Helpers for the reliability tests: running the ``wcoj`` and ``wcoj-bench`` scripts, watching and
+comparing states.
 
 Imported by the test modules of this folder (``from reliability_support import ...``).
 
@@ -24,6 +25,7 @@ from pyspark.sql import SparkSession
 from wcoj_core.state import StateStore
 
 WCOJ = Path(sys.executable).with_name("wcoj")
+WCOJ_BENCH = Path(sys.executable).with_name("wcoj-bench")
 Contents = tuple[int | None, dict[str, Counter[tuple[int, ...]]]]
 
 
@@ -37,6 +39,19 @@ def run_wcoj(
     """Run the installed ``wcoj`` script to the end."""
     return subprocess.run(
         wcoj_command(*argv), capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd
+    )
+
+
+def run_wcoj_bench(
+    *argv: str | os.PathLike[str], timeout: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``wcoj-bench`` script (its ``cluster`` command) to the end."""
+    return subprocess.run(
+        [str(WCOJ_BENCH), *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -121,4 +136,8 @@ def last_line(text: str) -> str:
 
 
 def errors(text: str) -> Sequence[str]:
-    return [line for line in text.splitlines() if line.startswith("wcoj: error:")]
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith(("wcoj: error:", "wcoj-bench: error:"))
+    ]

@@ -1,4 +1,4 @@
-"""A real Spark standalone cluster on 127.0.0.1 (`wcoj cluster`), and the same results on it.
+"""A real Spark standalone cluster on 127.0.0.1 (`wcoj-bench cluster`), and the same results on it.
 
 The module starts one two-worker cluster (`local_cluster`) for the comparisons: ``wcoj count``,
 ``wcoj replay --check`` and the Dagster pipeline (the demo's sensor-driven runs) each run against
@@ -26,16 +26,20 @@ from reliability_support import (
     output_multiset,
     relation_multiset,
     run_wcoj,
+    run_wcoj_bench,
     staged_batches,
     start_wcoj,
     wait_for,
 )
 
-from wcoj_core import cli, cluster
+from wcoj_bench import cluster
+from wcoj_core import cli
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 
 GRAPH = "rmat:scale=10,edges=6000,seed=5"
+
+pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +61,7 @@ def test_up_status_down_stop_exactly_what_was_started(
 ) -> None:
     folder = tmp_path / "mine"
     flags = ["--dir", str(folder)]
-    up = run_wcoj(
+    up = run_wcoj_bench(
         *["cluster", "up", "--workers", "1", "--memory", "1g", "--port", "0", "--ui-port", "0"],
         *[*flags, "--json"],
     )
@@ -69,20 +73,20 @@ def test_up_status_down_stop_exactly_what_was_started(
     assert record is not None and record.master == payload["master"]
     assert all(cluster.is_ours(p) for p in record.processes)
 
-    again = run_wcoj("cluster", "up", "--port", "0", "--ui-port", "0", *flags)
+    again = run_wcoj_bench("cluster", "up", "--port", "0", "--ui-port", "0", *flags)
     assert again.returncode == 2
     assert f"is running at {record.master}" in errors(again.stderr)[0]
-    status = run_wcoj("cluster", "status", *flags)
+    status = run_wcoj_bench("cluster", "status", *flags)
     assert status.returncode == 0 and "workers alive: 1" in status.stdout
 
-    down = run_wcoj("cluster", "down", *flags, "--json")
+    down = run_wcoj_bench("cluster", "down", *flags, "--json")
     assert down.returncode == 0, down.stderr
     assert json.loads(last_line(down.stdout))["stopped"] == 2
     assert not any(cluster.is_ours(p) for p in record.processes)
     assert cluster.Cluster.load(folder) is None
     # The other cluster was not touched.
     assert alive(local_cluster.ui) == 2
-    gone = run_wcoj("cluster", "down", *flags)
+    gone = run_wcoj_bench("cluster", "down", *flags)
     assert gone.returncode == 2 and "no cluster was started" in errors(gone.stderr)[0]
 
 
@@ -96,7 +100,7 @@ def test_down_leaves_a_process_that_is_not_its_own(tmp_path: Path) -> None:
             (cluster.Process("master", other.pid, "m.log"), cluster.Process("worker-1", 1, "")),
         )
         tmp_path.joinpath(cluster.RECORD).write_text(fake.to_json())
-        down = run_wcoj("cluster", "down", "--dir", str(tmp_path))
+        down = run_wcoj_bench("cluster", "down", "--dir", str(tmp_path))
         assert down.returncode == 0, down.stderr
         assert f"master pid {other.pid}: already gone" in down.stdout
         assert other.poll() is None, "a process wcoj did not start was stopped"
@@ -111,7 +115,7 @@ def test_up_refuses_bad_settings_before_starting_anything(tmp_path: Path) -> Non
         (["--memory", "lots"], "--memory takes a size"),
         (["--cores", "0"], "--cores must be at least 1"),
     ]:
-        done = run_wcoj("cluster", "up", "--dir", str(tmp_path / "c"), *flags)
+        done = run_wcoj_bench("cluster", "up", "--dir", str(tmp_path / "c"), *flags)
         assert done.returncode == 2 and fragment in errors(done.stderr)[0]
     assert not (tmp_path / "c").exists()
 
@@ -120,7 +124,7 @@ def test_count_on_the_cluster_equals_local(
     spark: SparkSession, local_cluster: cluster.Cluster, tmp_path: Path
 ) -> None:
     args = ["count", "--query", "triangles", "--input", f"edge={GRAPH}", "--undirected", "edge"]
-    # The cluster evaluates on Spark's path (its executors at work); locally, the keyed path.
+    # On the cluster the kernel runs in its executors; locally, on the driver.
     remote = run_wcoj(
         *args,
         "--master",
@@ -128,7 +132,8 @@ def test_count_on_the_cluster_equals_local(
         "--state",
         tmp_path / "remote",
         "--json",
-        "--no-keyed",
+        "--deploy",
+        "executors",
     )
     assert remote.returncode == 0, remote.stderr
     assert cli.main([*args, "--state", str(tmp_path / "local")]) == 0
@@ -146,9 +151,15 @@ def test_replay_check_on_the_cluster_equals_local(
         *["replay", "--query", "triangles", "--input", f"edge={GRAPH}", "--undirected", "edge"],
         *["--epochs", "4", "--delete-fraction", "0.2", "--seed", "3", "--check", "--json"],
     ]
-    # As for count: Spark's path on the cluster, the keyed path locally.
+    # As for count: the cluster's executors, then the driver locally.
     remote = run_wcoj(
-        *args, "--master", local_cluster.master, "--state", tmp_path / "remote", "--no-keyed"
+        *args,
+        "--master",
+        local_cluster.master,
+        "--state",
+        tmp_path / "remote",
+        "--deploy",
+        "executors",
     )
     assert remote.returncode == 0, remote.stderr
     assert json.loads(last_line(remote.stdout))["check"] == "passed"
@@ -193,7 +204,8 @@ def test_a_killed_worker_costs_time_not_results(spark: SparkSession, tmp_path: P
         args = [
             *["replay", "--query", "triangles", "--input", "edge=rmat:scale=11,edges=20000,seed=9"],
             *["--undirected", "edge", "--epochs", "4", "--delete-fraction", "0.2", "--check"],
-            "--no-keyed",  # the executors must be at work when the worker dies
+            "--deploy",
+            "executors",  # the executors must be at work when the worker dies
         ]
         proc = start_wcoj(*args, "--master", own.master, "--state", state, "--json")
         engine = state / "engine"

@@ -103,9 +103,9 @@ def test_a_killed_driver_leaves_the_state_as_before(
 ) -> None:
     state = fresh_copy(world, tmp_path)
     before = manifest_files(state)
-    # The keyed path stages its batches in milliseconds, too fast to kill between two of them;
-    # Spark's path is slow enough. Both stage and commit through the same manifest protocol.
-    proc = start_wcoj(*world.apply_args(state), "--no-keyed")
+    # The driver stages its batches in milliseconds, too fast to kill between two of them; the
+    # executors' job is slow enough. Both stage and commit through the same manifest protocol.
+    proc = start_wcoj(*world.apply_args(state), "--deploy", "executors")
     wait_for(
         lambda: len(staged_batches(state, 1)) >= staged or proc.poll() is not None,
         f"{staged} staged batches of epoch 1",

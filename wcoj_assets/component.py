@@ -1,0 +1,134 @@
+"""`WcojComponent`: the wcoj pipeline as a Dagster component, configured by a ``defs.yaml``.
+
+A component's attributes are the arguments of `wcoj_assets.definitions.build_definitions`, which
+builds its definitions (nothing is built twice)::
+
+    type: wcoj_assets.component.WcojComponent
+    attributes:
+      relations:
+        - {name: edge, arity: 2}
+      queries:
+        - {name: triangles, query: triangles}          # a built-in query, by name
+        - name: wedges                                 # or query text
+          query: "w(a, b, c) :- edge(a, b), edge(b, c), a < c"
+      undirected: [edge]       # landed as edges in no direction: read both ways, loops dropped
+      landing: data/landing    # <landing>/<relation>/<YYYY-MM-DD>/<files>
+      storage: data/state
+      start: "2024-03-01"      # epoch n is the day n days after this one
+      spark_master: "local[*]"
+      spark_conf: {spark.driver.memory: 4g}
+
+Every relation a query reads must be declared with its arity, and every declared relation read
+by some query. Relative paths are relative to the working directory of the process running a
+step (as for the ``wcoj`` resource); ``{{ env.NAME }}`` in a value is replaced when the
+component is loaded. The package registers this module for ``dg`` (the
+``dagster_dg_cli.registry_modules`` entry point), so ``dg list components`` shows the component
+and ``dg check yaml`` checks a ``defs.yaml`` against its attributes.
+
+Loading the component parses and plans the queries; like `build_definitions`, it touches no file
+and starts no Spark.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+from pydantic import Field
+
+from wcoj_assets.definitions import build_definitions
+from wcoj_assets.epochs import EPOCH_START
+from wcoj_assets.specs import QuerySpec
+from wcoj_core.errors import QueryError
+from wcoj_core.query.builtins import BUILTINS
+from wcoj_core.query.parse import parse_query
+
+
+class RelationModel(dg.Model):
+    """A relation that changes every epoch."""
+
+    name: str = Field(description="The relation's name, as queries use it (edge).")
+    arity: int = Field(description="How many columns its tuples have (2 for an edge).")
+
+
+class QueryModel(dg.Model):
+    """A query whose output is maintained."""
+
+    name: str = Field(description="The name of the query's assets (triangles, triangles_deltas…).")
+    query: str = Field(
+        description="A built-in query by name (" + ", ".join(BUILTINS) + ") or query text, "
+        "e.g. 'tri(a, b, c) :- edge(a, b), edge(b, c), edge(a, c), a < b, b < c'."
+    )
+
+
+class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
+    """Cyclic query results (triangles, cliques…) kept up to date over daily epochs of changes."""
+
+    relations: list[RelationModel] = Field(description="The relations the queries read.")
+    queries: list[QueryModel] = Field(description="The queries to maintain.")
+    undirected: list[str] = Field(
+        default_factory=list,
+        description="Binary relations landed as edge lists in no particular direction: each "
+        "change is read as both of its directions, self-loops dropped.",
+    )
+    landing: str | None = Field(
+        default=None,
+        description="Where changes land, as <landing>/<relation>/<YYYY-MM-DD>/<files> "
+        "(default .wcoj/landing).",
+    )
+    storage: str | None = Field(
+        default=None,
+        description="The state directory: a local path or any URI Spark writes, such as "
+        "s3a://… (default .wcoj/state).",
+    )
+    spark_master: str = Field(default="local[*]", description="Spark master URL.")
+    spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
+    start: str = Field(
+        default=EPOCH_START, description="The first epoch's day (YYYY-MM-DD): epoch n is n days on."
+    )
+
+    def specs(self) -> list[QuerySpec]:
+        """The query specs, checked against the declared relations.
+
+        >>> WcojComponent(
+        ...     relations=[RelationModel(name="edge", arity=3)],
+        ...     queries=[QueryModel(name="t", query="triangles")],
+        ... ).specs()
+        Traceback (most recent call last):
+          ...
+        wcoj_core.errors.QueryError: query 't' reads relation 'edge' with arity 2, but it is declared with arity 3
+        """
+        declared = {r.name: r.arity for r in self.relations}
+        if any(arity < 1 for arity in declared.values()):
+            raise QueryError("a relation's arity is 1 or more")
+        if len(declared) != len(self.relations):
+            raise QueryError("a relation is declared twice; declare each relation once")
+        specs: list[QuerySpec] = []
+        for q in self.queries:
+            text = BUILTINS.get(q.query, q.query)
+            used = parse_query(text).relations
+            for rel, arity in used.items():
+                if rel not in declared:
+                    raise QueryError(
+                        f"query {q.name!r} reads relation {rel!r}, which is not declared; add "
+                        f"{{name: {rel}, arity: {arity}}} to relations"
+                    )
+                if declared[rel] != arity:
+                    raise QueryError(
+                        f"query {q.name!r} reads relation {rel!r} with arity {arity}, but it is "
+                        f"declared with arity {declared[rel]}"
+                    )
+            specs.append(QuerySpec(q.name, text, tuple(used)))
+        unread = sorted(set(declared) - {rel for s in specs for rel in s.relations})
+        if unread:
+            raise QueryError(f"relations {unread} are declared but read by no query")
+        return specs
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        return build_definitions(
+            self.specs(),
+            storage=self.storage,
+            landing=self.landing,
+            spark_master=self.spark_master,
+            spark_conf=self.spark_conf,
+            start=self.start,
+            undirected=self.undirected,
+        )
