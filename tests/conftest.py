@@ -21,6 +21,9 @@ from wcoj_core import spark as wspark
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SPARK_FIXTURES = frozenset({"spark", "small"})
+# Fixtures that start a standalone cluster: `quick` of tests/bench/test_report.py runs the
+# report's cluster parts on one of its own.
+CLUSTER_FIXTURES = frozenset({"quick"})
 
 settings.register_profile(
     "ci",
@@ -66,7 +69,11 @@ def shared_data() -> Path:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that needs the shared SparkSession ``spark``."""
+    """Mark every test that needs the shared SparkSession ``spark``, and ``cluster`` every test
+    whose fixtures start a standalone cluster."""
     for item in items:
-        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if SPARK_FIXTURES & fixtures:
             item.add_marker(pytest.mark.spark)
+        if CLUSTER_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.cluster)

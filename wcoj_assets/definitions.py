@@ -61,6 +61,9 @@ from wcoj_assets.specs import (
 
 JOB_NAME = "wcoj_epoch_job"
 MASTER_ENV = "WCOJ_SPARK_MASTER"
+# How often (seconds) the default code location's sensors look for new epochs and stale ones.
+SENSOR_ENV = "WCOJ_SENSOR_SECONDS"
+SENSOR_SECONDS = 30
 
 
 def build_definitions(
@@ -72,6 +75,7 @@ def build_definitions(
     spark_conf: Mapping[str, str] | None = None,
     start: str = EPOCH_START,
     undirected: Sequence[str] = (),
+    sensor_seconds: int = SENSOR_SECONDS,
 ) -> Definitions:
     """Definitions maintaining every query of `specs` over shared arrangements.
 
@@ -79,7 +83,8 @@ def build_definitions(
     directory of the process running a step; either may be a `dagster.EnvVar`. Epoch ``n`` is
     the day ``n`` days after `start` (``YYYY-MM-DD``). The binary relations named in
     `undirected` land as edge lists in no particular direction: their changes are read in both
-    directions, self-loops dropped (`wcoj_assets.intake`).
+    directions, self-loops dropped (`wcoj_assets.intake`). The landing and automation sensors
+    tick at most every `sensor_seconds`.
     """
     if isinstance(undirected, str):
         undirected = (undirected,)
@@ -96,6 +101,7 @@ def build_definitions(
             landing,
             spark_master,
             spark_conf,
+            sensor_seconds,
         )
 
 
@@ -106,6 +112,7 @@ def _build(
     landing: str | None,
     spark_master: str,
     spark_conf: Mapping[str, str] | None,
+    sensor_seconds: int,
 ) -> Definitions:
     queries = topo.queries
     assets = [
@@ -156,8 +163,12 @@ def _build(
         asset_checks=checks,
         jobs=[job],
         sensors=[
-            landing_sensor(job=job, relations=list(topo.relations), epochs=epochs),
-            rebuild_sensor(derived, run_tags={SERIAL_TAG: "epochs"}),
+            landing_sensor(
+                job=job, relations=list(topo.relations), epochs=epochs, interval=sensor_seconds
+            ),
+            rebuild_sensor(
+                derived, run_tags={SERIAL_TAG: "epochs"}, interval=sensor_seconds
+            ),
         ],
         schedules=[daily_schedule(job=job)],
         resources={
@@ -174,4 +185,5 @@ def defs() -> Definitions:
     return build_definitions(
         spark_master=os.environ.get(MASTER_ENV) or "local[*]",
         start=os.environ.get(START_ENV) or EPOCH_START,
+        sensor_seconds=int(os.environ.get(SENSOR_ENV) or SENSOR_SECONDS),
     )

@@ -88,15 +88,17 @@ def rebuild_condition(asset: str) -> AutomationCondition:
     ).with_label("rebuild what a correction left stale")
 
 
-def rebuild_sensor(assets: Sequence[str], run_tags: dict[str, str]) -> Any:
-    """The automation sensor evaluating `rebuild_condition` on `assets`: running by default,
-    each tick's requests as one asset backfill whose runs carry `run_tags`."""
+def rebuild_sensor(assets: Sequence[str], run_tags: dict[str, str], interval: int = 30) -> Any:
+    """The automation sensor evaluating `rebuild_condition` on `assets` at most every `interval`
+    seconds: running by default, each tick's requests as one asset backfill whose runs carry
+    `run_tags`."""
     return AutomationConditionSensorDefinition(
         REBUILD_SENSOR,
         target=AssetSelection.assets(*assets),
         default_status=DefaultSensorStatus.RUNNING,
         emit_backfills=True,
         run_tags=run_tags,
+        minimum_interval_seconds=interval,
         description="Rebuilds the partitions a corrected epoch left stale (their "
         f"`{CURRENT}` check failed), in one asset backfill run in dependency order.",
     )

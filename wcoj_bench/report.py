@@ -123,7 +123,8 @@ def commands(
     out["cluster-static"] = ["static", *static[:2], "--repeat", "3", *three, *on]
     out["cluster-epochs"] = ["epochs", *epochs, "--methods", "recompute,wcoj", *on]
     out["cluster-curve-size"] = [
-        *["curve", "size", "--input", "edge=rmat:seed=1", *size, "--methods", "wcoj"],
+        *["curve", "size", "--input", "edge=rmat:seed=1", *size],
+        *["--methods", "binary-delta,wcoj"],
         *["--conf", "spark.driver.memory=1g", "--plot", str(img / "cluster-curve-size.png"), *on],
     ]
     for part, graph in (("cluster-cliques", cliques), ("cluster-cliques-dense", dense)):

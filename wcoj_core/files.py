@@ -14,6 +14,7 @@ this interface:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -89,8 +90,9 @@ class LocalFiles:
         target = self.path / rel
         if target.is_dir():
             shutil.rmtree(target, ignore_errors=True)
-        else:
-            target.unlink(missing_ok=True)
+            return
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # nothing to delete
+            target.unlink()
 
 
 class HadoopFiles:

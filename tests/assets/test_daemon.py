@@ -36,6 +36,7 @@ from dagster_http import (
 from pyspark.sql import SparkSession
 from wcoj_support import Changes, multiset, oracle, updates, write_landing
 
+from wcoj_assets.definitions import SENSOR_ENV
 from wcoj_assets.epochs import START_ENV, Epochs
 from wcoj_assets.provenance import CURRENT, REBUILD_SENSOR
 from wcoj_assets.resources import WcojResource
@@ -240,6 +241,7 @@ def test_sensor_correction_automation_and_backfill_through_dagster_dev(
     small: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(START_ENV, START)  # read by the code location `dagster dev` loads
+    monkeypatch.setenv(SENSOR_ENV, "5")  # its sensors tick every 5 s instead of 30
     epochs = Epochs(START)
     folder = tmp_path / "project"
     folder.mkdir()

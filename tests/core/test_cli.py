@@ -702,7 +702,7 @@ def test_a_new_spark_session_is_announced_on_stderr(
     assert capsys.readouterr().err == "", "the running session is reused silently"
     with monkeypatch.context() as patch:
         patch.setattr(workspace, "SparkSession", _NoActiveSession)
-        patch.setattr(workspace, "session", lambda master, quiet: fast_spark)
+        patch.setattr(workspace, "session", lambda master, conf, quiet: fast_spark)
         workspace.start_spark(None)
         workspace.start_spark("spark://127.0.0.1:7077")
     assert capsys.readouterr().err.splitlines() == [

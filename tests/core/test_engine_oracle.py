@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import pytest
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 from strategies import Rel, queries, signed_difference, updates
@@ -189,11 +189,12 @@ def test_the_example_query_with_constants_repeats_and_filters(
         run_and_compare(small, state, query, epochs, None, deployment)
 
 
+@settings(max_examples=15)  # each example runs up to 4 epochs, most in Spark jobs
 @given(data=st.data())
 def test_driver_and_executor_epochs_interleave_and_match_the_oracle(
     small: SparkSession, tmp_path_factory, data, monkeypatch
 ) -> None:
-    """Random queries over 2-5 epochs, each epoch in a deployment drawn at random.
+    """Random queries over 2-4 epochs, each epoch in a deployment drawn at random.
 
     The driver's resident traces must follow batches the executors wrote (and the other way
     round), and a recent layer must give the same answers whether or not it was merged into
@@ -206,7 +207,7 @@ def test_driver_and_executor_epochs_interleave_and_match_the_oracle(
         st.lists(
             st.fixed_dictionaries({rel: updates(ar) for rel, ar in query.relations.items()}),
             min_size=2,
-            max_size=5,
+            max_size=4,
         ),
         label="epochs",
     )

@@ -85,7 +85,7 @@ def wait_for(
 
 def staged_batches(state: Path, epoch: int) -> list[Path]:
     """Batch directories of `epoch` under a state's traces (staged or committed)."""
-    return sorted((state / "traces").glob(f"*/b-s-{epoch}-*"))
+    return sorted((state / "traces").glob(f"*/b-*-{epoch}-*"))
 
 
 def manifest_files(state: Path) -> dict[str, str]:

@@ -96,7 +96,7 @@ def run_on_executors(
     """
     columns = work.columns()
     names = list(columns)
-    width = max(3, *(len(c) for c in columns.values()))
+    width = max([3, *(len(c) for c in columns.values())])
     direct = frozenset(work.emit) | work.distinct
     summed = frozenset(n for n in names if n not in direct)
     schema = _schema(width)

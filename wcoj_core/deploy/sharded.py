@@ -25,9 +25,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from py4j.protocol import Py4JJavaError
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
@@ -462,6 +464,15 @@ def rule_frames(
     return summed, observed
 
 
+def _observed(obs: Observation) -> dict[str, Any]:
+    """An observation's metrics; none where Spark ran no stage for it (a plan whose input it
+    proved empty is replaced by an empty relation, and its metrics row then has no schema)."""
+    try:
+        return dict(obs.get or {})
+    except Py4JJavaError:
+        return {}
+
+
 def tallies_of(
     work: Work, observed: Mapping[RuleJob, list[tuple[Phase, Observation]]]
 ) -> dict[RuleJob, RuleTally]:
@@ -471,7 +482,7 @@ def tallies_of(
         rule = work.rule(job)
         tally = RuleTally.of(rule)
         for phase, obs in marks:
-            got = obs.get or {}
+            got = _observed(obs)
             tally.joins += int(got.get("joins") or 0)
             if phase.step < 0:
                 continue
