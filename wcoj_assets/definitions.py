@@ -166,9 +166,7 @@ def _build(
             landing_sensor(
                 job=job, relations=list(topo.relations), epochs=epochs, interval=sensor_seconds
             ),
-            rebuild_sensor(
-                derived, run_tags={SERIAL_TAG: "epochs"}, interval=sensor_seconds
-            ),
+            rebuild_sensor(derived, run_tags={SERIAL_TAG: "epochs"}, interval=sensor_seconds),
         ],
         schedules=[daily_schedule(job=job)],
         resources={
