@@ -293,16 +293,14 @@ def _check_local(table: "pa.Table", cols: Sequence[str], t: int) -> tuple["pa.Ta
     """A small epoch's changes on the driver: checked as read, consolidated, checked again."""
     import numpy as np
 
-    from wcoj_core.kernel.changes import changes_layer, changes_table
-    from wcoj_core.updates import DIFF, TIME
+    from wcoj_core.updates import DIFF, TIME, consolidate_table
 
     raw = table.to_pandas()
     raw.insert(len(cols), TIME, np.full(len(raw), t, dtype=np.int64))
     errors = problems(raw, triples_schema(cols, epoch=t, local=True), Depth.FULL)
     if errors:
         return table.slice(0, 0), errors
-    layer = changes_layer(cols, table)
-    done = changes_table(cols, layer.rows, layer.diff, t)
+    done = consolidate_table(table, cols, t)
     frame = done.to_pandas()
     return done.drop_columns([TIME]).select([*cols, DIFF]), problems(
         frame, triples_schema(cols, epoch=t, unique=True, local=True), Depth.FULL

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -54,6 +55,15 @@ def consolidate(df: DataFrame, columns: Sequence[str] | None = None) -> DataFram
     keys = [*cols, TIME] if TIME in df.columns else cols
     grouped = df.groupBy(*keys) if keys else df.groupBy()
     return grouped.agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
+
+
+def consolidate_table(table: pa.Table, columns: Sequence[str], time: int) -> pa.Table:
+    """`consolidate` for an Arrow table of changes (`columns`, then ``diff``) held on the
+    driver: one row per distinct tuple, stamped with `time`, diffs summed, zeros dropped."""
+    from wcoj_core.kernel.changes import changes_layer, changes_table
+
+    layer = changes_layer(columns, table)
+    return changes_table(columns, layer.rows, layer.diff, time)
 
 
 def as_of(time: int, strict: bool = False) -> Column:

@@ -12,7 +12,8 @@ starting again from the range's first epoch), so the index built from the files 
 the latest few, and views of a shared base layer built for one index are given to its siblings.
 
 On the driver there is one `Resident` per state; inside a Spark executor's Python worker (reused
-from task to task and epoch to epoch), `resident_for` keeps one per state root.
+from task to task and epoch to epoch while it is never idle for about a minute: Spark ends
+idle Python workers), `resident_for` keeps one per state root.
 """
 
 from __future__ import annotations
