@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 from pyspark.sql import SparkSession
+from spark_support import interpreted
 
 from wcoj_core import spark as wspark
 
@@ -55,10 +56,8 @@ def spark() -> Iterator[SparkSession]:
 @pytest.fixture()
 def small(spark: SparkSession) -> Iterator[SparkSession]:
     """The session, tuned for tiny data: interpreted expressions beat compiling code per plan."""
-    previous = spark.conf.get("spark.sql.codegen.wholeStage")
-    spark.conf.set("spark.sql.codegen.wholeStage", "false")
-    yield spark
-    spark.conf.set("spark.sql.codegen.wholeStage", previous or "true")
+    with interpreted(spark):
+        yield spark
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from spark_support import interpreted
 
 from wcoj_assets.specs import DEFAULT_SPECS, Topology
 from wcoj_bench import backfill as bb
@@ -63,15 +64,10 @@ def run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         return results[-1]
 
     lines: list[str] = []
-    previous = spark.conf.get("spark.sql.codegen.wholeStage")
-    spark.conf.set("spark.sql.codegen.wholeStage", "false")  # tiny data: no code to compile
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(bb, "backfill_bench", keep)
-            patch.setattr("builtins.print", lambda *a, **_: lines.append(" ".join(map(str, a))))
-            status = bb.main(argv)
-    finally:
-        spark.conf.set("spark.sql.codegen.wholeStage", previous or "true")
+    with interpreted(spark), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bb, "backfill_bench", keep)
+        patch.setattr("builtins.print", lambda *a, **_: lines.append(" ".join(map(str, a))))
+        status = bb.main(argv)
     assert status == 0, lines
     yield Run(status, lines, json.loads(lines[-1]), results[0])
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from matplotlib import image
 from pyspark.sql import SparkSession
+from spark_support import interpreted
 
 from wcoj_bench import page, report
 
@@ -44,13 +45,9 @@ def quick(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iter
     root = tmp_path_factory.mktemp("report")
     shutil.copyfile(report.REPO_PAGE, root / "benchmarks.md")
     before = (root / "benchmarks.md").read_text()
-    previous = spark.conf.get("spark.sql.codegen.wholeStage")
-    spark.conf.set("spark.sql.codegen.wholeStage", "false")  # tiny data: interpreted is faster
     progress: list[str] = []
-    try:
+    with interpreted(spark):
         status = report.main(["--quick", "--root", str(root)], say=progress.append)
-    finally:
-        spark.conf.set("spark.sql.codegen.wholeStage", previous or "true")
     assert status == 0, progress
     yield QuickRun(root, before, (root / "benchmarks.md").read_text(), progress)
 
