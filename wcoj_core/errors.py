@@ -61,3 +61,66 @@ class EpochAlreadyApplied(StateError):
 
 class ConcurrentCommit(StateError):
     """Another writer committed the generation this one was about to commit."""
+
+
+class DamagedState(StateError):
+    """A manifest that is not what wcoj wrote: its digest does not match or its shape is wrong.
+
+    The message is one line naming the file, what is wrong and the previous generation.
+    """
+
+
+class IncompatibleState(StateError):
+    """A state written in a format this wcoj does not read (an earlier or a later one)."""
+
+
+class DamagedFile(StateError):
+    """A file named by the manifest that is missing or differs from what the manifest records.
+
+    `path` is the file, `what` says what is wrong (missing, size, header, digest).
+    """
+
+    def __init__(self, path: str, what: str) -> None:
+        self.path = path
+        self.what = what
+        super().__init__(f"{path}: {what}")
+
+
+class DamagedBatch(DamagedFile):
+    """A batch file (the source of truth of a trace) that is missing or differs from what the
+    manifest records: nothing derived from it can be trusted or rebuilt, so the epoch stops."""
+
+
+class MultiplicityOverflow(WcojError):
+    """A product or sum of multiplicities that would leave int64 (a weight of at least 2**63).
+
+    Multiplicities are 64-bit integers: an epoch whose join multiplies or sums them past that
+    range cannot be applied, rather than wrap to a wrong result. Carries `tuple` (the offending
+    data tuple as Python ints, or None when unknown), `what` (the operation, in a few words)
+    and `epoch` (None until the engine names it with `with_epoch`).
+
+    >>> e = MultiplicityOverflow("the output change", (1, 2, 3))
+    >>> str(e.with_epoch(7))
+    'multiplicity overflow in the output change at (1, 2, 3): the exact value leaves the 64-bit range of multiplicities, so epoch 7 cannot be applied (check the diffs of its changes)'
+    """
+
+    def __init__(
+        self, what: str, row: tuple[int, ...] | None = None, epoch: int | None = None
+    ) -> None:
+        self.what = what
+        self.tuple = row
+        self.epoch = epoch
+        at = "" if row is None else f" at {row}"
+        which = "the epoch" if epoch is None else f"epoch {epoch}"
+        super().__init__(
+            f"multiplicity overflow in {what}{at}: the exact value leaves the 64-bit range of "
+            f"multiplicities, so {which} cannot be applied (check the diffs of its changes)"
+        )
+
+    def with_epoch(self, epoch: int) -> MultiplicityOverflow:
+        """The same overflow, its message naming `epoch`."""
+        return MultiplicityOverflow(self.what, self.tuple, epoch)
+
+    def __reduce__(self) -> tuple[type[MultiplicityOverflow], tuple[object, ...]]:
+        # Pickled by its fields (an executor's error crossing to the driver), not its message.
+        return (MultiplicityOverflow, (self.what, self.tuple, self.epoch))

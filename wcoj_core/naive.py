@@ -206,3 +206,35 @@ def accumulate(
         if t < time or (t == time and not strict):
             total[data] += diff
     return Counter({data: d for data, d in total.items() if d != 0})
+
+
+def fold_epoch(
+    before: Mapping[tuple[int, ...], int],
+    landed: Iterable[tuple[tuple[int, ...], int]],
+    *,
+    as_set: bool,
+) -> Counter[tuple[int, ...]]:
+    """A relation after one epoch of landed ``(tuple, diff)`` changes, from its state `before`.
+
+    A bag adds each diff. A set takes, per tuple, the sum of the epoch's diffs: positive means
+    present afterwards, negative absent, zero unchanged (so landing a tuple twice is landing it
+    once, and deleting an absent tuple or inserting a present one changes nothing).
+
+    >>> fold_epoch({(1,): 1}, [((1,), 1), ((2,), 1), ((2,), 1), ((3,), -1)], as_set=True)
+    Counter({(1,): 1, (2,): 1})
+    >>> fold_epoch({(1,): 1}, [((1,), 1), ((3,), -1)], as_set=False)
+    Counter({(1,): 2, (3,): -1})
+    """
+    sums: Counter[tuple[int, ...]] = Counter()
+    for data, diff in landed:
+        sums[data] += diff
+    after: Counter[tuple[int, ...]] = Counter({k: v for k, v in before.items() if v})
+    for data, s in sums.items():
+        if as_set:
+            if s > 0:
+                after[data] = 1
+            elif s < 0:
+                after.pop(data, None)
+        else:
+            after[data] += s
+    return Counter({k: v for k, v in after.items() if v})

@@ -84,6 +84,14 @@ def cluster_defaults(master: str | None) -> dict[str, str]:
     return settings
 
 
+def active_session(master: str | None = None) -> SparkSession | None:
+    """The active session when there is one (for `master`, when given)."""
+    active = SparkSession.getActiveSession()
+    if active is not None and (master is None or active.sparkContext.master == master):
+        return active
+    return None
+
+
 def session(
     master: str | None = None,
     conf: Mapping[str, str] | None = None,

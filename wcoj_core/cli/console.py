@@ -3,8 +3,10 @@
 Contract: results go to stdout, one flushed line at a time (`say`; `emit_json` for the final JSON
 line); notes, warnings and errors go to stderr (`note`, `warn`, `error`), each folded onto one
 line. A mistake in the arguments is a `UsageError`, which `Parser` raises instead of printing
-argparse's usage block, so that it is reported like every other `WcojError`. `epilog` is the
-text each command's ``--help`` ends with: examples, then the built-in query names.
+argparse's usage block, so that it is reported like every other `WcojError`; the argument
+types `epoch_argument` and `state_argument` refuse a bad ``--epoch`` or ``--state`` the same way,
+while the arguments are parsed. `epilog` is the text each command's ``--help`` ends with:
+examples, then the built-in query names.
 
 >>> print(epilog(["wcoj explain --query triangles"]).splitlines()[1])
   wcoj explain --query triangles
@@ -14,18 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
-
-from py4j.protocol import Py4JError
-from pyspark.errors import PySparkException
 
 from wcoj_core.errors import WcojError
 from wcoj_core.query.builtins import BUILTINS
 
 PROG = "wcoj"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+MAX_EPOCH = 2**62  # epochs are stored in signed 64-bit columns, with room for arithmetic
+_WHOLE = re.compile(r"[0-9]+", re.ASCII)
 
 
 class UsageError(WcojError):
@@ -78,8 +80,45 @@ def phases(seconds: dict[str, float]) -> str:
     return " ".join(f"{name} {value:.1f}" for name, value in seconds.items())
 
 
+def epoch_argument(text: str) -> int:
+    """``--epoch``: a whole number from 0 to 2**62, as argparse's ``type=``.
+
+    Anything else is a `UsageError` (one line, raised while the arguments are parsed).
+
+    >>> epoch_argument("7"), epoch_argument(" 0 ")
+    (7, 0)
+    >>> epoch_argument("-1")
+    Traceback (most recent call last):
+      ...
+    wcoj_core.cli.console.UsageError: --epoch '-1': give a whole number from 0 to 2**62 (4611686018427387904)
+    """
+    stripped = text.strip()
+    if not _WHOLE.fullmatch(stripped) or int(stripped) > MAX_EPOCH:
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise UsageError(f"--epoch {shown!r}: give a whole number from 0 to 2**62 ({MAX_EPOCH})")
+    return int(stripped)
+
+
+def state_argument(text: str) -> str:
+    """``--state``: a directory path, as argparse's ``type=``; an empty one is a `UsageError`.
+
+    >>> state_argument("lake/tri")
+    'lake/tri'
+    >>> state_argument("")
+    Traceback (most recent call last):
+      ...
+    wcoj_core.cli.console.UsageError: --state is empty: pass a directory
+    """
+    if not text.strip():
+        raise UsageError("--state is empty: pass a directory")
+    return text
+
+
 def spark_message(exc: BaseException) -> str:
     """The first meaningful line of a Spark failure (the Java exception's, for Py4J)."""
+    from py4j.protocol import Py4JError
+    from pyspark.errors import PySparkException
+
     text = ""
     java = getattr(exc, "java_exception", None)
     if not isinstance(exc, PySparkException) and java is not None:

@@ -8,37 +8,48 @@ Contract, in the order a command uses it, everything before `read_*` without Spa
   relation the query uses. A local file must exist; a generator spec (``rmat:...``) must parse
   and feed a binary relation; changes come from files only.
 * `check_undirected` checks ``--undirected REL``: given, and binary.
+  A local path must be a regular file (a folder only for Parquet): a named pipe or a device
+  is refused from ``os.stat``, never opened.
 * `check_files` reads what is cheap to read of every local file without a JVM
-  (`wcoj_core.sources.check_locally`: readable, the CSV header, the first lines or a small file
-  whole, Parquet footers) and raises the `InputError` the Spark read would raise, with the file,
-  line and column, so that bad input is refused before Spark starts.
-* `read_inputs` reads every input as it is (the benchmarks normalize inputs themselves);
-  `read_relations` reads them as ``count`` does (undirected relations symmetric and loop-free);
-  `read_flagged` reads one and warns about tuples whose summed multiplicity is negative.
+  (`wcoj_core.local_read.check_locally`: at most the first 4 MiB of a text or CSV file, Parquet
+  footers) and raises the `InputError` the full read would raise, with the file, line and
+  column, so that bad input is refused before anything long starts.
+* Without Spark, when `needs_spark` is false (every input a local file): `read_local_relations`
+  reads the inputs as ``count`` evaluates them, `read_local_changes` the changes as ``apply``
+  applies them, both as Arrow tables (`wcoj_core.local_read.read_local`).
+* With Spark: `read_inputs` reads every input as it is (the benchmarks normalize inputs
+  themselves); `read_relations` reads them as ``count`` does (undirected relations symmetric
+  and loop-free); `read_flagged` reads one and warns about tuples whose summed multiplicity is
+  negative.
 
 Every error is a `WcojError` (`UsageError` for the syntax of an argument).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
-from urllib.parse import urlparse
+from typing import TYPE_CHECKING
 
-from pyspark.sql import DataFrame, SparkSession
+import pyarrow as pa
 
-from wcoj_core import generate, linear
 from wcoj_core.cli.console import UsageError, warn
 from wcoj_core.errors import InputError, QueryError
-from wcoj_core.query.ir import Query
-from wcoj_core.sources import (
+from wcoj_core.local_read import (
     Format,
-    canonical_undirected,
+    canonical_undirected_local,
+    check_input_file,
     check_locally,
     detect_format,
-    negative_tuples,
-    read_relation,
+    is_generator_spec,
+    is_local_input,
+    negative_tuples_local,
+    read_local,
+    symmetrize_local,
 )
+from wcoj_core.query.ir import Query
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 
 def parse_inputs(specs: Sequence[str], query: Query) -> dict[str, str]:
@@ -92,7 +103,7 @@ def parse_changes(specs: Sequence[str], query: Query) -> dict[str, str]:
             )
         if rel in changes:
             raise UsageError(f"--changes gives relation {rel!r} twice; give each relation once")
-        if generate.is_generator_spec(path):
+        if is_generator_spec(path):
             raise UsageError(f"--changes {spec!r}: changes come from a file, not a generator")
         _check_source(rel, path, query.relations[rel])
         changes[rel] = path
@@ -100,8 +111,11 @@ def parse_changes(specs: Sequence[str], query: Query) -> dict[str, str]:
 
 
 def _check_source(rel: str, path: str, arity: int) -> None:
-    """Fail fast on a generator spec that does not parse or a local file that does not exist."""
-    if generate.is_generator_spec(path):
+    """Fail fast on a generator spec that does not parse, or a local path that is missing, not
+    a regular file (a folder only for Parquet) or unreadable. A remote URI is Spark's to read."""
+    if is_generator_spec(path):
+        from wcoj_core import generate  # imports Spark's Python modules (no JVM)
+
         generate.parse_generator_spec(path)
         if arity != 2:
             raise InputError(
@@ -109,15 +123,12 @@ def _check_source(rel: str, path: str, arity: int) -> None:
                 path,
             )
         return
-    parsed = urlparse(path)
-    if parsed.scheme == "file":
-        local = parsed.path
-    elif parsed.scheme and len(parsed.scheme) > 1:
-        return  # a remote URL: Spark reports it when reading
-    else:
-        local = path
-    if not os.path.exists(local):
-        raise InputError("no such file", f"{path} (relation {rel})")
+    check_input_file(path, rel)
+
+
+def needs_spark(inputs: Mapping[str, str]) -> bool:
+    """Whether reading `inputs` needs Spark: a generator spec or a remote URI among them."""
+    return not all(is_local_input(path) for path in inputs.values())
 
 
 def check_undirected(names: Sequence[str], query: Query, inputs: Mapping[str, str]) -> set[str]:
@@ -139,10 +150,46 @@ def check_files(query: Query, inputs: Mapping[str, str]) -> None:
         check_locally(path, query.relations[rel], rel)
 
 
+def read_local_relations(
+    query: Query,
+    inputs: Mapping[str, str],
+    undirected: set[str],
+    negative: dict[str, int],
+) -> dict[str, pa.Table]:
+    """Every input as ``count`` evaluates it, read without Spark: undirected relations the
+    symmetric, loop-free set of their edges (diff 1). Tuples of a CSV or Parquet input whose
+    summed multiplicity is negative are warned about and counted in `negative`, as by
+    `read_flagged`. Every input must be local (`needs_spark` false)."""
+    relations = {}
+    for rel, path in sorted(inputs.items()):
+        table = read_local(path, query.relations[rel], rel)
+        if detect_format(path) is not Format.TEXT:
+            _warn_negative(rel, path, *negative_tuples_local(table), negative)
+        if rel in undirected:
+            table = symmetrize_local(canonical_undirected_local(table)[0])[0]
+        relations[rel] = table
+    return relations
+
+
+def read_local_changes(
+    query: Query, changes: Mapping[str, str], undirected: set[str]
+) -> dict[str, pa.Table]:
+    """Every ``--changes`` file as ``apply`` applies it, read without Spark: each change
+    ``(a, b)`` of an undirected relation also as ``(b, a)``, self-loops dropped (unconsolidated,
+    as `wcoj_core.linear.symmetrize` does)."""
+    tables = {}
+    for rel, path in sorted(changes.items()):
+        table = read_local(path, query.relations[rel], rel)
+        tables[rel] = symmetrize_local(table)[0] if rel in undirected else table
+    return tables
+
+
 def read_inputs(
     spark: SparkSession, query: Query, inputs: Mapping[str, str]
 ) -> dict[str, DataFrame]:
     """Every input, as read (callers such as the benchmarks normalize them themselves)."""
+    from wcoj_core.sources import read_relation
+
     return {
         rel: read_relation(spark, path, query.relations[rel], rel)
         for rel, path in sorted(inputs.items())
@@ -157,6 +204,9 @@ def read_relations(
     negative: dict[str, int],
 ) -> dict[str, DataFrame]:
     """Every input as ``count`` evaluates it: undirected relations symmetric and loop-free."""
+    from wcoj_core import linear
+    from wcoj_core.sources import canonical_undirected
+
     relations = {}
     for rel, path in sorted(inputs.items()):
         df = read_flagged(spark, rel, path, query.relations[rel], negative)
@@ -174,10 +224,22 @@ def read_flagged(
     Such tuples (deletions of absent tuples) are kept as signed multiplicities; their number goes
     into `negative`. Only CSV and Parquet can carry a ``diff`` column, so only they are checked.
     """
+    from wcoj_core.sources import negative_tuples, read_relation
+
     df = read_relation(spark, path, arity, rel)
-    if generate.is_generator_spec(path) or detect_format(path) is Format.TEXT:
+    if is_generator_spec(path) or detect_format(path) is Format.TEXT:
         return df
-    count, examples = negative_tuples(df)
+    _warn_negative(rel, path, *negative_tuples(df), negative)
+    return df
+
+
+def _warn_negative(
+    rel: str,
+    path: str,
+    count: int,
+    examples: Sequence[tuple[tuple[int, ...], int]],
+    negative: dict[str, int],
+) -> None:
     if count:
         negative[rel] = count
         shown = "; ".join(f"{tup} {m}" for tup, m in examples[:5])
@@ -186,4 +248,3 @@ def read_flagged(
             f"{path} (relation {rel}): {count} tuple(s) have a negative multiplicity, i.e. "
             f"delete tuples that are absent (kept as signed multiplicities): {shown}{more}"
         )
-    return df

@@ -1,28 +1,40 @@
-"""``--output FILE``: a query's tuples written to one Parquet or CSV file.
+"""``--output FILE``: a query's tuples written to one Parquet or CSV file, safely.
 
-Contract: `check_output` runs before Spark starts and accepts a local path ending in
-``.parquet`` or ``.csv`` (any case) whose folder exists and that is not a folder itself;
-anything else is a `UsageError` naming the path. `write_tuples` writes the data columns
-``c0 .. c{k-1}`` and ``diff`` of a DataFrame of update triples (a ``time`` column is dropped)
-into that file: Parquet, or CSV with a header row, the format `wcoj_core.sources` reads back.
-The rows are gathered on the driver — read straight from the engine's Parquet batch by pyarrow
-when the DataFrame is a plain scan of local files, collected through Spark otherwise — and
-written to a temporary file beside the target, then renamed over it, so a failed write leaves
-no partial file. It returns the number of rows written.
+Contract: `add_output_arguments` adds ``--output FILE`` and ``--force`` to a command.
+`check_output` runs before anything is read or computed and accepts a local path ending in
+``.parquet`` or ``.csv`` (any case) whose folder exists and is writable, and which is either new
+or, with ``--force``, an existing regular file; it never accepts one of the command's inputs,
+even with ``--force`` (the same file by ``st_dev``/``st_ino`` or by resolved path, or a path
+inside an input folder). Anything else is a `UsageError` naming the path.
+
+`write_tuples` writes the data columns ``c0 .. c{k-1}`` and ``diff`` of update triples (a
+``time`` column is dropped), given as an Arrow table or a Spark DataFrame, into that file:
+Parquet, or CSV with a header row, the format `wcoj_core.sources` reads back. The rows are
+written to a temporary file in the target's folder, created with mode ``0666 & ~umask`` (the
+kernel applies the umask, as for any new file), then moved into place: without ``--force`` by a
+hard link that fails if the target appeared meanwhile, with it by a rename. A failed write
+leaves no partial file and no scratch file. It returns the number of rows written.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import tempfile
+import stat
+import uuid
+from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pyspark.sql import DataFrame
+import pyarrow as pa
 
 from wcoj_core.cli.console import UsageError
-from wcoj_core.spark import local_parquet_files, read_local_parquet
-from wcoj_core.updates import TIME
+from wcoj_core.local_read import local_path
+from wcoj_core.traces import TIME
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 class OutputFormat(Enum):
@@ -32,8 +44,28 @@ class OutputFormat(Enum):
     CSV = ".csv"
 
 
-def check_output(path: str) -> tuple[Path, OutputFormat]:
+def add_output_arguments(p: argparse.ArgumentParser, what: str = "the output's tuples") -> None:
+    """``--output FILE`` (writing `what`) and ``--force`` (overwriting an existing FILE)."""
+    p.add_argument(
+        "--output",
+        metavar="FILE",
+        help=f"also write {what} (c0.., diff) to FILE, .parquet or .csv; a new file unless "
+        "--force is given",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="let --output replace an existing file (never one of the command's inputs)",
+    )
+
+
+def check_output(
+    path: str, *, force: bool = False, inputs: Sequence[str] = ()
+) -> tuple[Path, OutputFormat]:
     """The ``--output`` path and its format, or a `UsageError` saying what to give instead.
+
+    `inputs` are the command's input paths (``--input``, ``--changes``; generator specs and
+    remote URIs are skipped).
 
     >>> check_output("tri.CSV")[1]
     <OutputFormat.CSV: '.csv'>
@@ -47,39 +79,120 @@ def check_output(path: str) -> tuple[Path, OutputFormat]:
     kind = formats.get(target.suffix.lower())
     if kind is None:
         raise UsageError(f"--output {path}: give a path ending in .parquet or .csv")
-    if target.is_dir():
+    existing = _stat(target)
+    if existing is not None and stat.S_ISDIR(existing.st_mode):
         raise UsageError(f"--output {path}: is a directory; give a file path")
     folder = target.parent
     if not folder.is_dir():
         raise UsageError(f"--output {path}: the folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
         raise UsageError(f"--output {path}: the folder {folder} is not writable")
+    _check_not_an_input(path, target, existing, inputs)
+    if existing is not None and not stat.S_ISREG(existing.st_mode):
+        raise UsageError(f"--output {path}: exists and is not a regular file; give a file path")
+    if existing is not None and not force:
+        raise UsageError(f"--output {path}: the file exists; pass --force to replace it")
     return target, kind
 
 
-def write_tuples(df: DataFrame, target: Path, kind: OutputFormat) -> int:
-    """Write the data columns and ``diff`` of `df` into `target`; the number of rows."""
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise UsageError(f"--output {path}: cannot be checked ({exc.strerror})") from exc
+
+
+def _check_not_an_input(
+    path: str, target: Path, existing: os.stat_result | None, inputs: Sequence[str]
+) -> None:
+    """Refuse a target that is, or lies inside, one of the inputs."""
+    resolved = target.resolve()
+    for spec in inputs:
+        local = local_path(spec)
+        if local is None:
+            continue
+        source = Path(local).resolve()
+        same = resolved == source
+        if not same and existing is not None:
+            found = _stat(Path(local))
+            same = found is not None and (found.st_dev, found.st_ino) == (
+                existing.st_dev,
+                existing.st_ino,
+            )
+        if same:
+            raise UsageError(
+                f"--output {path}: is the input {spec}; write the output to another file"
+            )
+        if source in resolved.parents:
+            raise UsageError(
+                f"--output {path}: is inside the input folder {spec}; write it elsewhere"
+            )
+
+
+def write_tuples(
+    rows: pa.Table | DataFrame,
+    target: Path,
+    kind: OutputFormat,
+    *,
+    force: bool = False,
+    inputs: Sequence[str] = (),
+) -> int:
+    """Write the data columns and ``diff`` of `rows` into `target`; the number of rows.
+
+    `force` and `inputs` as given to `check_output`, which is checked again here (the file
+    may have appeared since).
+    """
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
-    tuples = df.select(*[c for c in df.columns if c != TIME])
-    files = local_parquet_files(tuples)
-    table = read_local_parquet(tuples, files) if files is not None else None
-    if table is None:
-        table = tuples.toArrow()
-    fd, scratch = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(fd)
+    check_output(str(target), force=force, inputs=inputs)
+    table = rows if isinstance(rows, pa.Table) else _collect(rows)
+    table = table.select([c for c in table.column_names if c != TIME])
+    scratch = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
-        if kind is OutputFormat.PARQUET:
-            pq.write_table(table, scratch)
-        else:
-            # The header is written here: older pyarrow quotes every column name.
-            options = pacsv.WriteOptions(include_header=False, quoting_style="none")
-            with open(scratch, "wb") as sink:
+        with os.fdopen(fd, "wb") as sink:
+            if kind is OutputFormat.PARQUET:
+                pq.write_table(table, sink)
+            else:
+                # The header is written here: older pyarrow quotes every column name.
                 sink.write((",".join(table.column_names) + "\n").encode())
+                options = pacsv.WriteOptions(include_header=False, quoting_style="none")
                 pacsv.write_csv(table, sink, write_options=options)
-        os.replace(scratch, target)
+            sink.flush()
+            os.fsync(sink.fileno())
+        _move(scratch, target, force)
     finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
+        scratch.unlink(missing_ok=True)
     return table.num_rows
+
+
+def _move(scratch: Path, target: Path, force: bool) -> None:
+    """Put the written `scratch` file at `target`: replacing it only with `force`."""
+    if force:
+        os.replace(scratch, target)
+        return
+    try:
+        os.link(scratch, target)  # fails if the target exists: never replaced
+    except FileExistsError:
+        raise UsageError(
+            f"--output {target}: the file exists; pass --force to replace it"
+        ) from None
+    except OSError:  # a file system without hard links
+        if os.path.lexists(target):
+            raise UsageError(
+                f"--output {target}: the file exists; pass --force to replace it"
+            ) from None
+        os.replace(scratch, target)
+
+
+def _collect(df: DataFrame) -> pa.Table:
+    """A DataFrame's rows on the driver: its Parquet files read by pyarrow when it is a plain
+    scan of local files, else collected through Spark."""
+    from wcoj_core.spark import local_parquet_files, read_local_parquet
+
+    files = local_parquet_files(df)
+    table = read_local_parquet(df, files) if files is not None else None
+    return table if table is not None else df.toArrow()

@@ -18,6 +18,7 @@ written here holds one Parquet file per writer piece and an empty ``_SUCCESS`` m
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from collections.abc import Iterator, Sequence
@@ -29,9 +30,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from wcoj_core.errors import StateError
+from wcoj_core.errors import DamagedBatch, StateError
 from wcoj_core.kernel.changes import changes_layer, changes_table
 from wcoj_core.kernel.layer import Layer
+from wcoj_core.store.manifest import FileRef
 from wcoj_core.traces import DIFF
 
 # A batch written on the driver is one file per this many rows, up to `WRITE_FILES` files
@@ -112,8 +114,9 @@ class BatchFiles:
         *,
         part: str = "0",
         threads: bool = False,
-    ) -> None:
-        """Write rows and diffs into the batch folder `rel` as Parquet files named by `part`.
+    ) -> tuple[FileRef, ...]:
+        """Write rows and diffs into the batch folder `rel` as Parquet files named by `part`;
+        each file's name, size and digest (hashed as written; on a local disk, flushed to it).
 
         With `threads` a large batch is several files written at once. Raises `StateError`
         (with the folder removed) when the storage refuses.
@@ -127,19 +130,21 @@ class BatchFiles:
         # dictionary until it overflows, then write them plain anyway, at twice the cost.
         dictionary: Any = ["time", DIFF]
 
-        def write_file(i: int) -> None:
+        def write_file(i: int) -> FileRef:
             lo, hi = cuts[i], cuts[i + 1]
             table = changes_table(columns, rows[lo:hi], diff[lo:hi], time)
-            with self.fs.open_output_stream(f"{folder}/part-{part}-{i:03d}.snappy.parquet") as out:
-                pq.write_table(table, out, compression="snappy", use_dictionary=dictionary)
+            sink = pa.BufferOutputStream()
+            pq.write_table(table, sink, compression="snappy", use_dictionary=dictionary)
+            name = f"part-{part}-{i:03d}.snappy.parquet"
+            return self.put(f"{folder}/{name}", sink.getvalue())
 
         try:
             self.fs.create_dir(folder, recursive=True)
             if files == 1:
-                write_file(0)
+                written = [write_file(0)]
             else:
                 with ThreadPoolExecutor(files) as pool:
-                    list(pool.map(write_file, range(files)))
+                    written = list(pool.map(write_file, range(files)))
             with self.fs.open_output_stream(f"{folder}/_SUCCESS"):
                 pass
         except OSError as e:
@@ -147,6 +152,50 @@ class BatchFiles:
             raise StateError(
                 f"state {self.root}: cannot write a batch ({e.strerror or e}); nothing was applied"
             ) from e
+        return tuple(written)
+
+    def put(self, path: str, data: pa.Buffer | bytes) -> FileRef:
+        """Write a whole file (a full path of this file system); its reference. On a local disk
+        the file is flushed before this returns and read-only afterwards."""
+        digest = hashlib.sha256(memoryview(data)).hexdigest()
+        name = path.rsplit("/", 1)[-1]
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            st = os.stat(path)
+            return FileRef(name, st.st_size, digest, (st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
+        with self.fs.open_output_stream(path) as out:
+            out.write(data)
+        return FileRef(name, len(memoryview(data)), digest, None)
+
+    def read_verified(self, rel: str, columns: Sequence[str], refs: Sequence[FileRef]) -> Layer:
+        """A stored batch whose files must match `refs` (size and digest): read whole, checked,
+        consolidated. Raises `DamagedBatch` naming the file and what is wrong."""
+        tables: list[pa.Table] = []
+        for ref in refs:
+            path = self.full(f"{rel}/{ref.name}")
+            try:
+                with self.fs.open_input_file(path) as f:
+                    data = f.read()
+            except (OSError, pa.ArrowException) as e:
+                raise DamagedBatch(path, f"cannot be read ({e})") from e
+            if len(data) != ref.size:
+                raise DamagedBatch(path, f"{len(data)} bytes, the manifest says {ref.size}")
+            if hashlib.sha256(data).hexdigest() != ref.sha256:
+                raise DamagedBatch(path, "its contents do not match its digest")
+            try:
+                tables.append(
+                    pq.read_table(pa.BufferReader(data), columns=[*columns, DIFF])
+                )
+            except (OSError, pa.ArrowException) as e:
+                raise DamagedBatch(path, f"not a readable batch ({e})") from e
+        return read_tables(columns, tables)
 
     def write_changes(self, rel: str, table: pa.Table) -> list[str]:
         """Write a table of changes as one Parquet file in the folder `rel`; its full path."""

@@ -6,6 +6,8 @@
   a view tuple whose multiplicity turns non-zero adds one to its key's count, one turning zero
   subtracts one (`support_delta` reads the old multiplicities of the changed tuples only).
 * `output_changes` — rules' full bindings projected on the head and summed.
+
+Every sum of multiplicities here is checked: one leaving int64 raises `MultiplicityOverflow`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import pyarrow as pa
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import Prefixes, head_block
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer, lookup_sum
+from wcoj_core.kernel.layer import Layer, columns_of, lookup_sum
+from wcoj_core.kernel.multiplicity import row_namer, total
 from wcoj_core.query.ir import Var
 from wcoj_core.query.plan import AtomView, Version
 from wcoj_core.traces import DIFF, TIME, relation_trace_name
@@ -46,7 +49,7 @@ def changes_layer(columns: Sequence[str], table: pa.Table) -> Layer:
     """
     rows = data_rows(table, columns)  # column-major: see output_changes
     diff = table.column(DIFF).to_numpy(zero_copy_only=False).astype(I64, copy=False)
-    return Layer.build(rows, diff)
+    return Layer.build(rows, diff, what="summing the changes")
 
 
 def batch_schema(columns: Sequence[str]) -> pa.Schema:
@@ -76,7 +79,9 @@ def support_delta(layers: EpochLayers, view: AtomView) -> Layer:
     order = tuple(range(view.arity))
     delta = layers.delta(name, view, order)
     old = lookup_sum(layers.layers(name, view, order, Version.OLD), delta.rows)
-    change = (old + delta.diff != 0).astype(I64) - (old != 0).astype(I64)
+    namer = row_namer(columns_of(delta.rows))
+    new = total([old.copy(), delta.diff], namer, "summing a tuple's multiplicity and change")
+    change = (new != 0).astype(I64) - (old != 0).astype(I64)
     keep = change != 0
     if keep.all():  # every tuple changed its support (a whole relation): same rows, same keys
         return delta.with_diff(change)
@@ -112,5 +117,6 @@ def output_changes(
         weight = np.concatenate([p.weight for p in prefixes])
     if distinct:
         return rows, weight
-    out = Layer.build(rows, weight)
+    names = ", ".join(v.name for v in head)
+    out = Layer.build(rows, weight, what=f"summing the output change ({names})")
     return out.rows, out.diff

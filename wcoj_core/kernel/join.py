@@ -18,6 +18,16 @@ proposes for consecutive pieces of its prefixes whose counts add up to at most
 `PROPOSAL_BUDGET`, descending to the next step piece by piece (depth first). `run_rule` yields
 the full bindings in parts as they are made; `RuleTally` adds up what every step did.
 
+Multiplicities are checked, never wrapped (`wcoj_core.kernel.multiplicity`). A binding's weight
+is the product of the multiplicities of its atoms, each as of the version the rule reads (the
+delta atom's change, the others old or new): a full binding of a delta rule whose exact weight
+leaves int64 raises `MultiplicityOverflow` naming it. The weight is multiplied in as the atoms
+complete; a partial weight past the range flags its row instead of raising (`Prefixes`), so a
+partial binding that dies before completing (not in some atom, filtered out) never raises: what
+raises does not depend on the variable order or on which extender proposes. (No factor is 0,
+so a flagged row's full weight is past the range too.) Sums raise as they are made: a tuple's
+multiplicity over the layers of a trace, and the output change summed over rules and bindings.
+
 Nothing here reads a file, starts a thread or knows Spark: the deployments in
 `wcoj_core.deploy` decide where rules run and hand each one its share of the delta.
 """
@@ -31,9 +41,11 @@ from typing import Any
 
 import numpy as np
 
+from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.index import Layers
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Bound, Layer, find, lookup_sum_of, present
+from wcoj_core.kernel.multiplicity import times
 from wcoj_core.query.ir import CmpOp, Filter, Var
 from wcoj_core.query.plan import AtomView, DeltaRule, Extender, Plan, Step
 from wcoj_core.traces import counts_trace_name, relation_trace_name
@@ -53,16 +65,31 @@ def _cmp(op: CmpOp, left: np.ndarray, right: np.ndarray) -> np.ndarray:
 
 @dataclass
 class Prefixes:
-    """Bound variables as columns, and the weight of each row."""
+    """Bound variables as columns, and the weight of each row: the product of the
+    multiplicities of the atoms bound so far.
+
+    `overflow` flags the rows whose exact weight has left int64 (their `weight` wrapped and
+    means nothing); None when no row's has. A flagged row that completes a binding raises
+    `MultiplicityOverflow` (`check_overflow`); one that dies before does not.
+    """
 
     cols: dict[Var, np.ndarray]
     weight: np.ndarray
+    overflow: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.weight)
 
     def take(self, idx: np.ndarray) -> Prefixes:
-        return Prefixes({v: c[idx] for v, c in self.cols.items()}, self.weight[idx])
+        over = None if self.overflow is None else self.overflow[idx]
+        return Prefixes({v: c[idx] for v, c in self.cols.items()}, self.weight[idx], over)
+
+    def scale(self, factor: np.ndarray) -> None:
+        """Multiply each row's weight by its `factor` (multiplicities), flagging the rows whose
+        exact product leaves int64."""
+        self.weight, over = times(self.weight, factor)
+        if over is not None:
+            self.overflow = over if self.overflow is None else over | self.overflow
 
     def where(self, mask: np.ndarray) -> Prefixes:
         # Gathering the kept rows by index is several times cheaper than a boolean mask over
@@ -164,9 +191,30 @@ def run_rule(
         part = slice(at, min(at + step, hi))
         prefixes = Prefixes({v: d.rows[part, i] for i, v in enumerate(start)}, d.diff[part])
         prefixes = _checked(plan, rule, prefixes, layers, tally)
-        yield from _descend(
+        for made in _descend(
             plan, rule, 0, prefixes.filtered(rule.start_filters), layers, tally, budget
-        )
+        ):
+            check_overflow(plan, made)
+            yield made
+
+
+def check_overflow(plan: Plan, part: Part) -> None:
+    """Raise `MultiplicityOverflow` when a row of `part` has a weight that left int64, naming
+    the first such row's binding (its variables in the query's order).
+
+    `run_rule` checks every full binding it yields; a deployment that carries `Prefixes`
+    between steps itself (dropping `Prefixes.overflow`) checks each step's output instead."""
+    p, kept = part
+    if p.overflow is None:
+        return
+    bad = np.flatnonzero(p.overflow if kept is None else p.overflow[kept])
+    if len(bad) == 0:
+        return
+    i = int(bad[0]) if kept is None else int(kept[bad[0]])
+    order = [v for v in plan.query.vars if v in p.cols]  # the query's order, not the rule's
+    names = ", ".join(v.name for v in order)
+    what = f"the weight of {plan.query.name}'s binding ({names})"
+    raise MultiplicityOverflow(what, tuple(int(p.cols[v][i]) for v in order))
 
 
 def _checked(
@@ -182,7 +230,7 @@ def _checked(
         )
         keep = np.flatnonzero(m)
         prefixes = prefixes.take(keep)
-        prefixes.weight = prefixes.weight * m[keep]
+        prefixes.scale(m[keep])
         tally.joins += len(prefixes)
     return prefixes
 
@@ -336,7 +384,7 @@ def _extend(
         kept, m = validate(plan, y, part, ys)
         passed.append(len(kept))
         if y.completes and m is not None:  # else every kept row's factor is 1
-            part.weight = part.weight * m  # the rows dropped (factor 0) are never read
+            part.scale(m)  # the rows dropped (factor 0) are never read
     return (part, kept), proposed, passed
 
 
@@ -349,10 +397,12 @@ def propose(
     atom_vars = plan.atom_vars
     bounds, leftover = bounds_of(step.var, step.filters, mine)
     found = find(source, [mine.cols[atom_vars[x.atom][k]] for k in x.key], len(mine), bounds)
-    part = Prefixes({v: found.spread(c) for v, c in mine.cols.items()}, found.spread(mine.weight))
+    over = None if mine.overflow is None else found.spread(mine.overflow)
+    cols = {v: found.spread(c) for v, c in mine.cols.items()}
+    part = Prefixes(cols, found.spread(mine.weight), over)
     part.cols[step.var] = found.rest[:, 0]
     if x.completes and found.diff is not None:
-        part.weight = part.weight * found.diff
+        part.scale(found.diff)
     proposed = len(part)
     if leftover:  # the filters the proposals' bounds did not already apply
         part = part.filtered(leftover)
@@ -430,18 +480,23 @@ def concat(parts: list[Part], vs: Sequence[Var], lead: Sequence[Var] = ()) -> Pr
     at = {v: i for i, v in enumerate(lead)}
     cols = {v: block[:, at[v]] if v in at else np.empty(total, dtype=I64) for v in vs}
     weight = np.empty(total, dtype=I64)
+    flagged = any(p.overflow is not None for p, _ in parts)
+    over = np.zeros(total, dtype=bool) if flagged else None
     start = 0
     parts.reverse()  # popped from the end: first part first
     while parts:
         p, kept = parts.pop()
         end = start + (len(p) if kept is None else len(kept))
-        for src, out in [*((p.cols[v], cols[v]) for v in vs), (p.weight, weight)]:
+        pairs = [*((p.cols[v], cols[v]) for v in vs), (p.weight, weight)]
+        if over is not None and p.overflow is not None:
+            pairs.append((p.overflow, over))
+        for src, out in pairs:
             if kept is None:
                 out[start:end] = src
             else:  # indices known valid: "clip" writes straight into `out`, unbuffered
                 np.take(src, kept, out=out[start:end], mode="clip")
         start = end
-    return Prefixes(cols, weight)
+    return Prefixes(cols, weight, over)
 
 
 def head_block(p: Prefixes, head: Sequence[Var]) -> np.ndarray | None:

@@ -10,6 +10,14 @@ no zero) and sorted lexicographically. Every access a GenericJoin step needs is 
 
 A trace read as of some time is a few layers (a large base, a small recent layer, the epoch's
 delta): a lookup sums them and a proposal sums the rows found in several of them.
+
+A layer may be opened from memory-mapped files (`Layer` given its rows, diffs, search keys,
+packing and unit flag): no search then does work or allocates memory in proportion to the
+layer's rows — every search is a binary search of the whole rows' keys (`Layer.search_keys`),
+prefixes included, and a column of Fortran-ordered rows is read where it lies (`Layer.col`).
+
+Sums of multiplicities (equal rows consolidated, a row's diffs over layers) are checked: one
+that leaves int64 raises `MultiplicityOverflow` (`wcoj_core.kernel.multiplicity`).
 """
 
 from __future__ import annotations
@@ -19,15 +27,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.keys import I64, U64, Packing, encode
+from wcoj_core.kernel.multiplicity import Namer, row_namer, sums_at, total
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView
 
+# What a consolidation sums, as an error names it.
+SUMMING = "summing the multiplicities of equal rows"
+
 
 def _consolidate_sorted(
-    rows: np.ndarray, diff: np.ndarray, keys: np.ndarray | None
+    rows: np.ndarray, diff: np.ndarray, keys: np.ndarray | None, what: str = SUMMING
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Sum the diffs of equal adjacent rows (rows sorted) and drop zeros."""
+    """Sum the diffs of equal adjacent rows (rows sorted) and drop zeros (a sum leaving int64
+    raises `MultiplicityOverflow`, naming the row)."""
     starts = np.ones(len(rows), dtype=bool)
     if keys is not None:
         starts[1:] = keys[1:] != keys[:-1]
@@ -39,10 +53,15 @@ def _consolidate_sorted(
             return rows, diff, keys
         return rows[nonzero], diff[nonzero], None if keys is None else keys[nonzero]
     first = np.flatnonzero(starts)
-    sums = np.add.reduceat(diff, first).astype(I64)
+    sums = sums_at(diff, first, _rows_namer(rows), what)
     nonzero = sums != 0
     picked = first[nonzero]
     return rows[picked], sums[nonzero], None if keys is None else keys[picked]
+
+
+def _rows_namer(rows: np.ndarray) -> Namer:
+    """The data tuple of a row of a row array."""
+    return lambda i: tuple(int(v) for v in rows[i])
 
 
 def columns_of(rows: np.ndarray) -> list[np.ndarray]:
@@ -61,12 +80,24 @@ class Layer:
     """Consolidated rows (no zero diffs), sorted lexicographically, with binary-search lookups.
 
     Searches run on each row's packed ``uint64`` when the layer's columns fit (`Packing`), on
-    its `encode` bytes otherwise; both orders equal the rows' lexicographic order.
+    its `encode` bytes otherwise; both orders equal the rows' lexicographic order. Either way
+    one array holds the keys of whole rows (`search_keys`): a search on the first ``p`` columns
+    searches it too (packed, with its probes moved into the top bits; bytes, through a view of
+    each key's first ``8p`` bytes), so no search builds an array as long as the layer.
 
-    A layer is never changed once built: its arrays may be shared with whoever built it.
+    ``Layer(rows, diff, packing, packed, unit)``: `rows` (``n x w`` int64) and `diff` (``n``
+    int64) consolidated and sorted; `packing` the layer's `Packing` (None: found on first use,
+    or none when `packed` holds bytes); `packed` its `search_keys` when known (the packed
+    ``uint64`` keys with a packing, `encode` bytes without); `unit` whether every diff is 1
+    (None: found on first use; given, never recomputed). A layer opened from memory-mapped
+    files is given all of them, and its `rows` in Fortran order (each column contiguous, read
+    in place by `col`): opening it, `prepare` and every search then cost no pass over its rows.
+
+    A layer is never changed once built: its arrays may be shared with whoever built it, and
+    may be read-only memory-mapped arrays — nothing may write into them.
     """
 
-    __slots__ = ("_cols", "_keys", "_packing", "_unit", "diff", "rows")
+    __slots__ = ("_cols", "_keys", "_packing", "_packs", "_unit", "diff", "rows")
 
     def __init__(
         self,
@@ -74,25 +105,38 @@ class Layer:
         diff: np.ndarray,
         packing: Packing | None = None,
         packed: np.ndarray | None = None,
+        unit: bool | None = None,
     ) -> None:
+        if packed is not None:
+            if len(packed) != len(diff):
+                raise ValueError(f"{len(packed)} search keys for a layer of {len(diff)} rows")
+            if packing is None and packed.dtype.kind != "V" and rows.shape[1] and len(packed):
+                raise ValueError("packed search keys without their packing")
         self.rows = rows
         self.diff = diff
         self._packing = packing
+        # Whether the rows pack: known from a packing, or from keys that are bytes.
+        self._packs: bool | None = True if packing is not None else None
+        if packing is None and packed is not None and packed.dtype.kind == "V":
+            self._packs = False
         self._keys: dict[int, np.ndarray] = {} if packed is None else {rows.shape[1]: packed}
         self._cols: dict[int, np.ndarray] = {}
-        self._unit: bool | None = None
+        self._unit = unit
 
     @classmethod
-    def sort(cls, rows: np.ndarray, diff: np.ndarray, *, consolidate: bool = False) -> Layer:
-        """A layer of `rows` in any order (consolidated first when asked: equal rows summed)."""
+    def sort(
+        cls, rows: np.ndarray, diff: np.ndarray, *, consolidate: bool = False, what: str = SUMMING
+    ) -> Layer:
+        """A layer of `rows` in any order (consolidated first when asked: equal rows summed;
+        a sum leaving int64 raises `MultiplicityOverflow`, `what` naming the operation)."""
         rows = np.asarray(rows, dtype=I64)
         diff = np.asarray(diff, dtype=I64)
         width = rows.shape[1]
         if width == 0 or len(rows) == 0:
             if consolidate and len(rows):
-                total = diff.sum(dtype=I64)
-                keep = slice(0, 1 if total != 0 else 0)
-                return cls(rows[keep], np.array([total], dtype=I64)[keep])
+                summed = sums_at(diff, np.zeros(1, dtype=I64), lambda _: (), what)
+                keep = slice(0, 1 if summed[0] != 0 else 0)
+                return cls(rows[keep], summed[keep])
             return cls(rows, diff)
         packing = Packing.of(rows)
         if packing is not None:
@@ -112,18 +156,24 @@ class Layer:
             order = np.lexsort(rows.T[::-1])
             packed = None
             rows, diff = rows[order], diff[order]
+        n = len(rows)
         if consolidate:
-            rows, diff, packed = _consolidate_sorted(rows, diff, packed)
-        return cls(rows, diff, packing, packed)
+            rows, diff, packed = _consolidate_sorted(rows, diff, packed, what)
+        layer = cls(rows, diff, packing, packed)
+        if packing is None and len(rows) == n:  # the same rows: they do not pack (fewer may)
+            layer._packs = False
+        return layer
 
     @classmethod
-    def build(cls, rows: np.ndarray, diff: np.ndarray) -> Layer:
-        """Rows in any order, equal rows summed, zeros dropped."""
-        return cls.sort(rows, diff, consolidate=True)
+    def build(cls, rows: np.ndarray, diff: np.ndarray, *, what: str = SUMMING) -> Layer:
+        """Rows in any order, equal rows summed, zeros dropped (`sort`)."""
+        return cls.sort(rows, diff, consolidate=True, what=what)
 
     def with_diff(self, diff: np.ndarray) -> Layer:
         """The same rows (and search keys) with other diffs, none of them 0."""
-        return Layer(self.rows, diff, self._packing, self._keys.get(self.width))
+        layer = Layer(self.rows, diff, self._packing, self._keys.get(self.width))
+        layer._packs = self._packs
+        return layer
 
     @classmethod
     def empty(cls, width: int) -> Layer:
@@ -138,8 +188,11 @@ class Layer:
 
     @property
     def packing(self) -> Packing | None:
-        if self._packing is None and len(self) and self.width:
+        """The box the rows pack into (None: they do not, or the layer is empty or has no
+        column); found once, on first use, when not given."""
+        if self._packs is None and len(self) and self.width:
             self._packing = Packing.of(self.rows)
+            self._packs = self._packing is not None
         return self._packing
 
     @property
@@ -150,38 +203,74 @@ class Layer:
             self._unit = bool((self.diff == 1).all())
         return self._unit
 
+    def search_keys(self) -> np.ndarray:
+        """The search keys of whole rows, in row order (so sorted): packed ``uint64`` when the
+        layer has a `packing`, `encode` bytes otherwise (``uint64`` zeros for no column).
+        Built on first use unless given; what a persisted layer stores as its keys."""
+        keys = self._keys.get(self.width)
+        if keys is None:
+            packing = self.packing
+            if packing is not None:
+                keys = packing.pack(self.rows)[0]
+            elif self.width:
+                keys = encode(self.rows)
+            else:
+                keys = np.zeros(len(self), dtype=U64)
+            self._keys[self.width] = keys
+        return keys
+
     def col(self, j: int) -> np.ndarray:
-        """Column `j` as a contiguous array (gathers from a strided column are slower)."""
+        """Column `j` as a contiguous array (gathers from a strided column are slower): the
+        column itself when it is (Fortran-ordered rows), else a copy made once."""
+        column = self.rows[:, j]
+        if column.flags.c_contiguous:
+            return column
         if j not in self._cols:
-            self._cols[j] = np.ascontiguousarray(self.rows[:, j])
+            self._cols[j] = np.ascontiguousarray(column)
         return self._cols[j]
 
     def prepare(self, *widths: int) -> None:
-        """Build now what lookups and ranges over the first `widths` columns build lazily."""
+        """Build now what lookups and ranges over the first `widths` columns build lazily (no
+        pass over the rows when the keys, packing and unit flag were given)."""
         if len(self) == 0:
             return
-        _ = self.unit, self.packing
-        for p in widths:
-            if 0 < p <= self.width:
-                self._sorted_keys(p)
+        _ = self.unit, self.search_keys()
+        if self.packing is None:
+            for p in widths:
+                if 0 < p < self.width:
+                    self._prefix_keys(p)
 
-    def _sorted_keys(self, p: int) -> np.ndarray:
-        """The sorted search keys of the first `p` columns (packed, or bytes)."""
+    def _prefix_keys(self, p: int) -> np.ndarray:
+        """The `encode` keys of the first `p` columns (a layer without packing): a strided view
+        of the whole rows' keys, never a copy."""
+        if p == self.width:
+            return self.search_keys()
         if p not in self._keys:
-            packing = self.packing
-            if packing is not None:
-                full = self._sorted_keys(self.width) if p < self.width else None
-                if full is None:
-                    self._keys[p] = packing.pack(self.rows)[0]
-                else:
-                    shift = packing.shift(p)
-                    self._keys[p] = full >> U64(shift) if shift < 64 else np.zeros_like(full)
-            elif p == self.width:
-                self._keys[p] = encode(self.rows)
-            else:
-                raw = self._sorted_keys(self.width).view(np.uint8).reshape(len(self), -1)
-                self._keys[p] = raw[:, : 8 * p].view(f"V{8 * p}").reshape(len(self))
+            raw = self.search_keys().view(np.uint8).reshape(len(self), -1)
+            self._keys[p] = raw[:, : 8 * p].view(f"V{8 * p}").reshape(len(self))
         return self._keys[p]
+
+    def _edge(self, probe: np.ndarray, p: int, upper: bool) -> np.ndarray:
+        """Where packed probes of the first `p` columns fall: the first row whose first `p`
+        columns are at or after each probe, or (`upper`) one past the last at or before it.
+
+        Whole rows' keys are searched with the probe moved into their top bits (``s`` bits up):
+        a row's prefix is below ``k`` exactly when its key is below ``k << s``, and at most
+        ``k`` exactly when its key is at most ``(k << s) | (2**s - 1)``. `probe` is not changed.
+        """
+        packing = self.packing
+        assert packing is not None
+        keys = self.search_keys()
+        s = packing.shift(p)
+        side = "right" if upper else "left"
+        if s >= 64:  # the first `p` columns hold one value: every row has every probe's prefix
+            return np.full(len(probe), len(self) if upper else 0, dtype=I64)
+        if s == 0:
+            return np.searchsorted(keys, probe, side).astype(I64, copy=False)
+        moved = probe << U64(s)
+        if upper:
+            moved |= U64((1 << s) - 1)
+        return np.searchsorted(keys, moved, side).astype(I64, copy=False)
 
     def _probe(self, cols: Sequence[np.ndarray], m: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Keys (as columns) in the layer's search encoding; with packing, which keys can be
@@ -200,11 +289,14 @@ class Layer:
         p = len(cols)
         if p == 0 or len(self) == 0:
             return np.zeros(m, dtype=I64), np.full(m, len(self), dtype=I64)
-        sorted_keys = self._sorted_keys(p)
         probe, inside = self._probe(cols, m)
-        lo = np.searchsorted(sorted_keys, probe, "left").astype(I64, copy=False)
-        hi = np.searchsorted(sorted_keys, probe, "right").astype(I64, copy=False)
-        if inside is not None and not inside.all():
+        if inside is None:
+            keys = self._prefix_keys(p)
+            lo = np.searchsorted(keys, probe, "left").astype(I64, copy=False)
+            hi = np.searchsorted(keys, probe, "right").astype(I64, copy=False)
+            return lo, hi
+        lo, hi = self._edge(probe, p, False), self._edge(probe, p, True)
+        if not inside.all():
             hi[~inside] = lo[~inside]
         return lo, hi
 
@@ -238,7 +330,7 @@ class Layer:
         it is there. Whole rows are unique: one search, then "is it this row?" (half the work
         of a range)."""
         assert self.packing is not None
-        keys = self._sorted_keys(self.width)
+        keys = self.search_keys()
         probe, inside = self.packing.pack_columns(cols, m)
         lo = np.searchsorted(keys, probe, "left")
         np.minimum(lo, len(self) - 1, out=lo)
@@ -257,20 +349,20 @@ class Layer:
         """Narrow each of `m` keys' ranges (keys given as columns) to the rows whose next column
         satisfies every bound."""
         p = len(cols)
-        sorted_keys = self._sorted_keys(p + 1)
         packing = self.packing
         for b in bounds:
             values = np.asarray(b.values, dtype=I64)
             if packing is None:
                 # Bytes: the first row at or past the bound (lower), or past or at it (upper).
+                keys = self._prefix_keys(p + 1)
                 probe = encode(stack([*cols, values], m))
                 if b.lower:
                     lo = np.maximum(
-                        lo, np.searchsorted(sorted_keys, probe, "left" if b.inclusive else "right")
+                        lo, np.searchsorted(keys, probe, "left" if b.inclusive else "right")
                     )
                 else:
                     hi = np.minimum(
-                        hi, np.searchsorted(sorted_keys, probe, "right" if b.inclusive else "left")
+                        hi, np.searchsorted(keys, probe, "right" if b.inclusive else "left")
                     )
                 continue
             # Integers: ``> v`` is ``>= v + 1`` and ``< v`` is ``<= v - 1`` (wrapping only where
@@ -285,7 +377,7 @@ class Layer:
                 edge = values if b.inclusive else values - 1
             edge = np.clip(edge, low, high)
             probe, _ = packing.pack_columns([*cols, edge], m)
-            found = np.searchsorted(sorted_keys, probe, "left" if b.lower else "right")
+            found = self._edge(probe, p + 1, not b.lower)
             if b.lower:
                 lo = np.maximum(lo, found)
             else:
@@ -308,7 +400,6 @@ class Layer:
         if packing is None or not bounds or len(self) == 0:
             lo, hi = self.ranges_of(cols, m)
             return self.narrow_of(cols, m, lo, hi, bounds) if bounds else (lo, hi)
-        sorted_keys = self._sorted_keys(p + 1)
         low, high = packing.lows[p], packing.highs[p]
         sides = [b for b in bounds if b.lower] or [Bound(np.full(m, low, dtype=I64), True, True)]
         sides += [b for b in bounds if not b.lower] or [
@@ -328,8 +419,7 @@ class Layer:
                 edge = values if b.inclusive else values - 1
             probe, inside = packing.pack_columns([*cols, np.clip(edge, low, high)], m)
             empty |= ~inside  # a key outside the box has no rows
-            found = np.searchsorted(sorted_keys, probe, "left" if b.lower else "right")
-            found = found.astype(I64, copy=False)
+            found = self._edge(probe, p + 1, not b.lower)
             if b.lower:
                 lo = found if lo is None else np.maximum(lo, found)
             else:
@@ -401,13 +491,15 @@ def lookup_sum(layers: Sequence[Layer], rows: np.ndarray) -> np.ndarray:
 
 
 def lookup_sum_of(layers: Sequence[Layer], cols: Sequence[np.ndarray], m: int) -> np.ndarray:
-    """`lookup_sum` of `m` rows given as columns."""
-    total: np.ndarray | None = None
-    for layer in layers:
-        if len(layer):
-            got = layer.lookup_of(cols, m)
-            total = got if total is None else np.add(total, got, out=total)
-    return np.zeros(m, dtype=I64) if total is None else total
+    """`lookup_sum` of `m` rows given as columns (a sum leaving int64 raises
+    `MultiplicityOverflow`, naming the row)."""
+    held = [layer for layer in layers if len(layer)]
+    if not held:
+        return np.zeros(m, dtype=I64)
+    got = [layer.lookup_of(cols, m) for layer in held]
+    # A unit layer's lookups are 0 or 1: no need to look at them for the bound.
+    bounds = [1 if layer.unit else None for layer in held]
+    return total(got, row_namer(cols), "summing a row's multiplicities over layers", bounds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -510,12 +602,25 @@ def find(
     rows = np.column_stack(
         [np.concatenate([o for o, _, _ in mixed]), np.concatenate([r for _, r, _ in mixed])]
     )
-    summed = Layer.build(rows, np.concatenate([d for _, _, d in mixed]))
+    summed = _summed_over_layers(rows, np.concatenate([d for _, _, d in mixed]), cols)
     rows = summed.rows
     owner = np.concatenate([*(o for o, _, _ in clean), rows[:, 0]])
     rest = np.concatenate([*(r for _, r, _ in clean), rows[:, 1:]])
     diff = np.concatenate([*(d for _, _, d in clean), summed.diff])
     return Found(None, owner, rest, diff)
+
+
+def _summed_over_layers(rows: np.ndarray, diff: np.ndarray, keys: Sequence[np.ndarray]) -> Layer:
+    """Rows (key index, rest columns) found in several layers, summed: a sum leaving int64
+    raises `MultiplicityOverflow` naming the data row (the key's columns, then the rest)."""
+    what = "summing a row's multiplicities over layers"
+    try:
+        return Layer.build(rows, diff, what=what)
+    except MultiplicityOverflow as e:
+        if e.tuple is None:
+            raise
+        owner, *rest = e.tuple
+        raise MultiplicityOverflow(what, (*row_namer(keys)(owner), *rest)) from None
 
 
 def enumerate_ranges(
@@ -539,5 +644,7 @@ def merged(layer: Layer, other: Layer) -> Layer:
     if len(other) == 0:
         return layer
     return Layer.build(
-        np.concatenate([layer.rows, other.rows]), np.concatenate([layer.diff, other.diff])
+        np.concatenate([layer.rows, other.rows]),
+        np.concatenate([layer.diff, other.diff]),
+        what="merging two layers",
     )

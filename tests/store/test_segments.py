@@ -1,0 +1,343 @@
+"""Segments: layers written once as .npy files and mapped on open — identical lookups, every kind
+of damage caught and named, opening in milliseconds without reading the data, and executors'
+local copies made once per digest."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from wcoj_core.errors import DamagedFile
+from wcoj_core.kernel.layer import Bound, Layer, find
+from wcoj_core.segments import (
+    SegmentCopies,
+    open_segment,
+    segment_bytes,
+    segment_paths,
+    write_segment,
+)
+from wcoj_core.store import names
+from wcoj_core.store.manifest import Index, Level, Manifest, Segment, Trace
+
+TRACE = "rel/edge"
+
+
+def write(root: Path, layer: Layer, level: Level = Level.BASE) -> Segment:
+    return write_segment(
+        root,
+        names.new_segment_path(TRACE),
+        layer,
+        level=level,
+        view=None,
+        order=tuple(range(layer.width)),
+    )
+
+
+def random_layer(rng: np.random.Generator, n: int, width: int, wide: bool, bag: bool) -> Layer:
+    if wide:  # spans too wide to pack into 64 bits: byte keys
+        rows = rng.integers(-(2**62), 2**62, size=(n, width))
+        rows[: n // 2, 0] = rng.integers(-3, 3, size=n // 2)  # equal leading columns too
+    else:
+        rows = rng.integers(-5, 40, size=(n, width))
+    diff = rng.integers(-3, 4, size=n) if bag else np.ones(n, dtype=np.int64)
+    return Layer.build(rows, diff)
+
+
+def same_lookups(a: Layer, b: Layer, rng: np.random.Generator) -> None:
+    assert a.width == b.width and len(a) == len(b)
+    assert np.array_equal(a.rows, b.rows) and np.array_equal(a.diff, b.diff)
+    if a.width == 0 or len(a) == 0:
+        return
+    assert a.unit == b.unit and a.packing == b.packing
+    probes = np.concatenate([a.rows[: len(a) // 2], rng.integers(-6, 41, size=(20, a.width))])
+    assert np.array_equal(a.lookup(probes), b.lookup(probes))
+    for p in range(1, a.width + 1):
+        keys = probes[:, :p]
+        for x, y in zip(a.ranges(keys), b.ranges(keys), strict=True):
+            assert np.array_equal(x, y)
+    if a.width >= 2:
+        cols = [probes[:, 0]]
+        bound = [Bound(np.full(len(probes), 3), True, False)]
+        fa, fb = find([a], cols, len(probes), bound), find([b], cols, len(probes), bound)
+        assert np.array_equal(fa.rest, fb.rest)
+        assert (fa.diff is None) == (fb.diff is None)
+
+
+@pytest.mark.parametrize("width", [0, 1, 2, 3])
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("bag", [False, True])
+def test_round_trip_gives_identical_lookups(
+    tmp_path: Path, width: int, wide: bool, bag: bool
+) -> None:
+    rng = np.random.default_rng(width * 4 + wide * 2 + bag)
+    for n in (0, 1, 300):
+        layer = random_layer(rng, n, width, wide and width > 0, bag)
+        segment = write(tmp_path, layer)
+        assert segment.rows == len(layer)
+        if len(layer) == 0:
+            assert segment.files == {}
+        else:
+            assert segment.packing == layer.packing and segment.unit == layer.unit
+            assert set(segment.files) == {"rows", "diff", "keys"}
+        # Through the manifest's JSON, as a fresh process reads it.
+        columns = tuple(f"c{j}" for j in range(width))
+        m = Manifest(1, 0, traces={TRACE: Trace(TRACE, columns, (), Index(0, (segment,)))})
+        index = Manifest.from_json(m.to_json(), "m").traces[TRACE].index
+        assert index is not None and index.segments == (segment,)
+        same_lookups(layer, open_segment(tmp_path, index.segments[0]), rng)
+        same_lookups(layer, open_segment(tmp_path, segment, verify=True), rng)
+
+
+def test_written_files_are_sealed_and_mapped(tmp_path: Path) -> None:
+    layer = random_layer(np.random.default_rng(1), 1000, 2, False, False)
+    segment = write(tmp_path, layer)
+    for path in segment_paths(tmp_path, segment).values():
+        assert path.stat().st_mode & 0o222 == 0
+    opened = open_segment(tmp_path, segment)
+    assert not opened.rows.flags.writeable
+    assert opened.rows.flags.f_contiguous
+    assert segment_bytes(segment) == sum(f.size for f in segment.files.values())
+    assert [p.name for p in (tmp_path / segment.path).iterdir()] != []
+    assert not [p for p in (tmp_path / segment.path).iterdir() if p.name.endswith(".tmp")]
+
+
+# -- damage ------------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def written(tmp_path: Path) -> tuple[Path, Segment]:
+    layer = random_layer(np.random.default_rng(7), 5000, 2, False, True)
+    return tmp_path, write(tmp_path, layer)
+
+
+def rewrite(path: Path, edit) -> None:
+    """Edit a sealed file in place (as a user or a bad disk would)."""
+    os.chmod(path, 0o644)
+    data = bytearray(path.read_bytes())
+    edit(data)
+    with open(path, "r+b") as f:
+        f.seek(0)
+        f.write(bytes(data))
+        f.truncate(len(data))
+
+
+def damage(root: Path, segment: Segment, *, verify: bool = False) -> str:
+    with pytest.raises(DamagedFile) as e:
+        open_segment(root, segment, verify=verify)
+    return str(e.value)
+
+
+def test_a_missing_file(written: tuple[Path, Segment]) -> None:
+    root, segment = written
+    path = segment_paths(root, segment)["keys"]
+    path.unlink()
+    assert damage(root, segment) == f"{path}: missing (the manifest names it)"
+
+
+def test_a_truncated_file(written: tuple[Path, Segment]) -> None:
+    root, segment = written
+    path = segment_paths(root, segment)["rows"]
+    size = path.stat().st_size
+    os.chmod(path, 0o644)
+    os.truncate(path, size - 8)
+    assert damage(root, segment) == (f"{path}: is {size - 8} bytes, the manifest says {size}")
+
+
+def test_a_damaged_header(written: tuple[Path, Segment]) -> None:
+    root, segment = written
+    path = segment_paths(root, segment)["diff"]
+    rewrite(path, lambda d: d.__setitem__(0, 0))  # the magic
+    assert damage(root, segment).startswith(f"{path}: its .npy header is damaged")
+    rewrite(path, lambda d: d.__setitem__(slice(0, 8), b"\x93NUMPY\x07\x00"))
+    assert damage(root, segment) == f"{path}: its .npy header is damaged (version 7.0, not 1.0)"
+    rewrite(path, lambda d: d.__setitem__(slice(0, 8), b"\x93NUMPY\x01\x00"))
+    open_segment(root, segment)  # restored: the stamp changed, the digest is the same
+    rows = segment_paths(root, segment)["rows"]
+    n = segment.rows
+    shape, wrong = f"({n}, 2)".encode(), f"({n}, 3)".encode()
+    rewrite(rows, lambda d: d.__setitem__(slice(None), d.replace(shape, wrong)))
+    message = damage(root, segment)
+    assert message.startswith(f"{rows}: its header says shape ({n}, 3) of int64")
+    assert f"the manifest shape ({n}, 2) of int64" in message
+
+
+def test_bytes_flipped_in_the_middle(written: tuple[Path, Segment]) -> None:
+    root, segment = written
+    path = segment_paths(root, segment)["rows"]
+    middle = path.stat().st_size // 2
+
+    def flip(d: bytearray) -> None:
+        d[middle] ^= 0xFF
+
+    rewrite(path, flip)  # in place: the stamp changed, so the digest is checked
+    message = damage(root, segment)
+    assert message.startswith(f"{path}: its sha256 ")
+    assert (
+        "differs from the manifest's" in message
+        and "its bytes changed since it was written" in message
+    )
+
+
+def test_a_stale_digest_is_caught_when_verifying(written: tuple[Path, Segment]) -> None:
+    root, segment = written
+    files = dict(segment.files)
+    files["keys"] = dataclasses.replace(files["keys"], sha256="0" * 64)
+    stale = dataclasses.replace(segment, files=files)
+    open_segment(root, stale)  # the stamp is the one written: the digest is trusted
+    message = damage(root, stale, verify=True)
+    assert message.startswith(f"{segment_paths(root, segment)['keys']}: its sha256 ")
+
+
+def test_a_size_mismatch(written: tuple[Path, Segment]) -> None:
+    root, segment = written
+    files = dict(segment.files)
+    files["diff"] = dataclasses.replace(files["diff"], size=files["diff"].size + 1)
+    message = damage(root, dataclasses.replace(segment, files=files))
+    assert message.endswith(
+        f"is {files['diff'].size - 1} bytes, the manifest says {files['diff'].size}"
+    )
+
+
+# -- opening costs O(files) --------------------------------------------------------------------
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_opening_two_million_rows_reads_no_data(tmp_path: Path) -> None:
+    n = 2_000_000
+    rng = np.random.default_rng(2)
+    rows = np.column_stack([np.arange(n) // 2, rng.integers(0, 1 << 20, size=n)])
+    layer = Layer.build(rows, np.ones(n, dtype=np.int64))
+    segment = write(tmp_path, layer)
+    del layer, rows
+    assert segment_bytes(segment) > 30 * n  # 16 B rows + 8 B diff + 8 B keys per row
+    for _ in range(3):
+        before = rss()
+        opened = open_segment(tmp_path, segment)
+        grown = rss() - before
+        assert grown < 8 * 1024 * 1024, grown  # no page of the data was touched
+        del opened
+    best = float("inf")
+    for _ in range(5):
+        tracemalloc.start()
+        start = time.perf_counter()
+        opened = open_segment(tmp_path, segment)
+        best = min(best, time.perf_counter() - start)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert peak < 256 * 1024, peak  # headers only: nothing the size of the data
+        del opened
+    assert best < 0.05, best  # milliseconds (and generous on a shared machine)
+    opened = open_segment(tmp_path, segment)
+    assert opened.rows[-1, 0] == n // 2 - 1
+    searched_in_place(opened, n, segment_bytes(segment))
+
+
+def memory() -> tuple[int, int]:
+    """This process's resident memory: (anonymous, mapped from files), in bytes."""
+    found = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                found[key] = int(value.split()[0]) * 1024
+    return found["RssAnon"], found["RssFile"]
+
+
+def searched_in_place(opened: Layer, n: int, size: int) -> None:
+    """Lookups and ranges on a mapped layer copy nothing and touch a few pages of its `size`
+    bytes (each page fault maps its neighbours too: a few probes keep them few)."""
+    rng = np.random.default_rng(5)
+    probe = np.column_stack([rng.integers(0, n // 2, size=2), rng.integers(0, 1 << 20, size=2)])
+    anon, mapped = memory()
+    found = opened.lookup(np.concatenate([probe, np.asarray(opened.rows[[n // 3, -1]])]))
+    lo, hi = opened.ranges(probe[:, :1])
+    assert list(found[-2:]) == [1, 1] and bool((hi - lo <= 2).all())
+    anon_after, mapped_after = memory()
+    assert anon_after - anon < 1 << 20
+    assert mapped_after - mapped < size // 4
+
+
+def test_a_mapped_layer_of_byte_keys_is_searched_in_place(tmp_path: Path) -> None:
+    n = 2_000_000
+    rng = np.random.default_rng(6)
+    wide = rng.integers(0, 1 << 62, size=n)
+    rows = np.column_stack([np.arange(n) // 2, wide])
+    segment = write(tmp_path, Layer.build(rows, np.ones(n, dtype=np.int64)))
+    assert segment.packing is None
+    opened = open_segment(tmp_path, segment)
+    assert opened.packing is None  # known from the keys: no pass over the rows to find out
+    searched_in_place(opened, n, segment_bytes(segment))
+
+
+# -- executors' copies -------------------------------------------------------------------------
+
+
+def _worker(cache: str, root: str, segment: Segment, barrier, out) -> None:
+    barrier.wait()
+    copies = SegmentCopies(cache)
+    layer = copies.open(root, segment)
+    out.put(
+        (
+            copies.copied,
+            int(layer.diff.sum()),
+            sorted(str(p) for p in copies.local(root, segment).values()),
+        )
+    )
+
+
+def test_copies_are_made_once_per_digest_across_workers(tmp_path: Path) -> None:
+    layer = random_layer(np.random.default_rng(3), 20000, 3, True, True)
+    segment = write(tmp_path / "state", layer)
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    workers = [
+        ctx.Process(
+            target=_worker,
+            args=(str(tmp_path / "cache"), str(tmp_path / "state"), segment, barrier, out),
+        )
+        for _ in range(2)
+    ]
+    for w in workers:
+        w.start()
+    results = [out.get(timeout=60) for _ in workers]
+    for w in workers:
+        w.join(timeout=60)
+        assert w.exitcode == 0
+    assert sum(copied for copied, _, _ in results) == len(segment.files)
+    assert {total for _, total, _ in results} == {int(layer.diff.sum())}
+    paths = {tuple(p) for _, _, p in results}
+    assert len(paths) == 1
+    assert sorted(Path(p).name for p in next(iter(paths))) == sorted(
+        f"{ref.sha256}.npy" for ref in segment.files.values()
+    )
+    # A later worker maps what is there, copying nothing.
+    later = SegmentCopies(tmp_path / "cache")
+    same_lookups(layer, later.open(tmp_path / "state", segment), np.random.default_rng(0))
+    assert later.copied == 0
+
+
+def test_a_damaged_source_is_never_copied(tmp_path: Path) -> None:
+    layer = random_layer(np.random.default_rng(4), 3000, 2, False, False)
+    segment = write(tmp_path / "state", layer)
+    path = segment_paths(tmp_path / "state", segment)["rows"]
+    rewrite(path, lambda d: d.__setitem__(len(d) - 1, d[-1] ^ 1))
+    copies = SegmentCopies(tmp_path / "cache")
+    with pytest.raises(DamagedFile) as e:
+        copies.local(tmp_path / "state", segment)
+    assert str(e.value).startswith(f"{path}: its copy to an executor has")
+    assert not list((tmp_path / "cache").glob(f"{segment.files['rows'].sha256}.*npy"))
+    assert not list((tmp_path / "cache").glob("*.tmp"))
+    path.unlink()
+    with pytest.raises(DamagedFile, match="missing"):
+        copies.local(tmp_path / "state", segment)

@@ -1,0 +1,47 @@
+"""Arrow columns to numpy and back without pyarrow's pandas shim.
+
+pyarrow imports pandas (a third of a second) the first time an array is converted with
+``to_numpy`` or built from a numpy array with ``pa.array``. A fresh ``wcoj apply`` process has no
+other use for pandas, so the engine's own conversions go through the buffers instead: long
+columns without nulls — what every batch and every change holds — are viewed in place
+(`longs`), and numpy arrays are wrapped without a copy (`long_array`).
+
+>>> import numpy as np
+>>> longs(long_array(np.array([3, -1, 2]))).tolist()
+[3, -1, 2]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+I64 = np.int64
+
+
+def long_array(values: np.ndarray) -> pa.Array:
+    """A numpy array of longs as an Arrow int64 array (no copy when it is contiguous)."""
+    data = np.ascontiguousarray(values, dtype=I64)
+    return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
+
+
+def longs(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """An integer column without nulls as a numpy array of longs (a view when it is one int64
+    chunk; raises `ValueError` for nulls or a type that is not an integer)."""
+    if isinstance(column, pa.ChunkedArray):
+        chunks = column.chunks
+        if len(chunks) == 1:
+            return longs(chunks[0])
+        if not chunks:
+            return np.zeros(0, dtype=I64)
+        return np.concatenate([longs(c) for c in chunks])
+    if column.null_count:
+        raise ValueError("the column holds nulls")
+    if not pa.types.is_integer(column.type):
+        raise ValueError(f"the column holds {column.type}, not integers")
+    if column.type != pa.int64():
+        column = column.cast(pa.int64())
+    buffer = column.buffers()[1]
+    if buffer is None:
+        return np.zeros(0, dtype=I64)
+    return np.frombuffer(buffer, dtype=I64, count=len(column), offset=column.offset * 8)

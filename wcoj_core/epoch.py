@@ -1,0 +1,520 @@
+"""One epoch: one pass over the traces it touches, one commit (see docs/state.md).
+
+`EpochPass(engine, base, epoch, changes).run()` applies epoch ``t`` — new, or in place of what
+``t`` held — to the manifest `base`:
+
+1. **open** every trace the epoch reads as of just before ``t`` (`wcoj_core.indexes`: mapped
+   segments, corrected by the batches the index lacks or holds beyond ``t - 1``);
+2. **land** each relation's changes (`wcoj_core.landing`) and turn them into the relation's
+   change (`wcoj_core.meaning.effect`: a set's presence, a bag's multiplicities);
+3. **derive** every counts change and every delta rule of every query, on the driver or in
+   Spark's executors (`wcoj_core.deploy`), each query's change the sum of its rules';
+4. **write** a batch per changed trace at ``t`` with its figures as of ``t``, and every indexed
+   trace's index advanced to ``t``;
+5. **commit** one manifest generation. A failure anywhere discards what was written: the state
+   stays exactly as it was.
+"""
+
+from __future__ import annotations
+
+import time as clock
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from wcoj_core import lineage
+from wcoj_core.deploy import Choice
+from wcoj_core.deploy.driver import run_on_driver
+from wcoj_core.deploy.work import RuleJob, Work
+from wcoj_core.errors import MultiplicityOverflow, StateError
+from wcoj_core.indexes import Opened, advance, identity, open_trace
+from wcoj_core.kernel.changes import counts_delta, support_delta
+from wcoj_core.kernel.index import EpochLayers
+from wcoj_core.kernel.join import RuleTally
+from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.layer import Layer, lookup_sum
+from wcoj_core.landing import Changes, Landed, land
+from wcoj_core.meaning import Effect, Figures, effect, figures_change, landed_digest
+from wcoj_core.query.plan import AtomView, Kind
+from wcoj_core.store.manifest import Batch, Manifest, Trace
+from wcoj_core.store.names import trace_dir
+from wcoj_core.traces import (
+    counts_trace_name,
+    output_trace_name,
+    relation_trace_name,
+    rule_trace_name,
+)
+
+if TYPE_CHECKING:
+    from wcoj_core.engine import Engine
+
+
+def ignored_trace_name(relation: str) -> str:
+    """The trace of a set relation's landed changes that changed nothing."""
+    return f"ignored/{relation}"
+
+
+@dataclass(frozen=True, slots=True)
+class StepMetrics:
+    """Rows through one step of one rule."""
+
+    query: str
+    rule: int
+    var: str
+    prefixes: int
+    min_count_sum: int
+    proposed: int
+    validated: int
+
+
+@dataclass(frozen=True, slots=True)
+class EpochMetrics:
+    """What one epoch did: changes in, rows proposed and validated, output rows, seconds per
+    phase, where the kernel ran (`deployment`) and why (`reason`), and what opening the state
+    cost (`mapped_bytes` of arrangement files mapped, `read_bytes` of batches read)."""
+
+    epoch: int
+    changes: dict[str, int]
+    outputs: dict[str, int]
+    steps: tuple[StepMetrics, ...]
+    seconds: dict[str, float]
+    deployment: str = "driver"
+    reason: str = ""
+    # Rows out of every lookup the kernel made (its analogue of a binary plan's join rows).
+    join_rows: int = 0
+    mapped_bytes: int = 0
+    read_bytes: int = 0
+    rebuilt: tuple[str, ...] = ()
+
+    @property
+    def proposed(self) -> int:
+        return sum(s.proposed for s in self.steps)
+
+    @property
+    def validated(self) -> int:
+        return sum(s.validated for s in self.steps)
+
+    @property
+    def total_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "changes": self.changes,
+            "outputs": self.outputs,
+            "proposed": self.proposed,
+            "validated": self.validated,
+            "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
+            "deployment": self.deployment,
+            "reason": self.reason,
+            "hydration": {
+                "seconds": round(self.seconds.get("open", 0.0), 4),
+                "mapped_bytes": self.mapped_bytes,
+                "read_bytes": self.read_bytes,
+                "rebuilt": list(self.rebuilt),
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RelationReport:
+    """What an epoch's landed changes did to a relation (see `wcoj_core.meaning.Effect`)."""
+
+    landed: int
+    changed: int
+    self_loops: int
+    inserted_present: int
+    deleted_absent: int
+    ignored_examples: tuple[tuple[tuple[int, ...], int], ...]
+    negative: int
+    negative_examples: tuple[tuple[tuple[int, ...], int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentReport:
+    """One segment of a trace's index after the epoch: its folder, level (``base`` or
+    ``recent``), the view pattern (None: the trace as stored) and column order it serves, its
+    rows and bytes."""
+
+    path: str
+    level: str
+    view: tuple[Any, ...] | None
+    order: tuple[int, ...]
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TraceReport:
+    """A trace after the epoch: its batch at the epoch (None: none written), its figures as of
+    the epoch, and its index's segments."""
+
+    name: str
+    batch: Batch | None
+    figures: Figures
+    segments: tuple[SegmentReport, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RuleReport:
+    rows: int
+    proposed: int
+    validated: int
+
+
+@dataclass(frozen=True)
+class EpochResult:
+    """The exact change of every query's output at an epoch, and what the epoch did.
+
+    `changes` holds each query's change as (rows, diffs) arrays when the driver computed it
+    (None otherwise: read the batch, `Engine.change`); `totals` the sum of each change's
+    multiplicities; `traces` every trace after the epoch; `rules` each rule's output per query.
+    """
+
+    epoch: int
+    metrics: EpochMetrics
+    relations: dict[str, RelationReport]
+    traces: dict[str, TraceReport]
+    totals: dict[str, int]
+    changes: dict[str, tuple[np.ndarray, np.ndarray] | None]
+    rules: dict[str, dict[int, RuleReport]]
+    generation: int
+    # Stale epochs derived again before this one, oldest first (see `Engine.apply`).
+    rebuilt: tuple[EpochResult, ...] = ()
+
+    @property
+    def rebuilt_epochs(self) -> tuple[int, ...]:
+        return tuple(r.epoch for r in self.rebuilt)
+
+    def total(self, query: str) -> int:
+        """The sum of the multiplicities of `query`'s output change."""
+        return self.totals[query]
+
+    def count(self, query: str) -> int:
+        """`query`'s output count (summed multiplicity) as of the epoch."""
+        return self.traces[output_trace_name(query)].figures.count
+
+
+@dataclass
+class _Timer:
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = clock.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + clock.perf_counter() - start
+
+
+class EpochPass:
+    """One epoch applied to a manifest (see the module)."""
+
+    def __init__(
+        self, engine: Engine, base: Manifest, epoch: int, changes: Mapping[str, Changes]
+    ) -> None:
+        self.engine = engine
+        self.base = base
+        self.epoch = epoch
+        self.changes = changes
+        self.timer = _Timer()
+        self.written: list[str] = []  # folders staged (batches, segments)
+        self.opened: dict[str, Opened] = {}
+        self.deltas: dict[str, Layer] = {}
+        self.effects: dict[str, tuple[Landed, Effect]] = {}
+
+    # -- the pass -----------------------------------------------------------------------------
+    def run(self) -> EpochResult:
+        engine, t = self.engine, self.epoch
+        m = engine.registered(self.base)
+        try:
+            with self.timer.phase("open"):
+                for name in engine.indexed():
+                    self.opened[name] = open_trace(
+                        engine.store.root,
+                        m.traces[name],
+                        t,
+                        engine.views[name],
+                        engine.read_batch,
+                    )
+            with self.timer.phase("land"):
+                self._land()
+            with self.timer.phase("rules"):
+                choice, outputs, tallies = self._derive()
+            with self.timer.phase("write"):
+                new, reports = self._write(m, outputs)
+            with self.timer.phase("commit"):
+                committed = engine.store.commit(new, expected=self.base)
+        except MultiplicityOverflow as e:
+            self._discard()
+            raise e.with_epoch(t) from None
+        except BaseException:
+            self._discard()
+            raise
+        return self._result(committed, choice, outputs, tallies, reports)
+
+    def _discard(self) -> None:
+        self.engine.store.discard(self.written)
+
+    # -- land ---------------------------------------------------------------------------------
+    def _land(self) -> None:
+        engine = self.engine
+        for rel, changes in sorted(self.changes.items()):
+            spec = engine.specs[rel]
+            landed = land(spec, changes, engine.landing_rows)
+            if landed is None:
+                raise StateError(
+                    f"epoch {self.epoch}: relation {rel!r} changes by more than "
+                    f"{engine.landing_rows:,} rows; apply it in smaller epochs"
+                )
+            name = relation_trace_name(rel)
+            before = self.opened[name].at(identity(spec.arity))
+            eff = effect(spec, landed.layer, before)
+            self.effects[rel] = (landed, eff)
+            if len(eff.change):
+                self.deltas[name] = eff.change
+
+    # -- derive -------------------------------------------------------------------------------
+    def _derive(
+        self,
+    ) -> tuple[Choice, dict[str, tuple[np.ndarray, np.ndarray]], dict[RuleJob, RuleTally]]:
+        engine = self.engine
+        layers = EpochLayers(self.opened, self.deltas)  # type: ignore[arg-type]
+        by_view: dict[AtomView, list[Any]] = {}
+        for a in engine.arrangements:
+            if a.kind is Kind.COUNTS:
+                by_view.setdefault(a.view, []).append(a)
+        for view, arrangements in by_view.items():
+            if relation_trace_name(view.relation) not in self.deltas:
+                continue
+            support = support_delta(layers, view)
+            for a in arrangements:
+                counts = counts_delta(support, a.key)
+                if len(counts):
+                    self.deltas[counts_trace_name(a)] = counts
+        held = sum(o.trace.rows(self.epoch, strict=True) for o in self.opened.values())
+        changed = sum(len(d) for d in self.deltas.values())
+        choice = engine.choose(held, changed)
+        jobs = self._jobs()
+        work = Work(engine.store.root, self.epoch, engine.plans, (), rules=tuple(jobs))
+        result = run_on_driver(work, layers)
+        outputs = dict(result.changes)
+        for q in engine.queries:
+            out = output_trace_name(q)
+            if engine.keep_rules:
+                parts = [outputs[j.output] for j in jobs if j.query == q]
+                outputs[out] = _summed(parts, len(engine.queries[q].head))
+            elif out not in outputs:
+                width = len(engine.queries[q].head)
+                outputs[out] = (np.zeros((0, width), dtype=I64), np.zeros(0, dtype=I64))
+        return choice, outputs, dict(result.tallies)
+
+    def _jobs(self) -> list[RuleJob]:
+        engine = self.engine
+        changed = {r for r in engine.specs if relation_trace_name(r) in self.deltas}
+        jobs: list[RuleJob] = []
+        for name, plan in engine.plans.items():
+            for rule in plan.rules:
+                if plan.query.atoms[rule.delta].relation not in changed:
+                    continue
+                output = (
+                    rule_trace_name(name, rule.delta)
+                    if engine.keep_rules
+                    else output_trace_name(name)
+                )
+                jobs.append(RuleJob(name, rule.delta, output))
+        return jobs
+
+    # -- write --------------------------------------------------------------------------------
+    def _write(
+        self, m: Manifest, outputs: Mapping[str, tuple[np.ndarray, np.ndarray]]
+    ) -> tuple[Manifest, dict[str, TraceReport]]:
+        engine, t = self.engine, self.epoch
+        landed = {
+            relation_trace_name(rel): landed_digest(eff.landed)
+            for rel, (_, eff) in self.effects.items()
+        }
+        relations = [relation_trace_name(r) for r in engine.specs]
+        chain = lineage.next_chain(self._previous_chain(m), t, landed, relations)
+        staged: dict[str, tuple[Layer, Figures]] = {}
+        for rel, (_, eff) in self.effects.items():
+            name = relation_trace_name(rel)
+            staged[name] = (eff.change, self._figures_before(m, name).plus(eff.figures))
+            if len(eff.ignored):
+                staged[ignored_trace_name(rel)] = (eff.ignored, Figures())
+        for name, layer in self.deltas.items():
+            if name.startswith("counts/"):
+                staged[name] = (layer, self._figures_before(m, name).plus(self._change(name, layer)))
+        for name, (rows, diff) in outputs.items():
+            layer = Layer(rows, diff)
+            figures = self._figures_before(m, name)
+            if name.startswith("out/"):
+                figures = figures.plus(self._change(name, layer))
+            staged[name] = (layer, figures)
+        traces = dict(m.traces)
+        reports: dict[str, TraceReport] = {}
+        epoch_names = set(staged) | {n for n, tr in m.traces.items() if any(b.time == t for b in tr.batches)}
+        for name in sorted(epoch_names | set(self.opened)):
+            trace = traces.get(name) or Trace(name, _columns(engine, name))
+            layer_figures = staged.get(name)
+            kept = tuple(b for b in trace.batches if b.time != t)
+            batch: Batch | None = None
+            if layer_figures is not None:
+                layer, figures = layer_figures
+                batch = self._batch(trace, layer, figures, landed.get(name, ""), chain)
+                kept = tuple(sorted((*kept, batch), key=lambda b: b.time))
+            trace = replace(trace, batches=kept)
+            if name in self.opened:
+                opened = self.opened[name]
+                change = layer_figures[0] if layer_figures is not None else Layer.empty(len(trace.columns))
+                if len(change) or len(opened.correction) or opened.rebuilt or trace.index is None:
+                    index = advance(
+                        engine.store.root, opened, change, t, engine.views[name], self.written
+                    )
+                else:
+                    index = replace(trace.index, time=t)
+                trace = replace(trace, index=index)
+            traces[name] = trace
+            figures = layer_figures[1] if layer_figures is not None else self._figures_before(m, name, upto=True)
+            reports[name] = TraceReport(name, batch, figures, _segments(trace))
+        epoch = t if m.epoch is None else max(m.epoch, t)
+        return replace(m, epoch=epoch, traces=traces, plan=engine.plan_record), reports
+
+    def _batch(self, trace: Trace, layer: Layer, figures: Figures, landed: str, chain: str) -> Batch:
+        folder = f"traces/{trace_dir(trace.name)}/b-k-{self.epoch}-{_hex12()}"
+        self.written.append(folder)
+        files = self.engine.files.write(
+            folder, trace.columns, np.asarray(layer.rows), np.asarray(layer.diff), self.epoch, threads=True
+        )
+        return Batch(folder, self.epoch, len(layer), files, figures.as_tuple(), landed, chain)
+
+    def _previous_chain(self, m: Manifest) -> str:
+        relations = [relation_trace_name(r) for r in self.engine.specs]
+        chains = lineage.chains(m, relations)
+        earlier = [e for e in chains if e < self.epoch]
+        return chains[max(earlier)] if earlier else ""
+
+    def _figures_before(self, m: Manifest, name: str, upto: bool = False) -> Figures:
+        """A trace's figures as of the epoch before this one (its last batch before it)."""
+        trace = m.trace(name)
+        batches = [] if trace is None else [b for b in trace.batches if b.time < self.epoch or (upto and b.time == self.epoch)]
+        for b in reversed(batches):
+            if b.figures is not None:
+                return Figures(*b.figures)
+        return Figures()
+
+    def _change(self, name: str, layer: Layer) -> Figures:
+        """How a derived trace's figures change by `layer`: a lookup of its tuples in the trace
+        as of before the epoch when it is indexed; else (an output whose tuples are held once
+        or not at all) its summed diff."""
+        opened = self.opened.get(name)
+        if opened is None:
+            total = int(np.asarray(layer.diff).sum(dtype=I64))
+            return Figures(total, total, 0)
+        before = lookup_sum(opened.at(identity(layer.width)), np.asarray(layer.rows)) if len(layer) else np.zeros(0, dtype=I64)
+        return figures_change(before, np.asarray(layer.diff))
+
+    # -- the result ---------------------------------------------------------------------------
+    def _result(
+        self,
+        committed: Manifest,
+        choice: Choice,
+        outputs: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        tallies: Mapping[RuleJob, RuleTally],
+        reports: dict[str, TraceReport],
+    ) -> EpochResult:
+        engine = self.engine
+        steps = tuple(
+            StepMetrics(job.query, job.rule, s.var, s.prefixes, s.min_sum, s.proposed, s.validated)
+            for job, tally in tallies.items()
+            for s in tally.steps
+        )
+        rules: dict[str, dict[int, RuleReport]] = {q: {} for q in engine.queries}
+        for job, tally in tallies.items():
+            rows = len(outputs[job.output][1]) if engine.keep_rules else 0
+            rules[job.query][job.rule] = RuleReport(
+                rows, sum(s.proposed for s in tally.steps), sum(s.validated for s in tally.steps)
+            )
+        metrics = EpochMetrics(
+            epoch=self.epoch,
+            changes={rel: len(eff.change) for rel, (_, eff) in sorted(self.effects.items())},
+            outputs={q: len(outputs[output_trace_name(q)][1]) for q in engine.queries},
+            steps=steps,
+            seconds=self.timer.seconds,
+            deployment=choice.deployment.value,
+            reason=choice.reason,
+            join_rows=sum(tally.joins for tally in tallies.values()),
+            mapped_bytes=sum(o.mapped for o in self.opened.values()),
+            read_bytes=sum(o.read_bytes for o in self.opened.values()),
+            rebuilt=tuple(f"{n}: {o.rebuilt}" for n, o in self.opened.items() if o.rebuilt and o.index is not None),
+        )
+        relations = {
+            rel: RelationReport(
+                len(eff.landed),
+                len(eff.change),
+                landed.self_loops,
+                eff.inserted_present,
+                eff.deleted_absent,
+                eff.ignored_examples,
+                eff.negative,
+                eff.negative_examples,
+            )
+            for rel, (landed, eff) in sorted(self.effects.items())
+        }
+        totals = {
+            q: int(outputs[output_trace_name(q)][1].sum(dtype=I64)) for q in engine.queries
+        }
+        changes: dict[str, tuple[np.ndarray, np.ndarray] | None] = {
+            q: outputs[output_trace_name(q)] for q in engine.queries
+        }
+        return EpochResult(
+            self.epoch,
+            metrics,
+            relations,
+            reports,
+            totals,
+            changes,
+            rules,
+            committed.generation,
+        )
+
+
+def _summed(parts: Sequence[tuple[np.ndarray, np.ndarray]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    live = [p for p in parts if len(p[1])]
+    if not live:
+        return np.zeros((0, width), dtype=I64), np.zeros(0, dtype=I64)
+    if len(live) == 1:
+        return live[0]
+    layer = Layer.build(np.concatenate([r for r, _ in live]), np.concatenate([d for _, d in live]))
+    return layer.rows, layer.diff
+
+
+def _columns(engine: Engine, name: str) -> tuple[str, ...]:
+    return tuple(engine.trace_columns(name))
+
+
+def _segments(trace: Trace) -> tuple[SegmentReport, ...]:
+    if trace.index is None:
+        return ()
+    return tuple(
+        SegmentReport(
+            s.path,
+            s.level.value,
+            None if s.view is None else tuple(s.view),
+            tuple(s.order),
+            s.rows,
+            sum(f.size for f in s.files.values()),
+        )
+        for s in trace.index.segments
+    )
+
+
+def _hex12() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:12]

@@ -1,0 +1,346 @@
+"""A trace's arrangements as of an epoch: its persisted index, corrected, and advanced.
+
+A trace's index (`wcoj_core.store.manifest.Index`) covers exactly its batches up to the
+index's time: per *view key* — the atom view the kernel reads through (None: the trace as
+stored) and the column order it searches — a base segment and a few recent ones, each a sorted
+layer in files a process maps (`wcoj_core.segments`). `open_trace` gives the trace as of just
+before an epoch: the mapped segments, plus a *correction* layer holding the batches the epoch's
+old state has and the index lacks (added) or the index has and the old state lacks (subtracted:
+a re-run or a corrected epoch), read from their Parquet files. The usual epoch — the next one
+after the index — needs no correction and reads no batch.
+
+When segments are missing or damaged (`DamagedFile`), or a trace has no index yet, the trace is
+rebuilt from its batches (`Opened.rebuilt` says why) and the next commit persists a fresh base.
+
+`advance` persists the index after an epoch: one new recent segment per view key holding the
+epoch's change and the open's correction, so the new index covers every batch up to the epoch;
+recent segments are merged together once there are more than `MAX_RECENT`, and into a new base
+once they outgrow `MERGE_SHARE` of it (LSM style): files stay few, and an epoch writes what it
+changed.
+
+`plan_views` says which view keys the plans read, per trace: the ones persisted.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wcoj_core import segments
+from wcoj_core.errors import StateError
+from wcoj_core.kernel.index import EpochLayers
+from wcoj_core.kernel.join import prepare
+from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.layer import Layer, arranged, merged
+from wcoj_core.query.ir import Const
+from wcoj_core.query.plan import AtomView, Kind, Plan, Version
+from wcoj_core.store.manifest import Batch, Index, Level, Segment, Trace
+from wcoj_core.store.names import trace_dir
+from wcoj_core.traces import counts_trace_name, relation_trace_name
+
+# Recent segments per view key before they are merged into one, and the share of the base's
+# rows (at least `MERGE_MIN_ROWS`) beyond which the merged recent segment joins the base.
+MAX_RECENT = 6
+MERGE_SHARE = 0.05
+MERGE_MIN_ROWS = 50_000
+
+# A view key: the atom view's pattern (None: the trace as stored) and the column order.
+Pattern = tuple[int | Const, ...]
+ViewKey = tuple[Pattern | None, tuple[int, ...]]
+
+
+def view_key(view: AtomView | None, order: Sequence[int]) -> ViewKey:
+    """The key of a view of a trace: an identity view is the trace as stored.
+
+    >>> view_key(AtomView("e", (0, 1)), (1, 0))
+    (None, (1, 0))
+    >>> view_key(AtomView("e", (0, 0)), (0,))
+    ((0, 0), (0,))
+    """
+    if view is None or view.is_identity:
+        return (None, tuple(order))
+    return (view.pattern, tuple(order))
+
+
+def identity(width: int) -> ViewKey:
+    return (None, tuple(range(width)))
+
+
+def arrange(layer: Layer, key: ViewKey) -> Layer:
+    """A layer of a trace (as stored) seen through a view key."""
+    pattern, order = key
+    view = None if pattern is None else AtomView("", pattern)
+    return arranged(layer, view, order)
+
+
+class _Recorder:
+    """A `Layers` that records what a rule reads (and holds nothing)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, set[ViewKey]] = {}
+
+    def layers(
+        self, name: str, view: AtomView | None, order: tuple[int, ...], version: Version
+    ) -> list[Layer]:
+        if version is not Version.DELTA:
+            self.seen.setdefault(name, set()).add(view_key(view, order))
+        return []
+
+    def delta(self, name: str, view: AtomView | None, order: tuple[int, ...]) -> Layer:
+        return Layer.empty(len(order))
+
+
+def plan_views(plans: Iterable[Plan], widths: Mapping[str, int]) -> dict[str, frozenset[ViewKey]]:
+    """Every view key the plans' rules read, per trace, plus each trace's identity (what
+    lookups of changed tuples read); `widths` gives every trace to index and its width."""
+    recorder = _Recorder()
+    for plan in plans:
+        for rule in plan.rules:
+            prepare(plan, rule, recorder)  # type: ignore[arg-type]
+    return {
+        name: frozenset({identity(width), *recorder.seen.get(name, set())})
+        for name, width in widths.items()
+    }
+
+
+def counts_names(plans: Iterable[Plan]) -> dict[str, tuple[str, ...]]:
+    """The counts traces the plans read, each once, with their columns."""
+    out: dict[str, tuple[str, ...]] = {}
+    for plan in plans:
+        for a in plan.arrangements:
+            if a.kind is Kind.COUNTS:
+                out[counts_trace_name(a)] = tuple(f"c{k}" for k in a.key)
+    return out
+
+
+# A function reading a batch whole (its files checked against their digests) as a layer.
+ReadBatch = Callable[[Trace, Batch], Layer]
+
+
+@dataclass
+class Opened:
+    """A trace as of just before an epoch, through any view key.
+
+    `segments` are the index's mapped layers per view key; `correction` (signed, as stored)
+    is what the old state holds beyond them. `read` holds every batch read whole while opening,
+    by path (so nothing is read twice). `rebuilt` says why the index was not used ("" when it
+    was), `mapped` and `read_bytes` what opening cost.
+    """
+
+    trace: Trace
+    before: int
+    segments: dict[ViewKey, list[Layer]]
+    correction: Layer
+    index: Index | None
+    read: dict[str, Layer] = field(default_factory=dict)
+    rebuilt: str = ""
+    mapped: int = 0
+    read_bytes: int = 0
+    _derived: dict[ViewKey, list[Layer]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.trace.name
+
+    def layers(self, view: AtomView | None, order: tuple[int, ...]) -> list[Layer]:
+        """The trace through a view, as layers to sum (the `TraceIndex` protocol)."""
+        return self.at(view_key(view, order))
+
+    def at(self, key: ViewKey) -> list[Layer]:
+        found = self._derived.get(key)
+        if found is not None:
+            return found
+        held = self.segments.get(key)
+        if held is None:
+            # A view no segment holds: derived once from the whole trace (a view the index was
+            # not built for, e.g. a state rebuilt for fewer queries).
+            whole = self.whole()
+            held = [arrange(whole, key)] if len(whole) else []
+            out = held
+        else:
+            out = [layer for layer in held if len(layer)]
+            if len(self.correction):
+                out.append(arrange(self.correction, key))
+        self._derived[key] = out
+        return out
+
+    def whole(self) -> Layer:
+        """The trace as stored, summed into one layer (reads every segment of the identity)."""
+        key = identity(len(self.trace.columns))
+        layers = [*self.segments.get(key, []), self.correction]
+        total = Layer.empty(len(self.trace.columns))
+        for layer in layers:
+            total = merged(total, layer)
+        return total
+
+
+def open_trace(
+    root: str,
+    trace: Trace,
+    before: int,
+    keys: Iterable[ViewKey],
+    read_batch: ReadBatch,
+    *,
+    verify: bool = False,
+) -> Opened:
+    """The trace as of just before epoch `before`, through every view key in `keys` (see the
+    module). A damaged or missing index is rebuilt from the batches; a damaged batch raises."""
+    wanted = [b for b in trace.batches if b.time < before]
+    index = trace.index
+    keys = set(keys)
+    if index is None or not index.segments:
+        reason = "" if not wanted else "the trace has no index"
+        return _rebuild(trace, before, wanted, keys, read_batch, reason)
+    covered = {b.path for b in trace.batches if b.time <= index.time}
+    held = {k: [s for s in index.segments if _segment_key(s) == k] for k in keys}
+    if any(not segs for segs in held.values()):
+        missing = [k for k, segs in held.items() if not segs]
+        return _rebuild(
+            trace, before, wanted, keys, read_batch, f"the index lacks the view(s) {missing}"
+        )
+    try:
+        mapped = {k: [segments.open_segment(root, s, verify=verify) for s in segs] for k, segs in held.items()}
+    except segments.DamagedFile as e:
+        return _rebuild(trace, before, wanted, keys, read_batch, str(e))
+    opened = Opened(trace, before, mapped, Layer.empty(len(trace.columns)), index)
+    opened.mapped = sum(segments.segment_bytes(s) for segs in held.values() for s in segs)
+    plus = [b for b in wanted if b.path not in covered]
+    wanted_paths = {b.path for b in wanted}
+    minus = [b for b in trace.batches if b.path in covered and b.path not in wanted_paths]
+    opened.correction = _signed(trace, plus, minus, read_batch, opened)
+    return opened
+
+
+def _segment_key(s: Segment) -> ViewKey:
+    return (None if s.view is None else tuple(s.view), tuple(s.order))
+
+
+def _signed(
+    trace: Trace,
+    plus: Sequence[Batch],
+    minus: Sequence[Batch],
+    read_batch: ReadBatch,
+    opened: Opened,
+) -> Layer:
+    total = Layer.empty(len(trace.columns))
+    for batches, sign in ((plus, 1), (minus, -1)):
+        for b in batches:
+            if b.rows == 0:
+                continue
+            layer = opened.read.get(b.path)
+            if layer is None:
+                layer = read_batch(trace, b)
+                opened.read[b.path] = layer
+                opened.read_bytes += sum(f.size for f in b.files)
+            total = merged(total, layer if sign > 0 else layer.with_diff(-layer.diff))
+    return total
+
+
+def _rebuild(
+    trace: Trace,
+    before: int,
+    wanted: Sequence[Batch],
+    keys: set[ViewKey],
+    read_batch: ReadBatch,
+    reason: str,
+) -> Opened:
+    opened = Opened(trace, before, {}, Layer.empty(len(trace.columns)), None, rebuilt=reason)
+    whole = _signed(trace, wanted, (), read_batch, opened)
+    opened.segments = {k: [arrange(whole, k)] if len(whole) else [] for k in keys}
+    return opened
+
+
+def advance(
+    root: str,
+    opened: Opened,
+    change: Layer,
+    time: int,
+    keys: Iterable[ViewKey],
+    written: list[str],
+    *,
+    verify_merges: bool = True,
+) -> Index:
+    """The trace's index after epoch `time` changed it by `change`: it covers every batch up to
+    `time` (see the module). New segment folders are added to `written` as soon as they may
+    exist (for the caller to discard on failure)."""
+    folder = f"arrangements/{trace_dir(opened.name)}"
+    delta = merged(opened.correction, change)
+    out: list[Segment] = []
+    for key in sorted(keys, key=repr):
+        if opened.rebuilt or opened.index is None:
+            # No index to build on: the whole trace after the epoch becomes the base.
+            base = _sum(len(key[1]), *opened.at(key), arrange(change, key))
+            if len(base):
+                out.append(_write(root, folder, base, Level.BASE, key, written))
+            continue
+        segs = [s for s in opened.index.segments if _segment_key(s) == key]
+        base = [s for s in segs if s.level is Level.BASE]
+        recent = [s for s in segs if s.level is not Level.BASE]
+        fresh = arrange(delta, key) if len(delta) else None
+        if fresh is not None and len(fresh):
+            if len(recent) + 1 > MAX_RECENT:
+                layers = [segments.open_segment(root, s, verify=verify_merges) for s in recent]
+                fresh = _sum(len(key[1]), *layers, fresh)
+                recent = []
+            base_rows = sum(s.rows for s in base)
+            if len(fresh) > max(MERGE_MIN_ROWS, MERGE_SHARE * base_rows):
+                layers = [segments.open_segment(root, s, verify=verify_merges) for s in base + recent]
+                merged_base = _sum(len(key[1]), *layers, fresh)
+                base, recent, fresh = [], [], None
+                if len(merged_base):
+                    base = [_write(root, folder, merged_base, Level.BASE, key, written)]
+        out += base + recent
+        if fresh is not None and len(fresh):
+            out.append(_write(root, folder, fresh, Level.RECENT, key, written))
+    return Index(time, tuple(out))
+
+
+def _sum(width: int, *layers: Layer) -> Layer:
+    """Layers of one width summed into one (consolidated, sorted)."""
+    live = [layer for layer in layers if len(layer)]
+    if not live:
+        return Layer.empty(width)
+    if len(live) == 1:
+        return live[0]
+    return Layer.build(
+        np.concatenate([np.asarray(layer.rows) for layer in live]),
+        np.concatenate([np.asarray(layer.diff, dtype=I64) for layer in live]),
+    )
+
+
+def _write(
+    root: str, folder: str, layer: Layer, level: Level, key: ViewKey, written: list[str]
+) -> Segment:
+    rel = f"{folder}/s-{uuid.uuid4().hex[:16]}"
+    written.append(rel)
+    pattern, order = key
+    return segments.write_segment(root, rel, layer, level=level, view=pattern, order=order)
+
+
+def epoch_layers(opened: Mapping[str, Opened], deltas: Mapping[str, Layer]) -> EpochLayers:
+    """What an epoch's rules read: every opened trace, and the epoch's changes."""
+    return EpochLayers(opened, deltas)  # type: ignore[arg-type]
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise StateError(message)
+
+
+__all__: list[Any] = [
+    "MAX_RECENT",
+    "Opened",
+    "ViewKey",
+    "advance",
+    "arrange",
+    "counts_names",
+    "identity",
+    "open_trace",
+    "plan_views",
+    "relation_trace_name",
+    "view_key",
+]

@@ -1,0 +1,1245 @@
+"""Reading relations from local files without Spark, by the rules the Spark reader follows.
+
+Contract: `read_local` reads a local text edge list, CSV or Parquet file (or folder) with
+pyarrow and numpy into an Arrow table ``c0 .. c{arity-1}, diff`` (int64, no nulls) holding the
+same rows, as a multiset, as `wcoj_core.sources.read_relation` gives, and refuses a bad file
+with the same `InputError` (file, line, column), as one line. The formats, by extension (a local
+folder is Parquet):
+
+* text (``.txt``, ``.tsv``, no extension, ... and their ``.gz``): lines whose first non-blank
+  character is ``#`` and blank lines are skipped; fields are separated by runs of spaces or tabs;
+  ``\\r\\n`` and a lone ``\\r`` end a line; every data line carries exactly ``arity`` signed
+  64-bit integers, each with multiplicity 1.
+* CSV with a header row (``.csv``, ``.csv.gz``): columns in file order apart from the one named
+  ``diff``; each line is parsed as Spark's CSV parser (univocity, Spark's options) parses it.
+* Parquet: signed integer columns (and the unsigned ones Spark widens), ``diff`` optional.
+
+Only a file on this machine is local (`is_local_input`): a generator spec (``rmat:...``) or a
+URI with a scheme other than ``file`` needs Spark. Nothing is read that is not a regular file (a
+folder only for Parquet): `check_input_file` refuses a named pipe, a device or a socket from
+``os.stat`` before anything is opened, and each open checks again (``O_NONBLOCK``, ``fstat``).
+
+Text and CSV are read in blocks of whole lines. A block takes a fast path (pyarrow's CSV parser
+or its whitespace split, after checking the block's bytes leave nothing to interpret); a block
+the fast path does not vouch for is read line by line by the exact rules, which also find the
+first bad line. `check_locally` is the pre-flight check: the same reading over at most the first
+`LOCAL_CHECK_BYTES` decompressed bytes (a Parquet file's footers, and its values when small).
+The checks both readers share (`check_text_line`, `check_csv_line`, `assign_roles`) live here.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import mmap
+import os
+import re
+import stat
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from enum import Enum
+from typing import IO
+from urllib.parse import urlparse
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from wcoj_core.errors import InputError
+from wcoj_core.traces import DIFF, TIME, relation_columns
+
+# The pre-flight check reads at most this many (decompressed) bytes of a text or CSV file, and
+# reads a Parquet file's values only when the files are at most this big.
+LOCAL_CHECK_BYTES = 4 << 20
+_BLOCK = 16 << 20  # text and CSV are parsed this many bytes of whole lines at a time
+_MAX_LINE = 64 << 20  # a longer line is refused rather than buffered
+_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FIELD = re.compile(r"[^ \t\r]+")
+_MIN_LONG, _MAX_LONG = -(2**63), 2**63 - 1
+_TEXT_BYTES = b"0123456789+- \t\r\n"
+_CSV_BYTES = _TEXT_BYTES + b',"'
+_CSV_CELL = rb'(?:"[-+0-9 \t]*"|[-+0-9 \t]*)'
+_SIMPLE_CSV = re.compile(rb"(?:%s(?:,%s)*\r?\n)*(?:%s(?:,%s)*)?" % ((_CSV_CELL,) * 4))
+
+
+class Format(Enum):
+    """How a relation file is encoded."""
+
+    TEXT = "text"
+    CSV = "csv"
+    PARQUET = "parquet"
+
+
+class Role(Enum):
+    """What a column of a CSV or Parquet file holds."""
+
+    DATA = "data"
+    TIME = "time"
+    DIFF = "diff"
+
+
+def is_generator_spec(path: str) -> bool:
+    """Whether `path` names a generated graph (``rmat:...``), as `wcoj_core.generate` tells,
+    without importing Spark.
+
+    >>> is_generator_spec("rmat:scale=10"), is_generator_spec("data/rmat.txt")
+    (True, False)
+    """
+    return ":" in path and path.split(":", 1)[0].strip().lower() == "rmat"
+
+
+def local_path(path: str) -> str | None:
+    """The path on this machine behind `path`, or None for a remote URI or a generator spec.
+
+    >>> local_path("file:///tmp/e.txt"), local_path("s3a://b/e.txt"), local_path("rmat:scale=4")
+    ('/tmp/e.txt', None, None)
+    """
+    if is_generator_spec(path):
+        return None
+    parsed = urlparse(path)
+    if parsed.scheme == "file":
+        return parsed.path
+    if parsed.scheme and len(parsed.scheme) > 1:
+        return None
+    return path
+
+
+def is_local_input(path: str) -> bool:
+    """Whether `read_local` can read `path`: a file here, not a generator spec or remote URI.
+
+    >>> is_local_input("edges.txt.gz"), is_local_input("rmat:scale=10"), is_local_input("hdfs://e")
+    (True, False, False)
+    """
+    return local_path(path) is not None
+
+
+def detect_format(path: str) -> Format:
+    """The format of `path`, from its extension (a local directory is Parquet).
+
+    >>> detect_format("edges.txt.gz"), detect_format("e.CSV.gz"), detect_format("e.parquet")
+    (<Format.TEXT: 'text'>, <Format.CSV: 'csv'>, <Format.PARQUET: 'parquet'>)
+    """
+    lowered = path.lower().rstrip("/")
+    if lowered.endswith(".parquet"):
+        return Format.PARQUET
+    if lowered.endswith((".csv", ".csv.gz")):
+        return Format.CSV
+    local = local_path(path)
+    if local is not None and os.path.isdir(local):
+        return Format.PARQUET
+    return Format.TEXT
+
+
+def source_name(path: str, name: str) -> str:
+    """How messages name relation `name`'s file: ``<path> (relation <name>)``."""
+    return f"{path} (relation {name})"
+
+
+# --- what may be opened -------------------------------------------------------------------------
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, for a message."""
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def _not_regular(kind: str, where: str) -> InputError:
+    return InputError(f"is not a regular file ({kind}); give a file", where)
+
+
+def check_input_file(path: str, name: str) -> None:
+    """Refuse a local input that cannot be read as relation `name`, from ``os.stat`` alone.
+
+    A missing path, anything but a regular file (a folder only for Parquet, and then anything
+    in it but regular files) and an unreadable file are refused with one `InputError`. Remote
+    URIs and generator specs are left alone.
+
+    >>> try:
+    ...     check_input_file("/dev/zero", "edge")
+    ... except InputError as error:
+    ...     print(error)
+    /dev/zero (relation edge): is not a regular file (a character device); give a file
+    """
+    local = local_path(path)
+    if local is None:
+        return
+    source = source_name(path, name)
+    mode = _stat(local, source).st_mode
+    if stat.S_ISDIR(mode) and detect_format(path) is Format.PARQUET:
+        for file in _parquet_files(local, source):
+            file_mode = _stat(file, f"{source} [{file}]").st_mode
+            if not stat.S_ISREG(file_mode):
+                raise _not_regular(_kind(file_mode), f"{source} [{file}]")
+    elif not stat.S_ISREG(mode):
+        raise _not_regular(_kind(mode), source)
+    if not os.access(local, os.R_OK):
+        raise InputError("cannot be read: permission denied", source)
+
+
+def _stat(local: str, source: str) -> os.stat_result:
+    try:
+        return os.stat(local)
+    except (FileNotFoundError, NotADirectoryError):
+        raise InputError("no such file", source) from None
+    except OSError as exc:
+        raise InputError(f"cannot be read: {exc.strerror or exc}", source) from None
+
+
+def _parquet_files(local: str, source: str) -> list[str]:
+    """The data files of a Parquet file or folder, as Spark lists them (no ``_`` or ``.``)."""
+    if not os.path.isdir(local):
+        return [local]
+    found: list[str] = []
+    for root, dirs, files in os.walk(local):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(("_", ".")))
+        for d in dirs:
+            if "=" in d:
+                raise InputError(
+                    f"cannot be read as Parquet: {os.path.join(root, d)} is a partition folder "
+                    "(key=value); give a folder of Parquet files",
+                    source,
+                )
+        found.extend(os.path.join(root, f) for f in sorted(files) if not f.startswith(("_", ".")))
+    return found
+
+
+@contextmanager
+def _open_regular(local: str, where: str) -> Iterator[IO[bytes]]:
+    """`local` opened for reading, never blocking: refused unless it is a regular file."""
+    try:
+        fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InputError("no such file", where) from None
+    except OSError as exc:
+        raise InputError(f"cannot be read: {exc.strerror or exc}", where) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_regular(_kind(mode), where)
+    with os.fdopen(fd, "rb") as handle:
+        yield handle
+
+
+@contextmanager
+def _decompressed(local: str, source: str, what: str) -> Iterator[IO[bytes]]:
+    """The bytes of a local text or CSV file, gunzipped when its name ends in ``.gz``."""
+    with _open_regular(local, source) as raw:
+        if not local.lower().endswith(".gz"):
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped, _unreadable(source, what):
+            yield unzipped
+
+
+@contextmanager
+def _unreadable(source: str, what: str) -> Iterator[None]:
+    """A damaged compressed file, refused as Spark refuses it (``cannot be read as ...``)."""
+    try:
+        yield
+    except gzip.BadGzipFile:
+        raise InputError(f"cannot be read as {what}: not a gzip file", source) from None
+    except EOFError:
+        raise InputError(
+            f"cannot be read as {what}: the compressed stream ends early (a truncated file)",
+            source,
+        ) from None
+    except zlib.error as exc:
+        raise InputError(
+            f"cannot be read as {what}: damaged compressed data ({exc})", source
+        ) from None
+
+
+class _Lines:
+    """The whole lines of a byte stream, a block at a time.
+
+    A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (as Spark and Python split lines); each
+    block is rewritten so that only ``\\n`` or ``\\r\\n`` end its lines, and a byte order mark
+    at the start of the stream is dropped. With `limit`, only the lines wholly within the first
+    `limit` bytes are given; `complete` then says whether that was the whole stream.
+    """
+
+    def __init__(self, handle: IO[bytes], source: str, what: str, limit: int | None = None):
+        self.handle, self.source, self.what, self.limit = handle, source, what, limit
+        self.complete = True
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        """``(number of the block's first line, block)``, the blocks in order."""
+        line, carry, read, start = 1, b"", 0, True
+        while True:
+            want = _BLOCK if self.limit is None else min(_BLOCK, self.limit + 1 - read)
+            with _unreadable(self.source, self.what):
+                data = self.handle.read(want) if want > 0 else b""
+            read += len(data)
+            buffer = carry + data
+            if start and (len(buffer) >= 3 or not data):
+                buffer, start = buffer.removeprefix(b"\xef\xbb\xbf"), False
+            truncated = self.limit is not None and read > self.limit
+            if truncated:
+                buffer = buffer[: len(buffer) - (read - self.limit)]
+                self.complete = False
+            if not data or truncated:
+                end = len(buffer) if not truncated else _last_break(buffer, final=True)
+                if end:
+                    yield line, _normalize(buffer[:end])
+                return
+            end = _last_break(buffer, final=False)
+            if end == 0:
+                if len(buffer) > _MAX_LINE:
+                    raise InputError(
+                        f"is longer than {_MAX_LINE >> 20} MiB; no line of a relation file is",
+                        self.source,
+                        line,
+                    )
+                carry = buffer
+                continue
+            block, carry = _normalize(buffer[:end]), buffer[end:]
+            yield line, block
+            line += block.count(b"\n")
+
+
+def _last_break(buffer: bytes, *, final: bool) -> int:
+    """Where the last whole line of `buffer` ends (0 if none): after a ``\\n`` or a ``\\r``.
+
+    A ``\\r`` at the very end counts only when nothing follows (`final`): a ``\\n`` may come next.
+    """
+    last_cr = buffer.rfind(b"\r", 0, len(buffer) if final else len(buffer) - 1)
+    return max(buffer.rfind(b"\n"), last_cr) + 1
+
+
+def _normalize(block: bytes) -> bytes:
+    """`block` with every lone ``\\r`` made a ``\\n`` (``\\r\\n`` stays, as one line end)."""
+    if b"\r" in block and block.count(b"\r") != block.count(b"\r\n"):
+        return block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return block
+
+
+def _text_lines(block: bytes) -> list[str]:
+    """The lines of a block as Spark decodes them: UTF-8 (bad bytes replaced), no line end."""
+    lines = block.decode("utf-8", "replace").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [t[:-1] if t.endswith("\r") else t for t in lines]
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def check_text_line(line: str, arity: int) -> tuple[str, int] | None:
+    """The problem with one line of a text edge list, as ``(message, column)``, or None if fine.
+
+    Comment and blank lines are fine. The column is 1-based and points at the offending field.
+
+    >>> check_text_line("# Nodes: 5", 2) is None, check_text_line("1\\t2\\r", 2) is None
+    (True, True)
+    >>> check_text_line("  7 x9", 2)
+    ("field 2 is not an integer: 'x9'", 5)
+    >>> check_text_line("1 2 3", 2)
+    ('expected 2 fields, found 3', 5)
+    """
+    stripped = line.strip(" \t\r")
+    if not stripped or stripped.startswith("#"):
+        return None
+    fields = list(_FIELD.finditer(line))
+    if len(fields) > arity:
+        return f"expected {arity} fields, found {len(fields)}", fields[arity].start() + 1
+    if len(fields) < arity:
+        return f"expected {arity} fields, found {len(fields)}", len(line.rstrip(" \t\r")) + 1
+    for index, field in enumerate(fields, 1):
+        problem = integer_problem(field.group())
+        if problem is not None:
+            return f"field {index} {problem}", field.start() + 1
+    return None
+
+
+def _read_text(lines: _Lines, arity: int) -> list[np.ndarray]:
+    """The rows of a text edge list, as one ``(rows, arity)`` int64 array per block."""
+    out = []
+    for first, block in lines:
+        rows = _text_fast(block, arity)
+        out.append(rows if rows is not None else _text_exact(block, first, arity, lines.source))
+    return out
+
+
+def _text_fast(block: bytes, arity: int) -> np.ndarray | None:
+    """The rows of a block when nothing in it needs the exact rules; None otherwise."""
+    if b"#" in block:
+        uncommented = _drop_comments(block)
+        if uncommented is None:
+            return None
+        block = uncommented
+    if block.translate(None, _TEXT_BYTES):
+        return None  # bytes that are neither digits, signs nor blanks: the exact rules decide
+    tab, space = b"\t" in block, b" " in block
+    if not (tab and space):
+        table = _arrow_csv(block, arity, "\t" if tab else " ", quoted=False)
+        if table is not None and not any(c.null_count for c in table.columns):
+            return np.column_stack([c.to_numpy() for c in table.columns]).astype(np.int64)
+    return _split_whitespace(block, arity)
+
+
+def _drop_comments(block: bytes) -> bytes | None:
+    """`block` without its comment lines (first non-blank character ``#``); None if too many."""
+    pieces, kept, mark = [], 0, block.find(b"#")
+    for _ in range(10_000):
+        if mark < 0:
+            pieces.append(block[kept:])
+            return b"".join(pieces)
+        start = block.rfind(b"\n", 0, mark) + 1
+        end = block.find(b"\n", mark)
+        end = len(block) if end < 0 else end + 1
+        if not block[start:mark].strip(b" \t"):  # else a '#' inside a data line: left in place
+            pieces.append(block[kept:start])
+            kept = end
+        mark = block.find(b"#", max(end, mark + 1))
+    return None
+
+
+def _arrow_csv(body: bytes, width: int, delimiter: str, *, quoted: bool) -> pa.Table | None:
+    """`body` parsed by pyarrow as `width` int64 columns; None where it refuses anything."""
+    names = [f"_f{i}" for i in range(width)]
+    try:
+        return pacsv.read_csv(
+            pa.py_buffer(body),
+            read_options=pacsv.ReadOptions(column_names=names),
+            parse_options=pacsv.ParseOptions(
+                delimiter=delimiter,
+                quote_char='"' if quoted else False,
+                double_quote=False,
+                escape_char=False,
+                newlines_in_values=False,
+                ignore_empty_lines=True,
+            ),
+            convert_options=pacsv.ConvertOptions(
+                column_types=dict.fromkeys(names, pa.int64()),
+                null_values=[],
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
+def _split_whitespace(block: bytes, arity: int) -> np.ndarray | None:
+    """The rows of a block of digits, signs and blanks, split at runs of blanks; None if any
+    line holds another number of fields or a field is not a 64-bit integer."""
+    lines = _arrow_lines(block)
+    if lines is None:
+        return None
+    fields = pc.utf8_split_whitespace(lines)
+    counts = pc.list_value_length(fields).to_numpy(zero_copy_only=False)
+    if not np.isin(counts, (0, arity)).all():
+        return None
+    try:
+        values = pc.cast(pc.list_flatten(fields), pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return values.to_numpy(zero_copy_only=False).reshape(-1, arity)
+
+
+def _arrow_lines(block: bytes) -> pa.ChunkedArray | None:
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(block),
+            read_options=pacsv.ReadOptions(column_names=["line"]),
+            parse_options=pacsv.ParseOptions(delimiter="\x01", quote_char=False),
+            convert_options=pacsv.ConvertOptions(
+                column_types={"line": pa.string()}, strings_can_be_null=False
+            ),
+        )
+    except pa.ArrowInvalid:
+        return None
+    return table.column("line")
+
+
+def _text_exact(block: bytes, first: int, arity: int, source: str) -> np.ndarray:
+    """The rows of a block line by line, raising the first bad line's `InputError`."""
+    rows: list[list[int]] = []
+    for number, line in enumerate(_text_lines(block), first):
+        problem = check_text_line(line, arity)
+        if problem is not None:
+            raise InputError(problem[0], source, number, problem[1])
+        fields = _FIELD.findall(line)
+        if fields and not fields[0].startswith("#"):
+            rows.append([int(f) for f in fields])
+    return np.array(rows, dtype=np.int64).reshape(-1, arity)
+
+
+# --- CSV ----------------------------------------------------------------------------------------
+
+
+def blank_csv_line(text: str) -> bool:
+    """Whether Spark's CSV reader skips the line `text`: nothing but spaces and control characters.
+
+    >>> blank_csv_line(" \\t\\x0c"), blank_csv_line("\\xa0"), blank_csv_line(",")
+    (True, False, False)
+    """
+    return all(c <= " " for c in text)
+
+
+def csv_header(
+    first: str, arity: int, source: str, with_time: bool
+) -> tuple[list[str], list[Role]]:
+    """The column names of a CSV file's first non-empty line and their roles, checked."""
+    header = next(csv.reader([first]))
+    if all(_INT.fullmatch(h.strip()) for h in header):
+        raise InputError(
+            "the first line looks like data; a CSV file needs a header row naming its columns",
+            source,
+            1,
+            1,
+        )
+    return header, assign_roles(header, arity, source, with_time, line=1)
+
+
+class _LineProblem(Exception):
+    def __init__(self, message: str, column: int | None) -> None:
+        super().__init__(message)
+        self.message, self.column = message, column
+
+
+def check_csv_line(
+    text: str, header: Sequence[str], roles: Sequence[Role]
+) -> tuple[str, int | None] | None:
+    """The problem Spark finds with CSV data line `text`, as ``(message, column)``, or None.
+
+    Spark decides (`spark_csv_fields`); the message describes the line as Python's strict CSV
+    parser sees it, which points at broken quoting, and otherwise at the field Spark refuses.
+
+    >>> check_csv_line('"1" ,2', ["a", "b"], [Role.DATA] * 2) is None  # Spark reads this
+    True
+    >>> check_csv_line('1,"2"3', ["a", "b"], [Role.DATA] * 2)
+    ('has malformed quoting (\\',\\' expected after \\'"\\'); quote a whole field, on one line', 6)
+    """
+    try:
+        _csv_values(text, header, roles)
+    except _LineProblem as problem:
+        return problem.message, problem.column
+    return None
+
+
+def _csv_values(text: str, header: Sequence[str], roles: Sequence[Role]) -> list[int]:
+    """The values of an accepted CSV data line, in file order; else `_LineProblem`."""
+    fields = spark_csv_fields(text)
+    width = len(header)
+    values: list[int] = []
+    ok = len(fields) <= width or fields[width] is None
+    for value, role in zip(fields + [None] * (width - len(fields)), roles, strict=False):
+        trimmed = None if value is None else value.strip(" \t")
+        if trimmed is None or integer_problem(trimmed) is not None:
+            ok = False
+            break
+        number = int(trimmed)
+        if role is Role.DIFF and number == 0:
+            ok = False
+            break
+        values.append(number)
+    if ok:
+        return values
+    raise _csv_problem(text, fields, header, roles)
+
+
+def _csv_problem(
+    text: str, fields: list[str | None], header: Sequence[str], roles: Sequence[Role]
+) -> _LineProblem:
+    """Why Spark refuses a CSV line, told as the strict Python parse sees the line."""
+    try:
+        row: list[str | None] = list(next(csv.reader([text], strict=True)))
+    except csv.Error as exc:
+        return _LineProblem(
+            f"has malformed quoting ({exc}); quote a whole field, on one line",
+            _quoting_column(text),
+        )
+    for cells in (row, fields):  # Python's view first; Spark's when Python sees nothing wrong
+        width = len(header)
+        if len(cells) < width or (len(cells) > width and cells[width] not in (None, "")):
+            column = len(cells) + 1 if len(cells) < width else width + 1
+            return _LineProblem(f"has {len(cells)} fields but the header has {width}", column)
+        for index, (cell, name, role) in enumerate(
+            zip(cells[:width], header, roles, strict=True), 1
+        ):
+            problem = integer_problem((cell or "").strip(" \t"))
+            if problem is None and role is Role.DIFF and int(cell or "0") == 0:
+                problem = "is zero; a diff must be a non-zero multiplicity"
+            if problem is not None:
+                return _LineProblem(f"value in column {name!r} {problem}", index)
+    return _LineProblem("is not a row Spark can read", None)
+
+
+def _quoting_column(text: str, limit: int = 4096) -> int | None:
+    """The 1-based column where strict CSV parsing of the line `text` fails.
+
+    >>> _quoting_column('1,"2"3'), _quoting_column('1,"2')
+    (6, 3)
+    """
+    if len(text) > limit:
+        return None
+    for end in range(1, len(text) + 1):
+        try:
+            next(csv.reader([text[:end]], strict=True))
+        except csv.Error as exc:
+            if "unexpected end of data" not in str(exc):
+                return end
+    # Only an unclosed quote is left: point at the quote that opens the last field.
+    return text.rfind(',"') + 2 if text.rfind(',"') >= 0 else text.find('"') + 1
+
+
+def spark_csv_fields(line: str) -> list[str | None]:
+    """The fields Spark's CSV reader gives for one line (None for an empty field).
+
+    Spark parses each line with univocity (quote ``"``, escape ``\\``, unescaped quotes kept
+    up to the next delimiter, whitespace after a closing quote dropped). This follows that
+    parser's steps for a single line; a test compares it with Spark on thousands of lines.
+
+    >>> spark_csv_fields('1,"2" ,"3'), spark_csv_fields('"1"2,,'), spark_csv_fields('""')
+    (['1', '2', '3'], ['"1"2', None, None], [None])
+    """
+    return _UnivocityLine(line).fields()
+
+
+class _EndOfLine(Exception):
+    pass
+
+
+class _UnivocityLine:
+    """univocity's ``CsvParser.parseSingleDelimiterRecord`` on one line, Spark's settings."""
+
+    QUOTE, ESCAPE, DELIMITER = '"', "\\", ","
+
+    def __init__(self, line: str) -> None:
+        self.line, self.pos = line, 0
+        self.ch, self.prev, self.unescaped = "", "\0", False
+        self.values: list[str | None] = []
+        self.chars: list[str] = []
+
+    def next(self) -> str:
+        if self.pos >= len(self.line):
+            raise _EndOfLine
+        self.pos += 1
+        return self.line[self.pos - 1]
+
+    def parsed(self, value: str | None = None) -> None:
+        if value is None:
+            value = "".join(self.chars)
+            self.chars.clear()
+        self.values.append(value or None)
+
+    def until(self, ch: str, stops: str) -> str:
+        while ch not in stops:
+            self.chars.append(ch)
+            ch = self.next()
+        return ch
+
+    def fields(self) -> list[str | None]:
+        try:
+            self.ch = self.next()
+            while True:
+                if self.ch == self.DELIMITER:
+                    self.parsed("")
+                else:
+                    self.unescaped, self.prev = False, "\0"
+                    if self.ch == self.QUOTE:
+                        simple = self._simple_quoted()
+                        if simple is not None:
+                            if not simple:
+                                return self.values  # the line ends in the quoted field
+                            continue
+                        self._quoted()
+                    else:
+                        self.ch = self.until(self.ch, self.DELIMITER)
+                    self.parsed()
+                self.ch = self.next()
+        except _EndOfLine:
+            return self._at_end()
+
+    def _simple_quoted(self) -> bool | None:
+        """univocity's ``getQuotedString``: ``"..."`` then a delimiter, with no escapes.
+
+        None when the field is not that simple; else whether the line goes on after it.
+        """
+        line, start = self.line, self.pos
+        for i in range(start, len(line)):
+            if line[i] == self.QUOTE:
+                if line[i - 1] == self.ESCAPE or line[i + 1 : i + 2] != self.DELIMITER:
+                    return None
+                self.parsed(line[start:i])
+                self.pos = i + 2  # past the delimiter
+                if self.pos >= len(line):
+                    self.parsed("")
+                    return False
+                self.ch = self.next()
+                return True
+            if line[i] == self.ESCAPE and line[i + 1 : i + 2] in (self.QUOTE, self.ESCAPE):
+                return None
+        return None
+
+    def _quoted(self) -> None:
+        """univocity's ``parseQuotedValue`` (``STOP_AT_DELIMITER``)."""
+        if self.prev != "\0":
+            self.chars.insert(0, self.QUOTE)
+            self.ch = self.next()
+            self.ch = self.until(self.ch, self.DELIMITER)
+            return
+        self.ch = self.next()
+        while True:
+            ch, prev = self.ch, self.prev
+            if prev == self.QUOTE and ("\0" < ch <= " " or ch == self.DELIMITER):
+                break
+            if ch not in (self.QUOTE, self.ESCAPE):
+                if prev == self.QUOTE:  # an unescaped quote inside the value
+                    self.unescaped = True
+                    self.chars += [self.QUOTE, ch]
+                    self.prev = ch
+                    self._quoted()
+                    return
+                if prev == self.ESCAPE:
+                    self.chars.append(self.ESCAPE)
+                self.ch = self.until(ch, self.QUOTE + self.ESCAPE)
+                self.prev = self.ch
+                self.ch = self.next()
+            else:
+                self._escape()
+                self.prev = self.ch
+                self.ch = self.next()
+                if self.unescaped and self.ch == self.DELIMITER:
+                    return
+        if self.ch != self.DELIMITER:  # blanks after the closing quote
+            blanks = []
+            while "\0" < self.ch <= " ":
+                blanks.append(self.ch)
+                self.ch = self.next()
+            if self.ch != self.DELIMITER:
+                self.chars += [self.QUOTE, *blanks, self.ch]
+                self.prev = self.ch
+                self._quoted()
+
+    def _escape(self) -> None:
+        """univocity's ``processQuoteEscape``."""
+        ch, prev = self.ch, self.prev
+        if ch == self.ESCAPE and prev == self.ESCAPE:
+            self.chars.append(self.ESCAPE)
+            self.ch = "\0"
+        elif prev == self.ESCAPE:
+            self.chars.append(self.QUOTE if ch == self.QUOTE else prev)
+            if ch == self.QUOTE:
+                self.ch = "\0"
+        elif ch == self.QUOTE and prev == self.QUOTE:
+            self.chars.append(self.QUOTE)
+        elif prev == self.QUOTE:
+            self._unescaped_in_value()
+
+    def _unescaped_in_value(self) -> None:
+        """univocity's ``parseValueProcessingEscape`` after an unescaped quote."""
+        self.chars.append(self.QUOTE)
+        self.prev = self.ch
+        while self.ch != self.DELIMITER:
+            if self.ch not in (self.QUOTE, self.ESCAPE):
+                if self.prev == self.QUOTE:
+                    self._unescaped_in_value()
+                    return
+                self.chars.append(self.ch)
+            else:
+                self._escape()
+            self.prev = self.ch
+            self.ch = self.next()
+
+    def _at_end(self) -> list[str | None]:
+        """univocity's ``handleEOF`` with ``consumeValueOnEOF``."""
+        ch, prev = self.ch, self.prev
+        if ch == self.QUOTE and prev == self.QUOTE:
+            consume = True
+        else:
+            if ch == self.QUOTE and not self.unescaped:
+                self.chars.append(self.QUOTE)
+            consume = prev != "\0" and ch != self.DELIMITER
+        if self.values and not (self.chars or consume):
+            self.parsed("")
+        else:
+            self.parsed()
+        return self.values
+
+
+def _read_csv(lines: _Lines, arity: int, with_time: bool) -> tuple[list[Role], list[np.ndarray]]:
+    """The roles of a CSV file's columns and its rows (one int64 array per block)."""
+    source = lines.source
+    header: list[str] | None = None
+    roles: list[Role] = []
+    dropped = False  # Spark drops the first non-blank line (the header)
+    out = []
+    for first, block in lines:
+        start, number = 0, first
+        while not dropped and start < len(block):
+            end = block.find(b"\n", start)
+            end = len(block) if end < 0 else end + 1
+            (text,) = _text_lines(block[start:end])
+            if header is None and text != "":
+                header, roles = csv_header(text, arity, source, with_time)
+            dropped = not blank_csv_line(text)
+            start, number = end, number + 1
+        if header is None or start >= len(block):
+            continue
+        body = block[start:]
+        rows = _csv_fast(body, roles)
+        out.append(rows if rows is not None else _csv_exact(body, number, header, roles, source))
+    if header is None and lines.complete:
+        raise InputError("has no data rows (the file is empty)", source)
+    return roles, out
+
+
+def _csv_fast(body: bytes, roles: Sequence[Role]) -> np.ndarray | None:
+    """The rows of a block of CSV lines when pyarrow reads them as Spark does; else None."""
+    if body.translate(None, _CSV_BYTES):
+        return None
+    quoted = b'"' in body
+    if quoted and _SIMPLE_CSV.fullmatch(body) is None:
+        return None
+    table = _arrow_csv(body, len(roles), ",", quoted=quoted)
+    if table is None or any(c.null_count for c in table.columns):
+        return None
+    rows = np.column_stack([c.to_numpy() for c in table.columns]).astype(np.int64)
+    if Role.DIFF in roles and (rows[:, roles.index(Role.DIFF)] == 0).any():
+        return None
+    return rows
+
+
+def _csv_exact(
+    body: bytes, first: int, header: Sequence[str], roles: Sequence[Role], source: str
+) -> np.ndarray:
+    """The rows of a block of CSV lines line by line, raising the first bad line's error."""
+    rows = []
+    for number, text in enumerate(_text_lines(body), first):
+        if blank_csv_line(text):
+            continue
+        try:
+            rows.append(_csv_values(text, header, roles))
+        except _LineProblem as problem:
+            raise InputError(problem.message, source, number, problem.column) from None
+    return np.array(rows, dtype=np.int64).reshape(-1, len(roles))
+
+
+# --- Parquet ------------------------------------------------------------------------------------
+
+_SPARK_INTEGERS = {
+    pa.int8(): "tinyint",
+    pa.int16(): "smallint",
+    pa.int32(): "int",
+    pa.int64(): "bigint",
+    pa.uint8(): "smallint",
+    pa.uint16(): "int",
+    pa.uint32(): "bigint",
+    pa.null(): "int",  # Parquet stores an all-null column as int32
+}
+
+
+def spark_type_name(kind: pa.DataType) -> str:
+    """The name Spark gives the type it reads a Parquet column of Arrow type `kind` as.
+
+    >>> spark_type_name(pa.uint64()), spark_type_name(pa.list_(pa.int32()))
+    ('decimal(20,0)', 'array<int>')
+    """
+    if kind in _SPARK_INTEGERS:
+        return _SPARK_INTEGERS[kind]
+    if pa.types.is_dictionary(kind):
+        return spark_type_name(kind.value_type)
+    if pa.types.is_timestamp(kind):
+        return "timestamp" if kind.tz is not None else "timestamp_ntz"
+    if pa.types.is_decimal(kind):
+        return f"decimal({kind.precision},{kind.scale})"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return f"array<{spark_type_name(kind.value_type)}>"
+    if pa.types.is_map(kind):
+        return f"map<{spark_type_name(kind.key_type)},{spark_type_name(kind.item_type)}>"
+    if pa.types.is_struct(kind):
+        inner = ",".join(f"{f.name}:{spark_type_name(f.type)}" for f in kind)
+        return f"struct<{inner}>"
+    for test, name in (
+        (pa.types.is_uint64, "decimal(20,0)"),
+        (pa.types.is_boolean, "boolean"),
+        (pa.types.is_float32, "float"),
+        (pa.types.is_float64, "double"),
+        (pa.types.is_string, "string"),
+        (pa.types.is_large_string, "string"),
+        (pa.types.is_binary, "binary"),
+        (pa.types.is_large_binary, "binary"),
+        (pa.types.is_fixed_size_binary, "binary"),
+        (pa.types.is_date, "date"),
+    ):
+        if test(kind):
+            return name
+    return str(kind)
+
+
+def _parquet_schema(local: str, files: Sequence[str], source: str) -> list[pq.ParquetFile]:
+    """The files opened (their footers read), refused unless Spark would read them as one."""
+    opened = [_parquet_file(f, source if f == local else f"{source} [{f}]") for f in files]
+    if not opened:
+        raise InputError("cannot be read as Parquet: the folder holds no Parquet files", source)
+    schema = opened[0].schema_arrow
+    for file, other in zip(files[1:], opened[1:], strict=True):
+        if not other.schema_arrow.equals(schema):
+            raise InputError(
+                f"cannot be read as Parquet: its files have different columns ({files[0]}: "
+                f"{schema.names}, {file}: {other.schema_arrow.names})",
+                source,
+            )
+    seen: dict[str, str] = {}
+    for name in schema.names:
+        if name.lower() in seen:
+            raise InputError(
+                f"cannot be read as Parquet: the column `{seen[name.lower()]}` already exists "
+                "(column names are compared without case); rename one",
+                source,
+            )
+        seen[name.lower()] = name
+    for field in schema:
+        if field.type not in _SPARK_INTEGERS:
+            raise InputError(
+                f"column {field.name!r} has type {spark_type_name(field.type)}; "
+                "relation columns must be integers (int8 .. int64)",
+                source,
+                column=field.name,
+            )
+    return opened
+
+
+def _parquet_file(file: str, where: str) -> pq.ParquetFile:
+    with _open_regular(file, where) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        try:
+            view = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+            return pq.ParquetFile(pa.BufferReader(pa.py_buffer(view)))
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise InputError(f"cannot be read as Parquet: {reason}", where) from None
+
+
+def _read_parquet(
+    local: str, arity: int, source: str, with_time: bool, values: bool
+) -> tuple[list[Role], list[np.ndarray]]:
+    """The roles of a Parquet file's columns and (when `values`) its rows, file by file."""
+    files = _parquet_files(local, source)
+    opened = _parquet_schema(local, files, source)
+    names = opened[0].schema_arrow.names
+    roles = assign_roles(names, arity, source, with_time, line=None)
+    if sum(f.metadata.num_rows for f in opened) == 0:
+        raise InputError("has no data rows", source)
+    out: list[np.ndarray] = []
+    for file, parquet in zip(files, opened, strict=True):
+        if not values:
+            break
+        where = source if file == local else f"{source} [{file}]"
+        try:
+            table = parquet.read()
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise InputError(f"cannot be read as Parquet: {reason}", where) from None
+        bad = np.zeros(table.num_rows, dtype=bool)
+        for column, role in zip(table.columns, roles, strict=True):
+            bad |= _bad_cells(column, role)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            for name, column, role in zip(names, table.columns, roles, strict=True):
+                if _bad_cells(column.slice(row, 1), role)[0]:
+                    problem = "is null" if column[row].as_py() is None else "is zero"
+                    if problem == "is zero":
+                        problem += "; a diff must be a non-zero multiplicity"
+                    raise InputError(f"value {problem}", where, row + 1, name)
+        out.append(np.column_stack([_int64(c) for c in table.columns]).reshape(-1, len(roles)))
+    return roles, out
+
+
+def _bad_cells(column: pa.ChunkedArray, role: Role) -> np.ndarray:
+    bad = np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    if role is Role.DIFF and not pa.types.is_null(column.type):
+        bad |= np.asarray(column.fill_null(1).to_numpy(zero_copy_only=False)) == 0
+    return bad
+
+
+def _int64(column: pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(column.cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+# --- reading and checking -----------------------------------------------------------------------
+
+
+def read_local(path: str, arity: int, name: str, *, with_time: bool = False) -> pa.Table:
+    """Relation `name` of the given arity from local `path`, without Spark.
+
+    Returns the rows `wcoj_core.sources.read_relation` reads (a multiset, not consolidated) as
+    int64 columns ``c0 .. c{arity-1}, diff``; with `with_time` (CSV and Parquet update files)
+    ``c0 .. c{arity-1}, time, diff``, as `read_updates` reads. Raises the `InputError` the Spark
+    read raises for a bad file; for one that does not decompress or whose Parquet does not read,
+    ``cannot be read as <format>: <why>`` (pyarrow's and Python's reasons, not Java's).
+
+    >>> import pathlib, tempfile
+    >>> edges = pathlib.Path(tempfile.mkdtemp()) / "e.txt"
+    >>> _ = edges.write_text("# a graph\\n1\\t2\\n2 3\\n")
+    >>> read_local(str(edges), 2, "edge").to_pydict()
+    {'c0': [1, 2], 'c1': [2, 3], 'diff': [1, 1]}
+    """
+    local = local_path(path)
+    source = source_name(path, name)
+    if local is None:
+        raise InputError("is not a file on this machine; it is read through Spark", source)
+    check_arity(arity, source)
+    check_input_file(path, name)
+    kind = detect_format(path)
+    if with_time and kind is Format.TEXT:
+        raise InputError(
+            "update files must be CSV or Parquet with 'time' and 'diff' columns; "
+            "a plain-text edge list cannot carry them",
+            source,
+        )
+    roles, blocks = _read(local, kind, arity, source, with_time, limit=None)
+    rows = np.concatenate(blocks) if blocks else np.zeros((0, len(roles)), dtype=np.int64)
+    if len(rows) == 0:
+        raise InputError("has no data rows", source)
+    return _relation(rows, roles, arity)
+
+
+def check_locally(path: str, arity: int, name: str, *, window: int = LOCAL_CHECK_BYTES) -> None:
+    """Refuse a bad local relation file cheaply, before any long read: what `read_local` (and
+    `read_relation`) would refuse first, with the same message.
+
+    Refuses what is not a regular file (a folder only for Parquet) from ``os.stat``, never
+    opening it. Reads at most the first `window` decompressed bytes of a text or CSV file: the
+    lines wholly within them are checked, and a file that fits must have data rows. For Parquet
+    the footers give the columns, their types and the row count; files of at most `window`
+    bytes have their values checked for nulls and zero diffs. A file that does not decompress or
+    whose footer does not read is left to the full read, which refuses it. Generator specs and
+    remote paths are left alone.
+
+    >>> import pathlib, tempfile
+    >>> bad = pathlib.Path(tempfile.mkdtemp()) / "e.txt"
+    >>> _ = bad.write_text("1 2\\n3 x\\n")
+    >>> try:
+    ...     check_locally(str(bad), 2, "edge")
+    ... except InputError as error:
+    ...     print(error.line, error.column, str(error).split(": ", 1)[1])
+    2 3 field 2 is not an integer: 'x'
+    """
+    local = local_path(path)
+    if local is None:
+        return
+    source = source_name(path, name)
+    check_arity(arity, source)
+    check_input_file(path, name)
+    kind = detect_format(path)
+    try:
+        _, blocks = _read(local, kind, arity, source, False, limit=window)
+    except InputError as error:
+        if "cannot be read as" in str(error):
+            return  # a damaged file: the full read reports it
+        raise
+    if blocks is not None and not any(len(b) for b in blocks):
+        raise InputError("has no data rows", source)
+
+
+def _read(
+    local: str, kind: Format, arity: int, source: str, with_time: bool, limit: int | None
+) -> tuple[list[Role], list[np.ndarray] | None]:
+    """Roles and row blocks of a local file; with `limit`, of its first `limit` bytes only, and
+    blocks None when what was read cannot tell whether the file has data rows."""
+    if kind is Format.PARQUET:
+        files = _parquet_files(local, source)
+        small = limit is None or sum(os.stat(f).st_size for f in files) <= limit
+        roles, blocks = _read_parquet(local, arity, source, with_time, values=small)
+        return roles, blocks if small else None
+    what = "text" if kind is Format.TEXT else "CSV"
+    with _decompressed(local, source, what) as handle:
+        lines = _Lines(handle, source, what, limit)
+        if kind is Format.TEXT:
+            roles, blocks = [Role.DATA] * arity, _read_text(lines, arity)
+        else:
+            roles, blocks = _read_csv(lines, arity, with_time)
+    return roles, blocks if lines.complete else None
+
+
+def _relation(rows: np.ndarray, roles: Sequence[Role], arity: int) -> pa.Table:
+    """The ``c0 .. c{k-1}, [time,] diff`` table of rows whose columns have `roles`."""
+    data = [rows[:, i] for i, role in enumerate(roles) if role is Role.DATA]
+    columns = [pa.array(c, pa.int64()) for c in data]
+    names = relation_columns(arity)
+    if Role.TIME in roles:
+        columns.append(pa.array(rows[:, roles.index(Role.TIME)], pa.int64()))
+        names.append(TIME)
+    if Role.DIFF in roles:
+        diff = pa.array(rows[:, roles.index(Role.DIFF)], pa.int64())
+    else:
+        diff = pa.array(np.ones(len(rows), dtype=np.int64))
+    return pa.table([*columns, diff], names=[*names, DIFF])
+
+
+def read_relation_locally(path: str, arity: int, name: str, max_rows: int) -> pa.Table | None:
+    """Relation `name` from a small local Parquet `path`, read by pyarrow; None if not that.
+
+    The rows `read_relation` gives, when `path` is a local Parquet file (or folder) of at most
+    `max_rows` rows that Spark reads without complaint. Anything else gives None (the caller
+    then reads `path` with `read_relation`), except a header that is not the relation's (a
+    ``time`` column, a wrong number of data columns), whose `InputError` is raised here.
+    """
+    local = local_path(path)
+    if local is None or detect_format(path) is not Format.PARQUET or not os.path.exists(local):
+        return None
+    source = source_name(path, name)
+    try:
+        files = _parquet_files(local, source)
+        opened = _parquet_schema(local, files, source)
+    except InputError:
+        return None
+    if sum(f.metadata.num_rows for f in opened) > max_rows:
+        return None
+    assign_roles(opened[0].schema_arrow.names, arity, source, False, line=None)
+    try:
+        return read_local(path, arity, name)
+    except InputError:
+        return None
+
+
+# --- shared checks ------------------------------------------------------------------------------
+
+
+def assign_roles(
+    header: Sequence[str], arity: int, source: str, with_time: bool, line: int | None
+) -> list[Role]:
+    """Give each file column a role, checking the counts and the required columns."""
+    roles: list[Role] = []
+    for index, name in enumerate(header, 1):
+        key = name.strip().lower()
+        column: int | str = index if line is not None else name
+        if key == TIME and not with_time:
+            raise InputError(
+                "a relation file must not carry a 'time' column: times come from the epoch "
+                "(use an update file to give explicit times)",
+                source,
+                line,
+                column,
+            )
+        role = Role.TIME if key == TIME else Role.DIFF if key == DIFF else Role.DATA
+        if role is not Role.DATA and role in roles:
+            raise InputError(f"has more than one {key!r} column", source, line, column)
+        roles.append(role)
+    data = [name for name, role in zip(header, roles, strict=True) if role is Role.DATA]
+    if len(data) != arity:
+        raise InputError(
+            f"has {len(data)} data columns {data}, expected {arity} (plus an optional 'diff')",
+            source,
+            line,
+        )
+    for required in (Role.TIME, Role.DIFF) if with_time else ():
+        if required not in roles:
+            raise InputError(
+                f"an update file needs a {required.value!r} column; found columns {list(header)}",
+                source,
+                line,
+            )
+    return roles
+
+
+def integer_problem(text: str) -> str | None:
+    """Why `text` is not a signed 64-bit integer, or None when it is.
+
+    >>> integer_problem("-12"), integer_problem("1.5"), integer_problem("9" * 20)
+    (None, "is not an integer: '1.5'", "is out of the signed 64-bit range: '99999999999999999999'")
+    """
+    if text == "":
+        return "is empty"
+    if not _INT.fullmatch(text):
+        return f"is not an integer: {_show(text)}"
+    if not _MIN_LONG <= int(text) <= _MAX_LONG:
+        return f"is out of the signed 64-bit range: {_show(text)}"
+    return None
+
+
+def _show(text: str, limit: int = 24) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def check_arity(arity: int, source: str) -> None:
+    """Refuse an arity that is not a positive integer."""
+    if isinstance(arity, bool) or not isinstance(arity, int) or arity < 1:
+        raise InputError(f"arity must be a positive integer, got {arity!r}", source)
+
+
+# --- undirected relations and signed multiplicities ---------------------------------------------
+
+
+def symmetrize_local(table: pa.Table) -> tuple[pa.Table, int]:
+    """Each row ``(a, b, ...)`` of a binary relation as ``(a, b, ...)`` and ``(b, a, ...)``,
+    rows with ``a == b`` dropped; with the number of such self-loop rows.
+
+    What `wcoj_core.linear.symmetrize` does to a DataFrame (other columns, ``time`` and
+    ``diff``, are kept as they are), on an Arrow table.
+
+    >>> out, loops = symmetrize_local(pa.table({"c0": [1, 3], "c1": [2, 3], "diff": [2, 1]}))
+    >>> out.to_pydict(), loops
+    ({'c0': [1, 2], 'c1': [2, 1], 'diff': [2, 2]}, 1)
+    """
+    edges = table.filter(pc.not_equal(table.column("c0"), table.column("c1")))
+    first, second = edges.schema.get_field_index("c0"), edges.schema.get_field_index("c1")
+    flipped = edges.set_column(first, "c0", edges.column("c1")).set_column(
+        second, "c1", edges.column("c0")
+    )
+    both = pa.concat_tables([edges, flipped]).combine_chunks()
+    return both, table.num_rows - edges.num_rows
+
+
+def canonical_undirected_local(table: pa.Table) -> tuple[pa.Table, int]:
+    """The set of undirected edges of a binary relation, each ``(least, greatest)`` with diff 1;
+    with the number of self-loop rows dropped.
+
+    What `wcoj_core.sources.canonical_undirected` does to a DataFrame: an edge is kept when its
+    multiplicity summed over both directions is positive.
+
+    >>> t = pa.table({"c0": [2, 1, 3, 6, 7], "c1": [1, 2, 3, 7, 6], "diff": [1, 1, 1, 1, -1]})
+    >>> out, loops = canonical_undirected_local(t)
+    >>> out.to_pydict(), loops
+    ({'c0': [1], 'c1': [2], 'diff': [1]}, 1)
+    """
+    keep = pc.not_equal(table.column("c0"), table.column("c1"))
+    edges = table.filter(keep)
+    ends = edges.column("c0"), edges.column("c1")
+    least = pa.table(
+        {
+            "c0": pc.min_element_wise(*ends),
+            "c1": pc.max_element_wise(*ends),
+            DIFF: edges.column(DIFF),
+        }
+    )
+    summed = least.group_by(["c0", "c1"]).aggregate([(DIFF, "sum")])
+    present = summed.filter(pc.greater(summed.column(f"{DIFF}_sum"), 0))
+    present = present.sort_by([("c0", "ascending"), ("c1", "ascending")])
+    ones = pa.array(np.ones(present.num_rows, dtype=np.int64))
+    out = pa.table([present.column("c0"), present.column("c1"), ones], names=["c0", "c1", DIFF])
+    return out, table.num_rows - edges.num_rows
+
+
+def negative_tuples_local(
+    table: pa.Table, limit: int = 20
+) -> tuple[int, list[tuple[tuple[int, ...], int]]]:
+    """The tuples of `table` (``c0 .. c{k-1}, [time,] diff``) whose summed multiplicity is
+    negative: how many, and the first `limit` in tuple order with their multiplicities.
+
+    What `wcoj_core.sources.negative_tuples` gives for a DataFrame.
+
+    >>> negative_tuples_local(pa.table({"c0": [5, 1, 1], "diff": [-2, 1, -1]}))
+    (1, [((5,), -2)])
+    """
+    cols = [c for c in table.column_names if c not in (TIME, DIFF)]
+    summed = table.select([*cols, DIFF]).group_by(cols).aggregate([(DIFF, "sum")])
+    negative = summed.filter(pc.less(summed.column(f"{DIFF}_sum"), 0))
+    negative = negative.sort_by([(c, "ascending") for c in cols])
+    first = negative.slice(0, limit).to_pylist()
+    return negative.num_rows, [(tuple(r[c] for c in cols), r[f"{DIFF}_sum"]) for r in first]

@@ -1,0 +1,240 @@
+"""What a relation's changes mean: a set or a bag, declared once per relation.
+
+A relation is a **bag** (signed multiplicities: a landed change adds its diff, a deletion
+subtracts, a tuple may be held several times or a negative number of times) or a **set** (each
+tuple present or not). One `RelationSpec` per relation says which, and whether the relation is
+**undirected** (a binary relation whose landed edges have no direction: each landed
+``(a, b, diff)`` is read as ``(a, b, diff)`` and ``(b, a, diff)``, self-loops dropped). Every
+command and the Dagster pipeline honour the same declaration; the state records it.
+
+Defaults (`relation_specs`): an undirected relation is a set — an edge list downloaded as it is
+often lists every edge in both directions, and deleting an edge must delete it, however it is
+named. Any other relation is a bag: a bag keeps every multiplicity a file gives, so nothing is
+collapsed silently, and over data that holds each tuple once it behaves exactly as a set.
+
+`effect` turns an epoch's landed changes into the relation's change, from the relation's state
+before the epoch — a lookup per changed tuple, never a scan:
+
+* **set** — per tuple, the summed landed diff ``s``: ``s > 0`` means present after the epoch,
+  ``s < 0`` absent, ``s == 0`` unchanged; the change is ``after - before``. Landing a tuple
+  twice, or an undirected edge in both directions, is landing it once; inserting a present tuple
+  or deleting an absent one changes nothing and is counted (`Effect.ignored`).
+* **bag** — the landed changes are the change; tuples left with a negative multiplicity are
+  counted and a few named.
+
+>>> spec = RelationSpec("edge", 2, Meaning.SET)
+>>> landed = Layer.build(np.array([[1, 2], [3, 4], [5, 6]]), np.array([2, -1, 1]))
+>>> before = Layer.build(np.array([[1, 2], [5, 6]]), np.array([1, 1]))
+>>> e = effect(spec, landed, [before])
+>>> e.change.rows.tolist(), e.change.diff.tolist(), e.inserted_present, e.deleted_absent
+([], [], 2, 1)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import numpy as np
+
+from wcoj_core.errors import QueryError
+from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.layer import Layer, lookup_sum
+
+# Tuples named in a warning about ignored changes or negative multiplicities.
+EXAMPLES = 10
+
+
+class Meaning(Enum):
+    """What a relation's multiplicities mean."""
+
+    SET = "set"
+    BAG = "bag"
+
+
+@dataclass(frozen=True, slots=True)
+class RelationSpec:
+    """A relation: its name, arity, meaning and whether its landed edges are undirected."""
+
+    name: str
+    arity: int
+    meaning: Meaning
+    undirected: bool = False
+
+    def describe(self) -> str:
+        """``set``, ``bag``, ``undirected set`` ...
+
+        >>> RelationSpec("e", 2, Meaning.SET, True).describe()
+        'undirected set'
+        """
+        return f"{'undirected ' if self.undirected else ''}{self.meaning.value}"
+
+
+def relation_specs(
+    arities: Mapping[str, int],
+    *,
+    undirected: Iterable[str] = (),
+    sets: Iterable[str] = (),
+    bags: Iterable[str] = (),
+) -> dict[str, RelationSpec]:
+    """The spec of every relation of `arities`: undirected ones binary, meanings as declared,
+    else the defaults (a set when undirected, else a bag).
+
+    >>> relation_specs({"edge": 2, "w": 3}, undirected=["edge"])["edge"].meaning
+    <Meaning.SET: 'set'>
+    >>> relation_specs({"edge": 2, "w": 3}, undirected=["edge"])["w"].meaning
+    <Meaning.BAG: 'bag'>
+    >>> relation_specs({"w": 3}, undirected=["w"])
+    Traceback (most recent call last):
+      ...
+    wcoj_core.errors.QueryError: undirected relation 'w' has arity 3; only a binary relation can be undirected
+    """
+    undirected, sets, bags = set(undirected), set(sets), set(bags)
+    known = ", ".join(sorted(arities)) or "none"
+    for what, names in (("undirected", undirected), ("set", sets), ("bag", bags)):
+        for name in sorted(names - set(arities)):
+            raise QueryError(f"{what} relation {name!r} is read by no query (the relations: {known})")
+    for name in sorted(sets & bags):
+        raise QueryError(f"relation {name!r} is declared both a set and a bag; pick one")
+    for name in sorted(undirected):
+        if arities[name] != 2:
+            raise QueryError(
+                f"undirected relation {name!r} has arity {arities[name]}; only a binary relation "
+                "can be undirected"
+            )
+    out: dict[str, RelationSpec] = {}
+    for name, arity in sorted(arities.items()):
+        if name in sets or (name in undirected and name not in bags):
+            meaning = Meaning.SET
+        else:
+            meaning = Meaning.BAG
+        out[name] = RelationSpec(name, arity, meaning, name in undirected)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """A trace as of an epoch: distinct tuples held, summed multiplicity, tuples held a negative
+    number of times.
+
+    >>> Figures(3, 4, 0).plus(Figures(-1, -1, 1))
+    Figures(rows=2, count=3, negative=1)
+    """
+
+    rows: int = 0
+    count: int = 0
+    negative: int = 0
+
+    def plus(self, change: Figures) -> Figures:
+        return Figures(
+            self.rows + change.rows, self.count + change.count, self.negative + change.negative
+        )
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.rows, self.count, self.negative)
+
+
+def figures_change(before: np.ndarray, diff: np.ndarray) -> Figures:
+    """How a trace's figures change when tuples held `before` times change by `diff`.
+
+    >>> figures_change(np.array([0, 1, 2, -1]), np.array([1, -1, 1, 1]))
+    Figures(rows=0, count=2, negative=-1)
+    """
+    after = before + diff
+    entering = int(np.count_nonzero((before == 0) & (after != 0)))
+    leaving = int(np.count_nonzero((before != 0) & (after == 0)))
+    negative = int(np.count_nonzero(after < 0)) - int(np.count_nonzero(before < 0))
+    return Figures(entering - leaving, int(diff.sum(dtype=I64)), negative)
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """What an epoch's landed changes do to a relation.
+
+    `change` is the relation's change (its batch at the epoch); `landed` the landed changes as
+    the relation reads them (for a set, each tuple's sign: what a later re-derivation starts
+    from, with `ignored` the part of it that changed nothing); `figures` the change of the
+    relation's figures; `negative` the tuples now held a negative number of times (a bag's), the
+    first `EXAMPLES` with their multiplicities.
+    """
+
+    change: Layer
+    landed: Layer
+    ignored: Layer
+    figures: Figures
+    inserted_present: int = 0
+    deleted_absent: int = 0
+    ignored_examples: tuple[tuple[tuple[int, ...], int], ...] = ()
+    negative: int = 0
+    negative_examples: tuple[tuple[tuple[int, ...], int], ...] = field(default=())
+
+
+def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect:
+    """The effect of consolidated landed changes on a relation held as the sum of `before`."""
+    held = lookup_sum(before, landed.rows) if len(landed) else np.zeros(0, dtype=I64)
+    if spec.meaning is Meaning.BAG:
+        figures = figures_change(held, landed.diff)
+        after = held + landed.diff
+        negative = np.flatnonzero(after < 0)
+        return Effect(
+            landed,
+            landed,
+            Layer.empty(landed.width),
+            figures,
+            negative=len(negative),
+            negative_examples=_examples(landed.rows, after, negative),
+        )
+    sign = np.sign(landed.diff).astype(I64)
+    if len(held) and not bool(((held == 0) | (held == 1)).all()):
+        bad = int(np.flatnonzero((held != 0) & (held != 1))[0])
+        raise QueryError(
+            f"relation {spec.name!r} is a set but holds {tuple(int(v) for v in landed.rows[bad])} "
+            f"{int(held[bad])} times; the state was written with another meaning"
+        )
+    change = (sign > 0).astype(I64) - held
+    moved = change != 0
+    inserted_present = int(np.count_nonzero((sign > 0) & (held == 1)))
+    deleted_absent = int(np.count_nonzero((sign < 0) & (held == 0)))
+    kept = np.flatnonzero(~moved)
+    normalized = landed.with_diff(sign)
+    return Effect(
+        _subset(landed, np.flatnonzero(moved), change),
+        normalized,
+        _subset(landed, kept, sign),
+        Figures(int(change.sum(dtype=I64)), int(change.sum(dtype=I64)), 0),
+        inserted_present,
+        deleted_absent,
+        _examples(landed.rows, sign, kept),
+    )
+
+
+def _subset(layer: Layer, picked: np.ndarray, diff: np.ndarray) -> Layer:
+    """The rows of a sorted layer at `picked` (increasing), with `diff` at those rows: still
+    sorted and consolidated."""
+    if len(picked) == len(layer):
+        return layer.with_diff(diff)
+    return Layer(layer.rows[picked], diff[picked])
+
+
+def _examples(
+    rows: np.ndarray, values: np.ndarray, picked: np.ndarray
+) -> tuple[tuple[tuple[int, ...], int], ...]:
+    return tuple(
+        (tuple(int(v) for v in rows[i]), int(values[i])) for i in picked[:EXAMPLES].tolist()
+    )
+
+
+def landed_digest(landed: Layer) -> str:
+    """A digest of landed changes (consolidated, sorted): equal changes, equal digests.
+
+    >>> a = Layer.build(np.array([[2, 1], [1, 2]]), np.array([1, 1]))
+    >>> b = Layer.build(np.array([[1, 2], [2, 1]]), np.array([1, 1]))
+    >>> landed_digest(a) == landed_digest(b), landed_digest(a) == landed_digest(Layer.empty(2))
+    (True, False)
+    """
+    h = hashlib.sha256(f"{landed.width}:{len(landed)}".encode())
+    h.update(np.ascontiguousarray(landed.rows, dtype=I64).tobytes())
+    h.update(np.ascontiguousarray(landed.diff, dtype=I64).tobytes())
+    return h.hexdigest()[:32]

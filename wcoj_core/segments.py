@@ -1,0 +1,303 @@
+"""Persisted kernel layers: a trace's index segments as ``.npy`` files, memory-mapped on open.
+
+A segment (`wcoj_core.store.manifest.Segment`) is one sorted, consolidated `Layer` written once
+into its own folder as three uncompressed ``.npy`` files: ``rows`` (n x w int64, Fortran order,
+so a column is contiguous), ``diff`` (n int64) and ``keys`` (the layer's full-width search keys:
+packed ``uint64``, or order-preserving bytes: `Layer.search_keys`). `write_segment` hashes the bytes
+as it writes them, fsyncs, makes the files read-only and records each file's size, sha256 and
+stamp (inode, mtime, ctime).
+
+`open_segment` maps the files (``mmap``): it reads their headers, never their data, so opening
+costs O(files) and a lookup touches only the pages it searches. It checks each file against the
+manifest first — present, the recorded size, a header that agrees with the segment, the same
+stamp — and reads a file whole to check its digest only when the stamp differs (the file was
+rewritten in place, copied or restored) or when asked. Any mismatch raises `DamagedFile` naming
+the file: the caller rebuilds the segment from the trace's batches and warns.
+
+`SegmentCopies` is for executors: each file is copied once per digest into a local directory
+(every later worker of the same executor maps that copy), checked against its digest on the way.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from wcoj_core.errors import DamagedFile
+from wcoj_core.kernel.keys import I64, U64
+from wcoj_core.kernel.layer import Layer
+from wcoj_core.store import names
+from wcoj_core.store.files import (
+    CHUNK,
+    HashingWriter,
+    fsync_dir,
+    has_scheme,
+    local_path,
+    sha256_file,
+    stamp_of,
+    write_sealed,
+)
+from wcoj_core.store.manifest import FileRef, Level, Pattern, Segment
+
+
+def _write_npy(out: HashingWriter, array: np.ndarray) -> None:
+    """An array as a version 1.0 ``.npy`` file, its bytes written straight from the array."""
+    header = np.lib.format.header_data_from_array_1_0(array)
+    np.lib.format.write_array_header_1_0(out, header)
+    data = array.T if header["fortran_order"] else np.ascontiguousarray(array)
+    flat = data.reshape(-1).view(np.uint8)
+    for start in range(0, len(flat), CHUNK):
+        out.write(flat[start : start + CHUNK].data)
+
+
+def write_segment(
+    root: str | os.PathLike[str],
+    rel_folder: str,
+    layer: Layer,
+    *,
+    level: Level,
+    view: Pattern | None,
+    order: tuple[int, ...],
+) -> Segment:
+    """Write `layer` (sorted, consolidated) as the segment in `rel_folder` of the local state
+    `root` (a new folder, see `wcoj_core.store.names.new_segment_path`). An empty layer is
+    written as no file at all."""
+    order = tuple(order)
+    if len(order) != layer.width:
+        raise ValueError(f"order {order} for a layer of width {layer.width}")
+    n = len(layer)
+    if n == 0:
+        return Segment(level, view, order, 0, None, True, rel_folder, {})
+    folder = local_path(os.fspath(root)) / rel_folder
+    folder.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        "rows": np.asfortranarray(layer.rows, dtype=I64),
+        "diff": np.ascontiguousarray(layer.diff, dtype=I64),
+        "keys": np.ascontiguousarray(layer.search_keys()),
+    }
+    files: dict[str, FileRef] = {}
+    for role, array in arrays.items():
+        files[role] = write_sealed(
+            folder / names.segment_file(role), lambda out, a=array: _write_npy(out, a)
+        )
+    fsync_dir(folder)
+    return Segment(level, view, order, n, layer.packing, layer.unit, rel_folder, files)
+
+
+@dataclass(frozen=True, slots=True)
+class _Expect:
+    """What a segment file's header must say."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    fortran: bool
+
+
+def _expect(segment: Segment, role: str) -> _Expect:
+    n, w = segment.rows, segment.width
+    if role == "rows":
+        return _Expect((n, w), np.dtype(I64), n > 1 and w > 1)
+    if role == "diff":
+        return _Expect((n,), np.dtype(I64), False)
+    packed = segment.packing is not None or w == 0  # no column: uint64 zeros
+    dtype = np.dtype(U64) if packed else np.dtype(f"V{8 * w}")
+    return _Expect((n,), dtype, False)
+
+
+def _check(path: Path, ref: FileRef, expect: _Expect, *, digest: bool | None) -> int:
+    """Check a segment file against its ref and what its header must say; its data offset.
+
+    `digest`: True reads the file whole to check its sha256, False never does (a copy checked
+    when made), None does when the stamp differs from the ref's.
+    """
+    where = str(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise DamagedFile(where, "missing (the manifest names it)") from None
+    except OSError as e:
+        raise DamagedFile(where, f"cannot be read ({e.strerror or e})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise DamagedFile(where, "is not a file")
+    if st.st_size != ref.size:
+        raise DamagedFile(where, f"is {st.st_size} bytes, the manifest says {ref.size}")
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version != (1, 0):  # what `write_segment` writes
+                raise ValueError(f"version {version[0]}.{version[1]}, not 1.0")
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            offset = f.tell()
+    except (ValueError, SyntaxError, EOFError, OSError) as e:
+        raise DamagedFile(where, f"its .npy header is damaged ({e})") from None
+    if (tuple(shape), dtype, bool(fortran)) != (expect.shape, expect.dtype, expect.fortran):
+        raise DamagedFile(
+            where,
+            f"its header says shape {tuple(shape)} of {dtype}"
+            f"{' (Fortran order)' if fortran else ''}, the manifest shape {expect.shape} of "
+            f"{expect.dtype}{' (Fortran order)' if expect.fortran else ''}",
+        )
+    if offset + math.prod(shape) * dtype.itemsize != st.st_size:
+        raise DamagedFile(where, "its size does not match its header (truncated or padded)")
+    if digest or (digest is None and stamp_of(st) != ref.stamp):
+        _, sha = sha256_file(path)
+        if sha != ref.sha256:
+            raise DamagedFile(
+                where,
+                f"its sha256 {sha[:12]}... differs from the manifest's {ref.sha256[:12]}... "
+                f"(its bytes changed since it was written)",
+            )
+    return offset
+
+
+def _map(path: Path, expect: _Expect, offset: int) -> np.ndarray:
+    if math.prod(expect.shape) == 0:
+        return np.empty(expect.shape, dtype=expect.dtype)
+    mapped = np.memmap(
+        path,
+        dtype=expect.dtype,
+        mode="r",
+        offset=offset,
+        shape=expect.shape,
+        order="F" if expect.fortran else "C",
+    )
+    return mapped.view(np.ndarray)  # a plain array over the mapping (which it keeps alive)
+
+
+def _layer(segment: Segment, arrays: Mapping[str, np.ndarray]) -> Layer:
+    """The layer of mapped arrays, given everything it would otherwise find by a pass over
+    them (packing, keys, unit flag)."""
+    return Layer(arrays["rows"], arrays["diff"], segment.packing, arrays["keys"], segment.unit)
+
+
+def _open_files(segment: Segment, paths: Mapping[str, Path], *, digest: bool | None) -> Layer:
+    arrays: dict[str, np.ndarray] = {}
+    for role, ref in segment.files.items():
+        expect = _expect(segment, role)
+        offset = _check(paths[role], ref, expect, digest=digest)
+        arrays[role] = _map(paths[role], expect, offset)
+    return _layer(segment, arrays)
+
+
+def segment_paths(root: str | os.PathLike[str], segment: Segment) -> dict[str, Path]:
+    """The local path of each file of a segment, by role."""
+    folder = local_path(os.fspath(root)) / segment.path
+    return {role: folder / ref.name for role, ref in segment.files.items()}
+
+
+def open_segment(root: str | os.PathLike[str], segment: Segment, *, verify: bool = False) -> Layer:
+    """The layer of a segment of the local state `root`, its files memory-mapped.
+
+    Raises `DamagedFile` for a file that is missing, of another size, with a header that
+    disagrees with the segment, or — checked when its stamp changed, or always with `verify` —
+    whose bytes differ from the manifest's sha256.
+    """
+    if segment.rows == 0:
+        return Layer.empty(segment.width)
+    return _open_files(segment, segment_paths(root, segment), digest=True if verify else None)
+
+
+def check_segment(root: str | os.PathLike[str], segment: Segment) -> list[DamagedFile]:
+    """Every damaged file of a segment (each file read whole), without mapping any."""
+    found: list[DamagedFile] = []
+    for role, path in segment_paths(root, segment).items():
+        try:
+            _check(path, segment.files[role], _expect(segment, role), digest=True)
+        except DamagedFile as e:
+            found.append(e)
+    return found
+
+
+def segment_bytes(segment: Segment) -> int:
+    """The bytes of a segment's files."""
+    return sum(ref.size for ref in segment.files.values())
+
+
+# -- executors: one local copy per digest ------------------------------------------------------
+
+
+def _open_source(root: str, rel: str) -> BinaryIO:
+    """A file of the state for reading: local, or through pyarrow for another URI."""
+    if not has_scheme(root):
+        return open(local_path(root) / rel, "rb")
+    import pyarrow.fs as pafs
+
+    uri = "s3://" + root.removeprefix("s3a://") if root.startswith("s3a://") else root
+    fs, base = pafs.FileSystem.from_uri(uri)
+    stream: Any = fs.open_input_stream(f"{base.rstrip('/')}/{rel}")
+    return stream
+
+
+class SegmentCopies:
+    """Local copies of segment files, one per sha256, shared by the workers of an executor.
+
+    The first worker to need a file copies it (under ``fcntl.flock`` on ``<sha>.lock``, to
+    ``<sha>.<pid>.tmp`` hashed on the way, then renamed to ``<sha>.npy``); workers arriving
+    meanwhile wait, then map the copy. A file whose bytes differ from its digest is never
+    renamed into place: `DamagedFile` names the state's file.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.copied = 0  # files this process copied
+
+    def local(self, root: str | os.PathLike[str], segment: Segment) -> dict[str, Path]:
+        """The local copy of each file of a segment, by role (copied now if not there yet)."""
+        return {
+            role: self._copy(os.fspath(root), f"{segment.path}/{ref.name}", ref)
+            for role, ref in segment.files.items()
+        }
+
+    def open(self, root: str | os.PathLike[str], segment: Segment) -> Layer:
+        """The layer of a segment, mapped from the local copies."""
+        if segment.rows == 0:
+            return Layer.empty(segment.width)
+        return _open_files(segment, self.local(root, segment), digest=False)
+
+    def _copy(self, root: str, rel: str, ref: FileRef) -> Path:
+        target = self.directory / f"{ref.sha256}.npy"
+        if _has_size(target, ref.size):
+            return target
+        with open(self.directory / f"{ref.sha256}.lock", "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            if _has_size(target, ref.size):
+                return target
+            tmp = self.directory / f"{ref.sha256}.{os.getpid()}.tmp"
+            try:
+                with _open_source(root, rel) as src, open(tmp, "wb") as raw:
+                    out = HashingWriter(raw)
+                    while chunk := src.read(CHUNK):
+                        out.write(chunk)
+                if out.size != ref.size or out.sha256 != ref.sha256:
+                    raise DamagedFile(
+                        f"{root.rstrip('/')}/{rel}",
+                        f"its copy to an executor has {out.size} bytes and sha256 "
+                        f"{out.sha256[:12]}..., the manifest says {ref.size} bytes and "
+                        f"{ref.sha256[:12]}...",
+                    )
+                os.chmod(tmp, stat.S_IMODE(os.stat(tmp).st_mode) & ~0o222)
+                os.replace(tmp, target)
+            except FileNotFoundError:
+                raise DamagedFile(
+                    f"{root.rstrip('/')}/{rel}", "missing (the manifest names it)"
+                ) from None
+            finally:
+                tmp.unlink(missing_ok=True)
+            self.copied += 1
+        return target
+
+
+def _has_size(path: Path, size: int) -> bool:
+    try:
+        return os.stat(path).st_size == size
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,462 @@
+"""The file operations a state needs, on a local disk or any Hadoop file system.
+
+A `Store` keeps its manifests in small JSON files and its data in folders of files; it lists,
+reads, creates exclusively, syncs and deletes them through the `Files` interface:
+
+* `LocalFiles` — plain paths and ``file://`` URIs, with Python's file API. Creating a file
+  exclusively is a hard link of a fully written, fsynced temporary file: atomic on POSIX file
+  systems. Listing never follows a symbolic link; deleting never deletes through one.
+* `HadoopFiles` — ``hdfs://``, ``s3a://``, ``abfs://``, ... through the Hadoop ``FileSystem`` of
+  a Spark session (same credentials and settings as Spark's own reads and writes). Creating
+  exclusively writes a temporary file and renames it; the rename is atomic and refuses an
+  existing target on HDFS; on object stores without atomic rename, run one writer at a time.
+
+And what format 2 needs of local files: a `FileRef` of a written file (size, sha256, stamp),
+the cheap check that a file is still the one written (`check_stamp`), the full one
+(`verify_ref`), files written sealed (`write_sealed`: hashed while written, fsynced, read-only,
+renamed into place) and `sync_tree` for folders written by others (pyarrow, Spark) before the
+manifest naming them is committed. Every file created here honours the umask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from wcoj_core.store.manifest import FileRef, Stamp
+from wcoj_core.store.names import temp_name
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+CHUNK = 1 << 20  # files are hashed 1 MiB at a time
+
+
+class Kind(Enum):
+    FILE = "file"
+    DIR = "dir"
+    LINK = "link"  # a symbolic link: never followed, never deleted through
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry of a folder: its name, modification time (seconds) and kind."""
+
+    name: str
+    mtime: float
+    kind: Kind
+
+
+class Files(Protocol):
+    """File operations relative to a root; names are '/'-separated relative paths."""
+
+    root: str
+
+    def uri(self, rel: str) -> str: ...
+
+    def entries(self, rel: str) -> list[Entry]: ...
+
+    def kind(self, rel: str) -> Kind | None: ...
+
+    def read_text(self, rel: str) -> str: ...
+
+    def create_exclusive(self, rel: str, text: str) -> bool: ...
+
+    def mkdirs(self, rel: str) -> None: ...
+
+    def delete(self, rel: str) -> None: ...
+
+    def sync(self, rel: str) -> None: ...
+
+    def ref(self, rel: str) -> FileRef: ...
+
+    def verify(self, rel: str, ref: FileRef) -> str | None: ...
+
+    def list(self, rel: str) -> list[tuple[str, float]]: ...
+
+
+def has_scheme(root: str) -> bool:
+    """True for a URI with a scheme other than ``file``.
+
+    >>> has_scheme("s3a://bucket/state"), has_scheme("file:///tmp/x"), has_scheme("/tmp/x")
+    (True, False, False)
+    """
+    scheme, sep, _ = root.partition("://")
+    return bool(sep) and scheme != "file"
+
+
+def local_path(root: str) -> Path:
+    """The absolute local path of a root given as a path or a ``file://`` URI.
+
+    >>> str(local_path("file:///tmp/x")), str(local_path("/tmp/x/"))
+    ('/tmp/x', '/tmp/x')
+    """
+    return Path(root.removeprefix("file://")).absolute()
+
+
+def _kind_of(mode: int) -> Kind:
+    if stat.S_ISLNK(mode):
+        return Kind.LINK
+    if stat.S_ISDIR(mode):
+        return Kind.DIR
+    if stat.S_ISREG(mode):
+        return Kind.FILE
+    return Kind.OTHER
+
+
+class LocalFiles:
+    """A local directory."""
+
+    def __init__(self, root: str) -> None:
+        self.path = local_path(root)
+        self.root = str(self.path)
+
+    def uri(self, rel: str) -> str:
+        return str(self.path / rel)
+
+    def entries(self, rel: str) -> list[Entry]:
+        """The entries of a folder (none when it is not a folder, or is a link to one)."""
+        if self.kind(rel) is not Kind.DIR:
+            return []
+        out = []
+        with os.scandir(self.path / rel) as found:
+            for e in found:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:  # deleted meanwhile
+                    continue
+                out.append(Entry(e.name, st.st_mtime, _kind_of(st.st_mode)))
+        return out
+
+    def kind(self, rel: str) -> Kind | None:
+        """What is at `rel` (not following a link), None when nothing is; the root itself
+        may be a link to a directory."""
+        try:
+            st = os.stat(self.path) if rel in ("", ".") else os.lstat(self.path / rel)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return _kind_of(st.st_mode)
+
+    def read_text(self, rel: str) -> str:
+        return (self.path / rel).read_text()
+
+    def create_exclusive(self, rel: str, text: str) -> bool:
+        target = self.path / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(temp_name(target.name))
+        try:
+            with open(tmp, "x") as out:  # mode 0666 less the umask
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())  # durable before it becomes visible
+            os.link(tmp, target)  # fails if the target exists: atomic create-exclusive
+            fsync_dir(target.parent)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def mkdirs(self, rel: str) -> None:
+        (self.path / rel).mkdir(parents=True, exist_ok=True)
+
+    def delete(self, rel: str) -> None:
+        """Delete a file or a folder with everything in it; a symbolic link is left alone (and
+        a link inside the folder is removed as a link: its target stays)."""
+        target = self.path / rel
+        kind = self.kind(rel)
+        if kind is Kind.DIR:
+            shutil.rmtree(target, ignore_errors=True)
+        elif kind is Kind.FILE:
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
+
+    def sync(self, rel: str) -> None:
+        """Make a file or folder durable, and its entry in each folder up to the root."""
+        if self.kind(rel) is None:
+            return
+        sync_tree(self.path / rel)
+        parent = (self.path / rel).parent
+        while parent != self.path and self.path in parent.parents:
+            parent = parent.parent
+            fsync_dir(parent)
+
+    def ref(self, rel: str) -> FileRef:
+        return file_ref(self.path / rel, stamped=False)
+
+    def verify(self, rel: str, ref: FileRef) -> str | None:
+        return verify_ref(self.path / rel, ref)
+
+    def list(self, rel: str) -> list[tuple[str, float]]:
+        """Names and modification times in a folder (the interface of `wcoj_core.files`)."""
+        return [(e.name, e.mtime) for e in self.entries(rel)]
+
+
+class HadoopFiles:
+    """A directory on any file system Hadoop (and so Spark) can reach."""
+
+    def __init__(self, spark: SparkSession, root: str) -> None:
+        self.root = root.rstrip("/")
+        # py4j is the only way to Hadoop's FileSystem from Python.
+        jvm: Any = spark._jvm
+        jsc: Any = spark.sparkContext._jsc
+        self._Path = jvm.org.apache.hadoop.fs.Path
+        self._jvm = jvm
+        conf = jsc.hadoopConfiguration()
+        self._fs = self._Path(self.root).getFileSystem(conf)
+
+    def _p(self, rel: str) -> Any:
+        return self._Path(f"{self.root}/{rel}")
+
+    def uri(self, rel: str) -> str:
+        return f"{self.root}/{rel}"
+
+    def entries(self, rel: str) -> list[Entry]:
+        folder = self._p(rel)
+        if not self._fs.exists(folder) or not self._fs.getFileStatus(folder).isDirectory():
+            return []
+        return [
+            Entry(s.getPath().getName(), s.getModificationTime() / 1000.0, self._kind(s))
+            for s in self._fs.listStatus(folder)
+        ]
+
+    @staticmethod
+    def _kind(status: Any) -> Kind:
+        if status.isSymlink():
+            return Kind.LINK
+        if status.isDirectory():
+            return Kind.DIR
+        return Kind.FILE if status.isFile() else Kind.OTHER
+
+    def kind(self, rel: str) -> Kind | None:
+        path = self._p(rel)
+        if not self._fs.exists(path):
+            return None
+        return self._kind(self._fs.getFileStatus(path))
+
+    def read_text(self, rel: str) -> str:
+        stream = self._fs.open(self._p(rel))
+        try:
+            return str(self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+
+    def create_exclusive(self, rel: str, text: str) -> bool:
+        target = self._p(rel)
+        folder, _, name = rel.rpartition("/")
+        tmp = self._p(f"{folder}/{temp_name(name)}" if folder else temp_name(name))
+        out = self._fs.create(tmp, False)
+        try:
+            out.write(bytearray(text.encode()))
+        finally:
+            out.close()
+        try:
+            if self._fs.exists(target):
+                return False
+            return bool(self._fs.rename(tmp, target))
+        finally:
+            self._fs.delete(tmp, False)
+
+    def mkdirs(self, rel: str) -> None:
+        self._fs.mkdirs(self._p(rel))
+
+    def delete(self, rel: str) -> None:
+        if self.kind(rel) in (Kind.FILE, Kind.DIR):
+            self._fs.delete(self._p(rel), True)
+
+    def sync(self, rel: str) -> None:
+        """Nothing to do: a Hadoop file is durable once its writer closed it."""
+
+    def ref(self, rel: str) -> FileRef:
+        """Size and sha256 of a file, hashed inside the JVM (no bytes cross py4j)."""
+        jvm = self._jvm
+        digest = jvm.java.security.MessageDigest.getInstance("SHA-256")
+        stream = jvm.java.security.DigestInputStream(self._fs.open(self._p(rel)), digest)
+        try:
+            size = int(
+                jvm.org.apache.commons.io.IOUtils.copyLarge(
+                    stream, jvm.java.io.OutputStream.nullOutputStream()
+                )
+            )
+        finally:
+            stream.close()
+        sha = bytes(b & 0xFF for b in digest.digest()).hex()
+        return FileRef(rel.rpartition("/")[2], size, sha)
+
+    def verify(self, rel: str, ref: FileRef) -> str | None:
+        if self.kind(rel) is not Kind.FILE:
+            return "missing"
+        got = self.ref(rel)
+        if got.size != ref.size:
+            return f"is {got.size} bytes, the manifest says {ref.size}"
+        if got.sha256 != ref.sha256:
+            return (
+                f"its sha256 {got.sha256[:12]}... differs from the manifest's {ref.sha256[:12]}..."
+            )
+        return None
+
+    def list(self, rel: str) -> list[tuple[str, float]]:
+        """Names and modification times in a folder (the interface of `wcoj_core.files`)."""
+        return [(e.name, e.mtime) for e in self.entries(rel)]
+
+
+def files_for(root: str, spark_factory: Callable[[], SparkSession] | None = None) -> Files:
+    """The file operations for a state root: local for paths, Hadoop for other URIs (which
+    need a Spark session: `spark_factory` is called then, and only then)."""
+    if not has_scheme(root):
+        return LocalFiles(root)
+    if spark_factory is None:
+        from wcoj_core.errors import StateError
+
+        raise StateError(f"state {root}: a state on {root.partition('://')[0]}:// needs Spark")
+    return HadoopFiles(spark_factory(), root)
+
+
+# -- local files: refs, stamps, sealed writes, syncing ----------------------------------------------
+
+
+def stamp_of(st: os.stat_result) -> Stamp:
+    """What tells that a file is still the one written: inode, mtime and ctime (ns)."""
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def sha256_file(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """The size and sha256 of a file, read 1 MiB at a time."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def file_ref(path: str | os.PathLike[str], *, stamped: bool = True) -> FileRef:
+    """The `FileRef` of a local file: its size, sha256 and (when `stamped`) its stamp."""
+    before = os.stat(path)
+    size, sha = sha256_file(path)
+    return FileRef(Path(path).name, size, sha, stamp_of(before) if stamped else None)
+
+
+def check_stamp(path: str | os.PathLike[str], ref: FileRef) -> bool:
+    """Whether a file is still the one `ref` describes, by its stamp and size (no reading)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return ref.stamp is not None and st.st_size == ref.size and stamp_of(st) == ref.stamp
+
+
+def verify_ref(path: str | os.PathLike[str], ref: FileRef) -> str | None:
+    """None when a file has `ref`'s size and sha256, else what is wrong (reads it whole)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a file"
+    if st.st_size != ref.size:
+        return f"is {st.st_size} bytes, the manifest says {ref.size}"
+    try:
+        _, sha = sha256_file(path)
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if sha != ref.sha256:
+        return f"its sha256 {sha[:12]}... differs from the manifest's {ref.sha256[:12]}..."
+    return None
+
+
+class HashingWriter:
+    """A binary file being written, hashed (sha256) and counted as the bytes go by."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data)
+        self._hash.update(view)
+        self.size += view.nbytes
+        self._raw.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    @property
+    def sha256(self) -> str:
+        return self._hash.hexdigest()
+
+
+def write_sealed(path: str | os.PathLike[str], write: Callable[[HashingWriter], None]) -> FileRef:
+    """Write a new file that is never changed again, and its `FileRef` (stamp included).
+
+    `write` writes the content to a temporary name in the same folder (hashed as it goes: the
+    file is not read back); the file is fsynced, made read-only and linked as `path`, which
+    must not exist. The stamp is read last. The caller fsyncs the folder
+    (`fsync_dir`) once all of its files are written.
+    """
+    target = Path(path)
+    tmp = target.with_name(temp_name(target.name))
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask
+        with os.fdopen(fd, "wb") as raw:
+            out = HashingWriter(raw)
+            write(out)
+            raw.flush()
+            os.fsync(raw.fileno())
+            os.fchmod(raw.fileno(), stat.S_IMODE(os.fstat(raw.fileno()).st_mode) & ~0o222)
+        os.link(tmp, target)  # refuses an existing target
+    finally:
+        tmp.unlink(missing_ok=True)
+    st = os.stat(target)  # after the link and the unlink, which both change the ctime
+    return FileRef(target.name, out.size, out.sha256, stamp_of(st))
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make a folder's entries durable (new, renamed or removed names in it)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(path: str | os.PathLike[str]) -> None:
+    """Make a file or a folder written by someone else durable: every file in it, every
+    folder in it, and its own entry in its parent. Links are not followed."""
+    top = Path(path)
+    try:
+        mode = os.lstat(top).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        _fsync_file(top)
+    elif stat.S_ISDIR(mode):
+        for folder, _, files in os.walk(top):
+            for name in files:
+                p = Path(folder, name)
+                if stat.S_ISREG(os.lstat(p).st_mode):
+                    _fsync_file(p)
+            fsync_dir(folder)
+    fsync_dir(top.parent)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

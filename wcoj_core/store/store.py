@@ -1,0 +1,374 @@
+"""A state directory: its marker, its manifests, the commit and the pruning of what is unused.
+
+`Store.open` checks the marker (``wcoj-state.json``) and creates a state only in a directory that
+does not exist or is empty: a directory holding anything else is never taken for a state. A
+generation is committed by creating the next manifest file exclusively (`Store.commit`): of two
+writers racing for it exactly one wins, the other gets `ConcurrentCommit`; the folders the new
+manifest names are made durable first.
+
+After each commit, `Store.prune` keeps the last `KEEP_MANIFESTS` manifests and removes what
+none of them references, under three rules that keep a user's files safe:
+
+* only names wcoj makes (`wcoj_core.store.names`) are deleted, only inside the trace directories
+  the manifests name (and ``scratch/``, ``manifests/``), never through a symbolic link;
+* a folder referenced by a dropped manifest only (retired by a compaction or a merge) goes at
+  once; anything else unreferenced (staged by a writer that failed, or is still at work) only
+  once it is older than `ORPHAN_AGE`;
+* when any manifest cannot be read, nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
+from wcoj_core.store import names
+from wcoj_core.store.files import Files, Kind, LocalFiles, files_for
+from wcoj_core.store.manifest import FORMAT, FileRef, Manifest
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+KEEP_MANIFESTS = 8
+ORPHAN_AGE = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    """What one pruning removed (paths relative to the state), or why it removed nothing."""
+
+    manifests: tuple[str, ...] = ()
+    folders: tuple[str, ...] = ()
+    files: tuple[str, ...] = ()
+    skipped: str = ""
+
+
+def marker_text() -> str:
+    """The content of a new state's marker."""
+    try:
+        from importlib.metadata import version
+
+        by = f"wcoj {version('wcoj')}"
+    except Exception:  # not installed as a distribution
+        by = "wcoj"
+    created = datetime.now(UTC).isoformat(timespec="seconds")
+    return json.dumps({"wcoj_state": FORMAT, "created": created, "by": by}) + "\n"
+
+
+class Store:
+    """A state directory (a local path, or any URI Hadoop reaches: see `files_for`)."""
+
+    def __init__(self, files: Files) -> None:
+        self.files = files
+        self.root = files.root
+        self._parsed: dict[int, Manifest] = {}  # generations read (a file is never rewritten)
+
+    # -- opening -----------------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls,
+        root: str | os.PathLike[str],
+        *,
+        create: bool,
+        spark_factory: Callable[[], SparkSession] | None = None,
+    ) -> Store:
+        """The state at `root`; with `create`, a new one when `root` is new or empty.
+
+        Raises `StateError` for an empty path, a file, a directory that holds other things
+        than a state (no marker), no state when not creating; `IncompatibleState` for a state
+        of another format.
+        """
+        text = os.fspath(root)
+        if not text.strip() or not text.removeprefix("file://").strip():
+            raise StateError("the state path is empty: pass a directory")
+        try:
+            store = cls(files_for(text, spark_factory))
+            store._check_root(text, create)
+        except OSError as e:
+            raise StateError(f"state {text}: cannot open ({e.strerror or e})") from e
+        return store
+
+    def _check_root(self, shown: str, create: bool) -> None:
+        files = self.files
+        kind = files.kind("")
+        if kind is None:
+            if not create:
+                raise StateError(f"no wcoj state at {shown}")
+            files.mkdirs("")
+            self._create_marker()
+        elif kind is not Kind.DIR:
+            raise StateError(
+                f"{shown} exists and is not a directory: pass a new or empty directory"
+            )
+        elif files.kind(names.MARKER) is None:
+            if files.entries(""):
+                self._refuse_earlier_format()
+                if create:
+                    raise StateError(
+                        f"{shown} is not a wcoj state (no {names.MARKER}) and is not empty: "
+                        f"pass a new or empty directory"
+                    )
+                raise StateError(f"no wcoj state at {shown} (no {names.MARKER})")
+            if not create:
+                raise StateError(f"no wcoj state at {shown}")
+            self._create_marker()
+        self._check_marker()
+
+    def _create_marker(self) -> None:
+        self.files.create_exclusive(names.MARKER, marker_text())  # a racing creator wins too
+
+    def _check_marker(self) -> None:
+        source = self.files.uri(names.MARKER)
+        if self.files.kind(names.MARKER) is not Kind.FILE:
+            raise StateError(f"{source} is not a file: not a wcoj state")
+        try:
+            raw = json.loads(self.files.read_text(names.MARKER))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise DamagedState(f"{source}: damaged state marker ({e})") from None
+        found = raw.get("wcoj_state") if isinstance(raw, dict) else None
+        if type(found) is not int:
+            raise DamagedState(f'{source}: damaged state marker (no "wcoj_state" number)')
+        if found != FORMAT:
+            which = "an earlier" if found < FORMAT else "a later"
+            raise IncompatibleState(
+                f"{self.root}: this state was created by {which} wcoj (state format {found}) "
+                f"and is not readable by this one (format {FORMAT})"
+                + ("; re-create the state" if found < FORMAT else "; use that wcoj")
+            )
+
+    def _refuse_earlier_format(self) -> None:
+        """A directory without a marker but with manifests of format 1 (wcoj before the
+        marker): say so rather than "not a state"."""
+        gens = self.generations()
+        if not gens:
+            return
+        try:
+            raw = json.loads(
+                self.files.read_text(f"{names.MANIFESTS}/{names.manifest_name(gens[-1])}")
+            )
+        except (OSError, ValueError, UnicodeDecodeError):
+            return
+        if isinstance(raw, dict) and raw.get("format") == 1:
+            raise IncompatibleState(
+                f"{self.root}: this state was created by an earlier wcoj (state format 1) and "
+                f"is not readable by this one (format {FORMAT}); re-create the state (apply "
+                f"its epochs into a new directory)"
+            )
+
+    # -- paths -------------------------------------------------------------------------------
+    def uri(self, rel: str) -> str:
+        """The full path (or URI) of something in the state."""
+        return self.files.uri(rel)
+
+    @property
+    def local_root(self) -> Path | None:
+        """The state's directory when it is on the local file system (None for a URI)."""
+        return self.files.path if isinstance(self.files, LocalFiles) else None
+
+    def batch_files(self, rel: str) -> tuple[FileRef, ...]:
+        """The `FileRef`s of a written batch folder's data files (not ``_``/``.`` names)."""
+        found = sorted(
+            e.name
+            for e in self.files.entries(rel)
+            if e.kind is Kind.FILE and not e.name.startswith(("_", "."))
+        )
+        return tuple(self.files.ref(f"{rel}/{name}") for name in found)
+
+    # -- manifests ---------------------------------------------------------------------------
+    def generations(self) -> list[int]:
+        """The committed generations kept, oldest first."""
+        found = (names.generation_of(e.name) for e in self.files.entries(names.MANIFESTS))
+        return sorted(g for g in found if g is not None)
+
+    def _manifest_rel(self, generation: int) -> str:
+        return f"{names.MANIFESTS}/{names.manifest_name(generation)}"
+
+    def _read(self, generation: int, previous: int | None, fresh: bool = False) -> Manifest:
+        found = None if fresh else self._parsed.get(generation)
+        if found is None:
+            rel = self._manifest_rel(generation)
+            back = self.uri(self._manifest_rel(previous)) if previous is not None else None
+            found = Manifest.from_json(self.files.read_text(rel), self.uri(rel), back)
+            if found.generation != generation:
+                raise DamagedState(
+                    f"{self.uri(rel)}: damaged manifest: it holds generation "
+                    f"{found.generation}"
+                    + (f"; the previous generation {back} is the way back" if back else "")
+                )
+            self._parsed[generation] = found
+            while len(self._parsed) > 2 * KEEP_MANIFESTS:
+                self._parsed.pop(min(self._parsed))
+        return found
+
+    def current(self) -> Manifest:
+        """The manifest of the highest committed generation (an empty one for a new state)."""
+        try:
+            gens = self.generations()
+            if not gens:
+                return Manifest()
+            return self._read(gens[-1], gens[-2] if len(gens) > 1 else None)
+        except OSError as e:
+            raise StateError(f"state {self.root}: cannot read ({e.strerror or e})") from e
+
+    def generation(self, n: int, *, fresh: bool = False) -> Manifest:
+        """A kept generation (0: the empty state before the first commit); with `fresh`, read
+        from its file again even when read before."""
+        try:
+            gens = self.generations()
+        except OSError as e:
+            raise StateError(f"state {self.root}: cannot read ({e.strerror or e})") from e
+        if n == 0 and 0 not in gens:
+            return Manifest()
+        if n not in gens:
+            kept = f"{gens[0]} to {gens[-1]}" if gens else "none"
+            raise StateError(f"state {self.root}: generation {n} is not kept (kept: {kept})")
+        at = gens.index(n)
+        try:
+            return self._read(n, gens[at - 1] if at else None, fresh)
+        except OSError as e:
+            raise StateError(f"state {self.root}: cannot read ({e.strerror or e})") from e
+
+    def commit(self, manifest: Manifest, expected: Manifest) -> Manifest:
+        """Commit `manifest` as the generation after `expected`, or raise `ConcurrentCommit`
+        if another writer did; then prune. The folders it names that `expected` did not are
+        made durable before the manifest is created."""
+        new = replace(manifest, generation=expected.generation + 1)
+        text = new.to_json()
+        rel = self._manifest_rel(new.generation)
+        try:
+            for path in sorted(new.paths() - expected.paths()):
+                self.files.sync(path)
+            gens = self.generations()
+            created = (not gens or gens[-1] < new.generation) and self.files.create_exclusive(
+                rel, text
+            )
+        except OSError as e:
+            raise StateError(f"state {self.root}: cannot commit ({e.strerror or e})") from e
+        except Exception as e:  # a Java exception from a Hadoop file system
+            if isinstance(e, StateError):
+                raise
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise StateError(f"state {self.root}: cannot commit ({first})") from e
+        if not created:
+            raise ConcurrentCommit(
+                f"state {self.root}: generation {new.generation} was committed by another "
+                f"writer while this one was working; nothing was applied, reload and retry"
+            )
+        self._parsed[new.generation] = new
+        # The commit stands whatever pruning meets (the next commit prunes again): nothing may
+        # raise now, or a caller would take its committed folders for staged ones.
+        with contextlib.suppress(Exception):
+            self.prune()
+        return new
+
+    # -- pruning -----------------------------------------------------------------------------
+    def _real_dir(self, rel: str) -> bool:
+        """Whether every component of `rel` is a directory (no symbolic link on the way)."""
+        parts = rel.split("/")
+        return all(self.files.kind("/".join(parts[: i + 1])) is Kind.DIR for i in range(len(parts)))
+
+    def prune(self, now: float | None = None) -> Pruned:
+        """Drop manifests beyond the last `KEEP_MANIFESTS` and what no kept one references
+        (see the module's rules)."""
+        now = time.time() if now is None else now
+        gens = self.generations()
+        kept, dropped = gens[-KEEP_MANIFESTS:], gens[:-KEEP_MANIFESTS]
+        live: set[str] = set()
+        retired: set[str] = set()
+        trace_dirs: set[str] = set()
+        for found, chosen in ((live, kept), (retired, dropped)):
+            for i, g in enumerate(chosen):
+                try:
+                    m = self._read(g, chosen[i - 1] if i else None)
+                except (StateError, OSError) as e:
+                    return Pruned(skipped=f"never delete on a doubt: {e}")
+                found.update(m.paths())
+                if chosen is kept:
+                    trace_dirs.update(names.trace_dir(t) for t in m.traces)
+        retired -= live
+        out_manifests = []
+        for g in dropped:
+            rel = self._manifest_rel(g)
+            self.files.delete(rel)
+            self._parsed.pop(g, None)
+            out_manifests.append(rel)
+        out_folders: list[str] = []
+        for path in sorted(retired):  # paths wcoj made (checked when the manifest was read)
+            if self._real_dir(path):
+                self.files.delete(path)
+                out_folders.append(path)
+        for area, own in (
+            (names.TRACES, names.is_own_batch),
+            (names.ARRANGEMENTS, names.is_own_segment),
+        ):
+            for tdir in sorted(trace_dirs):
+                folder = f"{area}/{tdir}"
+                if not self._real_dir(folder):
+                    continue
+                for e in self.files.entries(folder):
+                    path = f"{folder}/{e.name}"
+                    if e.kind is not Kind.DIR or not own(e.name) or path in live:
+                        continue
+                    if now - e.mtime > ORPHAN_AGE:
+                        self.files.delete(path)
+                        out_folders.append(path)
+        if self._real_dir(names.SCRATCH):
+            for e in self.files.entries(names.SCRATCH):
+                if (
+                    e.kind is Kind.DIR
+                    and names.is_own_scratch(e.name)
+                    and now - e.mtime > ORPHAN_AGE
+                ):
+                    path = f"{names.SCRATCH}/{e.name}"
+                    self.files.delete(path)
+                    out_folders.append(path)
+        out_files: list[str] = []
+        if self._real_dir(names.MANIFESTS):
+            for e in self.files.entries(names.MANIFESTS):
+                if (
+                    e.kind is Kind.FILE
+                    and names.is_manifest_temp(e.name)
+                    and now - e.mtime > ORPHAN_AGE
+                ):
+                    path = f"{names.MANIFESTS}/{e.name}"
+                    self.files.delete(path)
+                    out_files.append(path)
+        return Pruned(tuple(out_manifests), tuple(out_folders), tuple(out_files))
+
+    def discard(self, paths: Iterable[str]) -> list[str]:
+        """Remove staged folders that will never be committed (batches, segments, scratch).
+
+        Called while handling a failure, it never raises: a path that is not a folder name wcoj
+        makes, or that the current generation references (committed after all), is left alone
+        and returned; when the current manifest cannot be read, nothing is deleted.
+        """
+        chosen = list(paths)
+        try:
+            live = self.current().paths()
+        except Exception:
+            return chosen
+        kept: list[str] = []
+        for p in chosen:
+            own = names.is_batch_path(p) or names.is_segment_path(p) or _is_scratch_path(p)
+            if not own or p in live:
+                kept.append(p)
+                continue
+            try:
+                if self._real_dir(p):
+                    self.files.delete(p)
+            except Exception:
+                kept.append(p)
+        return kept
+
+
+def _is_scratch_path(path: str) -> bool:
+    area, sep, name = path.partition("/")
+    return bool(sep) and area == names.SCRATCH and names.is_own_scratch(name)
