@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from wcoj_core import deploy, lineage
 from wcoj_core.deploy import Choice, Limits
 from wcoj_core.deploy.batches import BatchFiles
+from wcoj_core.deploy.cluster import ONE_TASK_ROWS
 from wcoj_core.epoch import (
     EpochMetrics,
     EpochPass,
@@ -144,6 +145,12 @@ class Engine:
         self.limits = Limits(deployment, driver_max_rows, driver_epoch_rows, executor_max_rows)
         self.executor_tasks = executor_tasks
         self.landing_rows = landing_rows
+        # A small executors' work (changed rows) runs in one task once the executors are warm.
+        self.one_task_rows = ONE_TASK_ROWS
+        self.executors_warm = False
+        # Arrangement files are kept for a state on this machine's file system (or one every
+        # executor mounts at the same path); a state on remote storage keeps batches only.
+        self.persist_index = self.local
         self._files: BatchFiles | None = None
         self.counts_traces = counts_names(self.plans.values())
         widths = {relation_trace_name(r): a for r, a in self.relations.items()}
@@ -261,6 +268,11 @@ class Engine:
             if m.trace(name) is None:
                 m = m.with_trace(mf.Trace(name, tuple(self.trace_columns(name))))
         return m
+
+    def tasks(self) -> int:
+        """The tasks an epoch's work runs in on the executors."""
+        spark = self.spark("the kernel runs in Spark's executors")
+        return self.executor_tasks or max(1, spark.sparkContext.defaultParallelism)
 
     def choose(self, held: int, changed: int) -> Choice:
         """Where an epoch's kernel work runs (see `deploy.choose`)."""

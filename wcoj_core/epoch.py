@@ -227,6 +227,9 @@ class EpochPass:
         self.opened: dict[str, Opened] = {}
         self.deltas: dict[str, Layer] = {}
         self.effects: dict[str, tuple[Landed, Effect]] = {}
+        self.pre: dict[str, Batch] = {}  # changes written before the rules ran (executors)
+        self.landed: dict[str, str] = {}  # each relation trace's landed digest
+        self.chain = ""  # the epoch's chain (`wcoj_core.lineage`)
 
     # -- the pass -----------------------------------------------------------------------------
     def run(self) -> EpochResult:
@@ -245,7 +248,7 @@ class EpochPass:
             with self.timer.phase("land"):
                 self._land()
             with self.timer.phase("rules"):
-                choice, outputs, tallies = self._derive()
+                choice, outputs, tallies = self._derive(m)
             with self.timer.phase("write"):
                 new, reports = self._write(m, outputs)
             with self.timer.phase("commit"):
@@ -276,13 +279,16 @@ class EpochPass:
             before = self.opened[name].at(identity(spec.arity))
             eff = effect(spec, landed.layer, before)
             self.effects[rel] = (landed, eff)
+            self.landed[name] = landed_digest(eff.landed)
             if len(eff.change):
                 self.deltas[name] = eff.change
+        relations = [relation_trace_name(r) for r in engine.specs]
+        self.chain = lineage.next_chain(self._previous_chain(), self.epoch, self.landed, relations)
 
     # -- derive -------------------------------------------------------------------------------
-    def _derive(
-        self,
-    ) -> tuple[Choice, dict[str, tuple[np.ndarray, np.ndarray]], dict[RuleJob, RuleTally]]:
+    def _derive(self, m: Manifest) -> tuple[Choice, dict[str, _Out], dict[RuleJob, RuleTally]]:
+        """Counts changes (here), then every rule (here, or in the executors); each output
+        trace's change, as arrays or as a batch the executors wrote."""
         engine = self.engine
         layers = EpochLayers(self.opened, self.deltas)  # type: ignore[arg-type]
         by_view: dict[AtomView, list[Any]] = {}
@@ -301,18 +307,39 @@ class EpochPass:
         changed = sum(len(d) for d in self.deltas.values())
         choice = engine.choose(held, changed)
         jobs = self._jobs()
-        work = Work(engine.store.root, self.epoch, engine.plans, (), rules=tuple(jobs))
-        result = run_on_driver(work, layers)
-        outputs = dict(result.changes)
+        outputs: dict[str, _Out] = {}
+        if choice.on_driver or not jobs:
+            work = Work(engine.store.root, self.epoch, engine.plans, (), rules=tuple(jobs))
+            result = run_on_driver(work, layers)
+            for name, (rows, diff) in result.changes.items():
+                outputs[name] = _Out(Layer(rows, diff))
+            tallies = dict(result.tallies)
+        else:
+            from wcoj_core.deploy.cluster import run_rules
+
+            for name, layer in self.deltas.items():
+                self.pre[name] = self._batch(m.traces[name], layer)
+            outcome = run_rules(engine, m, self.epoch, choice, jobs, self.pre, self.written)
+            for name, batch in outcome.batches.items():
+                outputs[name] = _Out(None, batch, outcome.totals.get(name, 0))
+            tallies = dict(outcome.tallies)
         for q in engine.queries:
             out = output_trace_name(q)
+            width = len(engine.queries[q].head)
             if engine.keep_rules:
-                parts = [outputs[j.output] for j in jobs if j.query == q]
-                outputs[out] = _summed(parts, len(engine.queries[q].head))
+                parts = [self._arrays(m, j.output, outputs[j.output]) for j in jobs if j.query == q]
+                outputs[out] = _Out(_summed(parts, width))
             elif out not in outputs:
-                width = len(engine.queries[q].head)
-                outputs[out] = (np.zeros((0, width), dtype=I64), np.zeros(0, dtype=I64))
-        return choice, outputs, dict(result.tallies)
+                outputs[out] = _Out(Layer.empty(width))
+        return choice, outputs, tallies
+
+    def _arrays(self, m: Manifest, name: str, out: _Out) -> Layer:
+        """An output's change as a layer (read back when the executors wrote it)."""
+        if out.layer is None:
+            assert out.batch is not None
+            trace = m.trace(name) or Trace(name, _columns(self.engine, name))
+            out.layer = self.engine.read_batch(trace, out.batch)
+        return out.layer
 
     def _jobs(self) -> list[RuleJob]:
         engine = self.engine
@@ -332,46 +359,48 @@ class EpochPass:
 
     # -- write --------------------------------------------------------------------------------
     def _write(
-        self, m: Manifest, outputs: Mapping[str, tuple[np.ndarray, np.ndarray]]
+        self, m: Manifest, outputs: Mapping[str, _Out]
     ) -> tuple[Manifest, dict[str, TraceReport]]:
+        """The manifest after the epoch: a batch per changed trace at the epoch (replacing what
+        it held), figures as of the epoch, every opened trace's index advanced to it."""
         engine, t = self.engine, self.epoch
-        landed = {
-            relation_trace_name(rel): landed_digest(eff.landed)
-            for rel, (_, eff) in self.effects.items()
-        }
-        relations = [relation_trace_name(r) for r in engine.specs]
-        chain = lineage.next_chain(self._previous_chain(m), t, landed, relations)
-        staged: dict[str, tuple[Layer, Figures]] = {}
+        staged: dict[str, _Out] = {}
         for rel, (_, eff) in self.effects.items():
             name = relation_trace_name(rel)
-            staged[name] = (eff.change, self._figures_before(m, name).plus(eff.figures))
+            staged[name] = _Out(eff.change, self.pre.get(name))
+            staged[name].figures = self._figures_before(m, name).plus(eff.figures)
             if len(eff.ignored):
-                staged[ignored_trace_name(rel)] = (eff.ignored, Figures())
+                staged[ignored_trace_name(rel)] = _Out(eff.ignored, figures=Figures())
         for name, layer in self.deltas.items():
             if name.startswith("counts/"):
-                staged[name] = (layer, self._figures_before(m, name).plus(self._change(name, layer)))
-        for name, (rows, diff) in outputs.items():
-            layer = Layer(rows, diff)
+                out = _Out(layer, self.pre.get(name))
+                out.figures = self._figures_before(m, name).plus(self._change(m, name, out))
+                staged[name] = out
+        for name, out in outputs.items():
             figures = self._figures_before(m, name)
             if name.startswith("out/"):
-                figures = figures.plus(self._change(name, layer))
-            staged[name] = (layer, figures)
+                figures = figures.plus(self._change(m, name, out))
+            out.figures = figures
+            staged[name] = out
         traces = dict(m.traces)
         reports: dict[str, TraceReport] = {}
-        epoch_names = set(staged) | {n for n, tr in m.traces.items() if any(b.time == t for b in tr.batches)}
-        for name in sorted(epoch_names | set(self.opened)):
+        at_epoch = {n for n, tr in m.traces.items() if any(b.time == t for b in tr.batches)}
+        for name in sorted(set(staged) | at_epoch | set(self.opened)):
             trace = traces.get(name) or Trace(name, _columns(engine, name))
-            layer_figures = staged.get(name)
+            out = staged.get(name)
             kept = tuple(b for b in trace.batches if b.time != t)
             batch: Batch | None = None
-            if layer_figures is not None:
-                layer, figures = layer_figures
-                batch = self._batch(trace, layer, figures, landed.get(name, ""), chain)
+            if out is not None:
+                batch = self._stamped(trace, out)
                 kept = tuple(sorted((*kept, batch), key=lambda b: b.time))
             trace = replace(trace, batches=kept)
-            if name in self.opened:
+            if name in self.opened and engine.persist_index:
                 opened = self.opened[name]
-                change = layer_figures[0] if layer_figures is not None else Layer.empty(len(trace.columns))
+                change = (
+                    self._arrays(m, name, out)
+                    if out is not None
+                    else Layer.empty(len(trace.columns))
+                )
                 if len(change) or len(opened.correction) or opened.rebuilt or trace.index is None:
                     index = advance(
                         engine.store.root, opened, change, t, engine.views[name], self.written
@@ -380,22 +409,44 @@ class EpochPass:
                     index = replace(trace.index, time=t)
                 trace = replace(trace, index=index)
             traces[name] = trace
-            figures = layer_figures[1] if layer_figures is not None else self._figures_before(m, name, upto=True)
+            figures = (
+                out.figures
+                if out is not None and out.figures is not None
+                else self._figures_before(m, name, upto=True)
+            )
             reports[name] = TraceReport(name, batch, figures, _segments(trace))
         epoch = t if m.epoch is None else max(m.epoch, t)
         return replace(m, epoch=epoch, traces=traces, plan=engine.plan_record), reports
 
-    def _batch(self, trace: Trace, layer: Layer, figures: Figures, landed: str, chain: str) -> Batch:
+    def _stamped(self, trace: Trace, out: _Out) -> Batch:
+        """The trace's batch at the epoch (written now unless the executors or the derive step
+        wrote it), with its figures and provenance."""
+        batch = out.batch
+        if batch is None:
+            assert out.layer is not None
+            batch = self._batch(trace, out.layer)
+        figures = out.figures if out.figures is not None else Figures()
+        landed = self.landed.get(trace.name, "")
+        return replace(batch, figures=figures.as_tuple(), landed=landed, inputs=self.chain)
+
+    def _batch(self, trace: Trace, layer: Layer) -> Batch:
+        """Write a layer as the trace's batch at the epoch (figures and provenance added when
+        the manifest is made)."""
         folder = f"traces/{trace_dir(trace.name)}/b-k-{self.epoch}-{_hex12()}"
         self.written.append(folder)
         files = self.engine.files.write(
-            folder, trace.columns, np.asarray(layer.rows), np.asarray(layer.diff), self.epoch, threads=True
+            folder,
+            trace.columns,
+            np.asarray(layer.rows),
+            np.asarray(layer.diff),
+            self.epoch,
+            threads=True,
         )
-        return Batch(folder, self.epoch, len(layer), files, figures.as_tuple(), landed, chain)
+        return Batch(folder, self.epoch, len(layer), files)
 
-    def _previous_chain(self, m: Manifest) -> str:
+    def _previous_chain(self) -> str:
         relations = [relation_trace_name(r) for r in self.engine.specs]
-        chains = lineage.chains(m, relations)
+        chains = lineage.chains(self.base, relations)
         earlier = [e for e in chains if e < self.epoch]
         return chains[max(earlier)] if earlier else ""
 
@@ -408,15 +459,18 @@ class EpochPass:
                 return Figures(*b.figures)
         return Figures()
 
-    def _change(self, name: str, layer: Layer) -> Figures:
-        """How a derived trace's figures change by `layer`: a lookup of its tuples in the trace
-        as of before the epoch when it is indexed; else (an output whose tuples are held once
-        or not at all) its summed diff."""
+    def _change(self, m: Manifest, name: str, out: _Out) -> Figures:
+        """How a derived trace's figures change by its change `out`: a lookup of its tuples in
+        the trace as of before the epoch when it is indexed; else (an output whose tuples are
+        held once or not at all) its summed diff."""
         opened = self.opened.get(name)
         if opened is None:
-            total = int(np.asarray(layer.diff).sum(dtype=I64))
+            total = out.total if out.layer is None else int(np.asarray(out.layer.diff).sum(dtype=I64))
             return Figures(total, total, 0)
-        before = lookup_sum(opened.at(identity(layer.width)), np.asarray(layer.rows)) if len(layer) else np.zeros(0, dtype=I64)
+        layer = self._arrays(m, name, out)
+        if not len(layer):
+            return Figures()
+        before = lookup_sum(opened.at(identity(layer.width)), np.asarray(layer.rows))
         return figures_change(before, np.asarray(layer.diff))
 
     # -- the result ---------------------------------------------------------------------------
@@ -424,7 +478,7 @@ class EpochPass:
         self,
         committed: Manifest,
         choice: Choice,
-        outputs: Mapping[str, tuple[np.ndarray, np.ndarray]],
+        outputs: Mapping[str, _Out],
         tallies: Mapping[RuleJob, RuleTally],
         reports: dict[str, TraceReport],
     ) -> EpochResult:
@@ -436,14 +490,14 @@ class EpochPass:
         )
         rules: dict[str, dict[int, RuleReport]] = {q: {} for q in engine.queries}
         for job, tally in tallies.items():
-            rows = len(outputs[job.output][1]) if engine.keep_rules else 0
+            rows = outputs[job.output].rows if engine.keep_rules else 0
             rules[job.query][job.rule] = RuleReport(
                 rows, sum(s.proposed for s in tally.steps), sum(s.validated for s in tally.steps)
             )
         metrics = EpochMetrics(
             epoch=self.epoch,
             changes={rel: len(eff.change) for rel, (_, eff) in sorted(self.effects.items())},
-            outputs={q: len(outputs[output_trace_name(q)][1]) for q in engine.queries},
+            outputs={q: outputs[output_trace_name(q)].rows for q in engine.queries},
             steps=steps,
             seconds=self.timer.seconds,
             deployment=choice.deployment.value,
@@ -466,11 +520,9 @@ class EpochPass:
             )
             for rel, (landed, eff) in sorted(self.effects.items())
         }
-        totals = {
-            q: int(outputs[output_trace_name(q)][1].sum(dtype=I64)) for q in engine.queries
-        }
+        totals = {q: outputs[output_trace_name(q)].sum for q in engine.queries}
         changes: dict[str, tuple[np.ndarray, np.ndarray] | None] = {
-            q: outputs[output_trace_name(q)] for q in engine.queries
+            q: outputs[output_trace_name(q)].arrays for q in engine.queries
         }
         return EpochResult(
             self.epoch,
@@ -484,14 +536,45 @@ class EpochPass:
         )
 
 
-def _summed(parts: Sequence[tuple[np.ndarray, np.ndarray]], width: int) -> tuple[np.ndarray, np.ndarray]:
-    live = [p for p in parts if len(p[1])]
+@dataclass
+class _Out:
+    """A trace's change at the epoch: in memory (`layer`), or a batch written elsewhere (the
+    executors) with the sum of its diffs; its figures once known."""
+
+    layer: Layer | None
+    batch: Batch | None = None
+    total: int = 0
+    figures: Figures | None = None
+
+    @property
+    def rows(self) -> int:
+        if self.layer is not None:
+            return len(self.layer)
+        return self.batch.rows if self.batch is not None else 0
+
+    @property
+    def sum(self) -> int:
+        if self.layer is not None:
+            return int(np.asarray(self.layer.diff).sum(dtype=I64))
+        return self.total
+
+    @property
+    def arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
+        if self.layer is None:
+            return None
+        return np.asarray(self.layer.rows), np.asarray(self.layer.diff)
+
+
+def _summed(parts: Sequence[Layer], width: int) -> Layer:
+    live = [p for p in parts if len(p)]
     if not live:
-        return np.zeros((0, width), dtype=I64), np.zeros(0, dtype=I64)
+        return Layer.empty(width)
     if len(live) == 1:
         return live[0]
-    layer = Layer.build(np.concatenate([r for r, _ in live]), np.concatenate([d for _, d in live]))
-    return layer.rows, layer.diff
+    return Layer.build(
+        np.concatenate([np.asarray(p.rows) for p in live]),
+        np.concatenate([np.asarray(p.diff) for p in live]),
+    )
 
 
 def _columns(engine: Engine, name: str) -> tuple[str, ...]:

@@ -26,13 +26,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from wcoj_core import segments
-from wcoj_core.errors import StateError
-from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import prepare
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, arranged, merged
@@ -40,7 +37,7 @@ from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView, Kind, Plan, Version
 from wcoj_core.store.manifest import Batch, Index, Level, Segment, Trace
 from wcoj_core.store.names import trace_dir
-from wcoj_core.traces import counts_trace_name, relation_trace_name
+from wcoj_core.traces import counts_trace_name
 
 # Recent segments per view key before they are merged into one, and the share of the base's
 # rows (at least `MERGE_MIN_ROWS`) beyond which the merged recent segment joins the base.
@@ -321,26 +318,21 @@ def _write(
     return segments.write_segment(root, rel, layer, level=level, view=pattern, order=order)
 
 
-def epoch_layers(opened: Mapping[str, Opened], deltas: Mapping[str, Layer]) -> EpochLayers:
-    """What an epoch's rules read: every opened trace, and the epoch's changes."""
-    return EpochLayers(opened, deltas)  # type: ignore[arg-type]
 
 
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise StateError(message)
-
-
-__all__: list[Any] = [
-    "MAX_RECENT",
-    "Opened",
-    "ViewKey",
-    "advance",
-    "arrange",
-    "counts_names",
-    "identity",
-    "open_trace",
-    "plan_views",
-    "relation_trace_name",
-    "view_key",
-]
+def rebuilt_index(
+    root: str, trace: Trace, read_batch: ReadBatch, written: list[str]
+) -> Index | None:
+    """A trace's index written again from its batches: one base segment per view key its
+    index held, covering the same batches (`repair`'s work for a damaged segment)."""
+    index = trace.index
+    if index is None:
+        return None
+    keys = {_segment_key(s) for s in index.segments}
+    opened = _rebuild(trace, index.time + 1, list(trace.visible(index.time)), keys, read_batch, "")
+    folder = f"arrangements/{trace_dir(trace.name)}"
+    out = []
+    for key in sorted(keys, key=repr):
+        layer = _sum(len(key[1]), *opened.segments[key])
+        out.append(_write(root, folder, layer, Level.BASE, key, written))
+    return Index(index.time, tuple(out))

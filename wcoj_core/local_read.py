@@ -55,7 +55,7 @@ from wcoj_core.traces import DIFF, TIME, relation_columns
 # reads a Parquet file's values only when the files are at most this big.
 LOCAL_CHECK_BYTES = 4 << 20
 _BLOCK = 16 << 20  # text and CSV are parsed this many bytes of whole lines at a time
-_MAX_LINE = 64 << 20  # a longer line is refused rather than buffered
+MAX_LINE_BYTES = 64 << 20  # a longer line is refused rather than buffered
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _FIELD = re.compile(r"[^ \t\r]+")
 _MIN_LONG, _MAX_LONG = -(2**63), 2**63 - 1
@@ -296,9 +296,9 @@ class _Lines:
                 return
             end = _last_break(buffer, final=False)
             if end == 0:
-                if len(buffer) > _MAX_LINE:
+                if len(buffer) > MAX_LINE_BYTES:
                     raise InputError(
-                        f"is longer than {_MAX_LINE >> 20} MiB; no line of a relation file is",
+                        f"is longer than {MAX_LINE_BYTES >> 20} MiB; no line of a relation file is",
                         self.source,
                         line,
                     )

@@ -268,6 +268,7 @@ class PartWriter:
         self.name = name
         self.rows = 0
         self.total = 0  # the sum of the diffs written
+        self.ref: FileRef | None = None  # the file's size and digest, once closed
         self._writer: pq.ParquetWriter | None = None
         self._sink: Any = None
 
@@ -292,7 +293,16 @@ class PartWriter:
         self.total += int(diff.sum())
 
     def close(self) -> None:
+        """Finish the file and take its size and digest (read back once: a task's part)."""
         if self._writer is not None:
             self._writer.close()
             self._sink.close()
             self._writer = None
+            full = self.files.full(self.path)
+            digest = hashlib.sha256()
+            size = 0
+            with self.files.fs.open_input_stream(full) as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+                    size += len(chunk)
+            self.ref = FileRef(self.name, size, digest.hexdigest(), None)

@@ -49,6 +49,7 @@ from wcoj_core.deploy.work import (
 from wcoj_core.kernel.join import RuleTally, StepCounts
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer
+from wcoj_core.store.manifest import FileRef
 from wcoj_core.traces import DIFF
 
 # Record kinds in the rows a task returns.
@@ -65,15 +66,19 @@ class Written:
     and what every rule did."""
 
     files: Mapping[str, list[str]]
+    refs: Mapping[str, list[FileRef]]
     rows: Mapping[str, int]
     totals: Mapping[str, int]
     tallies: Mapping[RuleJob, RuleTally]
 
-    def clean(self, files: BatchFiles, folders: Mapping[str, str], work: Work) -> None:
+    def clean(
+        self, files: BatchFiles, folders: Mapping[str, str], work: Work
+    ) -> dict[str, tuple[FileRef, ...]]:
         """Delete every file in the outputs' folders that no record names (left by attempts
         Spark gave up on); give an output no task wrote to an empty file of its schema (as the
-        driver writes an empty batch); mark each folder complete."""
+        driver writes an empty batch); mark each folder complete. Every output's files."""
         columns = work.columns()
+        out: dict[str, tuple[FileRef, ...]] = {}
         for name, folder in folders.items():
             named = {path.rsplit("/", 1)[-1] for path in self.files.get(name, [])}
             for entry in files.listing(folder):
@@ -81,10 +86,14 @@ class Written:
                     files.remove(f"{folder}/{entry}")
             if not named:
                 empty = np.zeros((0, len(columns[name])), dtype=I64)
-                files.write(folder, columns[name], empty, np.zeros(0, dtype=I64), work.epoch)
+                out[name] = files.write(
+                    folder, columns[name], empty, np.zeros(0, dtype=I64), work.epoch
+                )
                 continue
             with files.fs.open_output_stream(files.full(f"{folder}/_SUCCESS")):
                 pass
+            out[name] = tuple(self.refs.get(name, []))
+        return out
 
 
 def run_on_executors(
@@ -273,7 +282,10 @@ class _Sender:
 
     def file(self, tag: int, w: PartWriter) -> Iterator[pa.RecordBatch]:
         cols = [np.array([w.rows], dtype=I64), np.array([w.total], dtype=I64)]
-        yield from self._add(self._batch(FILE, np.array([tag]), cols, np.zeros(1, I64), [w.path]))
+        ref = w.ref
+        assert ref is not None, "a part is closed before it is sent"
+        record = f"{w.path}\t{ref.size}\t{ref.sha256}"
+        yield from self._add(self._batch(FILE, np.array([tag]), cols, np.zeros(1, I64), [record]))
 
     def metrics(self, job: int, tally: RuleTally) -> Iterator[pa.RecordBatch]:
         steps, fields, values = [-1], [0], [tally.joins]
@@ -294,6 +306,7 @@ class _Sender:
 
 def _written(work: Work, names: list[str], records: Sequence[object]) -> Written:
     files: dict[str, list[str]] = {n: [] for n in names}
+    refs: dict[str, list[FileRef]] = {n: [] for n in names}
     rows = dict.fromkeys(names, 0)
     totals = dict.fromkeys(names, 0)
     tallies = {job: RuleTally.of(work.rule(job)) for job in work.rules}
@@ -302,7 +315,9 @@ def _written(work: Work, names: list[str], records: Sequence[object]) -> Written
         kind, tag = r["kind"], r["tag"]  # type: ignore[index]
         if kind == FILE:
             name = names[tag]
-            files[name].append(r["path"])  # type: ignore[index]
+            path, size, sha = str(r["path"]).split("\t")  # type: ignore[index]
+            files[name].append(path)
+            refs[name].append(FileRef(path.rsplit("/", 1)[-1], int(size), sha, None))
             rows[name] += r["c0"]  # type: ignore[index]
             totals[name] += r["c1"]  # type: ignore[index]
         elif kind == METRIC:
@@ -313,4 +328,4 @@ def _written(work: Work, names: list[str], records: Sequence[object]) -> Written
             else:
                 s: StepCounts = tally.steps[step]
                 setattr(s, FIELDS[field], getattr(s, FIELDS[field]) + value)
-    return Written(files, rows, totals, tallies)
+    return Written(files, refs, rows, totals, tallies)

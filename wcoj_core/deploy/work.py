@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from wcoj_core.deploy.resident import BatchRef, Resident
+from wcoj_core.indexes import Opened, ViewKey, open_trace
 from wcoj_core.kernel.changes import changes_layer, counts_delta, support_delta
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import (
@@ -38,6 +40,7 @@ from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.query.ir import Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Plan
+from wcoj_core.store.manifest import Trace
 from wcoj_core.traces import counts_trace_name, relation_columns, relation_trace_name
 
 # A rule's delta of at most this many tuples is cut into shares by tuple count alone; a larger
@@ -49,7 +52,12 @@ WEIGH_ROWS = 100_000
 class TraceRead:
     """A trace a work reads: its batches as of the old state, and its changes at the epoch:
     stored batches, files of unconsolidated changes (absolute paths in the state's file
-    system), or unconsolidated changes carried along (data columns and ``diff``)."""
+    system), or unconsolidated changes carried along (data columns and ``diff``).
+
+    With `trace` (the manifest's entry) the old state is opened from the trace's index — its
+    arrangement files mapped, through the view keys `keys` (`wcoj_core.indexes.open_trace`) —
+    rather than read from the batches `old`.
+    """
 
     name: str
     columns: tuple[str, ...]
@@ -57,6 +65,8 @@ class TraceRead:
     delta: tuple[BatchRef, ...] = ()
     raw: tuple[str, ...] = ()
     inline: pa.Table | None = None  # or the changes themselves (a small epoch's)
+    trace: Trace | None = None
+    keys: frozenset[ViewKey] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +146,12 @@ def open_layers(
 ) -> EpochLayers:
     """The traces of a work as of its old state, with its changes (`given` ones first, then raw
     files, then stored batches) and the counts changes it computes."""
-    traces = {r.name: resident.index(r.name, r.columns, r.old) for r in work.reads}
+    traces: dict[str, Any] = {
+        r.name: opened_trace(work, r, resident)
+        if r.trace is not None
+        else resident.index(r.name, r.columns, r.old)
+        for r in work.reads
+    }
     deltas: dict[str, Layer] = {}
     for r in work.reads:
         if given and r.name in given:
@@ -147,7 +162,7 @@ def open_layers(
             deltas[r.name] = resident.files.read_files(r.columns, r.raw)
         elif any(rows for _, rows in r.delta):
             deltas[r.name] = resident.read(r.columns, r.delta)
-    layers = EpochLayers(traces, deltas)
+    layers = EpochLayers(traces, deltas)  # type: ignore[arg-type]
     by_view: dict[AtomView, list[Arrangement]] = {}
     for a in work.counts:
         by_view.setdefault(a.view, []).append(a)
@@ -158,6 +173,35 @@ def open_layers(
         for a in arrangements:
             deltas[counts_trace_name(a)] = counts_delta(support, a.key)
     return layers
+
+
+# Traces a worker opened from their indexes, by (root, trace, segments, batches): the latest few.
+KEEP_OPENED = 16
+_OPENED: dict[tuple[Any, ...], Opened] = {}
+
+
+def opened_trace(work: Work, read: TraceRead, resident: Resident) -> Opened:
+    """A trace of a work as of its epoch, opened from its index (kept for the next tasks of
+    this worker: a later epoch's task opens its own)."""
+    trace = read.trace
+    assert trace is not None
+    segments = tuple(s.path for s in trace.index.segments) if trace.index is not None else ()
+    batches = tuple(b.path for b in trace.batches if b.time < work.epoch)
+    key = (work.root, read.name, work.epoch, segments, batches)
+    found = _OPENED.pop(key, None)
+    if found is None:
+        files = resident.files
+        found = open_trace(
+            work.root,
+            trace,
+            work.epoch,
+            read.keys,
+            lambda t, b: files.read_verified(b.path, t.columns, b.files),
+        )
+    _OPENED[key] = found
+    while len(_OPENED) > KEEP_OPENED:
+        _OPENED.pop(next(iter(_OPENED)))
+    return found
 
 
 def run_share(work: Work, layers: EpochLayers, share: int, count: int) -> Iterator[Made]:

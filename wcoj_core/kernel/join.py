@@ -70,24 +70,28 @@ class Prefixes:
 
     `overflow` flags the rows whose exact weight has left int64 (their `weight` wrapped and
     means nothing); None when no row's has. A flagged row that completes a binding raises
-    `MultiplicityOverflow` (`check_overflow`); one that dies before does not.
+    `MultiplicityOverflow` (`check_overflow`); one that dies before does not. `bound`, when
+    known, bounds every ``|weight|``: the next product is then checked with one bound less to
+    read.
     """
 
     cols: dict[Var, np.ndarray]
     weight: np.ndarray
     overflow: np.ndarray | None = None
+    bound: int | None = None
 
     def __len__(self) -> int:
         return len(self.weight)
 
     def take(self, idx: np.ndarray) -> Prefixes:
         over = None if self.overflow is None else self.overflow[idx]
-        return Prefixes({v: c[idx] for v, c in self.cols.items()}, self.weight[idx], over)
+        cols = {v: c[idx] for v, c in self.cols.items()}
+        return Prefixes(cols, self.weight[idx], over, self.bound)
 
-    def scale(self, factor: np.ndarray) -> None:
-        """Multiply each row's weight by its `factor` (multiplicities), flagging the rows whose
-        exact product leaves int64."""
-        self.weight, over = times(self.weight, factor)
+    def scale(self, factor: np.ndarray, bound: int | None = None) -> None:
+        """Multiply each row's weight by its `factor` (multiplicities, `bound` on their
+        magnitudes when known), flagging the rows whose exact product leaves int64."""
+        self.weight, over, self.bound = times(self.weight, factor, self.bound, bound)
         if over is not None:
             self.overflow = over if self.overflow is None else over | self.overflow
 
@@ -189,7 +193,8 @@ def run_rule(
     step = max(chunk_rows, 1)
     for at in range(lo, hi, step):
         part = slice(at, min(at + step, hi))
-        prefixes = Prefixes({v: d.rows[part, i] for i, v in enumerate(start)}, d.diff[part])
+        cols = {v: d.rows[part, i] for i, v in enumerate(start)}
+        prefixes = Prefixes(cols, d.diff[part], None, d.diff_bound())
         prefixes = _checked(plan, rule, prefixes, layers, tally)
         for made in _descend(
             plan, rule, 0, prefixes.filtered(rule.start_filters), layers, tally, budget
@@ -399,10 +404,10 @@ def propose(
     found = find(source, [mine.cols[atom_vars[x.atom][k]] for k in x.key], len(mine), bounds)
     over = None if mine.overflow is None else found.spread(mine.overflow)
     cols = {v: found.spread(c) for v, c in mine.cols.items()}
-    part = Prefixes(cols, found.spread(mine.weight), over)
+    part = Prefixes(cols, found.spread(mine.weight), over, mine.bound)
     part.cols[step.var] = found.rest[:, 0]
     if x.completes and found.diff is not None:
-        part.scale(found.diff)
+        part.scale(found.diff, found.bound)
     proposed = len(part)
     if leftover:  # the filters the proposals' bounds did not already apply
         part = part.filtered(leftover)
@@ -480,6 +485,8 @@ def concat(parts: list[Part], vs: Sequence[Var], lead: Sequence[Var] = ()) -> Pr
     at = {v: i for i, v in enumerate(lead)}
     cols = {v: block[:, at[v]] if v in at else np.empty(total, dtype=I64) for v in vs}
     weight = np.empty(total, dtype=I64)
+    known = [p.bound for p, _ in parts if p.bound is not None]
+    bound = max(known) if known and len(known) == len(parts) else None
     flagged = any(p.overflow is not None for p, _ in parts)
     over = np.zeros(total, dtype=bool) if flagged else None
     start = 0
@@ -496,7 +503,7 @@ def concat(parts: list[Part], vs: Sequence[Var], lead: Sequence[Var] = ()) -> Pr
             else:  # indices known valid: "clip" writes straight into `out`, unbuffered
                 np.take(src, kept, out=out[start:end], mode="clip")
         start = end
-    return Prefixes(cols, weight, over)
+    return Prefixes(cols, weight, over, bound)
 
 
 def head_block(p: Prefixes, head: Sequence[Var]) -> np.ndarray | None:

@@ -22,19 +22,20 @@ that leaves int64 raises `MultiplicityOverflow` (`wcoj_core.kernel.multiplicity`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.keys import I64, U64, Packing, encode
-from wcoj_core.kernel.multiplicity import Namer, row_namer, sums_at, total
+from wcoj_core.kernel.multiplicity import Namer, magnitude, row_namer, sums_at, total
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView
 
-# What a consolidation sums, as an error names it.
+# What a consolidation sums, and a lookup over layers, as an error names it.
 SUMMING = "summing the multiplicities of equal rows"
+OVER_LAYERS = "summing a row's multiplicities over layers"
 
 
 def _consolidate_sorted(
@@ -97,7 +98,7 @@ class Layer:
     may be read-only memory-mapped arrays — nothing may write into them.
     """
 
-    __slots__ = ("_cols", "_keys", "_packing", "_packs", "_unit", "diff", "rows")
+    __slots__ = ("_bound", "_cols", "_keys", "_packing", "_packs", "_unit", "diff", "rows")
 
     def __init__(
         self,
@@ -122,6 +123,8 @@ class Layer:
         self._keys: dict[int, np.ndarray] = {} if packed is None else {rows.shape[1]: packed}
         self._cols: dict[int, np.ndarray] = {}
         self._unit = unit
+        # A bound on |diff| when known (a layer built here), for the checked sums of lookups.
+        self._bound: int | None = 1 if unit else None
 
     @classmethod
     def sort(
@@ -162,6 +165,7 @@ class Layer:
         layer = cls(rows, diff, packing, packed)
         if packing is None and len(rows) == n:  # the same rows: they do not pack (fewer may)
             layer._packs = False
+        layer._bound = magnitude(diff)  # two reductions, next to the sort
         return layer
 
     @classmethod
@@ -194,6 +198,11 @@ class Layer:
             self._packing = Packing.of(self.rows)
             self._packs = self._packing is not None
         return self._packing
+
+    def diff_bound(self) -> int | None:
+        """A bound on every ``|diff|`` when one is known without a pass over the layer (a
+        layer built by `sort`, or a unit one); else None."""
+        return 1 if self._unit else self._bound
 
     @property
     def unit(self) -> bool:
@@ -494,12 +503,11 @@ def lookup_sum_of(layers: Sequence[Layer], cols: Sequence[np.ndarray], m: int) -
     """`lookup_sum` of `m` rows given as columns (a sum leaving int64 raises
     `MultiplicityOverflow`, naming the row)."""
     held = [layer for layer in layers if len(layer)]
-    if not held:
-        return np.zeros(m, dtype=I64)
+    if len(held) <= 1:
+        return held[0].lookup_of(cols, m) if held else np.zeros(m, dtype=I64)
     got = [layer.lookup_of(cols, m) for layer in held]
-    # A unit layer's lookups are 0 or 1: no need to look at them for the bound.
-    bounds = [1 if layer.unit else None for layer in held]
-    return total(got, row_namer(cols), "summing a row's multiplicities over layers", bounds)
+    bounds = [layer.diff_bound() for layer in held]  # None: read from the lookups
+    return total(got, row_namer(cols), OVER_LAYERS, bounds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -518,13 +526,15 @@ class Found:
     When one layer held every row (the usual case), the rows come grouped by key, in key order:
     `sizes` then holds each key's number of rows, and a key's columns are spread over its rows
     with `np.repeat`, several times cheaper than a gather through each row's key index (built
-    only when asked, by `owner`). `diff` is None when every diff is 1.
+    only when asked, by `owner`). `diff` is None when every diff is 1; `bound`, when known,
+    bounds every ``|diff|`` (for the checked products of the weights they multiply).
     """
 
     sizes: np.ndarray | None
     owners: np.ndarray | None
     rest: np.ndarray
     diff: np.ndarray | None
+    bound: int | None = None  # on every |diff|, when known
 
     def __len__(self) -> int:
         return len(self.rest)
@@ -581,17 +591,20 @@ def find(
         # Column by column from contiguous copies: a row gather from a 2-d array is slower.
         picked = [layer.col(j)[pos] for j in range(p, layer.width)]
         rest = picked[0].reshape(-1, 1) if len(picked) == 1 else stack(picked, len(pos))
-        return Found(sizes, None, rest, None if layer.unit else layer.diff[pos])
+        if layer.unit:
+            return Found(sizes, None, rest, None, 1)
+        return Found(sizes, None, rest, layer.diff[pos], layer.diff_bound())
     parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for layer, lo, sizes in ranged:
         pos = _positions(lo, sizes)
         owner = np.repeat(np.arange(m, dtype=I64), sizes)
         parts.append((owner, layer.rows[pos, p:], layer.diff[pos]))
+    each = [layer.diff_bound() for layer, _, _ in ranged]
     if not touched.any():
         owner = np.concatenate([o for o, _, _ in parts])
         rest = np.concatenate([r for _, r, _ in parts])
         diff = np.concatenate([d for _, _, d in parts])
-        return Found(None, owner, rest, diff)
+        return Found(None, owner, rest, diff, _bounds_sum(each, max))
     # Keys met in several layers: sum their rows per (key, rest); the others pass as they are.
     clean: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     mixed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
@@ -607,20 +620,25 @@ def find(
     owner = np.concatenate([*(o for o, _, _ in clean), rows[:, 0]])
     rest = np.concatenate([*(r for _, r, _ in clean), rows[:, 1:]])
     diff = np.concatenate([*(d for _, _, d in clean), summed.diff])
-    return Found(None, owner, rest, diff)
+    return Found(None, owner, rest, diff, _bounds_sum(each, sum))
+
+
+def _bounds_sum(bounds: Sequence[int | None], combine: Callable[[list[int]], int]) -> int | None:
+    """Known bounds combined (their `max`, or their `sum`), None when one is unknown."""
+    known = [b for b in bounds if b is not None]
+    return combine(known) if len(known) == len(bounds) else None
 
 
 def _summed_over_layers(rows: np.ndarray, diff: np.ndarray, keys: Sequence[np.ndarray]) -> Layer:
     """Rows (key index, rest columns) found in several layers, summed: a sum leaving int64
     raises `MultiplicityOverflow` naming the data row (the key's columns, then the rest)."""
-    what = "summing a row's multiplicities over layers"
     try:
-        return Layer.build(rows, diff, what=what)
+        return Layer.build(rows, diff, what=OVER_LAYERS)
     except MultiplicityOverflow as e:
         if e.tuple is None:
             raise
         owner, *rest = e.tuple
-        raise MultiplicityOverflow(what, (*row_namer(keys)(owner), *rest)) from None
+        raise MultiplicityOverflow(OVER_LAYERS, (*row_namer(keys)(owner), *rest)) from None
 
 
 def enumerate_ranges(

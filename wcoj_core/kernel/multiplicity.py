@@ -54,26 +54,27 @@ def magnitude(a: np.ndarray) -> int:
 
 def times(
     a: np.ndarray, b: np.ndarray, bound_a: int | None = None, bound_b: int | None = None
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """``a * b`` elementwise, and which rows' exact product leaves int64 (None: no row's).
+) -> tuple[np.ndarray, np.ndarray | None, int | None]:
+    """``a * b`` elementwise, which rows' exact product leaves int64 (None: no row's), and a
+    bound on the product's magnitudes when the bounds show it fits (else None).
 
     A flagged row's product has wrapped: it must not be used. `bound_a`, `bound_b` are known
     bounds on the magnitudes (computed when not given).
 
     >>> big = np.array([2**32, 3, -(2**62)], dtype=np.int64)
-    >>> product, over = times(big, np.array([2**31, 5, -2], dtype=np.int64))
+    >>> product, over, _ = times(big, np.array([2**31, 5, -2], dtype=np.int64))
     >>> product[1:].tolist(), over.tolist()
     ([15, -9223372036854775808], [True, False, True])
     """
     product = np.multiply(a, b, dtype=I64)
     ba = magnitude(a) if bound_a is None else bound_a
     if ba == 0:
-        return product, None
+        return product, None, 0
     bb = magnitude(b) if bound_b is None else bound_b
     if ba * bb < LIMIT:
-        return product, None
+        return product, None, ba * bb
     over = _product_overflows(a, b)
-    return product, over if over.any() else None
+    return product, over if over.any() else None, None
 
 
 def _product_overflows(a: np.ndarray, b: np.ndarray) -> np.ndarray:

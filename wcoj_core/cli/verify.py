@@ -1,0 +1,136 @@
+"""``wcoj verify``: read a whole state back against its manifests; name every damaged file.
+
+Contract: every kept generation's manifest and every file they name is read whole, once: batch
+files (size and sha256) and arrangement files (size, header, sha256). Each damaged file is
+printed on one line with its trace, the epochs it affects and whether it can be rebuilt; the
+exit status is 0 when nothing is damaged, 1 otherwise. With ``--repair`` the damaged
+arrangement files of the current generation are rebuilt from the batches (and arrangement files
+whose stamp changed but whose digest matches — a restored backup — are stamped again) in one new
+generation; a damaged batch cannot be rebuilt (it is the source of truth) and is only reported.
+No Spark starts for a local state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from wcoj_core.cli.console import EXIT_FAILED, EXIT_OK, emit_json, epilog, note, say
+from wcoj_core.deploy.batches import BatchFiles
+from wcoj_core.indexes import rebuilt_index
+from wcoj_core.store.files import check_stamp, file_ref, verify_ref
+from wcoj_core.store.manifest import Index
+from wcoj_core.store.store import Store
+from wcoj_core.store.verify import verify_state
+
+EXAMPLES = (
+    "wcoj verify lake/tri",
+    "wcoj verify lake/tri --repair --json",
+)
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = commands.add_parser(
+        "verify",
+        help="check every file of a state against its manifests; --repair rebuilds arrangements",
+        description="Read a whole state back against its manifests and name every damaged file.",
+        epilog=epilog(EXAMPLES),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("state", metavar="STATE", help="the state directory")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="rebuild damaged arrangement files from the batches (one new generation)",
+    )
+    p.add_argument("--json", action="store_true", help="end with one JSON line of results")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    store = Store.open(args.state, create=False)
+    report = verify_state(store)
+    for damage in report.damaged:
+        say(f"damaged: {damage.describe()}")
+    repaired: list[str] = []
+    if args.repair:
+        repaired = repair(store, {d.path for d in report.damaged if d.rebuildable and d.current})
+        for name in repaired:
+            note(f"rebuilt the arrangements of {name}")
+        if repaired:
+            report = verify_state(store)
+    verdict = "ok" if report.ok else f"{len(report.damaged)} damaged"
+    say(
+        f"verify: {verdict} ({report.files} files, {report.bytes:,} bytes, generations "
+        f"{', '.join(map(str, report.generations)) or 'none'})"
+    )
+    if args.json:
+        emit_json(
+            {
+                "command": "verify",
+                "ok": report.ok,
+                "generation": report.generation,
+                "files": report.files,
+                "bytes": report.bytes,
+                "damaged": [dataclasses.asdict(d) for d in report.damaged],
+                "repaired": repaired,
+            }
+        )
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+def repair(store: Store, damaged: set[str]) -> list[str]:
+    """Rebuild the index of every trace of the current generation with a damaged segment file
+    (paths relative to the state), and stamp again the segment files whose stamp changed but
+    whose contents match (a restored copy), in one new generation; what was done."""
+    base = store.current()
+    files = BatchFiles(store.root)
+    traces = dict(base.traces)
+    written: list[str] = []
+    rebuilt: list[str] = []
+    try:
+        for name, trace in base.traces.items():
+            if trace.index is None:
+                continue
+            folders = {s.path for s in trace.index.segments}
+            if not any(p.rsplit("/", 1)[0] in folders for p in damaged):
+                restamped = _restamped(store, trace.index)
+                if restamped is not None:
+                    traces[name] = dataclasses.replace(trace, index=restamped)
+                    rebuilt.append(f"{name} (stamps)")
+                continue
+            index = rebuilt_index(
+                store.root,
+                trace,
+                lambda t, b: files.read_verified(b.path, t.columns, b.files),
+                written,
+            )
+            traces[name] = dataclasses.replace(trace, index=index)
+            rebuilt.append(name)
+        if rebuilt:
+            store.commit(dataclasses.replace(base, traces=traces), expected=base)
+    except BaseException:
+        store.discard(written)
+        raise
+    return rebuilt
+
+
+def _restamped(store: Store, index: Index) -> Index | None:
+    """The index with fresh stamps on segment files whose stamp changed but whose digest
+    matches; None when every stamp holds."""
+    root = store.local_root
+    if root is None:
+        return None
+    changed = False
+    segments = []
+    for segment in index.segments:
+        refs = {}
+        for role, ref in segment.files.items():
+            path = root / segment.path / ref.name
+            if ref.stamp is not None and not check_stamp(path, ref) and verify_ref(path, ref) is None:
+                refs[role] = file_ref(path)
+                changed = True
+            else:
+                refs[role] = ref
+        segments.append(dataclasses.replace(segment, files=refs))
+    return dataclasses.replace(index, segments=tuple(segments)) if changed else None

@@ -1,0 +1,206 @@
+"""An epoch's rules in Spark's executors: what the driver hands over and what comes back.
+
+The driver does everything an epoch needs but the rules (`wcoj_core.epoch`): it maps the old
+state, lands the changes, computes the counts changes. When the rules run in the executors,
+the epoch's changes are written as batches first (the relation and counts changes, small), and
+each task opens the old state itself: replicated (`executors`), a task maps the traces'
+arrangement files from the state's storage through the same `wcoj_core.indexes.open_trace` the
+driver uses — files, not memory, so a Python worker Spark ended after a minute idle costs its
+successor a few milliseconds, not a rebuild; sharded (`sharded`), every arrangement is cut by
+its first column and read from the batches a shard at a time.
+
+The tasks write the outputs' batches (each file with its size and digest); the driver gets
+the batches, the sum of each output's diffs and what every rule did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from wcoj_core.deploy import Choice
+from wcoj_core.deploy.work import RuleJob, TraceRead, Work
+from wcoj_core.kernel.join import RuleTally
+from wcoj_core.store.manifest import Batch, FileRef, Manifest
+from wcoj_core.store.names import trace_dir
+
+if TYPE_CHECKING:
+    from wcoj_core.engine import Engine
+
+# A small work (at most this many changed rows) runs in one task: no second stage.
+ONE_TASK_ROWS = 50_000
+# Copies of a candidate's columns a step may hold at once (for `executor_budget`).
+CANDIDATE_COPIES = 24
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the executors wrote: a batch per output trace (figures not yet known), the sum of
+    each output's diffs, and what every rule did."""
+
+    batches: dict[str, Batch]
+    totals: dict[str, int]
+    tallies: dict[RuleJob, RuleTally]
+
+
+def run_rules(
+    engine: Engine,
+    m: Manifest,
+    epoch: int,
+    choice: Choice,
+    jobs: Sequence[RuleJob],
+    changes: Mapping[str, Batch],
+    written: list[str],
+) -> Outcome:
+    """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (the
+    changed traces' batches at the epoch, already written); staged folders go to `written`."""
+    spark = engine.spark(f"the kernel runs in Spark's executors ({choice.reason})")
+    names = [*(f"rel/{r}" for r in engine.relations), *engine.counts_traces]
+    sharded = choice.shards > 1
+    reads = tuple(
+        TraceRead(
+            name,
+            m.traces[name].columns,
+            tuple((b.path, b.rows) for b in m.traces[name].batches if b.time < epoch),
+            ((changes[name].path, changes[name].rows),) if name in changes else (),
+            trace=None if sharded else m.traces[name],
+            keys=engine.views[name],
+        )
+        for name in names
+    )
+    work = Work(engine.store.root, epoch, engine.plans, reads, rules=tuple(jobs))
+    work = _budgeted(engine, work)
+    if sharded:
+        return _sharded(engine, work, choice.shards, changes, written)
+    from wcoj_core.deploy.executors import run_on_executors
+
+    folders = {
+        name: f"traces/{trace_dir(name)}/b-x-{epoch}-{_hex12()}" for name in work.columns()
+    }
+    written += folders.values()
+    rows = sum(b.rows for b in changes.values())
+    tasks = 1 if rows <= engine.one_task_rows and engine.executors_warm else engine.tasks()
+    result = run_on_executors(spark, work, folders, tasks)
+    engine.executors_warm = True
+    refs = result.clean(engine.files, folders, work)
+    batches = {
+        name: Batch(folder, epoch, result.rows[name], refs[name])
+        for name, folder in folders.items()
+    }
+    return Outcome(batches, dict(result.totals), dict(result.tallies))
+
+
+def _budgeted(engine: Engine, work: Work) -> Work:
+    """The work with the candidates a step proposes at once sized for an executor's Python
+    worker when ``spark.executor.pyspark.memory`` sets it."""
+    from dataclasses import replace
+
+    spark = engine.spark("the kernel runs in Spark's executors")
+    limit = _bytes(spark.conf.get("spark.executor.pyspark.memory", None))
+    if limit is None:
+        return work
+    width = max((len(p.query.vars) for p in work.plans.values()), default=1)
+    budget = max(1 << 14, min(work.budget, limit // (8 * CANDIDATE_COPIES * (width + 2))))
+    return replace(work, budget=budget)
+
+
+def _sharded(
+    engine: Engine,
+    work: Work,
+    shards: int,
+    changes: Mapping[str, Batch],
+    written: list[str],
+) -> Outcome:
+    """The rules as routed Spark stages over sharded arrangements (`wcoj_core.deploy.sharded`);
+    the outputs summed and written by Spark, their files hashed here."""
+    from wcoj_core.deploy.sharded import Router, rule_frames, tallies_of
+    from wcoj_core.updates import update_schema
+
+    spark = engine.spark("the kernel runs sharded in Spark's executors")
+    router = Router.of(shards, max(2, -(-engine.tasks() // shards)))
+    read = {}
+    for name, batch in changes.items():
+        if name.startswith("rel/") and batch.rows:
+            columns = engine.trace_columns(name)
+            read[name.removeprefix("rel/")] = (
+                spark.read.schema(update_schema(columns))
+                .parquet(engine.files.uri(engine.files.full(batch.path)))
+                .drop("time")
+            )
+    outputs, observed = rule_frames(spark, work, router, read)
+    batches: dict[str, Batch] = {}
+    totals: dict[str, int] = {}
+    from pyspark.sql import functions as F
+
+    for name, columns in work.columns().items():
+        folder = f"traces/{trace_dir(name)}/b-s-{work.epoch}-{_hex12()}"
+        written.append(folder)
+        df = outputs.get(name)
+        if df is None:
+            df = spark.createDataFrame([], update_schema(columns, with_time=False))
+        out = df.select(
+            *[F.col(c).cast("long") for c in columns],
+            F.lit(work.epoch).cast("long").alias("time"),
+            F.col("diff").cast("long"),
+        )
+        out.coalesce(2).write.mode("errorifexists").parquet(engine.files.uri(engine.files.full(folder)))
+        refs = _hashed(engine, folder)
+        rows, total = _footer_figures(engine, folder, refs)
+        batches[name] = Batch(folder, work.epoch, rows, refs)
+        totals[name] = total
+    return Outcome(batches, totals, tallies_of(work, observed))
+
+
+def _hashed(engine: Engine, folder: str) -> tuple[FileRef, ...]:
+    """The Parquet files Spark wrote into a batch folder, each with its size and digest."""
+    files = engine.files
+    out = []
+    for name in sorted(files.listing(folder)):
+        if not name.endswith(".parquet"):
+            continue
+        digest = hashlib.sha256()
+        size = 0
+        with files.fs.open_input_stream(files.full(f"{folder}/{name}")) as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+                size += len(chunk)
+        out.append(FileRef(name, size, digest.hexdigest(), None))
+    return tuple(out)
+
+
+def _footer_figures(engine: Engine, folder: str, refs: Sequence[FileRef]) -> tuple[int, int]:
+    """Rows and summed diff of a batch Spark wrote."""
+    import pyarrow.parquet as pq
+
+    from wcoj_core.arrow import longs
+
+    rows = total = 0
+    for ref in refs:
+        path = engine.files.full(f"{folder}/{ref.name}")
+        table = pq.ParquetFile(path, filesystem=engine.files.fs).read(columns=["diff"])
+        rows += table.num_rows
+        total += int(longs(table.column("diff")).sum())
+    return rows, total
+
+
+def _bytes(size: str | None) -> int | None:
+    """A Spark size setting (``1g``, ``512m``, ``2048k``, bytes) in bytes.
+
+    >>> _bytes("1g"), _bytes("512m"), _bytes(None)
+    (1073741824, 536870912, None)
+    """
+    if not size:
+        return None
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    text = size.strip().lower().removesuffix("b")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def _hex12() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:12]
