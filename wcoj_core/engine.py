@@ -320,6 +320,16 @@ class Engine:
         result = EpochPass(self, base, epoch, changes).run()
         return dataclasses.replace(result, rebuilt=tuple(rebuilt)) if rebuilt else result
 
+    def refresh(self) -> list[EpochResult]:
+        """Derive every stale epoch again, oldest first (after a correction, to bring the
+        state up to date without waiting for the next epoch); their results."""
+        done: list[EpochResult] = []
+        base = self.store.current()
+        for stale in self.stale(base):
+            done.append(EpochPass(self, base, stale, self.stored_changes(base, stale)).run())
+            base = self.store.current()
+        return done
+
     def apply_epoch(self, epoch: int, changes: Mapping[str, Changes]) -> EpochResult:
         """`apply` without replacing: the command line's contract."""
         return self.apply(epoch, changes)

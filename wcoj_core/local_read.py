@@ -36,9 +36,10 @@ import os
 import re
 import stat
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import Enum
+from functools import partial
 from typing import IO
 from urllib.parse import urlparse
 
@@ -55,6 +56,7 @@ from wcoj_core.traces import DIFF, TIME, relation_columns
 # reads a Parquet file's values only when the files are at most this big.
 LOCAL_CHECK_BYTES = 4 << 20
 _BLOCK = 16 << 20  # text and CSV are parsed this many bytes of whole lines at a time
+_EXACT_BYTES = 64 << 10  # a piece the fast path does not vouch for is halved down to this
 MAX_LINE_BYTES = 64 << 20  # a longer line is refused rather than buffered
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _FIELD = re.compile(r"[^ \t\r]+")
@@ -364,12 +366,40 @@ def check_text_line(line: str, arity: int) -> tuple[str, int] | None:
 
 
 def _read_text(lines: _Lines, arity: int) -> list[np.ndarray]:
-    """The rows of a text edge list, as one ``(rows, arity)`` int64 array per block."""
-    out = []
+    """The rows of a text edge list, as ``(rows, arity)`` int64 arrays."""
+    out: list[np.ndarray] = []
     for first, block in lines:
-        rows = _text_fast(block, arity)
-        out.append(rows if rows is not None else _text_exact(block, first, arity, lines.source))
+        _by_halves(
+            block,
+            first,
+            lambda b: _text_fast(b, arity),
+            lambda b, line: _text_exact(b, line, arity, lines.source),
+            out,
+        )
     return out
+
+
+def _by_halves(
+    block: bytes,
+    first: int,
+    fast: Callable[[bytes], np.ndarray | None],
+    exact: Callable[[bytes, int], np.ndarray],
+    out: list[np.ndarray],
+) -> None:
+    """Append the rows of `block` (whole lines, the first numbered `first`) to `out`: by `fast`
+    where it vouches for them, halving the block where it does not, down to pieces of at most
+    `_EXACT_BYTES` that `exact` reads line by line (raising the first bad line's error, so the
+    halves go in order)."""
+    rows = fast(block)
+    if rows is not None:
+        out.append(rows)
+        return
+    middle = block.find(b"\n", len(block) // 2) + 1
+    if len(block) <= _EXACT_BYTES or middle in (0, len(block)):
+        out.append(exact(block, first))
+        return
+    _by_halves(block[:middle], first, fast, exact, out)
+    _by_halves(block[middle:], first + block.count(b"\n", 0, middle), fast, exact, out)
 
 
 def _text_fast(block: bytes, arity: int) -> np.ndarray | None:
@@ -777,7 +807,7 @@ def _read_csv(lines: _Lines, arity: int, with_time: bool) -> tuple[list[Role], l
     header: list[str] | None = None
     roles: list[Role] = []
     dropped = False  # Spark drops the first non-blank line (the header)
-    out = []
+    out: list[np.ndarray] = []
     for first, block in lines:
         start, number = 0, first
         while not dropped and start < len(block):
@@ -790,9 +820,13 @@ def _read_csv(lines: _Lines, arity: int, with_time: bool) -> tuple[list[Role], l
             start, number = end, number + 1
         if header is None or start >= len(block):
             continue
-        body = block[start:]
-        rows = _csv_fast(body, roles)
-        out.append(rows if rows is not None else _csv_exact(body, number, header, roles, source))
+        _by_halves(
+            block[start:],
+            number,
+            partial(_csv_fast, roles=roles),
+            partial(_csv_exact, header=header, roles=roles, source=source),
+            out,
+        )
     if header is None and lines.complete:
         raise InputError("has no data rows (the file is empty)", source)
     return roles, out

@@ -10,9 +10,8 @@ Contract:
   third hashed epoch, uniform over ``(insert, epochs - 1]``. Every choice is a pure function of
   ``(seed, tuple)``: the same seed gives the same stream under any partitioning or master.
   With ``undirected=True`` the relation is first reduced to its set of undirected edges
-  (`canonical_undirected`); the epochs are drawn per undirected edge and then every update is
-  emitted in both directions (`linear.symmetrize`, fused into the same projection). Splitting
-  and symmetrizing commute because both are linear.
+  (`canonical_undirected`), each named once; the epochs are drawn per undirected edge. The
+  engine reads an undirected relation's changes in both directions itself.
 * `replay` writes a stream once to Parquet, partitioned by time, under the state directory, then
   feeds it epoch by epoch to a fresh `Engine`: epoch ``t`` reads only the partition ``time = t``.
   It reports every epoch through `on_epoch` as it goes and returns a `ReplayResult` with the
@@ -51,7 +50,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from wcoj_core import linear
-from wcoj_core.engine import Engine, EpochMetrics, EpochResult, evaluate_static
+from wcoj_core.engine import Engine, EpochMetrics, EpochResult
+from wcoj_core.meaning import RelationSpec
 from wcoj_core.errors import InputError, QueryError, StateError, WcojError
 from wcoj_core.query.ir import Query
 from wcoj_core.sources import canonical_undirected
@@ -192,8 +192,7 @@ def epoch_stream(
     cols = [c for c in base.columns if c not in (TIME, DIFF)]
     distinct = consolidate(base.select(*cols, DIFF), cols)
     split = epoch_split(epochs, delete_fraction, seed)
-    op = split.then(linear.symmetrize()) if undirected else split
-    return op.apply(distinct.select(*cols, F.lit(0).cast("long").alias(TIME), DIFF))
+    return split.apply(distinct.select(*cols, F.lit(0).cast("long").alias(TIME), DIFF))
 
 
 def _stream_columns(query: Query, rel: str, df: DataFrame) -> list[str]:
@@ -229,6 +228,7 @@ def _mismatches(
     incremental: DataFrame,
     root: Path,
     deployment: str,
+    specs: Mapping[str, RelationSpec] | None,
 ) -> int:
     """Tuples whose multiplicity differs between `incremental` and a static recomputation."""
     finals = {
@@ -237,8 +237,10 @@ def _mismatches(
     }
     cols = relation_columns(len(query.head))
     with tempfile.TemporaryDirectory(prefix="check-", dir=root) as scratch:
-        result = evaluate_static(spark, query, finals, scratch, deployment=deployment)
-        static = result.outputs[query.name]
+        engine = Engine(spark, scratch, query, relations=specs, deployment=deployment)
+        engine.persist_index = False
+        engine.apply(0, finals)
+        static = engine.output(query.name)
         negated = static.select(*cols, (-F.col(DIFF)).alias(DIFF))
         difference = consolidate(incremental.select(*cols, DIFF).unionByName(negated), cols)
         return difference.count()
@@ -254,6 +256,7 @@ def replay(
     check: bool = False,
     on_epoch: Callable[[EpochReport], None] | None = None,
     deployment: str = "auto",
+    specs: Mapping[str, RelationSpec] | None = None,
 ) -> ReplayResult:
     """Apply the update streams in `inputs` epoch by epoch ``0 .. epochs - 1`` to a new engine.
 
@@ -270,7 +273,7 @@ def replay(
             f"{sorted(query.relations)}; missing {missing}, not used {unused}"
         )
     root = Path(state_dir)
-    engine = Engine(spark, str(root / "engine"), query, deployment=deployment)
+    engine = Engine(spark, str(root / "engine"), query, relations=specs, deployment=deployment)
     if engine.epoch is not None:
         raise StateError(
             f"{root / 'engine'} already holds epochs up to {engine.epoch}; "
@@ -303,10 +306,10 @@ def replay(
                 )
             )
     final = engine.output(query.name)
-    final_count = total_diff(final)
+    final_count = engine.count(query.name)
     outcome, mismatches = CheckOutcome.SKIPPED, None
     if check:
-        mismatches = _mismatches(spark, query, streams, final, root, deployment)
+        mismatches = _mismatches(spark, query, streams, final, root, deployment, specs)
         outcome = CheckOutcome.PASSED if mismatches == 0 else CheckOutcome.FAILED
     return ReplayResult(
         query=query.name,

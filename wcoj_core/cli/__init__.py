@@ -7,7 +7,9 @@ Commands (one module each)::
     wcoj replay  --query Q --input REL=PATH ... --epochs K [--delete-fraction F] [--seed S]
                  [--check] [--deploy WHERE] [--json]
     wcoj apply   --query Q --state DIR --epoch T --changes REL=PATH ... [--undirected REL]
-                 [--output FILE] [--deploy WHERE] [--json]
+                 [--set REL] [--bag REL] [--replace] [--output FILE [--force]]
+                 [--deploy WHERE] [--json]
+    wcoj verify  STATE [--repair] [--json]
     wcoj explain --query Q
     wcoj --version
 
@@ -52,10 +54,7 @@ import warnings
 from collections.abc import Sequence
 from importlib import metadata
 
-from py4j.protocol import Py4JError
-from pyspark.errors import PySparkException
-
-from wcoj_core.cli import apply, count, explain, replay
+from wcoj_core.cli import apply, count, explain, replay, verify
 from wcoj_core.cli.console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -82,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="Incremental worst-case-optimal joins on Spark.")
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (count, replay, apply, explain):
+    for command in (count, replay, apply, verify, explain):
         command.add_parser(commands)
     return parser
 
@@ -106,8 +105,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         error(str(exc))
         return EXIT_USAGE
-    except (PySparkException, Py4JError) as exc:
+    except Exception as exc:
+        if not _from_spark(exc):
+            raise
         if debug:
             traceback.print_exc()
         error(f"spark failed: {spark_message(exc)}")
         return EXIT_FAILED
+
+
+def _from_spark(exc: BaseException) -> bool:
+    """Whether an exception is Spark's or Py4J's (without importing either)."""
+    return any(
+        cls.__module__.split(".")[0] in ("pyspark", "py4j") for cls in type(exc).__mro__
+    )

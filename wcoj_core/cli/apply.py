@@ -1,52 +1,60 @@
 """``wcoj apply``: add one epoch of changes to a kept state and print the output's change.
 
-Contract: the query, the ``--changes`` files (read like inputs: data columns, then an optional
-signed ``diff``), the epoch and the state path are checked before Spark starts, the files'
-contents as far as that is cheap without a JVM. Epochs are applied once, in increasing order:
-an epoch at or before the state's is refused by the engine, and of two runs applying the same
-epoch one commits and the other is refused. Deleting tuples a relation does not hold is applied
-(multiplicities are signed) and warned about, listing them. Prints one line with the changes,
+Contract: the query, the ``--changes`` files (data columns, then an optional signed ``diff``),
+the epoch, the relations' meaning and the state path are checked before anything is read; the
+files' contents as far as that is cheap. A local state fed local files is served without Spark:
+the files are read with pyarrow, the state's arrangements are mapped, the epoch is applied in
+one pass and one commit (`wcoj_core.engine.Engine.apply`); Spark starts — announced on one line
+with the reason — only for what needs it (a generator or remote input, a remote state, the
+executors deployment).
+
+Epochs are applied once, in increasing order: an epoch at or before the state's is refused, and
+of two runs applying the same epoch one commits and the other is refused. ``--replace``
+replaces an epoch the state holds (a correction): the later epochs are derived again at once.
+A relation is a set or a bag (``--set``, ``--bag``; an ``--undirected`` relation is a set unless
+``--bag`` says otherwise); the state records it and refuses another declaration. Changes that
+change nothing (a set's present tuple inserted, or absent one deleted) and a bag's tuples left
+with a negative multiplicity are warned about, naming a few. Prints one line with the changes,
 the output change's rows, the output's count and the seconds per phase; ``--output FILE`` also
 writes the epoch's output change (``c0 ..``, ``diff``) as Parquet or CSV; ``--json`` ends with
-one JSON line.
+one JSON line. An interruption says whether the epoch was applied.
 """
 
 from __future__ import annotations
 
 import argparse
 import time as clock
-from pathlib import Path
+from typing import Any
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-
-from wcoj_core import linear
 from wcoj_core.cli import workspace
 from wcoj_core.cli.console import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     UsageError,
     add_deploy_argument,
     emit_json,
     epilog,
+    epoch_argument,
+    error,
     phases,
     say,
+    state_argument,
     warn,
 )
-from wcoj_core.cli.inputs import check_files, check_undirected, parse_changes
-from wcoj_core.cli.results import check_output, write_tuples
+from wcoj_core.cli.inputs import check_files, needs_spark, parse_changes
+from wcoj_core.cli.results import add_output_arguments, check_output, write_tuples
 from wcoj_core.engine import Engine
+from wcoj_core.epoch import EpochResult
+from wcoj_core.meaning import Meaning, RelationSpec
 from wcoj_core.query.parse import resolve_query
-from wcoj_core.sources import negative_tuples, read_relation
-from wcoj_core.traces import relation_trace_name
-from wcoj_core.updates import DIFF, total_diff
-
-_SHOWN, _LISTED = 10, 1000
 
 EXAMPLES = (
     "wcoj apply --query triangles --state lake/tri --epoch 0 --changes edge=initial.parquet "
     "--undirected edge",
     "wcoj apply --query triangles --state lake/tri --epoch 3 --changes edge=changes-3.csv "
     "--undirected edge --output change-3.csv",
+    "wcoj apply --query triangles --state lake/tri --epoch 1 --replace --changes "
+    "edge=corrected-1.csv --undirected edge",
 )
 
 
@@ -62,9 +70,15 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--query", required=True, metavar="Q", help="a built-in query name or query text"
     )
     app.add_argument(
-        "--state", required=True, metavar="DIR", help="the state directory (created when new)"
+        "--state",
+        required=True,
+        type=state_argument,
+        metavar="DIR",
+        help="the state directory (created when new or empty)",
     )
-    app.add_argument("--epoch", type=int, required=True, metavar="T", help="the epoch (>= 0)")
+    app.add_argument(
+        "--epoch", type=epoch_argument, required=True, metavar="T", help="the epoch (>= 0)"
+    )
     app.add_argument(
         "--changes",
         action="append",
@@ -72,90 +86,201 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="REL=PATH",
         help="a relation's changes at the epoch: data columns, then an optional signed diff",
     )
+    add_meaning_arguments(app)
     app.add_argument(
-        "--undirected",
-        action="append",
-        default=[],
-        metavar="REL",
-        help="each change (a, b) of binary relation REL applies to (b, a) too; loops are dropped",
+        "--replace",
+        action="store_true",
+        help="replace an epoch the state holds (a correction); later epochs are derived again",
     )
-    app.add_argument(
-        "--output",
-        metavar="FILE",
-        help="also write the epoch's output change (c0.., diff) to FILE, .parquet or .csv",
-    )
+    add_output_arguments(app, "the epoch's output change")
     add_deploy_argument(app)
     workspace.add_spark_arguments(app)
     app.add_argument("--json", action="store_true", help="end with one JSON line of results")
     app.set_defaults(run=run)
 
 
+def add_meaning_arguments(p: argparse.ArgumentParser) -> None:
+    """``--undirected``, ``--set`` and ``--bag``: what each relation's tuples mean."""
+    p.add_argument(
+        "--undirected",
+        action="append",
+        default=[],
+        metavar="REL",
+        help="binary relation REL's changes are edges in no direction: (a, b) is also (b, a), "
+        "self-loops dropped; a set unless --bag REL",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="sets",
+        metavar="REL",
+        help="relation REL is a set: each tuple present or not (default for --undirected)",
+    )
+    p.add_argument(
+        "--bag",
+        action="append",
+        default=[],
+        dest="bags",
+        metavar="REL",
+        help="relation REL is a bag: signed multiplicities (default unless --undirected)",
+    )
+
+
+def relation_meanings(args: argparse.Namespace, arities: dict[str, int]) -> dict[str, RelationSpec]:
+    """Every relation's spec from ``--undirected``, ``--set`` and ``--bag``."""
+    from wcoj_core.errors import QueryError
+    from wcoj_core.meaning import relation_specs
+
+    try:
+        return relation_specs(
+            arities, undirected=args.undirected, sets=args.sets, bags=args.bags
+        )
+    except QueryError as e:
+        raise UsageError(str(e)) from e
+
+
 def run(args: argparse.Namespace) -> int:
     query = resolve_query(args.query)
     changes = parse_changes(args.changes, query)
-    undirected = check_undirected(args.undirected, query, changes)
-    if args.epoch < 0:
-        raise UsageError(f"--epoch must be 0 or more, got {args.epoch}")
-    state = Path(args.state)
-    if state.exists() and not state.is_dir():
-        raise UsageError(f"--state {args.state}: exists and is not a directory")
-    output = check_output(args.output) if args.output is not None else None
+    specs = relation_meanings(args, dict(query.relations))
+    output = (
+        check_output(args.output, force=args.force, inputs=list(changes.values()))
+        if args.output is not None
+        else None
+    )
     check_files(query, changes)
-    spark = workspace.start_spark(args.master, args.conf)
+    starter = workspace.starter(args.master, args.conf)
     start = clock.perf_counter()
-    engine = Engine(spark, str(state), query, deployment=args.deploy)
-    frames = {}
-    for rel, path in sorted(changes.items()):
-        df = read_relation(spark, path, query.relations[rel], rel)
-        frames[rel] = linear.symmetrize().apply(df) if rel in undirected else df
-    result = engine.apply_epoch(args.epoch, frames)
-    count = total_diff(engine.output(query.name))
-    negative = {rel: _negative_after(engine, rel, df) for rel, df in frames.items()}
-    for rel, (found, rows) in negative.items():
-        if found:
-            shown = ", ".join(f"{tuple(data)}: {diff}" for data, diff in rows[:_SHOWN])
-            more = f" (and {found - _SHOWN} more)" if found > _SHOWN else ""
-            warn(
-                f"epoch {args.epoch} deleted tuples relation {rel!r} did not hold; "
-                f"{found} now have a negative multiplicity: {shown}{more}"
+    engine = Engine(starter, args.state, query, relations=specs, deployment=args.deploy)
+    frames = read_changes(query, changes, starter)
+    before = engine.store.current().generation
+    try:
+        result = engine.apply(args.epoch, frames, replace=args.replace)
+        rebuilt = engine.refresh() if args.replace else []
+    except KeyboardInterrupt:
+        after = engine.store.current()
+        if after.generation > before and after.epoch is not None and after.epoch >= args.epoch:
+            error(
+                f"interrupted after epoch {args.epoch} was applied (generation "
+                f"{after.generation}); later epochs may still be stale: run wcoj apply again"
             )
+        else:
+            error(f"interrupted: epoch {args.epoch} was not applied; the state is as it was")
+        return EXIT_INTERRUPTED
+    try:
+        return _report(args, query.name, engine, result, rebuilt, output, start, changes)
+    except KeyboardInterrupt:
+        error(f"interrupted after epoch {args.epoch} was applied")
+        return EXIT_INTERRUPTED
+
+
+def read_changes(query: Any, changes: dict[str, str], starter: Any) -> dict[str, Any]:
+    """Each relation's changes: read with pyarrow when every file is local, else by Spark."""
+    from wcoj_core.local_read import read_local
+
+    if not needs_spark(changes):
+        return {rel: read_local(path, query.relations[rel], rel) for rel, path in changes.items()}
+    from wcoj_core.sources import read_relation
+
+    spark = starter("an input is not a local file")
+    return {
+        rel: read_relation(spark, path, query.relations[rel], rel)
+        for rel, path in sorted(changes.items())
+    }
+
+
+def warn_about(epoch: int, result: EpochResult) -> None:
+    """Warnings for changes that changed nothing, negative multiplicities, self-loops."""
+    for rel, r in result.relations.items():
+        if r.self_loops:
+            warn(f"epoch {epoch}: {r.self_loops} self-loop(s) of undirected relation {rel!r} dropped")
+        ignored = r.inserted_present + r.deleted_absent
+        if ignored:
+            shown = ", ".join(f"{t} {'+' if d > 0 else '-'}" for t, d in r.ignored_examples)
+            warn(
+                f"epoch {epoch}: {ignored} change(s) to set {rel!r} changed nothing "
+                f"({r.inserted_present} insert(s) of present tuples, {r.deleted_absent} "
+                f"delete(s) of absent ones): {shown}{' ...' if ignored > len(r.ignored_examples) else ''}"
+            )
+        if r.negative:
+            shown = ", ".join(f"{t}: {m}" for t, m in r.negative_examples)
+            more = f" (and {r.negative - len(r.negative_examples)} more)" if r.negative > len(r.negative_examples) else ""
+            warn(
+                f"epoch {epoch} deleted tuples relation {rel!r} did not hold; {r.negative} now "
+                f"have a negative multiplicity: {shown}{more}"
+            )
+
+
+def _report(
+    args: argparse.Namespace,
+    query: str,
+    engine: Engine,
+    result: EpochResult,
+    rebuilt: list[EpochResult],
+    output: Any,
+    start: float,
+    changes: dict[str, str],
+) -> int:
+    warn_about(args.epoch, result)
     seconds = clock.perf_counter() - start
     metrics = result.metrics
+    count = result.count(query)
+    landed = sum(r.landed for r in result.relations.values())
     say(
-        f"epoch {args.epoch}: changes {sum(metrics.changes.values())}, output change rows "
-        f"{metrics.outputs.get(query.name, 0)}, count {count}, seconds {seconds:.3f} "
+        f"epoch {args.epoch}: changes {sum(metrics.changes.values())} (landed {landed}), output "
+        f"change rows {metrics.outputs.get(query, 0)}, count {count}, seconds {seconds:.3f} "
         f"({phases(metrics.seconds)})"
     )
+    if result.rebuilt or rebuilt:
+        done = [r.epoch for r in (*result.rebuilt, *rebuilt)]
+        say(f"derived again: epochs {', '.join(map(str, done))} (stale after a correction)")
+    written = None
     if output is not None:
-        written = write_tuples(result.outputs[query.name], *output)
+        arrays = result.changes.get(query)
+        if arrays is None:
+            table = engine.change(query, args.epoch)
+        else:
+            from wcoj_core.kernel.changes import changes_table
+
+            rows, diff = arrays
+            cols = engine.trace_columns(f"out/{query}")
+            table = changes_table(cols, rows, diff, args.epoch).drop_columns(["time"])
+        written = write_tuples(
+            table, *output, force=args.force, inputs=list(changes.values())
+        )
         say(f"output: {written} tuples of the epoch's change written to {output[0]}")
     if args.json:
         emit_json(
             {
                 "command": "apply",
-                "query": query.name,
+                "query": query,
                 "epoch": args.epoch,
                 "count": count,
+                "rows": result.traces[f"out/{query}"].figures.rows,
+                "change_rows": metrics.outputs.get(query, 0),
+                "change_total": result.total(query),
                 "seconds": round(seconds, 3),
+                "generation": result.generation,
+                "spark": engine.starter.reason,
                 "metrics": metrics.to_dict(),
-                "negative": {rel: [[d, m] for d, m in rows] for rel, (_, rows) in negative.items()},
+                "relations": {
+                    rel: {
+                        "landed": r.landed,
+                        "changed": r.changed,
+                        "self_loops_dropped": r.self_loops,
+                        "inserted_present": r.inserted_present,
+                        "deleted_absent": r.deleted_absent,
+                        "negative": r.negative,
+                    }
+                    for rel, r in result.relations.items()
+                },
+                "negative": {
+                    rel: [[list(d), m] for d, m in r.negative_examples]
+                    for rel, r in result.relations.items()
+                },
+                "rebuilt": [r.epoch for r in (*result.rebuilt, *rebuilt)],
                 **({} if output is None else {"output": str(output[0])}),
             }
         )
     return EXIT_OK
-
-
-def _negative_after(
-    engine: Engine, rel: str, changes: DataFrame
-) -> tuple[int, list[tuple[list[int], int]]]:
-    """How many tuples the epoch deleted now have a negative multiplicity; the first `_LISTED`.
-
-    Deleting an absent tuple is accepted (relations are signed multisets) but is almost always a
-    mistake upstream, so it is reported. Only the deleted tuples are looked up in the relation.
-    """
-    cols = [c for c in changes.columns if c not in (DIFF, "time")]
-    deleted = changes.where(F.col(DIFF) < 0).select(*cols).distinct()
-    trace = engine.store.current().traces[relation_trace_name(rel)]
-    rows = engine.store.read(trace, trace.batches).join(F.broadcast(deleted), cols, "left_semi")
-    count, found = negative_tuples(rows.select(*cols, DIFF), limit=_LISTED)
-    return count, [([int(v) for v in data], int(diff)) for data, diff in found]

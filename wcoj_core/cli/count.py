@@ -1,28 +1,28 @@
 """``wcoj count``: evaluate a query once over whole inputs and print the sum of its output.
 
-Contract: arguments, input files (`inputs.check_files`) and ``--output`` are checked before Spark
-starts; the inputs are read (undirected relations symmetric and loop-free, negative tuples of a
-CSV or Parquet input warned about) and evaluated as one epoch on a fresh state
-(`evaluate_static`). Prints one line ``count: N (seconds ...)``; ``--output FILE`` also writes
-the output's tuples (``c0 ..``, ``diff``) as Parquet or CSV; ``--json`` ends with one JSON line
-holding at least ``count`` and ``seconds``.
+Contract: arguments, input files (`inputs.check_files`) and ``--output`` are checked before
+anything is read. The inputs are read — local files with pyarrow, without Spark; a generator or
+a remote input through Spark, started for it and announced — and evaluated as one epoch applied
+to a fresh state (`evaluate_static`), each relation with its meaning (``--undirected``,
+``--set``, ``--bag``, as ``apply`` reads them: an undirected relation is the set of its edges, in
+both directions). Prints one line ``count: N (seconds ...)``; ``--output FILE`` also writes the
+output's tuples (``c0 ..``, ``diff``) as Parquet or CSV; ``--json`` ends with one JSON line
+holding at least ``count`` and ``seconds``. With ``--state DIR`` (new or empty) the state is
+kept, arrangements included, for later ``wcoj apply`` epochs.
 """
 
 from __future__ import annotations
 
 import argparse
 import time as clock
+from typing import Any
 
 from wcoj_core.cli import workspace
+from wcoj_core.cli.apply import add_meaning_arguments, read_changes, relation_meanings, warn_about
 from wcoj_core.cli.console import EXIT_OK, add_deploy_argument, emit_json, epilog, say
-from wcoj_core.cli.inputs import (
-    check_files,
-    check_undirected,
-    parse_inputs,
-    read_relations,
-)
-from wcoj_core.cli.results import check_output, write_tuples
-from wcoj_core.engine import evaluate_static
+from wcoj_core.cli.inputs import check_files, parse_inputs
+from wcoj_core.cli.results import add_output_arguments, check_output, write_tuples
+from wcoj_core.engine import Engine
 from wcoj_core.query.parse import resolve_query
 
 EXAMPLES = (
@@ -42,17 +42,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_run_arguments(count)
-    count.add_argument(
-        "--output",
-        metavar="FILE",
-        help="also write the output's tuples (c0.., diff) to FILE, .parquet or .csv",
-    )
+    add_output_arguments(count)
     count.set_defaults(run=run)
 
 
 def add_run_arguments(p: argparse.ArgumentParser, query_default: str | None = None) -> None:
     """The arguments of every command that reads inputs and runs the engine (``count``,
-    ``replay``, the benchmarks): query, inputs, Spark, deployment, state, JSON."""
+    ``replay``, the benchmarks): query, inputs, meanings, Spark, deployment, state, JSON."""
     if query_default is None:
         p.add_argument(
             "--query", required=True, metavar="Q", help="a built-in query name or query text"
@@ -71,13 +67,7 @@ def add_run_arguments(p: argparse.ArgumentParser, query_default: str | None = No
         metavar="REL=PATH",
         help="a relation file (text, CSV, Parquet) or generator spec (rmat:...)",
     )
-    p.add_argument(
-        "--undirected",
-        action="append",
-        default=[],
-        metavar="REL",
-        help="read binary relation REL as undirected edges, present in both directions",
-    )
+    add_meaning_arguments(p)
     workspace.add_spark_arguments(p)
     add_deploy_argument(p)
     p.add_argument("--state", metavar="DIR", help="keep the state in DIR (new or empty)")
@@ -87,20 +77,33 @@ def add_run_arguments(p: argparse.ArgumentParser, query_default: str | None = No
 def run(args: argparse.Namespace) -> int:
     query = resolve_query(args.query)
     inputs = parse_inputs(args.input, query)
-    undirected = check_undirected(args.undirected, query, inputs)
-    output = check_output(args.output) if args.output is not None else None
+    specs = relation_meanings(args, dict(query.relations))
+    output = (
+        check_output(args.output, force=args.force, inputs=list(inputs.values()))
+        if args.output is not None
+        else None
+    )
     check_files(query, inputs)
     workspace.prepare_state(args.state)
-    spark = workspace.start_spark(args.master, args.conf)
+    starter = workspace.starter(args.master, args.conf)
     with workspace.state_dir(args.state) as state:
         start = clock.perf_counter()
-        negative: dict[str, int] = {}
-        relations = read_relations(spark, query, inputs, undirected, negative)
+        relations = read_changes(query, inputs, starter)
         loaded = clock.perf_counter()
-        result = evaluate_static(spark, query, relations, state, deployment=args.deploy)
-        count = result.total(query.name)
+        engine = Engine(starter, state, query, relations=specs, deployment=args.deploy)
+        engine.persist_index = engine.persist_index and args.state is not None
+        result = engine.apply(0, relations)
+        count = result.count(query.name)
         seconds = clock.perf_counter() - loaded
-        written = None if output is None else write_tuples(result.outputs[query.name], *output)
+        written = None
+        if output is not None:
+            written = write_tuples(
+                _output_table(engine, query.name, result),
+                *output,
+                force=args.force,
+                inputs=list(inputs.values()),
+            )
+    warn_about(0, result)
     metrics = result.metrics
     output_rows = metrics.outputs.get(query.name, 0)
     say(
@@ -120,9 +123,24 @@ def run(args: argparse.Namespace) -> int:
                 "proposed": metrics.proposed,
                 "validated": metrics.validated,
                 "output_rows": output_rows,
-                "negative_tuples": negative,
+                "spark": engine.starter.reason,
+                "negative_tuples": {
+                    rel: r.negative for rel, r in result.relations.items() if r.negative
+                },
                 "metrics": metrics.to_dict(),
                 **({} if output is None else {"output": str(output[0])}),
             }
         )
     return EXIT_OK
+
+
+def _output_table(engine: Engine, query: str, result: Any) -> Any:
+    """The output's tuples (the change of its first epoch) as an Arrow table."""
+    arrays = result.changes.get(query)
+    if arrays is None:
+        return engine.change(query, 0)
+    from wcoj_core.kernel.changes import changes_table
+
+    rows, diff = arrays
+    cols = engine.trace_columns(f"out/{query}")
+    return changes_table(cols, rows, diff, 0).drop_columns(["time"])

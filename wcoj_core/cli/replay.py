@@ -12,8 +12,10 @@ ends with one JSON line holding at least ``final_count``, ``check``, ``epochs``,
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from wcoj_core.cli import workspace
+from wcoj_core.cli.apply import relation_meanings
 from wcoj_core.cli.console import (
     EXIT_FAILED,
     EXIT_OK,
@@ -25,9 +27,8 @@ from wcoj_core.cli.console import (
     say,
 )
 from wcoj_core.cli.count import add_run_arguments
-from wcoj_core.cli.inputs import check_files, check_undirected, parse_inputs, read_flagged
+from wcoj_core.cli.inputs import check_files, parse_inputs, read_flagged
 from wcoj_core.query.parse import resolve_query
-from wcoj_core.replay import CheckOutcome, EpochReport, epoch_stream, replay
 
 _MIN_LONG, _MAX_LONG = -(2**63), 2**63 - 1
 
@@ -74,7 +75,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--seed must be a 64-bit integer, got {args.seed}")
 
 
-def _progress(report: EpochReport) -> None:
+def _progress(report: Any) -> None:
     say(
         f"epoch {report.epoch + 1}/{report.epochs}: changes {report.changes}, "
         f"output change rows {report.output_changes}, proposed {report.metrics.proposed}, "
@@ -84,13 +85,16 @@ def _progress(report: EpochReport) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from wcoj_core.replay import CheckOutcome, epoch_stream, replay
+
     query = resolve_query(args.query)
     inputs = parse_inputs(args.input, query)
-    undirected = check_undirected(args.undirected, query, inputs)
+    specs = relation_meanings(args, dict(query.relations))
+    undirected = {rel for rel, spec in specs.items() if spec.undirected}
     _check_numbers(args)
     check_files(query, inputs)
     workspace.prepare_state(args.state)
-    spark = workspace.start_spark(args.master, args.conf)
+    spark = workspace.start_spark(args.master, args.conf, "replay splits its inputs into epochs")
     with workspace.state_dir(args.state) as state:
         negative: dict[str, int] = {}
         streams = {
@@ -112,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
             check=args.check,
             on_epoch=_progress,
             deployment=args.deploy,
+            specs=specs,
         )
     summary = f"final count: {result.final_count}; check: {result.check.value}"
     if result.mismatches:

@@ -17,10 +17,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 from wcoj_core.cli.console import UsageError, note
-from wcoj_core.spark import DEFAULT_MASTER, session
+from wcoj_core.session import SparkStarter
 
 
 def prepare_state(path: str | None) -> None:
@@ -53,14 +56,22 @@ def state_dir(path: str | None) -> Iterator[str]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def start_spark(master: str | None, conf: Sequence[str] = ()) -> SparkSession:
+def start_spark(master: str | None, conf: Sequence[str] = (), reason: str = "") -> SparkSession:
     """The active session, or a new one for `master` with the ``--conf KEY=VALUE`` settings
-    `conf`; a new one is announced on stderr."""
+    `conf`, announced on stderr with `reason`."""
+    return starter(master, conf)(reason or "this command runs in Spark")
+
+
+def starter(master: str | None, conf: Sequence[str] = ()) -> SparkStarter:
+    """A `SparkStarter` for `master` with the ``--conf KEY=VALUE`` settings `conf`: Spark
+    starts only when some work needs it, announced on stderr with the reason."""
     settings = spark_settings(conf)
-    active = SparkSession.getActiveSession()
-    if active is None or (master is not None and active.sparkContext.master != master):
-        note(f"starting Spark ({master or DEFAULT_MASTER})…")
-    return session(master, settings, quiet=os.environ.get("WCOJ_DEBUG") != "1")
+    return SparkStarter(
+        master,
+        settings,
+        announce=lambda line: note(f"{line}…"),
+        quiet=os.environ.get("WCOJ_DEBUG") != "1",
+    )
 
 
 def spark_settings(conf: Sequence[str]) -> dict[str, str]:
