@@ -180,7 +180,9 @@ class _Source:
         return len(self.diff)
 
 
-def _bisect(col: np.ndarray, lo: np.ndarray, hi: np.ndarray, v: np.ndarray, right: bool) -> np.ndarray:
+def _bisect(
+    col: np.ndarray, lo: np.ndarray, hi: np.ndarray, v: np.ndarray, right: bool
+) -> np.ndarray:
     """Per key ``i``, the first position in ``[lo[i], hi[i])`` of sorted `col` holding a value
     above ``v[i]`` (`right`) or at least ``v[i]``; ``hi[i]`` when there is none.
 
@@ -205,7 +207,9 @@ def _bisect(col: np.ndarray, lo: np.ndarray, hi: np.ndarray, v: np.ndarray, righ
     return lo
 
 
-def _search(col: np.ndarray, lo: np.ndarray, hi: np.ndarray, v: np.ndarray, right: bool, whole: bool) -> np.ndarray:
+def _search(
+    col: np.ndarray, lo: np.ndarray, hi: np.ndarray, v: np.ndarray, right: bool, whole: bool
+) -> np.ndarray:
     """`_bisect`, or one `numpy.searchsorted` when every range is the whole column."""
     if whole:
         return np.searchsorted(col, v, "right" if right else "left").astype(I64, copy=False)
@@ -221,7 +225,9 @@ class _Bound:
     strict: bool
 
 
-def _ranges(src: _Source, keys: Sequence[np.ndarray], bounds: Sequence[_Bound], m: int) -> tuple[np.ndarray, np.ndarray]:
+def _ranges(
+    src: _Source, keys: Sequence[np.ndarray], bounds: Sequence[_Bound], m: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per binding, the range of `src`'s rows whose first columns equal `keys` and whose next
     column passes `bounds`."""
     lo = np.zeros(m, dtype=I64)
@@ -267,7 +273,9 @@ def _pattern(atom: Atom) -> tuple[int | Const, ...]:
     return tuple(t if isinstance(t, Const) else seen.setdefault(t, len(seen)) for t in atom.terms)
 
 
-def _view_rows(rows: list[np.ndarray], pattern: tuple[int | Const, ...] | None) -> tuple[list[np.ndarray], np.ndarray | None]:
+def _view_rows(
+    rows: list[np.ndarray], pattern: tuple[int | Const, ...] | None
+) -> tuple[list[np.ndarray], np.ndarray | None]:
     """Relation columns through a view pattern: its columns, and which rows it keeps."""
     if pattern is None:
         return rows, None
@@ -358,7 +366,9 @@ class _Relation:
                 d = diff if keep is None else diff[keep]
                 diffs.append(d if sign > 0 else _negated(d))
             if not diffs or not sum(len(d) for d in diffs):
-                self._memory[found] = _Source(tuple(np.zeros(0, I64) for _ in order), np.zeros(0, I64))
+                self._memory[found] = _Source(
+                    tuple(np.zeros(0, I64) for _ in order), np.zeros(0, I64)
+                )
             else:
                 obj = any(d.dtype == object for d in diffs)
                 diff = np.concatenate([d.astype(object) if obj else d for d in diffs])
@@ -375,7 +385,12 @@ class _Relation:
                     if s.rows:
                         layer = segments.open_segment(self.engine.store.root, s)
                         rows = np.asarray(layer.rows)
-                        out.append(_Source(tuple(rows[:, k] for k in range(rows.shape[1])), np.asarray(layer.diff)))
+                        out.append(
+                            _Source(
+                                tuple(rows[:, k] for k in range(rows.shape[1])),
+                                np.asarray(layer.diff),
+                            )
+                        )
             except DamagedFile as e:
                 self.notes.add(f"segments damaged ({e.path}): scanned its batches")
                 self.index = None
@@ -403,7 +418,11 @@ class _Relation:
             else:
                 continue
             lead = _prefix(terms, bound)
-            if best is None or lead > best[0] or (lead == best[0] and view is not None and best[1][0] is None):
+            if (
+                best is None
+                or lead > best[0]
+                or (lead == best[0] and view is not None and best[1][0] is None)
+            ):
                 best = (lead, key, terms)
         if best is None:
             return None
@@ -416,7 +435,11 @@ class _Relation:
         extra = self.memory(side, key)
         view, order = key
         cols = ",".join(f"c{j}" for j in order)
-        how = f"segments ({cols})" if view is None else f"view segments {_pattern_text(view)} ({cols})"
+        how = (
+            f"segments ({cols})"
+            if view is None
+            else f"view segments {_pattern_text(view)} ({cols})"
+        )
         return _Path(terms, (*mapped, *((extra,) if extra is not None else ())), how)
 
     def scan(self, atom: Atom, side: _Side, bound: set[Var]) -> _Path:
@@ -426,7 +449,11 @@ class _Relation:
         src = self.memory(side, (None, order), scan=True)
         cols = ",".join(f"c{j}" for j in order)
         self.notes.add(f"scanned its batches (no segment sorted by c{fixed[0] if fixed else 0})")
-        return _Path(tuple(atom.terms[j] for j in order), (src,) if src is not None else (), f"batches ({cols})")
+        return _Path(
+            tuple(atom.terms[j] for j in order),
+            (src,) if src is not None else (),
+            f"batches ({cols})",
+        )
 
 
 def _pattern_text(view: tuple[int | Const, ...]) -> str:
@@ -597,7 +624,10 @@ class _Rules:
     def run(self, delta: int) -> list[tuple[list[np.ndarray], np.ndarray]]:
         """Rule `delta`'s bindings projected on the head (unsummed), as blocks."""
         atoms = self.query.atoms
-        sides = [_Side.DELTA if j == delta else _Side.NEW if j < delta else _Side.OLD for j in range(len(atoms))]
+        sides = [
+            _Side.DELTA if j == delta else _Side.NEW if j < delta else _Side.OLD
+            for j in range(len(atoms))
+        ]
         start = _Bindings({}, np.ones(1, dtype=I64))
         rel = self.relations[atoms[delta].relation]
         path = rel.path(atoms[delta], _Side.DELTA, set())
@@ -607,7 +637,9 @@ class _Rules:
         self._extend(first[0], first[1], [j for j in range(len(atoms)) if j != delta], sides, out)
         return out
 
-    def _join(self, b: _Bindings, probe: _Probe, applied: list[Filter]) -> tuple[_Bindings, list[Filter]]:
+    def _join(
+        self, b: _Bindings, probe: _Probe, applied: list[Filter]
+    ) -> tuple[_Bindings, list[Filter]]:
         """Join one atom, then apply every filter whose variables are now bound."""
         atom = self.query.atoms[probe.atom]
         self.hows.setdefault(atom.relation, set()).add(probe.path.how)
@@ -648,9 +680,16 @@ class _Rules:
                 probes.append(_probe(j, path, b, pending))
         linked = [p for p in probes if p.lead > 0 or not atoms[p.atom].vars]
         if not linked and unsearched:
-            linked_scans = [j for j in unsearched if any(isinstance(t, Const) or t in bound for t in atoms[j].terms)]
+            linked_scans = [
+                j
+                for j in unsearched
+                if any(isinstance(t, Const) or t in bound for t in atoms[j].terms)
+            ]
             if linked_scans or not probes:
-                j = min(linked_scans or unsearched, key=lambda j: self.relations[atoms[j].relation].rows())
+                j = min(
+                    linked_scans or unsearched,
+                    key=lambda j: self.relations[atoms[j].relation].rows(),
+                )
                 rel = self.relations[atoms[j].relation]
                 linked = [_probe(j, rel.scan(atoms[j], sides[j], bound), b, pending)]
         candidates = linked or probes
@@ -664,7 +703,9 @@ class _Rules:
             for c, probe in enumerate(candidates):
                 picked = np.flatnonzero(choice == c)
                 if len(picked):
-                    self._step(b.taking(picked), probe.taking(picked), applied, remaining, sides, out)
+                    self._step(
+                        b.taking(picked), probe.taking(picked), applied, remaining, sides, out
+                    )
             return
         self._step(b, candidates[best], applied, remaining, sides, out)
 
@@ -681,7 +722,9 @@ class _Rules:
         self._extend(joined, now, [j for j in remaining if j != probe.atom], sides, out)
 
 
-def _consolidated(blocks: Sequence[tuple[list[np.ndarray], np.ndarray]], width: int) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+def _consolidated(
+    blocks: Sequence[tuple[list[np.ndarray], np.ndarray]], width: int
+) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     """Blocks of head tuples and weights, equal tuples summed, zeros dropped, sorted."""
     live = [bl for bl in blocks if len(bl[1])]
     if not live:
@@ -695,7 +738,9 @@ def _consolidated(blocks: Sequence[tuple[list[np.ndarray], np.ndarray]], width: 
     return tuple(c[starts][nonzero] for c in cols), sums[nonzero]
 
 
-def _groups(cols: list[np.ndarray], w: np.ndarray) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+def _groups(
+    cols: list[np.ndarray], w: np.ndarray
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
     """Rows (as columns) sorted, `w` reordered alike, and where each run of equal rows starts.
 
     >>> cols, w, starts = _groups([np.array([2, 1, 2]), np.array([5, 9, 5])], np.array([1, 2, 3]))
@@ -751,7 +796,9 @@ def recompute_change(engine: Engine, query: str, epoch: int) -> Change:
         for r in sorted(relations)
         if rules.hows.get(r) or relations[r].notes
     )
-    method = f"{ran} delta rule(s) of {len(q.atoms)} by binary joins" + (f"; {reads}" if reads else "")
+    method = f"{ran} delta rule(s) of {len(q.atoms)} by binary joins" + (
+        f"; {reads}" if reads else ""
+    )
     if epoch in engine.stale(manifest):
         method += f"; epoch {epoch} is stale (derived from changes corrected since)"
     return Change(columns, weights, rules.joined, method)
@@ -786,7 +833,10 @@ def audit_epoch(engine: Engine, query: str, epoch: int) -> Audit:
 
 
 def _compare(
-    exp_cols: Sequence[np.ndarray], exp_w: np.ndarray, act_cols: Sequence[np.ndarray], act_w: np.ndarray
+    exp_cols: Sequence[np.ndarray],
+    exp_w: np.ndarray,
+    act_cols: Sequence[np.ndarray],
+    act_w: np.ndarray,
 ) -> tuple[int, list[str]]:
     """Two consolidated multisets compared: how many tuples differ, and the first few named.
 

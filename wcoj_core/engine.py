@@ -106,7 +106,9 @@ class Engine:
             raise QueryError("two queries share a name; give each query its own name")
         self.starter = starter_of(spark)
         self.store = Store.open(
-            state_dir, create=create, spark_factory=lambda: self.spark("the state is on remote storage")
+            state_dir,
+            create=create,
+            spark_factory=lambda: self.spark("the state is on remote storage"),
         )
         self.queries: dict[str, Query] = {q.name: q for q in qs}
         arities: dict[str, int] = {}
@@ -118,7 +120,9 @@ class Engine:
                         f"{q.name!r}"
                     )
         self.specs: dict[str, RelationSpec] = (
-            dict(relations) if relations is not None else relation_specs(arities, undirected=undirected)
+            dict(relations)
+            if relations is not None
+            else relation_specs(arities, undirected=undirected)
         )
         missing = sorted(set(arities) - set(self.specs))
         if missing:
@@ -393,7 +397,9 @@ class Engine:
 
         trace = self.store.current().trace(output_trace_name(query))
         cols = self.trace_columns(output_trace_name(query))
-        layers = [self.read_batch(trace, b) for b in (trace.batches if trace else ()) if b.time == epoch]
+        layers = [
+            self.read_batch(trace, b) for b in (trace.batches if trace else ()) if b.time == epoch
+        ]
         layer = layers[0] if layers else Layer.empty(len(cols))
         table: pa.Table = changes_table(cols, layer.rows, layer.diff, epoch)
         return table.drop_columns(["time"])

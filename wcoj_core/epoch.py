@@ -453,7 +453,13 @@ class EpochPass:
     def _figures_before(self, m: Manifest, name: str, upto: bool = False) -> Figures:
         """A trace's figures as of the epoch before this one (its last batch before it)."""
         trace = m.trace(name)
-        batches = [] if trace is None else [b for b in trace.batches if b.time < self.epoch or (upto and b.time == self.epoch)]
+        batches = (
+            []
+            if trace is None
+            else [
+                b for b in trace.batches if b.time < self.epoch or (upto and b.time == self.epoch)
+            ]
+        )
         for b in reversed(batches):
             if b.figures is not None:
                 return Figures(*b.figures)
@@ -465,7 +471,9 @@ class EpochPass:
         held once or not at all) its summed diff."""
         opened = self.opened.get(name)
         if opened is None:
-            total = out.total if out.layer is None else int(np.asarray(out.layer.diff).sum(dtype=I64))
+            total = (
+                out.total if out.layer is None else int(np.asarray(out.layer.diff).sum(dtype=I64))
+            )
             return Figures(total, total, 0)
         layer = self._arrays(m, name, out)
         if not len(layer):
@@ -505,7 +513,11 @@ class EpochPass:
             join_rows=sum(tally.joins for tally in tallies.values()),
             mapped_bytes=sum(o.mapped for o in self.opened.values()),
             read_bytes=sum(o.read_bytes for o in self.opened.values()),
-            rebuilt=tuple(f"{n}: {o.rebuilt}" for n, o in self.opened.items() if o.rebuilt and o.index is not None),
+            rebuilt=tuple(
+                f"{n}: {o.rebuilt}"
+                for n, o in self.opened.items()
+                if o.rebuilt and o.index is not None
+            ),
         )
         relations = {
             rel: RelationReport(

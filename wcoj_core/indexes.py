@@ -200,7 +200,10 @@ def open_trace(
             trace, before, wanted, keys, read_batch, f"the index lacks the view(s) {missing}"
         )
     try:
-        mapped = {k: [segments.open_segment(root, s, verify=verify) for s in segs] for k, segs in held.items()}
+        mapped = {
+            k: [segments.open_segment(root, s, verify=verify) for s in segs]
+            for k, segs in held.items()
+        }
     except segments.DamagedFile as e:
         return _rebuild(trace, before, wanted, keys, read_batch, str(e))
     opened = Opened(trace, before, mapped, Layer.empty(len(trace.columns)), index)
@@ -285,7 +288,9 @@ def advance(
                 recent = []
             base_rows = sum(s.rows for s in base)
             if len(fresh) > max(MERGE_MIN_ROWS, MERGE_SHARE * base_rows):
-                layers = [segments.open_segment(root, s, verify=verify_merges) for s in base + recent]
+                layers = [
+                    segments.open_segment(root, s, verify=verify_merges) for s in base + recent
+                ]
                 merged_base = _sum(len(key[1]), *layers, fresh)
                 base, recent, fresh = [], [], None
                 if len(merged_base):
@@ -316,8 +321,6 @@ def _write(
     written.append(rel)
     pattern, order = key
     return segments.write_segment(root, rel, layer, level=level, view=pattern, order=order)
-
-
 
 
 def rebuilt_index(

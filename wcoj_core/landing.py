@@ -89,7 +89,9 @@ def land(spec: RelationSpec, changes: Changes, budget: int) -> Landed | None:
             table = collected
         if table.num_rows > budget:
             return None
-        nulls = [c for c, col in zip(table.column_names, table.columns, strict=True) if col.null_count]
+        nulls = [
+            c for c, col in zip(table.column_names, table.columns, strict=True) if col.null_count
+        ]
         if nulls:
             raise InputError(
                 f"changes hold null values in {', '.join(nulls)}; every value must be a whole "

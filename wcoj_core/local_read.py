@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import mmap
 import os
 import re
@@ -40,7 +41,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from functools import partial
-from typing import IO
 from urllib.parse import urlparse
 
 import numpy as np
@@ -218,7 +218,7 @@ def _parquet_files(local: str, source: str) -> list[str]:
 
 
 @contextmanager
-def _open_regular(local: str, where: str) -> Iterator[IO[bytes]]:
+def _open_regular(local: str, where: str) -> Iterator[io.BufferedReader]:
     """`local` opened for reading, never blocking: refused unless it is a regular file."""
     try:
         fd = os.open(local, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -235,7 +235,7 @@ def _open_regular(local: str, where: str) -> Iterator[IO[bytes]]:
 
 
 @contextmanager
-def _decompressed(local: str, source: str, what: str) -> Iterator[IO[bytes]]:
+def _decompressed(local: str, source: str, what: str) -> Iterator[io.BufferedIOBase]:
     """The bytes of a local text or CSV file, gunzipped when its name ends in ``.gz``."""
     with _open_regular(local, source) as raw:
         if not local.lower().endswith(".gz"):
@@ -272,27 +272,29 @@ class _Lines:
     `limit` bytes are given; `complete` then says whether that was the whole stream.
     """
 
-    def __init__(self, handle: IO[bytes], source: str, what: str, limit: int | None = None):
+    def __init__(
+        self, handle: io.BufferedIOBase, source: str, what: str, limit: int | None = None
+    ) -> None:
         self.handle, self.source, self.what, self.limit = handle, source, what, limit
         self.complete = True
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         """``(number of the block's first line, block)``, the blocks in order."""
-        line, carry, read, start = 1, b"", 0, True
+        line, carry, start, budget = 1, b"", True, self.limit
         while True:
-            want = _BLOCK if self.limit is None else min(_BLOCK, self.limit + 1 - read)
+            # One byte past the limit tells whether the stream goes on.
+            want = _BLOCK if budget is None else min(_BLOCK, budget + 1)
             with _unreadable(self.source, self.what):
-                data = self.handle.read(want) if want > 0 else b""
-            read += len(data)
+                data = self.handle.read(want)
+            if budget is not None:
+                if len(data) > budget:
+                    data, self.complete = data[:budget], False
+                budget -= len(data)
             buffer = carry + data
             if start and (len(buffer) >= 3 or not data):
                 buffer, start = buffer.removeprefix(b"\xef\xbb\xbf"), False
-            truncated = self.limit is not None and read > self.limit
-            if truncated:
-                buffer = buffer[: len(buffer) - (read - self.limit)]
-                self.complete = False
-            if not data or truncated:
-                end = len(buffer) if not truncated else _last_break(buffer, final=True)
+            if not data or not self.complete:  # the end of the stream, or of the window
+                end = len(buffer) if self.complete else _last_break(buffer, final=True)
                 if end:
                     yield line, _normalize(buffer[:end])
                 return
@@ -468,12 +470,17 @@ def _split_whitespace(block: bytes, arity: int) -> np.ndarray | None:
     lines = _arrow_lines(block)
     if lines is None:
         return None
-    fields = pc.utf8_split_whitespace(lines)
-    counts = pc.list_value_length(fields).to_numpy(zero_copy_only=False)
+    fields = pc.call_function("utf8_split_whitespace", [lines])
+    counts = pc.call_function("list_value_length", [fields]).to_numpy(zero_copy_only=False)
     if not np.isin(counts, (0, arity)).all():
         return None
+    flat = pc.call_function("list_flatten", [fields])
+    if b"+" in block:  # Spark reads "+5"; pyarrow's cast does not: drop one leading sign
+        flat = pc.call_function(
+            "replace_substring_regex", [flat], pc.ReplaceSubstringOptions(r"^\+([0-9])", r"\1")
+        )
     try:
-        values = pc.cast(pc.list_flatten(fields), pa.int64())
+        values = pc.cast(flat, pa.int64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     return values.to_numpy(zero_copy_only=False).reshape(-1, arity)
@@ -1221,7 +1228,7 @@ def symmetrize_local(table: pa.Table) -> tuple[pa.Table, int]:
     >>> out.to_pydict(), loops
     ({'c0': [1, 2], 'c1': [2, 1], 'diff': [2, 2]}, 1)
     """
-    edges = table.filter(pc.not_equal(table.column("c0"), table.column("c1")))
+    edges = table.filter(pa.array(_ends(table, "c0") != _ends(table, "c1")))
     first, second = edges.schema.get_field_index("c0"), edges.schema.get_field_index("c1")
     flipped = edges.set_column(first, "c0", edges.column("c1")).set_column(
         second, "c1", edges.column("c0")
@@ -1242,22 +1249,20 @@ def canonical_undirected_local(table: pa.Table) -> tuple[pa.Table, int]:
     >>> out.to_pydict(), loops
     ({'c0': [1], 'c1': [2], 'diff': [1]}, 1)
     """
-    keep = pc.not_equal(table.column("c0"), table.column("c1"))
-    edges = table.filter(keep)
-    ends = edges.column("c0"), edges.column("c1")
-    least = pa.table(
-        {
-            "c0": pc.min_element_wise(*ends),
-            "c1": pc.max_element_wise(*ends),
-            DIFF: edges.column(DIFF),
-        }
-    )
+    edges = table.filter(pa.array(_ends(table, "c0") != _ends(table, "c1")))
+    a, b = _ends(edges, "c0"), _ends(edges, "c1")
+    least = pa.table({"c0": np.minimum(a, b), "c1": np.maximum(a, b), DIFF: edges.column(DIFF)})
     summed = least.group_by(["c0", "c1"]).aggregate([(DIFF, "sum")])
-    present = summed.filter(pc.greater(summed.column(f"{DIFF}_sum"), 0))
+    present = summed.filter(pa.array(_ends(summed, f"{DIFF}_sum") > 0))
     present = present.sort_by([("c0", "ascending"), ("c1", "ascending")])
     ones = pa.array(np.ones(present.num_rows, dtype=np.int64))
     out = pa.table([present.column("c0"), present.column("c1"), ones], names=["c0", "c1", DIFF])
     return out, table.num_rows - edges.num_rows
+
+
+def _ends(table: pa.Table, column: str) -> np.ndarray:
+    """A column of a table as int64 numbers."""
+    return np.asarray(table.column(column).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def negative_tuples_local(
@@ -1273,7 +1278,7 @@ def negative_tuples_local(
     """
     cols = [c for c in table.column_names if c not in (TIME, DIFF)]
     summed = table.select([*cols, DIFF]).group_by(cols).aggregate([(DIFF, "sum")])
-    negative = summed.filter(pc.less(summed.column(f"{DIFF}_sum"), 0))
+    negative = summed.filter(pa.array(_ends(summed, f"{DIFF}_sum") < 0))
     negative = negative.sort_by([(c, "ascending") for c in cols])
     first = negative.slice(0, limit).to_pylist()
     return negative.num_rows, [(tuple(r[c] for c in cols), r[f"{DIFF}_sum"]) for r in first]

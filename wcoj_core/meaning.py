@@ -95,7 +95,9 @@ def relation_specs(
     known = ", ".join(sorted(arities)) or "none"
     for what, names in (("undirected", undirected), ("set", sets), ("bag", bags)):
         for name in sorted(names - set(arities)):
-            raise QueryError(f"{what} relation {name!r} is read by no query (the relations: {known})")
+            raise QueryError(
+                f"{what} relation {name!r} is read by no query (the relations: {known})"
+            )
     for name in sorted(sets & bags):
         raise QueryError(f"relation {name!r} is declared both a set and a bag; pick one")
     for name in sorted(undirected):

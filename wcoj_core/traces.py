@@ -1,7 +1,7 @@
 """The names of a state's traces (one per relation, counts arrangement, delta rule and query) and
 of their columns.
 
-A state directory holds named traces of update batches (see `wcoj_core.state`). Their names are
+A state directory holds named traces of update batches (see `wcoj_core.store`). Their names are
 part of the stored format and of the Dagster metadata, so they are made in one place:
 
 >>> from wcoj_core.query.plan import Arrangement, AtomView, Kind

@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from wcoj_core import files
 from wcoj_core.engine import Engine
+from wcoj_core.meaning import relation_specs
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
+from wcoj_core.store import files
+from wcoj_core.store import store as store_module
 
 
 @pytest.fixture(params=["local", "hadoop"])
@@ -32,22 +34,30 @@ def test_list_read_create_exclusive_delete(store: files.Files) -> None:
     assert store.list("manifests") == []
 
 
-def test_roots_choose_their_file_system(spark: SparkSession, tmp_path: Path) -> None:
-    assert isinstance(files.files_for(spark, str(tmp_path)), files.LocalFiles)
-    assert isinstance(files.files_for(spark, tmp_path.as_uri()), files.LocalFiles)
+def test_roots_choose_their_file_system(tmp_path: Path) -> None:
+    assert isinstance(files.files_for(str(tmp_path)), files.LocalFiles)
+    assert isinstance(files.files_for(tmp_path.as_uri()), files.LocalFiles)
     assert files.has_scheme("hdfs://namenode:8020/wcoj")
 
 
 def test_the_engine_on_a_hadoop_file_system(
     small: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(files, "files_for", lambda spark, root: files.HadoopFiles(spark, root))
+    """Manifests through Hadoop's FileSystem (as an hdfs:// root would be), batches through
+    pyarrow; no arrangement files are kept for such a state, so every epoch rebuilds its old
+    state from the batches and the answers stay exact."""
+    monkeypatch.setattr(
+        store_module, "files_for", lambda root, factory=None: files.HadoopFiles(small, root)
+    )
     query = builtin("triangles")
-    engine = Engine(small, tmp_path.as_uri() + "/state", query)
-    assert isinstance(engine.store.files, files.HadoopFiles)
+    specs = relation_specs({"edge": 2})
+    root = tmp_path.as_uri() + "/state"
     edges: Counter = Counter()
     epochs = [[(1, 2), (2, 3), (1, 3), (3, 4)], [(2, 4), (1, 4)]]
     for t, pairs in enumerate(epochs):
+        engine = Engine(small, root, query, relations=specs)
+        engine.persist_index = False  # as for a remote root
+        assert isinstance(engine.store.files, files.HadoopFiles)
         rows = [(a, b, 1) for a, b in pairs] + [(b, a, 1) for a, b in pairs]
         for a, b, d in rows:
             edges[(a, b)] += d

@@ -116,6 +116,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _from_spark(exc: BaseException) -> bool:
     """Whether an exception is Spark's or Py4J's (without importing either)."""
-    return any(
-        cls.__module__.split(".")[0] in ("pyspark", "py4j") for cls in type(exc).__mro__
-    )
+    return any(cls.__module__.split(".")[0] in ("pyspark", "py4j") for cls in type(exc).__mro__)

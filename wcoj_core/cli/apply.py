@@ -133,9 +133,7 @@ def relation_meanings(args: argparse.Namespace, arities: dict[str, int]) -> dict
     from wcoj_core.meaning import relation_specs
 
     try:
-        return relation_specs(
-            arities, undirected=args.undirected, sets=args.sets, bags=args.bags
-        )
+        return relation_specs(arities, undirected=args.undirected, sets=args.sets, bags=args.bags)
     except QueryError as e:
         raise UsageError(str(e)) from e
 
@@ -194,7 +192,9 @@ def warn_about(epoch: int, result: EpochResult) -> None:
     """Warnings for changes that changed nothing, negative multiplicities, self-loops."""
     for rel, r in result.relations.items():
         if r.self_loops:
-            warn(f"epoch {epoch}: {r.self_loops} self-loop(s) of undirected relation {rel!r} dropped")
+            warn(
+                f"epoch {epoch}: {r.self_loops} self-loop(s) of undirected relation {rel!r} dropped"
+            )
         ignored = r.inserted_present + r.deleted_absent
         if ignored:
             shown = ", ".join(f"{t} {'+' if d > 0 else '-'}" for t, d in r.ignored_examples)
@@ -205,7 +205,11 @@ def warn_about(epoch: int, result: EpochResult) -> None:
             )
         if r.negative:
             shown = ", ".join(f"{t}: {m}" for t, m in r.negative_examples)
-            more = f" (and {r.negative - len(r.negative_examples)} more)" if r.negative > len(r.negative_examples) else ""
+            more = (
+                f" (and {r.negative - len(r.negative_examples)} more)"
+                if r.negative > len(r.negative_examples)
+                else ""
+            )
             warn(
                 f"epoch {epoch} deleted tuples relation {rel!r} did not hold; {r.negative} now "
                 f"have a negative multiplicity: {shown}{more}"
@@ -246,9 +250,7 @@ def _report(
             rows, diff = arrays
             cols = engine.trace_columns(f"out/{query}")
             table = changes_table(cols, rows, diff, args.epoch).drop_columns(["time"])
-        written = write_tuples(
-            table, *output, force=args.force, inputs=list(changes.values())
-        )
+        written = write_tuples(table, *output, force=args.force, inputs=list(changes.values()))
         say(f"output: {written} tuples of the epoch's change written to {output[0]}")
     if args.json:
         emit_json(

@@ -148,7 +148,7 @@ def write_tuples(
     import pyarrow.parquet as pq
 
     check_output(str(target), force=force, inputs=inputs)
-    table = rows if isinstance(rows, pa.Table) else _collect(rows)
+    table: pa.Table = rows if isinstance(rows, pa.Table) else _collect(rows)
     table = table.select([c for c in table.column_names if c != TIME])
     scratch = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
     fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)

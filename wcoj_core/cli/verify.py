@@ -127,7 +127,11 @@ def _restamped(store: Store, index: Index) -> Index | None:
         refs = {}
         for role, ref in segment.files.items():
             path = root / segment.path / ref.name
-            if ref.stamp is not None and not check_stamp(path, ref) and verify_ref(path, ref) is None:
+            if (
+                ref.stamp is not None
+                and not check_stamp(path, ref)
+                and verify_ref(path, ref) is None
+            ):
                 refs[role] = file_ref(path)
                 changed = True
             else:

@@ -1,6 +1,6 @@
 """Batches read and written with pyarrow: what the kernel's deployments do with state files.
 
-A state's batches are Parquet folders (see `wcoj_core.state`). Spark reads them as DataFrames;
+A state's batches are Parquet folders (see `wcoj_core.store`). Spark reads them as DataFrames;
 the deployments of the kernel read them into `Layer`s and write their results as batches of the
 same schema, with pyarrow, wherever they run: on the driver, or inside a Spark task on an
 executor. `BatchFiles` reaches a state through a pyarrow file system made from its root:
@@ -190,9 +190,7 @@ class BatchFiles:
             if hashlib.sha256(data).hexdigest() != ref.sha256:
                 raise DamagedBatch(path, "its contents do not match its digest")
             try:
-                tables.append(
-                    pq.read_table(pa.BufferReader(data), columns=[*columns, DIFF])
-                )
+                tables.append(pq.read_table(pa.BufferReader(data), columns=[*columns, DIFF]))
             except (OSError, pa.ArrowException) as e:
                 raise DamagedBatch(path, f"not a readable batch ({e})") from e
         return read_tables(columns, tables)

@@ -76,9 +76,7 @@ def run_rules(
         return _sharded(engine, work, choice.shards, changes, written)
     from wcoj_core.deploy.executors import run_on_executors
 
-    folders = {
-        name: f"traces/{trace_dir(name)}/b-x-{epoch}-{_hex12()}" for name in work.columns()
-    }
+    folders = {name: f"traces/{trace_dir(name)}/b-x-{epoch}-{_hex12()}" for name in work.columns()}
     written += folders.values()
     rows = sum(b.rows for b in changes.values())
     tasks = 1 if rows <= engine.one_task_rows and engine.executors_warm else engine.tasks()
@@ -145,7 +143,9 @@ def _sharded(
             F.lit(work.epoch).cast("long").alias("time"),
             F.col("diff").cast("long"),
         )
-        out.coalesce(2).write.mode("errorifexists").parquet(engine.files.uri(engine.files.full(folder)))
+        out.coalesce(2).write.mode("errorifexists").parquet(
+            engine.files.uri(engine.files.full(folder))
+        )
         refs = _hashed(engine, folder)
         rows, total = _footer_figures(engine, folder, refs)
         batches[name] = Batch(folder, work.epoch, rows, refs)

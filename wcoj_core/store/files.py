@@ -197,7 +197,7 @@ class LocalFiles:
         return verify_ref(self.path / rel, ref)
 
     def list(self, rel: str) -> list[tuple[str, float]]:
-        """Names and modification times in a folder (the interface of `wcoj_core.files`)."""
+        """Names and modification times in a folder (the old interface of the state's files)."""
         return [(e.name, e.mtime) for e in self.entries(rel)]
 
 
@@ -305,7 +305,7 @@ class HadoopFiles:
         return None
 
     def list(self, rel: str) -> list[tuple[str, float]]:
-        """Names and modification times in a folder (the interface of `wcoj_core.files`)."""
+        """Names and modification times in a folder (the old interface of the state's files)."""
         return [(e.name, e.mtime) for e in self.entries(rel)]
 
 
