@@ -478,8 +478,9 @@ class EpochPass:
         layer = self._arrays(m, name, out)
         if not len(layer):
             return Figures()
-        before = lookup_sum(opened.at(identity(layer.width)), np.asarray(layer.rows))
-        return figures_change(before, np.asarray(layer.diff))
+        rows = np.asarray(layer.rows)
+        before = lookup_sum(opened.at(identity(layer.width)), rows)
+        return figures_change(before, np.asarray(layer.diff), rows, f"trace {name!r}")
 
     # -- the result ---------------------------------------------------------------------------
     def _result(

@@ -36,12 +36,14 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import numpy as np
 
 from wcoj_core.errors import QueryError
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, lookup_sum
+from wcoj_core.kernel.multiplicity import total
 
 # Tuples named in a warning about ignored changes or negative multiplicities.
 EXAMPLES = 10
@@ -138,13 +140,27 @@ class Figures:
         return (self.rows, self.count, self.negative)
 
 
-def figures_change(before: np.ndarray, diff: np.ndarray) -> Figures:
+def held_after(before: np.ndarray, diff: np.ndarray, rows: np.ndarray, what: str) -> np.ndarray:
+    """``before + diff``, exact: a multiplicity leaving int64 raises `MultiplicityOverflow`
+    naming the tuple (a row of `rows`)."""
+    return total([np.array(before, dtype=I64), np.asarray(diff, dtype=I64)], _namer(rows), what)
+
+
+def _namer(rows: np.ndarray) -> Any:
+    return lambda i: tuple(int(v) for v in rows[i])
+
+
+def figures_change(
+    before: np.ndarray, diff: np.ndarray, rows: np.ndarray | None = None, what: str = "a trace"
+) -> Figures:
     """How a trace's figures change when tuples held `before` times change by `diff`.
 
     >>> figures_change(np.array([0, 1, 2, -1]), np.array([1, -1, 1, 1]))
-    Figures(rows=0, count=2, negative=-1)
+    Figures(rows=-1, count=2, negative=-1)
     """
-    after = before + diff
+    if rows is None:
+        rows = np.zeros((len(diff), 0), dtype=I64)
+    after = held_after(before, diff, rows, f"the multiplicity of a tuple of {what}")
     entering = int(np.count_nonzero((before == 0) & (after != 0)))
     leaving = int(np.count_nonzero((before != 0) & (after == 0)))
     negative = int(np.count_nonzero(after < 0)) - int(np.count_nonzero(before < 0))
@@ -177,8 +193,9 @@ def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect
     """The effect of consolidated landed changes on a relation held as the sum of `before`."""
     held = lookup_sum(before, landed.rows) if len(landed) else np.zeros(0, dtype=I64)
     if spec.meaning is Meaning.BAG:
-        figures = figures_change(held, landed.diff)
-        after = held + landed.diff
+        what = f"relation {spec.name!r}"
+        figures = figures_change(held, landed.diff, landed.rows, what)
+        after = held_after(held, landed.diff, landed.rows, f"the multiplicity of a tuple of {what}")
         negative = np.flatnonzero(after < 0)
         return Effect(
             landed,
