@@ -3,52 +3,51 @@
 `audit_epoch(engine, query, epoch)` recomputes query `query`'s output change at `epoch` from
 the relations' stored state and compares it, as an exact multiset, with the change the engine
 stored (the ``out/<query>`` batch at the epoch, its files checked against their digests). The
-`Audit` says whether they agree, how many tuples differ (with a few named), how many rows the
+`Audit` says whether they agree, how many tuples differ (the first few named), how many rows the
 check's joins produced, what it read and how long it took.
 
-**Why it is independent of the kernel.** Nothing here runs the kernel's GenericJoin, its layer
-searches or the planner's rules: the check evaluates the epoch's *delta rules* by plain binary
-joins — one atom at a time, every variable of the atom bound at once — over sorted arrays it
-searches with `numpy.searchsorted` and a vectorised bisection of its own. What the two share is
-the stored data: the relations' batches (the source of truth) and their persisted index segments
-(sorted copies of them, checked by size, header and stamp when mapped).
+**Independent of the kernel.** Nothing here runs the kernel's GenericJoin, its layer searches or
+the planner's rules. The check evaluates the epoch's *delta rules* by plain binary joins — one
+atom at a time, all of its variables bound at once — over sorted arrays it searches itself
+(`numpy.searchsorted` on a leading column, a vectorised bisection inside ranges). The two share
+only the stored data: the relations' batches, the source of truth, and their index segments,
+sorted copies of them (mapped, checked by size, header and stamp).
 
-**Why its cost follows the epoch's change, not the graph.** The change of a conjunctive query
-from the old state to the new one telescopes over its atoms::
+**A cost that follows the change.** The change of a conjunctive query telescopes over its atoms::
 
     Q(new) - Q(old) = sum_i  new_1 ... new_{i-1}  dR_i  old_{i+1} ... old_n
 
-(atom ``i`` reads the relation's change ``dR_i`` at the epoch, the atoms before it the new state,
-time <= t, the atoms after it the old state, time < t). Rule ``i`` starts from ``dR_i`` — the
-relation's stored batch at the epoch — and is empty when that relation did not change. Each next
-atom is then joined by *fetching only the tuples that match the keys bound so far* (a semi-join
-by key) from sorted sources: a relation's index segments ordered by a bound column (the identity
-view's ``(c0, c1, ..)``, its reverse ``(c1, c0)`` when the plans read one, or a view segment of
-the atom's own constants and repeated variables), plus the batches the index lacks or holds
-beyond the epoch (read from Parquet, signed, sorted here). Old and new states are sums of such
-sources; joins are linear in each input, so the sources are joined one by one and never merged,
-and a whole relation is never materialized. Only when no sorted order starts with a bound column
-is a relation scanned whole from its batches — `Audit.method` says so.
+Rule ``i`` starts from ``dR_i``, relation R_i's stored batch at the epoch (no batch: no rule);
+the atoms before ``i`` read the new state (time <= t), those after it the old one (time < t),
+exactly as the engine's plan does. Every further atom is joined by *fetching only the tuples that
+match the keys bound so far* (a semi-join by key) from sorted sources: the relation's base index
+segment in an order whose leading column is bound — the stored ``(c0, c1, ..)``, the reverse
+``(c1, c0)`` when the plans read one, or a view segment of the atom's own constants and repeated
+variables — plus one small source sorted here: the recent segments and the batches the index
+lacks or holds beyond the epoch (signed). Old and new states are such sums, and a join is linear
+in each input, so the sources are searched apart and never merged; no relation is read whole.
+Only when no sorted order starts with a bound column is a relation scanned from its batches,
+and `Audit.method` says so.
 
-**Join order.** At each step the atom joined next is, among those sharing a bound term, the one
-with the fewest matching tuples for the current bindings, counted exactly from the searched
-ranges (narrowed by the filters that bound the atom's next column). The count is known per
-binding, so when bindings disagree — some hang off a hub on one side, others on the other — they
-are split by their cheapest atom and each group goes on with its own order: joins distribute
-over a union, so the sum is unchanged, and a hub never makes a quadratic pile that another order
-avoids. The joins produce every binding of the rule; filters apply as soon as their variables are
-bound; the head projects (repeated head variables included) and equal tuples are summed.
+**Join order.** At each step the next atom is, among those keyed by a bound term, the one with
+the fewest matching tuples for the current bindings — counted exactly from the searched ranges,
+narrowed by the filters on the atom's next column. The count is known per binding, so when the
+bindings disagree (some hang off a hub on one side, others on the other), they are split by
+their cheapest atom and each group goes on in its own order: a join distributes over a union, so
+the sum is unchanged, and a hub never piles up rows that another order avoids. Filters apply as
+soon as their variables are bound; the head projects (repeated head variables too) and equal
+tuples are summed.
 
 **Exact arithmetic.** A binding's weight is the product of its atoms' multiplicities, as in
-`wcoj_core.naive`: int64 while a bound on the magnitudes proves it fits, Python ints (object
-arrays) otherwise — never a wrapped value. Sets, bags and negative multiplicities need nothing
-special: the stored multiplicities are what the query reads.
+`wcoj_core.naive`: int64 while a bound on the magnitudes proves it fits, Python ints otherwise —
+never a wrapped value. Sets, bags and negative multiplicities need nothing special: the stored
+multiplicities are what the query reads.
 
-What the check cannot see: anything both sides read alike — a relation batch that is itself
-wrong (a wrong set effect of the landed changes), an index segment that disagrees with the
-batches it was built from (a periodic full recompute from the batches, `matches_binary_join`,
-or `wcoj verify` catches those), the output's accumulated trace, figures and index (only the
-change at the epoch is checked), and the counts arrangements.
+**What it cannot see.** Whatever both sides read alike: a relation batch that is itself wrong
+(say, a wrong set effect of the landed changes), an index segment that disagrees with the
+batches it was built from, the output's earlier batches, figures and index, and the counts
+arrangements. The full recompute from the batches (`matches_binary_join`) and ``wcoj verify``
+cover those.
 """
 
 from __future__ import annotations
@@ -64,27 +63,30 @@ import numpy as np
 from wcoj_core import segments
 from wcoj_core.errors import DamagedFile, QueryError, StateError
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Term, Var
-from wcoj_core.store.manifest import Batch, Segment, Trace
+from wcoj_core.store.manifest import Batch, Level, Manifest, Segment, Trace
 from wcoj_core.traces import output_trace_name, relation_trace_name
 
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
 
+__all__ = ["Audit", "Change", "audit_epoch", "recompute_change"]
+
 I64 = np.int64
 LIMIT = 1 << 63  # |value| below this fits in int64
-EXAMPLES = 5  # mismatching tuples named in an audit
+EXAMPLES = 5  # mismatching tuples an audit names
 SPLIT = 2.0  # split bindings by their cheapest atom when that cuts the rows by this factor
 
-__all__ = ["Audit", "Change", "audit_epoch", "recompute_change"]
+Columns = list[np.ndarray]  # rows as one array per column
+Block = tuple[Columns, np.ndarray]  # rows and their diffs (or weights)
 
 
 @dataclass(frozen=True, slots=True)
 class Audit:
-    """The outcome of a check of one query's output change at one epoch.
+    """A check of one query's output change at one epoch (see the module).
 
-    `examples` name the first mismatching tuples ("(1, 2, 3): expected 1, stored 0");
-    `expected_rows` and `actual_rows` count the recomputed and the stored change's tuples;
-    `joined_rows` the rows the check's joins produced; `method` what it read.
+    `examples` name the first mismatching tuples (``"(1, 2, 3): expected 1, stored 0"``);
+    `expected_rows` and `actual_rows` count the recomputed and the stored change's tuples,
+    `joined_rows` the rows the check's joins produced; `method` says what it read.
     """
 
     passed: bool
@@ -99,8 +101,8 @@ class Audit:
 
 @dataclass(frozen=True, slots=True)
 class Change:
-    """A recomputed output change: one array per head column, the tuples' multiplicities
-    (int64, or Python ints when one leaves int64), consolidated (each tuple once, no zero)."""
+    """A recomputed output change: one array per head column and the tuples' multiplicities
+    (int64, or Python ints where one leaves int64), consolidated and sorted."""
 
     columns: tuple[np.ndarray, ...]
     weights: np.ndarray
@@ -110,9 +112,10 @@ class Change:
     def as_dict(self) -> dict[tuple[int, ...], int]:
         """The change as ``{tuple: multiplicity}`` in Python ints."""
         rows = zip(*(c.tolist() for c in self.columns), strict=True) if self.columns else None
-        if rows is None:
-            return {(): int(w) for w in self.weights.tolist()}
-        return {tuple(r): int(w) for r, w in zip(rows, self.weights.tolist(), strict=True)}
+        weights = [int(w) for w in self.weights.tolist()]
+        if rows is None:  # a boolean query: its one tuple, or none
+            return {(): weights[0]} if weights else {}
+        return {tuple(r): w for r, w in zip(rows, weights, strict=True)}
 
 
 class _Side(Enum):
@@ -123,7 +126,7 @@ class _Side(Enum):
     DELTA = "delta"  # the change at t
 
 
-# -- exact weights ---------------------------------------------------------------------------
+# -- exact multiplicities ----------------------------------------------------------------------
 
 
 def _magnitude(a: np.ndarray) -> int:
@@ -132,9 +135,7 @@ def _magnitude(a: np.ndarray) -> int:
     >>> _magnitude(np.array([3, -(2**63)], dtype=np.int64)) == 2**63
     True
     """
-    if a.size == 0:
-        return 0
-    return max(int(a.max()), -int(a.min()))
+    return max(int(a.max()), -int(a.min())) if a.size else 0
 
 
 def _times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -152,29 +153,27 @@ def _times(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _negated(a: np.ndarray) -> np.ndarray:
     """``-a`` exactly (``-(-2**63)`` leaves int64: then Python ints)."""
-    if a.dtype != object and a.size and int(a.min()) == -LIMIT:
-        return -(a.astype(object))
-    return -a
+    return -(a.astype(object)) if a.dtype != object and _magnitude(a) >= LIMIT else -a
 
 
-def _sums(w: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Sums of the runs of `w` beginning at `starts`, exactly."""
-    if w.dtype != object and len(w) * _magnitude(w) >= LIMIT:
-        w = w.astype(object)
-    return np.add.reduceat(w, starts)
+def _joined(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Diffs or weights concatenated, as Python ints if any of them is."""
+    if any(a.dtype == object for a in arrays):
+        return np.concatenate([a.astype(object) for a in arrays])
+    return np.concatenate(arrays) if len(arrays) != 1 else arrays[0]
 
 
-# -- sorted sources and searches -------------------------------------------------------------
+# -- sorted sources and their searches -------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class _Source:
-    """Rows sorted lexicographically (a column each, in a path's order) with their signed
-    multiplicities: a mapped index segment, or batches read and sorted here."""
+    """Rows sorted lexicographically (one array per column, in a path's order) and their
+    signed multiplicities; `unique` when each row is there once (a consolidated segment)."""
 
     cols: tuple[np.ndarray, ...]
     diff: np.ndarray
-    sign: int = 1
+    unique: bool = False
 
     def __len__(self) -> int:
         return len(self.diff)
@@ -183,7 +182,7 @@ class _Source:
 def _bisect(
     col: np.ndarray, lo: np.ndarray, hi: np.ndarray, v: np.ndarray, right: bool
 ) -> np.ndarray:
-    """Per key ``i``, the first position in ``[lo[i], hi[i])`` of sorted `col` holding a value
+    """Per key ``i``, the first position in ``[lo[i], hi[i])`` of sorted `col` whose value is
     above ``v[i]`` (`right`) or at least ``v[i]``; ``hi[i]`` when there is none.
 
     >>> col = np.array([1, 3, 3, 5, 2, 4])
@@ -198,73 +197,118 @@ def _bisect(
     while len(live):
         a, b = lo[live], hi[live]
         mid = (a + b) >> 1
-        got = col[mid]
-        go = got <= v[live] if right else got < v[live]
-        a = np.where(go, mid + 1, a)
-        b = np.where(go, b, mid)
+        go = col[mid] <= v[live] if right else col[mid] < v[live]
+        a, b = np.where(go, mid + 1, a), np.where(go, b, mid)
         lo[live], hi[live] = a, b
         live = live[a < b]
     return lo
 
 
-def _search(
-    col: np.ndarray, lo: np.ndarray, hi: np.ndarray, v: np.ndarray, right: bool, whole: bool
-) -> np.ndarray:
-    """`_bisect`, or one `numpy.searchsorted` when every range is the whole column."""
-    if whole:
-        return np.searchsorted(col, v, "right" if right else "left").astype(I64, copy=False)
-    return _bisect(col, lo, hi, v, right)
-
-
-@dataclass(frozen=True, slots=True)
-class _Bound:
-    """A bound on the next column from a filter: ``col > v``, ``col >= v``, ``col < v`` ..."""
-
-    values: np.ndarray
-    lower: bool
-    strict: bool
+# A bound on a column from a filter: its values per binding, lower (else upper), strict.
+_Bound = tuple[np.ndarray, bool, bool]
 
 
 def _ranges(
-    src: _Source, keys: Sequence[np.ndarray], bounds: Sequence[_Bound], m: int
+    src: _Source,
+    keys: Sequence[np.ndarray],
+    first: tuple[np.ndarray, np.ndarray] | None,
+    bounds: Sequence[_Bound],
+    m: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per binding, the range of `src`'s rows whose first columns equal `keys` and whose next
-    column passes `bounds`."""
-    lo = np.zeros(m, dtype=I64)
-    hi = np.full(m, len(src), dtype=I64)
+    column passes `bounds`. `first` holds the first key's distinct values, sorted, and where
+    each binding's is among them: the leading column is searched once per value, in order."""
     if len(src) == 0:
-        return lo, lo.copy()
-    for k, key in enumerate(keys):
+        return np.zeros(m, dtype=I64), np.zeros(m, dtype=I64)
+    if first is not None:
+        values, where = first
+        lo = np.searchsorted(src.cols[0], values, "left").astype(I64)[where]
+        hi = np.searchsorted(src.cols[0], values, "right").astype(I64)[where]
+    else:
+        lo, hi = np.zeros(m, dtype=I64), np.full(m, len(src), dtype=I64)
+    for k in range(1, len(keys)):
         col = src.cols[k]
-        lo = _search(col, lo, hi, key, False, k == 0)
-        hi = _search(col, lo, hi, key, True, k == 0)
-    col_at = len(keys)
-    for b in bounds:
-        col = src.cols[col_at]
-        if b.lower:
-            lo = _search(col, lo, hi, b.values, b.strict, col_at == 0)
+        lo = _bisect(col, lo, hi, keys[k], False)
+        if src.unique and k == len(src.cols) - 1:  # a whole row, held once: there or not
+            hit = lo < hi
+            hit[hit] = col[lo[hit]] == keys[k][hit]
+            hi = lo + hit
         else:
-            hi = np.maximum(_search(col, lo, hi, b.values, not b.strict, col_at == 0), lo)
+            hi = _bisect(col, lo, hi, keys[k], True)
+    for values, lower, strict in bounds:
+        col = src.cols[len(keys)]
+        right = strict if lower else not strict
+        if keys:
+            edge = _bisect(col, lo, hi, values, right)
+        else:  # every range is the whole column
+            edge = np.searchsorted(col, values, "right" if right else "left").astype(I64)
+        lo, hi = (np.maximum(edge, lo), hi) if lower else (lo, np.minimum(edge, hi))
     return lo, np.maximum(hi, lo)
 
 
-def _sorted(cols: list[np.ndarray], diff: np.ndarray) -> _Source:
-    """Rows given as columns, sorted lexicographically (equal rows kept: sums are linear)."""
-    if cols and len(diff) > 1:
-        order = np.lexsort(tuple(reversed(cols)))
-        cols, diff = [c[order] for c in cols], diff[order]
-    return _Source(tuple(np.ascontiguousarray(c) for c in cols), diff)
+def _packed(cols: Sequence[np.ndarray]) -> np.ndarray | None:
+    """Rows (as columns, not empty) as one int64 each, in the rows' lexicographic order: each
+    column's offset from its least value in the bits its span needs, the first column highest.
+    None when they need more than 63 bits together.
+
+    >>> _packed([np.array([3, 1, 3]), np.array([-1, 7, 0])]).tolist()
+    [32, 8, 33]
+    >>> _packed([np.array([0, 2**62]), np.array([0, 1])]) is None
+    True
+    """
+    lows = [int(c.min()) for c in cols]
+    bits = [(int(c.max()) - low).bit_length() for c, low in zip(cols, lows, strict=True)]
+    if sum(bits) > 63:
+        return None
+    key = np.zeros(len(cols[0]), dtype=I64)
+    for c, low, width in zip(cols, lows, bits, strict=True):
+        key <<= width
+        key |= c - I64(low)  # the offset fits: exact even where the subtraction wraps
+    return key
 
 
-# -- how an atom reads a relation -------------------------------------------------------------
+def _groups(cols: Columns, w: np.ndarray) -> tuple[Columns, np.ndarray, np.ndarray]:
+    """Rows sorted, `w` reordered alike, and where each run of equal rows starts.
 
-# An index key: the view pattern (None: the relation as stored) and the column order.
-_Key = tuple[tuple[int | Const, ...] | None, tuple[int, ...]]
+    >>> cols, w, starts = _groups([np.array([2, 1, 2]), np.array([5, 9, 5])], np.array([1, 2, 3]))
+    >>> [c.tolist() for c in cols], w.tolist(), starts.tolist()
+    ([[1, 2, 2], [9, 5, 5]], [2, 1, 3], [0, 1])
+    """
+    if not cols or not len(w):
+        return cols, w, np.zeros(1 if len(w) else 0, dtype=I64)
+    key = _packed(cols)
+    order = np.lexsort(tuple(reversed(cols))) if key is None else np.argsort(key, kind="stable")
+    cols, w = [c[order] for c in cols], w[order]
+    first = np.ones(len(w), dtype=bool)
+    if key is not None:
+        key = key[order]
+        first[1:] = key[1:] != key[:-1]
+    else:
+        first[1:] = False
+        for c in cols:
+            first[1:] |= c[1:] != c[:-1]
+    return cols, w, np.flatnonzero(first)
 
 
-def _pattern(atom: Atom) -> tuple[int | Const, ...]:
-    """The atom's view pattern as the index stores it: per column, the index of its variable
-    among the atom's distinct variables, or its constant.
+def _sorted(parts: Sequence[Block], width: int) -> _Source:
+    """Parts of rows and diffs as one source sorted here (equal rows kept apart)."""
+    live = [p for p in parts if len(p[1])]
+    if not live:
+        return _Source(tuple(np.zeros(0, I64) for _ in range(width)), np.zeros(0, I64))
+    cols = [np.concatenate([c[k] for c, _ in live]) for k in range(width)]
+    cols, diff, _ = _groups(cols, _joined([d for _, d in live]))
+    return _Source(tuple(cols), diff)
+
+
+# -- how an atom reads a relation ------------------------------------------------------------
+
+_Pattern = tuple[int | Const, ...]
+_Key = tuple[_Pattern | None, tuple[int, ...]]  # an index view (None: as stored) and order
+
+
+def _pattern(atom: Atom) -> _Pattern:
+    """The atom's view as the index names it: per column, its variable's rank among the atom's
+    distinct variables, or its constant.
 
     >>> _pattern(Atom("e", (Var("x"), Const(3), Var("x"), Var("y"))))
     (0, Const(value=3), 0, 1)
@@ -273,13 +317,11 @@ def _pattern(atom: Atom) -> tuple[int | Const, ...]:
     return tuple(t if isinstance(t, Const) else seen.setdefault(t, len(seen)) for t in atom.terms)
 
 
-def _view_rows(
-    rows: list[np.ndarray], pattern: tuple[int | Const, ...] | None
-) -> tuple[list[np.ndarray], np.ndarray | None]:
-    """Relation columns through a view pattern: its columns, and which rows it keeps."""
+def _view(rows: Columns, pattern: _Pattern | None) -> tuple[Columns, np.ndarray | None]:
+    """Relation columns through a view: its columns, and which rows it keeps (None: all)."""
     if pattern is None:
         return rows, None
-    keep = np.ones(len(rows[0]) if rows else 0, dtype=bool)
+    keep = np.ones(len(rows[0]), dtype=bool)
     first: dict[int, int] = {}
     for col, p in enumerate(pattern):
         if isinstance(p, Const):
@@ -289,6 +331,23 @@ def _view_rows(
         else:
             first[p] = col
     return [rows[first[j]][keep] for j in range(len(first))], keep
+
+
+def _prefix(terms: Sequence[Term], bound: set[Var]) -> int:
+    """How many leading terms are constants or bound variables.
+
+    >>> _prefix((Const(1), Var("a"), Var("b")), {Var("a")})
+    2
+    """
+    n = 0
+    while n < len(terms) and (isinstance(terms[n], Const) or terms[n] in bound):
+        n += 1
+    return n
+
+
+def _keyed(atom: Atom, bound: set[Var]) -> bool:
+    """Whether some column of the atom is known: a constant or a bound variable."""
+    return any(isinstance(t, Const) or t in bound for t in atom.terms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,14 +360,11 @@ class _Path:
 
 
 class _Relation:
-    """A relation's stored state around an epoch: its change, and sorted sources for its old
-    and new states (index segments plus the batches the index lacks, or its batches alone)."""
+    """A relation's stored state around an epoch: its change, and sources for its old and new
+    states (base segments plus what the index lacks, or its batches alone)."""
 
     def __init__(self, engine: Engine, trace: Trace | None, arity: int, epoch: int) -> None:
-        self.engine = engine
-        self.trace = trace
-        self.arity = arity
-        self.epoch = epoch
+        self.engine, self.trace, self.arity, self.epoch = engine, trace, arity, epoch
         self.batches: tuple[Batch, ...] = trace.batches if trace is not None else ()
         index = trace.index if trace is not None else None
         self.index = index if index is not None and index.segments and engine.local else None
@@ -316,10 +372,10 @@ class _Relation:
         for s in self.index.segments if self.index is not None else ():
             self.keys.setdefault((s.view, tuple(s.order)), []).append(s)
         self.notes: set[str] = set()
-        self._read: dict[str, list[np.ndarray]] = {}
-        self._diffs: dict[str, np.ndarray] = {}
-        self._mapped: dict[_Key, tuple[_Source, ...]] = {}
-        self._memory: dict[tuple[_Side, bool, _Key], _Source] = {}
+        self._read: dict[str, Block] = {}
+        self._bases: dict[_Key, tuple[_Source, ...]] = {}
+        self._recent: dict[_Key, list[Block]] = {}
+        self._small: dict[tuple[_Side, bool, _Key], _Source] = {}
 
     @property
     def changed(self) -> bool:
@@ -328,150 +384,114 @@ class _Relation:
     def rows(self) -> int:
         return sum(b.rows for b in self.batches if b.time <= self.epoch)
 
-    def _batch(self, b: Batch) -> tuple[list[np.ndarray], np.ndarray]:
+    def _batch(self, b: Batch) -> Block:
+        """A batch read whole (its digests checked), as columns and diffs."""
         if b.path not in self._read:
             assert self.trace is not None
             layer = self.engine.read_batch(self.trace, b)
             rows = np.asarray(layer.rows)
-            self._read[b.path] = [np.ascontiguousarray(rows[:, j]) for j in range(self.arity)]
-            self._diffs[b.path] = np.asarray(layer.diff)
-        return self._read[b.path], self._diffs[b.path]
+            cols = [np.ascontiguousarray(rows[:, j]) for j in range(self.arity)]
+            self._read[b.path] = (cols, np.asarray(layer.diff))
+        return self._read[b.path]
 
-    def _signed_batches(self, side: _Side, scan: bool) -> list[tuple[Batch, int]]:
-        """The batches to add (+1) or subtract (-1): beyond the index, or all of them (`scan`)."""
+    def _signed(self, side: _Side, scan: bool) -> list[tuple[Batch, int]]:
+        """The batches `side` adds (+1) to the index or takes from it (-1); all its batches
+        with `scan` or without an index."""
         t = self.epoch
         if side is _Side.DELTA:
             return [(b, 1) for b in self.batches if b.time == t]
-        upto = (lambda b: b.time <= t) if side is _Side.NEW else (lambda b: b.time < t)
+        held = [b for b in self.batches if b.time < t or (side is _Side.NEW and b.time == t)]
         if scan or self.index is None:
-            return [(b, 1) for b in self.batches if upto(b)]
-        covered = self.index.time
-        out = [(b, 1) for b in self.batches if b.time > covered and upto(b)]
-        return out + [(b, -1) for b in self.batches if b.time <= covered and not upto(b)]
+            return [(b, 1) for b in held]
+        covered, paths = self.index.time, {b.path for b in held}
+        plus = [(b, 1) for b in held if b.time > covered]
+        return plus + [(b, -1) for b in self.batches if b.time <= covered and b.path not in paths]
 
-    def memory(self, side: _Side, key: _Key, scan: bool = False) -> _Source | None:
-        """The batches of `side` beyond the index (or all, `scan`) through `key`, sorted here."""
+    def small(self, side: _Side, key: _Key, scan: bool = False) -> _Source | None:
+        """What `side` holds beyond the base segments of `key` — the recent segments and the
+        batches the index lacks, signed — or with `scan` all its batches: sorted here."""
         found = (side, scan, key)
-        if found not in self._memory:
+        if found not in self._small:
             pattern, order = key
-            cols: list[list[np.ndarray]] = [[] for _ in order]
-            diffs: list[np.ndarray] = []
-            for b, sign in self._signed_batches(side, scan):
-                if not b.rows:
-                    continue
-                rows, diff = self._batch(b)
-                view, keep = _view_rows(rows, pattern)
-                for k, j in enumerate(order):
-                    cols[k].append(view[j])
-                d = diff if keep is None else diff[keep]
-                diffs.append(d if sign > 0 else _negated(d))
-            if not diffs or not sum(len(d) for d in diffs):
-                self._memory[found] = _Source(
-                    tuple(np.zeros(0, I64) for _ in order), np.zeros(0, I64)
-                )
-            else:
-                obj = any(d.dtype == object for d in diffs)
-                diff = np.concatenate([d.astype(object) if obj else d for d in diffs])
-                self._memory[found] = _sorted([np.concatenate(c) for c in cols], diff)
-        src = self._memory[found]
+            parts = list(self._recent.get(key, [])) if side is not _Side.DELTA and not scan else []
+            for b, sign in self._signed(side, scan):
+                if b.rows:
+                    rows, diff = self._batch(b)
+                    view, keep = _view(rows, pattern)
+                    d = diff if keep is None else diff[keep]
+                    parts.append(([view[j] for j in order], d if sign > 0 else _negated(d)))
+            self._small[found] = _sorted(parts, len(order))
+        src = self._small[found]
         return src if len(src) else None
 
-    def mapped(self, key: _Key) -> tuple[_Source, ...] | None:
-        """The index segments of `key`, mapped (None: a segment file is damaged)."""
-        if key not in self._mapped:
-            out: list[_Source] = []
+    def bases(self, key: _Key) -> tuple[_Source, ...] | None:
+        """The base segments of `key`, mapped; its recent ones are read for `small`. None
+        when a segment file is damaged (the relation's batches are scanned instead)."""
+        if key not in self._bases:
+            bases: list[_Source] = []
+            recent: list[Block] = []
             try:
                 for s in self.keys[key]:
                     if s.rows:
                         layer = segments.open_segment(self.engine.store.root, s)
-                        rows = np.asarray(layer.rows)
-                        out.append(
-                            _Source(
-                                tuple(rows[:, k] for k in range(rows.shape[1])),
-                                np.asarray(layer.diff),
-                            )
-                        )
+                        rows, diff = np.asarray(layer.rows), np.asarray(layer.diff)
+                        cols = [rows[:, k] for k in range(rows.shape[1])]
+                        if s.level is Level.BASE:
+                            bases.append(_Source(tuple(cols), diff, unique=True))
+                        else:
+                            recent.append(([np.array(c) for c in cols], np.array(diff)))
             except DamagedFile as e:
-                self.notes.add(f"segments damaged ({e.path}): scanned its batches")
+                self.notes.add(f"a damaged segment ({e.path}): scanned its batches")
                 self.index = None
                 return None
-            self._mapped[key] = tuple(out)
-        return self._mapped[key]
+            self._bases[key], self._recent[key] = tuple(bases), recent
+        return self._bases[key]
 
     def path(self, atom: Atom, side: _Side, bound: set[Var]) -> _Path | None:
-        """The best sorted path for `atom` given the bound variables: the one whose leading
-        columns are bound the furthest; None when only a scan of the batches would do."""
-        identity = tuple(range(self.arity))
+        """The sorted path for `atom` whose leading columns are bound the furthest; None when
+        only a scan of the batches would do."""
         if side is _Side.DELTA:
-            src = self.memory(side, (None, identity))
+            src = self.small(side, (None, tuple(range(self.arity))))
             return _Path(atom.terms, (src,) if src is not None else (), "change")
         if self.index is None:
             return None
         pattern, distinct = _pattern(atom), atom.vars
-        best: tuple[int, _Key, tuple[Term, ...]] | None = None
+        best: tuple[int, bool, _Key, tuple[Term, ...]] | None = None
         for key in self.keys:
             view, order = key
-            if view is None:
-                terms = tuple(atom.terms[j] for j in order)
-            elif view == pattern:
-                terms = tuple(distinct[j] for j in order)
-            else:
+            if view is not None and view != pattern:
                 continue
-            lead = _prefix(terms, bound)
-            if (
-                best is None
-                or lead > best[0]
-                or (lead == best[0] and view is not None and best[1][0] is None)
-            ):
-                best = (lead, key, terms)
+            terms = tuple(atom.terms[j] if view is None else distinct[j] for j in order)
+            # The furthest bound; between equals, a view's segment (its rows are selected).
+            rank = (_prefix(terms, bound), view is not None, key, terms)
+            if best is None or rank[:2] > best[:2]:
+                best = rank
         if best is None:
             return None
-        lead, key, terms = best
-        if lead == 0 and any(isinstance(t, Const) or t in bound for t in atom.terms):
-            return None  # bound columns, none leading: a scan does better than every row
-        mapped = self.mapped(key)
-        if mapped is None:
+        lead, _, key, terms = best
+        if lead == 0 and _keyed(atom, bound):
+            return None  # bound columns, none leading: a scan beats every row
+        bases = self.bases(key)
+        if bases is None:
             return None
-        extra = self.memory(side, key)
+        extra = self.small(side, key)
         view, order = key
-        cols = ",".join(f"c{j}" for j in order)
-        how = (
-            f"segments ({cols})"
-            if view is None
-            else f"view segments {_pattern_text(view)} ({cols})"
-        )
-        return _Path(terms, (*mapped, *((extra,) if extra is not None else ())), how)
+        how = f"{'segments' if view is None else 'view segments'} ({_order(order)})"
+        return _Path(terms, (*bases, *((extra,) if extra is not None else ())), how)
 
     def scan(self, atom: Atom, side: _Side, bound: set[Var]) -> _Path:
         """The relation's batches of `side` read whole, sorted with the bound columns first."""
         fixed = [j for j, t in enumerate(atom.terms) if isinstance(t, Const) or t in bound]
         order = tuple(fixed + [j for j in range(self.arity) if j not in fixed])
-        src = self.memory(side, (None, order), scan=True)
-        cols = ",".join(f"c{j}" for j in order)
-        self.notes.add(f"scanned its batches (no segment sorted by c{fixed[0] if fixed else 0})")
-        return _Path(
-            tuple(atom.terms[j] for j in order),
-            (src,) if src is not None else (),
-            f"batches ({cols})",
-        )
+        src = self.small(side, (None, order), scan=True)
+        why = f"no segment led by c{fixed[0]}" if fixed and self.index is not None else "no index"
+        self.notes.add(f"scanned its batches ({why})")
+        terms = tuple(atom.terms[j] for j in order)
+        return _Path(terms, (src,) if src is not None else (), f"batches ({_order(order)})")
 
 
-def _pattern_text(view: tuple[int | Const, ...]) -> str:
-    return "[" + ", ".join(str(p.value) if isinstance(p, Const) else f"v{p}" for p in view) + "]"
-
-
-def _prefix(terms: Sequence[Term], bound: set[Var]) -> int:
-    """How many leading terms are constants or bound variables.
-
-    >>> _prefix((Const(1), Var("a"), Var("b")), {Var("a")})
-    2
-    """
-    n = 0
-    for t in terms:
-        if not (isinstance(t, Const) or t in bound):
-            break
-        n += 1
-    return n
+def _order(order: Sequence[int]) -> str:
+    return ",".join(f"c{j}" for j in order)
 
 
 # -- bindings and joins ----------------------------------------------------------------------
@@ -479,7 +499,7 @@ def _prefix(terms: Sequence[Term], bound: set[Var]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Bindings:
-    """Partial bindings of a rule's variables: a column per bound variable, and weights."""
+    """Partial bindings of a rule's variables (an array per bound variable) and weights."""
 
     values: dict[Var, np.ndarray]
     weight: np.ndarray
@@ -498,7 +518,7 @@ class _Bindings:
 
 @dataclass(frozen=True, slots=True)
 class _Probe:
-    """An atom's path searched for the current bindings: per source, each binding's range."""
+    """An atom's path searched for the bindings: each binding's range in each source."""
 
     atom: int
     path: _Path
@@ -507,7 +527,7 @@ class _Probe:
     m: int
 
     def sizes(self) -> np.ndarray:
-        """Per binding, the rows its ranges hold over every source."""
+        """Per binding, the rows its ranges hold in every source together."""
         total = np.zeros(self.m, dtype=I64)
         for lo, hi in self.ranges:
             total += hi - lo
@@ -519,10 +539,18 @@ class _Probe:
 
 
 _LOWER = {CmpOp.GT: True, CmpOp.GE: True, CmpOp.LT: False, CmpOp.LE: False}
+_COMPARE = {
+    CmpOp.LT: np.less,
+    CmpOp.LE: np.less_equal,
+    CmpOp.GT: np.greater,
+    CmpOp.GE: np.greater_equal,
+    CmpOp.EQ: np.equal,
+    CmpOp.NE: np.not_equal,
+}
 
 
 def _bounds(var: Var, filters: Iterable[Filter], b: _Bindings) -> list[_Bound]:
-    """The bounds the filters put on `var` given the bound variables (and constants)."""
+    """The bounds the filters put on `var` given the bound variables and constants."""
     out: list[_Bound] = []
     for f in filters:
         if f.left == var and f.right != var:
@@ -535,63 +563,57 @@ def _bounds(var: Var, filters: Iterable[Filter], b: _Bindings) -> list[_Bound]:
             continue
         values = b.value(other)
         if op is CmpOp.EQ:
-            out += [_Bound(values, True, False), _Bound(values, False, False)]
+            out += [(values, True, False), (values, False, False)]
         elif op in _LOWER:
-            out.append(_Bound(values, _LOWER[op], op in (CmpOp.GT, CmpOp.LT)))
+            out.append((values, _LOWER[op], op in (CmpOp.GT, CmpOp.LT)))
     return out
 
 
-def _probe(atom_index: int, path: _Path, b: _Bindings, filters: Sequence[Filter]) -> _Probe:
+def _probe(atom: int, path: _Path, b: _Bindings, filters: Sequence[Filter]) -> _Probe:
+    """Search `path` for each binding's keys (its bound leading columns)."""
     lead = _prefix(path.terms, set(b.values))
     keys = [b.value(t) for t in path.terms[:lead]]
-    bounds: list[_Bound] = []
-    if lead < len(path.terms):
-        nxt = path.terms[lead]
-        if isinstance(nxt, Var):
-            bounds = _bounds(nxt, filters, b)
-    ranges = tuple(_ranges(src, keys, bounds, len(b)) for src in path.sources)
-    return _Probe(atom_index, path, lead, ranges, len(b))
+    nxt = path.terms[lead] if lead < len(path.terms) else None
+    bounds = _bounds(nxt, filters, b) if isinstance(nxt, Var) else []
+    first = np.unique(keys[0], return_inverse=True) if keys else None
+    ranges = tuple(_ranges(src, keys, first, bounds, len(b)) for src in path.sources)
+    return _Probe(atom, path, lead, ranges, len(b))
 
 
 def _positions(lo: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The rows of ranges ``[lo, lo + sizes)``, concatenated, and the range each came from.
+    """The rows of ranges ``[lo, lo + sizes)`` concatenated, and the range each came from.
 
     >>> pos, owner = _positions(np.array([5, 0, 2]), np.array([2, 0, 3]))
     >>> pos.tolist(), owner.tolist()
     ([5, 6, 2, 3, 4], [0, 0, 2, 2, 2])
     """
-    n = int(sizes.sum())
     owner = np.repeat(np.arange(len(sizes), dtype=I64), sizes)
     starts = np.cumsum(sizes) - sizes
-    return np.arange(n, dtype=I64) + np.repeat(lo - starts, sizes), owner
+    return np.arange(int(sizes.sum()), dtype=I64) + np.repeat(lo - starts, sizes), owner
 
 
 def _fetch(b: _Bindings, probe: _Probe) -> _Bindings:
-    """The bindings joined with the tuples their ranges hold: the atom's other columns checked
+    """The bindings joined with the rows in their ranges: the atom's other columns checked
     (constants, bound and repeated variables) or bound, the weights multiplied."""
     terms, lead = probe.path.terms, probe.lead
     owners: list[np.ndarray] = []
-    cols: list[list[np.ndarray]] = [[] for _ in terms[lead:]]
+    cols: list[Columns] = [[] for _ in terms[lead:]]
     diffs: list[np.ndarray] = []
     for src, (lo, hi) in zip(probe.path.sources, probe.ranges, strict=True):
         sizes = hi - lo
-        if not sizes.any():
-            continue
-        pos, owner = _positions(lo, sizes)
-        owners.append(owner)
-        for k in range(lead, len(terms)):
-            cols[k - lead].append(src.cols[k][pos])
-        d = src.diff[pos]
-        diffs.append(d if src.sign > 0 else _negated(d))
+        if sizes.any():
+            pos, owner = _positions(lo, sizes)
+            owners.append(owner)
+            for k in range(lead, len(terms)):
+                cols[k - lead].append(src.cols[k][pos])
+            diffs.append(src.diff[pos])
     if not owners:
-        return _Bindings({v: a[:0] for v, a in b.values.items()}, b.weight[:0])
-    owner = np.concatenate(owners)
-    obj = any(d.dtype == object for d in diffs)
-    diff = np.concatenate([d.astype(object) if obj else d for d in diffs])
+        return b.taking(np.zeros(0, dtype=I64))
+    owner, diff = np.concatenate(owners), _joined(diffs)
     keep: np.ndarray | None = None
     fresh: dict[Var, np.ndarray] = {}
-    for k, term in enumerate(terms[lead:]):
-        got = np.concatenate(cols[k]) if len(cols[k]) > 1 else cols[k][0]
+    for term, parts in zip(terms[lead:], cols, strict=True):
+        got = np.concatenate(parts) if len(parts) > 1 else parts[0]
         if isinstance(term, Const):
             same = got == term.value
         elif term in b.values:
@@ -609,38 +631,30 @@ def _fetch(b: _Bindings, probe: _Probe) -> _Bindings:
     return _Bindings(values, _times(b.weight[owner], diff))
 
 
-# -- one rule, one query ---------------------------------------------------------------------
-
-
 class _Rules:
-    """The delta rules of a query at an epoch, evaluated by binary joins (see the module)."""
+    """A query's delta rules at an epoch, evaluated by binary joins (see the module)."""
 
     def __init__(self, query: Query, relations: dict[str, _Relation]) -> None:
-        self.query = query
-        self.relations = relations
+        self.query, self.relations = query, relations
         self.joined = 0
         self.hows: dict[str, set[str]] = {}
+        self.out: list[Block] = []
+        self.sides: list[_Side] = []
 
-    def run(self, delta: int) -> list[tuple[list[np.ndarray], np.ndarray]]:
-        """Rule `delta`'s bindings projected on the head (unsummed), as blocks."""
-        atoms = self.query.atoms
-        sides = [
-            _Side.DELTA if j == delta else _Side.NEW if j < delta else _Side.OLD
-            for j in range(len(atoms))
-        ]
-        start = _Bindings({}, np.ones(1, dtype=I64))
-        rel = self.relations[atoms[delta].relation]
-        path = rel.path(atoms[delta], _Side.DELTA, set())
+    def run(self, delta: int) -> None:
+        """Add rule `delta`'s bindings, projected on the head, to `out`."""
+        n = len(self.query.atoms)
+        self.sides = [_Side.NEW if j < delta else _Side.OLD for j in range(n)]
+        self.sides[delta] = _Side.DELTA
+        atom = self.query.atoms[delta]
+        path = self.relations[atom.relation].path(atom, _Side.DELTA, set())
         assert path is not None
-        first = self._join(start, _probe(delta, path, start, self.query.filters), [])
-        out: list[tuple[list[np.ndarray], np.ndarray]] = []
-        self._extend(first[0], first[1], [j for j in range(len(atoms)) if j != delta], sides, out)
-        return out
+        start = _Bindings({}, np.ones(1, dtype=I64))
+        probe = _probe(delta, path, start, self.query.filters)
+        self._step(start, probe, [], [j for j in range(n) if j != delta])
 
-    def _join(
-        self, b: _Bindings, probe: _Probe, applied: list[Filter]
-    ) -> tuple[_Bindings, list[Filter]]:
-        """Join one atom, then apply every filter whose variables are now bound."""
+    def _step(self, b: _Bindings, probe: _Probe, applied: list[Filter], rest: list[int]) -> None:
+        """Join one atom, apply the filters now bound, and go on with the other atoms."""
         atom = self.query.atoms[probe.atom]
         self.hows.setdefault(atom.relation, set()).add(probe.path.how)
         b = _fetch(b, probe)
@@ -649,116 +663,65 @@ class _Rules:
         if ready and len(b):
             keep = np.ones(len(b), dtype=bool)
             for f in ready:
-                keep &= f.op.fn(b.value(f.left), b.value(f.right))
+                keep &= _COMPARE[f.op](b.value(f.left), b.value(f.right))
             b = b.taking(np.flatnonzero(keep))
-        return b, applied + ready
+        if len(b):
+            self._extend(b, applied + ready, [j for j in rest if j != probe.atom])
 
-    def _extend(
-        self,
-        b: _Bindings,
-        applied: list[Filter],
-        remaining: list[int],
-        sides: Sequence[_Side],
-        out: list[tuple[list[np.ndarray], np.ndarray]],
-    ) -> None:
-        if not len(b):
+    def _extend(self, b: _Bindings, applied: list[Filter], rest: list[int]) -> None:
+        """Join the cheapest next atom, per group of bindings when they disagree."""
+        if not rest:
+            self.out.append(([b.values[v] for v in self.query.head], b.weight))
             return
-        if not remaining:
-            out.append(([b.values[v] for v in self.query.head], b.weight))
+        candidates = self._candidates(b, [f for f in self.query.filters if f not in applied], rest)
+        sizes = np.stack([p.sizes() for p in candidates])
+        best = int(np.argmin(sizes.sum(axis=1)))
+        apart = int(sizes.min(axis=0).sum())  # rows if each binding took its cheapest atom
+        if len(candidates) == 1 or int(sizes[best].sum()) <= SPLIT * apart + len(b):
+            self._step(b, candidates[best], applied, rest)
             return
-        bound = set(b.values)
-        pending = [f for f in self.query.filters if f not in applied]
-        atoms = self.query.atoms
+        choice = np.argmin(sizes, axis=0)
+        for c, probe in enumerate(candidates):
+            picked = np.flatnonzero(choice == c)
+            if len(picked):
+                self._step(b.taking(picked), probe.taking(picked), applied, rest)
+
+    def _candidates(self, b: _Bindings, pending: list[Filter], rest: list[int]) -> list[_Probe]:
+        """The atoms that may come next, searched: those keyed by a bound term (through a
+        segment, else a scan); when none is, every atom (a product)."""
+        atoms, bound = self.query.atoms, set(b.values)
         probes: list[_Probe] = []
         unsearched: list[int] = []
-        for j in remaining:
-            rel = self.relations[atoms[j].relation]
-            path = rel.path(atoms[j], sides[j], bound)
+        for j in rest:
+            path = self.relations[atoms[j].relation].path(atoms[j], self.sides[j], bound)
             if path is None:
                 unsearched.append(j)
             else:
                 probes.append(_probe(j, path, b, pending))
-        linked = [p for p in probes if p.lead > 0 or not atoms[p.atom].vars]
-        if not linked and unsearched:
-            linked_scans = [
-                j
-                for j in unsearched
-                if any(isinstance(t, Const) or t in bound for t in atoms[j].terms)
-            ]
-            if linked_scans or not probes:
-                j = min(
-                    linked_scans or unsearched,
-                    key=lambda j: self.relations[atoms[j].relation].rows(),
-                )
-                rel = self.relations[atoms[j].relation]
-                linked = [_probe(j, rel.scan(atoms[j], sides[j], bound), b, pending)]
-        candidates = linked or probes
-        sizes = np.stack([p.sizes() for p in candidates])
-        totals = sizes.sum(axis=1)
-        best = int(np.argmin(totals))
-        cheapest = sizes.min(axis=0)
-        if len(candidates) > 1 and int(totals[best]) > SPLIT * int(cheapest.sum()) + len(b):
-            # Bindings disagree on their cheapest atom: each group goes on with its own.
-            choice = np.argmin(sizes, axis=0)
-            for c, probe in enumerate(candidates):
-                picked = np.flatnonzero(choice == c)
-                if len(picked):
-                    self._step(
-                        b.taking(picked), probe.taking(picked), applied, remaining, sides, out
-                    )
-            return
-        self._step(b, candidates[best], applied, remaining, sides, out)
-
-    def _step(
-        self,
-        b: _Bindings,
-        probe: _Probe,
-        applied: list[Filter],
-        remaining: list[int],
-        sides: Sequence[_Side],
-        out: list[tuple[list[np.ndarray], np.ndarray]],
-    ) -> None:
-        joined, now = self._join(b, probe, applied)
-        self._extend(joined, now, [j for j in remaining if j != probe.atom], sides, out)
+        keyed = [p for p in probes if p.lead > 0 or not atoms[p.atom].vars]
+        if keyed or not unsearched:
+            return keyed or probes
+        linked = [j for j in unsearched if _keyed(atoms[j], bound)]
+        if probes and not linked:
+            return probes
+        j = min(linked or unsearched, key=lambda j: self.relations[atoms[j].relation].rows())
+        path = self.relations[atoms[j].relation].scan(atoms[j], self.sides[j], bound)
+        return [_probe(j, path, b, pending)]
 
 
-def _consolidated(
-    blocks: Sequence[tuple[list[np.ndarray], np.ndarray]], width: int
-) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
-    """Blocks of head tuples and weights, equal tuples summed, zeros dropped, sorted."""
+def _summed(blocks: Sequence[Block], width: int) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """Head tuples and weights, equal tuples summed (exactly), zeros dropped, sorted."""
     live = [bl for bl in blocks if len(bl[1])]
     if not live:
         return tuple(np.zeros(0, I64) for _ in range(width)), np.zeros(0, I64)
-    obj = any(w.dtype == object for _, w in live)
-    w = np.concatenate([x.astype(object) if obj else x for _, x in live])
     cols = [np.concatenate([c[k] for c, _ in live]) for k in range(width)]
+    w = _joined([x for _, x in live])
+    if w.dtype != object and len(w) * _magnitude(w) >= LIMIT:
+        w = w.astype(object)
     cols, w, starts = _groups(cols, w)
-    sums = _sums(w, starts)
-    nonzero = np.flatnonzero(sums != 0)
+    sums = np.add.reduceat(w, starts)
+    nonzero = np.flatnonzero(np.asarray(sums != 0, dtype=bool))
     return tuple(c[starts][nonzero] for c in cols), sums[nonzero]
-
-
-def _groups(
-    cols: list[np.ndarray], w: np.ndarray
-) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-    """Rows (as columns) sorted, `w` reordered alike, and where each run of equal rows starts.
-
-    >>> cols, w, starts = _groups([np.array([2, 1, 2]), np.array([5, 9, 5])], np.array([1, 2, 3]))
-    >>> [c.tolist() for c in cols], w.tolist(), starts.tolist()
-    ([[1, 2, 2], [9, 5, 5]], [2, 1, 3], [0, 1])
-    """
-    if not cols or not len(w):
-        return cols, w, np.zeros(1 if len(w) else 0, dtype=I64)
-    order = np.lexsort(tuple(reversed(cols)))
-    cols = [c[order] for c in cols]
-    w = w[order]
-    first = np.ones(len(w), dtype=bool)
-    if len(w) > 1:
-        same = np.ones(len(w) - 1, dtype=bool)
-        for c in cols:
-            same &= c[1:] == c[:-1]
-        first[1:] = ~same
-    return cols, w, np.flatnonzero(first)
 
 
 # -- the check -------------------------------------------------------------------------------
@@ -767,10 +730,13 @@ def _groups(
 def recompute_change(engine: Engine, query: str, epoch: int) -> Change:
     """Query `query`'s output change at `epoch`, recomputed from the relations' stored state by
     the epoch's delta rules (see the module)."""
+    return _recompute(engine, query, epoch, engine.store.current())
+
+
+def _recompute(engine: Engine, query: str, epoch: int, manifest: Manifest) -> Change:
     q = engine.queries.get(query)
     if q is None:
         raise QueryError(f"unknown query {query!r}; this engine serves {sorted(engine.queries)}")
-    manifest = engine.store.current()
     if manifest.epoch is None or not 0 <= epoch <= manifest.epoch:
         held = "no epoch" if manifest.epoch is None else f"epochs up to {manifest.epoch}"
         raise StateError(f"epoch {epoch} of {engine.store.root} cannot be audited: it holds {held}")
@@ -784,21 +750,14 @@ def recompute_change(engine: Engine, query: str, epoch: int) -> Change:
         for r, arity in q.relations.items()
     }
     rules = _Rules(q, relations)
-    blocks: list[tuple[list[np.ndarray], np.ndarray]] = []
-    ran = 0
-    for i, atom in enumerate(q.atoms):
-        if relations[atom.relation].changed:
-            blocks += rules.run(i)
-            ran += 1
-    columns, weights = _consolidated(blocks, len(q.head))
-    reads = "; ".join(
-        f"{r}: {', '.join(sorted(rules.hows.get(r, set())) + sorted(relations[r].notes))}"
-        for r in sorted(relations)
-        if rules.hows.get(r) or relations[r].notes
-    )
-    method = f"{ran} delta rule(s) of {len(q.atoms)} by binary joins" + (
-        f"; {reads}" if reads else ""
-    )
+    ran = [i for i, atom in enumerate(q.atoms) if relations[atom.relation].changed]
+    for i in ran:
+        rules.run(i)
+    columns, weights = _summed(rules.out, len(q.head))
+    method = f"{len(ran)} delta rule(s) of {len(q.atoms)} by binary joins"
+    for r in sorted(relations):
+        reads = sorted(rules.hows.get(r, set())) + sorted(relations[r].notes)
+        method += f"; {r}: {', '.join(reads)}" if reads else ""
     if epoch in engine.stale(manifest):
         method += f"; epoch {epoch} is stale (derived from changes corrected since)"
     return Change(columns, weights, rules.joined, method)
@@ -808,55 +767,48 @@ def audit_epoch(engine: Engine, query: str, epoch: int) -> Audit:
     """Check query `query`'s stored output change at `epoch` against its recomputation (see
     the module). A damaged output or relation batch raises `DamagedBatch`."""
     started = clock.perf_counter()
-    expected = recompute_change(engine, query, epoch)
-    trace = engine.store.current().trace(output_trace_name(query))
+    manifest = engine.store.current()
+    expected = _recompute(engine, query, epoch, manifest)
+    trace = manifest.trace(output_trace_name(query))
     width = len(engine.queries[query].head)
-    stored_cols: tuple[np.ndarray, ...] = tuple(np.zeros(0, I64) for _ in range(width))
-    stored_w = np.zeros(0, I64)
+    stored: Block = ([np.zeros(0, I64) for _ in range(width)], np.zeros(0, I64))
     for b in trace.batches if trace is not None else ():
-        if b.time == epoch and b.rows:
+        if trace is not None and b.time == epoch and b.rows:
             layer = engine.read_batch(trace, b)
             rows = np.asarray(layer.rows)
-            stored_cols = tuple(rows[:, k] for k in range(width))
-            stored_w = np.asarray(layer.diff)
-    mismatches, examples = _compare(expected.columns, expected.weights, stored_cols, stored_w)
+            stored = ([rows[:, k] for k in range(width)], np.asarray(layer.diff))
+    mismatches, examples = _compare((list(expected.columns), expected.weights), stored)
     return Audit(
         passed=mismatches == 0,
         mismatches=mismatches,
         examples=examples,
         expected_rows=len(expected.weights),
-        actual_rows=len(stored_w),
+        actual_rows=len(stored[1]),
         joined_rows=expected.joined_rows,
         seconds=clock.perf_counter() - started,
         method=expected.method,
     )
 
 
-def _compare(
-    exp_cols: Sequence[np.ndarray],
-    exp_w: np.ndarray,
-    act_cols: Sequence[np.ndarray],
-    act_w: np.ndarray,
-) -> tuple[int, list[str]]:
-    """Two consolidated multisets compared: how many tuples differ, and the first few named.
+def _compare(expected: Block, stored: Block) -> tuple[int, list[str]]:
+    """Two consolidated multisets: how many tuples differ, and the first few named.
 
-    >>> _compare([np.array([1, 2])], np.array([1, 1]), [np.array([2, 3])], np.array([1, -1]))
+    >>> _compare(([np.array([1, 2])], np.array([1, 1])), ([np.array([2, 3])], np.array([1, -1])))
     (2, ['(1,): expected 1, stored 0', '(3,): expected 0, stored -1'])
     """
-    obj = exp_w.dtype == object or act_w.dtype == object
-    kind = object if obj else I64
-    n_e, n_a = len(exp_w), len(act_w)
-    cols = [np.concatenate([e, a]) for e, a in zip(exp_cols, act_cols, strict=True)]
-    both = np.concatenate([exp_w.astype(kind), np.zeros(n_a, kind)])
-    side = np.concatenate([np.zeros(n_e, kind), act_w.astype(kind)])
-    index = np.arange(n_e + n_a)
-    cols, index, starts = _groups(cols, index)
-    # Each side is consolidated: a group holds at most one tuple of each.
-    e = np.add.reduceat(both[index], starts) if len(starts) else both[:0]
-    a = np.add.reduceat(side[index], starts) if len(starts) else side[:0]
-    differ = np.flatnonzero(np.asarray(e != a, dtype=bool))
+    (e_cols, e_w), (s_cols, s_w) = expected, stored
+    kind = object if e_w.dtype == object or s_w.dtype == object else I64
+    n = len(e_w)
+    cols = [np.concatenate([e, s]) for e, s in zip(e_cols, s_cols, strict=True)]
+    cols, index, starts = _groups(cols, np.arange(n + len(s_w)))
+    # Each side is consolidated: a run of equal tuples holds at most one of each side.
+    mine = np.concatenate([e_w.astype(kind), np.zeros(len(s_w), kind)])[index]
+    theirs = np.concatenate([np.zeros(n, kind), s_w.astype(kind)])[index]
+    e = np.add.reduceat(mine, starts) if len(starts) else mine
+    s = np.add.reduceat(theirs, starts) if len(starts) else theirs
+    differ = np.flatnonzero(np.asarray(e != s, dtype=bool))
     examples = [
-        f"{tuple(int(c[starts[g]]) for c in cols)}: expected {e[g]}, stored {a[g]}"
+        f"{tuple(int(c[starts[g]]) for c in cols)}: expected {e[g]}, stored {s[g]}"
         for g in differ[:EXAMPLES].tolist()
     ]
     return len(differ), examples

@@ -352,9 +352,9 @@ class Engine:
             layers = []
             for name in (relation_trace_name(rel), ignored_trace_name(rel)):
                 trace = manifest.trace(name)
-                for b in trace.batches if trace is not None else ():
-                    if b.time == epoch:
-                        layers.append(self.read_batch(trace, b))
+                if trace is None:
+                    continue
+                layers += [self.read_batch(trace, b) for b in trace.batches if b.time == epoch]
             if not layers:
                 continue
             total = layers[0]
@@ -397,9 +397,9 @@ class Engine:
 
         trace = self.store.current().trace(output_trace_name(query))
         cols = self.trace_columns(output_trace_name(query))
-        layers = [
-            self.read_batch(trace, b) for b in (trace.batches if trace else ()) if b.time == epoch
-        ]
+        layers = []
+        if trace is not None:
+            layers = [self.read_batch(trace, b) for b in trace.batches if b.time == epoch]
         layer = layers[0] if layers else Layer.empty(len(cols))
         table: pa.Table = changes_table(cols, layer.rows, layer.diff, epoch)
         return table.drop_columns(["time"])

@@ -63,8 +63,20 @@ _FIELD = re.compile(r"[^ \t\r]+")
 _MIN_LONG, _MAX_LONG = -(2**63), 2**63 - 1
 _TEXT_BYTES = b"0123456789+- \t\r\n"
 _CSV_BYTES = _TEXT_BYTES + b',"'
-_CSV_CELL = rb'(?:"[-+0-9 \t]*"|[-+0-9 \t]*)'
-_SIMPLE_CSV = re.compile(rb"(?:%s(?:,%s)*\r?\n)*(?:%s(?:,%s)*)?" % ((_CSV_CELL,) * 4))
+
+
+Rows = list[pa.ChunkedArray]  # a block's rows: one int64 array per column of the file
+
+
+def _rows(columns: Sequence[np.ndarray | pa.ChunkedArray]) -> Rows:
+    """Columns as int64 Arrow arrays (numpy arrays copied, Arrow ones cast without copying)."""
+    out: Rows = []
+    for column in columns:
+        if isinstance(column, np.ndarray):
+            out.append(pa.chunked_array([column], pa.int64()))
+        else:
+            out.append(column.cast(pa.int64()))
+    return out
 
 
 class Format(Enum):
@@ -367,9 +379,9 @@ def check_text_line(line: str, arity: int) -> tuple[str, int] | None:
     return None
 
 
-def _read_text(lines: _Lines, arity: int) -> list[np.ndarray]:
-    """The rows of a text edge list, as ``(rows, arity)`` int64 arrays."""
-    out: list[np.ndarray] = []
+def _read_text(lines: _Lines, arity: int) -> list[Rows]:
+    """The rows of a text edge list, block by block."""
+    out: list[Rows] = []
     for first, block in lines:
         _by_halves(
             block,
@@ -384,9 +396,9 @@ def _read_text(lines: _Lines, arity: int) -> list[np.ndarray]:
 def _by_halves(
     block: bytes,
     first: int,
-    fast: Callable[[bytes], np.ndarray | None],
-    exact: Callable[[bytes, int], np.ndarray],
-    out: list[np.ndarray],
+    fast: Callable[[bytes], Rows | None],
+    exact: Callable[[bytes, int], Rows],
+    out: list[Rows],
 ) -> None:
     """Append the rows of `block` (whole lines, the first numbered `first`) to `out`: by `fast`
     where it vouches for them, halving the block where it does not, down to pieces of at most
@@ -404,7 +416,7 @@ def _by_halves(
     _by_halves(block[middle:], first + block.count(b"\n", 0, middle), fast, exact, out)
 
 
-def _text_fast(block: bytes, arity: int) -> np.ndarray | None:
+def _text_fast(block: bytes, arity: int) -> Rows | None:
     """The rows of a block when nothing in it needs the exact rules; None otherwise."""
     if b"#" in block:
         uncommented = _drop_comments(block)
@@ -417,7 +429,7 @@ def _text_fast(block: bytes, arity: int) -> np.ndarray | None:
     if not (tab and space):
         table = _arrow_csv(block, arity, "\t" if tab else " ", quoted=False)
         if table is not None and not any(c.null_count for c in table.columns):
-            return np.column_stack([c.to_numpy() for c in table.columns]).astype(np.int64)
+            return _rows(table.columns)
     return _split_whitespace(block, arity)
 
 
@@ -464,7 +476,7 @@ def _arrow_csv(body: bytes, width: int, delimiter: str, *, quoted: bool) -> pa.T
         return None
 
 
-def _split_whitespace(block: bytes, arity: int) -> np.ndarray | None:
+def _split_whitespace(block: bytes, arity: int) -> Rows | None:
     """The rows of a block of digits, signs and blanks, split at runs of blanks; None if any
     line holds another number of fields or a field is not a 64-bit integer."""
     lines = _arrow_lines(block)
@@ -483,7 +495,8 @@ def _split_whitespace(block: bytes, arity: int) -> np.ndarray | None:
         values = pc.cast(flat, pa.int64())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    return values.to_numpy(zero_copy_only=False).reshape(-1, arity)
+    numbers = values.to_numpy(zero_copy_only=False)
+    return _rows([numbers[i::arity] for i in range(arity)])
 
 
 def _arrow_lines(block: bytes) -> pa.ChunkedArray | None:
@@ -501,7 +514,7 @@ def _arrow_lines(block: bytes) -> pa.ChunkedArray | None:
     return table.column("line")
 
 
-def _text_exact(block: bytes, first: int, arity: int, source: str) -> np.ndarray:
+def _text_exact(block: bytes, first: int, arity: int, source: str) -> Rows:
     """The rows of a block line by line, raising the first bad line's `InputError`."""
     rows: list[list[int]] = []
     for number, line in enumerate(_text_lines(block), first):
@@ -511,7 +524,7 @@ def _text_exact(block: bytes, first: int, arity: int, source: str) -> np.ndarray
         fields = _FIELD.findall(line)
         if fields and not fields[0].startswith("#"):
             rows.append([int(f) for f in fields])
-    return np.array(rows, dtype=np.int64).reshape(-1, arity)
+    return _rows(list(np.array(rows, dtype=np.int64).reshape(-1, arity).T))
 
 
 # --- CSV ----------------------------------------------------------------------------------------
@@ -808,13 +821,13 @@ class _UnivocityLine:
         return self.values
 
 
-def _read_csv(lines: _Lines, arity: int, with_time: bool) -> tuple[list[Role], list[np.ndarray]]:
+def _read_csv(lines: _Lines, arity: int, with_time: bool) -> tuple[list[Role], list[Rows]]:
     """The roles of a CSV file's columns and its rows (one int64 array per block)."""
     source = lines.source
     header: list[str] | None = None
     roles: list[Role] = []
     dropped = False  # Spark drops the first non-blank line (the header)
-    out: list[np.ndarray] = []
+    out: list[Rows] = []
     for first, block in lines:
         start, number = 0, first
         while not dropped and start < len(block):
@@ -839,25 +852,40 @@ def _read_csv(lines: _Lines, arity: int, with_time: bool) -> tuple[list[Role], l
     return roles, out
 
 
-def _csv_fast(body: bytes, roles: Sequence[Role]) -> np.ndarray | None:
+def _csv_fast(body: bytes, roles: Sequence[Role]) -> Rows | None:
     """The rows of a block of CSV lines when pyarrow reads them as Spark does; else None."""
     if body.translate(None, _CSV_BYTES):
         return None
     quoted = b'"' in body
-    if quoted and _SIMPLE_CSV.fullmatch(body) is None:
+    if quoted and not _whole_fields_quoted(body):
         return None
     table = _arrow_csv(body, len(roles), ",", quoted=quoted)
     if table is None or any(c.null_count for c in table.columns):
         return None
-    rows = np.column_stack([c.to_numpy() for c in table.columns]).astype(np.int64)
-    if Role.DIFF in roles and (rows[:, roles.index(Role.DIFF)] == 0).any():
+    if Role.DIFF in roles and (_numbers(table.column(roles.index(Role.DIFF))) == 0).any():
         return None
-    return rows
+    return _rows(table.columns)
+
+
+def _whole_fields_quoted(body: bytes) -> bool:
+    """Whether every quote of a block of CSV lines opens or closes a whole field, with no
+    delimiter or line end inside: then pyarrow and Spark agree on what the fields hold."""
+    buffer = np.frombuffer(body, dtype=np.uint8)
+    quotes = np.flatnonzero(buffer == ord('"'))
+    if len(quotes) % 2:
+        return False
+    opening, closing = quotes[0::2], quotes[1::2]
+    ends = (buffer == ord(",")) | (buffer == ord("\n")) | (buffer == ord("\r"))
+    before = np.concatenate(([True], ends))[opening]  # the line start counts as an end
+    after = np.concatenate((ends, [True]))[closing + 1]
+    separators = np.flatnonzero(ends)
+    inside = np.searchsorted(separators, closing) - np.searchsorted(separators, opening)
+    return bool(before.all() and after.all() and not inside.any())
 
 
 def _csv_exact(
     body: bytes, first: int, header: Sequence[str], roles: Sequence[Role], source: str
-) -> np.ndarray:
+) -> Rows:
     """The rows of a block of CSV lines line by line, raising the first bad line's error."""
     rows = []
     for number, text in enumerate(_text_lines(body), first):
@@ -867,7 +895,7 @@ def _csv_exact(
             rows.append(_csv_values(text, header, roles))
         except _LineProblem as problem:
             raise InputError(problem.message, source, number, problem.column) from None
-    return np.array(rows, dtype=np.int64).reshape(-1, len(roles))
+    return _rows(list(np.array(rows, dtype=np.int64).reshape(-1, len(roles)).T))
 
 
 # --- Parquet ------------------------------------------------------------------------------------
@@ -968,7 +996,7 @@ def _parquet_file(file: str, where: str) -> pq.ParquetFile:
 
 def _read_parquet(
     local: str, arity: int, source: str, with_time: bool, values: bool
-) -> tuple[list[Role], list[np.ndarray]]:
+) -> tuple[list[Role], list[Rows]]:
     """The roles of a Parquet file's columns and (when `values`) its rows, file by file."""
     files = _parquet_files(local, source)
     opened = _parquet_schema(local, files, source)
@@ -976,7 +1004,7 @@ def _read_parquet(
     roles = assign_roles(names, arity, source, with_time, line=None)
     if sum(f.metadata.num_rows for f in opened) == 0:
         raise InputError("has no data rows", source)
-    out: list[np.ndarray] = []
+    out: list[Rows] = []
     for file, parquet in zip(files, opened, strict=True):
         if not values:
             break
@@ -997,7 +1025,7 @@ def _read_parquet(
                     if problem == "is zero":
                         problem += "; a diff must be a non-zero multiplicity"
                     raise InputError(f"value {problem}", where, row + 1, name)
-        out.append(np.column_stack([_int64(c) for c in table.columns]).reshape(-1, len(roles)))
+        out.append(_rows(table.columns))
     return roles, out
 
 
@@ -1008,8 +1036,9 @@ def _bad_cells(column: pa.ChunkedArray, role: Role) -> np.ndarray:
     return bad
 
 
-def _int64(column: pa.ChunkedArray) -> np.ndarray:
-    return np.asarray(column.cast(pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64)
+def _numbers(column: pa.ChunkedArray) -> np.ndarray:
+    """An integer column as an int64 numpy array."""
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 # --- reading and checking -----------------------------------------------------------------------
@@ -1044,10 +1073,10 @@ def read_local(path: str, arity: int, name: str, *, with_time: bool = False) -> 
             source,
         )
     roles, blocks = _read(local, kind, arity, source, with_time, limit=None)
-    rows = np.concatenate(blocks) if blocks else np.zeros((0, len(roles)), dtype=np.int64)
-    if len(rows) == 0:
+    assert blocks is not None  # the whole file was read
+    if not any(len(b[0]) for b in blocks):
         raise InputError("has no data rows", source)
-    return _relation(rows, roles, arity)
+    return _relation(blocks, roles, arity)
 
 
 def check_locally(path: str, arity: int, name: str, *, window: int = LOCAL_CHECK_BYTES) -> None:
@@ -1084,13 +1113,13 @@ def check_locally(path: str, arity: int, name: str, *, window: int = LOCAL_CHECK
         if "cannot be read as" in str(error):
             return  # a damaged file: the full read reports it
         raise
-    if blocks is not None and not any(len(b) for b in blocks):
+    if blocks is not None and not any(len(b[0]) for b in blocks):
         raise InputError("has no data rows", source)
 
 
 def _read(
     local: str, kind: Format, arity: int, source: str, with_time: bool, limit: int | None
-) -> tuple[list[Role], list[np.ndarray] | None]:
+) -> tuple[list[Role], list[Rows] | None]:
     """Roles and row blocks of a local file; with `limit`, of its first `limit` bytes only, and
     blocks None when what was read cannot tell whether the file has data rows."""
     if kind is Format.PARQUET:
@@ -1108,19 +1137,22 @@ def _read(
     return roles, blocks if lines.complete else None
 
 
-def _relation(rows: np.ndarray, roles: Sequence[Role], arity: int) -> pa.Table:
-    """The ``c0 .. c{k-1}, [time,] diff`` table of rows whose columns have `roles`."""
-    data = [rows[:, i] for i, role in enumerate(roles) if role is Role.DATA]
-    columns = [pa.array(c, pa.int64()) for c in data]
+def _relation(blocks: Sequence[Rows], roles: Sequence[Role], arity: int) -> pa.Table:
+    """The ``c0 .. c{k-1}, [time,] diff`` table of blocks of rows whose columns have `roles`."""
+
+    def column(index: int) -> pa.ChunkedArray:
+        return pa.chunked_array([c for b in blocks for c in b[index].chunks], pa.int64())
+
+    data = [column(i) for i, role in enumerate(roles) if role is Role.DATA]
     names = relation_columns(arity)
     if Role.TIME in roles:
-        columns.append(pa.array(rows[:, roles.index(Role.TIME)], pa.int64()))
+        data.append(column(roles.index(Role.TIME)))
         names.append(TIME)
     if Role.DIFF in roles:
-        diff = pa.array(rows[:, roles.index(Role.DIFF)], pa.int64())
+        diff = column(roles.index(Role.DIFF))
     else:
-        diff = pa.array(np.ones(len(rows), dtype=np.int64))
-    return pa.table([*columns, diff], names=[*names, DIFF])
+        diff = pa.chunked_array([np.ones(sum(len(b[0]) for b in blocks), dtype=np.int64)])
+    return pa.table([*data, diff], names=[*names, DIFF])
 
 
 def read_relation_locally(path: str, arity: int, name: str, max_rows: int) -> pa.Table | None:
@@ -1262,7 +1294,7 @@ def canonical_undirected_local(table: pa.Table) -> tuple[pa.Table, int]:
 
 def _ends(table: pa.Table, column: str) -> np.ndarray:
     """A column of a table as int64 numbers."""
-    return np.asarray(table.column(column).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return _numbers(table.column(column))
 
 
 def negative_tuples_local(

@@ -51,8 +51,8 @@ from pyspark.sql import functions as F
 
 from wcoj_core import linear
 from wcoj_core.engine import Engine, EpochMetrics, EpochResult
-from wcoj_core.meaning import RelationSpec
 from wcoj_core.errors import InputError, QueryError, StateError, WcojError
+from wcoj_core.meaning import RelationSpec
 from wcoj_core.query.ir import Query
 from wcoj_core.sources import canonical_undirected
 from wcoj_core.updates import (
@@ -60,7 +60,6 @@ from wcoj_core.updates import (
     TIME,
     consolidate,
     relation_columns,
-    total_diff,
     update_schema,
 )
 

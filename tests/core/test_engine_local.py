@@ -33,7 +33,6 @@ from wcoj_core.naive import fold_epoch, naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Const, Query
 from wcoj_core.query.plan import Arrangement, Kind
-from wcoj_core.store.manifest import Trace
 from wcoj_core.traces import counts_trace_name, output_trace_name, relation_trace_name
 
 Ups = list[tuple[tuple[int, ...], int]]
@@ -128,7 +127,7 @@ class Oracle:
         return signed_difference(self.output(t), self.output(t - 1))
 
 
-def check_epoch(engine: Engine, oracle: Oracle, t: int, result) -> None:  # noqa: ANN001
+def check_epoch(engine: Engine, oracle: Oracle, t: int, result) -> None:
     query = oracle.query
     expected = oracle.change(t)
     rows, diff = result.changes[query.name]
@@ -201,7 +200,7 @@ def test_replaced_epochs_and_their_stale_successors_match_the_oracle(
     root = str(tmp_path_factory.mktemp("state"))
     oracle = Oracle(query, specs)
 
-    def apply(t: int, changes: Mapping[str, Ups], replace: bool = False):  # noqa: ANN202
+    def apply(t: int, changes: Mapping[str, Ups], replace: bool = False):
         oracle.land(t, changes)
         engine = Engine(None, root, query, relations=specs)
         given_changes = {rel: table(query.relations[rel], ups) for rel, ups in changes.items()}

@@ -45,7 +45,7 @@ from wcoj_core.cli.inputs import check_files, needs_spark, parse_changes
 from wcoj_core.cli.results import add_output_arguments, check_output, write_tuples
 from wcoj_core.engine import Engine
 from wcoj_core.epoch import EpochResult
-from wcoj_core.meaning import Meaning, RelationSpec
+from wcoj_core.meaning import RelationSpec
 from wcoj_core.query.parse import resolve_query
 
 EXAMPLES = (

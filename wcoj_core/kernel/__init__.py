@@ -4,7 +4,9 @@ One implementation of the algorithm, deployed by `wcoj_core.deploy` on the drive
 Spark's executors:
 
 * `keys` — order-preserving search keys (packed integers, or bytes);
-* `layer` — consolidated sorted rows and the lookups and key ranges a step makes on them;
+* `multiplicity` — checked products and sums of multiplicities (never a silent int64 wrap);
+* `layer` — consolidated sorted rows and the lookups and key ranges a step makes on them
+  (built in memory, or opened from memory-mapped arrays without a pass over them);
 * `index` — a trace in memory as base + recent layers (`TraceIndex`), and what an epoch reads
   (`EpochLayers`: old state, new state, the epoch's changes);
 * `join` — one delta rule, attribute at a time: count, pick the fewest, propose (narrowed by

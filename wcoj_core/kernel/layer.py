@@ -29,7 +29,7 @@ import numpy as np
 
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.keys import I64, U64, Packing, encode
-from wcoj_core.kernel.multiplicity import Namer, magnitude, row_namer, sums_at, total
+from wcoj_core.kernel.multiplicity import LIMIT, Namer, magnitude, row_namer, sums_at, total
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView
 
@@ -98,7 +98,17 @@ class Layer:
     may be read-only memory-mapped arrays — nothing may write into them.
     """
 
-    __slots__ = ("_bound", "_cols", "_keys", "_packing", "_packs", "_unit", "diff", "rows")
+    __slots__ = (
+        "_bound",
+        "_cols",
+        "_keys",
+        "_packing",
+        "_packs",
+        "_shifts",
+        "_unit",
+        "diff",
+        "rows",
+    )
 
     def __init__(
         self,
@@ -125,6 +135,7 @@ class Layer:
         self._unit = unit
         # A bound on |diff| when known (a layer built here), for the checked sums of lookups.
         self._bound: int | None = 1 if unit else None
+        self._shifts: tuple[int, ...] = ()  # per p, `Packing.shift` (made on first use)
 
     @classmethod
     def sort(
@@ -244,10 +255,12 @@ class Layer:
         if len(self) == 0:
             return
         _ = self.unit, self.search_keys()
-        if self.packing is None:
-            for p in widths:
-                if 0 < p < self.width:
-                    self._prefix_keys(p)
+        if self.packing is not None:
+            self._shift(0)  # makes the table
+            return
+        for p in widths:
+            if 0 < p < self.width:
+                self._prefix_keys(p)
 
     def _prefix_keys(self, p: int) -> np.ndarray:
         """The `encode` keys of the first `p` columns (a layer without packing): a strided view
@@ -255,9 +268,17 @@ class Layer:
         if p == self.width:
             return self.search_keys()
         if p not in self._keys:
-            raw = self.search_keys().view(np.uint8).reshape(len(self), -1)
+            raw = self.search_keys().view(np.uint8).reshape(len(self), 8 * self.width)
             self._keys[p] = raw[:, : 8 * p].view(f"V{8 * p}").reshape(len(self))
         return self._keys[p]
+
+    def _shift(self, p: int) -> int:
+        """`Packing.shift` of the first `p` columns (a packed layer), from a table made once."""
+        if not self._shifts:
+            packing = self.packing
+            assert packing is not None
+            self._shifts = tuple(packing.shift(q) for q in range(self.width + 1))
+        return self._shifts[p]
 
     def _edge(self, probe: np.ndarray, p: int, upper: bool) -> np.ndarray:
         """Where packed probes of the first `p` columns fall: the first row whose first `p`
@@ -267,10 +288,10 @@ class Layer:
         a row's prefix is below ``k`` exactly when its key is below ``k << s``, and at most
         ``k`` exactly when its key is at most ``(k << s) | (2**s - 1)``. `probe` is not changed.
         """
-        packing = self.packing
-        assert packing is not None
-        keys = self.search_keys()
-        s = packing.shift(p)
+        keys = self._keys.get(self.width)
+        if keys is None:
+            keys = self.search_keys()
+        s = self._shift(p)
         side = "right" if upper else "left"
         if s >= 64:  # the first `p` columns hold one value: every row has every probe's prefix
             return np.full(len(probe), len(self) if upper else 0, dtype=I64)
@@ -502,12 +523,20 @@ def lookup_sum(layers: Sequence[Layer], rows: np.ndarray) -> np.ndarray:
 def lookup_sum_of(layers: Sequence[Layer], cols: Sequence[np.ndarray], m: int) -> np.ndarray:
     """`lookup_sum` of `m` rows given as columns (a sum leaving int64 raises
     `MultiplicityOverflow`, naming the row)."""
-    held = [layer for layer in layers if len(layer)]
-    if len(held) <= 1:
-        return held[0].lookup_of(cols, m) if held else np.zeros(m, dtype=I64)
-    got = [layer.lookup_of(cols, m) for layer in held]
-    bounds = [layer.diff_bound() for layer in held]  # None: read from the lookups
-    return total(got, row_namer(cols), OVER_LAYERS, bounds)
+    got: list[np.ndarray] = []
+    bound = 0  # on the sum's magnitudes: the layers' bounds, else read from their lookups
+    for layer in layers:
+        if len(layer):
+            got.append(layer.lookup_of(cols, m))
+            known = layer.diff_bound()
+            bound += magnitude(got[-1]) if known is None else known
+    if len(got) <= 1:
+        return got[0] if got else np.zeros(m, dtype=I64)
+    if bound >= LIMIT:  # rare: every row checked (the first part is ours to sum into)
+        return total(got, row_namer(cols), OVER_LAYERS)
+    for part in got[1:]:
+        np.add(got[0], part, out=got[0])
+    return got[0]
 
 
 @dataclass(frozen=True, slots=True)

@@ -109,8 +109,10 @@ def total(
     """
     if len(parts) == 1:
         return parts[0]
-    given = bounds if bounds is not None else [None] * len(parts)
-    bound = sum(magnitude(p) if b is None else b for p, b in zip(parts, given, strict=True))
+    bound = 0
+    for i, p in enumerate(parts):
+        known = None if bounds is None else bounds[i]
+        bound += magnitude(p) if known is None else known
     if bound >= LIMIT:
         _raise_first(_split_sum(parts, lambda x: x), name, what)
     out = parts[0]
