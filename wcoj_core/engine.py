@@ -104,12 +104,6 @@ class Engine:
             raise QueryError("an engine needs at least one query")
         if len({q.name for q in qs}) != len(qs):
             raise QueryError("two queries share a name; give each query its own name")
-        self.starter = starter_of(spark)
-        self.store = Store.open(
-            state_dir,
-            create=create,
-            spark_factory=lambda: self.spark("the state is on remote storage"),
-        )
         self.queries: dict[str, Query] = {q.name: q for q in qs}
         arities: dict[str, int] = {}
         for q in qs:
@@ -134,6 +128,12 @@ class Engine:
                     f"relation {rel!r} is declared with arity {spec.arity}, the queries use "
                     f"{arities[rel]}"
                 )
+        self.starter = starter_of(spark)
+        self.store = Store.open(
+            state_dir,
+            create=create,
+            spark_factory=lambda: self.spark("the state is on remote storage"),
+        )
         self.relations = arities
         manifest = self.store.current()
         if sizes is None:

@@ -19,10 +19,12 @@ URI with a scheme other than ``file`` needs Spark. Nothing is read that is not a
 folder only for Parquet): `check_input_file` refuses a named pipe, a device or a socket from
 ``os.stat`` before anything is opened, and each open checks again (``O_NONBLOCK``, ``fstat``).
 
-Text and CSV are read in blocks of whole lines. A block takes a fast path (pyarrow's CSV parser
-or its whitespace split, after checking the block's bytes leave nothing to interpret); a block
-the fast path does not vouch for is read line by line by the exact rules, which also find the
-first bad line. `check_locally` is the pre-flight check: the same reading over at most the first
+Text and CSV are read (gunzipped as they stream) in blocks of whole lines. A block takes a fast
+path (pyarrow's CSV parser or its whitespace split, after checking that the block's bytes leave
+nothing to interpret); a block the fast path does not vouch for is halved, and pieces of at most
+64 KiB it still does not vouch for are read line by line by the exact rules, which also find the
+first bad line. A line longer than `MAX_LINE_BYTES` is refused rather than buffered.
+`check_locally` is the pre-flight check: the same reading over at most the first
 `LOCAL_CHECK_BYTES` decompressed bytes (a Parquet file's footers, and its values when small).
 The checks both readers share (`check_text_line`, `check_csv_line`, `assign_roles`) live here.
 """
@@ -314,7 +316,7 @@ class _Lines:
             if end == 0:
                 if len(buffer) > MAX_LINE_BYTES:
                     raise InputError(
-                        f"is longer than {MAX_LINE_BYTES >> 20} MiB; no line of a relation file is",
+                        f"is longer than {MAX_LINE_BYTES >> 20} MiB; give a file whose lines each hold a tuple",
                         self.source,
                         line,
                     )
@@ -1153,32 +1155,6 @@ def _relation(blocks: Sequence[Rows], roles: Sequence[Role], arity: int) -> pa.T
     else:
         diff = pa.chunked_array([np.ones(sum(len(b[0]) for b in blocks), dtype=np.int64)])
     return pa.table([*data, diff], names=[*names, DIFF])
-
-
-def read_relation_locally(path: str, arity: int, name: str, max_rows: int) -> pa.Table | None:
-    """Relation `name` from a small local Parquet `path`, read by pyarrow; None if not that.
-
-    The rows `read_relation` gives, when `path` is a local Parquet file (or folder) of at most
-    `max_rows` rows that Spark reads without complaint. Anything else gives None (the caller
-    then reads `path` with `read_relation`), except a header that is not the relation's (a
-    ``time`` column, a wrong number of data columns), whose `InputError` is raised here.
-    """
-    local = local_path(path)
-    if local is None or detect_format(path) is not Format.PARQUET or not os.path.exists(local):
-        return None
-    source = source_name(path, name)
-    try:
-        files = _parquet_files(local, source)
-        opened = _parquet_schema(local, files, source)
-    except InputError:
-        return None
-    if sum(f.metadata.num_rows for f in opened) > max_rows:
-        return None
-    assign_roles(opened[0].schema_arrow.names, arity, source, False, line=None)
-    try:
-        return read_local(path, arity, name)
-    except InputError:
-        return None
 
 
 # --- shared checks ------------------------------------------------------------------------------

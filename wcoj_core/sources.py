@@ -53,7 +53,6 @@ from wcoj_core.local_read import (
     detect_format,
     local_path,
     read_local,
-    read_relation_locally,
     source_name,
 )
 from wcoj_core.updates import DIFF, consolidate, relation_columns
@@ -69,7 +68,6 @@ __all__ = [  # the readers' names callers have always imported from here
     "detect_format",
     "negative_tuples",
     "read_relation",
-    "read_relation_locally",
     "read_updates",
 ]
 

@@ -39,12 +39,12 @@ from wcoj_core.cli import workspace
 from wcoj_core.cli.inputs import parse_inputs
 from wcoj_core.engine import Engine, evaluate_static
 from wcoj_core.errors import InputError, QueryError, QuerySyntaxError, StateError, WcojError
-from wcoj_core.history import History
+from wcoj_core.local_read import check_locally, read_local
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Var
 from wcoj_core.query.parse import parse_query, resolve_query
-from wcoj_core.sources import check_locally, negative_tuples, read_relation, read_updates
+from wcoj_core.sources import negative_tuples, read_relation, read_updates
 
 # Examples per fuzz test. The readers start Spark jobs (a few tenths of a second each), so they
 # get fewer than the pure-Python query checks.
@@ -306,6 +306,58 @@ def test_bad_files_are_refused_and_nothing_is_written(
     assert files_under(state) == {}, "a refused input must not write any state"
 
 
+@pytest.mark.parametrize(
+    ("name", "content", "query", "fragments"),
+    [pytest.param(n, c, q, f, id=i) for i, n, c, q, f in BAD_FILES],
+)
+def test_bad_files_are_refused_without_spark(
+    tmp_path: Path, name: str, content: Content, query: str, fragments: tuple[str, ...]
+) -> None:
+    """The same files, read by `read_local` and checked by `check_locally` (no JVM): the same
+    one-line refusal. The pre-flight check leaves a file that does not decompress or parse to
+    the full read."""
+    path = write(tmp_path / name, content)
+    arity = resolve_query(query).relations["edge"]
+    for check in (read_local, check_locally):
+        try:
+            check(str(path), arity, "edge")
+        except InputError as error:
+            message = str(error)
+        else:
+            assert check is check_locally and "cannot be read" in fragments[0], check
+            continue
+        assert "\n" not in message
+        assert message.startswith(f"{path} (relation edge)"), message
+        for fragment in fragments:
+            assert fragment in message, (fragment, message)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "query"),
+    [pytest.param(n, c, q, id=i) for i, n, c, q, _ in BAD_FILES],
+)
+def test_both_readers_give_the_same_message(
+    fast_spark: SparkSession, tmp_path: Path, name: str, content: Content, query: str
+) -> None:
+    """Word for word, but for why a damaged file cannot be read (Java's words or Python's)."""
+    path = str(write(tmp_path / name, content))
+    arity = resolve_query(query).relations["edge"]
+    with pytest.raises(InputError) as spark_error:
+        read_relation(fast_spark, path, arity, "edge").collect()
+    with pytest.raises(InputError) as local_error:
+        read_local(path, arity, "edge")
+    assert_same_refusal(str(local_error.value), str(spark_error.value))
+
+
+def assert_same_refusal(local: str, spark: str) -> None:
+    """The same message, or both `cannot be read as <format>` (the reasons are each library's)."""
+    if "cannot be read as" in spark:
+        prefix = spark[: spark.index("cannot be read as") + len("cannot be read as ")]
+        assert local.startswith(prefix), (local, spark)
+    else:
+        assert local == spark
+
+
 def test_a_bad_second_input_leaves_the_state_empty(
     fast_spark: SparkSession, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -349,11 +401,19 @@ def test_deleting_absent_tuples_is_accepted_and_flagged(
         capsys, command, "--query", "2-paths", "--input", f"edge={path}", *extra, "--json"
     )
     assert code == 0, err
-    assert_one_line(
-        err,
-        f"wcoj: warning: {path} (relation edge): 2 tuple(s) have a negative multiplicity",
-        "(5, 6) -2; (7, 8) -1",
-    )
+    if command == "count":  # the engine reports what the epoch left negative
+        assert_one_line(
+            err,
+            "wcoj: warning: epoch 0 deleted tuples relation 'edge' did not hold; "
+            "2 now have a negative multiplicity",
+            "(5, 6): -2, (7, 8): -1",
+        )
+    else:
+        assert_one_line(
+            err,
+            f"wcoj: warning: {path} (relation edge): 2 tuple(s) have a negative multiplicity",
+            "(5, 6) -2; (7, 8) -1",
+        )
     payload = json.loads(out[-1])
     assert payload["negative_tuples"] == {"edge": 2}
     expected = sum(naive_eval(builtin("2-paths"), {"edge": SIGNED_EDGES}).values())
@@ -492,7 +552,7 @@ def test_a_query_with_another_arity_than_the_state_changes_nothing(
     _, state = engine_state
     before = files_under(state)
     ternary = parse_query("triangles(a, b, c) :- edge(a, b, c)")
-    with pytest.raises(StateError, match="relation 'edge' is stored with arity 2"):
+    with pytest.raises(StateError, match="holds relation 'edge' as a bag of arity 2; this run"):
         Engine(fast_spark, str(state), ternary).apply_epoch(
             2,
             {
@@ -520,22 +580,6 @@ def test_a_static_evaluation_needs_every_relation(fast_spark: SparkSession, tmp_
     with pytest.raises(QueryError, match="no input given for relation\\(s\\) w of p"):
         evaluate_static(fast_spark, query, {"edge": edges}, str(tmp_path / "state"))
     assert files_under(tmp_path / "state") == {}
-
-
-def test_history_refuses_unknown_relations_and_epochs_before_the_frontier(
-    fast_spark: SparkSession, engine_state: tuple[Engine, Path]
-) -> None:
-    engine, state = engine_state
-    history = History(engine)
-    changes = fast_spark.createDataFrame([(7, 8, 1)], "c0 long, c1 long, diff long")
-    with pytest.raises(QueryError, match="no query uses relation 'friends'"):
-        history.ingest(2, "friends", changes)
-    engine.compact(frontier=1)  # from here on, history up to epoch 1 is append-only
-    before = files_under(state)
-    for epoch in (0, 1):
-        with pytest.raises(StateError, match=f"epoch {epoch} is at or before the compaction"):
-            history.ingest(epoch, "edge", changes)
-        assert files_under(state) == before
 
 
 # --- fuzzing the file readers -------------------------------------------------------------------
@@ -599,14 +643,22 @@ def check_read(
 ) -> list[tuple[int, ...]] | InputError:
     """Read `path` and force the frame: well-formed rows, or an `InputError` saying where.
 
-    A relation file is also checked without Spark (`check_locally`, what the CLI runs before
-    starting Spark): it must accept what Spark accepts, and refuse only with Spark's message.
+    The file is also checked and read without Spark (`check_locally`, what the CLI runs first;
+    `read_local`): each must accept what Spark accepts, with the same rows, and refuse only
+    with Spark's message.
     """
     reader = read_updates if updates else read_relation
     try:
         early = None if updates else check_locally(str(path), arity, "r")
     except InputError as error:
         early = error
+    try:
+        table = read_local(str(path), arity, "r", with_time=updates)
+        local: Counter[tuple[int, ...]] | InputError = Counter(
+            zip(*(c.to_pylist() for c in table.columns), strict=True)
+        )
+    except InputError as error:
+        local = error
     try:
         df: DataFrame = reader(spark, str(path), arity, "r")
         rows = [tuple(r) for r in df.collect()]
@@ -618,8 +670,11 @@ def check_read(
         # Spark and the local rescan must agree on which row is bad.
         assert "could not be located" not in message, message
         assert early is None or str(early) == message, (str(early), message)
+        assert isinstance(local, InputError), f"read without Spark, refused by Spark: {message}"
+        assert_same_refusal(str(local), message)
         return error
     assert early is None, f"refused without Spark but read by Spark: {early}"
+    assert local == Counter(rows), f"read otherwise without Spark: {local}"
     width = arity + (2 if updates else 1)
     assert rows, "an accepted file has data rows"
     for row in rows:

@@ -2,7 +2,8 @@
 
 `local_parquet_files` must recognise exactly the plans whose rows are the files' rows (a plain
 scan, or some of its columns), and `read_local_parquet` must give exactly Spark's rows and types
-or nothing. The engine's results must not depend on which way its input was read.
+or nothing. The engine's results must not depend on which way its input was read. A relation
+file read by the driver (`wcoj_core.local_read.read_local`) gives Spark's rows, or Spark's error.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from pyspark.sql import functions as F
 
 from wcoj_core.engine import Engine, evaluate_static
 from wcoj_core.errors import InputError
+from wcoj_core.local_read import read_local
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
-from wcoj_core.sources import read_relation, read_relation_locally
+from wcoj_core.query.ir import Query
+from wcoj_core.sources import read_relation
 from wcoj_core.spark import local_parquet_files, parquet_rows, read_local_parquet
 
 ROWS = [(1, 2, 1), (2, 3, 1), (1, 3, 2), (3, 4, -1), (2, 4, 1)]
@@ -103,7 +106,7 @@ def test_engine_results_do_not_depend_on_how_the_input_was_read(
         assert (local_parquet_files(df) is not None) == (name == "files")
         result = evaluate_static(spark, query, {"edge": df}, str(tmp_path / name))
         assert result.metrics.deployment == "driver"
-        assert _change(result.outputs[query.name], query.head) == want, name
+        assert _stored_change(spark, tmp_path / name, query, 0) == want, name
     scan.unpersist()
     # A later epoch from files: every edge deleted. Its rows count against the driver's limit
     # from the files' footers: within it, the driver reads them; over it, the executors do.
@@ -119,17 +122,24 @@ def test_engine_results_do_not_depend_on_how_the_input_was_read(
         engine = Engine(spark, str(tmp_path / name), query, driver_epoch_rows=limit)
         later = engine.apply_epoch(1, {"edge": spark.read.parquet(deletions)})
         assert later.metrics.deployment == where
-        assert _change(later.outputs[query.name], query.head) == gone, name
+        assert _table_change(engine.change(query.name, 1)) == gone, name
 
 
-def _change(df: DataFrame, head: tuple) -> Counter[tuple[int, ...]]:
+def _stored_change(
+    spark: SparkSession, state: Path, query: Query, epoch: int
+) -> Counter[tuple[int, ...]]:
+    """A query's output change at `epoch`, as the engine stored it in `state`."""
+    return _table_change(Engine(spark, str(state), query).change(query.name, epoch))
+
+
+def _table_change(table: pa.Table) -> Counter[tuple[int, ...]]:
     out: Counter[tuple[int, ...]] = Counter()
-    for r in df.collect():
-        out[tuple(r[f"c{i}"] for i in range(len(head)))] += r["diff"]
+    for *data, diff in zip(*(c.to_pylist() for c in table.columns), strict=True):
+        out[tuple(data)] += diff
     return Counter({k: v for k, v in out.items() if v})
 
 
-# -- a landed relation file read by the driver (`read_relation_locally`) -----------------------
+# -- a landed relation file read by the driver (`read_local`) ----------------------------------
 
 
 def _write(folder: Path, name: str, table: pa.Table) -> str:
@@ -140,7 +150,7 @@ def _write(folder: Path, name: str, table: pa.Table) -> str:
     return str(path)
 
 
-def test_small_local_parquet_relations_read_as_spark_reads_them(
+def test_local_parquet_relations_read_as_spark_reads_them(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     ints = pa.array([5, 6, 7], pa.int32())
@@ -149,11 +159,11 @@ def test_small_local_parquet_relations_read_as_spark_reads_them(
         "no_diff.parquet": pa.table({"src": [1, 2, 2], "dst": [2, 3, 3]}),
         "diff_first.parquet": pa.table({"DIFF": [2, 1, 1], "x": [9, 8, 7], "y": [1, 1, 1]}),
         "narrow.parquet": pa.table({"a": ints, "b": pa.array([1, 2, 3], pa.int8())}),
+        "unsigned.parquet": pa.table({"a": pa.array([1, 2, 3], pa.uint32()), "b": ints}),
     }
     for name, table in good.items():
         path = _write(tmp_path, name, table)
-        got = read_relation_locally(path, 2, "edge", max_rows=10)
-        assert got is not None, name
+        got = read_local(path, 2, "edge")
         assert got.column_names == ["c0", "c1", "diff"]
         assert all(t == pa.int64() for t in got.schema.types)
         assert _rows(got) == Counter(
@@ -164,43 +174,24 @@ def test_small_local_parquet_relations_read_as_spark_reads_them(
     spark.createDataFrame(ROWS, "c0 long, c1 long, diff long").repartition(3).write.parquet(
         str(folder)
     )
-    got = read_relation_locally(str(folder), 2, "edge", max_rows=10)
-    assert got is not None and _rows(got) == Counter(ROWS)
-    assert read_relation_locally(str(folder), 2, "edge", max_rows=4) is None  # too many rows
+    assert _rows(read_local(str(folder), 2, "edge")) == Counter(ROWS)
 
 
-def test_anything_spark_would_refuse_or_convert_is_left_to_spark(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    left = {
+def test_what_spark_refuses_is_refused_alike(spark: SparkSession, tmp_path: Path) -> None:
+    refused = {
         "null.parquet": pa.table({"a": [1, None], "b": [2, 3]}),
         "zero.parquet": pa.table({"a": [1, 2], "b": [2, 3], "diff": [1, 0]}),
         "text.parquet": pa.table({"a": ["1", "2"], "b": [2, 3]}),
         "float.parquet": pa.table({"a": [1.0, 2.0], "b": [2, 3]}),
         "unsigned.parquet": pa.table({"a": pa.array([1, 2], pa.uint64()), "b": [2, 3]}),
         "empty.parquet": pa.table({"a": pa.array([], pa.int64()), "b": pa.array([], pa.int64())}),
-    }
-    for name, table in left.items():
-        path = _write(tmp_path, name, table)
-        assert read_relation_locally(path, 2, "edge", max_rows=10) is None, name
-        with pytest.raises(InputError):
-            read_relation(spark, path, 2, "edge")
-    csv = tmp_path / "edges.csv"
-    csv.write_text("a,b\n1,2\n")
-    assert read_relation_locally(str(csv), 2, "edge", max_rows=10) is None
-    assert read_relation_locally(str(tmp_path / "missing.parquet"), 2, "edge", 10) is None
-
-
-def test_a_header_that_is_not_the_relations_is_the_same_error(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    for name, table in {
         "time.parquet": pa.table({"a": [1], "b": [2], "time": [3]}),
         "arity.parquet": pa.table({"a": [1], "b": [2], "c": [3]}),
-    }.items():
-        path = _write(tmp_path, name, table)
+    }
+    paths = [_write(tmp_path, name, table) for name, table in refused.items()]
+    for path in [*paths, str(tmp_path / "missing.parquet")]:
         with pytest.raises(InputError) as here:
-            read_relation_locally(path, 2, "edge", max_rows=10)
+            read_local(path, 2, "edge")
         with pytest.raises(InputError) as there:
             read_relation(spark, path, 2, "edge")
         assert str(here.value) == str(there.value)
@@ -230,7 +221,7 @@ def test_changes_given_as_arrow_tables(spark: SparkSession, tmp_path: Path) -> N
         engine.apply_epoch(0, {"edge": given(first)})
         result = engine.apply_epoch(1, {"edge": given(later)})
         assert result.metrics.deployment == where, name
-        changes[name] = _change(result.outputs[query.name], query.head)
+        changes[name] = _table_change(engine.change(query.name, 1))
     before = {(a, b): d for a, b, d in first}
     after = Counter(before)
     for a, b, d in later:

@@ -1,9 +1,15 @@
-"""Reading relations (text, CSV, Parquet, generator specs) and the errors bad files raise."""
+"""Reading relations (text, CSV, Parquet, generator specs) and the errors bad files raise.
+
+Every file test runs against both readers: ``spark`` (`read_relation`, `read_updates`; marked
+``spark``) and ``local`` (`wcoj_core.local_read.read_local`, no JVM). Both must give the same
+rows and the same error.
+"""
 
 from __future__ import annotations
 
 import gzip
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,6 +21,7 @@ from pyspark.sql import types as T
 
 from wcoj_core import generate
 from wcoj_core.errors import InputError
+from wcoj_core.local_read import canonical_undirected_local, read_local
 from wcoj_core.sources import canonical_undirected, read_relation, read_updates
 
 
@@ -36,16 +43,48 @@ def rows(df: DataFrame) -> Counter[tuple[int, ...]]:
     return Counter(tuple(r) for r in df.collect())
 
 
-def read_error(spark: SparkSession, path: str, arity: int = 2) -> InputError:
-    with pytest.raises(InputError) as caught:
-        read_relation(spark, path, arity, "E")
-    return caught.value
+def table_rows(table: pa.Table) -> Counter[tuple[int, ...]]:
+    return Counter(zip(*(c.to_pylist() for c in table.columns), strict=True))
 
 
 def assert_relation_schema(df: DataFrame, columns: list[str]) -> None:
     assert [(f.name, f.dataType, f.nullable) for f in df.schema.fields] == [
         (c, T.LongType(), False) for c in columns
     ]
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One of the two readers: Spark's, or the local one (`spark` is None)."""
+
+    spark: SparkSession | None
+
+    def read(self, path: str, arity: int, name: str = "E", *, updates: bool = False) -> Counter:
+        """The rows read, after checking the columns: int64 ``c0 ..``, [``time``,] ``diff``."""
+        columns = [f"c{i}" for i in range(arity)] + (["time"] if updates else []) + ["diff"]
+        if self.spark is None:
+            table = read_local(path, arity, name, with_time=updates)
+            assert table.column_names == columns
+            assert all(t == pa.int64() for t in table.schema.types)
+            assert not any(c.null_count for c in table.columns)
+            return table_rows(table)
+        df = (read_updates if updates else read_relation)(self.spark, path, arity, name)
+        assert_relation_schema(df, columns)
+        return rows(df)
+
+    def error(self, path: str, arity: int = 2, *, updates: bool = False) -> InputError:
+        with pytest.raises(InputError) as caught:
+            self.read(path, arity, updates=updates)
+        assert "\n" not in str(caught.value)
+        return caught.value
+
+
+@pytest.fixture(params=[pytest.param("spark", marks=pytest.mark.spark), "local"])
+def reader(request: pytest.FixtureRequest) -> Reader:
+    """Each file test twice: through Spark, and through the local reader (no JVM)."""
+    if request.param == "spark":
+        return Reader(request.getfixturevalue("spark"))
+    return Reader(None)
 
 
 # --- happy paths --------------------------------------------------------------------------------
@@ -64,43 +103,103 @@ SNAP_LIKE = "# Directed graph\n# FromNodeId\tToNodeId\n1\t2\n  # indented commen
         ("trailing_blanks.el", SNAP_LIKE.replace("\n", " \t\n")),
     ],
 )
-def test_text_edge_lists(spark: SparkSession, tmp_path: Path, name: str, content: str) -> None:
-    df = read_relation(spark, write(tmp_path, name, content), 2, "E")
-    assert_relation_schema(df, ["c0", "c1", "diff"])
-    assert rows(df) == Counter({(1, 2, 1): 2, (2, 3, 1): 1})
+def test_text_edge_lists(reader: Reader, tmp_path: Path, name: str, content: str) -> None:
+    got = reader.read(write(tmp_path, name, content), 2)
+    assert got == Counter({(1, 2, 1): 2, (2, 3, 1): 1})
 
 
-def test_text_ternary_and_extreme_values(spark: SparkSession, tmp_path: Path) -> None:
+def test_text_ternary_and_extreme_values(reader: Reader, tmp_path: Path) -> None:
     lo, hi = -(2**63), 2**63 - 1
     path = write(tmp_path, "t.txt", f"{lo} +5 {hi}\n-0 007 3\n")
-    assert rows(read_relation(spark, path, 3, "T")) == Counter({(lo, 5, hi, 1): 1, (0, 7, 3, 1): 1})
+    assert reader.read(path, 3, "T") == Counter({(lo, 5, hi, 1): 1, (0, 7, 3, 1): 1})
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("bom.txt", "\ufeff1 2\n"),
+        ("lone-cr.txt", "# old Mac\r1 2\r\r3\t4"),
+        ("mid-comments.txt", "1 2\n# note\n\t# indented\n3 4 # not a field?\n"),
+        ("unicode-comment.txt.gz", "# é ∑ \x00\n1 2\n"),
+    ],
+)
+def test_text_quirks_read_alike(reader: Reader, tmp_path: Path, name: str, content: str) -> None:
+    """Byte order marks, lone CRs, comments anywhere: each reader sees the same lines."""
+    path = write(tmp_path, name, content)
+    if "not a field" in content:
+        error = reader.error(path)
+        assert (error.line, error.column) == (4, 5) and "expected 2 fields, found 6" in str(error)
+        return
+    expected = {"bom.txt": {(1, 2, 1): 1}, "lone-cr.txt": {(1, 2, 1): 1, (3, 4, 1): 1}}
+    assert reader.read(path, 2) == Counter(expected.get(name, {(1, 2, 1): 1}))
 
 
 @pytest.mark.parametrize("name", ["e.csv", "e.csv.gz"])
-def test_csv_without_diff(spark: SparkSession, tmp_path: Path, name: str) -> None:
+def test_csv_without_diff(reader: Reader, tmp_path: Path, name: str) -> None:
     path = write(tmp_path, name, "from,to\r\n1,2\r\n1,2\r\n 3 , 4\r\n")
-    df = read_relation(spark, path, 2, "E")
-    assert_relation_schema(df, ["c0", "c1", "diff"])
-    assert rows(df) == Counter({(1, 2, 1): 2, (3, 4, 1): 1})
+    assert reader.read(path, 2) == Counter({(1, 2, 1): 2, (3, 4, 1): 1})
 
 
-def test_csv_with_diff_in_the_middle(spark: SparkSession, tmp_path: Path) -> None:
+def test_csv_with_diff_in_the_middle(reader: Reader, tmp_path: Path) -> None:
     path = write(tmp_path, "e.csv", "x,diff,y\n1,3,2\n5,-2,6\n")
-    assert rows(read_relation(spark, path, 2, "E")) == Counter({(1, 2, 3): 1, (5, 6, -2): 1})
+    assert reader.read(path, 2) == Counter({(1, 2, 3): 1, (5, 6, -2): 1})
+
+
+@pytest.mark.parametrize(
+    ("line", "row"),
+    [
+        ('"1" ,2', (1, 2)),  # blanks after a closing quote are dropped
+        ('"1"\t,"2"', (1, 2)),
+        ('1,"2', (1, 2)),  # an unclosed quote runs to the end of the line
+        ('1,2,,"x', (1, 2)),  # fields past the header's first extra one are dropped
+        ('1,2,"",3', (1, 2)),
+        ('" 1",+2', (1, 2)),
+        ('"-1","2"', (-1, 2)),
+    ],
+)
+def test_csv_quoting_as_spark_reads_it(
+    reader: Reader, tmp_path: Path, line: str, row: tuple[int, int]
+) -> None:
+    path = write(tmp_path, "e.csv", f"a,b\n{line}\n")
+    assert reader.read(path, 2) == Counter({(*row, 1): 1})
+
+
+def test_csv_header_after_blank_lines(reader: Reader, tmp_path: Path) -> None:
+    """Spark drops the first non-blank line as the header; the names come from the first
+    non-empty line (here a blank one: one column named ' ')."""
+    assert reader.read(write(tmp_path, "e.csv", "\n \na\n5\n"), 1) == Counter({(5, 1): 1})
+    assert reader.read(write(tmp_path, "f.csv", "\n\na,b\r\n1,2"), 2) == Counter({(1, 2, 1): 1})
 
 
 @pytest.mark.parametrize("int_type", [pa.int32(), pa.int64(), pa.int8()])
-def test_parquet_integer_columns(
-    spark: SparkSession, tmp_path: Path, int_type: pa.DataType
-) -> None:
+def test_parquet_integer_columns(reader: Reader, tmp_path: Path, int_type: pa.DataType) -> None:
     path = write_parquet(
         tmp_path,
         "e.parquet",
         {"a": pa.array([1, 1, 7], int_type), "b": pa.array([2, 2, 9], int_type)},
     )
-    df = read_relation(spark, path, 2, "E")
-    assert_relation_schema(df, ["c0", "c1", "diff"])
-    assert rows(df) == Counter({(1, 2, 1): 2, (7, 9, 1): 1})
+    assert reader.read(path, 2) == Counter({(1, 2, 1): 2, (7, 9, 1): 1})
+
+
+def test_parquet_unsigned_columns_spark_widens(reader: Reader, tmp_path: Path) -> None:
+    columns = {
+        "a": pa.array([200], pa.uint8()),
+        "b": pa.array([60000], pa.uint16()),
+        "c": pa.array([4_000_000_000], pa.uint32()),
+    }
+    path = write_parquet(tmp_path, "u.parquet", columns)
+    assert reader.read(path, 3) == Counter({(200, 60000, 4_000_000_000, 1): 1})
+
+
+def test_parquet_folder_written_by_pyarrow(reader: Reader, tmp_path: Path) -> None:
+    out = tmp_path / "rel"
+    out.mkdir()
+    pq.write_table(pa.table({"s": [1, 3], "t": [2, 4], "diff": [4, -1]}), out / "part-0.parquet")
+    pq.write_table(pa.table({"s": [5], "t": [6], "diff": [1]}), out / "part-1.parquet")
+    (out / "_SUCCESS").write_bytes(b"")
+    (out / ".hidden").write_bytes(b"not parquet")
+    got = reader.read(str(out), 2)
+    assert got == Counter({(1, 2, 4): 1, (3, 4, -1): 1, (5, 6, 1): 1})
 
 
 def test_parquet_directory_with_diff(spark: SparkSession, tmp_path: Path) -> None:
@@ -111,33 +210,41 @@ def test_parquet_directory_with_diff(spark: SparkSession, tmp_path: Path) -> Non
     assert rows(read_relation(spark, str(out), 2, "E")) == Counter({(1, 2, 4): 1, (3, 4, -1): 1})
 
 
-def test_updates_from_csv_and_parquet(spark: SparkSession, tmp_path: Path) -> None:
+def test_updates_from_csv_and_parquet(reader: Reader, tmp_path: Path) -> None:
     csv_path = write(tmp_path, "u.csv", "src,dst,time,diff\n1,2,0,1\n1,2,3,-1\n")
-    df = read_updates(spark, csv_path, 2, "E")
-    assert_relation_schema(df, ["c0", "c1", "time", "diff"])
-    assert rows(df) == Counter({(1, 2, 0, 1): 1, (1, 2, 3, -1): 1})
+    got = reader.read(csv_path, 2, updates=True)
+    assert got == Counter({(1, 2, 0, 1): 1, (1, 2, 3, -1): 1})
     pq_path = write_parquet(
         tmp_path,
         "u.parquet",
         {"time": pa.array([5], pa.int32()), "v": pa.array([9]), "diff": pa.array([2])},
     )
-    assert rows(read_updates(spark, pq_path, 1, "V")) == Counter({(9, 5, 2): 1})
+    assert reader.read(pq_path, 1, "V", updates=True) == Counter({(9, 5, 2): 1})
+
+
+CANONICAL = [(1, 2, 1), (2, 1, 1), (3, 3, 1), (5, 4, 2), (6, 7, 1), (7, 6, -1)]
 
 
 def test_canonical_undirected(spark: SparkSession) -> None:
-    df = spark.createDataFrame(
-        [(1, 2, 1), (2, 1, 1), (3, 3, 1), (5, 4, 2), (6, 7, 1), (7, 6, -1)],
-        "c0 long, c1 long, diff long",
-    )
+    df = spark.createDataFrame(CANONICAL, "c0 long, c1 long, diff long")
     assert rows(canonical_undirected(df)) == Counter({(1, 2, 1): 1, (4, 5, 1): 1})
 
 
+def test_canonical_undirected_local() -> None:
+    table = pa.table({n: [r[i] for r in CANONICAL] for i, n in enumerate(("c0", "c1", "diff"))})
+    got, loops = canonical_undirected_local(table)
+    assert table_rows(got) == Counter({(1, 2, 1): 1, (4, 5, 1): 1}) and loops == 1
+
+
 @pytest.mark.slow
-def test_real_snap_files(spark: SparkSession, shared_data: Path) -> None:
-    facebook = read_relation(spark, str(shared_data / "facebook_combined.txt.gz"), 2, "F")
-    assert facebook.count() == 88234
-    grqc = read_relation(spark, str(shared_data / "ca-GrQc.txt.gz"), 2, "G")
-    assert canonical_undirected(grqc).count() == 14484
+def test_real_snap_files(reader: Reader, shared_data: Path) -> None:
+    facebook = reader.read(str(shared_data / "facebook_combined.txt.gz"), 2, "F")
+    assert sum(facebook.values()) == 88234
+    grqc = str(shared_data / "ca-GrQc.txt.gz")
+    if reader.spark is None:
+        assert canonical_undirected_local(read_local(grqc, 2, "G"))[0].num_rows == 14484
+    else:
+        assert canonical_undirected(read_relation(reader.spark, grqc, 2, "G")).count() == 14484
 
 
 # --- errors in text files -----------------------------------------------------------------------
@@ -157,7 +264,7 @@ def test_real_snap_files(spark: SparkSession, shared_data: Path) -> None:
     ],
 )
 def test_text_errors_name_line_and_column(
-    spark: SparkSession,
+    reader: Reader,
     tmp_path: Path,
     name: str,
     content: str,
@@ -166,39 +273,42 @@ def test_text_errors_name_line_and_column(
     fragment: str,
 ) -> None:
     path = write(tmp_path, name, content)
-    error = read_error(spark, path)
+    error = reader.error(path)
     assert (error.line, error.column) == (line, column)
     assert fragment in str(error)
     assert str(error).startswith(f"{path} (relation E), line {line}, column {column}: ")
 
 
-def test_long_bad_field_is_truncated(spark: SparkSession, tmp_path: Path) -> None:
-    error = read_error(spark, write(tmp_path, "e.txt", "1 " + "z" * 500 + "\n"))
+def test_long_bad_field_is_truncated(reader: Reader, tmp_path: Path) -> None:
+    error = reader.error(write(tmp_path, "e.txt", "1 " + "z" * 500 + "\n"))
     assert (error.line, error.column) == (1, 3)
     assert "zzz..." in str(error) and len(str(error)) < 200
 
 
 @pytest.mark.parametrize("content", ["", "# only\n# comments\n", "\n  \n"])
-def test_text_without_data_rows(spark: SparkSession, tmp_path: Path, content: str) -> None:
-    error = read_error(spark, write(tmp_path, "e.txt", content))
+def test_text_without_data_rows(reader: Reader, tmp_path: Path, content: str) -> None:
+    error = reader.error(write(tmp_path, "e.txt", content))
     assert "has no data rows" in str(error) and error.line is None
 
 
-def test_missing_file(spark: SparkSession, tmp_path: Path) -> None:
+def test_missing_file(reader: Reader, tmp_path: Path) -> None:
     for name in ("nope.txt", "nope.csv", "nope.parquet"):
-        error = read_error(spark, str(tmp_path / name))
+        error = reader.error(str(tmp_path / name))
         assert str(error).endswith(": no such file")
 
 
-def test_corrupt_gzip_is_an_input_error(spark: SparkSession, tmp_path: Path) -> None:
+def test_corrupt_gzip_is_an_input_error(reader: Reader, tmp_path: Path) -> None:
     path = tmp_path / "e.txt.gz"
     path.write_bytes(b"this is not gzip")
-    assert "not a gzip file" in str(read_error(spark, str(path)))
+    assert "cannot be read as text" in str(reader.error(str(path)))
+    assert "not a gzip file" in str(reader.error(str(path)))
+    path.write_bytes(gzip.compress(b"1 2\n" * 1000)[:-40])
+    assert "cannot be read as text" in str(reader.error(str(path)))
 
 
-def test_text_cannot_carry_updates(spark: SparkSession, tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="must be CSV or Parquet"):
-        read_updates(spark, write(tmp_path, "u.txt", "1 2\n"), 2, "E")
+def test_text_cannot_carry_updates(reader: Reader, tmp_path: Path) -> None:
+    error = reader.error(write(tmp_path, "u.txt", "1 2\n"), updates=True)
+    assert "must be CSV or Parquet" in str(error)
 
 
 # --- errors in CSV files ------------------------------------------------------------------------
@@ -220,35 +330,40 @@ def test_text_cannot_carry_updates(spark: SparkSession, tmp_path: Path) -> None:
     ],
 )
 def test_csv_errors_name_line_and_column(
-    spark: SparkSession,
+    reader: Reader,
     tmp_path: Path,
     content: str,
     line: int,
     column: int | None,
     fragment: str,
 ) -> None:
-    error = read_error(spark, write(tmp_path, "e.csv", content))
+    error = reader.error(write(tmp_path, "e.csv", content))
     assert (error.line, error.column) == (line, column)
     assert fragment in str(error)
 
 
 @pytest.mark.parametrize("content", ["", "a,b\n", "a,b\n\n"])
-def test_csv_without_data_rows(spark: SparkSession, tmp_path: Path, content: str) -> None:
-    assert "has no data rows" in str(read_error(spark, write(tmp_path, "e.csv", content)))
+def test_csv_without_data_rows(reader: Reader, tmp_path: Path, content: str) -> None:
+    assert "has no data rows" in str(reader.error(write(tmp_path, "e.csv", content)))
 
 
-def test_csv_updates_need_time_and_diff(spark: SparkSession, tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="needs a 'time' column") as caught:
-        read_updates(spark, write(tmp_path, "u.csv", "a,b,diff\n1,2,1\n"), 2, "E")
-    assert caught.value.line == 1
+def test_csv_updates_need_time_and_diff(reader: Reader, tmp_path: Path) -> None:
+    error = reader.error(write(tmp_path, "u.csv", "a,b,diff\n1,2,1\n"), updates=True)
+    assert "needs a 'time' column" in str(error) and error.line == 1
+
+
+def test_a_line_spark_reads_does_not_hide_the_bad_one(reader: Reader, tmp_path: Path) -> None:
+    """The first line Spark refuses is named, not an earlier one only Python's csv refuses."""
+    error = reader.error(write(tmp_path, "e.csv", 'a,b\n"1" ,2\n1,"2\n3,x\n'))
+    assert (error.line, error.column) == (4, 2) and "'x'" in str(error)
 
 
 # --- errors in Parquet files --------------------------------------------------------------------
 
 
-def test_parquet_rejects_non_integer_columns(spark: SparkSession, tmp_path: Path) -> None:
+def test_parquet_rejects_non_integer_columns(reader: Reader, tmp_path: Path) -> None:
     path = write_parquet(tmp_path, "e.parquet", {"a": pa.array([1]), "w": pa.array([0.5])})
-    error = read_error(spark, path)
+    error = reader.error(path)
     assert error.column == "w" and "type double" in str(error)
 
 
@@ -271,29 +386,56 @@ def test_parquet_rejects_non_integer_columns(spark: SparkSession, tmp_path: Path
     ],
 )
 def test_parquet_errors_name_row_and_column(
-    spark: SparkSession,
+    reader: Reader,
     tmp_path: Path,
     columns: dict[str, pa.Array],
     row: int,
     column: str,
     fragment: str,
 ) -> None:
-    error = read_error(spark, write_parquet(tmp_path, "e.parquet", columns))
+    error = reader.error(write_parquet(tmp_path, "e.parquet", columns))
     assert (error.line, error.column) == (row, column)
     assert fragment in str(error)
 
 
-def test_parquet_shape_errors(spark: SparkSession, tmp_path: Path) -> None:
+def test_parquet_shape_errors(reader: Reader, tmp_path: Path) -> None:
     three = write_parquet(tmp_path, "three.parquet", {k: pa.array([1]) for k in "abc"})
-    assert "has 3 data columns" in str(read_error(spark, three))
+    assert "has 3 data columns" in str(reader.error(three))
     timed = {"a": pa.array([1]), "b": pa.array([1]), "time": pa.array([1])}
-    assert "'time'" in str(read_error(spark, write_parquet(tmp_path, "t.parquet", timed)))
+    assert "'time'" in str(reader.error(write_parquet(tmp_path, "t.parquet", timed)))
     empty = {"a": pa.array([], pa.int64()), "b": pa.array([], pa.int64())}
-    assert "has no data rows" in str(read_error(spark, write_parquet(tmp_path, "z.parquet", empty)))
+    assert "has no data rows" in str(reader.error(write_parquet(tmp_path, "z.parquet", empty)))
 
 
-def test_unreadable_parquet_is_an_input_error(spark: SparkSession, tmp_path: Path) -> None:
-    error = read_error(spark, write(tmp_path, "e.parquet", "1 2\n3 4\n"))
+@pytest.mark.parametrize(
+    ("columns", "fragment"),
+    [
+        ({"a": pa.array([1]), "b": pa.array([None], pa.null())}, "line 1, column b: value is null"),
+        ({"a": pa.array([1]), "A": pa.array([2])}, "cannot be read as Parquet"),
+        (
+            {"a": pa.array([1]), "b": pa.array([1], pa.timestamp("us"))},
+            "column b: column 'b' has type timestamp_ntz",
+        ),
+        (
+            {"a": pa.array([1]), "b": pa.array([[1]], pa.list_(pa.int64()))},
+            "column b: column 'b' has type array<bigint>",
+        ),
+        (
+            {"a": pa.array([1]), "b": pa.array(["x"]).dictionary_encode()},
+            "column b: column 'b' has type string",
+        ),
+    ],
+)
+def test_parquet_types_named_as_spark_names_them(
+    reader: Reader, tmp_path: Path, columns: dict[str, pa.Array], fragment: str
+) -> None:
+    path = write_parquet(tmp_path, "e.parquet", columns)
+    assert str(reader.error(path)).startswith(f"{path} (relation E)")
+    assert fragment in str(reader.error(path))
+
+
+def test_unreadable_parquet_is_an_input_error(reader: Reader, tmp_path: Path) -> None:
+    error = reader.error(write(tmp_path, "e.parquet", "1 2\n3 4\n"))
     assert "cannot be read as Parquet" in str(error)
 
 
