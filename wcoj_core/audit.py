@@ -20,14 +20,14 @@ sorted copies of them (mapped, checked by size, header and stamp).
 Rule ``i`` starts from ``dR_i``, relation R_i's stored batch at the epoch (no batch: no rule);
 the atoms before ``i`` read the new state (time <= t), those after it the old one (time < t),
 exactly as the engine's plan does. Every further atom is joined by *fetching only the tuples that
-match the keys bound so far* (a semi-join by key) from sorted sources: the relation's base index
-segment in an order whose leading column is bound — the stored ``(c0, c1, ..)``, the reverse
+match the keys bound so far* (a semi-join by key) from sorted sources: the relation's index
+segments in an order whose leading column is bound — the stored ``(c0, c1, ..)``, the reverse
 ``(c1, c0)`` when the plans read one, or a view segment of the atom's own constants and repeated
-variables — plus one small source sorted here: the recent segments and the batches the index
-lacks or holds beyond the epoch (signed). Old and new states are such sums, and a join is linear
-in each input, so the sources are searched apart and never merged; no relation is read whole.
-Only when no sorted order starts with a bound column is a relation scanned from its batches,
-and `Audit.method` says so.
+variables — mapped where they lie, plus one small source sorted here: the small recent segments
+and the batches the index lacks or holds beyond the epoch (signed). Old and new states are such
+sums, and a join is linear in each input, so the sources are searched apart, never merged: no
+relation is read whole. Only when no sorted order starts with a bound column is a relation
+scanned from its batches, and `Audit.method` says so.
 
 **Join order.** At each step the next atom is, among those keyed by a bound term, the one with
 the fewest matching tuples for the current bindings — counted exactly from the searched ranges,
@@ -75,6 +75,7 @@ I64 = np.int64
 LIMIT = 1 << 63  # |value| below this fits in int64
 EXAMPLES = 5  # mismatching tuples an audit names
 SPLIT = 2.0  # split bindings by their cheapest atom when that cuts the rows by this factor
+SMALL = 1 << 13  # recent segments up to this many rows are sorted with the batches, not mapped
 
 Columns = list[np.ndarray]  # rows as one array per column
 Block = tuple[Columns, np.ndarray]  # rows and their diffs (or weights)
@@ -425,8 +426,9 @@ class _Relation:
         return src if len(src) else None
 
     def bases(self, key: _Key) -> tuple[_Source, ...] | None:
-        """The base segments of `key`, mapped; its recent ones are read for `small`. None
-        when a segment file is damaged (the relation's batches are scanned instead)."""
+        """The segments of `key` searched where they lie, mapped: the base and any large
+        recent one; the small recent ones are read for `small`. None when a segment file is
+        damaged (the relation's batches are scanned instead)."""
         if key not in self._bases:
             bases: list[_Source] = []
             recent: list[Block] = []
@@ -436,7 +438,7 @@ class _Relation:
                         layer = segments.open_segment(self.engine.store.root, s)
                         rows, diff = np.asarray(layer.rows), np.asarray(layer.diff)
                         cols = [rows[:, k] for k in range(rows.shape[1])]
-                        if s.level is Level.BASE:
+                        if s.level is Level.BASE or s.rows > SMALL:
                             bases.append(_Source(tuple(cols), diff, unique=True))
                         else:
                             recent.append(([np.array(c) for c in cols], np.array(diff)))

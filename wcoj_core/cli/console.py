@@ -74,10 +74,10 @@ def warn(message: str, prog: str = PROG) -> None:
 def phases(seconds: dict[str, float]) -> str:
     """Seconds per engine phase.
 
-    >>> phases({"stage": 0.42, "counts": 1.25})
-    'stage 0.4 counts 1.2'
+    >>> phases({"open": 0.0042, "rules": 1.25})
+    'open 0.004 rules 1.250'
     """
-    return " ".join(f"{name} {value:.1f}" for name, value in seconds.items())
+    return " ".join(f"{name} {value:.3f}" for name, value in seconds.items())
 
 
 def epoch_argument(text: str) -> int:

@@ -86,7 +86,7 @@ class BatchFiles:
     def read_table(self, rel: str, columns: Sequence[str]) -> pa.Table:
         """The data columns and diffs of one stored batch (every file of its folder)."""
         # Spark's batches and the driver's differ in nullability only: read each on its own.
-        return pq.read_table(self.full(rel), columns=[*columns, DIFF], filesystem=self.fs)
+        return _read_folder(self.fs, self.full(rel), [*columns, DIFF])
 
     def read_layer(self, columns: Sequence[str], paths: Sequence[str]) -> Layer:
         """Batches (relative folders) as one consolidated layer."""
@@ -190,7 +190,9 @@ class BatchFiles:
             if hashlib.sha256(data).hexdigest() != ref.sha256:
                 raise DamagedBatch(path, "its contents do not match its digest")
             try:
-                tables.append(pq.read_table(pa.BufferReader(data), columns=[*columns, DIFF]))
+                # ParquetFile, not read_table: read_table's dataset layer imports pandas.
+                reader = pq.ParquetFile(pa.BufferReader(data))
+                tables.append(reader.read(columns=[*columns, DIFF]))
             except (OSError, pa.ArrowException) as e:
                 raise DamagedBatch(path, f"not a readable batch ({e})") from e
         return read_tables(columns, tables)
@@ -224,6 +226,22 @@ class BatchFiles:
         """The names of the files in a folder (relative), none when it is not there."""
         selector = pafs.FileSelector(self.full(rel), allow_not_found=True)
         return [info.base_name for info in self.fs.get_file_info(selector)]
+
+
+def _read_folder(fs: pafs.FileSystem, folder: str, columns: Sequence[str]) -> pa.Table:
+    """Every Parquet file of a batch folder, concatenated (without pyarrow's dataset layer,
+    which imports pandas)."""
+    selector = pafs.FileSelector(folder, allow_not_found=True)
+    names = sorted(i.path for i in fs.get_file_info(selector) if i.path.endswith(".parquet"))
+    tables = []
+    for path in names:
+        with fs.open_input_file(path) as f:
+            tables.append(pq.ParquetFile(f).read(columns=list(columns)))
+    if not tables:
+        return pa.Table.from_arrays(
+            [pa.array([], pa.int64()) for _ in columns], names=list(columns)
+        )
+    return pa.concat_tables(tables, promote_options="permissive")
 
 
 def read_changes_file(fs: pafs.FileSystem, path: str, columns: Sequence[str]) -> pa.Table:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
+from wcoj_core.arrow import long_array, longs
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import Prefixes, head_block
 from wcoj_core.kernel.keys import I64
@@ -35,7 +36,7 @@ def data_rows(table: pa.Table | pa.RecordBatch, columns: Sequence[str]) -> np.nd
     """
     rows = np.empty((table.num_rows, len(columns)), dtype=I64, order="F")
     for i, c in enumerate(columns):
-        rows[:, i] = table.column(c).to_numpy(zero_copy_only=False)
+        rows[:, i] = longs(table.column(c))
     return rows
 
 
@@ -48,7 +49,7 @@ def changes_layer(columns: Sequence[str], table: pa.Table) -> Layer:
     ([[1, 0]], [1])
     """
     rows = data_rows(table, columns)  # column-major: see output_changes
-    diff = table.column(DIFF).to_numpy(zero_copy_only=False).astype(I64, copy=False)
+    diff = longs(table.column(DIFF))
     return Layer.build(rows, diff, what="summing the changes")
 
 
@@ -67,9 +68,9 @@ def changes_table(
     """
     # A contiguous column (a column-major array's) is taken by Arrow without a copy.
     arrays = [
-        pa.array(np.ascontiguousarray(rows[:, j]), type=pa.int64()) for j in range(len(columns))
+        long_array(rows[:, j]) for j in range(len(columns))
     ]
-    arrays += [pa.array(np.full(len(diff), time, dtype=I64)), pa.array(diff, type=pa.int64())]
+    arrays += [long_array(np.full(len(diff), time, dtype=I64)), long_array(diff)]
     return pa.Table.from_arrays(arrays, schema=batch_schema(columns))
 
 
