@@ -324,6 +324,18 @@ class Engine:
         result = EpochPass(self, base, epoch, changes).run()
         return dataclasses.replace(result, rebuilt=tuple(rebuilt)) if rebuilt else result
 
+    def evaluate(self, changes: Mapping[str, Changes]) -> EpochResult:
+        """The epoch after the state's last (0 for a new state) computed from `changes` and
+        written nowhere: a static evaluation when the state is new (`wcoj count`)."""
+        base = self.store.current()
+        self.check_plan(base)
+        for rel, df in changes.items():
+            if rel not in self.specs:
+                raise QueryError(f"changes given for relation {rel!r}, which no query uses")
+            check_columns(self.specs[rel], df, 0)
+        epoch = 0 if base.epoch is None else base.epoch + 1
+        return EpochPass(self, base, epoch, changes, dry=True).run()
+
     def refresh(self) -> list[EpochResult]:
         """Derive every stale epoch again, oldest first (after a correction, to bring the
         state up to date without waiting for the next epoch); their results."""

@@ -216,9 +216,16 @@ class EpochPass:
     """One epoch applied to a manifest (see the module)."""
 
     def __init__(
-        self, engine: Engine, base: Manifest, epoch: int, changes: Mapping[str, Changes]
+        self,
+        engine: Engine,
+        base: Manifest,
+        epoch: int,
+        changes: Mapping[str, Changes],
+        *,
+        dry: bool = False,
     ) -> None:
         self.engine = engine
+        self.dry = dry  # compute the epoch, write and commit nothing (a static evaluation)
         self.base = base
         self.epoch = epoch
         self.changes = changes
@@ -251,8 +258,12 @@ class EpochPass:
                 choice, outputs, tallies = self._derive(m)
             with self.timer.phase("write"):
                 new, reports = self._write(m, outputs)
-            with self.timer.phase("commit"):
-                committed = engine.store.commit(new, expected=self.base)
+            if self.dry:
+                self._discard()  # what the executors wrote, if they ran
+                committed = new
+            else:
+                with self.timer.phase("commit"):
+                    committed = engine.store.commit(new, expected=self.base)
         except MultiplicityOverflow as e:
             self._discard()
             raise e.with_epoch(t) from None
@@ -390,11 +401,11 @@ class EpochPass:
             out = staged.get(name)
             kept = tuple(b for b in trace.batches if b.time != t)
             batch: Batch | None = None
-            if out is not None:
+            if out is not None and not self.dry:
                 batch = self._stamped(trace, out)
                 kept = tuple(sorted((*kept, batch), key=lambda b: b.time))
             trace = replace(trace, batches=kept)
-            if name in self.opened and engine.persist_index:
+            if name in self.opened and engine.persist_index and not self.dry:
                 opened = self.opened[name]
                 change = (
                     self._arrays(m, name, out)

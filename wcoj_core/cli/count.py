@@ -92,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
         loaded = clock.perf_counter()
         engine = Engine(starter, state, query, relations=specs, deployment=args.deploy)
         engine.persist_index = engine.persist_index and args.state is not None
-        result = engine.apply(0, relations)
+        if args.state is None and output is None:
+            result = engine.evaluate(relations)  # nothing to keep: nothing written
+        else:
+            result = engine.apply(0, relations)
         count = result.count(query.name)
         seconds = clock.perf_counter() - loaded
         written = None
