@@ -2,9 +2,16 @@
 
 The oracle tests (`test_engine_oracle.py`) run random queries in every deployment, interleaved.
 These tests cover what they cannot see: every deployment doing exactly the same work (same
-prefixes, counts, proposals and validations), the driver's traces following other writers and
-compactions, failures leaving the state as it was, leftovers of failed task attempts removed,
-the routing of the sharded executors, and the recorded choice.
+prefixes, counts, proposals and validations) on a graph with a hub, writers on different
+deployments taking turns on one state (each following the other's index and its merges),
+failures leaving the state as it was, leftovers of failed task attempts removed, the routing of
+the sharded executors, and the recorded choice.
+
+Ported to the one-pass engine: changes are Arrow tables (the engine lands them on the driver,
+whatever the deployment), an epoch's output change is `EpochResult.changes` (None when the
+executors wrote it: `Engine.change`), and "nothing changed" includes the arrangement segments.
+The old "follows a compaction" case is now "follows another writer's index merges": the engine
+no longer compacts Parquet history (see test_engine_state.py).
 """
 
 from __future__ import annotations
@@ -12,28 +19,38 @@ from __future__ import annotations
 import random
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
-from wcoj_core.deploy import Limits
+from wcoj_core import indexes
+from wcoj_core.deploy import Limits, cluster
 from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.deploy.executors import Written
 from wcoj_core.deploy.sharded import Router
-from wcoj_core.engine import Engine
-from wcoj_core.errors import StateError
+from wcoj_core.engine import Engine, EpochResult
+from wcoj_core.errors import InputError, StateError
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
+from wcoj_core.store.store import Store
 
 TRIANGLES = builtin("triangles")
+Graph = Counter[tuple[int, ...]]
 
 
-def edge_frame(spark: SparkSession, changes: Counter) -> DataFrame:
-    rows = [(a, b, d) for (a, b), d in changes.items() if d]
-    return spark.createDataFrame(rows, "c0 long, c1 long, diff long")
+def edge_table(changes: Counter) -> pa.Table:
+    rows = [(a, b, d) for (a, b), d in sorted(changes.items()) if d]
+    return pa.table(
+        {
+            "c0": pa.array([a for a, _, _ in rows], pa.int64()),
+            "c1": pa.array([b for _, b, _ in rows], pa.int64()),
+            "diff": pa.array([d for _, _, d in rows], pa.int64()),
+        }
+    )
 
 
 def graph_epochs(seed: int, epochs: int = 4) -> list[Counter]:
@@ -60,11 +77,48 @@ def graph_epochs(seed: int, epochs: int = 4) -> list[Counter]:
     return out
 
 
-def collected(df: DataFrame) -> Counter:
-    found: Counter = Counter()
-    for r in df.collect():
-        found[(r["c0"], r["c1"], r["c2"])] += r["diff"]
+def live(graph: Counter) -> dict[tuple[int, ...], int]:
+    return {k: v for k, v in graph.items() if v}
+
+
+def change_of(engine: Engine, result: EpochResult, query: str = "triangles") -> Graph:
+    """An epoch's output change: the driver's arrays, or the batch the executors wrote."""
+    found: Graph = Counter()
+    arrays = result.changes[query]
+    if arrays is None:
+        for row in engine.change(query, result.epoch).to_pylist():
+            found[(row["c0"], row["c1"], row["c2"])] += row["diff"]
+    else:
+        rows, diff = arrays
+        for row, d in zip(rows.tolist(), diff.tolist(), strict=True):
+            found[tuple(row)] += d
     return Counter({k: v for k, v in found.items() if v})
+
+
+def stored(engine: Engine, name: str = "out/triangles") -> Graph:
+    """A trace's batches summed (read with pyarrow, digests checked)."""
+    trace = engine.store.current().trace(name)
+    total: Graph = Counter()
+    for b in trace.batches if trace is not None else ():
+        layer = engine.read_batch(trace, b)
+        for row, d in zip(layer.rows.tolist(), layer.diff.tolist(), strict=True):
+            total[tuple(row)] += d
+    return Counter({k: v for k, v in total.items() if v})
+
+
+def folders(root: Path) -> set[str]:
+    """Every batch and segment folder on disk, as manifests name them."""
+    found = set()
+    for area in ("traces", "arrangements"):
+        if (root / area).is_dir():
+            found |= {
+                f"{area}/{t.name}/{b.name}" for t in (root / area).iterdir() for b in t.iterdir()
+            }
+    return found
+
+
+def kept_paths(store: Store) -> set[str]:
+    return {p for g in store.generations() for p in store.generation(g).paths()}
 
 
 def engines(spark: SparkSession, root: Path) -> dict[str, Engine]:
@@ -75,7 +129,7 @@ def engines(spark: SparkSession, root: Path) -> dict[str, Engine]:
             spark, str(root / "split"), TRIANGLES, deployment="executors", executor_tasks=3
         ),
         "executors-sharded": Engine(
-            spark, str(root / "sharded"), TRIANGLES, deployment="executors", executor_max_rows=400
+            spark, str(root / "sharded"), TRIANGLES, deployment="executors", executor_max_rows=600
         ),
     }
     made["executors-split"].one_task_rows = 0
@@ -83,23 +137,26 @@ def engines(spark: SparkSession, root: Path) -> dict[str, Engine]:
 
 
 def test_every_deployment_does_the_same_work(small: SparkSession, tmp_path: Path) -> None:
-    """Same epochs everywhere: the oracle's output, and the same counts at every step."""
+    """Same epochs everywhere (a hub of degree 39 at epoch 0): the oracle's output, and the same
+    counts at every step of every rule."""
     ways = engines(small, tmp_path)
     graph: Counter = Counter()
-    for t, change in enumerate(graph_epochs(seed=11)):
-        before = naive_eval(TRIANGLES, {"edge": {k: v for k, v in graph.items() if v}})
+    for t, change in enumerate(graph_epochs(seed=11, epochs=1)):
+        before = naive_eval(TRIANGLES, {"edge": live(graph)})
         graph.update(change)
-        after = naive_eval(TRIANGLES, {"edge": {k: v for k, v in graph.items() if v}})
+        after = naive_eval(TRIANGLES, {"edge": live(graph)})
         expected = Counter(after)
         expected.subtract(before)
         expected = Counter({k: v for k, v in expected.items() if v})
+        assert expected, t
         steps = {}
         for name, engine in ways.items():
-            result = engine.apply_epoch(t, {"edge": edge_frame(small, change)})
+            result = engine.apply_epoch(t, {"edge": edge_table(change)})
             assert result.metrics.deployment == name.split("-")[0], name
             assert ("shards" in result.metrics.reason) == name.endswith("sharded"), name
-            assert collected(result.outputs["triangles"]) == expected, (name, t)
+            assert change_of(engine, result) == expected, (name, t)
             assert result.total("triangles") == sum(expected.values()), (name, t)
+            assert result.count("triangles") == sum(after.values()), (name, t)
             steps[name] = sorted(
                 (s.rule, s.var, s.prefixes, s.min_count_sum, s.proposed, s.validated)
                 for s in result.metrics.steps
@@ -108,43 +165,61 @@ def test_every_deployment_does_the_same_work(small: SparkSession, tmp_path: Path
         for name, seen in steps.items():
             assert seen == steps["driver"], (name, t)
     for name, engine in ways.items():
-        assert collected(engine.output()) == Counter(after), name
+        assert stored(engine) == Counter(after), name
+        assert stored(engine, "rel/edge") == live(graph), name
 
 
-def test_the_driver_follows_another_writer_and_a_compaction(
-    small: SparkSession, tmp_path: Path
-) -> None:
-    """Two engines take turns on one state (one on the driver, one on the executors), with a
-    compaction every 2 batches; the oracle after each epoch."""
-    state = str(tmp_path / "state")
-    epochs = graph_epochs(seed=5, epochs=6)
-    ways = [
-        Engine(small, state, TRIANGLES, compact_every=2, deployment="driver"),
-        Engine(small, state, TRIANGLES, compact_every=2, deployment="executors"),
-    ]
-    graph: Counter = Counter()
-    for t, change in enumerate(epochs):
-        engine = ways[(t // 2) % 2]  # 0, 0, 1, 1, 0, 0, 1
-        graph.update(change)
-        engine.apply_epoch(t, {"edge": edge_frame(small, change)})
-        expected = naive_eval(TRIANGLES, {"edge": {k: v for k, v in graph.items() if v}})
-        assert collected(engine.output()) == Counter(expected), f"epoch {t}"
-    assert ways[0].resident.reads > 0
-    assert ways[0].store.current().frontier is not None
-
-
-def test_a_failed_write_applies_nothing(
+def test_writers_on_both_deployments_follow_each_other_and_the_merges(
     small: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Two engines take turns on one state (one on the driver, one on the executors) while the
+    index merges its segments after nearly every epoch; the oracle after each epoch. The usual
+    epoch reads no batch, whoever wrote the previous one: it maps the index that epoch left."""
+    monkeypatch.setattr(indexes, "MAX_RECENT", 1)
+    monkeypatch.setattr(indexes, "MERGE_MIN_ROWS", 0)
+    monkeypatch.setattr(indexes, "MERGE_SHARE", 0.1)
+    state = str(tmp_path / "state")
+    epochs = graph_epochs(seed=5, epochs=4)
+    ways = [
+        Engine(small, state, TRIANGLES, deployment="driver"),
+        Engine(small, state, TRIANGLES, deployment="executors"),
+    ]
+    graph: Counter = Counter()
+    bases: set[str] = set()
+    for t, change in enumerate(epochs):
+        engine = ways[(t // 2) % 2]  # 0, 0, 1, 1, 0
+        graph.update(change)
+        result = engine.apply_epoch(t, {"edge": edge_table(change)})
+        assert result.metrics.deployment == ("driver", "executors")[(t // 2) % 2]
+        expected = naive_eval(TRIANGLES, {"edge": live(graph)})
+        assert stored(engine) == Counter(expected), f"epoch {t}"
+        assert result.count("triangles") == sum(expected.values())
+        if t:
+            assert result.metrics.mapped_bytes > 0 and result.metrics.read_bytes == 0, t
+        manifest = engine.store.current()
+        bases |= {
+            s.path
+            for trace in manifest.traces.values()
+            if trace.index is not None
+            for s in trace.index.segments
+            if s.level.value == "base"
+        }
+    assert len(bases) > len(ways[0].indexed()), "the bases were merged again"
+
+
+def test_a_failed_write_applies_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The third batch the epoch writes fails (a full disk): the batches and segments staged
+    before it are removed, no manifest is written, and the epoch then applies exactly."""
     state = tmp_path / "state"
     epochs = graph_epochs(seed=2, epochs=1)
-    engine = Engine(small, str(state), TRIANGLES, deployment="driver")
-    engine.apply_epoch(0, {"edge": edge_frame(small, epochs[0])})
+    engine = Engine(None, str(state), TRIANGLES, deployment="driver")
+    engine.apply_epoch(0, {"edge": edge_table(epochs[0])})
     before = engine.store.current()
+    on_disk = folders(state)
     writes: list[str] = []
     real = BatchFiles.write
 
-    def failing(self, rel, *args, **kwargs):  # the third write of the epoch fails
+    def failing(self: BatchFiles, rel: str, *args: Any, **kwargs: Any) -> Any:
         writes.append(rel)
         if len(writes) == 3:
             raise StateError(f"state {self.root}: cannot write a batch (No space left on device)")
@@ -152,29 +227,30 @@ def test_a_failed_write_applies_nothing(
 
     monkeypatch.setattr(BatchFiles, "write", failing)
     with pytest.raises(StateError, match="No space left"):
-        engine.apply_epoch(1, {"edge": edge_frame(small, epochs[1])})
+        engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
+    assert len(writes) == 3
     assert engine.store.current() == before
-    live = {b.path for t in before.traces.values() for b in t.batches}
-    on_disk = {
-        f"traces/{d.name}/{b.name}" for d in (state / "traces").iterdir() for b in d.iterdir()
-    }
-    assert on_disk == live, "the staged batches were removed"
+    assert folders(state) == on_disk == kept_paths(engine.store), "the staged folders were removed"
     monkeypatch.setattr(BatchFiles, "write", real)
-    engine.apply_epoch(1, {"edge": edge_frame(small, epochs[1])})
+    engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
     graph = Counter(epochs[0])
     graph.update(epochs[1])
-    expected = naive_eval(TRIANGLES, {"edge": {k: v for k, v in graph.items() if v}})
-    assert collected(engine.output()) == Counter(expected)
+    assert stored(engine) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
 
 
-def test_a_failed_task_applies_nothing(small: SparkSession, tmp_path: Path) -> None:
-    """A task that fails (a null in a change file it reads) fails the epoch, and applies
-    nothing; the same epoch applies once the file is right."""
+def test_a_failed_task_applies_nothing(
+    small: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task that fails (the relation's change file it reads is truncated under it) fails the
+    epoch, and applies nothing; the same epoch then applies. Changes holding a null are refused
+    on the driver, before anything is written."""
     state = tmp_path / "state"
     engine = Engine(small, str(state), TRIANGLES, deployment="executors")
     epochs = graph_epochs(seed=3, epochs=1)
-    engine.apply_epoch(0, {"edge": edge_frame(small, epochs[0])})
+    engine.apply_epoch(0, {"edge": edge_table(epochs[0])})
     before = engine.store.current()
+    on_disk = folders(state)
+
     changes = [((a, b), d) for (a, b), d in epochs[1].items() if d]
     bad = tmp_path / "bad.parquet"
     pq.write_table(
@@ -187,16 +263,37 @@ def test_a_failed_task_applies_nothing(small: SparkSession, tmp_path: Path) -> N
         ),
         bad,
     )
-    with pytest.raises(Exception, match="null"):
+    with pytest.raises(InputError, match="null"):
         engine.apply_epoch(1, {"edge": small.read.parquet(str(bad))})
+    assert engine.store.current() == before and folders(state) == on_disk
+
+    real = cluster.run_rules
+    truncated: list[str] = []
+
+    def truncating(eng: Engine, m: Any, epoch: int, choice: Any, jobs: Any, pre: Any, written: Any):
+        batch = pre["rel/edge"]
+        path = state / batch.path / batch.files[0].name
+        path.chmod(0o644)
+        path.write_bytes(path.read_bytes()[:20])
+        truncated.append(str(path))
+        return real(eng, m, epoch, choice, jobs, pre, written)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cluster, "run_rules", truncating)
+        with pytest.raises(Exception) as failed:
+            engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
+    assert truncated, "the tasks ran"
+    assert not isinstance(failed.value, AssertionError), failed.value
     assert engine.store.current() == before
+    assert folders(state) == on_disk, "the staged batches were removed"
+
     good = tmp_path / "good.parquet"
     pq.write_table(pq.read_table(bad).slice(0, len(changes)), good)
-    engine.apply_epoch(1, {"edge": small.read.parquet(str(good))})
+    result = engine.apply_epoch(1, {"edge": small.read.parquet(str(good))})
+    assert result.metrics.deployment == "executors"
     graph = Counter(epochs[0])
     graph.update(epochs[1])
-    expected = naive_eval(TRIANGLES, {"edge": {k: v for k, v in graph.items() if v}})
-    assert collected(engine.output()) == Counter(expected)
+    assert stored(engine) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
 
 
 def test_files_of_abandoned_attempts_are_removed(tmp_path: Path) -> None:
@@ -215,7 +312,7 @@ def test_files_of_abandoned_attempts_are_removed(tmp_path: Path) -> None:
         (),
         rules=(RuleJob("triangles", 2, "out/x"), RuleJob("triangles", 1, "out/y")),
     )
-    written = Written({"out/x": [f"{folder}/part-kept-000.snappy.parquet"]}, {}, {}, {})
+    written = Written({"out/x": [f"{folder}/part-kept-000.snappy.parquet"]}, {}, {}, {}, {})
     written.clean(files, {"out/x": folder, "out/y": empty}, work)
     assert sorted(files.listing(folder)) == ["_SUCCESS", "part-kept-000.snappy.parquet"]
     assert files.read_layer(["c0", "c1", "c2"], [folder]).diff.tolist() == [1]
@@ -245,17 +342,21 @@ def test_the_router_sends_each_shard_to_its_partitions(small: SparkSession) -> N
 
 
 def test_the_choice_and_its_reason_are_recorded(small: SparkSession, tmp_path: Path) -> None:
-    epochs = graph_epochs(seed=9, epochs=3)
+    epochs = graph_epochs(seed=9, epochs=2)
     engine = Engine(small, str(tmp_path / "state"), TRIANGLES, driver_epoch_rows=20)
-    first = engine.apply_epoch(0, {"edge": edge_frame(small, epochs[0])}).metrics
+    first = engine.apply_epoch(0, {"edge": edge_table(epochs[0])}).metrics
     assert (first.deployment, first.reason) == (
         "executors",
         "more than the driver's 20 rows changed at the epoch",
     )
     engine.limits = Limits(driver_max_rows=10)
-    held = engine.apply_epoch(1, {"edge": edge_frame(small, epochs[1])}).metrics
+    held = engine.apply_epoch(1, {"edge": edge_table(epochs[1])}).metrics
     assert held.deployment == "executors" and "exceed the driver's 10" in held.reason
     engine.limits = Limits()
-    fits = engine.apply_epoch(2, {"edge": edge_frame(small, epochs[2])}).metrics
+    fits = engine.apply_epoch(2, {"edge": edge_table(epochs[2])}).metrics
     assert fits.deployment == "driver" and fits.reason.startswith("fits the driver (")
     assert fits.to_dict()["reason"] == fits.reason
+    graph: Counter = Counter()
+    for change in epochs:
+        graph.update(change)
+    assert stored(engine) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))

@@ -1,8 +1,13 @@
-"""The driver's allocator setting (`wcoj_core.memory`): set once, switchable off."""
+"""The driver's allocator setting (`wcoj_core.memory`): set once, switchable off, and made by
+every process that runs the kernel: a Spark session's driver, and (since the one-pass engine
+runs local commands without Spark) a command that never starts one."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -44,3 +49,30 @@ def test_the_session_sets_it_first(spark: SparkSession, monkeypatch: pytest.Monk
     assert memory.keep_freed_memory.cache_info().currsize == 0
     assert session() is spark
     assert memory.keep_freed_memory.cache_info().currsize == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+@pytest.mark.xfail(
+    strict=True,
+    reason="only wcoj_core.spark.session and deploy.resident.Resident call keep_freed_memory; "
+    "the one-pass engine's driver path (wcoj_core.epoch / deploy.driver / indexes) uses neither, "
+    "so a local `wcoj count` or `wcoj apply` - the driver count the module's measurements are "
+    "about - never sets the allocator",
+)
+def test_a_command_without_spark_sets_it_too(tmp_path: Path) -> None:
+    edges = tmp_path / "edges.txt"
+    edges.write_text("1\t2\n2\t3\n1\t3\n")
+    code = f"""
+import sys
+from wcoj_core import cli, memory
+argv = ["count", "--query", "triangles", "--input", "edge={edges}", "--undirected", "edge"]
+assert cli.main(argv) == 0
+assert "pyspark.sql" not in sys.modules, "Spark was imported"
+print(memory.keep_freed_memory.cache_info().currsize)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "WCOJ_KEEP_MEMORY"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "1", "the allocator setting was never made"

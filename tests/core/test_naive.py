@@ -1,9 +1,11 @@
-"""The naive oracle: hand-computed cases and a cross-check against brute-force enumeration."""
+"""The naive oracle: hand-computed cases and a cross-check against brute-force enumeration; and
+`fold_epoch`, the oracle of an epoch landed on a set or a bag (`wcoj_core.meaning`)."""
 
 from __future__ import annotations
 
 import itertools
 import math
+import random
 import time
 from collections import Counter
 
@@ -12,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from wcoj_core.errors import QueryError
-from wcoj_core.naive import Relations, accumulate, naive_delta, naive_eval
+from wcoj_core.naive import Relations, accumulate, fold_epoch, naive_delta, naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
 from wcoj_core.query.parse import parse_query
@@ -209,3 +211,59 @@ def test_naive_delta_is_the_difference(query: Query, before: Relations, after: R
     assert 0 not in delta.values()
     for row in old.keys() | new.keys() | delta.keys():
         assert delta[row] == new[row] - old[row]
+
+
+# --- folding an epoch into a set or a bag (the oracle of `wcoj_core.meaning`) ---------------------
+
+TUPLES = st.tuples(st.integers(0, 3), st.integers(0, 3))
+LANDED = st.lists(st.tuples(TUPLES, st.sampled_from([1, 1, 2, -1, -2])), max_size=12)
+SET_BEFORE = st.dictionaries(TUPLES, st.just(1), max_size=8)
+
+
+def test_fold_epoch_reads_a_set_by_the_sign_of_each_tuples_sum() -> None:
+    before = {(1, 2): 1, (2, 3): 1, (3, 4): 1}
+    landed = [
+        ((1, 2), 1),  # present, inserted again: unchanged
+        ((2, 3), -1),  # present, deleted
+        ((3, 4), 1),  # inserted and deleted in one epoch: sum 0, unchanged
+        ((3, 4), -1),
+        ((5, 6), -1),  # absent, deleted: unchanged
+        ((6, 7), 2),  # absent, inserted twice: present once
+        ((7, 8), 1),  # net +1 over three changes
+        ((7, 8), 1),
+        ((7, 8), -1),
+    ]
+    assert fold_epoch(before, landed, as_set=True) == Counter(
+        {(1, 2): 1, (3, 4): 1, (6, 7): 1, (7, 8): 1}
+    )
+    assert fold_epoch(before, landed, as_set=False) == Counter(
+        {(1, 2): 2, (3, 4): 1, (5, 6): -1, (6, 7): 2, (7, 8): 1}
+    )
+
+
+@given(SET_BEFORE, LANDED, st.randoms(use_true_random=False))
+def test_a_set_fold_is_presence_idempotent_and_order_free(
+    before: dict[tuple[int, ...], int], landed: list, rng: random.Random
+) -> None:
+    after = fold_epoch(before, landed, as_set=True)
+    sums: Counter[tuple[int, ...]] = Counter()
+    for t, d in landed:
+        sums[t] += d
+    assert set(after.values()) <= {1}
+    for t in set(before) | set(sums):
+        present = sums[t] > 0 or (sums[t] == 0 and t in before)
+        assert (t in after) == present, t
+    assert fold_epoch(after, landed, as_set=True) == after, "landing an epoch again: no change"
+    shuffled = list(landed)
+    rng.shuffle(shuffled)
+    assert fold_epoch(before, shuffled, as_set=True) == after
+
+
+@given(st.dictionaries(TUPLES, st.integers(-2, 2), max_size=8), LANDED)
+def test_a_bag_fold_adds_every_diff(before: dict[tuple[int, ...], int], landed: list) -> None:
+    expected: Counter[tuple[int, ...]] = Counter(before)
+    for t, d in landed:
+        expected[t] += d
+    assert fold_epoch(before, landed, as_set=False) == Counter(
+        {t: m for t, m in expected.items() if m}
+    )

@@ -8,7 +8,13 @@ query). GenericJoin lets the extender with the fewest candidates propose, so eac
 costs the smaller degree of its two endpoints.
 
 The test checks the output change against the naive oracle, the engine's per-step metrics against
-the same counts recomputed here in pure Python, and the proposals against the binary plan's size.
+the same counts recomputed here in pure Python, and the proposals against the binary plan's size;
+on the driver (no Spark), and on the executors with the hub epoch's work split over two tasks,
+which must do exactly the driver's work.
+
+Ported to the one-pass engine: the edges are landed once each, as an undirected relation (a set,
+read in both directions by the engine), as Arrow tables; the change is `EpochResult.changes`
+(or `Engine.change` when the executors wrote it); every step is measured (no Spark nulls).
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ import random
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-import pytest
-from pyspark.sql import DataFrame, SparkSession
+import pyarrow as pa
+from pyspark.sql import SparkSession
 
-from wcoj_core.engine import Engine, StepMetrics
+from wcoj_core.engine import Engine, EpochResult, StepMetrics
+from wcoj_core.meaning import relation_specs
 from wcoj_core.naive import naive_delta, naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.plan import Plan, Version
@@ -31,13 +39,9 @@ SPARSE_EDGES = 300
 HUB = 0  # the smallest vertex, so that the naive oracle's body-order search stays cheap
 HUB_DEGREE = 2000
 TRIANGLES = builtin("triangles")
+SPECS = relation_specs({"edge": 2}, undirected=["edge"])
 
 Graph = Counter[tuple[int, int]]
-
-
-@pytest.fixture(autouse=True)
-def small_data_conf(small: SparkSession) -> None:
-    """Every test here runs on tiny data (see the `small` fixture)."""
 
 
 def symmetric(pairs: set[tuple[int, int]]) -> Graph:
@@ -48,9 +52,16 @@ def symmetric(pairs: set[tuple[int, int]]) -> Graph:
     return graph
 
 
-def frame(spark: SparkSession, graph: Graph) -> DataFrame:
-    rows = [(u, v, d) for (u, v), d in sorted(graph.items())]
-    return spark.createDataFrame(rows, "c0 long, c1 long, diff long")
+def table(pairs: set[tuple[int, int]]) -> pa.Table:
+    """Undirected edges, each named once (the engine reads both directions)."""
+    rows = sorted(pairs)
+    return pa.table(
+        {
+            "c0": pa.array([u for u, _ in rows], pa.int64()),
+            "c1": pa.array([v for _, v in rows], pa.int64()),
+            "diff": pa.array([1] * len(rows), pa.int64()),
+        }
+    )
 
 
 def adjacency(graph: Graph) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
@@ -132,44 +143,51 @@ def binary_wedges(delta: Graph, graph: Mapping[tuple[int, int], int]) -> int:
     return sum(len(out.get(v, ())) for (_, v), d in delta.items() if d != 0)
 
 
-def test_hub_edges_propose_from_the_small_side(spark: SparkSession, tmp_path: Path) -> None:
+def change_of(engine: Engine, result: EpochResult) -> Counter[tuple[int, ...]]:
+    arrays = result.changes[TRIANGLES.name]
+    change: Counter[tuple[int, ...]] = Counter()
+    if arrays is None:
+        for row in engine.change(TRIANGLES.name, result.epoch).to_pylist():
+            change[(row["c0"], row["c1"], row["c2"])] += row["diff"]
+    else:
+        rows, diff = arrays
+        for row, d in zip(rows.tolist(), diff.tolist(), strict=True):
+            change[tuple(row)] += d
+    return Counter({k: v for k, v in change.items() if v})
+
+
+def hub_epoch(engine: Engine) -> tuple[str, list[tuple[int, str, int, int, int, int]]]:
+    """Load the skewed graph, apply the hub epoch, check it; where it ran and its steps."""
     rng = random.Random(20240611)
     pairs, neighbours = skewed_graph(rng)
+    new_pairs = hub_changes(rng, pairs, neighbours)
     before = symmetric(pairs)
-    delta = symmetric(hub_changes(rng, pairs, neighbours))
+    delta = symmetric(new_pairs)
     after = before + delta
     hub_degree = len(adjacency(before)[0][HUB])
     assert hub_degree >= HUB_DEGREE
 
-    engine = Engine(spark, str(tmp_path / "state"), TRIANGLES)
-    engine.apply_epoch(0, {"edge": frame(spark, before)})
-    result = engine.apply_epoch(1, {"edge": frame(spark, delta)})
+    engine.apply(0, {"edge": table(pairs)})
+    result = engine.apply(1, {"edge": table(new_pairs)})
+    assert result.relations["edge"].changed == len(delta)
 
-    # Exactness: the change equals the naive oracle's, and so does the accumulated output.
-    change: Counter[tuple[int, ...]] = Counter()
-    for row in result.outputs[TRIANGLES.name].collect():
-        assert row["time"] == 1
-        change[tuple(row)[:-2]] += row["diff"]
+    # Exactness: the change equals the naive oracle's, and so does the count.
     expected = naive_delta(TRIANGLES, {"edge": before}, {"edge": after})
-    assert change == expected
+    assert change_of(engine, result) == expected
     assert len(expected) >= len(delta) // 2, "every new pair should close a triangle"
-    accumulated = Counter({tuple(r)[:-1]: r["diff"] for r in engine.output().collect()})
-    assert accumulated == naive_eval(TRIANGLES, {"edge": after})
+    assert result.count(TRIANGLES.name) == sum(naive_eval(TRIANGLES, {"edge": after}).values())
 
     # The engine's per-step metrics match the counts recomputed here.
     steps: list[StepMetrics] = [s for s in result.metrics.steps if s.query == TRIANGLES.name]
-    measured = [s for s in steps if s.prefixes is not None and s.proposed is not None]
-    assert measured, f"no step was measured: {steps}"
-    plan = engine.plans[TRIANGLES.name]
-    bound = expected_steps(plan, delta, before, after)
-    for s in measured:
-        min_count_sum = s.min_count_sum or 0  # Spark sums no rows to null
-        assert (s.prefixes, min_count_sum) == bound[s.rule], s
-        # Spark proposes every candidate; the keyed path narrows ranges by the order filters.
-        assert s.proposed is not None and s.proposed <= min_count_sum, s
-    proposed = sum(s.proposed or 0 for s in measured)
+    assert len(steps) == len(engine.plans[TRIANGLES.name].rules), steps
+    bound = expected_steps(engine.plans[TRIANGLES.name], delta, before, after)
+    for s in steps:
+        assert (s.prefixes, s.min_count_sum) == bound[s.rule], s
+        # Every proposal is one of the fewest candidates; ranges narrowed by the order filters.
+        assert s.validated <= s.proposed <= s.min_count_sum, s
+    proposed = sum(s.proposed for s in steps)
     wcoj_bound = sum(fewest for _, fewest in bound.values())
-    assert proposed <= wcoj_bound
+    assert 0 < proposed <= wcoj_bound
 
     # Against a binary plan: each delta edge into the hub meets the hub's whole adjacency list.
     hub_delta_edges = sum(1 for (u, v) in delta if HUB in (u, v))
@@ -177,3 +195,23 @@ def test_hub_edges_propose_from_the_small_side(spark: SparkSession, tmp_path: Pa
     assert wedges >= hub_delta_edges // 2 * hub_degree
     assert 10 * proposed <= wedges, (proposed, wedges)
     assert 100 * wcoj_bound <= hub_degree**2, (wcoj_bound, hub_degree)
+    return result.metrics.deployment, sorted(
+        (s.rule, s.var, s.prefixes, s.min_count_sum, s.proposed, s.validated) for s in steps
+    )
+
+
+def test_hub_edges_propose_from_the_small_side(tmp_path: Path) -> None:
+    engine = Engine(None, str(tmp_path / "state"), TRIANGLES, relations=SPECS)
+    assert hub_epoch(engine)[0] == "driver"
+
+
+def test_the_hub_epoch_split_over_tasks_does_the_drivers_work(
+    small: SparkSession, tmp_path: Path
+) -> None:
+    """The same epochs with the kernel in two Spark tasks, the hub's delta tuples split between
+    them by the work the counts predict: the same change and exactly the driver's steps."""
+    _, driver = hub_epoch(Engine(None, str(tmp_path / "driver"), TRIANGLES, relations=SPECS))
+    options: dict[str, Any] = {"deployment": "executors", "executor_tasks": 2}
+    engine = Engine(small, str(tmp_path / "executors"), TRIANGLES, relations=SPECS, **options)
+    engine.one_task_rows = 0  # split even a small epoch
+    assert hub_epoch(engine) == ("executors", driver)
