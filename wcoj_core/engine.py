@@ -97,6 +97,7 @@ class Engine:
         executor_max_rows: int = deploy.EXECUTOR_MAX_ROWS,
         executor_tasks: int | None = None,
         landing_rows: int = LANDING_ROWS,
+        compact_every: int = 0,
         create: bool = True,
     ) -> None:
         qs = [queries] if isinstance(queries, Query) else list(queries)
@@ -149,6 +150,9 @@ class Engine:
         self.limits = Limits(deployment, driver_max_rows, driver_epoch_rows, executor_max_rows)
         self.executor_tasks = executor_tasks
         self.landing_rows = landing_rows
+        # Keep the last `compact_every` epochs re-runnable and compact what is older, once a
+        # trace holds twice that many batches (0: never; see `wcoj_core.compaction`).
+        self.compact_every = compact_every
         # A small executors' work (changed rows) runs in one task once the executors are warm.
         self.one_task_rows = ONE_TASK_ROWS
         self.executors_warm = False
@@ -323,6 +327,36 @@ class Engine:
             base = self.store.current()
         result = EpochPass(self, base, epoch, changes).run()
         return dataclasses.replace(result, rebuilt=tuple(rebuilt)) if rebuilt else result
+
+    def compact(self, frontier: int | None = None) -> mf.Manifest:
+        """Merge every trace's batches at or before `frontier` (default: the last epoch) into
+        one, in one commit (`wcoj_core.compaction`); the committed manifest."""
+        from wcoj_core.compaction import compacted
+
+        base = self.store.current()
+        if base.epoch is None:
+            return base
+        frontier = base.epoch if frontier is None else min(frontier, base.epoch)
+        written: list[str] = []
+        try:
+            relations = [relation_trace_name(r) for r in self.relations]
+            new = compacted(base, frontier, relations, self.files, self.read_batch, written)
+            if new is base:
+                return base
+            return self.store.commit(new, expected=base)
+        except BaseException:
+            self.store.discard(written)
+            raise
+
+    def compaction_due(self, m: mf.Manifest, epoch: int) -> int | None:
+        """The frontier to compact to with epoch `epoch`'s commit, or None."""
+        n = self.compact_every
+        if n <= 0 or (m.epoch is not None and epoch < m.epoch):
+            return None
+        if max((len(t.batches) for t in m.traces.values()), default=0) <= 2 * n:
+            return None
+        frontier = epoch - n
+        return frontier if m.frontier is None or frontier > m.frontier else None
 
     def evaluate(self, changes: Mapping[str, Changes]) -> EpochResult:
         """The epoch after the state's last (0 for a new state) computed from `changes` and

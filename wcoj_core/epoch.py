@@ -258,6 +258,15 @@ class EpochPass:
                 choice, outputs, tallies = self._derive(m)
             with self.timer.phase("write"):
                 new, reports = self._write(m, outputs)
+            frontier = None if self.dry else engine.compaction_due(new, t)
+            if frontier is not None:
+                from wcoj_core.compaction import compacted
+
+                with self.timer.phase("compact"):
+                    relations = [relation_trace_name(r) for r in engine.specs]
+                    new = compacted(
+                        new, frontier, relations, engine.files, engine.read_batch, self.written
+                    )
             if self.dry:
                 self._discard()  # what the executors wrote, if they ran
                 committed = new
@@ -528,7 +537,7 @@ class EpochPass:
             rebuilt=tuple(
                 f"{n}: {o.rebuilt}"
                 for n, o in self.opened.items()
-                if o.rebuilt and o.index is not None
+                if o.rebuilt and o.damaged
             ),
         )
         relations = {

@@ -135,6 +135,7 @@ class Opened:
     index: Index | None
     read: dict[str, Layer] = field(default_factory=dict)
     rebuilt: str = ""
+    damaged: bool = False  # an index was there but could not be used
     mapped: int = 0
     read_bytes: int = 0
     _derived: dict[ViewKey, list[Layer]] = field(default_factory=dict)
@@ -196,16 +197,20 @@ def open_trace(
     held = {k: [s for s in index.segments if _segment_key(s) == k] for k in keys}
     if any(not segs for segs in held.values()):
         missing = [k for k, segs in held.items() if not segs]
-        return _rebuild(
+        found = _rebuild(
             trace, before, wanted, keys, read_batch, f"the index lacks the view(s) {missing}"
         )
+        found.damaged = True
+        return found
     try:
         mapped = {
             k: [segments.open_segment(root, s, verify=verify) for s in segs]
             for k, segs in held.items()
         }
     except segments.DamagedFile as e:
-        return _rebuild(trace, before, wanted, keys, read_batch, str(e))
+        found = _rebuild(trace, before, wanted, keys, read_batch, str(e))
+        found.damaged = True
+        return found
     opened = Opened(trace, before, mapped, Layer.empty(len(trace.columns)), index)
     opened.mapped = sum(segments.segment_bytes(s) for segs in held.values() for s in segs)
     plus = [b for b in wanted if b.path not in covered]
@@ -272,10 +277,10 @@ def advance(
     out: list[Segment] = []
     for key in sorted(keys, key=repr):
         if opened.rebuilt or opened.index is None:
-            # No index to build on: the whole trace after the epoch becomes the base.
+            # No index to build on: the whole trace after the epoch becomes the base (an empty
+            # base too: the index then says the view is empty, rather than missing).
             base = _sum(len(key[1]), *opened.at(key), arrange(change, key))
-            if len(base):
-                out.append(_write(root, folder, base, Level.BASE, key, written))
+            out.append(_write(root, folder, base, Level.BASE, key, written))
             continue
         segs = [s for s in opened.index.segments if _segment_key(s) == key]
         base = [s for s in segs if s.level is Level.BASE]
@@ -292,9 +297,8 @@ def advance(
                     segments.open_segment(root, s, verify=verify_merges) for s in base + recent
                 ]
                 merged_base = _sum(len(key[1]), *layers, fresh)
-                base, recent, fresh = [], [], None
-                if len(merged_base):
-                    base = [_write(root, folder, merged_base, Level.BASE, key, written)]
+                base = [_write(root, folder, merged_base, Level.BASE, key, written)]
+                recent, fresh = [], None
         out += base + recent
         if fresh is not None and len(fresh):
             out.append(_write(root, folder, fresh, Level.RECENT, key, written))

@@ -493,13 +493,6 @@ def test_json_carries_hydration_and_no_spark(
     assert json.loads(out[-1])["metrics"]["hydration"]["read_bytes"] > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="wcoj_core/epoch.py:520 keeps only opened traces with `o.index is not None`, but "
-    "indexes._rebuild always returns index=None: a rebuilt index is never listed in "
-    "metrics.hydration.rebuilt, and nothing warns (docs/state.md: 'rebuilt from the batches, "
-    "with a warning')",
-)
 def test_a_missing_arrangement_file_is_rebuilt_reported_and_warned(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1023,13 +1023,6 @@ def test_verify_names_damage_and_repairs_arrangements(
     assert any("not rebuildable" in line for line in out if line.startswith("damaged: ")), out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="wcoj verify --repair rebuilds the damaged arrangement file in a new generation but "
-    "exits 1: the kept earlier generations still name the damaged (rebuildable) file, and "
-    "verify_state counts their damage (wcoj_core/cli/verify.py: `EXIT_OK if report.ok`), so a "
-    "repaired state fails verify until KEEP_MANIFESTS more commits prune them",
-)
 def test_verify_repair_leaves_a_state_that_verifies(
     no_spark: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -12,10 +12,9 @@ Ported from the engine before the one-pass rewrite (state format 2):
 * an epoch no longer stages anything before its rules on the driver, so a failure is injected
   where the driver writes (after a batch and a segment are written); on the executors after the
   tasks wrote their batches; sharded after Spark wrote an output batch;
-* the engine no longer compacts Parquet history (``Engine.compact`` and ``compact_every`` are
-  gone): what keeps files few now is the index's LSM merges of arrangement segments and the
-  store's pruning, tested here; history compaction is kept as a strict xfail (its old contract),
-  and the frontier the manifest still records is checked to be honoured;
+* what keeps files few: the index's LSM merges of arrangement segments, the store's pruning, and
+  history compaction (``Engine.compact``, or ``compact_every`` in an epoch's own commit), whose
+  frontier is honoured;
 * an engine serving other queries than the state's is refused when it is made, not when it
   first applies an epoch.
 """
@@ -543,26 +542,19 @@ def test_index_merges_keep_contents_exact_and_files_few(
         assert folders(root) == kept_paths(engine.store)
         assert len(list((root / "manifests").glob("*.json"))) == min(t + 1, KEEP_MANIFESTS)
     assert len(bases) > len(run.engine.indexed()), "some base was merged again"
-    # Batches are the history: one per changed trace and epoch, kept (see the xfail below).
+    # Batches are the history: one per changed trace and epoch, kept (no compaction asked).
     rel = run.engine.store.current().traces["rel/edge"]
     assert [b.time for b in rel.batches] == list(range(epochs))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the one-pass Engine has no way to compact Parquet history (Engine.compact and "
-    "compact_every are gone; nothing sets Manifest.frontier although Engine.apply, "
-    "reading.accumulated, lineage and audit honour it): every trace keeps one batch per epoch "
-    "for ever",
-)
 def test_history_compaction_keeps_contents_and_later_epochs_exact(tmp_path: Path) -> None:
-    """The old contract of ``Engine.compact()``: one batch per trace at the frontier, the
-    same contents, history before it refused, later epochs exact."""
+    """``Engine.compact()``: one batch per trace at the frontier, the same contents, history
+    before it refused, later epochs exact."""
     root = tmp_path / "state"
     run = new_run(root, [TRIANGLES], epochs=3)
     before = observe(run.engine, root)
     engine = run.engine
-    engine.compact()  # type: ignore[attr-defined]
+    engine.compact()
     after = engine.store.current()
     assert (after.epoch, after.frontier) == (2, 2)
     assert all(len(t.batches) <= 1 for t in after.traces.values())
@@ -573,9 +565,36 @@ def test_history_compaction_keeps_contents_and_later_epochs_exact(tmp_path: Path
     run.check_accumulated()
 
 
+def test_automatic_compaction_keeps_the_last_epochs_rerunnable(tmp_path: Path) -> None:
+    """With ``compact_every=N`` a trace never holds more than about 2N batches: once it would,
+    the epoch's own commit merges everything older than its last N epochs; those N stay
+    re-runnable (here: the last epoch replaced by the same changes), the answers stay exact,
+    and nothing goes stale."""
+    root = tmp_path / "state"
+    run = new_run(root, [TRIANGLES], epochs=1, compact_every=2)
+    applied = {}
+    for t in range(1, 9):
+        before = run.engine.store.current().generation
+        applied[t] = epoch_changes(t, run.graph)
+        run.step(t, applied[t])
+        engine = run.engine
+        assert engine.store.current().generation == before + 1  # in the epoch's own commit
+        run.check_accumulated()
+        m = engine.store.current()
+        assert max(len(tr.batches) for tr in m.traces.values()) <= 2 * 2 + 1
+    m = run.engine.store.current()
+    assert m.frontier is not None and m.frontier >= m.epoch - 2 * 2
+    assert run.engine.stale() == []
+    engine = run.engine
+    engine.apply(m.epoch, {"edge": table(applied[m.epoch])}, replace=True)
+    run.check_accumulated()
+    assert engine.stale() == []
+    with pytest.raises(StateError, match="compaction frontier"):
+        engine.apply(m.frontier, {}, replace=True)
+
+
 def test_epochs_at_or_before_a_frontier_cannot_be_rewritten(tmp_path: Path) -> None:
-    """A state whose manifest records a compaction frontier (written by hand: no engine sets
-    one now) refuses to replace an epoch at or before it, and to read history before it."""
+    """A state whose manifest records a compaction frontier refuses to replace an epoch at or before it, and to read history before it."""
     root = tmp_path / "state"
     run = new_run(root, [TRIANGLES], epochs=3)
     store = run.engine.store

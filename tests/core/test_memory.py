@@ -52,13 +52,6 @@ def test_the_session_sets_it_first(spark: SparkSession, monkeypatch: pytest.Monk
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-@pytest.mark.xfail(
-    strict=True,
-    reason="only wcoj_core.spark.session and deploy.resident.Resident call keep_freed_memory; "
-    "the one-pass engine's driver path (wcoj_core.epoch / deploy.driver / indexes) uses neither, "
-    "so a local `wcoj count` or `wcoj apply` - the driver count the module's measurements are "
-    "about - never sets the allocator",
-)
 def test_a_command_without_spark_sets_it_too(tmp_path: Path) -> None:
     edges = tmp_path / "edges.txt"
     edges.write_text("1\t2\n2\t3\n1\t3\n")

@@ -66,6 +66,7 @@ from wcoj_core.cli.console import (
     spark_message,
 )
 from wcoj_core.errors import WcojError
+from wcoj_core.memory import keep_freed_memory
 
 __all__ = ["main"]
 
@@ -89,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     debug = os.environ.get("WCOJ_DEBUG") == "1"
+    keep_freed_memory()  # before anything allocates (see `wcoj_core.memory`)
     try:
         args = _parser().parse_args(argv)
         with warnings.catch_warnings():

@@ -189,7 +189,10 @@ def read_changes(query: Any, changes: dict[str, str], starter: Any) -> dict[str,
 
 
 def warn_about(epoch: int, result: EpochResult) -> None:
-    """Warnings for changes that changed nothing, negative multiplicities, self-loops."""
+    """Warnings for arrangements rebuilt from the batches (a damaged or missing file), changes
+    that changed nothing, negative multiplicities, self-loops."""
+    for line in result.metrics.rebuilt:
+        warn(f"epoch {epoch}: arrangements rebuilt from the batches: {line}")
     for rel, r in result.relations.items():
         if r.self_loops:
             warn(

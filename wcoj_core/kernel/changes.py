@@ -67,9 +67,7 @@ def changes_table(
     [{'c0': 4, 'time': 7, 'diff': 2}]
     """
     # A contiguous column (a column-major array's) is taken by Arrow without a copy.
-    arrays = [
-        long_array(rows[:, j]) for j in range(len(columns))
-    ]
+    arrays = [long_array(rows[:, j]) for j in range(len(columns))]
     arrays += [long_array(np.full(len(diff), time, dtype=I64)), long_array(diff)]
     return pa.Table.from_arrays(arrays, schema=batch_schema(columns))
 

@@ -44,7 +44,7 @@ import numpy as np
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.index import Layers
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Bound, Layer, find, lookup_sum_of, present
+from wcoj_core.kernel.layer import Bound, Layer, find, lookup_bound, lookup_sum_of, present
 from wcoj_core.kernel.multiplicity import times
 from wcoj_core.query.ir import CmpOp, Filter, Var
 from wcoj_core.query.plan import AtomView, DeltaRule, Extender, Plan, Step
@@ -72,7 +72,7 @@ class Prefixes:
     means nothing); None when no row's has. A flagged row that completes a binding raises
     `MultiplicityOverflow` (`check_overflow`); one that dies before does not. `bound`, when
     known, bounds every ``|weight|``: the next product is then checked with one bound less to
-    read.
+    read. Change weights through `scale` (assigning `weight` directly must reset `bound`).
     """
 
     cols: dict[Var, np.ndarray]
@@ -84,9 +84,9 @@ class Prefixes:
         return len(self.weight)
 
     def take(self, idx: np.ndarray) -> Prefixes:
-        over = None if self.overflow is None else self.overflow[idx]
+        over = self.overflow
         cols = {v: c[idx] for v, c in self.cols.items()}
-        return Prefixes(cols, self.weight[idx], over, self.bound)
+        return Prefixes(cols, self.weight[idx], None if over is None else over[idx], self.bound)
 
     def scale(self, factor: np.ndarray, bound: int | None = None) -> None:
         """Multiply each row's weight by its `factor` (multiplicities, `bound` on their
@@ -218,7 +218,7 @@ def check_overflow(plan: Plan, part: Part) -> None:
     i = int(bad[0]) if kept is None else int(kept[bad[0]])
     order = [v for v in plan.query.vars if v in p.cols]  # the query's order, not the rule's
     names = ", ".join(v.name for v in order)
-    what = f"the weight of {plan.query.name}'s binding ({names})"
+    what = f"the weight of a binding ({names}) of {plan.query.name}"
     raise MultiplicityOverflow(what, tuple(int(p.cols[v][i]) for v in order))
 
 
@@ -228,14 +228,12 @@ def _checked(
     """Multiply in the atoms whose variables the delta tuples bind completely."""
     for c in rule.checks:
         order = tuple(range(c.view.arity))
-        m = lookup_sum_of(
-            layers.layers(relation_trace_name(c.view.relation), c.view, order, c.version),
-            [prefixes.cols[v] for v in plan.atom_vars[c.atom]],
-            len(prefixes),
-        )
+        held = layers.layers(relation_trace_name(c.view.relation), c.view, order, c.version)
+        cols = [prefixes.cols[v] for v in plan.atom_vars[c.atom]]
+        m = lookup_sum_of(held, cols, len(prefixes))
         keep = np.flatnonzero(m)
         prefixes = prefixes.take(keep)
-        prefixes.scale(m[keep])
+        prefixes.scale(m[keep], lookup_bound(held))
         tally.joins += len(prefixes)
     return prefixes
 
@@ -389,7 +387,7 @@ def _extend(
         kept, m = validate(plan, y, part, ys)
         passed.append(len(kept))
         if y.completes and m is not None:  # else every kept row's factor is 1
-            part.scale(m)  # the rows dropped (factor 0) are never read
+            part.scale(m, lookup_bound(ys))  # the rows dropped (factor 0) are never read
     return (part, kept), proposed, passed
 
 

@@ -213,7 +213,7 @@ class Layer:
     def diff_bound(self) -> int | None:
         """A bound on every ``|diff|`` when one is known without a pass over the layer (a
         layer built by `sort`, or a unit one); else None."""
-        return 1 if self._unit else self._bound
+        return self._bound
 
     @property
     def unit(self) -> bool:
@@ -221,13 +221,15 @@ class Layer:
         and multiplying by the diffs of found rows changes nothing."""
         if self._unit is None:
             self._unit = bool((self.diff == 1).all())
+            if self._unit:
+                self._bound = 1
         return self._unit
 
     def search_keys(self) -> np.ndarray:
         """The search keys of whole rows, in row order (so sorted): packed ``uint64`` when the
         layer has a `packing`, `encode` bytes otherwise (``uint64`` zeros for no column).
         Built on first use unless given; what a persisted layer stores as its keys."""
-        keys = self._keys.get(self.width)
+        keys = self._keys.get(self.rows.shape[1])
         if keys is None:
             packing = self.packing
             if packing is not None:
@@ -256,7 +258,7 @@ class Layer:
             return
         _ = self.unit, self.search_keys()
         if self.packing is not None:
-            self._shift(0)  # makes the table
+            self._shift_table()
             return
         for p in widths:
             if 0 < p < self.width:
@@ -272,35 +274,20 @@ class Layer:
             self._keys[p] = raw[:, : 8 * p].view(f"V{8 * p}").reshape(len(self))
         return self._keys[p]
 
-    def _shift(self, p: int) -> int:
-        """`Packing.shift` of the first `p` columns (a packed layer), from a table made once."""
-        if not self._shifts:
-            packing = self.packing
-            assert packing is not None
-            self._shifts = tuple(packing.shift(q) for q in range(self.width + 1))
-        return self._shifts[p]
+    def _shift_table(self) -> tuple[int, ...]:
+        """`Packing.shift` of the first ``p`` columns, for every ``p`` (a packed layer)."""
+        packing = self.packing
+        assert packing is not None
+        self._shifts = tuple(packing.shift(q) for q in range(self.width + 1))
+        return self._shifts
 
-    def _edge(self, probe: np.ndarray, p: int, upper: bool) -> np.ndarray:
-        """Where packed probes of the first `p` columns fall: the first row whose first `p`
-        columns are at or after each probe, or (`upper`) one past the last at or before it.
-
-        Whole rows' keys are searched with the probe moved into their top bits (``s`` bits up):
-        a row's prefix is below ``k`` exactly when its key is below ``k << s``, and at most
-        ``k`` exactly when its key is at most ``(k << s) | (2**s - 1)``. `probe` is not changed.
-        """
-        keys = self._keys.get(self.width)
+    def _packed_at(self, p: int) -> tuple[np.ndarray, int]:
+        """The whole rows' packed keys, and how far the first `p` columns sit above their
+        bottom bit (`_packed_edge`)."""
+        keys = self._keys.get(self.rows.shape[1])  # (a hot path: no property, no call)
         if keys is None:
             keys = self.search_keys()
-        s = self._shift(p)
-        side = "right" if upper else "left"
-        if s >= 64:  # the first `p` columns hold one value: every row has every probe's prefix
-            return np.full(len(probe), len(self) if upper else 0, dtype=I64)
-        if s == 0:
-            return np.searchsorted(keys, probe, side).astype(I64, copy=False)
-        moved = probe << U64(s)
-        if upper:
-            moved |= U64((1 << s) - 1)
-        return np.searchsorted(keys, moved, side).astype(I64, copy=False)
+        return keys, (self._shifts or self._shift_table())[p]
 
     def _probe(self, cols: Sequence[np.ndarray], m: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Keys (as columns) in the layer's search encoding; with packing, which keys can be
@@ -325,7 +312,8 @@ class Layer:
             lo = np.searchsorted(keys, probe, "left").astype(I64, copy=False)
             hi = np.searchsorted(keys, probe, "right").astype(I64, copy=False)
             return lo, hi
-        lo, hi = self._edge(probe, p, False), self._edge(probe, p, True)
+        keys, s = self._packed_at(p)
+        lo, hi = _packed_edge(keys, probe, s, False), _packed_edge(keys, probe, s, True)
         if not inside.all():
             hi[~inside] = lo[~inside]
         return lo, hi
@@ -380,11 +368,11 @@ class Layer:
         satisfies every bound."""
         p = len(cols)
         packing = self.packing
+        keys, s = self._packed_at(p + 1) if packing is not None else (self._prefix_keys(p + 1), 0)
         for b in bounds:
             values = np.asarray(b.values, dtype=I64)
             if packing is None:
                 # Bytes: the first row at or past the bound (lower), or past or at it (upper).
-                keys = self._prefix_keys(p + 1)
                 probe = encode(stack([*cols, values], m))
                 if b.lower:
                     lo = np.maximum(
@@ -407,7 +395,7 @@ class Layer:
                 edge = values if b.inclusive else values - 1
             edge = np.clip(edge, low, high)
             probe, _ = packing.pack_columns([*cols, edge], m)
-            found = self._edge(probe, p + 1, not b.lower)
+            found = _packed_edge(keys, probe, s, not b.lower)
             if b.lower:
                 lo = np.maximum(lo, found)
             else:
@@ -430,6 +418,7 @@ class Layer:
         if packing is None or not bounds or len(self) == 0:
             lo, hi = self.ranges_of(cols, m)
             return self.narrow_of(cols, m, lo, hi, bounds) if bounds else (lo, hi)
+        keys, s = self._packed_at(p + 1)
         low, high = packing.lows[p], packing.highs[p]
         sides = [b for b in bounds if b.lower] or [Bound(np.full(m, low, dtype=I64), True, True)]
         sides += [b for b in bounds if not b.lower] or [
@@ -449,7 +438,7 @@ class Layer:
                 edge = values if b.inclusive else values - 1
             probe, inside = packing.pack_columns([*cols, np.clip(edge, low, high)], m)
             empty |= ~inside  # a key outside the box has no rows
-            found = self._edge(probe, p + 1, not b.lower)
+            found = _packed_edge(keys, probe, s, not b.lower)
             if b.lower:
                 lo = found if lo is None else np.maximum(lo, found)
             else:
@@ -462,6 +451,27 @@ class Layer:
         if tuple(order) == tuple(range(self.width)):
             return self
         return Layer.sort(self.rows[:, list(order)], self.diff)
+
+
+def _packed_edge(keys: np.ndarray, probe: np.ndarray, s: int, upper: bool) -> np.ndarray:
+    """Where packed probes of a layer's first columns fall in its whole rows' sorted packed
+    `keys`, the columns' bits `s` above the bottom: the first row whose first columns are at
+    or after each probe, or (`upper`) one past the last at or before it.
+
+    The probe moves into the keys' top bits: a row's prefix is below ``k`` exactly when its
+    key is below ``k << s``, and at most ``k`` exactly when its key is at most
+    ``(k << s) | (2**s - 1)``; with ``s`` 64 every row has the one prefix (the first columns
+    hold one value each). `probe` is not changed.
+    """
+    if s == 0:
+        return np.searchsorted(keys, probe, "right" if upper else "left").astype(I64, copy=False)
+    if s >= 64:
+        return np.full(len(probe), len(keys) if upper else 0, dtype=I64)
+    moved = probe << U64(s)
+    if not upper:
+        return np.searchsorted(keys, moved, "left").astype(I64, copy=False)
+    moved |= U64((1 << s) - 1)
+    return np.searchsorted(keys, moved, "right").astype(I64, copy=False)
 
 
 def view_of(view: AtomView, layer: Layer) -> Layer:
@@ -515,6 +525,13 @@ def present(
     return np.flatnonzero(total), total
 
 
+def lookup_bound(layers: Sequence[Layer]) -> int | None:
+    """A bound on the magnitudes `lookup_sum_of` the layers returns, known without looking at
+    them: the layers' `Layer.diff_bound` summed (None when one is unknown)."""
+    bounds = [layer._bound for layer in layers if len(layer)]
+    return None if None in bounds else sum(b for b in bounds if b is not None)
+
+
 def lookup_sum(layers: Sequence[Layer], rows: np.ndarray) -> np.ndarray:
     """The summed diff of each row over the layers (0 when absent from all)."""
     return lookup_sum_of(layers, columns_of(rows), len(rows))
@@ -523,20 +540,20 @@ def lookup_sum(layers: Sequence[Layer], rows: np.ndarray) -> np.ndarray:
 def lookup_sum_of(layers: Sequence[Layer], cols: Sequence[np.ndarray], m: int) -> np.ndarray:
     """`lookup_sum` of `m` rows given as columns (a sum leaving int64 raises
     `MultiplicityOverflow`, naming the row)."""
-    got: list[np.ndarray] = []
+    out: np.ndarray | None = None
     bound = 0  # on the sum's magnitudes: the layers' bounds, else read from their lookups
     for layer in layers:
         if len(layer):
-            got.append(layer.lookup_of(cols, m))
-            known = layer.diff_bound()
-            bound += magnitude(got[-1]) if known is None else known
-    if len(got) <= 1:
-        return got[0] if got else np.zeros(m, dtype=I64)
-    if bound >= LIMIT:  # rare: every row checked (the first part is ours to sum into)
-        return total(got, row_namer(cols), OVER_LAYERS)
-    for part in got[1:]:
-        np.add(got[0], part, out=got[0])
-    return got[0]
+            got = layer.lookup_of(cols, m)
+            bound += magnitude(got) if layer._bound is None else layer._bound
+            if out is None:
+                out = got
+            elif bound < LIMIT:
+                np.add(out, got, out=out)
+            else:  # rare: every layer looked up again, every row's sum checked
+                held = [x.lookup_of(cols, m) for x in layers if len(x)]
+                return total(held, row_namer(cols), OVER_LAYERS)
+    return np.zeros(m, dtype=I64) if out is None else out
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,91 @@
+"""History compaction: a trace's batches up to a frontier merged into one.
+
+A state keeps one batch per trace per epoch: every epoch can be read as of itself, re-run or
+corrected. History that will never be re-run can be *compacted*: every trace's batches at or
+before a frontier are summed into one batch stamped with the frontier (each tuple once, its
+multiplicities summed, zeros dropped), so the trace as of the frontier or any later epoch is
+unchanged while its batches (and the manifest) stop growing. The manifest records the frontier:
+an epoch at or before it can no longer be applied, replaced or read as of itself.
+
+What the merged batches keep: the figures of the last merged batch; for a relation, the chain of
+the frontier (`wcoj_core.lineage`), from which later epochs' chains go on, so nothing later goes
+stale; a set relation's ignored changes before the frontier are dropped (no epoch before it will
+be derived again). The index is untouched: it covers the same tuples. Reading the merged batches
+reads them whole (checked against their digests).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from wcoj_core import lineage
+from wcoj_core.deploy.batches import BatchFiles
+from wcoj_core.errors import StateError
+from wcoj_core.kernel.layer import Layer
+from wcoj_core.store.manifest import Batch, Manifest, Trace
+from wcoj_core.store.names import trace_dir
+
+ReadBatch = Callable[[Trace, Batch], Layer]
+
+
+def compacted(
+    m: Manifest,
+    frontier: int,
+    relations: list[str],
+    files: BatchFiles,
+    read_batch: ReadBatch,
+    written: list[str],
+) -> Manifest:
+    """`m` with every trace's batches at or before `frontier` merged (see the module); the
+    merged batches' folders are added to `written` as they are made."""
+    if m.frontier is not None and frontier <= m.frontier:
+        return m
+    chain = lineage.chains(m, relations).get(frontier, "")
+    traces = dict(m.traces)
+    for name, trace in m.traces.items():
+        old = [b for b in trace.batches if b.time <= frontier]
+        later = tuple(b for b in trace.batches if b.time > frontier)
+        if trace.index is not None and trace.index.time < frontier:
+            raise StateError(
+                f"trace {name!r}: its index covers epochs up to {trace.index.time}, before the "
+                f"frontier {frontier}; compact at or before the index"
+            )
+        if name.startswith("ignored/"):
+            traces[name] = replace(trace, batches=later)
+            continue
+        if not old or (len(old) == 1 and old[0].time == frontier and not name.startswith("rel/")):
+            continue
+        total = Layer.empty(len(trace.columns))
+        for b in old:
+            if b.rows:
+                layer = read_batch(trace, b)
+                total = Layer.build(
+                    np.concatenate([np.asarray(total.rows), np.asarray(layer.rows)]),
+                    np.concatenate([np.asarray(total.diff), np.asarray(layer.diff)]),
+                )
+        folder = f"traces/{trace_dir(name)}/b-c-{frontier}-{uuid.uuid4().hex[:12]}"
+        written.append(folder)
+        refs = files.write(
+            folder,
+            trace.columns,
+            np.asarray(total.rows),
+            np.asarray(total.diff),
+            frontier,
+            threads=True,
+        )
+        figures = next((b.figures for b in reversed(old) if b.figures is not None), None)
+        merged = Batch(
+            folder,
+            frontier,
+            len(total),
+            refs,
+            figures,
+            inputs=chain,
+            chain=chain if name.startswith("rel/") else "",
+        )
+        traces[name] = replace(trace, batches=(merged, *later))
+    return replace(m, traces=traces, frontier=frontier)
