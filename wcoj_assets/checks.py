@@ -1,91 +1,373 @@
-"""The correctness check: each query's maintained output against a from-scratch binary-join plan.
+"""The pipeline's checks, and how their per-partition results reach Dagster.
 
-For epoch ``t`` the check accumulates every relation as of ``t``, evaluates the query with the
-plain Spark SQL of `wcoj_core.reference` and compares the result with the accumulated output as
-exact multisets. It runs on every epoch divisible by the resource's ``check_every`` (1 by default,
-right for small data; raise it for large data, where a full recomputation per epoch costs more
-than the maintenance it checks). On other epochs it passes without work, saying so in its
-metadata. For a step covering a range of epochs it checks the last due epoch of the range.
+Five checks, each per epoch partition:
+
+* ``update_triples`` on each ``<rel>_deltas`` (blocking): the full pandera check of the landed
+  update rows (`wcoj_assets.schemas.landed_problems`), before anything is applied;
+* ``non_negative`` on each ``<rel>_snapshot`` (blocking): no tuple held a negative number of
+  times as of the epoch (a bag's deletion of something absent; a set never has one);
+* ``current_history`` on each query's change ``<q>_deltas``: the partition was derived from the
+  relations' history as it is now (`wcoj_assets.provenance`);
+* ``matches_delta_rules`` on each query's change ``<q>_deltas``: the epoch's output change
+  recomputed by `wcoj_core.audit` — the epoch's delta rules evaluated by other code, with other
+  joins, over the stored relations, so its cost follows the epoch's change, not the graph;
+* ``matches_binary_join`` on each query's output: the whole output recomputed from the relations
+  with a plain Spark SQL binary-join plan (`wcoj_core.reference`) and compared as exact
+  multisets — on one epoch in every ``check_every`` (the resource's; 30 by default: on a large
+  graph one recomputation costs far more than the epochs it checks): epochs ``check_every - 1``,
+  ``2 * check_every - 1``, ... (`due`), and on the last epoch of a run whose op config says
+  ``binary_join: true`` (on demand).
+
+**Reporting.** A run of one partition reports each check once (`AssetCheckResult`), and Dagster
+gives it the partition. A run over a range — a single-run backfill — is where Dagster 1.13 needs
+more: when the run is created it plans one check row per check and partition, and the check
+result of a range run is stored without a partition, so every planned row would end as SKIPPED
+in the UI. Each evaluated partition therefore also gets its own `AssetCheckEvaluation`
+(``partition=``), aimed at that partition's new materialization (which is what makes Dagster hold
+it as the partition's current status). A check that was not evaluated for a partition (the
+binary join off its cadence, the audit before `wcoj_core.audit` exists) reports nothing there:
+SKIPPED is then the truth. Evaluations of partitions outside the run — later partitions a
+correction left stale, stale epochs rebuilt before the run's — are reported the same way.
 """
 
+from __future__ import annotations
+
 import time as clock
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
-    AssetCheckExecutionContext,
+    AssetCheckEvaluation,
+    AssetCheckKey,
     AssetCheckResult,
-    asset_check,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterEventType,
+)
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
 )
 
-from wcoj_assets.epochs import Epochs
-from wcoj_assets.resources import WcojResource
-from wcoj_assets.specs import snapshot_asset_name
-from wcoj_assets.steps import epochs_of
-from wcoj_core.reference import compare, output_columns, reference_output, reference_sql
+from wcoj_assets.graph import EpochGraph, Role
 
 if TYPE_CHECKING:
+    from wcoj_core.engine import Engine
+    from wcoj_core.epoch import EpochResult
     from wcoj_core.query.ir import Query
 
-CORRECTNESS = "matches_binary_join"
+UPDATE_TRIPLES = "update_triples"
+NON_NEGATIVE = "non_negative"
+CURRENT = "current_history"
+DELTA_RULES = "matches_delta_rules"
+BINARY_JOIN = "matches_binary_join"
+EXAMPLES = 20
 
 
-def correctness_check(*, query: "Query", queries: Sequence["Query"], epochs: Epochs) -> Any:
-    """The `matches_binary_join` check of ``<query>``."""
-    sql = reference_sql(query)
+def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
+    """The checks of `graph` (see the module), on its translated keys."""
+    from wcoj_core.reference import reference_sql
 
-    @asset_check(
-        asset=query.name,
-        name=CORRECTNESS,
-        partitions_def=epochs.partitions(),
-        additional_deps=[snapshot_asset_name(rel) for rel in query.relations],
-        description=(
-            f"Recomputes `{query.name}` from the relations as of the epoch with a plain Spark SQL "
-            "binary-join plan and compares it with the maintained output as exact multisets "
-            "(every epoch divisible by the resource's `check_every`).\n\n"
-            f"```sql\n{sql}\n```"
-        ),
-        compute_kind="spark",
-    )
-    def _check(context: AssetCheckExecutionContext, wcoj: WcojResource) -> AssetCheckResult:
-        run_epochs = epochs_of(context, epochs)
-        due = [(key, t) for key, t in run_epochs if t % wcoj.check_every == 0]
-        if not due:
-            return AssetCheckResult(
-                passed=True,
-                metadata={
-                    "checked": False,
-                    "epoch": run_epochs[-1][1],
-                    "check_every": wcoj.check_every,
-                },
-                description=f"not due: checks run on epochs divisible by {wcoj.check_every}",
+    partitions = graph.epochs.partitions()
+    specs: list[AssetCheckSpec] = []
+    for info in graph.of_role(Role.CHANGES):
+        specs.append(
+            AssetCheckSpec(
+                UPDATE_TRIPLES,
+                asset=graph.key(info.name),
+                blocking=True,
+                partitions_def=partitions,
+                description="Full pandera check of the landed update rows before anything is "
+                "applied: long non-null columns, diff != 0, time == epoch.",
             )
-        key, t = due[-1]
-        start = clock.perf_counter()
-        history = wcoj.history(queries)
-        relations = {rel: history.relation(rel, t) for rel in query.relations}
-        expected = reference_output(history.engine.spark, query, relations)
-        result = compare(expected, history.output(query.name, t), output_columns(query))
-        examples = [f"{tup}: expected {e}, maintained {a}" for tup, e, a in result.examples]
-        return AssetCheckResult(
-            passed=result.equal,
-            metadata={
-                "checked": True,
-                "epoch": t,
-                "partition": key,
-                "mismatches": result.mismatches,
-                "expected_rows": result.expected_rows,
-                "actual_rows": result.actual_rows,
-                "expected_count": result.expected_total,
-                "actual_count": result.actual_total,
-                "examples": examples,
-                "seconds": round(clock.perf_counter() - start, 3),
-            },
-            description=(
-                f"{result.mismatches} tuple(s) differ at epoch {t}: " + "; ".join(examples)
-                if not result.equal
-                else None
-            ),
         )
+    for info in graph.of_role(Role.SNAPSHOT):
+        specs.append(
+            AssetCheckSpec(
+                NON_NEGATIVE,
+                asset=graph.key(info.name),
+                blocking=True,
+                partitions_def=partitions,
+                description="No tuple is held a negative number of times as of the epoch (a "
+                "deletion of something absent from a bag); reports the offending tuples.",
+            )
+        )
+    for info in graph.of_role(Role.QUERY_CHANGES):
+        key = graph.key(info.name)
+        specs += [
+            AssetCheckSpec(
+                CURRENT,
+                asset=key,
+                partitions_def=partitions,
+                description="The partition was derived from the relations' history as it is "
+                "now: no epoch up to it was corrected since. After a corrected epoch is re-run, "
+                "every later partition is reported failed until it is rebuilt (the automation "
+                "sensor `wcoj_rebuild_sensor` does it, or a backfill from that epoch).",
+            ),
+            AssetCheckSpec(
+                DELTA_RULES,
+                asset=key,
+                partitions_def=partitions,
+                description="The epoch's output change recomputed by an independent evaluation "
+                "of the query's delta rules (other code, other joins) over the stored "
+                "relations, and compared as exact multisets: a cost that follows the epoch's "
+                "change, not the graph.",
+            ),
+        ]
+    for info in graph.of_role(Role.OUTPUT):
+        query = graph.topology.query(info.query or "")
+        specs += [
+            AssetCheckSpec(
+                BINARY_JOIN,
+                asset=graph.key(info.name),
+                partitions_def=partitions,
+                description=f"Recomputes `{query.name}` from the relations as of the epoch with "
+                "a plain Spark SQL binary-join plan and compares it with the maintained output "
+                "as exact multisets, on one epoch in every `check_every` (the resource's) and on "
+                "demand (op config `binary_join: true`: the run's last epoch).\n\n"
+                f"```sql\n{reference_sql(query)}\n```",
+            ),
+        ]
+    return specs
 
-    return _check
+
+@dataclass(frozen=True)
+class Outcome:
+    """One check at one partition. `checked` False: not evaluated there (off the cadence, not
+    available) — reported in a one-partition run, which must report, and nowhere else."""
+
+    passed: bool
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    description: str | None = None
+    checked: bool = True
+
+
+@dataclass
+class CheckBook:
+    """Every check outcome of a run, by check and partition."""
+
+    outcomes: dict[AssetCheckKey, dict[str, Outcome]] = field(default_factory=dict)
+
+    def add(self, key: AssetCheckKey, partition: str, outcome: Outcome) -> None:
+        self.outcomes.setdefault(key, {})[partition] = outcome
+
+    def get(self, key: AssetCheckKey, partition: str) -> Outcome | None:
+        return self.outcomes.get(key, {}).get(partition)
+
+
+# -- the checks ------------------------------------------------------------------------------------
+
+
+def non_negative(relation: str, result: EpochResult) -> Outcome:
+    """A relation as of an epoch holds no tuple a negative number of times."""
+    from wcoj_core.traces import relation_trace_name
+
+    trace = result.traces.get(relation_trace_name(relation))
+    negative = trace.figures.negative if trace is not None else 0
+    report = result.relations.get(relation)
+    offending = [
+        f"epoch {result.epoch}: {t} has multiplicity {m}"
+        for t, m in (report.negative_examples if report else ())
+    ]
+    return Outcome(
+        negative == 0,
+        {"negative_tuples": negative, "offending": offending[:EXAMPLES]},
+        None
+        if negative == 0
+        else f"{negative} tuple(s) with a negative multiplicity: " + "; ".join(offending[:5]),
+    )
+
+
+def delta_rules(engine: Engine, query: str, epoch: int) -> Outcome:
+    """`wcoj_core.audit.audit_epoch`, when that module exists (else not checked, saying so)."""
+    try:
+        from wcoj_core.audit import audit_epoch
+    except ImportError:
+        return Outcome(
+            True,
+            {"checked": False, "note": "wcoj_core.audit is not installed yet: not evaluated"},
+            "not evaluated: the independent delta-rule audit (wcoj_core.audit) is not available",
+            checked=False,
+        )
+    try:
+        audit = audit_epoch(engine, query, epoch)
+    except Exception as e:  # a check that cannot run fails, saying why
+        return Outcome(
+            False, {"checked": True, "error": f"{type(e).__name__}: {e}"}, f"the audit failed: {e}"
+        )
+    examples = [str(e) for e in audit.examples][:EXAMPLES]
+    return Outcome(
+        bool(audit.passed),
+        {
+            "checked": True,
+            "mismatches": int(audit.mismatches),
+            "expected_rows": int(audit.expected_rows),
+            "actual_rows": int(audit.actual_rows),
+            "joined_rows": int(audit.joined_rows),
+            "seconds": round(float(audit.seconds), 4),
+            "examples": examples,
+        },
+        None
+        if audit.passed
+        else f"{audit.mismatches} tuple(s) differ at epoch {epoch}: " + "; ".join(examples[:5]),
+    )
+
+
+def binary_join(engine: Engine, query: Query, epoch: int, partition: str) -> Outcome:
+    """The full Spark SQL recomputation of `query` as of `epoch` against the maintained output."""
+    from wcoj_core.reference import compare, output_columns, reference_output
+
+    start = clock.perf_counter()
+    spark = engine.spark(f"the binary-join check of {query.name} at epoch {epoch}")
+    relations = {rel: engine.relation(rel, epoch) for rel in query.relations}
+    expected = reference_output(spark, query, relations)
+    result = compare(expected, engine.output(query.name, epoch), output_columns(query))
+    examples = [f"{tup}: expected {e}, maintained {a}" for tup, e, a in result.examples]
+    return Outcome(
+        result.equal,
+        {
+            "checked": True,
+            "epoch": epoch,
+            "partition": partition,
+            "mismatches": result.mismatches,
+            "expected_rows": result.expected_rows,
+            "actual_rows": result.actual_rows,
+            "expected_count": result.expected_total,
+            "actual_count": result.actual_total,
+            "examples": examples,
+            "seconds": round(clock.perf_counter() - start, 3),
+        },
+        None
+        if result.equal
+        else f"{result.mismatches} tuple(s) differ at epoch {epoch}: " + "; ".join(examples),
+    )
+
+
+def due(epoch: int, every: int) -> bool:
+    """Whether the binary-join recomputation runs at `epoch`: one epoch in every `every`, the
+    last of each group (so the bulk load of epoch 0 is recomputed only when every epoch is).
+
+    >>> [t for t in range(8) if due(t, 3)], [t for t in range(3) if due(t, 1)]
+    ([2, 5], [0, 1, 2])
+    """
+    return (epoch + 1) % every == 0
+
+
+def not_due(epoch: int, every: int) -> Outcome:
+    return Outcome(
+        True,
+        {"checked": False, "epoch": epoch, "check_every": every},
+        f"not due: the binary-join recomputation runs on one epoch in every {every} (op config "
+        "binary_join: true runs it on demand)",
+        checked=False,
+    )
+
+
+# -- reporting -------------------------------------------------------------------------------------
+
+
+def report(
+    context: Any,
+    specs: Sequence[AssetCheckSpec],
+    book: CheckBook,
+    run_partitions: Sequence[str],
+) -> Iterator[AssetCheckResult | AssetCheckEvaluation]:
+    """Every check's results of a run (see the module): an `AssetCheckResult` per check, and in
+    a range run an `AssetCheckEvaluation` per evaluated partition; evaluations of partitions
+    outside the run for any."""
+    single = bool(context.has_partition_key)
+    in_run = set(run_partitions)
+    wanted: dict[AssetKey, set[str]] = {}
+    keys = {spec.key for spec in specs}
+    for key, outcomes in book.outcomes.items():
+        if key not in keys:
+            continue
+        for partition, outcome in outcomes.items():
+            if outcome.checked and (partition not in in_run or not single):
+                wanted.setdefault(key.asset_key, set()).add(partition)
+    targets = {
+        asset: latest_materializations(context.instance, asset, sorted(partitions))
+        for asset, partitions in wanted.items()
+    }
+    for spec in specs:
+        key = spec.key
+        outcomes = book.outcomes.get(key, {})
+        ours = [(p, outcomes[p]) for p in run_partitions if p in outcomes]
+        if single:
+            (partition, outcome), *_ = ours
+            yield AssetCheckResult(
+                asset_key=key.asset_key,
+                check_name=key.name,
+                passed=outcome.passed,
+                metadata=dict(outcome.metadata),
+                description=outcome.description,
+            )
+        else:
+            yield _summary(key, ours)
+        for partition, outcome in sorted(outcomes.items()):
+            if not outcome.checked or (single and partition in in_run):
+                continue
+            yield AssetCheckEvaluation(
+                asset_key=key.asset_key,
+                check_name=key.name,
+                passed=outcome.passed,
+                partition=partition,
+                metadata=dict(outcome.metadata),
+                description=outcome.description,
+                target_materialization_data=targets.get(key.asset_key, {}).get(partition),
+                blocking=spec.blocking,
+                severity=AssetCheckSeverity.ERROR,
+            )
+
+
+def _summary(key: AssetCheckKey, outcomes: Sequence[tuple[str, Outcome]]) -> AssetCheckResult:
+    """A range run's result of one check: what its partitions say, in short."""
+    checked = [(p, o) for p, o in outcomes if o.checked]
+    failed = [p for p, o in checked if not o.passed]
+    metadata: dict[str, Any] = {
+        "partitions": f"{outcomes[0][0]}..{outcomes[-1][0]}" if outcomes else "",
+        "evaluated": len(checked),
+        "failed": failed[:EXAMPLES],
+    }
+    if not checked and outcomes:
+        metadata["note"] = outcomes[-1][1].description or "not evaluated"
+    return AssetCheckResult(
+        asset_key=key.asset_key,
+        check_name=key.name,
+        passed=not failed,
+        metadata=metadata,
+        description=(
+            f"failed at {len(failed)} partition(s): {', '.join(failed[:5])}; each partition "
+            "carries its own result"
+            if failed
+            else None
+        ),
+    )
+
+
+def latest_materializations(
+    instance: Any, asset: AssetKey, partitions: Iterable[str]
+) -> dict[str, AssetCheckEvaluationTargetMaterializationData]:
+    """Each partition's latest materialization (storage id, run, time), for those that have one:
+    two queries however many partitions."""
+    keys = set(partitions)
+    if not keys:
+        return {}
+    ids = instance.event_log_storage.get_latest_storage_id_by_partition(
+        asset, DagsterEventType.ASSET_MATERIALIZATION, keys
+    )
+    if not ids:
+        return {}
+    records = instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=asset, storage_ids=list(ids.values())), limit=len(ids)
+    ).records
+    by_id = {r.storage_id: r for r in records}
+    return {
+        partition: AssetCheckEvaluationTargetMaterializationData(
+            storage_id=i, run_id=by_id[i].run_id, timestamp=by_id[i].timestamp
+        )
+        for partition, i in ids.items()
+        if i in by_id
+    }

@@ -12,18 +12,39 @@ builds its definitions (nothing is built twice)::
         - name: wedges                                 # or query text
           query: "w(a, b, c) :- edge(a, b), edge(b, c), a < c"
       undirected: [edge]       # landed as edges in no direction: read both ways, loops dropped
+      sets: []                 # relations whose tuples are present or not (undirected: default)
+      bags: []                 # relations with signed multiplicities (the others: default)
       landing: data/landing    # <landing>/<relation>/<YYYY-MM-DD>/<files>
       storage: data/state
       start: "2024-03-01"      # epoch n is the day n days after this one
       spark_master: "local[*]"
       spark_conf: {spark.driver.memory: 4g}
+      check_every: 30          # the full binary-join recomputation on one epoch in 30
+      op:                      # the one step, as dagster-dbt's `op` (name, tags, pool, policy)
+        name: wcoj_epochs
+        tags: {team: graphs}
+        backfill_policy: {type: single_run}
+      translation:             # each asset's spec, as dagster-dbt's `translation`
+        key_prefix: graphs
+        group_name: "{{ asset.group }}"
+        owners: ["team:graphs"]
+        tags: {layer: "{{ asset.role.value }}"}
+        kinds: [wcoj]
+
+``translation`` sees each asset as ``asset`` (`wcoj_assets.graph.AssetInfo`: its ``name``,
+``role`` — changes, snapshot, index, counts, rule, query changes, output —, ``relation``,
+``query``, ``group``, ``trace``) and its base spec as ``spec``; it may set the key (or a
+``key_prefix``), group, owners, tags, kinds, description and metadata, never the lineage or the
+partitions (wcoj wires those). A subclass may override `WcojComponent.get_asset_spec` instead.
 
 Every relation a query reads must be declared with its arity, and every declared relation read
 by some query. Relative paths are relative to the working directory of the process running a
 step (as for the ``wcoj`` resource); ``{{ env.NAME }}`` in a value is replaced when the
 component is loaded. The package registers this module for ``dg`` (the
-``dagster_dg_cli.registry_modules`` entry point), so ``dg list components`` shows the component
-and ``dg check yaml`` checks a ``defs.yaml`` against its attributes.
+``dagster_dg_cli.registry_modules`` entry point), so ``dg list components`` shows the component,
+``dg scaffold defs wcoj_assets.component.WcojComponent <path>`` writes a working ``defs.yaml``
+(the built-in triangles over an undirected ``edge``) and ``dg check yaml`` checks one against
+its attributes.
 
 Loading the component parses and plans the queries; like `build_definitions`, it touches no file
 and starts no Spark.
@@ -31,11 +52,18 @@ and starts no Spark.
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 import dagster as dg
+from dagster.components.component_scaffolding import scaffold_component
+from dagster.components.resolved.core_models import OpSpec
+from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
 from pydantic import Field
 
 from wcoj_assets.definitions import build_definitions
 from wcoj_assets.epochs import EPOCH_START
+from wcoj_assets.graph import AssetInfo
+from wcoj_assets.pipeline import OP_NAME
 from wcoj_assets.specs import QuerySpec
 from wcoj_core.errors import QueryError
 from wcoj_core.query.builtins import BUILTINS
@@ -59,6 +87,29 @@ class QueryModel(dg.Model):
     )
 
 
+# What `dg scaffold defs wcoj_assets.component.WcojComponent <path>` writes: the quick start.
+SCAFFOLD: dict[str, Any] = {
+    "relations": [{"name": "edge", "arity": 2}],
+    "queries": [{"name": "triangles", "query": "triangles"}],
+    "undirected": ["edge"],
+    "landing": "data/landing",
+    "storage": "data/state",
+    "start": EPOCH_START,
+}
+
+
+class WcojScaffolder(dg.Scaffolder):
+    """Writes a ``defs.yaml`` that loads: triangles over an undirected edge list."""
+
+    def scaffold(self, request: dg.ScaffoldRequest) -> None:
+        scaffold_component(request, SCAFFOLD)
+
+
+def _asset_vars(asset: AssetInfo) -> dict[str, Any]:
+    return {"asset": asset}
+
+
+@dg.scaffold_with(WcojScaffolder)
 class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
     """Cyclic query results (triangles, cliques…) kept up to date over daily epochs of changes."""
 
@@ -67,7 +118,17 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
     undirected: list[str] = Field(
         default_factory=list,
         description="Binary relations landed as edge lists in no particular direction: each "
-        "change is read as both of its directions, self-loops dropped.",
+        "change is read as both of its directions, self-loops dropped. Sets by default.",
+    )
+    sets: list[str] = Field(
+        default_factory=list,
+        description="Relations that are sets: each tuple present or not; inserting a present "
+        "tuple or deleting an absent one changes nothing (and is counted).",
+    )
+    bags: list[str] = Field(
+        default_factory=list,
+        description="Relations that are bags: signed multiplicities (the default for a relation "
+        "that is not undirected).",
     )
     landing: str | None = Field(
         default=None,
@@ -83,6 +144,28 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
     start: str = Field(
         default=EPOCH_START, description="The first epoch's day (YYYY-MM-DD): epoch n is n days on."
+    )
+    check_every: int | None = Field(
+        default=None,
+        description="The full binary-join recomputation (matches_binary_join) runs on one epoch "
+        "in this many (default 30).",
+    )
+    op: OpSpec | None = Field(
+        default=None,
+        description="The step making every asset: its name (default wcoj_epochs), tags, pool "
+        "and backfill policy (default: one run per range).",
+    )
+    translation: (
+        Annotated[
+            TranslationFn[AssetInfo],
+            TranslationFnResolver[AssetInfo](template_vars_for_translation_fn=_asset_vars),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Each asset's spec from its base spec (`spec`) and what it is (`asset`: "
+        "name, role, relation, query, group): key or key_prefix, group_name, owners, tags, "
+        "kinds, description, metadata.",
     )
 
     def specs(self) -> list[QuerySpec]:
@@ -122,7 +205,13 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
             raise QueryError(f"relations {unread} are declared but read by no query")
         return specs
 
+    def get_asset_spec(self, spec: dg.AssetSpec, asset: AssetInfo) -> dg.AssetSpec:
+        """The spec of one asset: `spec` (its base spec) through ``translation``. Override to
+        set attributes in Python."""
+        return self.translation(spec, asset) if self.translation is not None else spec
+
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        op = self.op
         return build_definitions(
             self.specs(),
             storage=self.storage,
@@ -131,4 +220,12 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
             spark_conf=self.spark_conf,
             start=self.start,
             undirected=self.undirected,
+            sets=self.sets,
+            bags=self.bags,
+            check_every=self.check_every,
+            translate=self.get_asset_spec,
+            op_name=(op.name if op is not None and op.name else OP_NAME),
+            op_tags=op.tags if op is not None else None,
+            pool=op.pool if op is not None else None,
+            backfill_policy=op.backfill_policy if op is not None else None,
         )

@@ -56,12 +56,10 @@ from pathlib import Path
 
 from wcoj_core.errors import WcojError
 
-# A step over a range writes one materialization per asset and epoch, and each carries the step's
-# figures for every epoch of the range: measured, about 2.7 KB + 0.12 KB per epoch of the range, so
-# a whole range in one statement grows with its square (a 2,500-epoch range, all of history since
-# 2020, would be 750 MB per asset). 100 events per INSERT writes the benchmark's 100-epoch backfill
-# in one statement per asset (about 1.5 MB); a longer range takes one per 100 epochs, which still
-# saves 99 % of the round trips of one event at a time, and no statement holds more than 100.
+# A step over a range writes one materialization per asset and epoch, each with that epoch's own
+# figures (about 1-2 KB). 100 events per INSERT writes the benchmark's 100-epoch backfill in one
+# statement per asset; a longer range takes one per 100 epochs, which still saves 99 % of the round
+# trips of one event at a time, and no statement holds more than 100.
 EVENT_BATCH_SIZE = 100
 
 SERIAL_TAG = "wcoj/serial"  # the tag `wcoj_assets.sensors` puts on every epoch run

@@ -14,31 +14,33 @@ Listing goes through `upath.UPath`, so local paths and any fsspec URL work witho
 sensor runs in a process that has no JVM). Which folders are epochs depends on the code location's
 first day (`wcoj_assets.epochs.Epochs`); `landed_files` only requires a well-formed date.
 
-An **undirected** binary relation lands as a plain edge list: each change ``(a, b, diff)`` once,
-in either direction. Read with ``undirected=True``, both readers return its changes symmetric
-and loop-free, as ``wcoj apply --undirected`` reads them: every change also as ``(b, a, diff)``,
-and every self-loop ``(a, a, diff)`` dropped and counted (`Read.loops`), so the caller can warn.
-An edge landed in both directions is thus counted twice.
+`read_epoch` reads one relation's folder at one epoch as the update rows its files hold
+(``c0 .. c{k-1}, diff``, not consolidated): local files with pyarrow (`wcoj_core.local_read`,
+the same rows and the same errors as the Spark reader), without starting Spark; files on remote
+storage, or local ones together bigger than `LOCAL_READ_BYTES`, as a Spark DataFrame
+(`wcoj_core.sources.read_relation`, Spark started through the given starter, which says why).
+What the rows mean — a set's presence, an undirected relation's two directions and its dropped
+self-loops — is the engine's business (`wcoj_core.meaning`, `wcoj_core.landing`): an edge landed
+in both directions, or twice, is landed once in a set.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from upath import UPath
 
 from wcoj_assets.epochs import DEFAULT_EPOCHS, Epochs, date_of_key
 
-T = TypeVar("T")
-
 if TYPE_CHECKING:
-    import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 SUFFIXES = (".parquet", ".csv", ".csv.gz", ".txt", ".txt.gz")
+# Local landed files bigger than this together are read by Spark rather than by the driver.
+LOCAL_READ_BYTES = 4 << 30
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,94 +124,53 @@ def fingerprint(files: Sequence[LandedFile]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Read(Generic[T]):
-    """What a reader read (None: nothing to read, or not this way) and the self-loops it
-    dropped from an undirected relation."""
+class Read:
+    """One relation's landed rows at one epoch: an Arrow table (read by the driver), a Spark
+    DataFrame, or None (no files); the files read, their bytes, names ignored, and rows read
+    (None for a DataFrame: counting them would cost a Spark job)."""
 
-    rows: T | None
-    loops: int = 0
+    rows: Any
+    files: int
+    bytes: int
+    ignored: tuple[str, ...]
+    count: int | None
 
 
-def read_changes(
-    spark: SparkSession,
-    files: Sequence[LandedFile],
-    arity: int,
+def read_epoch(
+    landing: str,
     relation: str,
+    arity: int,
+    key: str,
+    spark: Callable[[str], SparkSession],
     *,
-    undirected: bool = False,
-) -> Read[DataFrame]:
-    """The union of the files' update rows (c0.., diff); no rows when there are no files.
+    local_bytes: int = LOCAL_READ_BYTES,
+) -> Read:
+    """The update rows (c0.., diff) of `relation`'s landing folder at epoch `key`.
 
-    Raises `wcoj_core.errors.InputError` for a file that is not a well-formed relation. An
-    `undirected` relation's rows come back symmetric and loop-free; counting its self-loops
-    costs one Spark job (the files are valid by then: `read_relation` checked them).
+    Raises `wcoj_core.errors.InputError` for a file that is not a well-formed relation, naming
+    the file, line and column. `spark(reason)` gives the session when one is needed.
     """
-    from pyspark.sql import functions as F
+    found = landed_files(landing, relation, key)
+    files = found.files
+    size = sum(f.size for f in files)
+    if not files:
+        return Read(None, 0, 0, found.ignored, 0)
+    if size <= local_bytes and all(
+        "://" not in f.path or f.path.startswith("file://") for f in files
+    ):
+        import pyarrow as pa
 
-    from wcoj_core import linear
+        from wcoj_core.local_read import read_local
+
+        table = pa.concat_tables([read_local(f.path, arity, relation) for f in files])
+        return Read(table, len(files), size, found.ignored, table.num_rows)
     from wcoj_core.sources import read_relation
 
-    frames = [read_relation(spark, f.path, arity, relation) for f in files]
-    if not frames:
-        return Read(None)
+    remote = any("://" in f.path and not f.path.startswith("file://") for f in files)
+    why = "landed files on remote storage" if remote else f"landed files of {size:,} bytes"
+    session = spark(f"{why} ({relation} at {key})")
+    frames = [read_relation(session, f.path, arity, relation) for f in files]
     total = frames[0]
     for frame in frames[1:]:
         total = total.unionByName(frame)
-    if not undirected:
-        return Read(total)
-    loops = total.where(F.col("c0") == F.col("c1")).count()
-    return Read(linear.symmetrize().apply(total), loops)
-
-
-def read_changes_locally(
-    files: Sequence[LandedFile],
-    arity: int,
-    relation: str,
-    max_rows: int,
-    *,
-    undirected: bool = False,
-) -> Read[pa.Table]:
-    """The files' update rows (c0.., diff) read by pyarrow, when every file can be so read.
-
-    That is: every file is a local Parquet file (or folder) that
-    `wcoj_core.sources.read_relation_locally` takes, and they hold at most `max_rows` rows
-    together (an undirected relation's, once made symmetric). Else no rows, and `read_changes`
-    reads them with Spark (and reports their errors).
-    """
-    import pyarrow as pa
-
-    from wcoj_core.sources import read_relation_locally
-
-    if undirected:
-        max_rows //= 2  # each change comes back in both directions
-    tables: list[pa.Table] = []
-    for f in files:
-        table = read_relation_locally(f.path, arity, relation, max_rows)
-        if table is None:
-            return Read(None)
-        max_rows -= table.num_rows
-        tables.append(table)
-    if not tables:
-        return Read(None)
-    total = pa.concat_tables(tables)
-    if not undirected:
-        return Read(total)
-    symmetric, loops = symmetric_table(total)
-    return Read(symmetric, loops)
-
-
-def symmetric_table(table: pa.Table) -> tuple[pa.Table, int]:
-    """A binary relation's rows (c0, c1, diff) in both directions, self-loops dropped; and how
-    many self-loops there were. The same rows as `wcoj_core.linear.symmetrize` gives on Spark.
-
-    >>> import pyarrow as pa
-    >>> rows, loops = symmetric_table(pa.table({"c0": [1, 3], "c1": [2, 3], "diff": [1, -1]}))
-    >>> rows.to_pylist(), loops
-    ([{'c0': 1, 'c1': 2, 'diff': 1}, {'c0': 2, 'c1': 1, 'diff': 1}], 1)
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    kept = table.filter(pc.not_equal(table["c0"], table["c1"]))
-    back = pa.table([kept["c1"], kept["c0"], kept["diff"]], names=["c0", "c1", "diff"])
-    return pa.concat_tables([kept, back]), table.num_rows - kept.num_rows
+    return Read(total, len(files), size, found.ignored, None)

@@ -1,14 +1,13 @@
 """What the pipeline maintains, as Spark DataFrames for code of your own.
 
-The query assets store their data themselves (in the state directory, never through an IO
-manager), so a downstream asset reads them through `outputs_io_manager`, the IO manager of
-``<q>`` and ``<q>_deltas``, registered as the resource ``wcoj_outputs``. An asset of your own
-that takes one of them as a parameter receives a DataFrame whose columns are the query's head
-variables, then ``diff`` (the signed multiplicity; for an output, how many times the tuple is
-in it)::
+The step stores its data itself (the state directory, never through an IO manager), so a
+downstream asset reads a query's output through `outputs_io_manager`, the IO manager of ``<q>``
+and ``<q>_deltas``, registered as the resource ``wcoj_outputs``. An asset of your own that takes
+one of them as a parameter receives a DataFrame whose columns are the query's head variables,
+then ``diff`` (the signed multiplicity; for an output, how many times the tuple is in it)::
 
-    @asset(partitions_def=defs_epochs.partitions())   # the same epochs: one epoch per run
-    def top_triangles(triangles: DataFrame) -> ...:   # columns a, b, c, diff
+    @asset(partitions_def=Epochs("2024-03-01").partitions())   # the same epochs
+    def top_triangles(triangles: DataFrame) -> ...:            # columns a, b, c, diff
         ...
 
 * ``<q>`` gives the output as of the epoch; ``<q>_deltas`` its change at the epoch.
@@ -16,43 +15,43 @@ in it)::
   last epoch it reads; the change is given one epoch at a time only, and asking for several is
   an error that says so.
 
-`read_output` does the same from Python, given a `wcoj_core.history.History` (for instance
-``WcojResource(...).history(topology.queries)``). Either reads the state lazily: nothing is
-computed until the DataFrame is used. Importing this module starts no Spark.
+`read_output` does the same from Python, given an `wcoj_core.engine.Engine` (for instance
+``WcojResource(...).engine(topology)``). Either reads the state lazily: nothing is computed until
+the DataFrame is used; Spark starts (through the resource, saying why) when it is read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dagster import Failure, InputContext, IOManager, OutputContext, io_manager
 
-from wcoj_assets.epochs import Epochs
-from wcoj_assets.specs import head_columns, query_deltas_asset_name
+from wcoj_assets.graph import OUTPUTS_IO_MANAGER, AssetInfo, EpochGraph, Role
+from wcoj_assets.specs import head_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from wcoj_core.history import History
+    from wcoj_core.engine import Engine
     from wcoj_core.query.ir import Query
 
-OUTPUTS_IO_MANAGER = "wcoj_outputs"
+__all__ = ["OUTPUTS_IO_MANAGER", "outputs_io_manager", "read_output"]
 
 
-def read_output(history: History, query: Query, epoch: int, *, change: bool = False) -> DataFrame:
+def read_output(engine: Engine, query: Query, epoch: int, *, change: bool = False) -> DataFrame:
     """`query`'s output as of `epoch` (or with `change`, its change at `epoch`), with the
     query's head variables as column names, then ``diff``."""
     from pyspark.sql import functions as F
 
-    from wcoj_core.traces import output_trace_name
-    from wcoj_core.updates import DIFF, relation_columns
+    from wcoj_core.reading import changes_at
+    from wcoj_core.traces import DIFF, output_trace_name, relation_columns
 
     stored = relation_columns(len(query.head))
     if change:
-        df = history.changes_or_empty(output_trace_name(query.name), stored, epoch)
+        df = changes_at(engine, output_trace_name(query.name), epoch)
     else:
-        df = history.output(query.name, epoch)
+        df = engine.output(query.name, epoch)
     names = head_columns(query)
     return df.select(*[F.col(c).alias(n) for c, n in zip(stored, names, strict=True)], DIFF)
 
@@ -60,21 +59,23 @@ def read_output(history: History, query: Query, epoch: int, *, change: bool = Fa
 class _Outputs(IOManager):
     """Loads a query asset's partition for a downstream asset; stores nothing."""
 
-    def __init__(self, wcoj: Any, queries: Sequence[Query], epochs: Epochs) -> None:
+    def __init__(self, wcoj: Any, graph: EpochGraph, outputs: Sequence[AssetInfo]) -> None:
         self._wcoj = wcoj
-        self._queries = queries
-        self._epochs = epochs
-        self._assets: Mapping[str, tuple[Query, bool]] = {
-            **{q.name: (q, False) for q in queries},
-            **{query_deltas_asset_name(q.name): (q, True) for q in queries},
-        }
+        self._graph = graph
+        self._assets = {graph.key(i.name): i for i in outputs}
+        for info in outputs:
+            q = graph.topology.query(info.query or "")
+            changes = next(c for c in graph.of_role(Role.QUERY_CHANGES) if c.query == q.name)
+            self._assets[graph.key(changes.name)] = changes
 
     def handle_output(self, context: OutputContext, obj: object) -> None:
-        """Nothing to store: the asset's step wrote its batches to the state itself."""
+        """Nothing to store: the step wrote its batches to the state itself."""
 
     def load_input(self, context: InputContext) -> DataFrame:
+        info = self._assets[context.asset_key]
         asset = context.asset_key.to_user_string()
-        query, change = self._assets[asset]
+        query = self._graph.topology.query(info.query or "")
+        change = info.role is Role.QUERY_CHANGES
         keys = context.asset_partition_keys if context.has_asset_partitions else []
         if not keys:
             raise Failure(f"{asset} is read per epoch: the reading asset needs epoch partitions")
@@ -84,13 +85,14 @@ class _Outputs(IOManager):
                 f"({keys[0]}..{keys[-1]}); give the reading asset the same epoch partitions, "
                 f"or read `{query.name}` (the output as of an epoch)"
             )
-        last = max(keys, key=self._epochs.number)
-        history = self._wcoj.history(self._queries)
-        return read_output(history, query, self._epochs.number(last), change=change)
+        epochs = self._graph.epochs
+        last = max(keys, key=epochs.number)
+        engine = self._wcoj.engine(self._graph.topology, create=False)
+        return read_output(engine, query, epochs.number(last), change=change)
 
 
-def outputs_io_manager(*, queries: Sequence[Query], epochs: Epochs) -> Any:
-    """The IO manager of the query assets of `queries` over `epochs` (needs resource ``wcoj``)."""
+def outputs_io_manager(*, graph: EpochGraph, outputs: Sequence[AssetInfo]) -> Any:
+    """The IO manager of the query assets `outputs` of `graph` (needs resource ``wcoj``)."""
 
     @io_manager(
         required_resource_keys={"wcoj"},
@@ -99,6 +101,6 @@ def outputs_io_manager(*, queries: Sequence[Query], epochs: Epochs) -> Any:
         "variables as columns, then diff.",
     )
     def wcoj_outputs(init_context: Any) -> _Outputs:
-        return _Outputs(init_context.resources.wcoj, queries, epochs)
+        return _Outputs(init_context.resources.wcoj, graph, outputs)
 
     return wcoj_outputs

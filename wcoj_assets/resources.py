@@ -1,34 +1,51 @@
-"""The one resource every asset, check and sensor uses: Spark, the state and the landing location.
+"""The one resource every asset, check and sensor uses: the state, the landing location, Spark.
 
-`WcojResource` is configuration only until a step asks for something: `spark()` returns the
-process's SparkSession (the active one if there is one — tests and the in-process executor share
-a single JVM per process — else one built for `master` with `spark_conf`), and `history()` an
-epoch-addressed `History` over ONE `Engine` serving every query, so arrangements are shared across
-queries. Paths are resolved when used, never at import: a relative `storage` or `landing` is
-relative to the working directory of the process that runs the step.
+`WcojResource` is configuration only until a step asks for something. `engine(topology)` is the
+`wcoj_core.engine.Engine` over the state serving every query of the code location (so
+arrangements are shared across queries), planned as the asset graph is (no size statistics) and
+keeping each delta rule's output (the rule assets show them). An epoch over a local state and
+local landed files needs no Spark: the engine reads and writes with pyarrow and numpy.
 
-`storage` and `landing` may be set in Dagster run config or from an `EnvVar` in
-`build_definitions`; `master` takes a cluster URL (``spark://host:7077``, ``yarn``) to run the same
-code on a cluster.
+Spark starts only when a step needs it — landed files on remote storage or too big for the
+driver's reader, a state on remote storage, the executors deployment, the Spark SQL check, a
+downstream asset reading an output as a DataFrame — through `starter()`, a
+`wcoj_core.session.SparkStarter` that logs one line saying why. The resource owns the session it
+starts: it stops it when the run ends (a session that was already running, such as a test's, is
+left alone). Its settings are wcoj's defaults (`wcoj_core.spark.DEFAULT_CONF`), then the
+``spark_config`` of the optional dagster-pyspark `LazyPySparkResource` given as ``pyspark`` (the
+settings users already keep there; its ``spark.master`` picks the master), then ``spark_conf``.
+
+Paths are resolved when used, never at import: a relative `storage` or `landing` is relative to
+the working directory of the process that runs the step. Either may be set in Dagster run config
+or from an `EnvVar` in `build_definitions`; `master` takes a cluster URL (``spark://host:7077``,
+``yarn``) to run the same code on a cluster.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from dagster import ConfigurableResource, EnvVar
+from dagster import ConfigurableResource, EnvVar, InitResourceContext
+from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
+
+from wcoj_core.session import SparkStarter
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from wcoj_core.history import History
-    from wcoj_core.query.ir import Query
+    from wcoj_assets.specs import Topology
+    from wcoj_core.engine import Engine
 
 DEFAULT_STORAGE = ".wcoj/state"
 DEFAULT_LANDING = ".wcoj/landing"
+# The binary-join recomputation runs on one epoch in this many (a full Spark SQL recompute of the
+# query: on a large graph it costs far more than the epoch it checks).
+CHECK_EVERY = 30
+LOG = logging.getLogger("wcoj")
 
 
 def resolve(path: str) -> str:
@@ -44,8 +61,64 @@ def resolve(path: str) -> str:
     return os.path.abspath(path)
 
 
+def spark_settings(
+    master: str, spark_conf: Mapping[str, str], pyspark_config: Mapping[str, Any] | None
+) -> tuple[str, dict[str, str]]:
+    """The master and settings of the session: dagster-pyspark's ``spark_config`` (nested keys
+    flattened, its ``spark.master`` taking the master), then `spark_conf`.
+
+    >>> spark_settings("local[*]", {"spark.a": "1"}, {"spark": {"master": "local[2]", "b": 2}})
+    ('local[2]', {'spark.b': '2', 'spark.a': '1'})
+    """
+    conf: dict[str, str] = {}
+    for key, value in _flatten(pyspark_config or {}):
+        conf[key] = str(value)
+    master = conf.pop("spark.master", master)
+    conf.update(spark_conf)
+    return master, conf
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in config.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            out += _flatten(value, name)
+        else:
+            out.append((name, value))
+    return out
+
+
+class OwnedStarter(SparkStarter):
+    """A `SparkStarter` that remembers whether it started the session itself (then its owner
+    stops it), and sends its one line to whichever log is current."""
+
+    def __init__(self, master: str, conf: Mapping[str, str]) -> None:
+        super().__init__(master, conf, app_name="wcoj-dagster", announce=self._say)
+        self.owned = False
+        self.log: Callable[[str], None] = LOG.info
+
+    def _say(self, line: str) -> None:
+        self.log(line)
+
+    def __call__(self, reason: str) -> SparkSession:
+        if not self.started:
+            from pyspark.sql import SparkSession
+
+            self.owned = SparkSession.getActiveSession() is None
+        return super().__call__(reason)
+
+    def stop(self) -> None:
+        """Stop the session if this starter started it."""
+        if self.started and self.owned:
+            self.log("stopping the Spark session this run started")
+            self("stopping").stop()
+            self._session = None
+            self.owned = False
+
+
 class WcojResource(ConfigurableResource):
-    """Spark session, state directory and landing location of the wcoj pipeline."""
+    """The state directory, the landing location and Spark (when needed) of the wcoj pipeline."""
 
     master: str = Field(
         default="local[*]", description="Spark master URL: local[*] or a cluster's URL."
@@ -55,32 +128,33 @@ class WcojResource(ConfigurableResource):
     )
     storage: str = Field(
         default=DEFAULT_STORAGE,
-        description="State directory (traces, manifests): a local path (relative to the working "
-        "directory) or any URI Spark can write, e.g. hdfs://... or s3a://...",
+        description="State directory (manifests, batches, arrangements): a local path (relative "
+        "to the working directory) or any URI Spark can write, e.g. hdfs://... or s3a://...",
     )
     landing: str = Field(
         default=DEFAULT_LANDING,
         description="Where incoming changes land: <landing>/<relation>/<epoch key>/<files>.",
     )
     check_every: int = Field(
-        default=1,
+        default=CHECK_EVERY,
         ge=1,
-        description="Run the binary-join correctness check on epochs divisible by this.",
+        description="Run the full binary-join recomputation (matches_binary_join) on one "
+        "epoch in every check_every (epochs check_every - 1, 2 * check_every - 1, ...); a "
+        "run's op config `binary_join: true` checks its last epoch whatever the cadence.",
     )
-
     deployment: str = Field(
         default="auto",
-        description="Where the join kernel runs each step: auto (the driver when the state is "
-        "local and the epoch fits its limits, else Spark's executors), driver, or executors.",
+        description="Where the join kernel runs: auto (the driver when the state is local and "
+        "the epoch fits its limits, else Spark's executors), driver, or executors.",
+    )
+    pyspark: LazyPySparkResource | None = Field(
+        default=None,
+        description="dagster-pyspark's lazy resource, whose spark_config supplies Spark "
+        "settings (this resource still owns and stops the session).",
     )
 
-    _histories: dict[Any, Any] = PrivateAttr(default_factory=dict)
-
-    def spark(self) -> SparkSession:
-        """The process's SparkSession (created on first use)."""
-        from wcoj_core import spark as wspark
-
-        return wspark.session(self.master, self.spark_conf, app_name="wcoj-dagster")
+    _starter: OwnedStarter | None = PrivateAttr(default=None)
+    _engines: dict[Any, Any] = PrivateAttr(default_factory=dict)
 
     def storage_path(self) -> str:
         return resolve(self.storage)
@@ -88,22 +162,44 @@ class WcojResource(ConfigurableResource):
     def landing_path(self) -> str:
         return resolve(self.landing)
 
-    def history(self, queries: Sequence[Query]) -> History:
-        """A `History` over one Engine serving all `queries` (cached for this resource)."""
-        from wcoj_core.engine import Engine
-        from wcoj_core.history import History
+    def starter(self) -> OwnedStarter:
+        """The run's Spark starter: the session is made on its first use, with a reason."""
+        if self._starter is None:
+            config = self.pyspark.spark_config if self.pyspark is not None else None
+            master, conf = spark_settings(self.master, self.spark_conf, config)
+            self._starter = OwnedStarter(master, conf)
+        return self._starter
 
-        key = (self.storage_path(), tuple(queries), self.deployment)
-        if key not in self._histories:
-            engine = Engine(
-                self.spark(),
+    def spark(self, reason: str = "a Spark session was asked for") -> SparkSession:
+        """The process's SparkSession, started now (logged with `reason`) if need be."""
+        return self.starter()(reason)
+
+    def engine(self, topology: Topology, *, create: bool = True) -> Engine:
+        """The engine over the state serving every query of `topology` (one per resource)."""
+        from wcoj_core.engine import Engine
+
+        key = (
+            self.storage_path(),
+            topology.specs,
+            tuple(topology.meanings.items()),
+            self.deployment,
+        )
+        if key not in self._engines:
+            self._engines[key] = Engine(
+                self.starter(),
                 self.storage_path(),
-                list(queries),
+                list(topology.queries),
+                relations=topology.meanings,
                 sizes={},
+                keep_rules=True,
                 deployment=self.deployment,
+                create=create,
             )
-            self._histories[key] = History(engine)
-        return self._histories[key]
+        return self._engines[key]
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        if self._starter is not None:
+            self._starter.stop()
 
 
 def wcoj_resource(**values: Any) -> WcojResource:
@@ -113,17 +209,18 @@ def wcoj_resource(**values: Any) -> WcojResource:
     config: run config naming any field (``check_every`` in the launchpad, say) would send every
     other field back to the class default — ``storage`` to ``.wcoj/state`` of whatever directory
     the run starts in. Making the values field defaults keeps them under partial run config.
-    An `EnvVar` is passed to the constructor instead (Dagster resolves it at run time).
+    An `EnvVar` is passed to the constructor instead (Dagster resolves it at run time), and so is
+    a nested resource (``pyspark``).
     """
     annotations: dict[str, Any] = {}
     namespace: dict[str, Any] = {"__module__": __name__, "__annotations__": annotations}
-    env: dict[str, Any] = {}
+    direct: dict[str, Any] = {}
     for name, value in values.items():
-        if isinstance(value, EnvVar):
-            env[name] = value
+        if isinstance(value, EnvVar | ConfigurableResource):
+            direct[name] = value
             continue
         field = WcojResource.model_fields[name]
         annotations[name] = field.annotation
         namespace[name] = Field(default=value, description=field.description)
     cls = type("WcojResource", (WcojResource,), namespace)
-    return cls(**env)
+    return cls(**direct)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from wcoj_core.updates import DIFF, TIME
+from wcoj_core.traces import DIFF, TIME
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,3 +128,21 @@ def _local_problems(df: pd.DataFrame, schema: Any, depth: Depth) -> list[str]:
                 lines.append(f"{reason}{where}: {first}")
             return lines
     return []
+
+
+def landed_problems(rows: Any, columns: Sequence[str], epoch: int) -> list[str]:
+    """The full check of an epoch's landed update rows (``c0 ..``, ``diff``), stamped with the
+    epoch: pandera's pandas backend for an Arrow table on the driver, pandera.pyspark for a
+    Spark DataFrame. One line per error; empty when they are valid."""
+    import pyarrow as pa
+
+    if isinstance(rows, pa.Table):
+        import numpy as np
+
+        frame = rows.select([*columns, DIFF]).to_pandas()
+        frame.insert(len(columns), TIME, np.full(len(frame), epoch, dtype=np.int64))
+        return problems(frame, triples_schema(columns, epoch=epoch, local=True), Depth.FULL)
+    from pyspark.sql import functions as F
+
+    stamped = rows.select(*columns, F.lit(epoch).cast("long").alias(TIME), DIFF)
+    return problems(stamped, triples_schema(columns, epoch=epoch), Depth.FULL)

@@ -11,6 +11,11 @@ Commands::
                        [--epochs K] [--methods binary-delta,wcoj] [--plot PNG] [--save JSON]
     wcoj-bench curve epoch-size --input REL=PATH ... [--epoch-sizes N,..] [--epochs K]
                        [--methods binary-delta,wcoj] [--plot PNG] [--save JSON] [--json]
+    wcoj-bench cold    --input REL=PATH --undirected REL [--epochs K] [--warm-epochs W]
+                       [--epoch-size N] [--sizes E,..] [--rmat SPEC] [--no-evict]
+                       [--scratch DIR] [--plot PNG] [--json]
+    wcoj-bench idle    --input REL=PATH --undirected REL [--epochs K] [--epoch-size N]
+                       [--gap SECONDS] [--scratch DIR] [--master URL] [--deploy WHERE] [--json]
     wcoj-bench backfill --input REL=PATH --undirected REL --epochs K --epoch-size N [--json]
     wcoj-bench report  [--only PART] [--render-only] [--quick] [--root DIR] [--data DIR]
     wcoj-bench cluster up [--workers N] [--cores C] [--memory M] [--port P] [--ui-port P]
@@ -19,7 +24,10 @@ Commands::
 
 ``epochs``, ``static`` and ``curve`` take ``--undirected REL``, ``--master URL`` and
 ``--state DIR`` as ``wcoj count`` does, and check their arguments and input files before Spark
-starts (`wcoj_core.cli.inputs`). ``backfill`` and ``report`` are `wcoj_bench.backfill.main` and
+starts (`wcoj_core.cli.inputs`). ``cold`` (`wcoj_bench.cold`) times whole processes and starts no
+Spark itself (its recompute processes do); ``idle`` (`wcoj_bench.idle`) applies epochs back to
+back, then ``--gap`` seconds apart. Both keep their prepared graphs and built states under
+``--scratch`` (default ``.wcoj/bench``), reused by later runs. ``backfill`` and ``report`` are `wcoj_bench.backfill.main` and
 `wcoj_bench.report.main`, handed the arguments after their name.
 
 Contract: results go to stdout, progress to stderr; with ``--json`` the last line on stdout is one
@@ -40,7 +48,7 @@ from typing import Any
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 
-from wcoj_bench import backfill, cluster, report
+from wcoj_bench import backfill, cluster, cold, idle, report
 from wcoj_bench.curves import (
     CURVE_METHODS,
     DEFAULT_EPOCH_SIZE,
@@ -57,8 +65,9 @@ from wcoj_bench.curves import (
     save_curve,
     sized_spec,
 )
-from wcoj_bench.epochs import METHODS, Sample, bench, make_workload
-from wcoj_bench.machine import machine_facts
+from wcoj_bench.epochs import METHODS, bench, make_workload
+from wcoj_bench.machine import machine_facts, machine_label
+from wcoj_bench.measure import Sample
 from wcoj_bench.static import STATIC_DEFAULT, StaticRun, check_methods, static_bench
 from wcoj_core.cli import workspace
 from wcoj_core.cli.console import (
@@ -168,6 +177,77 @@ def _parser() -> argparse.ArgumentParser:
     cu.add_argument("--save", metavar="JSON", help="also write every point as JSON")
     cu.set_defaults(run=_curve)
 
+    co = commands.add_parser(
+        "cold",
+        help="whole processes, exec to exit: wcoj apply, a Spark SQL recompute, opening the "
+        "state, on a graph and on R-MAT graphs of growing size",
+    )
+    _add_process_inputs(co)
+    co.add_argument(
+        "--epochs",
+        type=int,
+        default=cold.DEFAULT_EPOCHS,
+        metavar="K",
+        help=f"epochs, each a fresh process of each kind (default {cold.DEFAULT_EPOCHS})",
+    )
+    co.add_argument(
+        "--warm-epochs",
+        type=int,
+        default=cold.DEFAULT_WARM_EPOCHS,
+        metavar="W",
+        help="epochs of the warm processes, set and bag (0: none; default "
+        f"{cold.DEFAULT_WARM_EPOCHS})",
+    )
+    co.add_argument(
+        "--sizes",
+        default=",".join(map(str, cold.DEFAULT_SIZES)),
+        metavar="E,..",
+        help="R-MAT graph sizes in edges (default "
+        f"{','.join(map(str, cold.DEFAULT_SIZES))}; 'none' skips them)",
+    )
+    co.add_argument(
+        "--rmat",
+        default=cold.DEFAULT_RMAT,
+        metavar="SPEC",
+        help=f"the generator of those graphs, without scale and edges (default {cold.DEFAULT_RMAT})",
+    )
+    co.add_argument(
+        "--no-evict",
+        action="store_true",
+        help="skip the runs on a state whose pages were dropped from the page cache",
+    )
+    co.add_argument("--plot", metavar="PNG", help="the plot to write (default cold.png)")
+    co.set_defaults(run=_cold)
+
+    idl = commands.add_parser(
+        "idle",
+        help="epochs back to back, then --gap seconds apart (Spark ends idle Python workers "
+        "after a minute)",
+    )
+    _add_process_inputs(idl)
+    idl.add_argument(
+        "--epochs",
+        type=int,
+        default=idle.DEFAULT_EPOCHS,
+        metavar="K",
+        help=f"epochs back to back, and as many apart (default {idle.DEFAULT_EPOCHS})",
+    )
+    idl.add_argument(
+        "--gap",
+        type=float,
+        default=idle.DEFAULT_GAP,
+        metavar="SECONDS",
+        help=f"the pause before each epoch apart (default {idle.DEFAULT_GAP:g})",
+    )
+    workspace.add_spark_arguments(idl)
+    idl.add_argument(
+        "--deploy",
+        choices=("auto", "driver", "executors"),
+        default="executors",
+        help="where the kernel runs (default executors)",
+    )
+    idl.set_defaults(run=_idle)
+
     for name, (_, help_text) in DELEGATED.items():
         commands.add_parser(name, help=help_text, add_help=False)
 
@@ -205,6 +285,52 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--json", action="store_true", help="end with one JSON line")
     clu.set_defaults(run=_cluster)
     return parser
+
+
+def _add_process_inputs(p: argparse.ArgumentParser) -> None:
+    """The arguments of the parts that prepare a graph of their own (``cold``, ``idle``)."""
+    p.add_argument(
+        "--query",
+        default="triangles",
+        metavar="Q",
+        help="a built-in query name or query text over one undirected relation (default triangles)",
+    )
+    p.add_argument(
+        "--input", required=True, metavar="REL=PATH", help="the graph: a file or generator spec"
+    )
+    p.add_argument(
+        "--undirected", action="append", default=[], metavar="REL", help="the graph's relation"
+    )
+    p.add_argument(
+        "--epoch-size", type=int, default=1_000, metavar="N", help="changes per epoch (1000)"
+    )
+    p.add_argument("--seed", type=int, default=1, metavar="S", help="workload seed (default 1)")
+    p.add_argument(
+        "--scratch",
+        default=cold.DEFAULT_SCRATCH,
+        metavar="DIR",
+        help=f"prepared graphs, built states and working copies (default {cold.DEFAULT_SCRATCH})",
+    )
+    p.add_argument("--json", action="store_true", help="end with one JSON line of results")
+
+
+def _graph_input(args: argparse.Namespace) -> tuple[Query, str, str]:
+    """The query, its one relation (binary, declared undirected) and its input, checked."""
+    query = resolve_query(args.query)
+    inputs = parse_inputs([args.input], query)
+    undirected = check_undirected(args.undirected, query, inputs)
+    (rel,) = inputs
+    if len(query.relations) != 1 or rel not in undirected:
+        raise UsageError(
+            f"this part runs a query over one undirected graph: give --undirected {rel}"
+            if len(query.relations) == 1
+            else f"query {query.name} reads {len(query.relations)} relations; this part runs a "
+            "query over one undirected graph"
+        )
+    check_files(query, inputs)
+    if args.epoch_size < 2:
+        raise UsageError(f"--epoch-size must be at least 2, got {args.epoch_size}")
+    return query, rel, inputs[rel]
 
 
 def _methods(given: str | None, default: Sequence[str]) -> list[str]:
@@ -382,6 +508,92 @@ def _curve(args: argparse.Namespace) -> int:
     say(f"plot: {plot}" + (f"; points: {args.save}" if args.save else ""))
     if args.json:
         emit_json({**summary, "machine": machine_facts(spark)})
+    return EXIT_OK
+
+
+# --- cold and idle ------------------------------------------------------------------------------
+
+
+def _cold(args: argparse.Namespace) -> int:
+    query, rel, source = _graph_input(args)
+    text = args.sizes.strip().lower()
+    sizes = () if text == "none" else parse_points(args.sizes, "--sizes")
+    plot = Path(args.plot or "cold.png")
+    if plot.suffix.lower() != ".png":
+        raise UsageError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
+    if sizes:
+        sized_spec(args.rmat, sizes[0])
+    result = cold.run_cold(
+        source,
+        query=args.query,
+        relation=rel,
+        epochs=args.epochs,
+        warm_epochs=args.warm_epochs,
+        epoch_size=args.epoch_size,
+        seed=args.seed,
+        sizes=sizes,
+        rmat=args.rmat,
+        scratch=Path(args.scratch),
+        dropped=not args.no_evict,
+        say=note,
+    )
+    facts = machine_facts(None)
+    java = result["graph"]["runs"]["recompute"][0].get("java")
+    if java:
+        facts["java"] = java  # the recompute processes' JVM (this process starts none)
+    cold.plot_cold(result, plot, machine_label(facts))
+    g = result["graph"]["processes"]
+    say(
+        f"{query.name}: fresh wcoj apply {g['apply']['median_seconds']:.3f} s, Spark SQL "
+        f"recompute {g['recompute']['median_seconds']:.2f} s "
+        f"(x{result['graph']['speedup_vs_recompute']}), open "
+        f"{g['open']['median_open_seconds']:.4f} s inside a {g['open']['median_seconds']:.2f} s "
+        "process"
+    )
+    for t in result["targets"]:
+        say(f"target: {t['target']}: {t['measured']} ({'met' if t['met'] else 'not met'})")
+    say(f"plot: {plot}")
+    if args.json:
+        emit_json({**result, "machine": facts})
+    return EXIT_OK
+
+
+def _idle(args: argparse.Namespace) -> int:
+    query, rel, source = _graph_input(args)
+    if args.epochs < 1:
+        raise UsageError(f"--epochs must be at least 1, got {args.epochs}")
+    if args.gap < 0:
+        raise UsageError(f"--gap must be at least 0 seconds, got {args.gap:g}")
+    graph, built = idle.prepare_idle(
+        source,
+        query=args.query,
+        relation=rel,
+        epochs=args.epochs,
+        epoch_size=args.epoch_size,
+        seed=args.seed,
+        scratch=Path(args.scratch),
+        say=note,
+    )
+    spark = workspace.start_spark(args.master, args.conf)
+    result = idle.run_idle(
+        spark,
+        graph,
+        built,
+        query=args.query,
+        relation=rel,
+        epochs=args.epochs,
+        gap=args.gap,
+        scratch=Path(args.scratch),
+        deployment=args.deploy,
+        say=note,
+    )
+    say(
+        f"{query.name}: back to back {result['median_back_to_back_seconds']:.3f} s per epoch, "
+        f"{args.gap:g} s apart {result['median_apart_seconds']:.3f} s: "
+        f"x{result['apart_over_back_to_back']}"
+    )
+    if args.json:
+        emit_json({**result, "machine": machine_facts(spark)})
     return EXIT_OK
 
 

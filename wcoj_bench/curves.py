@@ -14,12 +14,11 @@ a point's figure is the median seconds per epoch after the warm-up epoch.
 * **epoch-size** — the graph stays (by default web-NotreDame), the epochs grow: 10 to 100,000
   changes (`DEFAULT_EPOCH_SIZES`).
 
-Seeding. Every point loads its graph as epoch 0 and times the epochs after it, so the curves run
-`bench` with ``seed_outputs=False``: wcoj builds its arrangements for epoch 0 but not the whole
-initial output, which for a 20 M-edge graph would cost far more than every measured epoch
-together and is never read by a later epoch. The epoch outputs are still exact changes and still
-compared across methods. binary-delta's load writes its tables only; recompute's load computes a
-whole output whatever the seeding, one more reason why the curves leave it out unless asked
+Loading. Every point loads its graph as epoch 0 (untimed) and times the epochs after it. wcoj's
+load computes its whole initial output too (the engine has no way to load a state without
+deriving it; the curves used to skip it), on the driver, in epochs of at most
+`wcoj_bench.epochs.LOAD_ROWS` edges; binary-delta's load writes its tables only; recompute's load
+computes a whole output, one more reason why the curves leave it out unless asked
 (`CURVE_METHODS`).
 
 Before a point runs, its relations are read once, normalized (undirected relations to their
@@ -43,8 +42,9 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_bench.epochs import METHODS, BenchError, Sample, bench, make_workload
+from wcoj_bench.epochs import METHODS, bench, make_workload
 from wcoj_bench.machine import machine_facts, machine_label
+from wcoj_bench.measure import BenchError, Sample
 from wcoj_core import generate
 from wcoj_core.query.ir import Query
 from wcoj_core.sources import canonical_undirected, read_relation
@@ -80,7 +80,7 @@ def parse_curve(text: str) -> Curve:
     >>> parse_curve("sizes")
     Traceback (most recent call last):
       ...
-    wcoj_bench.epochs.BenchError: unknown curve 'sizes'; choose size or epoch-size
+    wcoj_bench.measure.BenchError: unknown curve 'sizes'; choose size or epoch-size
     """
     try:
         return Curve(text)
@@ -98,11 +98,11 @@ def parse_points(text: str, option: str) -> tuple[int, ...]:
     >>> parse_points("10,1e3", "--sizes")
     Traceback (most recent call last):
       ...
-    wcoj_bench.epochs.BenchError: --sizes: '1e3' is not a positive integer; give a list such as 10,100,1000
+    wcoj_bench.measure.BenchError: --sizes: '1e3' is not a positive integer; give a list such as 10,100,1000
     >>> parse_points("100", "--sizes")
     Traceback (most recent call last):
       ...
-    wcoj_bench.epochs.BenchError: --sizes needs at least two different values to draw a curve, got 100
+    wcoj_bench.measure.BenchError: --sizes needs at least two different values to draw a curve, got 100
     """
     points: set[int] = set()
     for item in text.split(","):
@@ -137,7 +137,7 @@ def sized_spec(template: str, edges: int) -> str:
     >>> sized_spec("rmat:scale=10", 1000)
     Traceback (most recent call last):
       ...
-    wcoj_bench.epochs.BenchError: curve size sets each graph's scale and edges from --sizes; drop scale from rmat:scale=10
+    wcoj_bench.measure.BenchError: curve size sets each graph's scale and edges from --sizes; drop scale from rmat:scale=10
     """
     if not generate.is_generator_spec(template):
         raise BenchError(
@@ -174,7 +174,7 @@ def check_points(curve: Curve, points: Sequence[int], *, epochs: int, epoch_size
     >>> check_points(Curve.SIZE, [1000, 10_000], epochs=4, epoch_size=1000)
     Traceback (most recent call last):
       ...
-    wcoj_bench.epochs.BenchError: --sizes 1000: 4 epochs of 1000 changes need a graph of at least 4000 edges
+    wcoj_bench.measure.BenchError: --sizes 1000: 4 epochs of 1000 changes need a graph of at least 4000 edges
     """
     if epochs < 2:
         raise BenchError(
@@ -291,7 +291,6 @@ class CurveResult:
             "epoch_size": self.epoch_size,
             "methods": list(self.methods),
             "check": "passed",
-            "seed_outputs": False,
             "machine": self.machine,
             "points": [p.to_dict() for p in self.points],
             "growth_per_decade": self.growth(),
@@ -373,7 +372,6 @@ def run_curve(
             str(where / "bench"),
             methods=chosen,
             on_epoch=progress,
-            seed_outputs=False,
             deployment=deployment,
         )
         point = CurvePoint(

@@ -90,6 +90,7 @@ LABELS = {
     "recompute": "recompute (Spark SQL binary plan)",
     "binary-delta": "binary-delta (delta rules, binary joins)",
     "wcoj": "wcoj",
+    "wcoj-bag": "wcoj-bag (the relation an undirected bag)",
     "wcoj-executors": "wcoj-executors (the kernel in Spark's executors)",
     "spark-sql": "spark-sql (binary plan, `reference.py`)",
     "neighbour-array": "neighbour-array (`collect_set` + `array_intersect`)",
@@ -257,10 +258,21 @@ def render_epochs(record: dict[str, Any]) -> str:
                 f"**{skew['intermediate_ratio_vs_binary_delta']}** (binary-delta's seconds and "
                 "join rows over wcoj's)."
             )
+    if "set_over_bag" in r:
+        bullets.append(
+            f"wcoj (the relation an undirected set) over wcoj-bag (an undirected bag): "
+            f"**{r['set_over_bag']}x** the median epoch."
+        )
+    split = (
+        f" (Parquet batches {_bytes(r['wcoj_batch_bytes'])}, index files "
+        f"{_bytes(r['wcoj_index_bytes'])})"
+        if "wcoj_index_bytes" in r
+        else ""
+    )
     bullets += [
-        f"wcoj's arrangements (relation and counts, without the output) take "
-        f"{_bytes(r['wcoj_arrangement_bytes'])} against {_bytes(r['input_parquet_bytes'])} of "
-        f"input Parquet: **{r['state_ratio_vs_input']}x**.",
+        f"wcoj's state without the output (relation and counts) takes "
+        f"{_bytes(r['wcoj_arrangement_bytes'])}{split} against "
+        f"{_bytes(r['input_parquet_bytes'])} of input Parquet: **{r['state_ratio_vs_input']}x**.",
         "Seconds per epoch"
         + (" (the skew epoch last): " if skew else ": ")
         + "; ".join(f"{name} {_runs(m['seconds_per_epoch'])}" for name, m in methods.items())
@@ -269,6 +281,17 @@ def render_epochs(record: dict[str, Any]) -> str:
     ]
     if r.get("wcoj_deployments"):
         bullets.append(f"wcoj's kernel ran on: {', '.join(r['wcoj_deployments'])}.")
+    if r.get("meanings"):
+        shown = "; ".join(f"{m}: {what}" for m, what in r["meanings"].items())
+        bullets.append(
+            f"Relations as wcoj declares them: {shown}. The Spark SQL methods keep the "
+            "symmetric set."
+        )
+    if r.get("load_epochs", 1) > 1:
+        bullets.append(
+            f"wcoj loaded the graph in {r['load_epochs']} epochs (untimed; the timed epochs "
+            "follow them)."
+        )
     return "\n".join([*lines, "", *_bullets(bullets)])
 
 
@@ -342,8 +365,13 @@ def render_curve(record: dict[str, Any]) -> str:
     lines = _measured(
         record,
         f"{len(r['points'])} points, {fixed}, {r['epochs']} epochs each. The first epoch is a "
-        "warm-up; a point's figure is the median of the others. wcoj was seeded without its "
-        "initial output; every epoch's output changes were identical across the methods.",
+        "warm-up; a point's figure is the median of the others. "
+        + (
+            "wcoj was seeded without its initial output; "
+            if r.get("seed_outputs") is False
+            else "wcoj computed its initial output while loading (untimed); "
+        )
+        + "every epoch's output changes were identical across the methods.",
     )
     lines += [
         "",
@@ -408,6 +436,8 @@ def _machine_text(facts: dict[str, Any]) -> str:
         f"pyspark {facts['packages'].get('pyspark')} ({facts.get('spark_master')}, driver memory "
         f"{conf.get('spark.driver.memory')}, {conf.get('spark.sql.shuffle.partitions')} shuffle "
         f"partitions, AQE {conf.get('spark.sql.adaptive.enabled')})"
+        if facts.get("spark_master")
+        else f"pyspark {facts['packages'].get('pyspark')} (no session in the part's own process)"
     )
     others = ", ".join(
         f"{p} {v}" for p, v in facts["packages"].items() if p != "pyspark" and v is not None

@@ -16,6 +16,9 @@ exactly the one that ran:
   methods;
 * ``static`` — ``wcoj-bench static`` on web-NotreDame, every static method;
 * ``curve-size`` and ``curve-epoch-size`` — ``wcoj-bench curve`` (`wcoj_bench.curves`);
+* ``cold`` — ``wcoj-bench cold`` (`wcoj_bench.cold`): whole processes, exec to exit, on
+  web-NotreDame (a fresh ``wcoj apply`` per epoch against a fresh Spark SQL recompute, opening
+  the state, the warm epoch as a set and as a bag) and on R-MAT graphs of 0.2 M to 20 M edges;
 * ``cluster-static``, ``cluster-epochs``, ``cluster-curve-size``, ``cluster-cliques`` — the same
   kinds of runs on a two-worker, one-core-each standalone cluster that the report starts on this
   machine (`wcoj_bench.cluster`) and stops afterwards, with wcoj's kernel on the executors
@@ -23,7 +26,12 @@ exactly the one that ran:
   its 1,000-change epochs against recompute; R-MAT graphs up to 20 M edges with a 1 GiB driver;
   4-cliques of the densest shared graphs (facebook_combined: the highest mean degree;
   email-Eu-core: the highest edge density) with 1 GiB executors, their Python workers held to
-  1 GiB.
+  1 GiB; ``cluster-idle`` (`wcoj_bench.idle`): 1,000-change epochs of the 20 M-edge R-MAT graph
+  back to back, then two minutes apart.
+
+The process parts (``cold``, ``cluster-idle``) keep their prepared graphs and built states in
+``.wcoj/bench`` (under ``--root`` with ``--quick``): the 20 M-edge state is built once, by
+``wcoj apply``, and reused by later runs until `wcoj_core`'s source changes.
 
 Each part's JSON line, with its command, date, wall time, load average and the machine
 (`wcoj_bench.machine`), is saved as ``<root>/bench/<part>.json``; a curve's plot goes to
@@ -57,22 +65,27 @@ from typing import NoReturn
 
 from wcoj_bench.machine import load_average, machine_facts
 from wcoj_bench.page import MACHINE, PAGE, RENDER, render_machine, replace_regions
+from wcoj_bench.page_processes import render_cold, render_idle
 from wcoj_core.cli.console import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from wcoj_core.errors import WcojError
 
-LOCAL_PARTS = ("epochs", "static", "curve-size", "curve-epoch-size")
+LOCAL_PARTS = ("epochs", "static", "curve-size", "curve-epoch-size", "cold")
 CLUSTER_PARTS = (
     "cluster-static",
     "cluster-epochs",
     "cluster-curve-size",
     "cluster-cliques",
     "cluster-cliques-dense",
+    "cluster-idle",
 )
 PARTS = (*LOCAL_PARTS, *CLUSTER_PARTS)
+# The parts that read no SNAP file (their graphs are generated).
+GENERATED_ONLY = ("curve-size", "cluster-curve-size", "cluster-idle")
 # The cluster the cluster parts run on (what `wcoj-bench cluster up` starts by default).
 CLUSTER = {"workers": 2, "cores": 1, "memory": "2g"}
 ONE_GIB = ["--conf", "spark.executor.memory=1g", "--conf", "spark.executor.pyspark.memory=1g"]
 NOTRE_DAME = "web-NotreDame.txt.gz"
+RENDERERS = {**RENDER, "cold": render_cold, "cluster-idle": render_idle}
 DEFAULT_ROOT = "docs"
 DEFAULT_DATA = "../shared/data"
 REPO_PAGE = Path(__file__).resolve().parents[1] / "docs" / PAGE
@@ -86,10 +99,16 @@ class ReportError(WcojError):
 
 
 def commands(
-    quick: bool, data: str, img: Path, master: str | None = None, cluster: str = "CLUSTER"
+    quick: bool,
+    data: str,
+    img: Path,
+    master: str | None = None,
+    cluster: str = "CLUSTER",
+    scratch: Path | None = None,
 ) -> dict[str, list[str]]:
     """Each part's ``wcoj-bench`` arguments: the full runs, or tiny generated graphs with `quick`;
-    the cluster parts on the master `cluster`."""
+    the cluster parts on the master `cluster`; the process parts' graphs and states under
+    `scratch` (default: their own, ``.wcoj/bench``, kept between runs)."""
     nd = f"edge={data}/{NOTRE_DAME}"
     if quick:
         epochs = ["--input", "edge=rmat:scale=9,edges=3000,seed=5", "--epochs", "2"]
@@ -101,6 +120,10 @@ def commands(
         epoch_size += ["--epochs", "2"]
         cliques = ["--input", "edge=rmat:scale=8,edges=1500,seed=3"]
         dense = ["--input", "edge=rmat:scale=7,edges=1200,seed=4"]
+        cold = ["--input", "edge=rmat:scale=9,edges=3000,seed=5", "--epochs", "2"]
+        cold += ["--warm-epochs", "3", "--epoch-size", "20", "--sizes", "1000,3000"]
+        idle = ["--input", "edge=rmat:scale=9,edges=3000,seed=5", "--epochs", "2"]
+        idle += ["--epoch-size", "20", "--gap", "1"]
     else:
         epochs = ["--input", nd, "--epochs", "4", "--epoch-size", "1000", "--skew", "3000"]
         static = ["--input", nd, "--repeat", "5"]
@@ -108,16 +131,23 @@ def commands(
         epoch_size = ["--input", nd, "--epoch-sizes", "10,100,1000,10000,100000", "--epochs", "4"]
         cliques = ["--input", f"edge={data}/facebook_combined.txt.gz"]
         dense = ["--input", f"edge={data}/email-Eu-core.txt.gz"]
+        cold = ["--input", nd, "--epochs", "6", "--warm-epochs", "12", "--epoch-size", "1000"]
+        cold += ["--sizes", "200000,2000000,20000000"]
+        idle = ["--input", "edge=rmat:scale=20,edges=20000000,seed=1", "--epochs", "4"]
+        idle += ["--epoch-size", "1000", "--gap", "120"]
+    where = ["--scratch", str(scratch)] if scratch is not None else []
     runs = {
         "epochs": ["epochs", *epochs],
         "static": ["static", *static],
         "curve-size": ["curve", "size", "--input", "edge=rmat:seed=1", *size],
         "curve-epoch-size": ["curve", "epoch-size", *epoch_size],
     }
+    runs["cold"] = ["cold", *cold, *where, "--plot", str(img / "cold.png")]
     for curve in ("curve-size", "curve-epoch-size"):
         runs[curve] += ["--plot", str(img / f"{curve}.png")]
     tail = ["--undirected", "edge", *(["--master", master] if master else []), "--json"]
     out = {name: [*argv, *tail] for name, argv in runs.items()}
+    out["cold"] = [*runs["cold"], "--undirected", "edge", "--json"]  # starts no Spark itself
     on = ["--master", cluster, "--deploy", "executors", "--undirected", "edge", "--json"]
     three = ["--methods", "wcoj,spark-sql,neighbour-array"]
     out["cluster-static"] = ["static", *static[:2], "--repeat", "3", *three, *on]
@@ -132,6 +162,7 @@ def commands(
             *["static", "--query", "4-cliques", *graph, "--repeat", "1", "--methods", "wcoj"],
             *[*ONE_GIB, *on],
         ]
+    out["cluster-idle"] = ["idle", *idle, *where, *on]
     return out
 
 
@@ -211,7 +242,7 @@ def render(root: Path, say: Callable[[str], None]) -> list[str]:
             records[name] = json.loads(path.read_text())
         else:
             say(f"report: no {path}: region {name!r} left as it is")
-    bodies = {name: RENDER[name](record) for name, record in records.items()}
+    bodies = {name: RENDERERS[name](record) for name, record in records.items()}
     if records:
         bodies[MACHINE] = render_machine(records)
     text = page.read_text()
@@ -282,8 +313,9 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = _say) -
         root = _prepare_root(args)
         say(f"report: writing under {root}")
         chosen = [] if args.render_only else [p for p in PARTS if not args.only or p in args.only]
-        runs = commands(args.quick, args.data, root / "img", args.master)
-        if not args.quick and any(p != "curve-size" for p in chosen):
+        scratch = root / "scratch" if args.quick else None
+        runs = commands(args.quick, args.data, root / "img", args.master, scratch=scratch)
+        if not args.quick and any(p not in GENERATED_ONLY for p in chosen):
             snap = Path(args.data) / NOTRE_DAME
             if not snap.is_file():
                 raise ReportError(f"no {snap}: pass --data DIR, the folder of the SNAP files")

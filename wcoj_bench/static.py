@@ -1,17 +1,20 @@
 """`wcoj-bench static`: one whole graph counted by wcoj and by the usual alternatives — checked, then timed.
 
 The input. Every relation is read once and written as Parquet under the state directory, before
-any timing: a relation read with ``--undirected`` as its symmetric, loop-free set of edges (both
-directions, as `wcoj count` reads it), any other relation as it is. Every Spark method reads
-those Parquet files. The single-machine methods get the same graph as its canonical undirected
-edge list (``src < dst``, each edge once), collected from that Parquet once, outside the timing,
-as numpy arrays and a Parquet file.
+any timing. A relation read with ``--undirected`` is the set of its undirected edges, and every
+method counts over that set: the Spark methods read it as its symmetric table (both directions of
+each edge, loop-free: their binary plans run over the symmetric set); wcoj reads each edge once
+(``c0 < c1``) and declares the relation an undirected set, as ``wcoj count --undirected`` does —
+the engine reads the edges in both directions itself. Any other relation is read as it is, by
+every method. The single-machine methods get the same graph as its canonical undirected edge list
+(``src < dst``, each edge once), collected once, outside the timing, as numpy arrays and a
+Parquet file.
 
 The methods, each counting the query's output (the sum of its multiplicities):
 
-* **wcoj** — `evaluate_static`, the project's static evaluation, exactly what `wcoj count` runs:
-  the whole input applied as one epoch to a fresh, empty state (arrangements built and written,
-  the output written), then the output's multiplicities summed. Its kernel runs where
+* **wcoj** — exactly what `wcoj count` runs: the whole input applied as one epoch to a fresh,
+  empty state (batches written, the output written; no index files, which a count's throw-away
+  state does not keep), the count read from the epoch's figures. Its kernel runs where
   ``--deploy`` says (default ``auto``: on the driver when the relations fit its limits).
 * **wcoj-executors** — the same with the kernel in Spark's executors (one job, the traces read
   by every task), what a state too large for the driver, or on a cluster's storage, gets.
@@ -56,9 +59,11 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from wcoj_bench.epochs import BenchError, MemoryWatch, SparkMeter
+from wcoj_bench.epochs import specs_for
+from wcoj_bench.measure import BenchError, MemoryWatch, SparkMeter
 from wcoj_core import linear
-from wcoj_core.engine import evaluate_static
+from wcoj_core.engine import Engine
+from wcoj_core.meaning import Meaning
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Atom, Filter, Query, Term, Var
 from wcoj_core.reference import reference_sql
@@ -189,15 +194,23 @@ class StaticInputs:
         self.query = query
         self.root = root
         self.deployment = deployment  # where the `wcoj` method's kernel runs
+        self.specs = specs_for(query, undirected, Meaning.SET)
+        # What the Spark methods read (an undirected relation symmetric), and what wcoj reads
+        # (an undirected relation's edges once).
         self.frames: dict[str, DataFrame] = {}
+        self.once: dict[str, DataFrame] = {}
         self.rows: dict[str, int] = {}
         for rel in sorted(query.relations):
             df = relations[rel]
-            if rel in undirected:
-                df = linear.symmetrize().apply(canonical_undirected(df))
             path = str(root / "input" / rel)
+            if rel in undirected:
+                edges = canonical_undirected(df)
+                edges.write.parquet(f"{path}-once")
+                self.once[rel] = spark.read.parquet(f"{path}-once")
+                df = linear.symmetrize().apply(self.once[rel])
             df.write.parquet(path)
             self.frames[rel] = spark.read.parquet(path)
+            self.once.setdefault(rel, self.frames[rel])
             self.rows[rel] = self.frames[rel].count()
         self._edges: EdgeList | None = None
 
@@ -244,13 +257,15 @@ def _wcoj(inputs: StaticInputs, deployment: str | None = None) -> Runner:
 
     def run() -> int:
         state = runs / f"run-{len(phases)}"
-        result = evaluate_static(
-            inputs.spark, inputs.query, inputs.frames, str(state), deployment=where
+        engine = Engine(
+            inputs.spark, str(state), inputs.query, relations=inputs.specs, deployment=where
         )
+        engine.persist_index = False  # as `wcoj count` without --state
+        result = engine.apply(0, dict(inputs.once))
         phases.append(result.metrics.seconds)
         own_rows.append(result.metrics.join_rows)
         deployments.append(result.metrics.deployment)
-        return result.total(inputs.query.name)
+        return result.count(inputs.query.name)
 
     def after() -> None:
         inputs.spark.catalog.clearCache()
@@ -540,7 +555,7 @@ def static_bench(
 
 def _median_phases(runs: list[dict[str, float]]) -> dict[str, float]:
     """Each engine phase's median seconds over the timed runs."""
-    return {k: round(statistics.median(r.get(k, 0.0) for r in runs), 3) for k in runs[0]}
+    return {k: round(statistics.median(r.get(k, 0.0) for r in runs), 4) for k in runs[0]}
 
 
 __all__ = [

@@ -1,49 +1,161 @@
-"""Backfills: once the arrangements exist, the rules' epochs may run in any order.
+"""Backfills: a range of epochs is ONE run, ONE step and one manifest commit per epoch.
 
-The relations and arrangements of four epochs are built in ONE run over the whole range (what a
-single-run backfill or ``dagster asset materialize --partition-range`` does); then the query's
-assets run one epoch per run, newest first. Every output equals the oracle — the answer of
-processing the epochs one by one.
+On a real (SQLite) instance, the pipeline runs four epochs in one run over the range (what a
+single-run backfill or ``dagster asset materialize --partition-range`` launches). The tests read
+what the instance stored: one run, one step, a materialization per asset and epoch, one commit per
+epoch; and every check's status per partition as the UI reads it (`AssetCheckState`): the status
+that is true for that partition, not SKIPPED. Then epochs are applied again in any order (each
+replaces what it held: the outputs stay the oracle's), and a failure in the middle of a range
+keeps the epochs committed before it, reported materialized.
 """
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
-from wcoj_support import Pipeline, checks, failures, materializations, oracle, updates
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
-from wcoj_assets.epochs import epoch_key
-from wcoj_assets.provenance import CURRENT
+import pytest
+from dagster import (
+    AssetKey,
+    AssetPartitionStatus,
+    DagsterEventType,
+    DagsterInstance,
+)
+from dagster._core.storage.asset_check_state import AssetCheckState, bulk_update_asset_check_state
+from pyspark.sql import SparkSession
+from wcoj_support import Changes, Pipeline, checks, failures, materializations, oracle, updates
+
+from wcoj_assets.checks import BINARY_JOIN
+from wcoj_assets.epochs import epoch_key, epoch_partitions
+from wcoj_assets.instance import prepare_home
 
 EPOCHS = 4
-ARRANGEMENTS = ["edge_deltas", "edge_snapshot", "edge_counts_c0", "edge_counts_c1"]
-QUERY_ASSETS = ["triangles_rule_0", "triangles_rule_1", "triangles_rule_2", "triangles_deltas"]
+EVERY = 2  # the binary join on epochs 1 and 3
 
 
-def test_rules_backfilled_in_reverse_order_equal_processing_in_order(
-    small: SparkSession, tmp_path
-) -> None:
-    p = Pipeline(small, tmp_path)
-    history = updates(seed=5, epochs=EPOCHS)
-    for n, ups in enumerate(history):
-        p.land(n, ups, "parquet" if n % 2 else "csv")
+@dataclass
+class Scenario:
+    pipeline: Pipeline
+    history: list[Changes]
+    run_id: str
+    generations: int
 
-    result = p.run((0, EPOCHS - 1), assets=ARRANGEMENTS)
-    assert result.success, failures(result)
-    mats = materializations(result)
-    # One run, one materialization per asset and epoch.
-    assert sorted((m.asset_key.to_user_string(), m.partition) for m in mats) == sorted(
-        (a, epoch_key(n)) for a in ARRANGEMENTS for n in range(EPOCHS)
-    )
-    for n in reversed(range(EPOCHS)):
-        result = p.run(n, assets=QUERY_ASSETS)
+
+@pytest.fixture(scope="module")
+def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
+    root = tmp_path_factory.mktemp("backfill")
+    with DagsterInstance.from_config(str(prepare_home(root / "home"))) as instance:
+        p = Pipeline(spark, root, instance=instance, check_every=EVERY)
+        history = updates(seed=5, epochs=EPOCHS)
+        for n, ups in enumerate(history):
+            p.land(n, ups, "parquet" if n % 2 else "csv")
+        result = p.run((0, EPOCHS - 1))
         assert result.success, failures(result)
-    # The accumulated output sums the stored changes: one run over the range, checked.
-    result = p.run((0, EPOCHS - 1), assets=["triangles"])
-    assert result.success and all(c.passed for c in checks(result)), checks(result)
-    assert [c.name for c in checks(result) if c.name != CURRENT] == ["matches_binary_join"]
-    # `current_history` once for the range (Dagster records a range's result without a
-    # partition). The output had no partition yet, so none was stale before the run and none is
-    # after: no evaluation of a partition on its own (`test_pipeline` shows the stale ones').
-    assert [c.partition for c in checks(result) if c.name == CURRENT] == [None]
+        yield Scenario(p, history, result.run_id, p.generation())
+
+
+def test_a_range_is_one_run_one_step_and_one_commit_per_epoch(scenario: Scenario) -> None:
+    p, instance = scenario.pipeline, scenario.pipeline.instance
+    assert len(instance.get_runs()) == 1
+    steps = {
+        e.dagster_event.step_key
+        for e in instance.all_logs(scenario.run_id, of_type=DagsterEventType.STEP_START)
+        if e.dagster_event is not None
+    }
+    assert steps == {"wcoj_epochs"}
+    assert scenario.generations == EPOCHS  # a new state: one manifest generation per epoch
+    stored = [
+        e.dagster_event.event_specific_data.materialization
+        for e in instance.all_logs(scenario.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+        if e.dagster_event is not None
+    ]
+    assets = {k.to_user_string() for k in p.defs.resolve_asset_graph().get_all_asset_keys()}
+    assert sorted((m.asset_key.to_user_string(), m.partition) for m in stored) == sorted(
+        (a, epoch_key(n)) for a in assets for n in range(EPOCHS)
+    )
     for t in range(EPOCHS):
-        assert p.output("triangles", t) == oracle(p.topology, "triangles", history, t), t
+        assert p.output("triangles", t) == oracle(p.topology, "triangles", scenario.history, t), t
+
+
+def check_statuses(p: Pipeline) -> dict[tuple[str, str], dict[str, list[str]]]:
+    """Every check's partitions by status, as the UI reads them from the instance."""
+    graph = p.defs.resolve_asset_graph()
+    keys = [(k, graph.get(k.asset_key).partitions_def) for k in graph.asset_check_keys]
+    states = bulk_update_asset_check_state(
+        p.instance, keys, {k: AssetCheckState.empty() for k, _ in keys}
+    )
+    return {
+        (k.asset_key.to_user_string(), k.name): {
+            status.value: sorted(subset.subset_value.get_partition_keys())
+            for status, subset in state.subsets.items()
+            if not subset.is_empty
+        }
+        for k, state in states.items()
+    }
+
+
+def test_every_partition_shows_its_own_check_status(scenario: Scenario) -> None:
+    statuses = check_statuses(scenario.pipeline)
+    every = [epoch_key(n) for n in range(EPOCHS)]
+    due = [epoch_key(n) for n in range(EPOCHS) if n % EVERY == EVERY - 1]
+    assert statuses.pop(("triangles", BINARY_JOIN)) == {
+        "SUCCEEDED": due,
+        "SKIPPED": sorted(set(every) - set(due)),  # not evaluated there: the truth
+    }
+    assert len(statuses) == 4
+    for check, by_status in statuses.items():
+        assert by_status == {"SUCCEEDED": every}, check
+
+
+def test_epochs_applied_again_in_any_order_keep_the_oracles_answer(scenario: Scenario) -> None:
+    p = scenario.pipeline
+    before = p.generation()
+    for n in reversed(range(EPOCHS)):
+        result = p.run(n)
+        assert result.success and all(c.passed for c in checks(result)), failures(result)
+    assert p.generation() - before == EPOCHS  # one commit per epoch, a re-run too
+    for t in range(EPOCHS):
+        assert p.output("triangles", t) == oracle(p.topology, "triangles", scenario.history, t), t
+
+
+def test_a_failure_mid_range_keeps_the_committed_epochs(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wcoj_core.engine import Engine
+
+    with DagsterInstance.from_config(str(prepare_home(tmp_path / "home"))) as instance:
+        p = Pipeline(spark, tmp_path, instance=instance)
+        history = updates(seed=7, epochs=EPOCHS)
+        for n, ups in enumerate(history):
+            p.land(n, ups, "csv")
+        apply = Engine.apply
+
+        def failing(self, epoch, changes, **kwargs):
+            if epoch == 2:
+                raise OSError("disk full (injected)")
+            return apply(self, epoch, changes, **kwargs)
+
+        monkeypatch.setattr(Engine, "apply", failing)
+        result = p.run((0, EPOCHS - 1))
+        assert not result.success
+        (failure,) = failures(result)
+        assert "epoch 2 (2020-01-03) was not applied: OSError: disk full (injected)" in failure
+        assert "epochs 2020-01-01..2020-01-02 were committed" in failure
+        assert p.generation() == 2
+        committed = {(m.asset_key.to_user_string(), m.partition) for m in materializations(result)}
+        assets = {k.to_user_string() for k in p.defs.resolve_asset_graph().get_all_asset_keys()}
+        assert committed == {(a, epoch_key(n)) for a in assets for n in (0, 1)}
+        keys = [epoch_key(n) for n in range(EPOCHS)]
+        status = instance.get_status_by_partition(AssetKey("triangles"), keys, epoch_partitions())
+        assert [status.get(k) == AssetPartitionStatus.MATERIALIZED for k in keys] == [
+            True,
+            True,
+            False,
+            False,
+        ]
+        monkeypatch.undo()
+        again = p.run((2, EPOCHS - 1))  # the rest of the backfill, retried
+        assert again.success, failures(again)
+        for t in range(EPOCHS):
+            assert p.output("triangles", t) == oracle(p.topology, "triangles", history, t), t

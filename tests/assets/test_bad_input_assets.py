@@ -1,10 +1,11 @@
 """Bad input at the Dagster level: landed files, epoch keys, repeated epochs, absent deletions.
 
-One pipeline (the default triangles spec) ingests a good epoch 0. Then each bad file lands at
-epoch 1 and a run of the epoch job must fail the ``update_triples`` check of ``edge_deltas`` with a
-message naming the epoch, the file, the line and the column, materialize nothing and leave every
-file of the state as it was. The last tests land data that is accepted but suspicious (the same
-epoch again, deletions of absent edges): they run in file order, after the refusals.
+One pipeline (the default triangles spec: ``edge`` a bag) ingests a good epoch 0. Then each bad
+file lands at epoch 1 and a run of the epoch job must fail the ``update_triples`` check of
+``edge_deltas`` with a message naming the epoch, the file, the line and the column, materialize
+nothing and leave every file of the state as it was. The last tests land data that is accepted
+but suspicious (the same epoch again, deletions of absent edges from a bag): they run in file
+order, after the refusals.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pyspark.sql import SparkSession
 from wcoj_support import Changes, Pipeline, checks, failures, materializations, oracle
 
 from wcoj_assets.epochs import Epochs, epoch_key
-from wcoj_assets.steps import epochs_of
+from wcoj_assets.pipeline import epochs_of
 from wcoj_core.traces import relation_trace_name
 
 FIRST: Changes = [
@@ -142,13 +143,15 @@ def test_a_malformed_partition_key_fails_the_step_before_any_path(key: str) -> N
     assert f"epoch key {key!r}" in str(caught.value.description)
 
 
-def test_the_same_epoch_again_keeps_its_batch_and_its_answer(scenario: Scenario) -> None:
+def test_the_same_epoch_again_keeps_its_changes_and_its_answer(scenario: Scenario) -> None:
     p = scenario.pipeline
     trace = relation_trace_name("edge")
     (batch,) = [b for b in p.traces()[trace].batches if b.time == 0]
     result = p.run(0)
     assert result.success, failures(result)
-    assert [b for b in p.traces()[trace].batches if b.time == 0] == [batch]
+    (again,) = [b for b in p.traces()[trace].batches if b.time == 0]
+    assert (again.rows, again.landed, again.figures) == (batch.rows, batch.landed, batch.figures)
+    assert p.engine.stale() == []
     assert p.output("triangles", 0) == oracle(p.topology, "triangles", scenario.history, 0)
 
 
@@ -167,6 +170,9 @@ def test_deleting_absent_edges_is_flagged_with_the_tuples(scenario: Scenario) ->
         "epoch 1: (6, 5) has multiplicity -1",
         "epoch 1: (7, 8) has multiplicity -2",
     ]
-    # The check blocks: nothing downstream of the snapshot is materialized.
+    # The epoch is applied (a bag holds what it is given), and the check blocks: the run fails,
+    # so nothing downstream of the pipeline runs on it.
+    assert not result.success
+    assert any("blocking asset check" in f for f in failures(result)), failures(result)
     materialized = {m.asset_key.to_user_string() for m in materializations(result)}
-    assert materialized == {"edge_deltas", "edge_snapshot"}, materialized
+    assert {"edge_deltas", "edge_snapshot", "triangles"} <= materialized

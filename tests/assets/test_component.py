@@ -1,9 +1,12 @@
 """`WcojComponent`: a ``defs.yaml`` builds the pipeline, and ``dg`` knows the component.
 
 The component is loaded the way a project loads it (Dagster's defs-folder sandbox), and its
-definitions are compared with what `build_definitions` gives for the same arguments. ``dg`` (the
-dagster-dg-cli of the dev extra) lists the component from the package's entry point and checks
-a project's ``defs.yaml`` against its attributes.
+definitions are compared with what `build_definitions` gives for the same arguments. Its
+``translation`` (as dagster-dbt's: key prefix, group, owners, tags, kinds), ``op`` (name, tags,
+pool, backfill policy) and `WcojComponent.get_asset_spec` override point change what they say
+and nothing else. ``dg`` (the dagster-dg-cli of the dev extra) lists the component from the
+package's entry point, scaffolds a ``defs.yaml`` that loads, and checks a project's ``defs.yaml``
+against its attributes.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import AssetKey
+from dagster import AssetKey, AssetSpec
 from dagster.components.testing import create_defs_folder_sandbox
 
-from wcoj_assets.component import WcojComponent
+from wcoj_assets.component import QueryModel, RelationModel, WcojComponent
 from wcoj_assets.definitions import JOB_NAME, build_definitions
+from wcoj_assets.graph import AssetInfo
 from wcoj_assets.provenance import REBUILD_SENSOR
 from wcoj_assets.specs import QuerySpec
 from wcoj_core.errors import WcojError
@@ -38,6 +42,7 @@ ATTRIBUTES: dict[str, Any] = {
     "start": "2024-03-01",
     "spark_master": "spark://127.0.0.1:7077",
     "spark_conf": {"spark.executor.memory": "2g"},
+    "check_every": 7,
 }
 
 
@@ -65,6 +70,7 @@ def test_a_defs_yaml_builds_what_build_definitions_builds() -> None:
         spark_conf={"spark.executor.memory": "2g"},
         start="2024-03-01",
         undirected=["edge"],
+        check_every=7,
     )
     graph, want = defs.resolve_asset_graph(), expected.resolve_asset_graph()
     assert graph.get_all_asset_keys() == want.get_all_asset_keys()
@@ -81,7 +87,10 @@ def test_a_defs_yaml_builds_what_build_definitions_builds() -> None:
         "spark://127.0.0.1:7077",
     )
     assert wcoj.spark_conf == {"spark.executor.memory": "2g"}
+    assert wcoj.check_every == 7
     assert set(defs.resources) == {"wcoj", "wcoj_outputs"}
+    (step,) = defs.assets
+    assert step.op.name == "wcoj_epochs" and not step.can_subset
     assert defs.resolve_job_def(JOB_NAME) is not None
     assert defs.resolve_sensor_def(REBUILD_SENSOR) is not None
     assert defs.resolve_sensor_def("wcoj_landing_sensor") is not None
@@ -112,10 +121,100 @@ def test_a_wrong_defs_yaml_is_refused_with_its_reason(change: dict, message: str
     assert any(message in reason for reason in reasons), chain
 
 
-def dg(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def test_relations_meanings_are_configurable() -> None:
+    _, defs = load({**ATTRIBUTES, "undirected": [], "sets": ["edge"]})
+    description = defs.resolve_asset_graph().get(AssetKey("edge_deltas")).description or ""
+    assert "(a set)" in description and "Undirected" not in description
+    _, defs = load({**ATTRIBUTES, "bags": ["edge"]})
+    description = defs.resolve_asset_graph().get(AssetKey("edge_deltas")).description or ""
+    assert "(an undirected bag)" in description
+    with pytest.raises(Exception) as caught:
+        load({**ATTRIBUTES, "sets": ["edge"], "bags": ["edge"]})
+    assert "both a set and a bag" in str(caught.value) + str(caught.value.__cause__)
+
+
+TRANSLATED = {
+    **ATTRIBUTES,
+    "op": {
+        "name": "graph_epochs",
+        "tags": {"team": "graphs"},
+        "pool": "wcoj",
+        "backfill_policy": {"type": "single_run"},
+    },
+    "translation": {
+        "key_prefix": "graphs",
+        "group_name": "wcoj_{{ asset.group }}",
+        "owners": ["team:graphs"],
+        "tags": {"layer": "{{ asset.role.value }}"},
+        "kinds": ["wcoj", "numpy"],
+    },
+}
+
+
+def test_translation_and_op_change_what_they_say_and_nothing_else() -> None:
+    _, plain = load(ATTRIBUTES)
+    _, defs = load(TRANSLATED)
+    graph, base = defs.resolve_asset_graph(), plain.resolve_asset_graph()
+    prefixed = {k.with_prefix("graphs") for k in base.get_all_asset_keys()}
+    assert graph.get_all_asset_keys() == prefixed
+    for key in base.get_all_asset_keys():
+        node, was = graph.get(key.with_prefix("graphs")), base.get(key)
+        assert node.group_name == f"wcoj_{was.group_name}"
+        assert node.owners == ["team:graphs"]
+        assert node.tags["layer"] in {
+            "changes",
+            "snapshot",
+            "index",
+            "counts",
+            "rule",
+            "query_changes",
+            "output",
+        }
+        assert set(node.kinds) == {"wcoj", "numpy"}
+        # The lineage is wcoj's, on the translated keys.
+        assert node.parent_keys == {p.with_prefix("graphs") for p in was.parent_keys}
+        assert node.partitions_def == was.partitions_def
+    assert {(c.asset_key, c.name) for c in graph.asset_check_keys} == {
+        (c.asset_key.with_prefix("graphs"), c.name) for c in base.asset_check_keys
+    }
+    (step,) = defs.assets
+    assert step.op.name == "graph_epochs" and step.op.tags["team"] == "graphs"
+    assert step.op.pool == "wcoj"
+    job = defs.resolve_job_def(JOB_NAME)
+    assert job.asset_layer.selected_asset_keys == prefixed
+
+
+class Owned(WcojComponent):
+    """A subclass setting attributes in Python."""
+
+    def get_asset_spec(self, spec: AssetSpec, asset: AssetInfo) -> AssetSpec:
+        spec = super().get_asset_spec(spec, asset)
+        return spec.replace_attributes(owners=[f"team:{asset.role.value}"])
+
+
+def test_get_asset_spec_is_the_override_point() -> None:
+    component = Owned(
+        relations=[RelationModel(name="edge", arity=2)],
+        queries=[QueryModel(name="triangles", query="triangles")],
+    )
+    defs = component.build_defs(None)  # type: ignore[arg-type]
+    graph = defs.resolve_asset_graph()
+    assert graph.get(AssetKey("edge_forward")).owners == ["team:index"]
+    assert graph.get(AssetKey("triangles")).owners == ["team:output"]
+
+
+def test_a_translation_cannot_rewire_the_lineage() -> None:
+    with pytest.raises(Exception) as caught:
+        load({**ATTRIBUTES, "translation": {"deps": ["somewhere_else"]}})
+    assert "wires its assets' lineage" in repr(caught.value) + repr(caught.value.__cause__)
+
+
+def dg(*args: str, cwd: Path, src: bool = False) -> subprocess.CompletedProcess[str]:
     if not DG.exists():
         pytest.skip("the dg command (dagster-dg-cli, in the dev extra) is not installed")
     env = {"PATH": f"{DG.parent}:/usr/bin:/bin", "HOME": str(cwd), "NO_COLOR": "1"}
+    if src:
+        env["PYTHONPATH"] = str(cwd / "src")
     return subprocess.run(
         [str(DG), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
@@ -129,19 +228,50 @@ def test_dg_lists_the_component(tmp_path: Path) -> None:
     assert "kept up to date" in found[TYPE]["summary"]
 
 
-def project(root: Path, attributes: dict[str, Any]) -> Path:
-    """A dg project whose defs folder holds one wcoj component."""
+DEFINITIONS_PY = """\
+from pathlib import Path
+
+import dagster as dg
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)
+"""
+
+
+def project(root: Path, attributes: dict[str, Any] | None) -> Path:
+    """A dg project (as the quick start lays it out) whose defs folder holds one wcoj
+    component, or none yet."""
     root.mkdir()
     (root / "dg.toml").write_text(
         'directory_type = "project"\n\n[project]\nroot_module = "edges"\n'
     )
     package = root / "src" / "edges"
-    (package / "defs" / "wcoj").mkdir(parents=True)
+    (package / "defs").mkdir(parents=True)
     (package / "__init__.py").write_text("")
+    (package / "definitions.py").write_text(DEFINITIONS_PY)
     (package / "defs" / "__init__.py").write_text("")
-    yaml = json.dumps({"type": TYPE, "attributes": attributes}, indent=2)  # JSON is YAML
-    (package / "defs" / "wcoj" / "defs.yaml").write_text(yaml)
+    if attributes is not None:
+        (package / "defs" / "wcoj").mkdir()
+        yaml = json.dumps({"type": TYPE, "attributes": attributes}, indent=2)  # JSON is YAML
+        (package / "defs" / "wcoj" / "defs.yaml").write_text(yaml)
     return root
+
+
+def test_dg_scaffolds_a_defs_yaml_that_loads(tmp_path: Path) -> None:
+    root = project(tmp_path / "edges", None)
+    made = dg("scaffold", "defs", TYPE, "triangles", cwd=root)
+    assert made.returncode == 0, made.stdout + made.stderr
+    yaml = root / "src" / "edges" / "defs" / "triangles" / "defs.yaml"
+    assert f"type: {TYPE}" in yaml.read_text()
+    checked = dg("check", "yaml", cwd=root)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    listed = dg("list", "defs", "--json", cwd=root, src=True)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    found = json.loads(listed.stdout)
+    keys = {a["asset_key"] for a in found["assets"]}
+    assert {"edge_deltas", "edge_forward", "edge_reverse", "triangles"} <= keys, keys
 
 
 def test_dg_checks_a_defs_yaml(tmp_path: Path) -> None:

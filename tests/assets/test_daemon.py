@@ -6,13 +6,15 @@ What `make ui` gives a user, driven the way the UI drives it: a project folder w
 folder, epochs from ``WCOJ_EPOCH_START``), an instance limiting ``wcoj/serial`` runs to one at a
 time, and ``dagster dev`` (webserver and daemon). The test lands four epochs and waits for the
 daemon's sensor to run each of them. It lands a correction of epoch 1 and waits for the sensor's
-re-run, which reports ``current_history`` failed on exactly the later partitions of every derived
-asset; then, with no backfill launched by anyone, waits for the automation sensor's backfill to
+re-run, which reports ``current_history`` failed on exactly the later partitions of the query's
+change;
+then, with no backfill launched by anyone, waits for the automation sensor's backfill to
 bring every output back to the oracle over the corrected history, each rebuilt partition
 reporting ``current_history`` passed. Last, the manual path: it stops the automation sensor (as
 the UI's toggle does), corrects epoch 2, launches an asset backfill of the later epochs through
 GraphQL (``launchPartitionBackfill``, as the UI's backfill dialog does), waits for the daemon to
-complete it (in several runs, in dependency order), and compares every output with the oracle.
+complete it (one run, one step: every asset of the epochs is made by one step), and compares
+every output with the oracle.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from wcoj_assets.provenance import CURRENT, REBUILD_SENSOR
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.sensors import SERIAL_TAG
 from wcoj_assets.specs import DEFAULT_SPECS, Topology
-from wcoj_core.history import History
+from wcoj_core.engine import Engine
 
 EPOCHS = 4
 START = "2024-03-01"
@@ -186,7 +188,7 @@ def automation_backfills(server: Webserver) -> list[dict[str, Any]]:
 
 
 def wait_for_rebuild(
-    server: Webserver, state: History, expected: dict[int, Counter]
+    server: Webserver, state: Engine, expected: dict[int, Counter]
 ) -> list[dict[str, Any]]:
     """Wait until the automation's backfills ended, no partition is stale and every output is
     the expected one; return those backfills."""
@@ -269,10 +271,13 @@ def test_sensor_correction_automation_and_backfill_through_dagster_dev(
         assert sorted(partition(r) for r in runs) == keys
         assert all(r["status"] == "SUCCESS" for r in runs), runs
         first = {r["runId"] for r in runs}
-        state = WcojResource(storage=str(folder / ".wcoj" / "state")).history(topo.queries)
+        resource = WcojResource(
+            master=small.sparkContext.master, storage=str(folder / ".wcoj" / "state")
+        )
+        state = resource.engine(topo)
 
-        # A corrected epoch 1: the sensor re-runs that epoch alone, and each derived asset
-        # rebuilt at epoch 1 reports its later partitions stale.
+        # A corrected epoch 1: the sensor re-runs that epoch alone, which reports the later
+        # partitions of the query's change stale.
         corrected = correct(history, 1, [(0, 7), (7, 8), (0, 8), (1, 7), (1, 8)])
         write_landing(landing, 1, corrected[1], "csv", start=START)
         runs = wait_for_sensor_runs(server, EPOCHS + 1)
@@ -283,7 +288,7 @@ def test_sensor_correction_automation_and_backfill_through_dagster_dev(
         reported = current_history(events)
         stale = {key for key, passed in reported.items() if not passed}
         derived = {asset for asset, key in reported if key == keys[1]}
-        assert {"triangles", "triangles_deltas", "triangles_rule_0", "edge_counts_c0"} <= derived
+        assert derived == {"triangles_deltas"}
         assert stale == {(asset, key) for asset in derived for key in keys[2:]}
 
         # Nobody launches a backfill: the automation sensor requests the failed partitions and
@@ -313,6 +318,7 @@ def test_sensor_correction_automation_and_backfill_through_dagster_dev(
         assert stale == {(asset, keys[3]) for asset in derived}
         done = backfill(server, assets, keys[3:])
         assert done["status"] in {"COMPLETED", "COMPLETED_SUCCESS"}, (done, server.output())
+        assert len(done["runs"]) == 1, done
         reported = {}
         for run in done["runs"]:
             events = run_events(server, run["runId"])

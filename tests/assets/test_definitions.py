@@ -90,34 +90,39 @@ def test_dagster_validates_the_code_location(tmp_path: Path) -> None:
     assert "Validation successful" in out.stdout + out.stderr
 
 
+ASSETS = {
+    "edge_deltas",
+    "edge_snapshot",
+    "edge_forward",
+    "edge_reverse",
+    "edge_counts_c0",
+    "edge_counts_c1",
+    "triangles_rule_0",
+    "triangles_rule_1",
+    "triangles_rule_2",
+    "triangles_deltas",
+    "triangles",
+}
+
+
 def test_the_default_spec_builds_the_documented_assets() -> None:
     defs = build_definitions()
     graph = defs.resolve_asset_graph()
     names = {k.to_user_string() for k in graph.get_all_asset_keys()}
-    assert names == {
-        "edge_deltas",
-        "edge_snapshot",
-        "edge_counts_c0",
-        "edge_counts_c1",
-        "triangles_rule_0",
-        "triangles_rule_1",
-        "triangles_rule_2",
-        "triangles_deltas",
-        "triangles",
-    }
+    assert names == ASSETS
     job = defs.resolve_job_def(JOB_NAME)
     assert {k.to_user_string() for k in job.asset_layer.selected_asset_keys} == names
+    # ONE step makes every asset and evaluates every check; it cannot be subset.
+    (step,) = defs.assets
+    assert [n.name for n in job.graph.node_defs] == [step.op.name] == ["wcoj_epochs"]
+    assert not step.can_subset
     checks = {(c.asset_key.to_user_string(), c.name) for c in graph.asset_check_keys}
-    assert ("triangles", "matches_binary_join") in checks
-    assert ("edge_snapshot", "non_negative") in checks
-    assert {a for a, name in checks if name == "update_triples"} == names - {
-        "edge_snapshot",
-        "triangles",
-    }
-    # Everything derived from the changes says whether it is current with corrected history.
-    assert {a for a, name in checks if name == "current_history"} == names - {
-        "edge_deltas",
-        "edge_snapshot",
+    assert checks == {
+        ("edge_deltas", "update_triples"),
+        ("edge_snapshot", "non_negative"),
+        ("triangles_deltas", "current_history"),
+        ("triangles_deltas", "matches_delta_rules"),
+        ("triangles", "matches_binary_join"),
     }
     for key in graph.get_all_asset_keys():
         node = graph.get(key)
@@ -140,18 +145,22 @@ def offsets(graph, child: str, parent: str) -> tuple[int, int]:
     return (mapping.start_offset, mapping.end_offset)
 
 
-def test_rules_read_new_atoms_at_the_epoch_and_old_atoms_before_it() -> None:
+def test_lineage_reads_the_same_epoch_and_accumulates_from_the_previous() -> None:
     graph = build_definitions().resolve_asset_graph()
     for self_dependent in ("edge_snapshot", "edge_counts_c0", "edge_counts_c1", "triangles"):
         assert offsets(graph, self_dependent, self_dependent) == (-1, -1)
-    # rule 0 reads atoms 1 and 2 old; rule 2 reads atoms 0 and 1 new; rule 1 both.
-    assert offsets(graph, "triangles_rule_0", "edge_snapshot") == (-1, -1)
-    assert offsets(graph, "triangles_rule_2", "edge_snapshot") == (0, 0)
-    assert offsets(graph, "triangles_rule_1", "edge_snapshot") == (-1, 0)
+    parents = {
+        name: {p.to_user_string() for p in graph.get(AssetKey(name)).parent_keys} for name in ASSETS
+    }
+    assert parents["edge_forward"] == parents["edge_reverse"] == {"edge_snapshot"}
+    # Each rule reads the epoch's changes and the arrangements the kernel probes for it.
+    assert parents["triangles_rule_0"] == {"edge_deltas", "edge_forward", "edge_counts_c0"}
+    assert parents["triangles_rule_1"] == {"edge_deltas", "edge_reverse", "edge_counts_c1"}
     for i in range(3):
-        assert offsets(graph, f"triangles_rule_{i}", "edge_deltas") == (0, 0)
-    parents = {p.to_user_string() for p in graph.get(AssetKey("triangles_rule_0")).parent_keys}
-    assert "triangles" not in parents and "triangles_deltas" not in parents  # no earlier outputs
+        rule = f"triangles_rule_{i}"
+        for parent in parents[rule]:
+            assert offsets(graph, rule, parent) == (0, 0)
+        assert "triangles" not in parents[rule] and "triangles_deltas" not in parents[rule]
 
 
 def test_arrangements_are_shared_across_queries() -> None:
@@ -160,12 +169,23 @@ def test_arrangements_are_shared_across_queries() -> None:
         QuerySpec("cycles4", BUILTINS["4-cycles"], ("edge",)),
     ]
     graph = build_definitions(specs).resolve_asset_graph()
-    counts = sorted(
-        k.to_user_string() for k in graph.get_all_asset_keys() if "_counts_" in k.to_user_string()
+    shared = sorted(
+        k.to_user_string()
+        for k in graph.get_all_asset_keys()
+        if k.to_user_string().startswith("edge_")
     )
-    assert counts == ["edge_counts_all", "edge_counts_c0", "edge_counts_c1"]
-    readers = {c.to_user_string() for c in graph.get(AssetKey("edge_counts_c0")).child_keys}
-    assert {r.split("_rule_")[0] for r in readers if "_rule_" in r} == {"triangles", "cycles4"}
+    assert shared == [
+        "edge_counts_all",
+        "edge_counts_c0",
+        "edge_counts_c1",
+        "edge_deltas",
+        "edge_forward",
+        "edge_reverse",
+        "edge_snapshot",
+    ]
+    for name in ("edge_counts_c0", "edge_reverse"):
+        readers = {c.to_user_string() for c in graph.get(AssetKey(name)).child_keys}
+        assert {r.split("_rule_")[0] for r in readers if "_rule_" in r} == {"triangles", "cycles4"}
 
 
 @pytest.mark.parametrize(
@@ -200,7 +220,8 @@ def test_storage_from_an_env_var_is_read_at_run_time_only(monkeypatch) -> None:
     resource = defs.resources["wcoj"]
     assert resource.landing == "/data/landing"
     monkeypatch.setenv("WCOJ_TEST_STORAGE", "/data/state")
-    assert resource.process_config_and_initialize().storage == "/data/state"
+    with resource.process_config_and_initialize_cm() as initialized:
+        assert initialized.storage == "/data/state"
 
 
 def test_epochs_start_on_the_given_day() -> None:
@@ -229,30 +250,21 @@ def test_undirected_relations_must_be_read_and_binary(undirected, message: str) 
         build_definitions(ternary, undirected="r")
 
 
-def test_derived_assets_are_rebuilt_by_the_automation_sensor() -> None:
+def test_stale_epochs_are_rebuilt_by_the_automation_sensor() -> None:
     from wcoj_assets.provenance import REBUILD_SENSOR
 
     defs = build_definitions(undirected=["edge"])
     graph = defs.resolve_asset_graph()
-    derived = {
-        "edge_counts_c0",
-        "edge_counts_c1",
-        "triangles_rule_0",
-        "triangles_rule_1",
-        "triangles_rule_2",
-        "triangles_deltas",
-        "triangles",
-    }
     for key in graph.get_all_asset_keys():
         condition = graph.get(key).automation_condition
-        if key.to_user_string() in derived:
+        if key.to_user_string() == "triangles_deltas":  # its current_history: the whole step
             assert condition is not None
             assert condition.get_label() == "rebuild what a correction left stale"
-        else:  # the relations change only when changes land
+        else:
             assert condition is None
     sensor = defs.resolve_sensor_def(REBUILD_SENSOR)
     assert sensor.default_status is DefaultSensorStatus.RUNNING
-    assert {k.to_user_string() for k in sensor.asset_selection.resolve(graph)} == derived
+    assert {k.to_user_string() for k in sensor.asset_selection.resolve(graph)} == ASSETS
     assert sensor.run_tags == {"wcoj/serial": "epochs"}
     assert "Undirected" in (graph.get(AssetKey("edge_deltas")).description or "")
 
@@ -270,6 +282,7 @@ def test_query_assets_declare_their_columns_and_their_io_manager() -> None:
         ("triangles_deltas", ["a", "b", "c", "diff"]),
         ("triangles_rule_1", ["a", "b", "c", "diff"]),
         ("edge_deltas", ["c0", "c1", "diff"]),
+        ("edge_reverse", ["c1", "c0", "diff"]),
         ("edge_counts_c1", ["c1", "diff"]),
     ]:
         schema = graph.get(AssetKey(name)).metadata["dagster/column_schema"]

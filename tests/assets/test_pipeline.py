@@ -9,12 +9,13 @@ ends (a repaired output, a corrected epoch): they run in file order.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dagster import evaluate_automation_conditions
+from dagster import AssetKey, evaluate_automation_conditions
 from pyspark.sql import SparkSession
 from wcoj_support import (
     Changes,
@@ -26,19 +27,18 @@ from wcoj_support import (
     updates,
 )
 
+from wcoj_assets.checks import BINARY_JOIN, CURRENT, DELTA_RULES
 from wcoj_assets.epochs import epoch_key
-from wcoj_assets.provenance import CURRENT
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec
-from wcoj_core.engine import output_trace_name
 from wcoj_core.query.builtins import BUILTINS
 
 SPECS = (*DEFAULT_SPECS, QuerySpec("paths2", BUILTINS["2-paths"], ("edge",)))
 QUERIES = ("triangles", "paths2")
 EPOCHS = 4
-# deltas + snapshot + 2 counts + 3 + 2 rules + 2 query deltas: update_triples / non_negative;
-# plus one binary-join correctness check per query.
-# current_history on every derived asset: 2 counts + 5 rules + 2 query deltas + 2 outputs.
-CHECKS_PER_EPOCH = 1 + 1 + 2 + 5 + 2 + 2 + (2 + 5 + 2 + 2)
+# update_triples on edge_deltas, non_negative on edge_snapshot; per query current_history,
+# matches_delta_rules and matches_binary_join.
+CHECKS_PER_EPOCH = 1 + 1 + 2 * 3
+EVERY = 3  # the binary-join recomputation on epoch 2 (one in three)
 
 
 @dataclass
@@ -55,7 +55,13 @@ def scenario(
     """The scenario with every kernel step on the driver, and on Spark's executors."""
     previous = spark.conf.get("spark.sql.codegen.wholeStage")
     spark.conf.set("spark.sql.codegen.wholeStage", "false")
-    p = Pipeline(spark, tmp_path_factory.mktemp("pipeline"), SPECS, deployment=request.param)
+    p = Pipeline(
+        spark,
+        tmp_path_factory.mktemp("pipeline"),
+        SPECS,
+        deployment=request.param,
+        check_every=EVERY,
+    )
     history = updates(seed=11, epochs=EPOCHS)
     p.land(0, history[0], "txt")
     p.land(1, history[1], "parquet")
@@ -92,9 +98,14 @@ def test_every_check_runs_for_its_epoch_and_passes(scenario: Scenario) -> None:
         assert len(found) == CHECKS_PER_EPOCH
         assert all(c.passed for c in found), [c for c in found if not c.passed]
         assert {c.partition for c in found} == {epoch_key(n)}
-        correctness = [c for c in found if c.name == "matches_binary_join"]
+        audits = [c for c in found if c.name == DELTA_RULES]
+        assert {c.asset for c in audits} == {f"{q}_deltas" for q in QUERIES}
+        assert all(c.metadata["checked"] and c.metadata["mismatches"] == 0 for c in audits)
+        correctness = [c for c in found if c.name == BINARY_JOIN]
         assert {c.asset for c in correctness} == set(QUERIES)
-        assert all(c.metadata["checked"] and c.metadata["mismatches"] == 0 for c in correctness)
+        due = n % EVERY == EVERY - 1  # one epoch in EVERY: epoch 2
+        assert all(c.metadata["checked"] is due for c in correctness), (n, correctness)
+        assert all(c.metadata["mismatches"] == 0 for c in correctness if due)
 
 
 def test_arrangements_are_shared_and_metadata_is_complete(scenario: Scenario) -> None:
@@ -104,19 +115,31 @@ def test_arrangements_are_shared_and_metadata_is_complete(scenario: Scenario) ->
         by_asset.setdefault(m.asset_key.to_user_string(), []).append(m)
     # One materialization per asset per run, however many rules of however many queries read it.
     assert all(len(ms) == 1 for ms in by_asset.values())
-    counts = {name for name in by_asset if "_counts_" in name}
-    assert counts == {"edge_counts_c0", "edge_counts_c1"}  # read by both queries' rules
+    arrangements = {
+        n for n in by_asset if n.startswith("edge_") and n not in ("edge_deltas", "edge_snapshot")
+    }
+    # The four shared arrangements: forward, reverse, counts (and self: the snapshot).
+    assert arrangements == {"edge_forward", "edge_reverse", "edge_counts_c0", "edge_counts_c1"}
     for name, (m,) in by_asset.items():
         assert m.partition == epoch_key(EPOCHS - 1)
-        assert {"epoch", "rows_in", "rows_out", "seconds"} <= set(m.metadata), name
+        assert {"epoch", "rows_out", "seconds", "dagster/row_count"} <= set(m.metadata), name
         assert m.metadata["epoch"].value == EPOCHS - 1
+    for name in arrangements:
+        (m,) = by_asset[name]
+        assert m.metadata["bytes"].value > 0 and m.metadata["segments"].value, name
+        assert "/arrangements/" in m.metadata["dagster/uri"].value, name
     for i in range(2):
         (rule,) = by_asset[f"paths2_rule_{i}"]
-        assert {"rows_proposed", "rows_validated", "explain"} <= set(rule.metadata)
-        assert f"rule {i}: delta edge" in rule.metadata["explain"].value
+        assert {"rows_proposed", "rows_validated", "rows_in"} <= set(rule.metadata)
+    graph = scenario.pipeline.defs.resolve_asset_graph()
+    for i in range(2):
+        explain = graph.get(AssetKey(f"paths2_rule_{i}")).metadata["explain"].value
+        assert f"rule {i}: delta edge" in explain
     (out,) = by_asset["triangles"]
     expected = oracle(scenario.pipeline.topology, "triangles", scenario.history, EPOCHS - 1)
     assert out.metadata["count"].value == sum(expected.values())
+    assert out.metadata["dagster/row_count"].value == len(expected)
+    assert {"open", "rules", "commit"} <= set(out.metadata["seconds by phase"].value)
 
 
 @pytest.mark.parametrize(
@@ -148,37 +171,108 @@ def test_bad_data_fails_the_check_and_changes_nothing(scenario: Scenario, bad: s
         folder.rmdir()
 
 
-def test_a_tampered_output_fails_the_correctness_check(scenario: Scenario) -> None:
+def replace_output(p: Pipeline, query: str, t: int, rows: list, diff: list) -> None:
+    """Commit a manifest whose output batch of `query` at `t` holds `rows` and `diff` (files
+    written with their own digests: only the data is wrong)."""
+    import numpy as np
+
+    from wcoj_core.store.names import trace_dir
+    from wcoj_core.traces import output_trace_name
+
+    engine = p.engine
+    name = output_trace_name(query)
+    current = engine.store.current()
+    trace = current.trace(name)
+    assert trace is not None
+    folder = f"traces/{trace_dir(name)}/b-k-{t}-0123456789ab"
+    rows_a = np.array(rows, dtype=np.int64).reshape(len(rows), len(trace.columns))
+    files = engine.files.write(folder, trace.columns, rows_a, np.array(diff, dtype=np.int64), t)
+    (old,) = [b for b in trace.batches if b.time == t]
+    batch = dataclasses.replace(old, path=folder, rows=len(diff), files=files)
+    engine.store.commit(current.with_trace(trace.replacing(batch)), expected=current)
+
+
+def stored_change(p: Pipeline, query: str, t: int) -> tuple[list, list]:
+    table = p.engine.change(query, t)
+    cols = [c for c in table.column_names if c != "diff"]
+    return [list(r) for r in zip(*(table[c].to_pylist() for c in cols), strict=True)], table[
+        "diff"
+    ].to_pylist()
+
+
+def test_a_tampered_output_batch_fails_the_binary_join_check(scenario: Scenario) -> None:
     p = scenario.pipeline
-    # A batch rewritten with one extra row: the output as of every later epoch holds it too.
-    extra = p.spark.createDataFrame([(100, 101, 102, 1)], "c0 long, c1 long, c2 long, diff long")
-    trace = output_trace_name("triangles")
-    p.history.record(trace, 1, p.history.changes(trace, 1).unionByName(extra))
     last = EPOCHS - 1
-    result = p.run(last, assets=["triangles"])
-    (check,) = [c for c in checks(result) if c.name == "matches_binary_join"]
-    assert not check.passed
+    rows, diff = stored_change(p, "triangles", 1)
+    replace_output(p, "triangles", 1, [*rows, [100, 101, 102]], [*diff, 1])
+    on_demand = {"ops": {"wcoj_epochs": {"config": {"binary_join": True}}}}
+    result = p.run(last, run_config=on_demand)
+    found = {(c.asset, c.name): c for c in checks(result)}
+    check = found[("triangles", BINARY_JOIN)]
+    assert not check.passed and check.metadata["checked"]
     assert check.metadata["mismatches"] == 1
     assert "(100, 101, 102): expected 0, maintained 1" in str(check.metadata["examples"])
-    # A batch written by hand, not derived by a step, is not current either.
-    (current,) = [c for c in checks(result) if c.name == CURRENT]
-    assert not current.passed and current.metadata["stale_epochs"] == [last]
-    # On a cadence of two epochs (config of the run, the rest as built), epoch 3 is not checked.
-    cadence = {"resources": {"wcoj": {"config": {"check_every": 2}}}}
-    for t, checked in ((last, False), (2, True)):
-        result = p.run(t, assets=["triangles"], run_config=cadence)
-        (check,) = [c for c in checks(result) if c.name == "matches_binary_join"]
-        assert check.metadata["checked"] is checked
-        assert check.passed is not checked  # epoch 2 is checked, and is tampered too
-    # Re-materializing the epoch's output change repairs it.
-    assert p.run(1, assets=["triangles_deltas"]).success
-    found = checks(p.run(last, assets=["triangles"]))
-    (check,) = [c for c in found if c.asset == "triangles" and c.name == "matches_binary_join"]
-    assert check.passed
-    assert all(c.passed for c in found if c.name == CURRENT)
+    assert found[("paths2", BINARY_JOIN)].passed
+    # The epoch's own change is right: the per-epoch audit passes.
+    assert found[("triangles_deltas", DELTA_RULES)].passed
+    # Applying epoch 1 again writes its change again.
+    assert p.run(1).success
+    again = {(c.asset, c.name): c for c in checks(p.run(last, run_config=on_demand))}
+    assert again[("triangles", BINARY_JOIN)].passed
 
 
-def test_a_corrected_epoch_and_a_backfill_equal_the_from_scratch_answer(
+@pytest.mark.parametrize("kind", ["drop", "add", "flip"])
+def test_a_wrong_output_change_fails_the_audit_of_its_epoch(
+    scenario: Scenario, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's pass is made to write a wrong change (one tuple dropped, added or its
+    multiplicity flipped): the epoch's matches_delta_rules fails, naming the tuple."""
+    import numpy as np
+
+    from wcoj_core import epoch as pass_module
+    from wcoj_core.kernel.layer import Layer
+    from wcoj_core.traces import output_trace_name
+
+    p, last = scenario.pipeline, EPOCHS - 1
+    derive = pass_module.EpochPass._derive
+    victim: list[tuple[int, ...]] = []
+
+    def wrong(self, *args):
+        choice, outputs, tallies = derive(self, *args)
+        name = output_trace_name("paths2")
+        out = outputs[name]
+        held = out if isinstance(out, tuple) else (out.layer.rows, out.layer.diff)
+        rows, diff = np.asarray(held[0]), np.asarray(held[1])
+        assert len(diff), "the scenario's last epoch changes paths2"
+        if kind == "drop":
+            victim.append(tuple(int(v) for v in rows[0]))
+            rows, diff = rows[1:], diff[1:]
+        elif kind == "flip":
+            victim.append(tuple(int(v) for v in rows[0]))
+            diff = np.concatenate([-diff[:1], diff[1:]])
+        else:
+            victim.append((90, 91, 92))
+            rows, diff = np.concatenate([rows, [[90, 91, 92]]]), np.concatenate([diff, [1]])
+        layer = Layer.build(rows.astype(np.int64), diff.astype(np.int64))
+        if isinstance(out, tuple):
+            outputs[name] = (layer.rows, layer.diff)
+        else:
+            outputs[name] = dataclasses.replace(out, layer=layer)
+        return choice, outputs, tallies
+
+    monkeypatch.setattr(pass_module.EpochPass, "_derive", wrong)
+    result = p.run(last)
+    found = {(c.asset, c.name): c for c in checks(result)}
+    check = found[("paths2_deltas", DELTA_RULES)]
+    assert not check.passed and check.metadata["mismatches"] == 1, check
+    assert check.metadata["examples"][0].startswith(f"{victim[0]}: expected"), check
+    assert found[("triangles_deltas", DELTA_RULES)].passed
+    monkeypatch.undo()
+    repaired = p.run(last)
+    assert all(c.passed for c in checks(repaired)), checks(repaired)
+
+
+def test_a_corrected_epoch_and_a_later_epoch_equal_the_from_scratch_answer(
     scenario: Scenario,
 ) -> None:
     p = scenario.pipeline
@@ -193,53 +287,28 @@ def test_a_corrected_epoch_and_a_backfill_equal_the_from_scratch_answer(
     ]
     # Dagster marks only the corrected partitions' direct readers stale; the materialization
     # names every later epoch derived from the old changes, and where a backfill must start,
-    # and every later partition of every derived asset fails `current_history`.
+    # and every later partition of every query's change fails `current_history`.
     assert deltas.metadata["stale_later_epochs"].value == EPOCHS - 2
     assert deltas.metadata["backfill_from"].value == epoch_key(2)
     later = {epoch_key(t) for t in range(2, EPOCHS)}
-    derived = {c.asset for c in checks(rerun) if c.name == CURRENT and c.partition == epoch_key(1)}
-    assert derived >= {"edge_counts_c0", "triangles_rule_0", "triangles_deltas", "triangles"}
-    assert {"paths2", "paths2_rule_1"} <= derived
     failed = {(c.asset, c.partition) for c in checks(rerun) if c.name == CURRENT and not c.passed}
-    assert failed == {(a, k) for a in derived for k in later}
-    # The automation sensor's condition requests exactly those partitions (Dagster adds the
-    # partition before each for an asset that reads its own previous epoch: see provenance).
-    self_dependent = {"edge_counts_c0", "edge_counts_c1", *QUERIES}
-    assert requested(p) == {(a, k) for a in derived for k in later} | {
-        (a, epoch_key(1)) for a in self_dependent
-    }
-    # Rebuilding rule 2 alone cannot make it current: it reads the counts as of epoch 2 (new),
-    # still stale. Rule 0 reads them as of epoch 1 (old), rebuilt by the re-run: it is current.
-    rule_only = p.run(2, assets=["triangles_rule_2", "triangles_rule_0"])
-    found = {c.asset: c for c in checks(rule_only) if c.name == CURRENT}
-    assert not found["triangles_rule_2"].passed
-    assert found["triangles_rule_2"].metadata["stale_epochs"] == [2]
-    assert found["triangles_rule_0"].passed
+    assert failed == {(f"{q}_deltas", k) for q in QUERIES for k in later}
+    # The automation sensor's condition requests exactly those partitions, of the whole step.
+    assets = {k.to_user_string() for k in p.defs.resolve_asset_graph().get_all_asset_keys()}
+    assert requested(p) == {(a, k) for a in assets for k in later}
     assert p.output("triangles", 1) == oracle(p.topology, "triangles", corrected, 1)
-    # The later epochs are stale until backfilled; one run over the range brings them back.
-    assert p.output("triangles", EPOCHS - 1) != oracle(
-        p.topology, "triangles", corrected, EPOCHS - 1
-    )
-    result = p.run((2, EPOCHS - 1))
+    # A run of the last epoch alone derives the stale epoch 2 again first, and reports it.
+    result = p.run(EPOCHS - 1)
     assert result.success, failures(result)
+    rebuilt = {(m.asset_key.to_user_string(), m.partition) for m in materializations(result)}
+    assert {(a, epoch_key(2)) for a in assets} <= rebuilt
+    current = {(c.asset, c.partition): c.passed for c in checks(result) if c.name == CURRENT}
+    assert current == {(f"{q}_deltas", k): True for q in QUERIES for k in later}
     assert requested(p) == set()  # nothing left for the automation to rebuild
     for t in range(EPOCHS):
         for q in QUERIES:
             assert p.output(q, t) == oracle(p.topology, q, corrected, t), f"{q} at epoch {t}"
     assert all(c.passed for c in checks(result))
-    # Every partition the correction reported failed passes again. The backfill logs it on its
-    # own partition where its latest evaluation had failed; rule 0 at epoch 2 had passed on its
-    # own already (the run of that rule above), so the backfill only covers it in its range.
-    latest: dict[tuple[str, str], bool] = {}
-    for run in (rerun, rule_only, result):
-        for c in checks(run):
-            if c.name == CURRENT and c.partition is not None:
-                latest[(c.asset, c.partition)] = c.passed
-    assert all(latest[(a, k)] for a in derived for k in later)
-    logged = {(c.asset, c.partition) for c in checks(result) if c.name == CURRENT}
-    assert logged == {(a, None) for a in derived} | (
-        {(a, k) for a in derived for k in later} - {("triangles_rule_0", epoch_key(2))}
-    )
 
 
 def requested(p: Pipeline) -> set[tuple[str, str | None]]:

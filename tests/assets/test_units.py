@@ -1,4 +1,5 @@
-"""Pieces of the pipeline on their own: pandera schemas, the binary-join reference, doctests."""
+"""Pieces of the pipeline on their own: pandera schemas, the binary-join reference, the Spark
+settings of the resource, doctests."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ from wcoj_core.reference import compare, reference_output
 MODULES = [
     "wcoj_assets.epochs",
     "wcoj_assets.specs",
+    "wcoj_assets.graph",
+    "wcoj_assets.report",
+    "wcoj_assets.checks",
     "wcoj_assets.intake",
-    "wcoj_assets.steps",
-    "wcoj_assets.component",
     "wcoj_assets.demo",
     "wcoj_core.reference",
     "wcoj_assets.resources",
@@ -167,64 +169,50 @@ def test_compare_reports_multiplicity_differences(small: SparkSession) -> None:
     assert (result.expected_total, result.actual_total) == (4, 7)
 
 
-@pytest.mark.parametrize("name", ["triangles", "4-cycles", "4-cliques", "directed-triangles"])
-def test_provenance_follows_the_dependencies_the_assets_declare(
-    small: SparkSession, tmp_path, name: str
-) -> None:
-    """A rule's batch is stale only through the counts it reads, as of the version it reads.
-
-    The daemon runs a rule at t as soon as the assets it declares are ready; provenance that
-    named more (every counts of the query, or counts at t when only t - 1 is read) would report
-    a freshly rebuilt rule stale. Checked against `Topology.rule_reads`, which declares the deps.
-    """
-    from wcoj_assets.specs import QuerySpec, Topology, counts_asset_name
-    from wcoj_core.engine import Engine
-    from wcoj_core.history import derivations, rule_trace_name
-    from wcoj_core.traces import counts_trace_name
-
-    topo = Topology.of([QuerySpec("q", BUILTINS[name], ("edge",))])
-    query = topo.query("q")
-    engine = Engine(small, str(tmp_path / "state"), topo.queries)
-    sources = derivations(engine)
-    by_asset = {counts_asset_name(a): counts_trace_name(a) for a in engine.arrangements}
-    for atom in range(len(query.atoms)):
-        declared = {
-            by_asset[asset]: "upto" if 0 in offsets else "before"
-            for asset, offsets in topo.rule_reads("q", atom).items()
-            if asset in by_asset
-        }
-        derived = {
-            n: mode for n, mode in sources[rule_trace_name("q", atom)] if n.startswith("counts/")
-        }
-        assert derived == declared, f"rule {atom}"
-
-
-def test_written_batches_are_checked_from_their_parquet_footers(small, tmp_path) -> None:
+def test_landed_rows_are_checked_in_full_on_the_driver() -> None:
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from wcoj_assets.steps import batch_schema_check
-    from wcoj_core.engine import Engine
-    from wcoj_core.history import History
-    from wcoj_core.query.builtins import builtin
-    from wcoj_core.state import Batch
+    from wcoj_assets.schemas import landed_problems
 
-    h = History(Engine(small, str(tmp_path / "state"), builtin("triangles")))
-    assert h.local_root is not None
-    good = h.ingest(0, "edge", pa.table({"c0": [1, 2], "c1": [2, 1], "diff": [1, 1]}))
-    assert batch_schema_check(h, [good], ["c0", "c1"], "edge_deltas").passed
+    good = pa.table({"c0": [1, 2, 1], "c1": [2, 1, 2], "diff": [1, -1, 1]})
+    assert landed_problems(good, ["c0", "c1"], 3) == []  # a tuple landed twice is fine
+    zero = pa.table({"c0": [1], "c1": [2], "diff": [0]})
+    assert any("not_equal_to(0)" in p for p in landed_problems(zero, ["c0", "c1"], 3))
+    null = pa.table({"c0": pa.array([1, None], pa.int64()), "c1": [2, 3], "diff": [1, 1]})
+    assert any("null" in p for p in landed_problems(null, ["c0", "c1"], 3))
 
-    bad_dir = tmp_path / "state" / "bad"
-    bad_dir.mkdir()
-    columns = {"c0": pa.array([1], pa.int32()), "c1": pa.array([2], pa.int64())}
-    columns |= {"time": pa.array([1], pa.int64()), "diff": pa.array([1], pa.int64())}
-    pq.write_table(pa.table(columns), bad_dir / "part-0.parquet")
-    (tmp_path / "state" / "empty").mkdir()
-    result = batch_schema_check(
-        h, [good, Batch("bad", 1, 1), Batch("empty", 2, 0)], ["c0", "c1"], "edge_deltas"
+
+def test_landed_rows_in_spark_are_checked_by_pandera_pyspark(small: SparkSession) -> None:
+    from wcoj_assets.schemas import landed_problems
+
+    bad = small.createDataFrame([(1, 2, 0)], "c0 long, c1 long, diff long")
+    assert any("not_equal_to(0)" in p for p in landed_problems(bad, ["c0", "c1"], 3))
+    good = small.createDataFrame([(1, 2, 1)], "c0 long, c1 long, diff long")
+    assert landed_problems(good, ["c0", "c1"], 3) == []
+
+
+def test_the_resource_takes_spark_settings_from_dagster_pyspark() -> None:
+    from dagster_pyspark import LazyPySparkResource
+
+    from wcoj_assets.resources import WcojResource
+
+    lazy = LazyPySparkResource(
+        spark_config={"spark.master": "local[1]", "spark.executor.memory": "1g", "spark.a": "x"}
     )
-    assert not result.passed
-    errors = result.metadata["errors"].value
-    assert len(errors) == 2, errors
-    assert errors[0].startswith("epoch 1: ") and "int32" in errors[0], errors
-    assert errors[1] == "epoch 2: no Parquet file in empty", errors
+    resource = WcojResource(master="local[*]", spark_conf={"spark.a": "mine"}, pyspark=lazy)
+    starter = resource.starter()
+    assert starter.master == "local[1]"
+    assert starter.conf == {"spark.executor.memory": "1g", "spark.a": "mine"}
+    assert not starter.started  # nothing starts Spark until a step needs it
+    assert WcojResource().starter().master == "local[*]"
+
+
+def test_the_resource_stops_only_a_session_it_started(spark: SparkSession) -> None:
+    from wcoj_assets.resources import WcojResource
+
+    resource = WcojResource(master=spark.sparkContext.master)
+    starter = resource.starter()
+    assert starter("a test asked") is spark  # the running session is reused ...
+    assert not starter.owned
+    starter.stop()  # ... and never stopped by the resource
+    assert spark.sparkContext._jsc is not None

@@ -4,7 +4,7 @@ Imported by the test modules of this folder (``from wcoj_support import ...``); 
 fixtures.
 
 `Pipeline` is the code location built for temporary folders and the test SparkSession, a Dagster
-instance (ephemeral unless one is given), and the `History` over the same state, so a test can
+instance (ephemeral unless one is given), and the `Engine` over the same state, so a test can
 run epochs the way the sensor or a backfill does and then read every output directly. Its runs
 have the settings every process that runs the pipeline has (`wcoj_assets.instance.dagster_env`).
 `updates` makes epochs of undirected edge changes that never delete an absent edge; `oracle`
@@ -28,7 +28,7 @@ from wcoj_assets.epochs import EPOCH_START, Epochs, epoch_key
 from wcoj_assets.instance import dagster_settings
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec, Topology
-from wcoj_core.history import History
+from wcoj_core.engine import Engine
 from wcoj_core.naive import naive_eval
 
 Changes = list[tuple[tuple[int, int], int]]
@@ -70,6 +70,30 @@ def accumulated(history: Sequence[Changes], upto: int) -> dict[tuple[int, ...], 
 
 def oracle(topo: Topology, query: str, history: Sequence[Changes], upto: int) -> Counter:
     return naive_eval(topo.query(query), {"edge": accumulated(history, upto)})
+
+
+def set_edges(history: Sequence[Changes], upto: int) -> dict[tuple[int, ...], int]:
+    """An undirected set relation after epochs ``0..upto`` of landed edge changes: per epoch, an
+    edge named in either direction, any number of times, is present after it when its summed
+    diff is positive, absent when negative, unchanged at zero; self-loops are dropped."""
+    present: set[tuple[int, ...]] = set()
+    for ups in history[: upto + 1]:
+        summed: Counter[tuple[int, ...]] = Counter()
+        for (a, b), d in ups:
+            if a != b:
+                summed[(a, b)] += d
+                summed[(b, a)] += d
+        for edge, total in summed.items():
+            if total > 0:
+                present.add(edge)
+            elif total < 0:
+                present.discard(edge)
+    return {e: 1 for e in present}
+
+
+def set_oracle(topo: Topology, query: str, history: Sequence[Changes], upto: int) -> Counter:
+    """`query` over the undirected set relation `edge` (`set_edges`), from scratch."""
+    return naive_eval(topo.query(query), {"edge": set_edges(history, upto)})
 
 
 def symmetric(history: Sequence[Changes]) -> list[Changes]:
@@ -140,44 +164,59 @@ class Check:
 
 
 class Pipeline:
-    """The code location over temporary folders, with an ephemeral instance and a History."""
+    """The code location over temporary folders, with an ephemeral instance and an Engine."""
 
     def __init__(
         self,
-        spark: SparkSession,
+        spark: SparkSession | None,
         root: Path,
         specs: Sequence[QuerySpec] = DEFAULT_SPECS,
         deployment: str = "auto",
         instance: DagsterInstance | None = None,
         undirected: Sequence[str] = (),
         start: str = EPOCH_START,
+        sets: Sequence[str] = (),
+        bags: Sequence[str] = (),
+        check_every: int | None = None,
+        **options: Any,
     ):
         self.spark = spark
         self.deployment = deployment
         self.landing = root / "landing"
         self.storage = root / "state"
-        self.topology = Topology.of(specs, undirected)
+        self.topology = Topology.of(specs, undirected, sets, bags)
         self.epochs = Epochs(start)
+        master = spark.sparkContext.master if spark is not None else "local[2]"
         self.defs = build_definitions(
             specs,
             storage=str(self.storage),
             landing=str(self.landing),
-            spark_master=spark.sparkContext.master,
+            spark_master=master,
             start=start,
             undirected=undirected,
+            sets=sets,
+            bags=bags,
+            check_every=check_every,
+            **options,
         )
         self.job = self.defs.resolve_job_def(JOB_NAME)
         self.instance = instance if instance is not None else DagsterInstance.ephemeral()
         self.resource = WcojResource(
-            master=spark.sparkContext.master,
+            master=master,
             storage=str(self.storage),
             landing=str(self.landing),
             deployment=deployment,
         )
 
     @property
-    def history(self) -> History:
-        return self.resource.history(self.topology.queries)
+    def engine(self) -> Engine:
+        """The engine over the pipeline's state (a new one each time: it reads what is there)."""
+        return WcojResource(
+            master=self.resource.master,
+            storage=self.resource.storage,
+            landing=self.resource.landing,
+            deployment=self.deployment,
+        ).engine(self.topology)
 
     def land(
         self, n: int, changes: Changes, fmt: str = "csv", name: str = "part", clear: bool = True
@@ -219,11 +258,15 @@ class Pipeline:
             )
 
     def output(self, query: str, epoch: int) -> Counter:
-        return multiset(self.history.output(query, epoch))
+        return multiset(self.engine.output(query, epoch))
 
     def traces(self) -> dict[str, Any]:
         """Every trace's batches in the current manifest (what a failed run must not change)."""
-        return dict(self.history.store.current().traces)
+        return dict(self.engine.store.current().traces)
+
+    def generation(self) -> int:
+        """The state's manifest generation: each commit adds one."""
+        return self.engine.store.current().generation
 
 
 def checks(result: ExecuteInProcessResult) -> list[Check]:
@@ -269,6 +312,8 @@ __all__ = [
     "materializations",
     "multiset",
     "oracle",
+    "set_edges",
+    "set_oracle",
     "symmetric",
     "updates",
     "write_landing",

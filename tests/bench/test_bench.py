@@ -1,9 +1,10 @@
 """`wcoj-bench epochs`: the workload it builds, the agreement check it relies on, and its report.
 
-Timings are not asserted (benchmarks measure, tests check); what is asserted is that the three
-methods are handed the same changes, that their output changes are compared exactly (a method
+Timings are not asserted (benchmarks measure, tests check); what is asserted is that the methods
+are handed the same changes (the Spark SQL methods an undirected edge in both directions, wcoj
+each edge once, as a user names it), that their output changes are compared exactly (a method
 that drops one tuple stops the benchmark), that wcoj's accumulated output equals the naive
-oracle, and that the report carries the figures the benchmark promises.
+oracle over the symmetric set, and that the report carries the figures the benchmark promises.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_bench import cli
+from wcoj_bench import cli, epochs
 from wcoj_bench.epochs import BenchError, BinaryDelta, Workload, bench, make_workload
 from wcoj_core.engine import Engine
 from wcoj_core.generate import generate
@@ -56,6 +57,9 @@ def test_the_workload_inserts_held_back_edges_and_deletes_present_ones(workload:
     for t in range(1, 4):
         changes = rows(workload.changes(t)["edge"])
         assert len(changes) == 2 * 20, "20 undirected edges, both directions"
+        once = workload.changes_table(t)["edge"].to_pylist()
+        assert len(once) == 20, "wcoj gets each edge once"
+        assert {((r["c0"], r["c1"]), r["diff"]) for r in once} <= set(changes.items())
         inserted = [e for e, d in changes.items() if d > 0]
         deleted = [e for e, d in changes.items() if d < 0]
         assert len(inserted) == len(deleted) == 20
@@ -69,23 +73,29 @@ def test_the_workload_inserts_held_back_edges_and_deletes_present_ones(workload:
     assert len(hub) == 600 and all(d == 1 for d in hub.values())
     assert sum(1 for a, _ in hub if a == vertex) == 300
     assert all((b, a) in hub for a, b in hub)
+    assert workload.changes_table(4)["edge"].num_rows == 300
 
 
-def test_the_three_methods_agree_and_wcoj_equals_the_oracle(
+def test_the_methods_agree_and_wcoj_equals_the_oracle(
     small: SparkSession, workload: Workload, tmp_path: Path
 ) -> None:
     result = bench(small, TRIANGLES, workload, str(tmp_path))
     report = result.to_dict()
     assert report["check"] == "passed"
-    assert set(report["methods"]) == {"recompute", "binary-delta", "wcoj"}
-    for key in ("speedup_vs_recompute", "speedup_vs_binary_delta"):
+    assert set(report["methods"]) == {"recompute", "binary-delta", "wcoj", "wcoj-bag"}
+    assert report["meanings"] == {"wcoj": "edge undirected set", "wcoj-bag": "edge undirected bag"}
+    for key in ("speedup_vs_recompute", "speedup_vs_binary_delta", "set_over_bag"):
         assert report[key] > 0
     assert report["intermediate_ratio_vs_binary_delta"] > 0
     for m in report["methods"].values():
         assert len(m["seconds_per_epoch"]) == 4
         assert m["state_bytes"] > 0 and m["shuffle_bytes"] >= 0
         assert m["intermediate_rows"] > 0
-    assert report["skew"]["epoch"] == 4
+    assert report["wcoj_batch_bytes"] > 0 and report["wcoj_index_bytes"] > 0
+    assert (
+        report["wcoj_arrangement_bytes"] == report["wcoj_batch_bytes"] + report["wcoj_index_bytes"]
+    )
+    assert report["skew"]["epoch"] == 4 and report["load_epochs"] == 1
     # The skew epoch is where worst-case optimality shows: the binary plan joins the hub's new
     # edges with each other, wcoj proposes from the smaller side.
     skew = report["skew"]
@@ -95,8 +105,22 @@ def test_the_three_methods_agree_and_wcoj_equals_the_oracle(
     for t in range(1, 5):
         accumulated.update(rows(workload.changes(t)["edge"]))
     edges = {e: m for e, m in accumulated.items() if m}
-    final = Engine(small, str(tmp_path / "wcoj" / "engine"), TRIANGLES).output("triangles")
-    assert rows(final) == naive_eval(TRIANGLES, {"edge": edges})
+    final = Engine(small, str(tmp_path / "wcoj" / "engine"), TRIANGLES, undirected=["edge"])
+    assert rows(final.output("triangles")) == naive_eval(TRIANGLES, {"edge": edges})
+
+
+def test_wcoj_loads_a_large_graph_in_several_epochs(
+    small: SparkSession, workload: Workload, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(epochs, "LOAD_ROWS", 700)
+    result = bench(small, TRIANGLES, workload, str(tmp_path), methods=["binary-delta", "wcoj"])
+    report = result.to_dict()
+    edges = len(rows(workload.initial["edge"])) // 2
+    loads = -(-edges // 700)
+    assert loads > 1
+    assert report["check"] == "passed" and report["load_epochs"] == loads
+    engine = Engine(small, str(tmp_path / "wcoj" / "engine"), TRIANGLES, undirected=["edge"])
+    assert engine.epoch == loads - 1 + len(workload.epochs)
 
 
 def test_a_method_that_disagrees_stops_the_benchmark(

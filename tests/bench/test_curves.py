@@ -1,11 +1,10 @@
-"""`wcoj-bench curve`: argument errors, and what seeding a curve's state without outputs keeps.
+"""`wcoj-bench curve`: argument errors, and what a curve's bench counts as wcoj's join rows.
 
 Timings are not asserted. What is: every mistake in a curve's arguments is refused in one line,
-before Spark starts; a bench seeded with ``seed_outputs=False`` still gives exact epoch changes
-(wcoj's accumulated output is the oracle's change since epoch 0; agreement between methods is
-checked by `bench` itself, see `test_bench.py`); and the rows wcoj's engine reports through
-``EpochMetrics.join_rows`` are added to its intermediate rows. The curves run end to end, with
-both methods, in `test_report.py` (the report's quick mode).
+before Spark starts; the rows wcoj's engine reports through ``EpochMetrics.join_rows`` are added
+to its intermediate rows, and its accumulated output is the oracle's (agreement between methods
+is checked by `bench` itself, see `test_bench.py`). The curves run end to end, with both
+methods, in `test_report.py` (the report's quick mode).
 """
 
 from __future__ import annotations
@@ -119,7 +118,7 @@ def test_curve_options_without_a_curve_are_refused(
     assert "unrecognized arguments: --sizes 10,100 --plot p.png" in capsys.readouterr().err
 
 
-def test_seeding_without_outputs_keeps_epoch_changes_exact_and_counts_lookup_rows(
+def test_wcoj_lookup_rows_count_as_join_rows_and_its_output_is_the_oracles(
     small: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     edges = generate(small, GRAPH)
@@ -132,34 +131,30 @@ def test_seeding_without_outputs_keeps_epoch_changes_exact_and_counts_lookup_row
         seed=2,
         undirected=frozenset({"edge"}),
     )
-    # Stand in for a non-Spark lookup path: every epoch reports LOOKUP rows of its own.
+    # Stand in for the kernel's own lookups: every epoch reports LOOKUP rows of its own.
     lookup = 10**9
-    original = Engine.apply_epoch
-    seeded: list[bool] = []
+    original = Engine.apply
+    applied: list[int] = []
 
     def reporting(
-        self: Engine, epoch: int, changes: Mapping[str, DataFrame], *, rules: bool = True
+        self: Engine, epoch: int, changes: Mapping[str, object], *, replace: bool = False
     ) -> EpochResult:
-        seeded.append(rules)
-        result = original(self, epoch, changes, rules=rules)
+        applied.append(epoch)
+        result = original(self, epoch, changes, replace=replace)
         metrics = dataclasses.replace(result.metrics, join_rows=lookup)
         return dataclasses.replace(result, metrics=metrics)
 
-    monkeypatch.setattr(Engine, "apply_epoch", reporting)
-    result = bench(small, TRIANGLES, workload, str(tmp_path), methods=["wcoj"], seed_outputs=False)
+    monkeypatch.setattr(Engine, "apply", reporting)
+    result = bench(small, TRIANGLES, workload, str(tmp_path), methods=["wcoj"])
     report = result.to_dict()
-    assert report["check"] == "passed" and report["seed_outputs"] is False
-    assert seeded == [False, True, True, True], "epoch 0 without rules, the epochs with"
+    assert report["check"] == "passed"
+    assert applied == [0, 1, 2, 3], "epoch 0 loaded, then the epochs"
     per_epoch = report["methods"]["wcoj"]["intermediate_rows_per_epoch"]
     assert len(per_epoch) == 3 and all(n >= lookup for n in per_epoch)
 
-    # wcoj's output holds the epochs' changes only: the oracle's final output minus its initial.
-    initial = rows(workload.initial["edge"])
-    final = Counter(initial)
+    final = rows(workload.initial["edge"])
     for t in range(1, 4):
         final.update(rows(workload.changes(t)["edge"]))
-    final = Counter({e: m for e, m in final.items() if m})
-    expected = naive_eval(TRIANGLES, {"edge": dict(final)})
-    expected.subtract(naive_eval(TRIANGLES, {"edge": dict(initial)}))
-    engine = Engine(small, str(tmp_path / "wcoj" / "engine"), TRIANGLES)
-    assert rows(engine.output("triangles")) == Counter({k: v for k, v in expected.items() if v})
+    expected = naive_eval(TRIANGLES, {"edge": {e: m for e, m in final.items() if m}})
+    engine = Engine(small, str(tmp_path / "wcoj" / "engine"), TRIANGLES, undirected=["edge"])
+    assert rows(engine.output("triangles")) == expected

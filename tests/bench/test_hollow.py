@@ -35,6 +35,7 @@ def _shape(defs: Definitions) -> dict[str, object]:
             sorted((c.asset_key.to_user_string(), c.name) for c in a.check_specs),
             repr(a.partitions_def),
             repr(a.backfill_policy),
+            a.can_subset,
         )
         for a in assets
     }
@@ -76,9 +77,9 @@ def test_a_floor_that_writes_other_events_than_the_pipeline_is_refused(tmp_path:
     said: list[str] = []
     with pytest.raises(
         bb.BackfillError,
-        match=r"^floor: the hollow run wrote \{.materializations.: 9, .check_evaluations.: 16\}",
+        match=r"^floor: the hollow run wrote \{.materializations.: 11, .check_evaluations.: 9\}",
     ):
-        bb.run_hollow(tmp_path, 1, {"materializations": 8, "check_evaluations": 16}, said.append)
+        bb.run_hollow(tmp_path, 1, {"materializations": 10, "check_evaluations": 9}, said.append)
     assert said and "empty bodies" in said[0]
 
 
@@ -105,7 +106,7 @@ def test_the_floor_on_postgres_is_stored_there_and_its_server_stopped(tmp_path: 
         side = bb.run_hollow(
             tmp_path,
             2,
-            {"materializations": 18, "check_evaluations": 16},
+            {"materializations": 22, "check_evaluations": 13},
             said.append,
             bb.InstanceKind.POSTGRES,
         )

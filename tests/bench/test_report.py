@@ -68,12 +68,20 @@ def test_every_part_is_saved_with_its_command_and_machine(quick: QuickRun) -> No
         assert record["result"]["check"] == "passed"
         assert any(line.startswith(f"report: {name}: done in") for line in quick.progress)
     epochs = json.loads((quick.root / "bench" / "epochs.json").read_text())["result"]
-    assert set(epochs["methods"]) == {"recompute", "binary-delta", "wcoj"}
+    assert set(epochs["methods"]) == {"recompute", "binary-delta", "wcoj", "wcoj-bag"}
     assert "skew" in epochs
+    cold = json.loads((quick.root / "bench" / "cold.json").read_text())["result"]
+    assert [p["edges"] for p in cold["sizes"]] == sorted(p["edges"] for p in cold["sizes"])
+    assert len(cold["sizes"]) == 2 and "apply" in cold["growth_per_decade"]
+    for point in cold["sizes"]:
+        assert point["scipy_count"] == point["counts"][-1], "checked by scipy"
+    idle = json.loads((quick.root / "bench" / "cluster-idle.json").read_text())["result"]
+    assert {r["deployment"] for r in idle["runs"]} == {"executors"}
+    assert idle["median_apart_seconds"] > 0
 
 
 def test_the_plots_are_png_files(quick: QuickRun) -> None:
-    for name in ("curve-size", "curve-epoch-size"):
+    for name in ("curve-size", "curve-epoch-size", "cold"):
         path = quick.root / "img" / f"{name}.png"
         assert path.read_bytes().startswith(PNG_SIGNATURE)
         pixels = image.imread(path)
@@ -83,12 +91,12 @@ def test_the_plots_are_png_files(quick: QuickRun) -> None:
 @pytest.mark.parametrize("name", ["curve-size", "curve-epoch-size"])
 def test_every_curve_point_was_checked(quick: QuickRun, name: str) -> None:
     curve = json.loads((quick.root / "bench" / f"{name}.json").read_text())["result"]
-    assert curve["check"] == "passed" and curve["seed_outputs"] is False
+    assert curve["check"] == "passed"
     assert curve["methods"] == ["binary-delta", "wcoj"]
     xs = [p["x"] for p in curve["points"]]
     assert len(xs) == 2 and xs == sorted(xs) and xs[0] < xs[1]
     for p in curve["points"]:
-        assert p["bench"]["check"] == "passed" and p["bench"]["seed_outputs"] is False
+        assert p["bench"]["check"] == "passed" and p["bench"]["load_epochs"] == 1
         assert set(p["median_seconds"]) == {"binary-delta", "wcoj"}
         for seconds in p["seconds_per_epoch"].values():
             assert len(seconds) == curve["epochs"]
@@ -117,6 +125,9 @@ def test_regions_are_rewritten_and_the_prose_is_kept(quick: QuickRun) -> None:
     )
     assert "| **wcoj** |" in new["epochs"] and "skew epoch (hub of degree 60)" in new["epochs"]
     assert "| method | median s (1 run) |" in new["static"]
+    assert "![seconds per fresh-process epoch against graph size](img/cold.png)" in new["cold"]
+    assert "| target (issues 20, 21) |" in new["cold"]
+    assert "| 1 s apart |" in new["cluster-idle"]
     for name in report.PARTS:
         record = json.loads((quick.root / "bench" / f"{name}.json").read_text())
         assert f"# {name}" in new["machine"]

@@ -92,6 +92,14 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="replace an epoch the state holds (a correction); later epochs are derived again",
     )
+    app.add_argument(
+        "--keep-epochs",
+        type=int,
+        default=32,
+        metavar="N",
+        help="keep the last N epochs re-runnable; older history is merged once a trace holds "
+        "2N batches (default 32; 0 keeps every epoch)",
+    )
     add_output_arguments(app, "the epoch's output change")
     add_deploy_argument(app)
     workspace.add_spark_arguments(app)
@@ -150,7 +158,16 @@ def run(args: argparse.Namespace) -> int:
     check_files(query, changes)
     starter = workspace.starter(args.master, args.conf)
     start = clock.perf_counter()
-    engine = Engine(starter, args.state, query, relations=specs, deployment=args.deploy)
+    if args.keep_epochs < 0:
+        raise UsageError(f"--keep-epochs must be 0 or more, got {args.keep_epochs}")
+    engine = Engine(
+        starter,
+        args.state,
+        query,
+        relations=specs,
+        deployment=args.deploy,
+        compact_every=args.keep_epochs,
+    )
     frames = read_changes(query, changes, starter)
     before = engine.store.current().generation
     try:
