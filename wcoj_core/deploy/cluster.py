@@ -16,12 +16,14 @@ the batches, the sum of each output's diffs and what every rule did.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from wcoj_core.deploy import Choice
 from wcoj_core.deploy.work import RuleJob, TraceRead, Work
+from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.join import RuleTally
 from wcoj_core.store.manifest import Batch, FileRef, Manifest
 from wcoj_core.store.names import trace_dir
@@ -72,10 +74,47 @@ def run_rules(
     )
     work = Work(engine.store.root, epoch, engine.plans, reads, rules=tuple(jobs))
     work = _budgeted(engine, work)
-    if sharded:
-        return _sharded(engine, work, choice.shards, changes, written)
+    try:
+        if sharded:
+            return _sharded(engine, work, choice.shards, changes, written)
+        return _replicated(engine, work, epoch, changes, written)
+    except Exception as e:
+        overflow = overflow_in(e)
+        if overflow is not None:
+            raise overflow from None
+        raise
+
+
+def overflow_in(e: BaseException) -> MultiplicityOverflow | None:
+    """The `MultiplicityOverflow` a task raised, read back from the error Spark reports (a
+    Python worker's traceback, or the Java arithmetic error of a Spark SQL sum), so that an
+    overflow reads the same on every deployment."""
+    text = str(e)
+    found = _TASK_OVERFLOW.search(text)
+    if found is not None:
+        row = found.group("row")
+        values = tuple(int(v) for v in row.strip("()").split(",") if v.strip()) if row else None
+        return MultiplicityOverflow(found.group("what"), values)
+    if "ARITHMETIC_OVERFLOW" in text or "long overflow" in text:
+        return MultiplicityOverflow("a sum of multiplicities computed by Spark")
+    return None
+
+
+_TASK_OVERFLOW = re.compile(
+    r"MultiplicityOverflow: multiplicity overflow in (?P<what>.+?)(?: at (?P<row>\([-0-9, ]*\)))?: "
+)
+
+
+def _replicated(
+    engine: Engine,
+    work: Work,
+    epoch: int,
+    changes: Mapping[str, Batch],
+    written: list[str],
+) -> Outcome:
     from wcoj_core.deploy.executors import run_on_executors
 
+    spark = engine.spark("the kernel runs in Spark's executors")
     folders = {name: f"traces/{trace_dir(name)}/b-x-{epoch}-{_hex12()}" for name in work.columns()}
     written += folders.values()
     rows = sum(b.rows for b in changes.values())

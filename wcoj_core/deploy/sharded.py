@@ -40,6 +40,7 @@ from wcoj_core.kernel.join import (
     Prefixes,
     RuleTally,
     StepCounts,
+    check_overflow,
     count_of,
     pick,
     pieces,
@@ -347,7 +348,8 @@ def _phase_task(
             )
             keep = np.flatnonzero(m)
             p = p.take(keep)
-            p.weight = p.weight * m[keep]
+            p.scale(m[keep])
+            check_overflow(plan, (p, None))  # the flags do not travel between stages
             yield _routed(plan, rule, p, after, at + 1, all_phases, router, len(p))
         elif phase.kind == "count":
             step = rule.steps[phase.step]
@@ -371,10 +373,14 @@ def _phase_task(
             checked = np.flatnonzero(~own)
             part = p.take(checked)
             kept, m = validate(plan, y, part, layers.layers(*support_source(y), y.version))
-            weight = part.weight[kept] * (m[kept] if (y.completes and m is not None) else 1)
+            held = part.take(kept)
+            if y.completes and m is not None:
+                held.scale(m[kept])
+            check_overflow(plan, (held, None))
             rows = np.concatenate([np.flatnonzero(own), checked[kept]])
             out = p.take(rows)
-            out.weight = np.concatenate([p.weight[own], weight])
+            out.weight = np.concatenate([p.weight[own], held.weight])
+            out.bound = None
             yield _routed(plan, rule, out, after, at + 1, all_phases, router, len(kept))
 
 
@@ -404,6 +410,7 @@ def _propose(
         for piece in pieces(mine.cols[LEAST], budget):
             got = mine if piece is None else mine.take(piece)
             part, made = propose(plan, step, x, got, source)
+            check_overflow(plan, (part, None))
             part.cols[TAG] = np.full(len(part), j, dtype=I64)
             yield _routed(plan, rule, part, after, at + 1, all_phases, router, made, made)
 
