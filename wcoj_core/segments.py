@@ -4,7 +4,7 @@ A segment (`wcoj_core.store.manifest.Segment`) is one sorted, consolidated `Laye
 into its own folder as three uncompressed ``.npy`` files: ``rows`` (n x w int64, Fortran order,
 so a column is contiguous), ``diff`` (n int64) and ``keys`` (the layer's full-width search keys:
 packed ``uint64``, or order-preserving bytes: `Layer.search_keys`). `write_segment` hashes the bytes
-as it writes them, fsyncs, makes the files read-only and records each file's size, sha256 and
+as it writes them, makes the files read-only and records each file's size, sha256 and
 stamp (inode, mtime, ctime).
 
 `open_segment` maps the files (``mmap``): it reads their headers, never their data, so opening
@@ -38,7 +38,6 @@ from wcoj_core.store import names
 from wcoj_core.store.files import (
     CHUNK,
     HashingWriter,
-    fsync_dir,
     has_scheme,
     local_path,
     sha256_file,
@@ -88,7 +87,6 @@ def write_segment(
         files[role] = write_sealed(
             folder / names.segment_file(role), lambda out, a=array: _write_npy(out, a)
         )
-    fsync_dir(folder)
     return Segment(level, view, order, n, layer.packing, layer.unit, rel_folder, files)
 
 

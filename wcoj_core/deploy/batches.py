@@ -155,8 +155,8 @@ class BatchFiles:
         return tuple(written)
 
     def put(self, path: str, data: pa.Buffer | bytes) -> FileRef:
-        """Write a whole file (a full path of this file system); its reference. On a local disk
-        the file is flushed before this returns and read-only afterwards."""
+        """Write a whole file (a full path of this file system); its reference (with its stamp
+        on a local disk). The commit naming it makes it durable (`Files.sync_many`)."""
         digest = hashlib.sha256(memoryview(data)).hexdigest()
         name = path.rsplit("/", 1)[-1]
         if isinstance(self.fs, pafs.LocalFileSystem):
@@ -165,7 +165,6 @@ class BatchFiles:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
-                os.fsync(fd)
             finally:
                 os.close(fd)
             st = os.stat(path)

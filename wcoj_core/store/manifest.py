@@ -222,6 +222,31 @@ class Manifest:
             ) from None
 
 
+def referenced(text: str, source: str) -> tuple[set[str], set[str]]:
+    """The traces a manifest names and every folder it references, read without the full
+    shape check (what pruning needs of older generations): its digest must hold and every
+    folder must be a name wcoj makes, else `DamagedState`."""
+    try:
+        body = json.loads(text)
+        if not isinstance(body, dict) or body.get("digest") != digest_of(body):
+            raise ValueError("its digest does not match")
+        traces: set[str] = set()
+        paths: set[str] = set()
+        for name, t in body["traces"].items():
+            traces.add(str(name))
+            for b in t["batches"]:
+                paths.add(str(b["path"]))
+            index = t.get("index")
+            for seg in index["segments"] if index else ():
+                paths.add(str(seg["path"]))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DamagedState(f"{source}: damaged manifest: {e}") from None
+    bad = [p for p in paths if not (names.is_batch_path(p) or names.is_segment_path(p))]
+    if bad:
+        raise DamagedState(f"{source}: damaged manifest: {bad[0]!r} is not a folder wcoj makes")
+    return traces, paths
+
+
 def canonical(value: Any) -> str:
     """The canonical JSON of a value: keys sorted, no spaces, ASCII.
 

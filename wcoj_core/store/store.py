@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
 from wcoj_core.store import names
 from wcoj_core.store.files import Files, Kind, LocalFiles, files_for
-from wcoj_core.store.manifest import FORMAT, FileRef, Manifest
+from wcoj_core.store.manifest import FORMAT, FileRef, Manifest, referenced
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -244,8 +244,7 @@ class Store:
         text = new.to_json()
         rel = self._manifest_rel(new.generation)
         try:
-            for path in sorted(new.paths() - expected.paths()):
-                self.files.sync(path)
+            self.files.sync_many(sorted(new.paths() - expected.paths()))
             gens = self.generations()
             created = (not gens or gens[-1] < new.generation) and self.files.create_exclusive(
                 rel, text
@@ -275,6 +274,15 @@ class Store:
         parts = rel.split("/")
         return all(self.files.kind("/".join(parts[: i + 1])) is Kind.DIR for i in range(len(parts)))
 
+    def _referenced(self, generation: int) -> tuple[set[str], set[str]]:
+        """The traces and folders a generation names (from its parsed manifest when this store
+        read it already, else by the light read of `referenced`)."""
+        parsed = self._parsed.get(generation)
+        if parsed is not None:
+            return set(parsed.traces), parsed.paths()
+        rel = self._manifest_rel(generation)
+        return referenced(self.files.read_text(rel), self.uri(rel))
+
     def prune(self, now: float | None = None) -> Pruned:
         """Drop manifests beyond the last `KEEP_MANIFESTS` and what no kept one references
         (see the module's rules)."""
@@ -285,14 +293,14 @@ class Store:
         retired: set[str] = set()
         trace_dirs: set[str] = set()
         for found, chosen in ((live, kept), (retired, dropped)):
-            for i, g in enumerate(chosen):
+            for g in chosen:
                 try:
-                    m = self._read(g, chosen[i - 1] if i else None)
+                    traces, paths = self._referenced(g)
                 except (StateError, OSError) as e:
                     return Pruned(skipped=f"never delete on a doubt: {e}")
-                found.update(m.paths())
+                found.update(paths)
                 if chosen is kept:
-                    trace_dirs.update(names.trace_dir(t) for t in m.traces)
+                    trace_dirs.update(names.trace_dir(t) for t in traces)
         retired -= live
         out_manifests = []
         for g in dropped:
