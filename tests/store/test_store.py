@@ -161,12 +161,8 @@ def test_a_commit_syncs_the_new_folders_only(
     assert sorted(synced) == sorted(m2.paths() - m1.paths())
 
 
-def test_without_syncfs_each_new_folder_is_synced(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from wcoj_core.store import files as files_module
-
-    monkeypatch.setattr(files_module, "_syncfs", lambda path: False)
+def test_each_new_folder_is_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WCOJ_SYNCFS", raising=False)
     store = Store.open(tmp_path, create=True)
     m1 = epoch(store, 0)
     synced: list[str] = []

@@ -198,14 +198,16 @@ class LocalFiles:
             fsync_dir(parent)
 
     def sync_many(self, rels: Sequence[str]) -> None:
-        """Make files and folders durable, with their entries: one ``syncfs`` of the state's
-        file system where Linux offers it (one journal commit for everything an epoch wrote),
-        else each of them, on a few threads (the file system batches concurrent syncs)."""
+        """Make files and folders durable, with their entries: each of them, on a few threads
+        (the file system batches concurrent syncs into few journal commits: about 12 ms for an
+        epoch's 20 files here, against 80 ms one after another). With ``WCOJ_SYNCFS=1`` one
+        ``syncfs`` of the whole file system instead (fewer calls, but it also waits for every
+        other process's dirty pages)."""
         if not rels:
             return
-        if _syncfs(self.path):
+        if os.environ.get("WCOJ_SYNCFS") == "1" and _syncfs(self.path):
             return
-        with ThreadPoolExecutor(SYNC_THREADS) as pool:
+        with ThreadPoolExecutor(min(SYNC_THREADS, len(rels))) as pool:
             list(pool.map(self.sync, rels))
 
     def ref(self, rel: str) -> FileRef:
@@ -471,7 +473,7 @@ def _syncfs(path: Path) -> bool:
 
 @functools.cache
 def _libc() -> Any:
-    if not sys.platform.startswith("linux") or os.environ.get("WCOJ_SYNCFS") == "0":
+    if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
