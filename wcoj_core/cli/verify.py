@@ -56,7 +56,13 @@ def run(args: argparse.Namespace) -> int:
     if args.repair:
         repaired = repair(store, {d.path for d in report.damaged if d.rebuildable and d.current})
         for name in repaired:
-            note(f"rebuilt the arrangements of {name}")
+            if name.endswith(" (stamps)"):
+                note(
+                    f"stamped the arrangement files of {name.removesuffix(' (stamps)')} again "
+                    "(their contents match: a restored or copied state)"
+                )
+            else:
+                note(f"rebuilt the arrangements of {name} from its batches")
         if repaired:
             report = verify_state(store)
     verdict = "ok" if report.ok else f"{len(report.damaged)} damaged"
