@@ -25,8 +25,8 @@ from typing import Any
 
 from dagster import (
     AssetCheckKey,
-    AssetExecutionContext,
     AssetChecksDefinition,
+    AssetExecutionContext,
     AssetsDefinition,
     BetaWarning,
     ConfigurableIOManager,

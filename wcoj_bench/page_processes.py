@@ -1,0 +1,255 @@
+"""The page's regions for the parts that time whole processes: ``cold`` and ``cluster-idle``.
+
+Like `wcoj_bench.page`, pure Python: each renderer reads one saved record (the part's command,
+date, wall time, load average, machine and JSON) and nothing else.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from wcoj_bench.page import DASH, _bold, _bullets, _bytes, _measured, _n, _option, _runs, _s
+
+
+def _phases(phases: dict[str, float]) -> str:
+    return ", ".join(f"{k} {_s(v)}" for k, v in phases.items())
+
+
+def _wanted(t: dict[str, Any]) -> str:
+    value = t["wanted"]
+    shown = _bytes(int(value)) if t["key"].endswith("bytes") else f"{value:g}"
+    return f"{t['op']} {shown}".replace("<=", "≤").replace(">=", "≥")
+
+
+def _measured_value(t: dict[str, Any]) -> str:
+    value = t["measured"]
+    if t["key"].endswith("bytes"):
+        return _bytes(int(value))
+    return _s(value) if t["key"].endswith("seconds") else f"{value:g}"
+
+
+def render_cold(record: dict[str, Any]) -> str:
+    """The cold part: fresh processes side by side, the sizes, the warm epochs, the targets."""
+    r = record["result"]
+    g = r["graph"]
+    p = g["processes"]
+    name = Path(g["input"]).name
+    epochs = f"{r['epochs']} epoch" + ("s" if r["epochs"] > 1 else "")
+    lines = _measured(
+        record,
+        f"{epochs} of {r['epoch_size']:,} changes on `{name}` ({g['edges']:,} undirected edges, "
+        f"{g['initial_count']:,} {r['query']} at the start; its state built by `wcoj apply` in "
+        f"{g['base_epochs']} epoch(s) and copied for the run), each epoch a fresh process of "
+        "each kind, one after the other. At every epoch every process reported the same count, "
+        "and wcoj's output change equalled the recompute's (its output minus the previous one) "
+        "as an exact multiset, before any figure was kept.",
+    )
+    apply = p["apply"]
+    rows = [
+        (
+            "**`wcoj apply --epoch T`**",
+            apply,
+            f"the command's own {_s(apply['median_cli_seconds'])} s; opening the state "
+            f"{_s(apply['hydration']['median_seconds'])} s, "
+            f"{_bytes(apply['hydration']['median_mapped_bytes'])} mapped, "
+            f"{_bytes(apply['hydration']['max_read_bytes'])} read",
+        )
+    ]
+    if "apply-evicted" in p:
+        e = p["apply-evicted"]
+        rows.append(
+            (
+                "`wcoj apply`, the state's pages dropped from the page cache first",
+                e,
+                f"the command's own {_s(e['median_cli_seconds'])} s; opening "
+                f"{_s(e['hydration']['median_seconds'])} s",
+            )
+        )
+    rec = p["recompute"]
+    rows.append(
+        (
+            "Spark SQL recompute (`probes recompute`: the relation's table updated, the binary "
+            "plan, the output written)",
+            rec,
+            f"starting Spark {_s(rec['median_spark_start_seconds'])} s, the work "
+            f"{_s(rec['median_work_seconds'])} s",
+        )
+    )
+    for key, label in (
+        ("open", "opening the state (`probes open`: engine and every trace)"),
+        ("open-evicted", "the same, the state's pages dropped first"),
+    ):
+        if key in p:
+            o = p[key]
+            rows.append(
+                (
+                    label,
+                    o,
+                    f"inside: {_s(o['median_open_seconds'])} s (engine "
+                    f"{_s(o['median_engine_seconds'])}, traces {_s(o['median_traces_seconds'])}; "
+                    f"{o['segments']} segments, {_bytes(o['mapped_bytes'])} mapped), imports "
+                    f"{_s(o['median_import_seconds'])} s",
+                )
+            )
+    lines += [
+        "",
+        "| fresh process, exec to exit | median s | runs, s | peak RSS | inside the process |",
+        "|---|---:|---|---:|---|",
+    ]
+    for label, s, inside in rows:
+        lines.append(
+            f"| {label} | {_bold(_s(s['median_seconds']), s is apply)} | {_runs(s['seconds'])} "
+            f"| {_bytes(s['max_peak_rss_bytes'])} | {inside} |"
+        )
+    spark = ", ".join(apply["spark"])
+    bullets = [
+        f"`speedup_vs_recompute` **{g['speedup_vs_recompute']}** (the recompute's median over "
+        "the apply's).",
+        f"`wcoj apply`'s phases (medians): {_phases(apply['phases'])} s; Spark started: "
+        f"{'no' if spark == 'None' else spark}; kernel on: {', '.join(apply['deployments'])}.",
+        "Peak RSS: `ru_maxrss` of the `wcoj` process; for the recompute, the sampled peak of its "
+        "process tree (Python and the JVM).",
+        "Counts after each epoch: " + ", ".join(_n(c) for c in g["counts"]) + "; output change "
+        "rows: " + ", ".join(_n(c) for c in g["change_rows"]) + ".",
+    ]
+    lines += ["", *_bullets(bullets)]
+    lines += _sizes(record)
+    if "warm" in g:
+        lines += _warm(g["warm"])
+    lines += [
+        "",
+        "| target (issues 20, 21) | wanted | measured | |",
+        "|---|---:|---:|---|",
+    ]
+    for t in r["targets"]:
+        lines.append(
+            f"| {t['target']} | {_wanted(t)} | {_measured_value(t)} | "
+            f"**{'met' if t['met'] else 'not met'}** |"
+        )
+    return "\n".join(lines)
+
+
+def _sizes(record: dict[str, Any]) -> list[str]:
+    r = record["result"]
+    if not r["sizes"]:
+        return []
+    plot = Path(_option(record["argv"], "--plot") or "cold.png").name
+    lines = [
+        "",
+        f"![seconds per fresh-process epoch against graph size](img/{plot})",
+        "",
+        "| edges | graph | built in | cold `wcoj apply` s | its own s | opening s | "
+        "open process s (inside) | mapped | peak RSS | checked |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for pt in r["sizes"]:
+        a, o = pt["apply"], pt["open"]
+        checked = DASH if pt["scipy_count"] is None else f"scipy {_n(pt['scipy_count'])}"
+        lines.append(
+            f"| {pt['edges']:,} | `{pt['input']}` | {pt['base_epochs']} epoch(s), "
+            f"{_s(sum(pt['build_seconds']))} s | **{_s(a['median_seconds'])}** | "
+            f"{_s(a['median_cli_seconds'])} | {_s(a['hydration']['median_seconds'])} | "
+            f"{_s(o['median_seconds'])} ({_s(o['median_open_seconds'])}) | "
+            f"{_bytes(o['mapped_bytes'])} | {_bytes(a['max_peak_rss_bytes'])} | {checked} |"
+        )
+    bullets = []
+    for key, what in (
+        ("apply", "the cold apply (whole process)"),
+        ("apply_cli", "the command's own seconds"),
+        ("open", "opening (inside the process)"),
+    ):
+        growth = r.get("growth_per_decade", {}).get(key)
+        if growth:
+            bullets.append(
+                f"{what}: **x{growth['fit']}** per 10x of edges (least-squares fit of log seconds "
+                f"on log edges), x{growth['end_points']} between the end points."
+            )
+    bullets.append(
+        "Each graph's state was built once by `wcoj apply` (epochs of at most 4 M edges: the "
+        "command's limit) and is reused from the cache by later runs; a copy is stamped again "
+        "by `wcoj verify --repair` before it is used."
+    )
+    return [*lines, "", *_bullets(bullets)]
+
+
+def _warm(w: dict[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"| warm epoch, one process, epochs 2{DASH}{w['epochs']} | median s | phases (medians, s) "
+        "| every epoch, s |",
+        "|---|---:|---|---|",
+    ]
+    for meaning in ("set", "bag"):
+        m = w[meaning]
+        lines.append(
+            f"| {_bold(f'undirected {meaning}', meaning == 'set')} | "
+            f"{_bold(_s(m['median_seconds']), meaning == 'set')} | {_phases(m['phases'])} | "
+            f"{_runs(m['seconds_per_epoch'])} |"
+        )
+    return [
+        *lines,
+        "",
+        *_bullets(
+            [
+                f"set over bag: **{w['set_over_bag']}x** (the same epochs, the same counts; each "
+                "meaning in a process of its own on its own copy of the state, epoch 1 the "
+                "warm-up)."
+            ]
+        ),
+    ]
+
+
+def render_idle(record: dict[str, Any]) -> str:
+    """The idle part: back-to-back epochs against epochs apart, with the workers seen."""
+    r = record["result"]
+    runs = r["runs"]
+    gap = r["gap_seconds"]
+    lines = _measured(
+        record,
+        f"`{r['input']}` ({r['edges']:,} undirected edges, state built by `wcoj apply` in "
+        f"{r['base_epochs']} epoch(s)), {r['epoch_size']:,}-change epochs, wcoj's kernel on "
+        f"`{r['deployment']}`: one warm-up epoch, {r['epochs']} back to back, then {r['epochs']} "
+        f"each after {gap:g} s of sleep. Every epoch's output change equalled the driver's on a "
+        "second copy of the state, as an exact multiset.",
+    )
+    lines += [
+        "",
+        "| epochs | median s | runs, s | new Python workers per epoch |",
+        "|---|---:|---|---|",
+    ]
+    for kind, label, median in (
+        ("back-to-back", "back to back", r["median_back_to_back_seconds"]),
+        ("apart", f"{gap:g} s apart", r["median_apart_seconds"]),
+    ):
+        mine = [x for x in runs if x["kind"] == kind]
+        lines.append(
+            f"| {label} | **{_s(median)}** | {_runs([x['seconds'] for x in mine])} | "
+            + " / ".join(str(x["new_workers"]) for x in mine)
+            + " |"
+        )
+    warm = [x for x in runs if x["kind"] == "warm-up"]
+    bullets = [
+        f"Apart over back to back: **{r['apart_over_back_to_back']}x**; the target is at most "
+        f"{r['target_ratio']:g}x: **{'met' if r['met'] else 'not met'}**.",
+    ]
+    if warm:
+        bullets.append(
+            f"The warm-up epoch took {_s(warm[0]['seconds'])} s ({_phases(warm[0]['phases'])})."
+        )
+    for kind in ("back-to-back", "apart"):
+        mine = [x for x in runs if x["kind"] == kind]
+        if mine:
+            slowest = max(mine, key=lambda x: x["seconds"])
+            bullets.append(
+                f"Slowest {kind.replace('-', ' ')} epoch: {_s(slowest['seconds'])} s "
+                f"({_phases(slowest['phases'])}; kernel on {slowest['deployment']})."
+            )
+    bullets.append(
+        "New Python workers: Spark Python worker processes on this machine after the epoch that "
+        "were not there before it (a worker Spark started for the epoch)."
+    )
+    return "\n".join([*lines, "", *_bullets(bullets)])
+
+
+__all__ = ["render_cold", "render_idle"]

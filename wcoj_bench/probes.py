@@ -1,0 +1,255 @@
+"""The small programs the process benchmarks run as fresh processes: ``python -m wcoj_bench.probes``.
+
+Each subcommand does one thing and ends with one JSON line on stdout; the benchmark times the
+whole process (`wcoj_bench.measure.run_process`). Nothing is imported before a subcommand asks
+for it, so a probe's process pays for what its work needs and no more.
+
+* ``prepare --input SPEC --out DIR --epochs-out DIR --epochs K --epoch-size N --seed S`` — a
+  graph for the process benchmarks (`wcoj_bench.prepared`): the canonical undirected edges of a
+  file (read with pyarrow) or a generator (Spark), the symmetric table a Spark SQL recompute
+  keeps (both kept when the folder has them), and K epochs of N changes as CSV files;
+* ``open --state DIR --query Q --undirected REL [--bag REL]`` — construct the engine over a
+  state and open every trace an epoch reads (what an epoch's ``open`` phase does), timed inside;
+* ``recompute --relation DIR --out-relation DIR --output DIR [--changes CSV] [--query Q]`` —
+  what a user's Spark SQL job does without wcoj: read the relation's Parquet table and the
+  epoch's changes (an undirected edge once; both directions are added), write the new table,
+  recompute the query with the binary-join plan of the ``recompute`` method
+  (`wcoj_core.reference`), write the output, and sum it;
+* ``warm --state DIR --first T --changes CSV ... [--bag REL]`` — one process applying epochs one
+  after the other, each timed (what an in-process, warm epoch costs);
+* ``triangles --edges PARQUET [--changes CSV ...]`` — the triangles of a graph after some epochs,
+  counted by scipy (``sum((U @ U) ∘ U)``): an independent check of a count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time as clock
+from collections.abc import Sequence
+from typing import Any
+
+
+def _emit(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload), flush=True)
+
+
+def _specs(query: Any, undirected: Sequence[str], bags: Sequence[str]) -> Any:
+    from wcoj_core.meaning import relation_specs
+
+    return relation_specs(dict(query.relations), undirected=undirected, bags=bags)
+
+
+# -- open ---------------------------------------------------------------------------------------
+
+
+def open_state(args: argparse.Namespace) -> dict[str, Any]:
+    """Engine construction and every trace opened, timed apart; what opening mapped and read."""
+    start = clock.perf_counter()
+    from wcoj_core.engine import Engine
+    from wcoj_core.indexes import open_trace
+    from wcoj_core.query.parse import resolve_query
+
+    imported = clock.perf_counter()
+    query = resolve_query(args.query)
+    engine = Engine(
+        None,
+        args.state,
+        query,
+        relations=_specs(query, args.undirected, args.bag),
+        create=False,
+    )
+    made = clock.perf_counter()
+    manifest = engine.store.current()
+    before = (manifest.epoch if manifest.epoch is not None else -1) + 1
+    opened = [
+        open_trace(
+            engine.store.root, manifest.traces[name], before, engine.views[name], engine.read_batch
+        )
+        for name in engine.indexed()
+    ]
+    done = clock.perf_counter()
+    return {
+        "probe": "open",
+        "epoch": manifest.epoch,
+        "import_seconds": round(imported - start, 5),
+        "engine_seconds": round(made - imported, 5),
+        "traces_seconds": round(done - made, 5),
+        "open_seconds": round(done - imported, 5),
+        "traces": len(opened),
+        "segments": sum(len(layers) for o in opened for layers in o.segments.values()),
+        "mapped_bytes": sum(o.mapped for o in opened),
+        "read_bytes": sum(o.read_bytes for o in opened),
+        "rebuilt": [f"{o.name}: {o.rebuilt}" for o in opened if o.rebuilt],
+    }
+
+
+# -- recompute ----------------------------------------------------------------------------------
+
+
+def recompute(args: argparse.Namespace) -> dict[str, Any]:
+    """The relation updated and the query recomputed from scratch by Spark SQL (see above)."""
+    start = clock.perf_counter()
+    from pyspark.sql import functions as F
+
+    from wcoj_core import spark as wspark
+    from wcoj_core.query.parse import resolve_query
+    from wcoj_core.reference import reference_sql
+    from wcoj_core.updates import consolidate
+
+    query = resolve_query(args.query)
+    spark = wspark.session(args.master, app_name="wcoj-bench-recompute", quiet=True)
+    started = clock.perf_counter()
+    relation = spark.read.parquet(args.relation)
+    if args.changes:
+        changes = spark.read.csv(args.changes, header=True, schema="c0 LONG, c1 LONG, diff LONG")
+        flipped = changes.select(F.col("c1").alias("c0"), F.col("c0").alias("c1"), "diff")
+        both = changes.unionByName(flipped).where(F.col("c0") != F.col("c1"))
+        relation = consolidate(relation.unionByName(both), ["c0", "c1"])
+    relation.write.parquet(args.out_relation)
+    (rel,) = query.relations
+    table = spark.read.parquet(args.out_relation)
+    spark.sql(reference_sql(query), None, **{f"r_{rel}": table}).write.parquet(args.output)
+    row = spark.read.parquet(args.output).agg(F.sum("diff").alias("n")).first()
+    count = int(row["n"] or 0) if row is not None else 0
+    done = clock.perf_counter()
+    jvm: Any = spark.sparkContext._jvm
+    system = jvm.java.lang.System
+    java = f"{system.getProperty('java.runtime.name')} {system.getProperty('java.version')}"
+    spark.stop()
+    return {
+        "probe": "recompute",
+        "count": count,
+        "java": java,
+        "spark_start_seconds": round(started - start, 3),
+        "work_seconds": round(done - started, 3),
+    }
+
+
+# -- warm ---------------------------------------------------------------------------------------
+
+
+def warm(args: argparse.Namespace) -> dict[str, Any]:
+    """Epochs applied one after the other in this process, each timed (its files read first)."""
+    from wcoj_core.engine import Engine
+    from wcoj_core.local_read import read_local
+    from wcoj_core.query.parse import resolve_query
+
+    query = resolve_query(args.query)
+    (rel,) = query.relations
+    engine = Engine(
+        None, args.state, query, relations=_specs(query, args.undirected, args.bag), create=False
+    )
+    tables = [read_local(path, query.relations[rel], rel) for path in args.changes]
+    epochs = []
+    for i, table in enumerate(tables):
+        start = clock.perf_counter()
+        result = engine.apply(args.first + i, {rel: table})
+        seconds = clock.perf_counter() - start
+        epochs.append(
+            {
+                "epoch": args.first + i,
+                "seconds": round(seconds, 5),
+                "phases": {k: round(v, 5) for k, v in result.metrics.seconds.items()},
+                "count": result.count(query.name),
+                "change_rows": result.metrics.outputs.get(query.name, 0),
+                "deployment": result.metrics.deployment,
+            }
+        )
+    return {"probe": "warm", "epochs": epochs}
+
+
+# -- triangles ----------------------------------------------------------------------------------
+
+
+def triangles(args: argparse.Namespace) -> dict[str, Any]:
+    """scipy's count of the triangles of the graph after the epochs' changes."""
+    import numpy as np
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+    from scipy import sparse
+
+    edges = pq.read_table(args.edges)
+    src = edges.column("c0").to_numpy()
+    dst = edges.column("c1").to_numpy()
+    present = dict.fromkeys(zip(src.tolist(), dst.tolist(), strict=True), 1)
+    for path in args.changes:
+        change = pacsv.read_csv(path)
+        for a, b, d in zip(
+            *(change.column(c).to_pylist() for c in ("c0", "c1", "diff")), strict=True
+        ):
+            key = (min(a, b), max(a, b))
+            if d > 0:
+                present[key] = 1
+            else:
+                present.pop(key, None)
+    pairs = np.array(list(present), dtype=np.int64).reshape(-1, 2)
+    ids, index = np.unique(pairs.ravel(), return_inverse=True)
+    index = index.reshape(-1, 2)
+    n = len(ids)
+    upper = sparse.csr_matrix(
+        (np.ones(len(pairs), dtype=np.int64), (index[:, 0], index[:, 1])), shape=(n, n)
+    )
+    return {"probe": "triangles", "count": int(upper.multiply(upper @ upper).sum())}
+
+
+# -- prepare ------------------------------------------------------------------------------------
+
+
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    from wcoj_bench.prepared import write_graph
+
+    return write_graph(
+        args.input, args.out, args.epochs_out, args.epochs, args.epoch_size, args.seed, args.master
+    )
+
+
+# -- the command --------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m wcoj_bench.probes")
+    sub = p.add_subparsers(dest="probe", required=True)
+    pre = sub.add_parser("prepare")
+    pre.add_argument("--input", required=True)
+    pre.add_argument("--out", required=True)
+    pre.add_argument("--epochs-out", required=True)
+    pre.add_argument("--epochs", type=int, required=True)
+    pre.add_argument("--epoch-size", type=int, required=True)
+    pre.add_argument("--seed", type=int, default=1)
+    pre.add_argument("--master")
+    pre.set_defaults(run=prepare)
+    for name, run in (("open", open_state), ("warm", warm)):
+        q = sub.add_parser(name)
+        q.add_argument("--state", required=True)
+        q.add_argument("--query", default="triangles")
+        q.add_argument("--undirected", action="append", default=[])
+        q.add_argument("--bag", action="append", default=[])
+        q.set_defaults(run=run)
+        if name == "warm":
+            q.add_argument("--first", type=int, required=True)
+            q.add_argument("--changes", nargs="+", required=True)
+    rec = sub.add_parser("recompute")
+    rec.add_argument("--relation", required=True)
+    rec.add_argument("--out-relation", required=True)
+    rec.add_argument("--output", required=True)
+    rec.add_argument("--changes")
+    rec.add_argument("--query", default="triangles")
+    rec.add_argument("--master")
+    rec.set_defaults(run=recompute)
+    tri = sub.add_parser("triangles")
+    tri.add_argument("--edges", required=True)
+    tri.add_argument("--changes", nargs="*", default=[])
+    tri.set_defaults(run=triangles)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _emit(args.run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
