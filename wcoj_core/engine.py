@@ -64,8 +64,9 @@ __all__ = [
     "evaluate_static",
 ]
 
-# The most landed rows an epoch takes on the driver.
-LANDING_ROWS = deploy.DRIVER_EPOCH_ROWS
+# The most landed rows an epoch takes (they are consolidated on the driver, about 30 bytes a
+# row at once; the rules of a large epoch may still run in the executors, `deploy.choose`).
+LANDING_ROWS = 200_000_000
 # The largest epoch number (epochs are days, counters, ...; far below int64).
 MAX_EPOCH = 2**62
 
