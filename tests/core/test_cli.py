@@ -808,6 +808,7 @@ def test_spark_failures_are_one_line_exit_1(
     else:
         monkeypatch.delenv("WCOJ_DEBUG", raising=False)
     monkeypatch.setattr(Engine, "apply", fail)
+    monkeypatch.setattr(Engine, "evaluate", fail)  # `count` without a state evaluates
     code, _, err = run(capsys, *_file_args(edge_file))
     assert code == 1
     if debug:
@@ -1006,7 +1007,7 @@ def test_verify_names_damage_and_repairs_arrangements(
     code, out, err = run(capsys, "verify", str(state), "--repair", "--json")
     payload = last_json(out)
     assert payload["repaired"] == ["rel/edge"]
-    assert err == ["rebuilt the arrangements of rel/edge"]
+    assert err == ["rebuilt the arrangements of rel/edge from its batches"]
     assert payload["damaged"] and not any(d["current"] for d in payload["damaged"]), (
         "only earlier generations still name the damaged file"
     )
