@@ -21,7 +21,10 @@ the file: the caller rebuilds the segment from the trace's batches and warns.
 from __future__ import annotations
 
 import fcntl
+import functools
+import io
 import math
+import mmap
 import os
 import stat
 from collections.abc import Mapping
@@ -110,40 +113,50 @@ def _expect(segment: Segment, role: str) -> _Expect:
     return _Expect((n,), dtype, False)
 
 
+def _header(expect: _Expect) -> bytes:
+    """The exact ``.npy`` (1.0) header `write_segment` writes for an array of this shape."""
+    return _npy_header(expect.shape, expect.dtype.str, expect.fortran)
+
+
+@functools.lru_cache(maxsize=4096)
+def _npy_header(shape: tuple[int, ...], dtype: str, fortran: bool) -> bytes:
+    out = io.BytesIO()
+    header = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+        "fortran_order": fortran,
+        "shape": shape,
+    }
+    np.lib.format.write_array_header_1_0(out, header)
+    return out.getvalue()
+
+
 def _check(path: Path, ref: FileRef, expect: _Expect, *, digest: bool | None) -> int:
     """Check a segment file against its ref and what its header must say; its data offset.
 
-    `digest`: True reads the file whole to check its sha256, False never does (a copy checked
-    when made), None does when the stamp differs from the ref's.
+    The header must be byte for byte the one `write_segment` writes for the segment's shape
+    (read, never parsed). `digest`: True reads the file whole to check its sha256, False never
+    does (a copy checked when made), None does when the stamp differs from the ref's.
     """
     where = str(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise DamagedFile(where, "missing (the manifest names it)") from None
-    except OSError as e:
-        raise DamagedFile(where, f"cannot be read ({e.strerror or e})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise DamagedFile(where, "is not a file")
-    if st.st_size != ref.size:
-        raise DamagedFile(where, f"is {st.st_size} bytes, the manifest says {ref.size}")
+    header = _header(expect)
     try:
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version != (1, 0):  # what `write_segment` writes
-                raise ValueError(f"version {version[0]}.{version[1]}, not 1.0")
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            offset = f.tell()
-    except (ValueError, SyntaxError, EOFError, OSError) as e:
-        raise DamagedFile(where, f"its .npy header is damaged ({e})") from None
-    if (tuple(shape), dtype, bool(fortran)) != (expect.shape, expect.dtype, expect.fortran):
-        raise DamagedFile(
-            where,
-            f"its header says shape {tuple(shape)} of {dtype}"
-            f"{' (Fortran order)' if fortran else ''}, the manifest shape {expect.shape} of "
-            f"{expect.dtype}{' (Fortran order)' if expect.fortran else ''}",
-        )
-    if offset + math.prod(shape) * dtype.itemsize != st.st_size:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise DamagedFile(where, "is not a file")
+            if st.st_size != ref.size:
+                raise DamagedFile(where, f"is {st.st_size} bytes, the manifest says {ref.size}")
+            found = f.read(len(header))
+    except FileNotFoundError:
+        raise DamagedFile(where, "missing (the manifest names it)") from None
+    except IsADirectoryError:
+        raise DamagedFile(where, "is not a file") from None
+    except OSError as e:
+        raise DamagedFile(where, f"cannot be read ({e.strerror or e})") from None
+    if found != header:
+        raise DamagedFile(where, _header_problem(found, expect))
+    offset = len(header)
+    if offset + math.prod(expect.shape) * expect.dtype.itemsize != st.st_size:
         raise DamagedFile(where, "its size does not match its header (truncated or padded)")
     if digest or (digest is None and stamp_of(st) != ref.stamp):
         _, sha = sha256_file(path)
@@ -156,18 +169,35 @@ def _check(path: Path, ref: FileRef, expect: _Expect, *, digest: bool | None) ->
     return offset
 
 
-def _map(path: Path, expect: _Expect, offset: int) -> np.ndarray:
-    if math.prod(expect.shape) == 0:
-        return np.empty(expect.shape, dtype=expect.dtype)
-    mapped = np.memmap(
-        path,
-        dtype=expect.dtype,
-        mode="r",
-        offset=offset,
-        shape=expect.shape,
-        order="F" if expect.fortran else "C",
+def _header_problem(found: bytes, expect: _Expect) -> str:
+    """What is wrong with a header that is not the expected one (parsed only now)."""
+    try:
+        f = io.BytesIO(found + b"\n" * 64)
+        version = np.lib.format.read_magic(f)
+        if version != (1, 0):
+            raise ValueError(f"version {version[0]}.{version[1]}, not 1.0")
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    except (ValueError, SyntaxError, EOFError, OSError) as e:
+        return f"its .npy header is damaged ({e})"
+    return (
+        f"its header says shape {tuple(shape)} of {dtype}"
+        f"{' (Fortran order)' if fortran else ''}, the manifest shape {expect.shape} of "
+        f"{expect.dtype}{' (Fortran order)' if expect.fortran else ''}"
     )
-    return mapped.view(np.ndarray)  # a plain array over the mapping (which it keeps alive)
+
+
+def _map(path: Path, expect: _Expect, offset: int) -> np.ndarray:
+    """The file's array, mapped read-only (pages read on first touch)."""
+    count = math.prod(expect.shape)
+    if count == 0:
+        return np.empty(expect.shape, dtype=expect.dtype)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    flat = np.frombuffer(mapped, dtype=expect.dtype, count=count, offset=offset)
+    if len(expect.shape) == 1:
+        return flat
+    rows, width = expect.shape
+    return flat.reshape((width, rows)).T if expect.fortran else flat.reshape(expect.shape)
 
 
 def _layer(segment: Segment, arrays: Mapping[str, np.ndarray]) -> Layer:

@@ -314,7 +314,7 @@ def test_files_of_abandoned_attempts_are_removed(tmp_path: Path) -> None:
     )
     written = Written({"out/x": [f"{folder}/part-kept-000.snappy.parquet"]}, {}, {}, {}, {})
     written.clean(files, {"out/x": folder, "out/y": empty}, work)
-    assert sorted(files.listing(folder)) == ["_SUCCESS", "part-kept-000.snappy.parquet"]
+    assert sorted(files.listing(folder)) == ["part-kept-000.snappy.parquet"]
     assert files.read_layer(["c0", "c1", "c2"], [folder]).diff.tolist() == [1]
     assert len(files.read_layer(["c0", "c1", "c2"], [empty])) == 0  # an empty file of its schema
 

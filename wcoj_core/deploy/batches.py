@@ -13,7 +13,7 @@ executor. `BatchFiles` reaches a state through a pyarrow file system made from i
   the credentials of their usual environment variables.
 
 Reading a batch never consolidates across files; `read_layer` sums everything it read. A batch
-written here holds one Parquet file per writer piece and an empty ``_SUCCESS`` marker.
+written here holds one Parquet file per writer piece (the manifest names them: no marker file).
 """
 
 from __future__ import annotations
@@ -145,8 +145,6 @@ class BatchFiles:
             else:
                 with ThreadPoolExecutor(files) as pool:
                     written = list(pool.map(write_file, range(files)))
-            with self.fs.open_output_stream(f"{folder}/_SUCCESS"):
-                pass
         except OSError as e:
             self.remove(rel)
             raise StateError(

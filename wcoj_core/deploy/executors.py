@@ -76,7 +76,7 @@ class Written:
     ) -> dict[str, tuple[FileRef, ...]]:
         """Delete every file in the outputs' folders that no record names (left by attempts
         Spark gave up on); give an output no task wrote to an empty file of its schema (as the
-        driver writes an empty batch); mark each folder complete. Every output's files."""
+        driver writes an empty batch). Every output's files."""
         columns = work.columns()
         out: dict[str, tuple[FileRef, ...]] = {}
         for name, folder in folders.items():
@@ -90,8 +90,6 @@ class Written:
                     folder, columns[name], empty, np.zeros(0, dtype=I64), work.epoch
                 )
                 continue
-            with files.fs.open_output_stream(files.full(f"{folder}/_SUCCESS")):
-                pass
             out[name] = tuple(self.refs.get(name, []))
         return out
 
