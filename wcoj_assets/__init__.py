@@ -1,19 +1,21 @@
-"""The Dagster code location of wcoj: epoch partitions, shared arrangements, delta-rule assets.
+"""The Dagster code location of wcoj: epoch partitions, one step per epoch range, every asset.
 
 * `definitions` — `build_definitions(specs, ...)` and the default `defs`, loaded lazily
   (``wcoj_epoch_job``, the landing sensor, the automation sensor, a stopped daily schedule, the
   ``wcoj`` resource and ``wcoj_outputs`` IO manager, the in-process executor); `component` — the
   same as the Dagster component `WcojComponent`, configured by a ``defs.yaml``;
-* `specs` — `QuerySpec`, the default spec (``triangles`` over ``edge``) and the asset graph the
-  plans imply; `epochs` — epoch numbers as daily partition keys from a first day;
-* `relations`, `arrangements`, `queries` — the asset factories; `steps` — what their steps share;
-* `checks` — the binary-join correctness check; `provenance` — the `current_history` check and
-  the automation rebuilding what a correction left stale; `schemas` — pandera schemas;
+* `specs` — `QuerySpec`, the default spec (``triangles`` over ``edge``), the relations' meanings
+  and the arrangements the plans imply; `graph` — every asset, its lineage and its spec;
+  `epochs` — epoch numbers as daily partition keys from a first day;
+* `pipeline` — the one step: read, check, apply each epoch in one engine pass, report;
+  `report` — each asset's figures per epoch; `checks` — the checks and how their per-partition
+  results reach Dagster; `provenance` — `current_history` and the automation rebuilding what a
+  correction left stale; `schemas` — pandera schemas;
 * `outputs` — a query's output or change as a Spark DataFrame for downstream assets;
 * `intake` — finding and reading landing folders; `sensors` — sensor and schedule;
-* `resources` — `WcojResource` (Spark, state, landing); `landing` and `demo` — writing a landing
-  zone and running the demo; `instance` — the SQLite and Postgres instances, and the Dagster
-  settings every process creating or executing runs needs.
+* `resources` — `WcojResource` (state, landing, Spark when needed); `landing` and `demo` —
+  writing a landing zone and running the demo; `instance` — the SQLite and Postgres instances,
+  and the Dagster settings every process creating or executing runs needs.
 
 Importing this package does no I/O, reads no environment and starts no Spark.
 """

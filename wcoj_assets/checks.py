@@ -68,8 +68,6 @@ EXAMPLES = 20
 
 def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
     """The checks of `graph` (see the module), on its translated keys."""
-    from wcoj_core.reference import reference_sql
-
     partitions = graph.epochs.partitions()
     specs: list[AssetCheckSpec] = []
     for info in graph.of_role(Role.CHANGES):
@@ -117,19 +115,18 @@ def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
             ),
         ]
     for info in graph.of_role(Role.OUTPUT):
-        query = graph.topology.query(info.query or "")
-        specs += [
+        specs.append(
             AssetCheckSpec(
                 BINARY_JOIN,
                 asset=graph.key(info.name),
                 partitions_def=partitions,
-                description=f"Recomputes `{query.name}` from the relations as of the epoch with "
-                "a plain Spark SQL binary-join plan and compares it with the maintained output "
-                "as exact multisets, on one epoch in every `check_every` (the resource's) and on "
-                "demand (op config `binary_join: true`: the run's last epoch).\n\n"
-                f"```sql\n{reference_sql(query)}\n```",
-            ),
-        ]
+                description=f"Recomputes `{info.query}` from the relations as of the epoch with a "
+                "plain Spark SQL binary-join plan (`wcoj_core.reference`; the SQL is in each "
+                "evaluation's metadata) and compares it with the maintained output as exact "
+                "multisets, on one epoch in every `check_every` (the resource's) and on demand "
+                "(op config `binary_join: true`: the run's last epoch).",
+            )
+        )
     return specs
 
 
@@ -217,7 +214,9 @@ def delta_rules(engine: Engine, query: str, epoch: int) -> Outcome:
 
 def binary_join(engine: Engine, query: Query, epoch: int, partition: str) -> Outcome:
     """The full Spark SQL recomputation of `query` as of `epoch` against the maintained output."""
-    from wcoj_core.reference import compare, output_columns, reference_output
+    from dagster import MetadataValue
+
+    from wcoj_core.reference import compare, output_columns, reference_output, reference_sql
 
     start = clock.perf_counter()
     spark = engine.spark(f"the binary-join check of {query.name} at epoch {epoch}")
@@ -238,6 +237,7 @@ def binary_join(engine: Engine, query: Query, epoch: int, partition: str) -> Out
             "actual_count": result.actual_total,
             "examples": examples,
             "seconds": round(clock.perf_counter() - start, 3),
+            "sql": MetadataValue.md(f"```sql\n{reference_sql(query)}\n```"),
         },
         None
         if result.equal

@@ -90,8 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     instance = DagsterInstance.get()
     sensor = defs.resolve_sensor_def(SENSOR)
-    context = build_sensor_context(instance=instance, resources=defs.resources)
-    requests = sensor(context).run_requests
+    with build_sensor_context(instance=instance, resources=defs.resources) as context:
+        requests = sensor(context).run_requests
     job = defs.resolve_job_def(JOB_NAME)
 
     passed = failed = runs_failed = 0

@@ -29,7 +29,6 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
-from dagster_pyspark import LazyPySparkResource
 from pydantic import Field, PrivateAttr
 
 from wcoj_core.session import SparkStarter
@@ -147,9 +146,12 @@ class WcojResource(ConfigurableResource):
         description="Where the join kernel runs: auto (the driver when the state is local and "
         "the epoch fits its limits, else Spark's executors), driver, or executors.",
     )
-    pyspark: LazyPySparkResource | None = Field(
+    # A dagster-pyspark `LazyPySparkResource` (or anything with a ``spark_config``). Typed by its
+    # base class so that loading the code location imports no pyspark: pandera, for one, imports
+    # pyspark.pandas whenever pyspark is loaded, a cost an epoch on the driver need not pay.
+    pyspark: ConfigurableResource | None = Field(
         default=None,
-        description="dagster-pyspark's lazy resource, whose spark_config supplies Spark "
+        description="dagster-pyspark's LazyPySparkResource, whose spark_config supplies Spark "
         "settings (this resource still owns and stops the session).",
     )
 
@@ -165,7 +167,7 @@ class WcojResource(ConfigurableResource):
     def starter(self) -> OwnedStarter:
         """The run's Spark starter: the session is made on its first use, with a reason."""
         if self._starter is None:
-            config = self.pyspark.spark_config if self.pyspark is not None else None
+            config = getattr(self.pyspark, "spark_config", None) if self.pyspark else None
             master, conf = spark_settings(self.master, self.spark_conf, config)
             self._starter = OwnedStarter(master, conf)
         return self._starter

@@ -24,11 +24,16 @@ pandera is imported when a schema is built, not when this module is imported.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from wcoj_core.traces import DIFF, TIME
+
+# A reported problem is cut at this many characters (pandera lists every failure case).
+LINE = 400
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -62,8 +67,7 @@ def triples_schema(
     for Spark DataFrames (`pandera.pyspark`), or with `local` for pandas ones (`pandera.pandas`).
     """
     if local:
-        import pandera.pandas as pa
-
+        pa = local_pandera()
         long: Any = "int64"
     else:
         import pandera.pyspark as pa  # type: ignore[no-redef]
@@ -110,6 +114,37 @@ def problems(df: DataFrame | pd.DataFrame, schema: Any, depth: Depth) -> list[st
     return lines
 
 
+@contextmanager
+def unloaded(*modules: str) -> Iterator[None]:
+    """Import what the block imports as if `modules` were not installed, unless they are loaded
+    already (``import`` of them fails inside the block only).
+
+    pandera's pandas backend is loaded so (`local_pandera`): on import, pandera imports
+    pyspark.pandas whenever pyspark is installed (to patch pandas' type hints for its typing
+    module, which wcoj does not use), and its data-synthesis strategies import hypothesis (a
+    test dependency here); together about a second of a run's start, for an epoch that needs
+    neither. A later ``import pyspark`` (the Spark path) works as usual.
+    """
+    blocked = [m for m in modules if m not in sys.modules]
+    for m in blocked:
+        sys.modules[m] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for m in blocked:
+            if m in sys.modules and sys.modules[m] is None:
+                del sys.modules[m]
+
+
+def local_pandera() -> Any:
+    """``pandera.pandas``, and the built-in checks its pandas backend registers, loaded without
+    pyspark and hypothesis (see `unloaded`)."""
+    with unloaded("pyspark", "hypothesis"):
+        import pandera.backends.pandas.builtin_checks  # noqa: F401  (what registering imports)
+        import pandera.pandas as pa
+    return pa
+
+
 def _local_problems(df: pd.DataFrame, schema: Any, depth: Depth) -> list[str]:
     """`problems` for a pandas frame: pandera.pandas raises every error at once (lazy)."""
     from pandera.config import config_context
@@ -125,6 +160,8 @@ def _local_problems(df: pd.DataFrame, schema: Any, depth: Depth) -> list[str]:
                 column = getattr(error, "column_name", None)
                 where = f" column {column!r}" if column else ""
                 first = str(error).splitlines()[0] if str(error) else repr(error)
+                if len(first) > LINE:
+                    first = first[: LINE - 1] + "…"
                 lines.append(f"{reason}{where}: {first}")
             return lines
     return []

@@ -264,10 +264,20 @@ def launch(
     location: str,
     repository: str,
     job: str,
-    partition: str,
+    partition: str | tuple[str, str],
     run_config: dict[str, Any],
+    tags: dict[str, str] | None = None,
 ) -> str:
-    """Launch `job` for one partition, as the UI's launchpad does; return the run id."""
+    """Launch `job` for one partition, or ``(first, last)`` a range in one run (the launchpad's
+    ``dagster/asset_partition_range_start`` and ``_end`` tags), as the UI's launchpad does;
+    return the run id."""
+    if isinstance(partition, tuple):
+        scope = {
+            "dagster/asset_partition_range_start": partition[0],
+            "dagster/asset_partition_range_end": partition[1],
+        }
+    else:
+        scope = {"dagster/partition": partition}
     params = {
         "selector": {
             "repositoryLocationName": location,
@@ -275,7 +285,9 @@ def launch(
             "jobName": job,
         },
         "runConfigData": run_config,
-        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": partition}]},
+        "executionMetadata": {
+            "tags": [{"key": k, "value": v} for k, v in {**scope, **(tags or {})}.items()]
+        },
     }
     result = server.graphql(LAUNCH_MUTATION, {"params": params})["launchRun"]
     assert result["__typename"] == "LaunchRunSuccess", f"launchRun failed: {result}"

@@ -11,10 +11,9 @@ change;
 then, with no backfill launched by anyone, waits for the automation sensor's backfill to
 bring every output back to the oracle over the corrected history, each rebuilt partition
 reporting ``current_history`` passed. Last, the manual path: it stops the automation sensor (as
-the UI's toggle does), corrects epoch 2, launches an asset backfill of the later epochs through
-GraphQL (``launchPartitionBackfill``, as the UI's backfill dialog does), waits for the daemon to
-complete it (one run, one step: every asset of the epochs is made by one step), and compares
-every output with the oracle.
+the UI's toggle does), corrects epoch 1 again, launches ONE run of the epoch job over the later
+epochs through GraphQL (``launchRun`` with the range tags, as the UI's launchpad does), and
+compares every output with the oracle.
 """
 
 from __future__ import annotations
@@ -29,11 +28,12 @@ from dagster_http import (
     DAGSTER,
     JOB,
     Webserver,
-    declared,
     failures,
+    launch,
     loaded_location,
     run_events,
     running_webserver,
+    wait_for_run,
 )
 from pyspark.sql import SparkSession
 from wcoj_support import Changes, multiset, oracle, updates, write_landing
@@ -73,27 +73,6 @@ query {
     __typename
     ... on Runs { results { runId status tags { key value } } }
     ... on PythonError { message }
-  }
-}
-"""
-
-BACKFILL_MUTATION = """
-mutation Backfill($params: LaunchBackfillParams!) {
-  launchPartitionBackfill(backfillParams: $params) {
-    __typename
-    ... on LaunchBackfillSuccess { backfillId }
-    ... on PythonError { message stack }
-    ... on Error { message }
-  }
-}
-"""
-
-BACKFILL_QUERY = """
-query Backfill($id: String!) {
-  partitionBackfillOrError(backfillId: $id) {
-    __typename
-    ... on PartitionBackfill { status runs(limit: 100) { runId status } error { message } }
-    ... on Error { message }
   }
 }
 """
@@ -153,27 +132,6 @@ def wait_for_sensor_runs(server: Webserver, count: int) -> list[dict[str, Any]]:
             return runs
         time.sleep(2)
     pytest.fail(f"the sensor's runs did not end within {WAIT_SECONDS}s:\n{server.output()}")
-
-
-def backfill(server: Webserver, assets: set[str], partitions: list[str]) -> dict[str, Any]:
-    """Launch an asset backfill as the UI does and wait for the daemon to finish it."""
-    params = {
-        "assetSelection": [{"path": a.split("/")} for a in sorted(assets)],
-        "partitionNames": partitions,
-        "tags": [{"key": SERIAL_TAG, "value": "epochs"}],
-        "title": "after a corrected epoch",
-    }
-    launched = server.graphql(BACKFILL_MUTATION, {"params": params})["launchPartitionBackfill"]
-    assert launched["__typename"] == "LaunchBackfillSuccess", launched
-    deadline = time.monotonic() + WAIT_SECONDS
-    while time.monotonic() < deadline:
-        found = server.graphql(BACKFILL_QUERY, {"id": launched["backfillId"]})
-        state = found["partitionBackfillOrError"]
-        assert state["__typename"] == "PartitionBackfill", state
-        if state["status"] not in BACKFILL_RUNNING:
-            return state
-        time.sleep(2)
-    pytest.fail(f"the backfill did not finish within {WAIT_SECONDS}s:\n{server.output()}")
 
 
 def automation_backfills(server: Webserver) -> list[dict[str, Any]]:
@@ -264,7 +222,6 @@ def test_sensor_correction_automation_and_backfill_through_dagster_dev(
         arguments=("dev",),
     ) as server:
         location, repository = loaded_location(server, JOB)
-        assets, _ = declared(server, JOB)
 
         # The daemon's sensor finds the four epochs and runs them, one at a time, in order.
         runs = wait_for_sensor_runs(server, EPOCHS)
@@ -304,26 +261,29 @@ def test_sensor_correction_automation_and_backfill_through_dagster_dev(
                 passed |= {key for key, ok in current_history(events).items() if ok}
         assert stale <= passed, stale - passed
 
-        # The manual path, with the automation stopped: a correction of epoch 2, re-run by the
-        # landing sensor, then the backfill of the later epochs launched as the UI does.
+        # The manual path, with the automation stopped: a correction of epoch 1 again, re-run by
+        # the landing sensor, then ONE run over the later epochs launched from the launchpad
+        # (its range tags). (The UI's asset backfill dialog over every asset of the one step
+        # hits a Dagster 1.13.27 bug: see README, "Backfills and correcting history".)
         stop_sensor(server, location, repository, REBUILD_SENSOR)
         automated = {b["id"] for b in automation_backfills(server)}
-        again = correct(corrected, 2, [(2, 7), (2, 8)])
-        write_landing(landing, 2, again[2], "csv", start=START)
+        again = correct(corrected, 1, [(2, 7), (2, 8)])
+        write_landing(landing, 1, again[1], "csv", start=START)
         runs = wait_for_sensor_runs(server, EPOCHS + 2)
-        (rerun,) = [r for r in runs if r["runId"] not in first and partition(r) == keys[2]]
+        earlier = first | {rerun["runId"]}
+        (rerun,) = [r for r in runs if r["runId"] not in earlier]
+        assert partition(rerun) == keys[1]
         events = run_events(server, rerun["runId"])
         assert rerun["status"] == "SUCCESS", failures(events)
         stale = {key for key, passed in current_history(events).items() if not passed}
-        assert stale == {(asset, keys[3]) for asset in derived}
-        done = backfill(server, assets, keys[3:])
-        assert done["status"] in {"COMPLETED", "COMPLETED_SUCCESS"}, (done, server.output())
-        assert len(done["runs"]) == 1, done
-        reported = {}
-        for run in done["runs"]:
-            events = run_events(server, run["runId"])
-            assert run["status"] == "SUCCESS", failures(events)
-            reported |= current_history(events)
+        assert stale == {(asset, key) for asset in derived for key in keys[2:]}
+        run_id = launch(
+            server, location, repository, JOB, (keys[2], keys[3]), {}, {SERIAL_TAG: "epochs"}
+        )
+        status = wait_for_run(server, run_id)
+        events = run_events(server, run_id)
+        assert status == "SUCCESS", failures(events)
+        reported = current_history(events)
         assert all(reported[key] for key in stale), reported
         assert {b["id"] for b in automation_backfills(server)} == automated
 

@@ -26,12 +26,12 @@ def land(root: Path, key: str, name: str = "part.csv", text: str = "a,b\n1,2\n")
 def tick(landing: Path, cursor: str | None = None, start: str = "2020-01-01"):
     defs = build_definitions(landing=str(landing), start=start)
     sensor = defs.resolve_sensor_def("wcoj_landing_sensor")
-    context = build_sensor_context(
+    with build_sensor_context(
         cursor=cursor,
         definitions=defs,
         resources={"wcoj": WcojResource(landing=str(landing))},
-    )
-    return sensor.evaluate_tick(context)
+    ) as context:  # the resource has a teardown (it stops a Spark session it started)
+        return sensor.evaluate_tick(context)
 
 
 def test_requests_good_folders_in_epoch_order_and_skips_malformed_ones(

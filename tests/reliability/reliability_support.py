@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from wcoj_core import cli
 from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.naive import fold_epoch, naive_eval
@@ -143,6 +145,122 @@ def wait_for(
         time.sleep(poll)
 
 
+class Watcher:
+    """Names created in some folders, reported by the kernel as they appear (inotify), so that
+    a test can act within microseconds of a file or folder appearing."""
+
+    IN_CREATE = 0x100
+    IN_MOVED_TO = 0x80
+
+    def __init__(self, folders: Iterable[Path]) -> None:
+        import ctypes
+        import ctypes.util
+
+        self._libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        assert self.fd >= 0, "inotify is not available"
+        self.folders: dict[int, Path] = {}
+        for folder in folders:
+            wd = self._libc.inotify_add_watch(
+                self.fd, str(folder).encode(), self.IN_CREATE | self.IN_MOVED_TO
+            )
+            assert wd >= 0, f"cannot watch {folder}"
+            self.folders[wd] = folder
+        self.created: list[Path] = []
+
+    def wait(
+        self, ready: Callable[[list[Path]], bool], done: Callable[[], bool], timeout: float
+    ) -> bool:
+        """Wait until `ready(created so far)` or `done()`; whether `ready` was met."""
+        import select
+        import struct
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select([self.fd], [], [], 0.02)
+            if readable:
+                data = os.read(self.fd, 1 << 16)
+                at = 0
+                while at < len(data):
+                    wd, _mask, _cookie, size = struct.unpack_from("iIII", data, at)
+                    name = data[at + 16 : at + 16 + size].rstrip(b"\0").decode()
+                    self.created.append(self.folders[wd] / name)
+                    at += 16 + size
+                if ready(self.created):
+                    return True
+            elif done():
+                return False
+        raise AssertionError("timed out waiting for a file to appear")
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _staged(area: str) -> Callable[[Path, Path], bool]:
+    own = names.is_own_batch if area == names.TRACES else names.is_own_segment
+    return lambda state, p: p.parent.parent == state / area and own(p.name)
+
+
+# Moments of an epoch, as what has just appeared in the state and how many of them.
+MOMENTS: dict[str, tuple[Callable[[Path, Path], bool], int]] = {
+    "first-batch-staged": (_staged(names.TRACES), 1),
+    "first-segment-staged": (_staged(names.ARRANGEMENTS), 1),
+    "sixth-folder-staged": (
+        lambda state, p: _staged(names.TRACES)(state, p) or _staged(names.ARRANGEMENTS)(state, p),
+        6,
+    ),
+    "compaction-staged": (
+        lambda state, p: _staged(names.TRACES)(state, p) and p.name.startswith("b-c-"),
+        1,
+    ),
+    "manifest-being-committed": (
+        lambda state, p: p.parent == state / names.MANIFESTS and names.is_manifest_temp(p.name),
+        1,
+    ),
+    "manifest-committed": (
+        lambda state, p: (
+            p.parent == state / names.MANIFESTS and names.generation_of(p.name) is not None
+        ),
+        1,
+    ),
+}
+
+
+def watched(state: Path) -> Watcher:
+    """A `Watcher` of every folder of a state where an epoch creates something."""
+    folders = [state / names.MANIFESTS, state / names.TRACES, state / names.ARRANGEMENTS]
+    folders += [p for area in folders[1:] for p in area.iterdir() if p.is_dir()]
+    return Watcher(folders)
+
+
+def signal_when(
+    state: Path, argv: list[str], moment: str, sig: int, timeout: float = 300
+) -> tuple[subprocess.Popen[str], str, str]:
+    """Start ``wcoj`` on an existing state and send it `sig` as soon as `moment` happens
+    (SIGKILL to its whole process group, any other signal to the process); the process,
+    its stdout and stderr once it ended."""
+    match, count = MOMENTS[moment]
+    watcher = watched(state)
+    try:
+        proc = start_wcoj(*argv)
+        met = watcher.wait(
+            lambda created: sum(match(state, p) for p in created) >= count,
+            lambda: proc.poll() is not None,
+            timeout,
+        )
+        if met:
+            with contextlib.suppress(ProcessLookupError):
+                if sig == signal.SIGKILL:
+                    os.killpg(proc.pid, sig)
+                else:
+                    proc.send_signal(sig)
+    finally:
+        watcher.close()
+    out, err = proc.communicate(timeout=300)
+    assert met, f"the epoch ended before {moment}: {proc.returncode} {out} {err}"
+    return proc, out, err
+
+
 def last_line(text: str) -> str:
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
@@ -208,9 +326,7 @@ class History:
         held: Multiset = Counter()
         for rows in chosen[: upto + 1]:
             if self.undirected:
-                landed = [
-                    x for a, b, d in rows if a != b for x in (((a, b), d), ((b, a), d))
-                ]
+                landed = [x for a, b, d in rows if a != b for x in (((a, b), d), ((b, a), d))]
             else:
                 landed = [((a, b), d) for a, b, d in rows]
             held = fold_epoch(held, landed, as_set=self.undirected)
@@ -331,6 +447,55 @@ def indexes(state: Path) -> dict[str, dict[str, Multiset]]:
     return out
 
 
+def _consolidated(rows: np.ndarray, diff: np.ndarray) -> bytes:
+    """The canonical bytes of a multiset of rows: sorted distinct rows and their summed
+    multiplicities (zeros dropped)."""
+    if len(diff) == 0:
+        return b""
+    unique, inverse = np.unique(rows, axis=0, return_inverse=True)
+    sums = np.zeros(len(unique), dtype=np.int64)
+    np.add.at(sums, inverse.reshape(-1), diff)
+    keep = sums != 0
+    return np.ascontiguousarray(unique[keep]).tobytes() + sums[keep].tobytes()
+
+
+def fingerprint(state: Path) -> dict[str, str]:
+    """`contents` and `indexes` of a large state as digests: per trace, the sha256 of its
+    consolidated ``(data..., time) -> diff``; per index view key, of what its segments hold
+    summed. Every file is read whole and checked against its digest."""
+    store = open_store(state)
+    root = store.local_root
+    assert root is not None
+    manifest = store.current()
+    files = BatchFiles(store.root)
+    out: dict[str, str] = {"epoch": str(manifest.epoch)}
+    for name, trace in sorted(manifest.traces.items()):
+        rows, diffs = [], []
+        for b in trace.batches:
+            layer = files.read_verified(b.path, trace.columns, b.files)
+            r = np.asarray(layer.rows, dtype=np.int64).reshape(len(layer), -1)
+            rows.append(np.column_stack([r, np.full(len(layer), b.time, dtype=np.int64)]))
+            diffs.append(np.asarray(layer.diff, dtype=np.int64))
+        width = len(trace.columns) + 1
+        data = _consolidated(
+            np.concatenate(rows) if rows else np.zeros((0, width), np.int64),
+            np.concatenate(diffs) if diffs else np.zeros(0, np.int64),
+        )
+        out[f"trace {name}"] = hashlib.sha256(data).hexdigest()
+        if trace.index is None:
+            continue
+        by_key: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+        for seg in trace.index.segments:
+            layer = open_segment(root, seg, verify=True)
+            got = by_key.setdefault(f"{seg.view}/{seg.order}", ([], []))
+            got[0].append(np.asarray(layer.rows, dtype=np.int64).reshape(len(layer), -1))
+            got[1].append(np.asarray(layer.diff, dtype=np.int64))
+        for key, (r, d) in sorted(by_key.items()):
+            data = _consolidated(np.concatenate(r), np.concatenate(d))
+            out[f"index {name} {key}"] = hashlib.sha256(data).hexdigest()
+    return out
+
+
 def figures(state: Path, trace: str) -> tuple[int, int, int] | None:
     """A trace's figures (distinct tuples, count, negative) as the current manifest says."""
     t = open_store(state).current().trace(trace)
@@ -399,6 +564,70 @@ def staged_folders(state: Path) -> list[str]:
         *(state / names.ARRANGEMENTS).glob("*/s-*"),
     ]
     return sorted(str(p.relative_to(state)) for p in found)
+
+
+# -- finding and damaging files -------------------------------------------------------------------
+
+HOUR = 3600.0
+
+
+def age(path: Path, seconds: float = 2 * HOUR) -> None:
+    """Make a file or folder look `seconds` old (not following links)."""
+    when = time.time() - seconds
+    os.utime(path, (when, when), follow_symlinks=False)
+
+
+def stats(root: Path) -> dict[str, tuple[str, int]]:
+    """Every file and folder under `root` with its sha256 (files) and mtime."""
+    found = hashes(root)
+    return {rel: (h, os.lstat(root / rel).st_mtime_ns) for rel, h in found.items()} | {
+        str(p.relative_to(root)): ("dir", p.lstat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_dir()
+    }
+
+
+def flip(path: Path, offset: int, mask: int = 0xFF) -> None:
+    """XOR one byte of a file with `mask`, in place: the same inode, a new mtime and ctime."""
+    data = bytearray(path.read_bytes())
+    data[offset] ^= mask
+    path.chmod(0o644)
+    with open(path, "r+b") as f:
+        f.write(bytes(data))
+
+
+def batch_file(state: Path, trace: str, time_: int) -> Path:
+    """The (first) data file of a trace's batch at `time_`."""
+    t = open_store(state).current().trace(trace)
+    assert t is not None
+    (b,) = [b for b in t.batches if b.time == time_]
+    return state / b.path / b.files[0].name
+
+
+def segment_file(state: Path, trace: str, role: str = "rows", level: str = "recent") -> Path:
+    """A file of the newest segment of a trace's index at `level` (``base``, ``recent``)."""
+    t = open_store(state).current().trace(trace)
+    assert t is not None and t.index is not None
+    chosen = [s for s in t.index.segments if s.level.value == level and s.rows]
+    return state / chosen[-1].file_path(role)
+
+
+def apply_json(history: History, state: Path, t: int, *extra: str) -> Done:
+    """``wcoj apply`` of epoch `t` of `history`, in a subprocess, with ``--json``."""
+    return run_wcoj(*history.apply_args(state, t, "--json", *extra))
+
+
+def exact(done: Done, history: History, t: int, state: Path) -> None:
+    """`done` succeeded with the naive answer after epoch `t`: the JSON count, the manifest's
+    figures and the output's batches."""
+    assert done.code == 0, done.err[-3000:]
+    assert done.payload["count"] == history.count(t), (done.payload["count"], history.count(t))
+    assert figures(state, "out/triangles")[1] == history.count(t)
+    assert summed(contents(state, ["out/triangles"]), "out/triangles") == history.answer(t)
+
+
+def nothing_committed(state: Path, before: dict[str, bytes]) -> None:
+    assert manifest_files(state) == before
 
 
 # -- editing manifests ---------------------------------------------------------------------------

@@ -2,14 +2,17 @@
 
 The module starts one two-worker cluster (`local_cluster`) for the comparisons: ``wcoj count``,
 ``wcoj replay --check`` and the Dagster pipeline (the demo's sensor-driven runs) each run against
-it in a subprocess and must leave exactly the state a local run leaves. The worker-fault test
-starts a cluster of its own, since it kills one of its workers.
+it in a subprocess, the join kernel in the cluster's executors, and must leave exactly the state
+a local run (``--master local[2]``, in a subprocess too) leaves: every trace's batches and every
+index's segments, read back and checked against their digests (`fingerprint`). The worker-fault
+test starts a cluster of its own, since it kills one of its workers.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,25 +20,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
 from reliability_support import (
+    TRIANGLES,
     committed_epoch,
     contents,
-    errors,
+    fingerprint,
     last_line,
-    output_multiset,
-    relation_multiset,
     run_wcoj,
     run_wcoj_bench,
-    staged_batches,
     start_wcoj,
+    summed,
     wait_for,
 )
 
 from wcoj_bench import cluster
-from wcoj_core import cli
 from wcoj_core.naive import naive_eval
-from wcoj_core.query.builtins import builtin
 
 GRAPH = "rmat:scale=10,edges=6000,seed=5"
 
@@ -56,6 +55,17 @@ def alive(ui: str) -> int:
     return cluster.alive_workers(cluster.master_state(ui))
 
 
+def staged_batches(state: Path, epoch: int) -> list[Path]:
+    """Batch folders of `epoch` under a state's traces (staged or committed)."""
+    return sorted((state / "traces").glob(f"*/b-*-{epoch}-*"))
+
+
+def local(*argv: str | os.PathLike[str]) -> None:
+    """The same command on a local Spark (``local[2]``), in a subprocess."""
+    done = run_wcoj(*argv, "--master", "local[2]")
+    assert done.code == 0, done.err[-3000:]
+
+
 def test_up_status_down_stop_exactly_what_was_started(
     tmp_path: Path, local_cluster: cluster.Cluster
 ) -> None:
@@ -65,29 +75,29 @@ def test_up_status_down_stop_exactly_what_was_started(
         *["cluster", "up", "--workers", "1", "--memory", "1g", "--port", "0", "--ui-port", "0"],
         *[*flags, "--json"],
     )
-    assert up.returncode == 0, up.stderr
-    payload = json.loads(last_line(up.stdout))
+    assert up.code == 0, up.err
+    payload = up.payload
     assert payload["master"].startswith("spark://127.0.0.1:") and payload["workers"] == 1
-    assert "worker 1/1 registered" in up.stdout
+    assert "worker 1/1 registered" in up.out
     record = cluster.Cluster.load(folder)
     assert record is not None and record.master == payload["master"]
     assert all(cluster.is_ours(p) for p in record.processes)
 
     again = run_wcoj_bench("cluster", "up", "--port", "0", "--ui-port", "0", *flags)
-    assert again.returncode == 2
-    assert f"is running at {record.master}" in errors(again.stderr)[0]
+    assert again.code == 2
+    assert f"is running at {record.master}" in again.errors[0]
     status = run_wcoj_bench("cluster", "status", *flags)
-    assert status.returncode == 0 and "workers alive: 1" in status.stdout
+    assert status.code == 0 and "workers alive: 1" in status.out
 
     down = run_wcoj_bench("cluster", "down", *flags, "--json")
-    assert down.returncode == 0, down.stderr
-    assert json.loads(last_line(down.stdout))["stopped"] == 2
+    assert down.code == 0, down.err
+    assert down.payload["stopped"] == 2
     assert not any(cluster.is_ours(p) for p in record.processes)
     assert cluster.Cluster.load(folder) is None
     # The other cluster was not touched.
     assert alive(local_cluster.ui) == 2
     gone = run_wcoj_bench("cluster", "down", *flags)
-    assert gone.returncode == 2 and "no cluster was started" in errors(gone.stderr)[0]
+    assert gone.code == 2 and "no cluster was started" in gone.errors[0]
 
 
 def test_down_leaves_a_process_that_is_not_its_own(tmp_path: Path) -> None:
@@ -101,8 +111,8 @@ def test_down_leaves_a_process_that_is_not_its_own(tmp_path: Path) -> None:
         )
         tmp_path.joinpath(cluster.RECORD).write_text(fake.to_json())
         down = run_wcoj_bench("cluster", "down", "--dir", str(tmp_path))
-        assert down.returncode == 0, down.stderr
-        assert f"master pid {other.pid}: already gone" in down.stdout
+        assert down.code == 0, down.err
+        assert f"master pid {other.pid}: already gone" in down.out
         assert other.poll() is None, "a process wcoj did not start was stopped"
     finally:
         other.kill()
@@ -116,13 +126,11 @@ def test_up_refuses_bad_settings_before_starting_anything(tmp_path: Path) -> Non
         (["--cores", "0"], "--cores must be at least 1"),
     ]:
         done = run_wcoj_bench("cluster", "up", "--dir", str(tmp_path / "c"), *flags)
-        assert done.returncode == 2 and fragment in errors(done.stderr)[0]
+        assert done.code == 2 and fragment in done.errors[0]
     assert not (tmp_path / "c").exists()
 
 
-def test_count_on_the_cluster_equals_local(
-    spark: SparkSession, local_cluster: cluster.Cluster, tmp_path: Path
-) -> None:
+def test_count_on_the_cluster_equals_local(local_cluster: cluster.Cluster, tmp_path: Path) -> None:
     args = ["count", "--query", "triangles", "--input", f"edge={GRAPH}", "--undirected", "edge"]
     # On the cluster the kernel runs in its executors; locally, on the driver.
     remote = run_wcoj(
@@ -135,17 +143,17 @@ def test_count_on_the_cluster_equals_local(
         "--deploy",
         "executors",
     )
-    assert remote.returncode == 0, remote.stderr
-    assert cli.main([*args, "--state", str(tmp_path / "local")]) == 0
-    on_cluster, local = contents(spark, tmp_path / "remote"), contents(spark, tmp_path / "local")
-    assert on_cluster == local
-    expected = naive_eval(builtin("triangles"), {"edge": relation_multiset(local, "edge")})
-    assert output_multiset(on_cluster, "triangles") == expected
-    assert json.loads(last_line(remote.stdout))["count"] == sum(expected.values()) > 0
+    assert remote.code == 0, remote.err
+    local(*args, "--state", tmp_path / "local")
+    assert fingerprint(tmp_path / "remote") == fingerprint(tmp_path / "local")
+    held = contents(tmp_path / "remote")
+    expected = naive_eval(TRIANGLES, {"edge": summed(held, "rel/edge")})
+    assert summed(held, "out/triangles") == expected
+    assert remote.payload["count"] == sum(expected.values()) > 0
 
 
 def test_replay_check_on_the_cluster_equals_local(
-    spark: SparkSession, local_cluster: cluster.Cluster, tmp_path: Path
+    local_cluster: cluster.Cluster, tmp_path: Path
 ) -> None:
     args = [
         *["replay", "--query", "triangles", "--input", f"edge={GRAPH}", "--undirected", "edge"],
@@ -161,12 +169,12 @@ def test_replay_check_on_the_cluster_equals_local(
         "--deploy",
         "executors",
     )
-    assert remote.returncode == 0, remote.stderr
-    assert json.loads(last_line(remote.stdout))["check"] == "passed"
-    assert cli.main([*args, "--state", str(tmp_path / "local")]) == 0
-    on_cluster = contents(spark, tmp_path / "remote" / "engine")
-    assert on_cluster == contents(spark, tmp_path / "local" / "engine")
-    assert on_cluster[0] == 3
+    assert remote.code == 0, remote.err
+    assert remote.payload["check"] == "passed"
+    local(*args, "--state", tmp_path / "local")
+    on_cluster = fingerprint(tmp_path / "remote" / "engine")
+    assert on_cluster == fingerprint(tmp_path / "local" / "engine")
+    assert on_cluster["epoch"] == "3"
 
 
 def run_demo(root: Path, master: str) -> subprocess.CompletedProcess[str]:
@@ -183,20 +191,25 @@ def run_demo(root: Path, master: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+DEMO_END = re.compile(r"demo: 3 epochs, (\d+) checks passed, 0 failed")
+
+
 def test_the_dagster_pipeline_on_the_cluster_equals_local(
-    spark: SparkSession, local_cluster: cluster.Cluster, tmp_path: Path
+    local_cluster: cluster.Cluster, tmp_path: Path
 ) -> None:
     remote = run_demo(tmp_path / "remote", local_cluster.master)
     assert remote.returncode == 0, remote.stdout + remote.stderr
-    assert "demo: 3 epochs, 48 checks passed, 0 failed" in remote.stdout
-    local = run_demo(tmp_path / "local", "local[2]")
-    assert local.returncode == 0, local.stdout + local.stderr
-    on_cluster = contents(spark, tmp_path / "remote" / "state")
-    assert on_cluster == contents(spark, tmp_path / "local" / "state")
-    assert on_cluster[1]["out/triangles"], "the demo found no triangles"
+    checks = DEMO_END.search(remote.stdout)
+    assert checks is not None and int(checks.group(1)) > 0, remote.stdout
+    here = run_demo(tmp_path / "local", "local[2]")
+    assert here.returncode == 0, here.stdout + here.stderr
+    assert f"demo: 3 epochs, {checks.group(1)} checks passed, 0 failed" in here.stdout
+    on_cluster = fingerprint(tmp_path / "remote" / "state")
+    assert on_cluster == fingerprint(tmp_path / "local" / "state")
+    assert summed(contents(tmp_path / "remote" / "state"), "out/triangles"), "no triangles"
 
 
-def test_a_killed_worker_costs_time_not_results(spark: SparkSession, tmp_path: Path) -> None:
+def test_a_killed_worker_costs_time_not_results(tmp_path: Path) -> None:
     """One of two workers (and its executor) is SIGKILLed while epoch 2 is being applied."""
     own = cluster.up(tmp_path / "cluster", workers=2, port=0, ui_port=0, timeout=300)
     try:
@@ -222,5 +235,5 @@ def test_a_killed_worker_costs_time_not_results(spark: SparkSession, tmp_path: P
         wait_for(lambda: alive(own.ui) == 1, "the master to drop the killed worker", 180, 1.0)
     finally:
         cluster.down(tmp_path / "cluster")
-    assert cli.main([*args, "--state", str(tmp_path / "local")]) == 0
-    assert contents(spark, engine) == contents(spark, tmp_path / "local" / "engine")
+    local(*args, "--state", tmp_path / "local")
+    assert fingerprint(engine) == fingerprint(tmp_path / "local" / "engine")

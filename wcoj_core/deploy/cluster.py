@@ -58,7 +58,7 @@ def run_rules(
 ) -> Outcome:
     """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (the
     changed traces' batches at the epoch, already written); staged folders go to `written`."""
-    spark = engine.spark(f"the kernel runs in Spark's executors ({choice.reason})")
+    engine.spark(f"the kernel runs in Spark's executors ({choice.reason})")  # started, and why
     names = [*(f"rel/{r}" for r in engine.relations), *engine.counts_traces]
     sharded = choice.shards > 1
     reads = tuple(
