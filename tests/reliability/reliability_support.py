@@ -398,7 +398,7 @@ def build_state_from(history: History, state: Path, first: int, upto: int, *extr
         assert done.code == 0, done.err
 
 
-# -- what a state holds ----------------------------------------------------------------------------
+# -- what a state holds ---------------------------------------------------------------------------
 
 Contents = tuple[int | None, dict[str, Multiset]]
 
@@ -473,7 +473,7 @@ def fingerprint(state: Path) -> dict[str, str]:
         rows, diffs = [], []
         for b in trace.batches:
             layer = files.read_verified(b.path, trace.columns, b.files)
-            r = np.asarray(layer.rows, dtype=np.int64).reshape(len(layer), -1)
+            r = np.asarray(layer.rows, dtype=np.int64).reshape(len(layer), len(trace.columns))
             rows.append(np.column_stack([r, np.full(len(layer), b.time, dtype=np.int64)]))
             diffs.append(np.asarray(layer.diff, dtype=np.int64))
         width = len(trace.columns) + 1
@@ -488,7 +488,7 @@ def fingerprint(state: Path) -> dict[str, str]:
         for seg in trace.index.segments:
             layer = open_segment(root, seg, verify=True)
             got = by_key.setdefault(f"{seg.view}/{seg.order}", ([], []))
-            got[0].append(np.asarray(layer.rows, dtype=np.int64).reshape(len(layer), -1))
+            got[0].append(np.asarray(layer.rows, dtype=np.int64).reshape(len(layer), seg.width))
             got[1].append(np.asarray(layer.diff, dtype=np.int64))
         for key, (r, d) in sorted(by_key.items()):
             data = _consolidated(np.concatenate(r), np.concatenate(d))

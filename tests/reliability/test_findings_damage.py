@@ -1,0 +1,336 @@
+"""Issue 23's finding 3, re-run as written: stored data damage never gives a wrong committed
+answer.
+
+A one-byte flip in a batch's Parquet file (several offsets), a deleted output batch file,
+``"rows": 0`` or ``"epoch"`` edited into the manifest, a truncated arrangement file, bytes
+flipped in an arrangement file (in place: its stamp changes), an arrangement file with a stale
+digest in the manifest (the manifest's own digest recomputed), a deleted arrangement file: every
+case ends in a one-line refusal naming the file (and the previous generation for a manifest)
+with nothing committed, or the exact answer. ``wcoj verify`` names each damaged file and the
+epochs it affects; ``--repair`` rebuilds arrangements. Every command runs in a subprocess.
+The systematic matrix (every file kind x every damage) is ``test_damage.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from reliability_support import (
+    History,
+    apply_json,
+    batch_file,
+    build_state,
+    committed_epoch,
+    current_manifest,
+    edit_manifest,
+    exact,
+    figures,
+    flip,
+    manifest_files,
+    nothing_committed,
+    one_line_error,
+    run_wcoj,
+    segment_file,
+    small_history,
+)
+
+# -- 3. stored data damage never gives a wrong committed answer -----------------------------------
+
+
+@pytest.mark.parametrize("where", [0, 4, "middle", -9, -1])
+def test_3_a_flipped_byte_in_a_relation_batch(
+    history: History, tmp_path: Path, where: int | str
+) -> None:
+    """The next epoch is exact (the relation's arrangements cover the batch, which is not
+    read); `wcoj verify` names the file and the epochs it affects; once the batch has to be
+    read (its arrangements damaged too) the epoch is refused naming it, nothing committed."""
+    state = tmp_path / "state"
+    build_state(history, state, 2)
+    target = batch_file(state, "rel/edge", 2)
+    size = target.stat().st_size
+    flip(target, size // 2 if where == "middle" else int(where) % size)
+    rel = str(target.relative_to(state))
+    done = run_wcoj("verify", state)
+    assert done.code == 1
+    assert (
+        f"damaged: {rel} (trace rel/edge): " in done.out
+        and "affects epochs 2 and later" in done.out
+    )
+    twin = tmp_path / "twin"
+    subprocess.run(["cp", "-a", str(state), str(twin)], check=True)
+    exact(apply_json(history, state, 3), history, 3, state)
+    # The same damage where the batch must be read: the index is gone.
+    os.unlink(segment_file(twin, "rel/edge"))
+    before = manifest_files(twin)
+    one_line_error(apply_json(history, twin, 3), str(twin / rel))
+    nothing_committed(twin, before)
+
+
+def test_3_a_deleted_output_batch_file(history: History, tmp_path: Path) -> None:
+    """Undirected triangles: the output is not indexed, its count kept in the manifest; the
+    next epoch is exact and `wcoj verify` names the missing file."""
+    state = tmp_path / "state"
+    build_state(history, state, 2)
+    target = batch_file(state, "out/triangles", 1)
+    target.unlink()
+    done = apply_json(history, state, 3)
+    assert done.code == 0, done.err
+    assert done.payload["count"] == history.count(3)
+    assert figures(state, "out/triangles")[1] == history.count(3)
+    check = run_wcoj("verify", state)
+    assert check.code == 1
+    assert f"damaged: {target.relative_to(state)} (trace out/triangles): missing" in check.out
+    assert "affects epochs 1 and later" in check.out
+
+
+def test_3_a_deleted_output_batch_file_of_an_indexed_output(tmp_path: Path) -> None:
+    """A bag's output is indexed: with its arrangement damaged too, the output's batches must be
+    read, and the missing one stops the epoch, named, nothing committed."""
+    history = small_history(undirected=False).write(tmp_path / "in")
+    state = tmp_path / "state"
+    build_state(history, state, 2)
+    target = batch_file(state, "out/triangles", 1)
+    target.unlink()
+    twin = tmp_path / "twin"
+    subprocess.run(["cp", "-a", str(state), str(twin)], check=True)
+    done = apply_json(history, state, 3)
+    assert done.code == 0 and done.payload["count"] == history.count(3), done.err
+    os.unlink(segment_file(twin, "out/triangles", level="base"))
+    before = manifest_files(twin)
+    one_line_error(apply_json(history, twin, 3), str(twin / target.relative_to(state)))
+    nothing_committed(twin, before)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    ["rows-0", "epoch", "figures"],
+)
+def test_3_an_edited_manifest_is_refused_naming_it_and_the_way_back(
+    history: History, tmp_path: Path, edit: str
+) -> None:
+    """`"rows": 0` or another `"epoch"` edited into the current manifest (its digest left as
+    it was): one line naming the file and the previous generation; nothing committed. Removing
+    the damaged generation (the way back) and applying the epochs again gives the exact
+    answer."""
+    state = tmp_path / "state"
+    build_state(history, state, 2)
+    path = current_manifest(state)
+    previous = sorted((state / "manifests").glob("*.json"))[-2]
+
+    def change(m: dict) -> None:
+        if edit == "rows-0":
+            m["traces"]["rel/edge"]["batches"][-1]["rows"] = 0
+        elif edit == "epoch":
+            m["epoch"] = 1
+        else:
+            m["traces"]["out/triangles"]["batches"][-1]["figures"][1] += 1
+
+    edit_manifest(path, change, redigest=False)
+    before = manifest_files(state)
+    one_line_error(
+        apply_json(history, state, 3),
+        f"{path}: damaged manifest: its digest does not match its content",
+        f"the previous generation {previous} is the way back",
+    )
+    nothing_committed(state, before)
+    check = run_wcoj("verify", state)
+    assert check.code == 1 and f"damaged: manifests/{path.name}" in check.out
+    path.unlink()  # back to the previous generation (epoch 1)
+    assert committed_epoch(state) == 1
+    for t in (2, 3):
+        done = apply_json(history, state, t)
+        assert done.code == 0, done.err
+    exact(done, history, 3, state)
+
+
+@pytest.mark.parametrize("edit", ["rows-0", "epoch"])
+def test_3_an_edited_manifest_with_its_digest_recomputed_still_gives_the_exact_answer(
+    history: History, tmp_path: Path, edit: str
+) -> None:
+    """The same edits made "valid" (digest recomputed): the next epoch is exact (a row count
+    is not what the answer is computed from; an earlier epoch leaves the later one applicable)."""
+    state = tmp_path / "state"
+    build_state(history, state, 2)
+
+    def change(m: dict) -> None:
+        if edit == "rows-0":
+            m["traces"]["rel/edge"]["batches"][-1]["rows"] = 0
+        else:
+            m["epoch"] = 1
+
+    edit_manifest(current_manifest(state), change, redigest=True)
+    exact(apply_json(history, state, 3), history, 3, state)
+
+
+ARRANGEMENT_DAMAGE = ["truncated", "flipped", "deleted", "grown", "swapped"]
+
+
+def rewrite_npy(path: Path, change: object) -> None:
+    """Write `path` again as a valid ``.npy`` file of the same size and layout whose array is
+    `change(array)` (different bytes)."""
+    import numpy as np
+
+    array = np.load(path)
+    order = "F" if np.isfortran(array) else "C"
+    changed = np.require(change(array), requirements=order)  # type: ignore[operator]
+    data = path.read_bytes()
+    path.unlink()
+    with open(path, "wb") as f:
+        np.lib.format.write_array(f, changed, version=(1, 0))
+    assert path.stat().st_size == len(data) and path.read_bytes() != data
+
+
+def damage_segment(state: Path, trace: str, role: str, how: str) -> Path:
+    target = segment_file(state, trace, role, level="base")
+    target.chmod(0o644)
+    size = target.stat().st_size
+    if how == "truncated":
+        os.truncate(target, size - 8)
+    elif how == "flipped":
+        flip(target, size - 3)
+    elif how == "flipped-header":
+        flip(target, 10)
+    elif how == "deleted":
+        target.unlink()
+    elif how == "grown":
+        with open(target, "ab") as f:
+            f.write(b"\0" * 8)
+    elif how == "swapped":  # another valid .npy file of the same size: its rows reversed
+        rewrite_npy(target, lambda a: a[::-1])
+    return target
+
+
+@pytest.mark.parametrize("how", ARRANGEMENT_DAMAGE)
+@pytest.mark.parametrize("trace", ["rel/edge", "counts/edge/0"])
+def test_3_a_damaged_arrangement_file_is_rebuilt_exactly(
+    history: History, tmp_path: Path, trace: str, how: str
+) -> None:
+    state = tmp_path / "state"
+    build_state(history, state, 2)
+    target = damage_segment(state, trace, "rows", how)
+    check = run_wcoj("verify", state)
+    assert check.code == 1, check.out
+    assert f"damaged: {target.relative_to(state)} (trace {trace}): " in check.out
+    assert "rebuildable from the batches" in check.out
+    exact(apply_json(history, state, 3), history, 3, state)
+
+
+def test_3_a_rebuilt_arrangement_is_warned_about(history: History, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    build_state(history, state, 2)
+    target = damage_segment(state, "rel/edge", "rows", "truncated")
+    done = apply_json(history, state, 3)
+    exact(done, history, 3, state)
+    assert done.payload["metrics"]["hydration"]["rebuilt"], "no rebuilt trace in the JSON"
+    warnings = [line for line in done.err.splitlines() if line.startswith("wcoj: warning:")]
+    assert any("rebuilt" in w and target.name in w for w in warnings), done.err
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a flipped byte in a .npy header can make numpy raise tokenize.TokenError, which "
+    "wcoj_core/segments.py _check does not catch (it catches ValueError, SyntaxError, EOFError, "
+    "OSError): `wcoj apply` and `wcoj verify` end in a Python traceback",
+)
+@pytest.mark.parametrize("command", ["apply", "verify"])
+def test_3_a_flipped_byte_in_an_arrangement_header(
+    history: History, tmp_path: Path, command: str
+) -> None:
+    state = tmp_path / "state"
+    build_state(history, state, 2)
+    target = damage_segment(state, "rel/edge", "rows", "flipped-header")
+    if command == "verify":
+        check = run_wcoj("verify", state)
+        assert "Traceback" not in check.err, check.err[-2000:]
+        assert check.code == 1 and f"damaged: {target.relative_to(state)}" in check.out
+    else:
+        exact(apply_json(history, state, 3), history, 3, state)
+
+
+def stale_digest(state: Path, trace: str = "rel/edge") -> str:
+    """Make the manifest name a wrong sha256 for a recent segment's rows file of `trace`,
+    the manifest's own digest recomputed (the file's stamp still matches); its path."""
+    found: list[str] = []
+
+    def change(m: dict) -> None:
+        segs = m["traces"][trace]["index"]["segments"]
+        seg = [s for s in segs if s["level"] == "recent" and s["rows"]][-1]
+        seg["files"]["rows"][2] = "0" * 64
+        found.append(f"{seg['path']}/rows.npy")
+
+    edit_manifest(current_manifest(state), change, redigest=True)
+    return found[0]
+
+
+def test_3_a_stale_digest_in_the_manifest(history: History, tmp_path: Path) -> None:
+    """A segment file whose sha256 in the manifest is wrong, the manifest's digest recomputed:
+    the file's stamp is unchanged, so opening does not read it whole; epochs stay exact until
+    a merge reads it whole, which refuses the epoch naming the file (nothing committed);
+    `wcoj verify` names it and `--repair` rebuilds it, after which epochs go on, exact."""
+    state = tmp_path / "state"
+    build_state(history, state, 1)
+    rel = stale_digest(state)
+    check = run_wcoj("verify", state)
+    assert check.code == 1 and f"damaged: {rel} (trace rel/edge): its sha256" in check.out
+    refused_at = None
+    for t in range(2, len(history.epochs)):
+        before = manifest_files(state)
+        done = apply_json(history, state, t)
+        if done.code != 0:
+            one_line_error(done, str(state / rel), "differs from the manifest")
+            nothing_committed(state, before)
+            refused_at = t
+            break
+        exact(done, history, t, state)
+    assert refused_at is not None, "no merge ever read the segment"
+    repair = run_wcoj("verify", state, "--repair")
+    assert "rebuilt the arrangements of rel/edge" in repair.err, repair.err
+    for t in range(refused_at, refused_at + 2):
+        exact(apply_json(history, state, t), history, t, state)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a segment whose digest no longer matches, found at a merge "
+    "(wcoj_core/indexes.py advance: open_segment(..., verify=verify_merges) raises DamagedFile "
+    "uncaught), stops every later epoch until `wcoj verify --repair`, and the error does not "
+    "say so; docs/state.md promises 'rebuilt from the batches, with a warning'",
+)
+def test_3_a_stale_digest_found_at_a_merge_is_rebuilt_not_refused(
+    history: History, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    build_state(history, state, 1)
+    stale_digest(state)
+    for t in range(2, 10):
+        exact(apply_json(history, state, t), history, t, state)
+
+
+def test_3_verify_repair_fixes_arrangement_damage(history: History, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    build_state(history, state, 2)
+    damaged = [
+        damage_segment(state, "rel/edge", "rows", "truncated"),
+        damage_segment(state, "counts/edge/1", "keys", "flipped"),
+    ]
+    check = run_wcoj("verify", state)
+    assert check.code == 1
+    for path in damaged:
+        assert f"damaged: {path.relative_to(state)}" in check.out
+    repair = run_wcoj("verify", state, "--repair", "--json")
+    assert sorted(repair.payload["repaired"])[:2] == ["counts/edge/1", "rel/edge"], repair.out
+    # The current generation is whole again: every damage left is named by older ones only.
+    assert all(not d["current"] for d in repair.payload["damaged"]), repair.payload["damaged"]
+    exact(apply_json(history, state, 3), history, 3, state)
+
+
+def test_3_verify_is_green_after_a_repair(history: History, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    build_state(history, state, 2)
+    damage_segment(state, "rel/edge", "rows", "truncated")
+    repair = run_wcoj("verify", state, "--repair")
+    assert repair.code == 0, repair.out
+    assert run_wcoj("verify", state).code == 0
