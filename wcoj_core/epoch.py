@@ -36,6 +36,7 @@ from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import RuleTally
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, lookup_sum
+from wcoj_core.kernel.multiplicity import exact_sum
 from wcoj_core.landing import Changes, Landed, land
 from wcoj_core.meaning import Effect, Figures, effect, figures_change, landed_digest
 from wcoj_core.query.plan import AtomView, Kind
@@ -388,18 +389,20 @@ class EpochPass:
         for rel, (_, eff) in self.effects.items():
             name = relation_trace_name(rel)
             staged[name] = _Out(eff.change, self.pre.get(name))
-            staged[name].figures = self._figures_before(m, name).plus(eff.figures)
+            staged[name].figures = self._figures_before(m, name).plus(
+                eff.figures, f"relation {rel!r}"
+            )
             if len(eff.ignored):
                 staged[ignored_trace_name(rel)] = _Out(eff.ignored, figures=Figures())
         for name, layer in self.deltas.items():
             if name.startswith("counts/"):
                 out = _Out(layer, self.pre.get(name))
-                out.figures = self._figures_before(m, name).plus(self._change(m, name, out))
+                out.figures = self._figures_before(m, name).plus(self._change(m, name, out), name)
                 staged[name] = out
         for name, out in outputs.items():
             figures = self._figures_before(m, name)
             if name.startswith("out/"):
-                figures = figures.plus(self._change(m, name, out))
+                figures = figures.plus(self._change(m, name, out), f"query {name[4:]!r}'s output")
             out.figures = figures
             staged[name] = out
         traces = dict(m.traces)
@@ -423,7 +426,13 @@ class EpochPass:
                 )
                 if len(change) or len(opened.correction) or opened.rebuilt or trace.index is None:
                     index = advance(
-                        engine.store.root, opened, change, t, engine.views[name], self.written
+                        engine.store.root,
+                        opened,
+                        change,
+                        t,
+                        engine.views[name],
+                        self.written,
+                        engine.read_batch,
                     )
                 else:
                     index = replace(trace.index, time=t)
@@ -491,9 +500,7 @@ class EpochPass:
         held once or not at all) its summed diff."""
         opened = self.opened.get(name)
         if opened is None:
-            total = (
-                out.total if out.layer is None else int(np.asarray(out.layer.diff).sum(dtype=I64))
-            )
+            total = out.total if out.layer is None else exact_sum(np.asarray(out.layer.diff))
             return Figures(total, total, 0)
         layer = self._arrays(m, name, out)
         if not len(layer):
@@ -535,9 +542,7 @@ class EpochPass:
             mapped_bytes=sum(o.mapped for o in self.opened.values()),
             read_bytes=sum(o.read_bytes for o in self.opened.values()),
             rebuilt=tuple(
-                f"{n}: {o.rebuilt}"
-                for n, o in self.opened.items()
-                if o.rebuilt and o.damaged
+                f"{n}: {o.rebuilt}" for n, o in self.opened.items() if o.rebuilt and o.damaged
             ),
         )
         relations = {
@@ -588,7 +593,7 @@ class _Out:
     @property
     def sum(self) -> int:
         if self.layer is not None:
-            return int(np.asarray(self.layer.diff).sum(dtype=I64))
+            return exact_sum(np.asarray(self.layer.diff))
         return self.total
 
     @property

@@ -266,12 +266,16 @@ def advance(
     time: int,
     keys: Iterable[ViewKey],
     written: list[str],
+    read_batch: ReadBatch,
     *,
     verify_merges: bool = True,
 ) -> Index:
     """The trace's index after epoch `time` changed it by `change`: it covers every batch up to
     `time` (see the module). New segment folders are added to `written` as soon as they may
-    exist (for the caller to discard on failure)."""
+    exist (for the caller to discard on failure).
+
+    A merge reads segments whole and checks their digests: a damaged one is not merged but
+    replaced, its view's base rebuilt from the batches (`Opened.rebuilt` says so)."""
     folder = f"arrangements/{trace_dir(opened.name)}"
     delta = merged(opened.correction, change)
     out: list[Segment] = []
@@ -286,19 +290,28 @@ def advance(
         base = [s for s in segs if s.level is Level.BASE]
         recent = [s for s in segs if s.level is not Level.BASE]
         fresh = arrange(delta, key) if len(delta) else None
-        if fresh is not None and len(fresh):
-            if len(recent) + 1 > MAX_RECENT:
-                layers = [segments.open_segment(root, s, verify=verify_merges) for s in recent]
-                fresh = _sum(len(key[1]), *layers, fresh)
-                recent = []
-            base_rows = sum(s.rows for s in base)
-            if len(fresh) > max(MERGE_MIN_ROWS, MERGE_SHARE * base_rows):
-                layers = [
-                    segments.open_segment(root, s, verify=verify_merges) for s in base + recent
-                ]
-                merged_base = _sum(len(key[1]), *layers, fresh)
-                base = [_write(root, folder, merged_base, Level.BASE, key, written)]
-                recent, fresh = [], None
+        try:
+            if fresh is not None and len(fresh):
+                if len(recent) + 1 > MAX_RECENT:
+                    layers = [segments.open_segment(root, s, verify=verify_merges) for s in recent]
+                    fresh = _sum(len(key[1]), *layers, fresh)
+                    recent = []
+                base_rows = sum(s.rows for s in base)
+                if len(fresh) > max(MERGE_MIN_ROWS, MERGE_SHARE * base_rows):
+                    layers = [
+                        segments.open_segment(root, s, verify=verify_merges)
+                        for s in base + recent
+                    ]
+                    merged_base = _sum(len(key[1]), *layers, fresh)
+                    base = [_write(root, folder, merged_base, Level.BASE, key, written)]
+                    recent, fresh = [], None
+        except segments.DamagedFile as e:
+            wanted = [b for b in opened.trace.batches if b.time < opened.before]
+            whole = _signed(opened.trace, wanted, (), read_batch, opened)
+            rebuilt = _sum(len(key[1]), arrange(whole, key), arrange(change, key))
+            base = [_write(root, folder, rebuilt, Level.BASE, key, written)]
+            recent, fresh = [], None
+            opened.rebuilt, opened.damaged = str(e), True
         out += base + recent
         if fresh is not None and len(fresh):
             out.append(_write(root, folder, fresh, Level.RECENT, key, written))

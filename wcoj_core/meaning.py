@@ -43,7 +43,8 @@ import numpy as np
 from wcoj_core.errors import QueryError
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, lookup_sum
-from wcoj_core.kernel.multiplicity import total
+from wcoj_core.errors import MultiplicityOverflow
+from wcoj_core.kernel.multiplicity import LIMIT, exact_sum, total
 
 # Tuples named in a warning about ignored changes or negative multiplicities.
 EXAMPLES = 10
@@ -131,10 +132,15 @@ class Figures:
     count: int = 0
     negative: int = 0
 
-    def plus(self, change: Figures) -> Figures:
-        return Figures(
+    def plus(self, change: Figures, what: str = "a trace") -> Figures:
+        """The figures after `change`; a count that leaves int64 (a multiplicity summed over
+        the whole trace) raises `MultiplicityOverflow`."""
+        out = Figures(
             self.rows + change.rows, self.count + change.count, self.negative + change.negative
         )
+        if not -LIMIT <= out.count < LIMIT:
+            raise MultiplicityOverflow(f"the count (summed multiplicity) of {what}")
+        return out
 
     def as_tuple(self) -> tuple[int, int, int]:
         return (self.rows, self.count, self.negative)
@@ -164,7 +170,7 @@ def figures_change(
     entering = int(np.count_nonzero((before == 0) & (after != 0)))
     leaving = int(np.count_nonzero((before != 0) & (after == 0)))
     negative = int(np.count_nonzero(after < 0)) - int(np.count_nonzero(before < 0))
-    return Figures(entering - leaving, int(diff.sum(dtype=I64)), negative)
+    return Figures(entering - leaving, exact_sum(diff), negative)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +228,7 @@ def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect
         _subset(landed, np.flatnonzero(moved), change),
         normalized,
         _subset(landed, kept, sign),
-        Figures(int(change.sum(dtype=I64)), int(change.sum(dtype=I64)), 0),
+        Figures(exact_sum(change), exact_sum(change), 0),
         inserted_present,
         deleted_absent,
         _examples(landed.rows, sign, kept),

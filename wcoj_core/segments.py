@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from wcoj_core.errors import DamagedFile
+from wcoj_core.errors import DamagedFile, StateError
 from wcoj_core.kernel.keys import I64, U64
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.store import names
@@ -79,17 +79,23 @@ def write_segment(
     if n == 0:
         return Segment(level, view, order, 0, None, True, rel_folder, {})
     folder = local_path(os.fspath(root)) / rel_folder
-    folder.mkdir(parents=True, exist_ok=True)
     arrays = {
         "rows": np.asfortranarray(layer.rows, dtype=I64),
         "diff": np.ascontiguousarray(layer.diff, dtype=I64),
         "keys": np.ascontiguousarray(layer.search_keys()),
     }
     files: dict[str, FileRef] = {}
-    for role, array in arrays.items():
-        files[role] = write_sealed(
-            folder / names.segment_file(role), lambda out, a=array: _write_npy(out, a)
-        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for role, array in arrays.items():
+            files[role] = write_sealed(
+                folder / names.segment_file(role), lambda out, a=array: _write_npy(out, a)
+            )
+    except OSError as e:
+        raise StateError(
+            f"state {root}: cannot write arrangement files ({e.strerror or e}); nothing was "
+            "applied"
+        ) from e
     return Segment(level, view, order, n, layer.packing, layer.unit, rel_folder, files)
 
 
@@ -177,7 +183,7 @@ def _header_problem(found: bytes, expect: _Expect) -> str:
         if version != (1, 0):
             raise ValueError(f"version {version[0]}.{version[1]}, not 1.0")
         shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    except (ValueError, SyntaxError, EOFError, OSError) as e:
+    except Exception as e:  # a damaged header fails in many ways (tokenize errors among them)
         return f"its .npy header is damaged ({e})"
     return (
         f"its header says shape {tuple(shape)} of {dtype}"

@@ -47,75 +47,23 @@ Contract:
 
 from __future__ import annotations
 
-import argparse
-import os
-import traceback
-import warnings
+import sys
 from collections.abc import Sequence
-from importlib import metadata
-
-from wcoj_core.cli import apply, count, explain, replay, verify
-from wcoj_core.cli.console import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
-    PROG,
-    Parser,
-    error,
-    spark_message,
-)
-from wcoj_core.errors import WcojError
-from wcoj_core.memory import keep_freed_memory
 
 __all__ = ["main"]
 
-
-def _version() -> str:
-    try:
-        return metadata.version("wcoj")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = Parser(prog=PROG, description="Incremental worst-case-optimal joins on Spark.")
-    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (count, replay, apply, verify, explain):
-        command.add_parser(commands)
-    return parser
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
-    debug = os.environ.get("WCOJ_DEBUG") == "1"
-    keep_freed_memory()  # before anything allocates (see `wcoj_core.memory`)
+    """Run the command line; return the exit status.
+
+    The program's modules (numpy, pyarrow, the engine: most of a second) are imported here,
+    where an interruption is still reported on one line.
+    """
     try:
-        args = _parser().parse_args(argv)
-        with warnings.catch_warnings():
-            # PySpark warns about the pandas version on its first DataFrame; not the user's issue.
-            warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
-            return int(args.run(args))
-    except SystemExit as exc:  # --help, --version
-        return exc.code if isinstance(exc.code, int) else EXIT_OK
+        from wcoj_core.cli.program import run
     except KeyboardInterrupt:
-        error("interrupted")
+        print("wcoj: error: interrupted: nothing was applied", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    except WcojError as exc:
-        if debug:
-            traceback.print_exc()
-        error(str(exc))
-        return EXIT_USAGE
-    except Exception as exc:
-        if not _from_spark(exc):
-            raise
-        if debug:
-            traceback.print_exc()
-        error(f"spark failed: {spark_message(exc)}")
-        return EXIT_FAILED
-
-
-def _from_spark(exc: BaseException) -> bool:
-    """Whether an exception is Spark's or Py4J's (without importing either)."""
-    return any(cls.__module__.split(".")[0] in ("pyspark", "py4j") for cls in type(exc).__mro__)
+    return run(argv)

@@ -45,8 +45,10 @@ from wcoj_core.cli.inputs import check_files, needs_spark, parse_changes
 from wcoj_core.cli.results import add_output_arguments, check_output, write_tuples
 from wcoj_core.engine import Engine
 from wcoj_core.epoch import EpochResult
+from wcoj_core.errors import StateError, WcojError
 from wcoj_core.meaning import RelationSpec
 from wcoj_core.query.parse import resolve_query
+from wcoj_core.store.manifest import Manifest
 
 EXAMPLES = (
     "wcoj apply --query triangles --state lake/tri --epoch 0 --changes edge=initial.parquet "
@@ -168,26 +170,47 @@ def run(args: argparse.Namespace) -> int:
         deployment=args.deploy,
         compact_every=args.keep_epochs,
     )
-    frames = read_changes(query, changes, starter)
-    before = engine.store.current().generation
+    base = engine.store.current()
     try:
+        frames = read_changes(query, changes, starter)
         result = engine.apply(args.epoch, frames, replace=args.replace)
-        rebuilt = engine.refresh() if args.replace else []
     except KeyboardInterrupt:
-        after = engine.store.current()
-        if after.generation > before and after.epoch is not None and after.epoch >= args.epoch:
+        return _interrupted(engine, base, args.epoch)
+    rebuilt: list[EpochResult] = []
+    if args.replace:
+        try:
+            rebuilt = engine.refresh()
+        except KeyboardInterrupt:
             error(
-                f"interrupted after epoch {args.epoch} was applied (generation "
-                f"{after.generation}); later epochs may still be stale: run wcoj apply again"
+                f"interrupted after epoch {args.epoch} was replaced; the later epochs it made "
+                "stale are derived again before the next epoch is applied"
             )
-        else:
-            error(f"interrupted: epoch {args.epoch} was not applied; the state is as it was")
-        return EXIT_INTERRUPTED
+            return EXIT_INTERRUPTED
+        except WcojError as e:
+            raise StateError(
+                f"epoch {args.epoch} was replaced, but deriving the later epochs again failed: "
+                f"{e}"
+            ) from e
     try:
         return _report(args, query.name, engine, result, rebuilt, output, start, changes)
     except KeyboardInterrupt:
         error(f"interrupted after epoch {args.epoch} was applied")
         return EXIT_INTERRUPTED
+    except WcojError as e:
+        raise UsageError(f"epoch {args.epoch} was applied, but {e}") from e
+
+
+def _interrupted(engine: Engine, base: Manifest, epoch: int) -> int:
+    """Say whether an interrupted run committed its epoch (a batch at the epoch that the state
+    did not hold before), and exit 130."""
+    after = engine.store.current()
+    before = {b.path for t in base.traces.values() for b in t.batches if b.time == epoch}
+    now = {b.path for t in after.traces.values() for b in t.batches if b.time == epoch}
+    if now - before:
+        error(f"interrupted after epoch {epoch} was applied (generation {after.generation})")
+    else:
+        error(f"interrupted: epoch {epoch} was not applied; the state is as it was")
+    return EXIT_INTERRUPTED
 
 
 def read_changes(query: Any, changes: dict[str, str], starter: Any) -> dict[str, Any]:

@@ -19,7 +19,14 @@ from typing import Any
 
 from wcoj_core.cli import workspace
 from wcoj_core.cli.apply import add_meaning_arguments, read_changes, relation_meanings, warn_about
-from wcoj_core.cli.console import EXIT_OK, add_deploy_argument, emit_json, epilog, say
+from wcoj_core.cli.console import (
+    EXIT_OK,
+    add_deploy_argument,
+    emit_json,
+    epilog,
+    say,
+    state_argument,
+)
 from wcoj_core.cli.inputs import check_files, parse_inputs
 from wcoj_core.cli.results import add_output_arguments, check_output, write_tuples
 from wcoj_core.engine import Engine
@@ -70,7 +77,12 @@ def add_run_arguments(p: argparse.ArgumentParser, query_default: str | None = No
     add_meaning_arguments(p)
     workspace.add_spark_arguments(p)
     add_deploy_argument(p)
-    p.add_argument("--state", metavar="DIR", help="keep the state in DIR (new or empty)")
+    p.add_argument(
+        "--state",
+        type=state_argument,
+        metavar="DIR",
+        help="keep the state in DIR (new or empty)",
+    )
     p.add_argument("--json", action="store_true", help="end with one JSON line of results")
 
 

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from wcoj_core.errors import DamagedBatch, StateError
 from wcoj_core.kernel.changes import changes_layer, changes_table
 from wcoj_core.kernel.layer import Layer
+from wcoj_core.kernel.multiplicity import exact_sum
 from wcoj_core.store.manifest import FileRef
 from wcoj_core.traces import DIFF
 
@@ -303,7 +304,7 @@ class PartWriter:
             )
         self._writer.write_table(table)
         self.rows += len(diff)
-        self.total += int(diff.sum())
+        self.total += exact_sum(diff)
 
     def close(self) -> None:
         """Finish the file and take its size and digest (read back once: a task's part)."""

@@ -214,13 +214,14 @@ def _footer_figures(engine: Engine, folder: str, refs: Sequence[FileRef]) -> tup
     import pyarrow.parquet as pq
 
     from wcoj_core.arrow import longs
+    from wcoj_core.kernel.multiplicity import exact_sum
 
     rows = total = 0
     for ref in refs:
         path = engine.files.full(f"{folder}/{ref.name}")
         table = pq.ParquetFile(path, filesystem=engine.files.fs).read(columns=["diff"])
         rows += table.num_rows
-        total += int(longs(table.column("diff")).sum())
+        total += exact_sum(longs(table.column("diff")))
     return rows, total
 
 

@@ -46,6 +46,7 @@ from wcoj_core.deploy.work import (
     project,
     run_share,
 )
+from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.join import RuleTally, StepCounts
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer
@@ -279,6 +280,8 @@ class _Sender:
             yield from self._add(batch)
 
     def file(self, tag: int, w: PartWriter) -> Iterator[pa.RecordBatch]:
+        if not -(2**63) <= w.total < 2**63:
+            raise MultiplicityOverflow("the summed multiplicities of an output change")
         cols = [np.array([w.rows], dtype=I64), np.array([w.total], dtype=I64)]
         ref = w.ref
         assert ref is not None, "a part is closed before it is sent"

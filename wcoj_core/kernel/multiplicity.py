@@ -160,6 +160,20 @@ def _raise_first(over: np.ndarray, name: Namer, what: str) -> None:
         raise MultiplicityOverflow(what, name(int(bad[0])))
 
 
+def exact_sum(values: np.ndarray) -> int:
+    """The exact sum of an int64 array, as a Python int (it may lie beyond int64: the caller
+    decides what that means).
+
+    >>> exact_sum(np.array([2**62, 2**62, 2**62], dtype=np.int64)) == 3 * 2**62
+    True
+    """
+    values = np.asarray(values, dtype=I64)
+    if magnitude(values) * len(values) < LIMIT:
+        return int(values.sum(dtype=I64))
+    # Each value as high * 2**32 + low: both parts sum exactly for fewer than 2**31 values.
+    return int((values >> 32).sum(dtype=I64)) * (1 << 32) + int((values & _LOW).sum(dtype=I64))
+
+
 def row_namer(cols: Sequence[np.ndarray]) -> Namer:
     """The data tuple of a row given as columns.
 

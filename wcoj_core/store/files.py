@@ -84,6 +84,8 @@ class Files(Protocol):
 
     def sync_many(self, rels: Sequence[str]) -> None: ...
 
+    def remove_dir(self, rel: str) -> bool: ...
+
     def ref(self, rel: str) -> FileRef: ...
 
     def verify(self, rel: str, ref: FileRef) -> str | None: ...
@@ -154,7 +156,9 @@ class LocalFiles:
         return _kind_of(st.st_mode)
 
     def read_text(self, rel: str) -> str:
-        return (self.path / rel).read_text()
+        """A text file; bytes that are not UTF-8 read as replacement characters (a damaged
+        manifest then fails its digest check, one line, rather than decoding)."""
+        return (self.path / rel).read_bytes().decode("utf-8", errors="replace")
 
     def create_exclusive(self, rel: str, text: str) -> bool:
         target = self.path / rel
@@ -186,6 +190,16 @@ class LocalFiles:
         elif kind is Kind.FILE:
             with contextlib.suppress(FileNotFoundError):
                 target.unlink()
+
+    def remove_dir(self, rel: str) -> bool:
+        """Remove an empty folder; False (and nothing removed) when it holds anything."""
+        try:
+            os.rmdir(self.path / rel)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return True
 
     def sync(self, rel: str) -> None:
         """Make a file or folder durable, and its entry in each folder up to the root."""
@@ -292,6 +306,13 @@ class HadoopFiles:
     def delete(self, rel: str) -> None:
         if self.kind(rel) in (Kind.FILE, Kind.DIR):
             self._fs.delete(self._p(rel), True)
+
+    def remove_dir(self, rel: str) -> bool:
+        """Remove an empty folder (a non-recursive delete refuses a folder holding anything)."""
+        try:
+            return bool(self._fs.delete(self._p(rel), False)) or self.kind(rel) is None
+        except Exception:  # a Java IOException: the folder is not empty
+            return False
 
     def sync(self, rel: str) -> None:
         """Nothing to do: a Hadoop file is durable once its writer closed it."""

@@ -35,6 +35,9 @@ _SCRATCH = re.compile(r"[0-9a-f]{32}")
 _SEGMENT_FILE = re.compile(r"(rows|diff|keys)\.npy")
 _SEGMENT_TEMP = re.compile(r"\.(rows|diff|keys)\.npy\.[0-9a-f]{32}\.tmp")
 _TRACE_DIR = re.compile(r"(?:[^\W_]|-){0,40}-[0-9a-f]{10}")
+# What a batch folder holds when wcoj (pyarrow) or Spark wrote it: Parquet parts, Hadoop's
+# checksums of them, Spark's success marker and its attempt folders.
+_BATCH_FILE = re.compile(r"\.?(part-[\w.-]+|_SUCCESS)(\.crc)?|_temporary")
 
 
 def trace_dir(name: str) -> str:
@@ -156,6 +159,17 @@ def segment_file(role: str) -> str:
 
 def is_segment_file(name: str) -> bool:
     return _SEGMENT_FILE.fullmatch(name) is not None
+
+
+def is_batch_file(name: str) -> bool:
+    """Whether a name inside a batch folder is one wcoj or Spark writes there.
+
+    >>> is_batch_file("part-0-000.snappy.parquet"), is_batch_file(".part-00000-x.parquet.crc")
+    (True, True)
+    >>> is_batch_file("_SUCCESS"), is_batch_file("notes.txt")
+    (True, False)
+    """
+    return _BATCH_FILE.fullmatch(name) is not None
 
 
 def is_segment_temp(name: str) -> bool:

@@ -310,8 +310,7 @@ class Store:
             out_manifests.append(rel)
         out_folders: list[str] = []
         for path in sorted(retired):  # paths wcoj made (checked when the manifest was read)
-            if self._real_dir(path):
-                self.files.delete(path)
+            if self._real_dir(path) and self._remove_own(path):
                 out_folders.append(path)
         for area, own in (
             (names.TRACES, names.is_own_batch),
@@ -325,8 +324,7 @@ class Store:
                     path = f"{folder}/{e.name}"
                     if e.kind is not Kind.DIR or not own(e.name) or path in live:
                         continue
-                    if now - e.mtime > ORPHAN_AGE:
-                        self.files.delete(path)
+                    if now - e.mtime > ORPHAN_AGE and self._remove_own(path):
                         out_folders.append(path)
         if self._real_dir(names.SCRATCH):
             for e in self.files.entries(names.SCRATCH):
@@ -336,8 +334,8 @@ class Store:
                     and now - e.mtime > ORPHAN_AGE
                 ):
                     path = f"{names.SCRATCH}/{e.name}"
-                    self.files.delete(path)
-                    out_folders.append(path)
+                    if self._remove_own(path):
+                        out_folders.append(path)
         out_files: list[str] = []
         if self._real_dir(names.MANIFESTS):
             for e in self.files.entries(names.MANIFESTS):
@@ -370,11 +368,30 @@ class Store:
                 kept.append(p)
                 continue
             try:
-                if self._real_dir(p):
-                    self.files.delete(p)
+                if self._real_dir(p) and not self._remove_own(p):
+                    kept.append(p)
             except Exception:
                 kept.append(p)
         return kept
+
+    def _remove_own(self, path: str) -> bool:
+        """Remove a folder wcoj made: the files it writes there (segment files, Parquet parts
+        and what Spark leaves beside them), then the folder if nothing else is left in it. A
+        file of anyone else's keeps the folder and itself; True when the folder is gone."""
+        segment = names.is_segment_path(path)
+        scratch = _is_scratch_path(path)
+        for e in self.files.entries(path):
+            as_segment = names.is_segment_file(e.name) or names.is_segment_temp(e.name)
+            mine = (
+                as_segment
+                if segment
+                else names.is_batch_file(e.name) or (scratch and as_segment)
+            )
+            if not mine:
+                continue
+            if e.kind is Kind.FILE or (e.kind is Kind.DIR and e.name == "_temporary"):
+                self.files.delete(f"{path}/{e.name}")
+        return self.files.remove_dir(path)
 
 
 def _is_scratch_path(path: str) -> bool:
