@@ -15,8 +15,9 @@ Five checks, each per epoch partition:
   with a plain Spark SQL binary-join plan (`wcoj_core.reference`) and compared as exact
   multisets — on one epoch in every ``check_every`` (the resource's; 30 by default: on a large
   graph one recomputation costs far more than the epochs it checks): epochs ``check_every - 1``,
-  ``2 * check_every - 1``, ... (`due`), and on the last epoch of a run whose op config says
-  ``binary_join: true`` (on demand).
+  ``2 * check_every - 1``, ... (`due`) — a run over a range recomputes once at most, at its
+  last due epoch — and on the last epoch of a run whose op config says ``binary_join: true``
+  (on demand).
 
 **Reporting.** A run of one partition reports each check once (`AssetCheckResult`), and Dagster
 gives it the partition. A run over a range — a single-run backfill — is where Dagster 1.13 needs
@@ -123,8 +124,9 @@ def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
                 description=f"Recomputes `{info.query}` from the relations as of the epoch with a "
                 "plain Spark SQL binary-join plan (`wcoj_core.reference`; the SQL is in each "
                 "evaluation's metadata) and compares it with the maintained output as exact "
-                "multisets, on one epoch in every `check_every` (the resource's) and on demand "
-                "(op config `binary_join: true`: the run's last epoch).",
+                "multisets, on one epoch in every `check_every` (the resource's; a run over a "
+                "range: its last due epoch) and on demand (op config `binary_join: true`: the "
+                "run's last epoch).",
             )
         )
     return specs

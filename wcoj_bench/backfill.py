@@ -2,7 +2,7 @@
 
 ``wcoj-bench backfill --input edge=GRAPH --undirected edge --epochs K --epoch-size N [--seed S]
 [--root DIR] [--instance sqlite|postgres] [--json]`` measures the benchmark target "a backfill of
-K epochs of N changes through the Dagster pipeline in one run, with per-epoch time within 2x of
+K epochs of N changes through the Dagster pipeline in one run, with per-epoch time within 1.5x of
 the CLI's", side by side in one process and one SparkSession:
 
 1. **Workload** — `wcoj_bench.epochs.make_workload`, exactly as ``wcoj-bench epochs`` builds it: the
@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
-TARGET_RATIO = 2.0
+TARGET_RATIO = 1.5  # issue 22: a single-run backfill within 1.5x of the CLI's median epoch
 
 Multiset = Counter[tuple[int, ...]]
 Say = Callable[[str], None]

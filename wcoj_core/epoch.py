@@ -34,7 +34,6 @@ from wcoj_core.indexes import Opened, advance, identity, open_trace
 from wcoj_core.kernel.changes import counts_delta, support_delta
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import RuleTally
-from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, lookup_sum
 from wcoj_core.kernel.multiplicity import exact_sum
 from wcoj_core.landing import Changes, Landed, land

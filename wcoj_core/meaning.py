@@ -40,10 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from wcoj_core.errors import QueryError
+from wcoj_core.errors import MultiplicityOverflow, QueryError
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, lookup_sum
-from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.multiplicity import LIMIT, exact_sum, total
 
 # Tuples named in a warning about ignored changes or negative multiplicities.

@@ -216,3 +216,32 @@ def test_the_resource_stops_only_a_session_it_started(spark: SparkSession) -> No
     assert not starter.owned
     starter.stop()  # ... and never stopped by the resource
     assert spark.sparkContext._jsc is not None
+
+
+def test_landed_files_are_read_by_the_driver_and_by_spark_alike(
+    small: SparkSession, tmp_path
+) -> None:
+    """`read_epoch` reads local files with pyarrow, starting nothing; past its byte limit (or
+    for remote files) with Spark, through the starter, saying why."""
+    from wcoj_assets.intake import read_epoch
+
+    folder = tmp_path / "edge" / "2020-01-02"
+    folder.mkdir(parents=True)
+    (folder / "a.csv").write_text("src,dst,diff\n1,2,1\n2,3,-1\n")
+    (folder / "b.txt").write_text("# edges\n4\t5\n")
+    asked: list[str] = []
+
+    def starter(reason: str) -> SparkSession:
+        asked.append(reason)
+        return small
+
+    local = read_epoch(str(tmp_path), "edge", 2, "2020-01-02", starter)
+    assert asked == [] and local.files == 2 and local.count == 3
+    by_spark = read_epoch(str(tmp_path), "edge", 2, "2020-01-02", starter, local_bytes=0)
+    assert len(asked) == 1 and "landed files of" in asked[0] and "edge at 2020-01-02" in asked[0]
+    assert by_spark.count is None
+    rows = sorted(tuple(r) for r in by_spark.rows.select("c0", "c1", "diff").collect())
+    assert rows == sorted(
+        zip(*(local.rows[c].to_pylist() for c in ("c0", "c1", "diff")), strict=True)
+    )
+    assert read_epoch(str(tmp_path), "edge", 2, "2020-01-09", starter).rows is None

@@ -1,0 +1,383 @@
+"""The asset graph of one code location: every asset the engine's pass makes, with its lineage.
+
+One `AssetInfo` per asset, in the order the engine makes them (topological):
+
+* per relation ``R``: ``R_deltas`` (the relation's change at the epoch: what its landed changes
+  did), ``R_snapshot`` (the relation as of the epoch, its batches: the *self* arrangement),
+  then its index segments in every column order the plans probe (``R_forward``,
+  ``R_reverse``, ...) and its counts arrangements (``R_counts_<key>``) — the four shared
+  arrangements of the design, each a set of sorted files on disk;
+* per query ``Q``: ``Q_rule_<i>`` (each delta rule's output change), ``Q_deltas`` (their sum)
+  and ``Q`` (the output as of the epoch).
+
+Lineage: what each asset is made from at the same epoch (identity partition mappings), plus the
+self-dependency on the previous epoch (``TimeWindowPartitionMapping(-1, -1)``) of what is
+accumulated from it: a snapshot, a counts arrangement, an output. A rule reads the arrangements
+the kernel probes for it. (A rule reads some atoms as of the epoch before: implied by those
+self-dependencies, since Dagster 1.13 takes one partition mapping per upstream asset of a step.)
+
+`EpochGraph.build(topology, epochs, translate)` makes each asset's base `AssetSpec` and passes it
+with its `AssetInfo` through `translate` (the component's ``translation``: key prefix, group,
+owners, tags, kinds, description, metadata), then wires the dependencies and the checks to the
+translated keys. Nothing here reads a file or starts Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+
+from dagster import (
+    AssetCheckSpec,
+    AssetDep,
+    AssetKey,
+    AssetSpec,
+    AutomationCondition,
+    TableColumn,
+    TableSchema,
+    TimeWindowPartitionMapping,
+)
+
+from wcoj_assets.epochs import Epochs
+from wcoj_assets.specs import (
+    Topology,
+    counts_asset_name,
+    deltas_asset_name,
+    head_columns,
+    query_deltas_asset_name,
+    rule_asset_name,
+    snapshot_asset_name,
+    view_asset_name,
+)
+from wcoj_core.errors import QueryError
+from wcoj_core.indexes import ViewKey
+from wcoj_core.traces import (
+    counts_trace_name,
+    output_trace_name,
+    relation_trace_name,
+    rule_trace_name,
+)
+
+OUTPUTS_IO_MANAGER = "wcoj_outputs"
+KINDS = frozenset({"wcoj"})
+
+
+class Role(Enum):
+    """What an asset is, to the engine."""
+
+    CHANGES = "changes"
+    SNAPSHOT = "snapshot"
+    INDEX = "index"
+    COUNTS = "counts"
+    RULE = "rule"
+    QUERY_CHANGES = "query_changes"
+    OUTPUT = "output"
+
+
+@dataclass(frozen=True)
+class AssetInfo:
+    """One asset: its name (the base key), role, the relation or query it belongs to, the
+    engine trace it shows and (an index) the view key, and what it is made from: ``(name,
+    previous epoch?)``. The component's ``translation`` sees it as ``asset``."""
+
+    name: str
+    role: Role
+    group: str
+    trace: str
+    relation: str | None = None
+    query: str | None = None
+    atom: int | None = None
+    view: ViewKey | None = None
+    deps: tuple[tuple[str, bool], ...] = ()
+    description: str = ""
+    columns: tuple[str, ...] = ()
+
+    @property
+    def accumulated(self) -> bool:
+        """Read as of an epoch (its previous epoch plus the change), not as a change."""
+        return any(self_dep for name, self_dep in self.deps if name == self.name)
+
+
+def previous_epoch() -> TimeWindowPartitionMapping:
+    """The partition before (epoch 0 has none, which is allowed)."""
+    return TimeWindowPartitionMapping(-1, -1, allow_nonexistent_upstream_partitions=True)
+
+
+def table_schema(columns: tuple[str, ...], described: dict[str, str] | None = None) -> TableSchema:
+    """The ``dagster/column_schema`` of update rows: the columns (all long), then ``diff``.
+
+    >>> [c.name for c in table_schema(("c0", "c1")).columns]
+    ['c0', 'c1', 'diff']
+    """
+    described = described or {}
+    cols = [TableColumn(c, "long", described.get(c, f"column {c}")) for c in columns]
+    return TableSchema([*cols, TableColumn("diff", "long", "signed multiplicity of the tuple")])
+
+
+def infos(topology: Topology) -> list[AssetInfo]:
+    """Every asset of `topology`, in the order the engine makes them."""
+    out: list[AssetInfo] = []
+    for rel, arity in topology.relations.items():
+        spec = topology.meanings[rel]
+        cols = tuple(f"c{i}" for i in range(arity))
+        changes, snapshot = deltas_asset_name(rel), snapshot_asset_name(rel)
+        trace = relation_trace_name(rel)
+        meaning = (
+            f"an undirected {spec.meaning.value}" if spec.undirected else f"a {spec.meaning.value}"
+        )
+        text = (
+            f"The change of relation `{rel}` ({meaning}) at the epoch: what the update triples "
+            f"landed in `<landing>/{rel}/<epoch key>/` (CSV, SNAP edge list or Parquet) did to "
+            "it, after a full pandera check of the landed rows."
+        )
+        if spec.undirected:
+            text += (
+                " Undirected: each landed change (a, b, diff) is an edge in no particular "
+                "direction, taken as (a, b) and (b, a); self-loops are dropped."
+            )
+        if spec.meaning.value == "set":
+            text += (
+                " A set: a tuple is present or not; inserting a present tuple or deleting an "
+                "absent one changes nothing and is counted."
+            )
+        out.append(
+            AssetInfo(
+                changes, Role.CHANGES, "relations", trace, rel, description=text, columns=cols
+            )
+        )
+        out.append(
+            AssetInfo(
+                snapshot,
+                Role.SNAPSHOT,
+                "relations",
+                trace,
+                rel,
+                deps=((changes, False), (snapshot, True)),
+                description=f"Relation `{rel}` as of the epoch (its previous snapshot plus the "
+                "epoch's change), stored as its batches: the self arrangement, which every rule "
+                "reads through its atoms' views.",
+                columns=cols,
+            )
+        )
+        for key in topology.views[rel]:
+            name = view_asset_name(rel, key)
+            pattern, order = key
+            seen = "the relation" if pattern is None else f"the view {pattern} of the relation"
+            out.append(
+                AssetInfo(
+                    name,
+                    Role.INDEX,
+                    "arrangements",
+                    trace,
+                    rel,
+                    view=key,
+                    deps=((snapshot, False),),
+                    description=f"The index of `{rel}` in column order "
+                    f"({', '.join(f'c{o}' for o in order)}): {seen} sorted for the kernel's "
+                    "lookups, as memory-mapped segment files (a base and a few recent layers), "
+                    "shared by every rule of every query that probes it.",
+                    columns=tuple(f"c{o}" for o in order),
+                )
+            )
+        for a in topology.counts_for(rel):
+            name = counts_asset_name(a)
+            key_cols = tuple(f"c{k}" for k in a.key)
+            out.append(
+                AssetInfo(
+                    name,
+                    Role.COUNTS,
+                    "arrangements",
+                    counts_trace_name(a),
+                    rel,
+                    deps=((snapshot, False), (name, True)),
+                    description=f"`{a}`: for each value of ({', '.join(key_cols) or 'no key'}) "
+                    f"of `{a.view}`, the number of distinct tuples with a non-zero "
+                    "multiplicity, kept as batches and an index. Shared by every rule of every "
+                    "query that counts or checks support by this key.",
+                    columns=key_cols,
+                )
+            )
+    for q in topology.queries:
+        head = tuple(head_columns(q))
+        rules = []
+        for i, atom in enumerate(q.atoms):
+            name = rule_asset_name(q.name, i)
+            rules.append(name)
+            reads = tuple((r, False) for r in topology.rule_reads(q.name, i))
+            out.append(
+                AssetInfo(
+                    name,
+                    Role.RULE,
+                    q.name,
+                    rule_trace_name(q.name, i),
+                    query=q.name,
+                    atom=i,
+                    deps=((deltas_asset_name(atom.relation), False), *reads),
+                    description=f"Rule {i} of `{q.name}`: the output change caused by the "
+                    f"changes to atom {i} (`{atom}`) at the epoch, joining the atoms before it "
+                    "as of the epoch and those after it as of the previous epoch. GenericJoin: "
+                    "count, propose from the fewest, validate against the others.",
+                    columns=head,
+                )
+            )
+        changes = query_deltas_asset_name(q.name)
+        out.append(
+            AssetInfo(
+                changes,
+                Role.QUERY_CHANGES,
+                q.name,
+                output_trace_name(q.name),
+                query=q.name,
+                deps=tuple((r, False) for r in rules),
+                description=f"The change of `{q.name}`'s output at the epoch: its delta rules' "
+                "outputs summed and consolidated.",
+                columns=head,
+            )
+        )
+        out.append(
+            AssetInfo(
+                q.name,
+                Role.OUTPUT,
+                q.name,
+                output_trace_name(q.name),
+                query=q.name,
+                deps=((changes, False), (q.name, True)),
+                description=f"The output of `{q}` as of the epoch: the previous output plus "
+                "the epoch's change.",
+                columns=head,
+            )
+        )
+    return out
+
+
+# A translation: an asset's base spec and its info in, the spec to use out.
+Translate = Callable[[AssetSpec, AssetInfo], AssetSpec]
+
+
+@dataclass
+class EpochGraph:
+    """The assets and checks of a code location, translated (see the module)."""
+
+    topology: Topology
+    epochs: Epochs
+    infos: list[AssetInfo]
+    specs: dict[str, AssetSpec]
+    keys: dict[str, AssetKey]
+    check_specs: list[AssetCheckSpec] = field(default_factory=list)
+
+    @staticmethod
+    def build(
+        topology: Topology,
+        epochs: Epochs,
+        translate: Translate | None = None,
+        automation: Callable[[AssetKey], AutomationCondition] | None = None,
+        checks: Callable[[EpochGraph], list[AssetCheckSpec]] | None = None,
+    ) -> EpochGraph:
+        """The graph of `topology`: each base spec through `translate`, dependencies wired to
+        the translated keys, `automation` on each query's change (an asset without a
+        self-dependency: see `wcoj_assets.provenance`), then `checks`."""
+        partitions = epochs.partitions()
+        all_infos = infos(topology)
+        specs: dict[str, AssetSpec] = {}
+        keys: dict[str, AssetKey] = {}
+        for info in all_infos:
+            base = base_spec(info, topology)
+            spec = translate(base, info) if translate is not None else base
+            if not isinstance(spec, AssetSpec):
+                raise QueryError(f"the translation of {info.name} gave {spec!r}, not an AssetSpec")
+            if spec.deps:
+                raise QueryError(
+                    f"the translation of {info.name} sets deps; wcoj wires its assets' lineage "
+                    "itself (add assets of your own downstream instead)"
+                )
+            if spec.partitions_def is not None:
+                raise QueryError(
+                    f"the translation of {info.name} sets partitions; every wcoj asset has the "
+                    "code location's epochs"
+                )
+            if spec.key in keys.values():
+                raise QueryError(
+                    f"the translation gives two assets the key {spec.key.to_user_string()}"
+                )
+            keys[info.name] = spec.key
+            specs[info.name] = spec
+        for info in all_infos:
+            deps = [
+                AssetDep(keys[name], partition_mapping=previous_epoch() if prev else None)
+                for name, prev in info.deps
+            ]
+            spec = specs[info.name].replace_attributes(deps=deps, partitions_def=partitions)
+            if info.role in (Role.OUTPUT, Role.QUERY_CHANGES):
+                spec = spec.with_io_manager_key(OUTPUTS_IO_MANAGER)
+            if (
+                automation is not None
+                and info.role is Role.QUERY_CHANGES
+                and spec.automation_condition is None
+            ):
+                spec = spec.replace_attributes(automation_condition=automation(spec.key))
+            specs[info.name] = spec
+        graph = EpochGraph(topology, epochs, all_infos, specs, keys)
+        if checks is not None:
+            graph.check_specs = checks(graph)
+        return graph
+
+    def key(self, name: str) -> AssetKey:
+        return self.keys[name]
+
+    def info(self, name: str) -> AssetInfo:
+        return next(i for i in self.infos if i.name == name)
+
+    def named(self, key: AssetKey) -> AssetInfo:
+        """The asset whose (translated) key is `key`."""
+        for info in self.infos:
+            if self.keys[info.name] == key:
+                return info
+        raise KeyError(key)
+
+    def of_role(self, *roles: Role) -> Iterator[AssetInfo]:
+        return (i for i in self.infos if i.role in roles)
+
+    def ordered_specs(self) -> list[AssetSpec]:
+        return [self.specs[i.name] for i in self.infos]
+
+
+def base_spec(info: AssetInfo, topology: Topology) -> AssetSpec:
+    """An asset's spec before translation: key, group, kinds, description, column schema."""
+    metadata: dict[str, object] = {}
+    if info.role in (Role.RULE, Role.QUERY_CHANGES, Role.OUTPUT):
+        q = topology.query(info.query or "")
+        described = {
+            name: f"head variable {v.name}, stored as c{i}"
+            for i, (v, name) in enumerate(zip(q.head, info.columns, strict=True))
+        }
+        metadata["dagster/column_schema"] = table_schema(info.columns, described)
+    elif info.role is Role.COUNTS:
+        schema = table_schema(info.columns)
+        cols = [TableColumn(c.name, c.type, f"key column {c.name}") for c in schema.columns[:-1]]
+        diff = TableColumn("diff", "long", "number of distinct tuples with this key")
+        metadata["dagster/column_schema"] = TableSchema([*cols, diff])
+    else:
+        metadata["dagster/column_schema"] = table_schema(info.columns)
+    if info.role is Role.RULE:
+        from wcoj_core.query.explain import explain_rule
+
+        plan = topology.plans[info.query or ""]
+        text = explain_rule(plan, plan.rules[info.atom or 0])
+        metadata["explain"] = _md(text)
+        description = f"{info.description}\n\n```\n{text}\n```"
+    else:
+        description = info.description
+    return AssetSpec(
+        key=AssetKey(info.name),
+        group_name=info.group,
+        kinds=set(KINDS),
+        description=description,
+        metadata=metadata,
+    )
+
+
+def _md(text: str) -> object:
+    from dagster import MetadataValue
+
+    return MetadataValue.md(f"```\n{text}\n```")
