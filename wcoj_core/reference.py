@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from wcoj_core.query.ir import CmpOp, Const, Query, Term, Var
-from wcoj_core.updates import DIFF, relation_columns
+from wcoj_core.traces import DIFF, relation_columns
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -98,7 +98,7 @@ def test_the_report_and_its_json(run: Run) -> None:
     dagster, cli = s["dagster_seconds_per_epoch"], s["cli_seconds_per_epoch"]
     assert (dagster - half) / (cli + half) - 0.0005 <= s["ratio"]
     assert s["ratio"] <= (dagster + half) / (cli - half) + 0.0005
-    assert s["target_met"] == (s["ratio"] <= 2.0)
+    assert s["target_met"] == (s["ratio"] <= bb.TARGET_RATIO)
     assert "ratio floor / cli median:" in text and "floor: epochs 1..2 done in" in text
     floor = s["dagster_floor_seconds_per_epoch"]
     assert floor > 0 and (floor - half) / (cli + half) - 0.0005 <= s["floor_ratio"]

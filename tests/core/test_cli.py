@@ -878,8 +878,10 @@ def test_an_interrupted_apply_says_whether_the_epoch_was_applied(
         code, out, err = _apply(capsys, state, 0, fix, "--replace")
     assert code == 130
     (line,) = err
-    assert line.startswith("wcoj: error: interrupted after epoch 0 was applied (generation ")
-    assert line.endswith("later epochs may still be stale: run wcoj apply again")
+    assert line == (
+        "wcoj: error: interrupted after epoch 0 was replaced; the later epochs it made stale "
+        "are derived again before the next epoch is applied"
+    )
 
     code, out, err = _apply(capsys, state, 2, files[2])
     assert code == 0, err

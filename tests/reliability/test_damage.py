@@ -84,28 +84,9 @@ DAMAGES = [
     "grown",
     "replaced",
 ]
-# Open product bugs, by (flavour, kind, damage); see each reason.
-NON_UTF8_MANIFEST = pytest.mark.xfail(
-    strict=True,
-    raises=UnicodeDecodeError,
-    reason="a manifest byte that is not UTF-8 after the flip raises UnicodeDecodeError: "
-    "wcoj_core/store/files.py LocalFiles.read_text (Path.read_text) in Store._read, which "
-    "catches OSError and StateError only; `wcoj apply` and `wcoj verify` end in a traceback",
-)
-PARTIAL_REPLACE = pytest.mark.xfail(
-    strict=True,
-    reason="`wcoj apply --replace` commits the corrected epoch, then derives the stale later "
-    "epochs (engine.refresh in wcoj_core/cli/apply.py); when that reads a damaged batch it "
-    "exits 2 with the damaged file only: the line does not say the correction was committed "
-    "(the state then holds stale epochs whose count it still reports)",
-)
 
 
 def _marks(flavour: str, kind: str, damage: str) -> list[pytest.MarkDecorator]:
-    if kind == "manifest" and damage in ("flip-first", "flip-middle", "flip-last"):
-        return [NON_UTF8_MANIFEST]
-    if kind == "batch:ignored/edge":
-        return [PARTIAL_REPLACE]
     return []
 
 

@@ -320,13 +320,6 @@ def test_a_disk_full_at_the_commit_is_a_clear_error(world: World, tmp_path: Path
     full_disk_case(world, tmp_path, lambda total, manifest: total - manifest, "cannot commit")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ENOSPC while writing a segment (wcoj_core/segments.py write_segment -> "
-    "wcoj_core/store/files.py write_sealed) is not turned into a StateError: `wcoj apply` ends "
-    "in an 'OSError: [Errno 28] No space left on device' traceback, exit 1 (the state itself "
-    "stays as before: the staged folders are discarded)",
-)
 @pytest.mark.parametrize("share", [0.3, 0.6, 0.9])
 def test_a_disk_full_while_writing_arrangements_is_a_clear_error(
     world: World, tmp_path: Path, share: float
@@ -361,12 +354,6 @@ UNWRITABLE = [
     names.MANIFESTS,
     pytest.param(
         names.ARRANGEMENTS,
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="an OSError while writing a segment (wcoj_core/segments.py write_segment: "
-            "mkdir, write_sealed) is not turned into a StateError: `wcoj apply` ends in a "
-            "PermissionError traceback (and ENOSPC the same way)",
-        ),
     ),
 ]
 

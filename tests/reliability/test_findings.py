@@ -68,13 +68,6 @@ def test_1_a_directory_that_is_not_a_state_is_refused_and_untouched(
         "apply",
         pytest.param(
             "count",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="`wcoj count --state ' '` creates a folder named ' ' in the current "
-                "directory before refusing the path as empty (wcoj_core/cli/workspace.py "
-                "prepare_state mkdirs it; count has no state_argument check), and `--state ''` "
-                "in a non-empty directory is refused as '--state : the directory is not empty'",
-            ),
         ),
         "verify",
     ],
@@ -172,13 +165,6 @@ def test_1_planted_files_survive_epochs_commits_and_pruning(
     assert summed(contents(state), "out/triangles") == history.answer(last)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Store.prune deletes a retired segment (or batch) folder with shutil.rmtree "
-    "(wcoj_core/store/files.py LocalFiles.delete), so a user's file put inside a folder wcoj "
-    "made is deleted with it; docs/state.md says a user's file anywhere in the state is never "
-    "deleted",
-)
 def test_1_a_file_planted_inside_a_segment_folder_survives_its_retirement(
     tmp_path: Path,
 ) -> None:
@@ -334,12 +320,6 @@ def test_4_the_overflow_in_the_executors_reads_as_on_the_driver(tmp_path: Path) 
     assert "epoch 0 cannot be applied" in lines["driver"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a count (the sum of the output's multiplicities) leaving int64 wraps silently: 8 "
-    "triangles of weight 2**60 commit count -2**63 with exit 0 (wcoj_core/meaning.py "
-    "figures_change: int(diff.sum(dtype=I64)); wcoj_core/epoch.py _change and _Out.sum)",
-)
 def test_4_a_count_leaving_int64_in_one_epoch_is_refused(tmp_path: Path) -> None:
     w = 2**20
     edges = [
@@ -360,13 +340,6 @@ def test_4_a_count_leaving_int64_in_one_epoch_is_refused(tmp_path: Path) -> None
     assert manifest_files(state) == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a trace's summed multiplicity leaving int64 across epochs (two epochs each adding "
-    "a tuple of multiplicity 2**62) is committed (Figures.plus in wcoj_core/meaning.py adds "
-    "Python ints), and the state's next open refuses its own manifest: 'damaged manifest: "
-    "9223372036854775808 does not fit in 64 bits at traces['rel/edge'].batches[1].figures[1]'",
-)
 def test_4_a_count_leaving_int64_across_epochs_is_refused_not_committed(tmp_path: Path) -> None:
     state = tmp_path / "state"
     base = ["apply", "--query", "triangles", "--state", state]

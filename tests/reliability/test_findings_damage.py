@@ -229,12 +229,6 @@ def test_3_a_rebuilt_arrangement_is_warned_about(history: History, tmp_path: Pat
     assert any("rebuilt" in w and target.name in w for w in warnings), done.err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a flipped byte in a .npy header can make numpy raise tokenize.TokenError, which "
-    "wcoj_core/segments.py _check does not catch (it catches ValueError, SyntaxError, EOFError, "
-    "OSError): `wcoj apply` and `wcoj verify` end in a Python traceback",
-)
 @pytest.mark.parametrize("command", ["apply", "verify"])
 def test_3_a_flipped_byte_in_an_arrangement_header(
     history: History, tmp_path: Path, command: str
@@ -267,44 +261,30 @@ def stale_digest(state: Path, trace: str = "rel/edge") -> str:
 
 def test_3_a_stale_digest_in_the_manifest(history: History, tmp_path: Path) -> None:
     """A segment file whose sha256 in the manifest is wrong, the manifest's digest recomputed:
-    the file's stamp is unchanged, so opening does not read it whole; epochs stay exact until
-    a merge reads it whole, which refuses the epoch naming the file (nothing committed);
-    `wcoj verify` names it and `--repair` rebuilds it, after which epochs go on, exact."""
+    the file's stamp is unchanged, so opening does not read it whole; `wcoj verify` names it;
+    epochs stay exact, and the merge that reads it whole rebuilds it from the batches with a
+    warning naming the file (never a refusal that would stop every later epoch)."""
     state = tmp_path / "state"
     build_state(history, state, 1)
     rel = stale_digest(state)
     check = run_wcoj("verify", state)
     assert check.code == 1 and f"damaged: {rel} (trace rel/edge): its sha256" in check.out
-    refused_at = None
+    warned_at = None
     for t in range(2, len(history.epochs)):
-        before = manifest_files(state)
         done = apply_json(history, state, t)
-        if done.code != 0:
-            one_line_error(done, str(state / rel), "differs from the manifest")
-            nothing_committed(state, before)
-            refused_at = t
-            break
         exact(done, history, t, state)
-    assert refused_at is not None, "no merge ever read the segment"
-    repair = run_wcoj("verify", state, "--repair")
-    assert "rebuilt the arrangements of rel/edge" in repair.err, repair.err
-    for t in range(refused_at, refused_at + 2):
-        exact(apply_json(history, state, t), history, t, state)
+        warnings = [line for line in done.err.splitlines() if line.startswith("wcoj: warning:")]
+        if warned_at is None and any(rel in w for w in warnings):
+            warned_at = t
+    assert warned_at is not None, "no merge ever read the segment"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a segment whose digest no longer matches, found at a merge "
-    "(wcoj_core/indexes.py advance: open_segment(..., verify=verify_merges) raises DamagedFile "
-    "uncaught), stops every later epoch until `wcoj verify --repair`, and the error does not "
-    "say so; docs/state.md promises 'rebuilt from the batches, with a warning'",
-)
-def test_3_a_stale_digest_found_at_a_merge_is_rebuilt_not_refused(
-    history: History, tmp_path: Path
-) -> None:
+def test_3_a_stale_digest_repaired_by_verify(history: History, tmp_path: Path) -> None:
     state = tmp_path / "state"
     build_state(history, state, 1)
     stale_digest(state)
+    repair = run_wcoj("verify", state, "--repair")
+    assert "rebuilt the arrangements of rel/edge" in repair.err, repair.err
     for t in range(2, 10):
         exact(apply_json(history, state, t), history, t, state)
 

@@ -169,12 +169,6 @@ def test_6_ctrl_c_says_whether_the_epoch_was_applied(tmp_path: Path, moment: str
         assert summed(contents(state, ["out/triangles"]), "out/triangles") == history.answer(1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a Ctrl-C while the changes are read (after the state is opened, before the epoch "
-    "starts: wcoj_core/cli/apply.py run, read_changes outside the try) prints only 'wcoj: "
-    "error: interrupted', not that the epoch was not applied",
-)
 def test_6_ctrl_c_while_reading_the_changes_says_nothing_was_applied(tmp_path: Path) -> None:
     history = big_history(tmp_path)
     state = tmp_path / "state"
@@ -194,12 +188,6 @@ def test_6_ctrl_c_while_reading_the_changes_says_nothing_was_applied(tmp_path: P
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a Ctrl-C during the first second (the `wcoj` script imports wcoj_core.cli, hence "
-    "numpy, pyarrow and the engine, before main() and its KeyboardInterrupt handler run) prints "
-    "a 20-40 line Python traceback and exits 1 or by the signal",
-)
 @pytest.mark.parametrize("delay", [0.05, 0.25])
 def test_6_ctrl_c_at_start_up_is_one_line(history: History, tmp_path: Path, delay: float) -> None:
     proc = subprocess.Popen(
@@ -276,13 +264,6 @@ def test_6_output_honours_the_umask(
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".change")] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="when the --output file appears while the epoch runs, the epoch is committed but the "
-    "command ends with 'wcoj: error: --output ...: the file exists; pass --force' and exit 2, "
-    "without saying the epoch was applied (wcoj_core/cli/apply.py _report -> write_tuples after "
-    "the commit); a retry is then refused as 'already applied' and the change is not written",
-)
 def test_6_output_appearing_meanwhile_says_the_epoch_was_applied(
     history: History, tmp_path: Path
 ) -> None:
