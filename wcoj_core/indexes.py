@@ -299,8 +299,7 @@ def advance(
                 base_rows = sum(s.rows for s in base)
                 if len(fresh) > max(MERGE_MIN_ROWS, MERGE_SHARE * base_rows):
                     layers = [
-                        segments.open_segment(root, s, verify=verify_merges)
-                        for s in base + recent
+                        segments.open_segment(root, s, verify=verify_merges) for s in base + recent
                     ]
                     merged_base = _sum(len(key[1]), *layers, fresh)
                     base = [_write(root, folder, merged_base, Level.BASE, key, written)]

@@ -93,8 +93,7 @@ def write_segment(
             )
     except OSError as e:
         raise StateError(
-            f"state {root}: cannot write arrangement files ({e.strerror or e}); nothing was "
-            "applied"
+            f"state {root}: cannot write arrangement files ({e.strerror or e}); nothing was applied"
         ) from e
     return Segment(level, view, order, n, layer.packing, layer.unit, rel_folder, files)
 

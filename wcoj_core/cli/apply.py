@@ -188,8 +188,7 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_INTERRUPTED
         except WcojError as e:
             raise StateError(
-                f"epoch {args.epoch} was replaced, but deriving the later epochs again failed: "
-                f"{e}"
+                f"epoch {args.epoch} was replaced, but deriving the later epochs again failed: {e}"
             ) from e
     try:
         return _report(args, query.name, engine, result, rebuilt, output, start, changes)

@@ -1,7 +1,6 @@
 """The ``wcoj`` program: its parser, its commands and how every failure ends (see
 `wcoj_core.cli`, whose `main` imports this module only once it can report an interruption)."""
 
-
 from __future__ import annotations
 
 import argparse

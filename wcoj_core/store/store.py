@@ -383,9 +383,7 @@ class Store:
         for e in self.files.entries(path):
             as_segment = names.is_segment_file(e.name) or names.is_segment_temp(e.name)
             mine = (
-                as_segment
-                if segment
-                else names.is_batch_file(e.name) or (scratch and as_segment)
+                as_segment if segment else names.is_batch_file(e.name) or (scratch and as_segment)
             )
             if not mine:
                 continue
