@@ -157,24 +157,29 @@ def run(args: argparse.Namespace) -> int:
         if args.output is not None
         else None
     )
-    check_files(query, changes)
-    starter = workspace.starter(args.master, args.conf)
-    start = clock.perf_counter()
     if args.keep_epochs < 0:
         raise UsageError(f"--keep-epochs must be 0 or more, got {args.keep_epochs}")
-    engine = Engine(
-        starter,
-        args.state,
-        query,
-        relations=specs,
-        deployment=args.deploy,
-        compact_every=args.keep_epochs,
-    )
-    base = engine.store.current()
+    engine: Engine | None = None
+    base: Manifest | None = None
     try:
+        check_files(query, changes)
+        starter = workspace.starter(args.master, args.conf)
+        start = clock.perf_counter()
+        engine = Engine(
+            starter,
+            args.state,
+            query,
+            relations=specs,
+            deployment=args.deploy,
+            compact_every=args.keep_epochs,
+        )
+        base = engine.store.current()
         frames = read_changes(query, changes, starter)
         result = engine.apply(args.epoch, frames, replace=args.replace)
     except KeyboardInterrupt:
+        if engine is None or base is None:  # the state not opened yet: nothing was written
+            error(f"interrupted: epoch {args.epoch} was not applied; the state is as it was")
+            return EXIT_INTERRUPTED
         return _interrupted(engine, base, args.epoch)
     rebuilt: list[EpochResult] = []
     if args.replace:
