@@ -38,7 +38,7 @@ from wcoj_core.kernel.layer import Layer, lookup_sum
 from wcoj_core.kernel.multiplicity import exact_sum
 from wcoj_core.landing import Changes, Landed, land
 from wcoj_core.meaning import Effect, Figures, effect, figures_change, landed_digest
-from wcoj_core.query.plan import AtomView, Kind
+from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
 from wcoj_core.store.manifest import Batch, Manifest, Trace
 from wcoj_core.store.names import trace_dir
 from wcoj_core.traces import (
@@ -326,10 +326,17 @@ class EpochPass:
         held = sum(o.trace.rows(self.epoch, strict=True) for o in self.opened.values())
         changed = sum(len(d) for d in self.deltas.values())
         choice = engine.choose(held, changed)
-        jobs = self._jobs()
+        jobs = self._jobs(m)
         outputs: dict[str, _Out] = {}
         if choice.on_driver or not jobs:
-            work = Work(engine.store.root, self.epoch, engine.plans, (), rules=tuple(jobs))
+            work = Work(
+                engine.store.root,
+                self.epoch,
+                engine.plans,
+                (),
+                rules=tuple(jobs),
+                distinct=self._distinct(m, jobs),
+            )
             result = run_on_driver(work, layers)
             for name, (rows, diff) in result.changes.items():
                 outputs[name] = _Out(Layer(rows, diff))
@@ -361,13 +368,17 @@ class EpochPass:
             out.layer = self.engine.read_batch(trace, out.batch)
         return out.layer
 
-    def _jobs(self) -> list[RuleJob]:
+    def _jobs(self, m: Manifest) -> list[RuleJob]:
+        """The rules to run: those whose delta relation changed and whose other atoms all read
+        something (on a new state only each query's last rule reads no empty old state)."""
         engine = self.engine
         changed = {r for r in engine.specs if relation_trace_name(r) in self.deltas}
         jobs: list[RuleJob] = []
         for name, plan in engine.plans.items():
             for rule in plan.rules:
                 if plan.query.atoms[rule.delta].relation not in changed:
+                    continue
+                if self._reads_empty(m, plan, rule, changed):
                     continue
                 output = (
                     rule_trace_name(name, rule.delta)
@@ -376,6 +387,40 @@ class EpochPass:
                 )
                 jobs.append(RuleJob(name, rule.delta, output))
         return jobs
+
+    def _reads_empty(self, m: Manifest, plan: Plan, rule: DeltaRule, changed: set[str]) -> bool:
+        """Whether an atom of `rule` other than its delta reads a relation holding nothing at
+        the version it reads (the rule then derives nothing)."""
+        for j, version in enumerate(rule.versions):
+            if version is Version.DELTA:
+                continue
+            rel = plan.query.atoms[j].relation
+            if version is Version.NEW and rel in changed:
+                continue
+            trace = m.trace(relation_trace_name(rel))
+            if trace is None or trace.rows(self.epoch, strict=True) == 0:
+                return True
+        return False
+
+    def _distinct(self, m: Manifest, jobs: Sequence[RuleJob]) -> frozenset[str]:
+        """Outputs the rules make already consolidated, so that summing them would change
+        nothing: one rule of a query whose relations held nothing before the epoch (a static
+        evaluation), its head keeping every variable. Every layer that rule reads is then one
+        consolidated batch, so its delta tuples, proposals and validations are distinct: each
+        full binding is made once, with a product of non-zero multiplicities, and a head with
+        every variable maps distinct bindings to distinct tuples. Skipping the sum spares
+        sorting the whole output (8.9 M triangles for web-NotreDame)."""
+        out: set[str] = set()
+        for name, plan in self.engine.plans.items():
+            ran = [j for j in jobs if j.query == name]
+            fresh = all(
+                (tr := m.trace(relation_trace_name(r))) is None
+                or tr.rows(self.epoch, strict=True) == 0
+                for r in plan.query.relations
+            )
+            if fresh and len(ran) == 1 and set(plan.query.head) == set(plan.query.vars):
+                out.add(ran[0].output)
+        return frozenset(out)
 
     # -- write --------------------------------------------------------------------------------
     def _write(
