@@ -11,7 +11,7 @@ own figures: ``dagster/row_count``, ``dagster/column_schema`` and ``dagster/uri`
 | ``R_snapshot`` | tuples held as of the epoch | the relation's batches | count, negative tuples |
 | ``R_forward`` … | rows in the segment files | the arrangement's folder | bytes, segments by level |
 | ``R_counts_<key>`` | keys held as of the epoch | the arrangement's folder | the epoch's batch, bytes, segments |
-| ``Q_rule_<i>`` | the rule's output change | its batch | rows proposed and validated, where it ran |
+| ``Q_rule_<i>`` | the rule's output change | its batch (none when the rule was not run) | rows proposed and validated, where it ran, why it was not run |
 | ``Q_deltas`` | the output's change | its batch | its summed multiplicity |
 | ``Q`` | output tuples as of the epoch | the output's batches | count, the epoch's seconds per phase, what opening the state cost |
 
@@ -142,6 +142,7 @@ def _figures(
                 "rows_validated": rule.validated if rule else 0,
                 "rows_out": batch_rows,
                 "ran on": result.metrics.deployment,
+                **({} if rule else {"not run": "an atom it joins reads an empty relation"}),
                 "_rows": batch_rows,
                 "_uri": batch_uri,
             }

@@ -52,6 +52,9 @@ class SparkStarter:
     def __call__(self, reason: str) -> SparkSession:
         """The session, started now (announced with `reason`) if it is not running yet."""
         if self._session is None:
+            from wcoj_core.arrow import lift_pandas_fence
+
+            lift_pandas_fence()  # pyspark's Arrow conversions need pandas
             from wcoj_core import spark
 
             active = spark.active_session(self.master)

@@ -21,9 +21,13 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_core.memory import keep_freed_memory
+from wcoj_core.arrow import lift_pandas_fence
+
+lift_pandas_fence()  # Spark work is coming: pyspark's Arrow conversions import pandas
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+
+from wcoj_core.memory import keep_freed_memory  # noqa: E402
 
 DEFAULT_MASTER = "local[*]"
 

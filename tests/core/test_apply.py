@@ -642,3 +642,45 @@ def test_apply_arguments_are_checked_before_anything_starts(
         assert code == 2 and out == [], argv
         one_line_error(err, fragment)
     assert not state.exists()
+
+
+def test_a_local_apply_never_imports_pandas(tmp_path: Path) -> None:
+    """The ``wcoj`` program applying CSV, SNAP text and Parquet changes imports neither pandas
+    (pyarrow's shim would: a third of a second, and a Ctrl-C during it was lost) nor pyspark,
+    and its counts match the oracle."""
+    pq.write_table(pa.table({"c0": [2, 5], "c1": [3, 1], "diff": [1, 1]}), tmp_path / "e2.parquet")
+    changes = [
+        write_snap(tmp_path / "e0.txt", [(a, b) for a, b, _ in EPOCHS[0]]),
+        write(tmp_path / "e1.csv", EPOCHS[1]),
+        str(tmp_path / "e2.parquet"),
+    ]
+    script = (
+        "import json, sys\n"
+        "from wcoj_core.cli import main\n"
+        "code = main()\n"
+        "print(json.dumps({m: m in sys.modules for m in ('pandas', 'pyspark')}))\n"
+        "sys.exit(code)\n"
+    )
+    graph: Graph = Counter()
+    for t, path in enumerate(changes):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                script,
+                *["apply", "--query", "triangles", "--state", str(tmp_path / "state")],
+                *["--epoch", str(t), "--changes", f"edge={path}", "--undirected", "edge"],
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        *lines, imported = done.stdout.splitlines()
+        assert json.loads(imported) == {"pandas": False, "pyspark": False}, t
+        graph = fold(graph, EPOCHS[t] if t < 2 else [(2, 3, 1), (5, 1, 1)])
+        assert json.loads(lines[-1])["count"] == sum(
+            naive_eval(TRIANGLES, {"edge": graph}).values()
+        )

@@ -59,9 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status.
 
     The program's modules (numpy, pyarrow, the engine: most of a second) are imported here,
-    where an interruption is still reported on one line.
+    where an interruption is still reported on one line. A process that is the command
+    (`argv` None: its own command line) keeps pandas out until Spark starts (see
+    `wcoj_core.arrow`).
     """
     try:
+        if argv is None:  # the process is the command: pandas stays out until Spark starts
+            from wcoj_core.arrow import fence_pandas
+
+            fence_pandas()
         from wcoj_core.cli.program import run
     except KeyboardInterrupt:
         print("wcoj: error: interrupted: nothing was applied", file=sys.stderr, flush=True)
