@@ -44,7 +44,7 @@ from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
 from wcoj_assets.report import LandedFigures, epoch_metadata
-from wcoj_assets.resources import WcojResource
+from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
 
 OP_NAME = "wcoj_epochs"
@@ -117,6 +117,7 @@ class EpochRun:
 
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
+        freeze_heap_at_exit()
         starter = self.wcoj.starter()
         starter.log = context.log.info
         pairs = epochs_of(context, graph.epochs)
