@@ -147,7 +147,9 @@ class EpochRun:
         for info in graph.infos:
             yield MaterializeResult(asset_key=graph.key(info.name), metadata=summary)
         self._binary_joins(engine, pairs)
-        yield from ck.report(context, graph.check_specs, self.book, [k for k, _ in pairs])
+        yield from ck.report(
+            context, graph.check_specs, self.book, [k for k, _ in pairs], self.wcoj.check_reporting
+        )
 
     # -- reading -------------------------------------------------------------------------------
     def _read(self, pairs: Sequence[tuple[str, int]]) -> Iterator[Any]:
@@ -201,7 +203,9 @@ class EpochRun:
         if bad:
             # Only the update_triples results: nothing else was done.
             specs = [s for s in graph.check_specs if s.name == ck.UPDATE_TRIPLES]
-            yield from ck.report(self.context, specs, self.book, [k for k, _ in pairs])
+            yield from ck.report(
+                self.context, specs, self.book, [k for k, _ in pairs], self.wcoj.check_reporting
+            )
             raise Failure(
                 description="bad changes, nothing applied: "
                 + "; ".join(f"{rel}: {es[0]}" for rel, es in bad.items()),

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
 from pydantic import Field, PrivateAttr
 
+from wcoj_assets.checks import CheckReporting
 from wcoj_core.session import SparkStarter
 
 if TYPE_CHECKING:
@@ -161,6 +162,13 @@ class WcojResource(ConfigurableResource):
         description="Run the full binary-join recomputation (matches_binary_join) on one "
         "epoch in every check_every (epochs check_every - 1, 2 * check_every - 1, ...); a "
         "run's op config `binary_join: true` checks its last epoch whatever the cadence.",
+    )
+    check_reporting: CheckReporting = Field(
+        default=CheckReporting.NEWS,
+        description="Which partitions of a run over a range get a check evaluation of their "
+        "own: news (failures, and recoveries of partitions whose latest evaluation failed; the "
+        "range's result summarizes the rest, which Dagster shows SKIPPED) or every (each "
+        "evaluated partition: one event per check and partition).",
     )
     deployment: str = Field(
         default="auto",
