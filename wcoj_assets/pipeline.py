@@ -114,6 +114,9 @@ class EpochRun:
         self.context, self.config, self.wcoj, self.graph = context, config, wcoj, graph
         self.book = ck.CheckBook()
         self.metadata: dict[str, dict[str, dict[str, Any]]] = {}  # partition -> asset -> entries
+        # One log line per epoch, written at the end as ONE event: an event per epoch would be a
+        # write per epoch to the event log (the materializations carry the same figures).
+        self.lines: list[str] = []
 
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
@@ -128,6 +131,8 @@ class EpochRun:
             try:
                 result = engine.apply(t, changes[t], replace=True)
             except Exception as e:
+                if self.lines:
+                    context.log.info("\n".join(self.lines))
                 yield from self._committed(done)
                 what = str(e) if isinstance(e, WcojError) else f"{type(e).__name__}: {e}"
                 raise Failure(
@@ -140,6 +145,8 @@ class EpochRun:
             self._epoch(engine, key, result, landed.get(t))
             done.append((key, t))
         self._later(engine, pairs)
+        if self.lines:
+            context.log.info("\n".join(self.lines))
         for key, _t in pairs:
             for name, entries in self.metadata[key].items():
                 context.add_asset_metadata(entries, asset_key=graph.key(name), partition_key=key)
@@ -224,7 +231,7 @@ class EpochRun:
             f"{q} {result.count(q):,} ({result.total(q):+,})" for q in graph.topology.plans
         )
         changed = sum(r.changed for r in result.relations.values())
-        self.context.log.info(
+        self.lines.append(
             f"epoch {t} ({key}): {changed:,} tuples changed; {out}; "
             f"{result.metrics.total_seconds:.3f} s on the {result.metrics.deployment}"
         )
