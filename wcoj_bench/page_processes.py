@@ -263,7 +263,8 @@ def render_dagster_run(record: dict[str, Any]) -> str:
         record,
         f"{epochs} of {r['epoch_size']:,} changes on `{name}` ({r['edges']:,} undirected edges, "
         f"{r['initial_count']:,} {r['query']} after epoch 0, landed as the quick start's epoch 0 "
-        f"and materialized untimed), on {r['instance']} instances: each epoch one fresh "
+        f"and materialized untimed), on {INSTANCE_NAMES.get(r['instance'], r['instance'])} "
+        "instances, one per job: each epoch one fresh "
         "`dagster job execute` of the README's quick start and one of the same job with empty "
         "bodies, in alternating order. Every run succeeded with every check passed, both jobs "
         "wrote the same materializations and check evaluations, and at every epoch the run's "
@@ -294,7 +295,8 @@ def render_dagster_run(record: dict[str, Any]) -> str:
         f"Over the empty bodies: **{_s(r['real']['median_seconds'] - r['hollow']['median_seconds'])}"
         f" s** (difference of the medians; median of the per-epoch differences "
         f"{_s(r['median_over_hollow_seconds'])} s). "
-        f"{_s(BEFORE_SECONDS)} s before one step per epoch: **{r['speedup_vs_before']}x** faster.",
+        f"About {BEFORE_SECONDS:g} s before one step per epoch: **{r['speedup_vs_before']}x** "
+        "faster.",
         "Inside the real step (medians of its materializations' figures): reading and checking "
         f"the landed file {_s(_median(reads))} s, the engine's pass {_s(_median(engine))} s. "
         f"A fresh `wcoj apply` of the same file: {_s(r['apply']['median_seconds'])} s.",
@@ -317,5 +319,6 @@ def _median(values: list[float]) -> float:
 
 
 BEFORE_SECONDS = 50.0  # wcoj_bench.dagster_run's (the page imports nothing but wcoj_bench.page)
+INSTANCE_NAMES = {"sqlite": "SQLite", "postgres": "Postgres"}
 
 __all__ = ["render_cold", "render_dagster_run", "render_idle"]
