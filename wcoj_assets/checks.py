@@ -364,11 +364,9 @@ def _own(
         return [p for p in checked if p not in in_run]
     if reporting is CheckReporting.EVERY:
         return checked
+    if sum(p in in_run for p in checked) == 1:  # the binary join: one event per run
+        return checked
     passed = [p for p in checked if p in in_run and outcomes[p].passed]
-    if len([p for p in checked if p in in_run]) == 1:
-        return (
-            checked  # evaluated once in the range (the binary join): one event, not one per epoch
-        )
     recovered = latest_failed(instance, key, passed) if passed else set()
     return [p for p in checked if p not in passed or p in recovered]
 
