@@ -53,6 +53,7 @@ from wcoj_assets.provenance import rebuild_condition, rebuild_sensor
 from wcoj_assets.resources import DEFAULT_LANDING, DEFAULT_STORAGE, wcoj_resource
 from wcoj_assets.sensors import SERIAL_TAG, daily_schedule, landing_sensor
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec, Topology
+from wcoj_core.errors import QueryError
 
 JOB_NAME = "wcoj_epoch_job"
 MASTER_ENV = "WCOJ_SPARK_MASTER"
@@ -74,7 +75,7 @@ def build_definitions(
     bags: Sequence[str] = (),
     sensor_seconds: int = SENSOR_SECONDS,
     check_every: int | None = None,
-    check_reporting: str | None = None,
+    check_reporting: str | CheckReporting | None = None,
     pyspark: Any = None,
     translate: Translate | None = None,
     op_name: str = OP_NAME,
@@ -127,10 +128,28 @@ def build_definitions(
         if check_every is not None:
             resource_values["check_every"] = check_every
         if check_reporting is not None:
-            resource_values["check_reporting"] = CheckReporting(check_reporting)
+            resource_values["check_reporting"] = reporting_of(check_reporting)
         if pyspark is not None:
             resource_values["pyspark"] = pyspark
         return assemble(graph, assets, wcoj_resource(**resource_values), sensor_seconds)
+
+
+def reporting_of(value: str | CheckReporting) -> CheckReporting:
+    """A `CheckReporting` from its name; `QueryError` for another.
+
+    >>> reporting_of("every")
+    <CheckReporting.EVERY: 'every'>
+    >>> reporting_of("all")
+    Traceback (most recent call last):
+      ...
+    wcoj_core.errors.QueryError: check_reporting 'all': give news (failures and recoveries) or every
+    """
+    try:
+        return CheckReporting(value)
+    except ValueError:
+        raise QueryError(
+            f"check_reporting {value!r}: give news (failures and recoveries) or every"
+        ) from None
 
 
 def assemble(graph: EpochGraph, assets: Any, resource: Any, sensor_seconds: int) -> Definitions:
