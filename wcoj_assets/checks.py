@@ -22,13 +22,27 @@ Five checks, each per epoch partition:
 **Reporting.** A run of one partition reports each check once (`AssetCheckResult`), and Dagster
 gives it the partition. A run over a range — a single-run backfill — is where Dagster 1.13 needs
 more: when the run is created it plans one check row per check and partition, and the check
-result of a range run is stored without a partition, so every planned row would end as SKIPPED
-in the UI. Each evaluated partition therefore also gets its own `AssetCheckEvaluation`
-(``partition=``), aimed at that partition's new materialization (which is what makes Dagster hold
-it as the partition's current status). A check that was not evaluated for a partition (the
-binary join off its cadence, the audit before `wcoj_core.audit` exists) reports nothing there:
-SKIPPED is then the truth. Evaluations of partitions outside the run — later partitions a
-correction left stale, stale epochs rebuilt before the run's — are reported the same way.
+result of a range run is stored without a partition, so a planned row that gets nothing else
+ends as SKIPPED in the UI. A partition's own `AssetCheckEvaluation` (``partition=``), aimed at
+that partition's new materialization, is what makes Dagster hold a status for it — and Dagster
+1.13 writes each one on its own (check evaluations cannot be batch-written: about 35 ms each on
+Postgres, a cost that grows with checks times partitions). `CheckReporting` chooses which partitions
+of a range get one:
+
+* ``news`` (the default) — the partitions where the check **failed**, and those where it passed
+  but its latest evaluation had **failed** (a recovery: without an evaluation of its own the
+  partition would show SKIPPED, hiding that it passes now). Every other evaluated
+  partition passed and was never failing: the range's `AssetCheckResult` says so for all of them
+  at once (``passed``, ``partitions``, ``evaluated``), and Dagster shows them SKIPPED in the
+  range run. A check evaluated at one partition of the range only (the binary join, on its
+  cadence) gets its evaluation there too: one event per run. The cost no longer grows with checks
+  times partitions, only with the failures;
+* ``every`` — every evaluated partition gets its evaluation: each partition shows its status in
+  the UI, at the cost of one event per check and partition.
+
+A check that was not evaluated for a partition (the binary join off its cadence) reports nothing
+there: SKIPPED is then the truth. Evaluations of partitions outside the run — later partitions a
+correction left stale, stale epochs rebuilt before the run's — are reported either way.
 """
 
 from __future__ import annotations
@@ -36,6 +50,7 @@ from __future__ import annotations
 import time as clock
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from dagster import (
@@ -65,6 +80,14 @@ CURRENT = "current_history"
 DELTA_RULES = "matches_delta_rules"
 BINARY_JOIN = "matches_binary_join"
 EXAMPLES = 20
+
+
+class CheckReporting(Enum):
+    """Which partitions of a run over a range get a check evaluation of their own (see the
+    module): failures and recoveries, or every evaluated partition."""
+
+    NEWS = "news"
+    EVERY = "every"
 
 
 def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
@@ -275,20 +298,21 @@ def report(
     specs: Sequence[AssetCheckSpec],
     book: CheckBook,
     run_partitions: Sequence[str],
+    reporting: CheckReporting = CheckReporting.NEWS,
 ) -> Iterator[AssetCheckResult | AssetCheckEvaluation]:
     """Every check's results of a run (see the module): an `AssetCheckResult` per check, and in
-    a range run an `AssetCheckEvaluation` per evaluated partition; evaluations of partitions
-    outside the run for any."""
+    a range run an `AssetCheckEvaluation` per partition that `reporting` picks; evaluations of
+    partitions outside the run for any."""
     single = bool(context.has_partition_key)
-    in_run = set(run_partitions)
-    wanted: dict[AssetKey, set[str]] = {}
     keys = {spec.key for spec in specs}
-    for key, outcomes in book.outcomes.items():
-        if key not in keys:
-            continue
-        for partition, outcome in outcomes.items():
-            if outcome.checked and (partition not in in_run or not single):
-                wanted.setdefault(key.asset_key, set()).add(partition)
+    own: dict[AssetCheckKey, list[str]] = {
+        key: _own(context.instance, key, outcomes, run_partitions, single, reporting)
+        for key, outcomes in book.outcomes.items()
+        if key in keys
+    }
+    wanted: dict[AssetKey, set[str]] = {}
+    for key, partitions in own.items():
+        wanted.setdefault(key.asset_key, set()).update(partitions)
     targets = {
         asset: latest_materializations(context.instance, asset, sorted(partitions))
         for asset, partitions in wanted.items()
@@ -307,10 +331,9 @@ def report(
                 description=outcome.description,
             )
         else:
-            yield _summary(key, ours)
-        for partition, outcome in sorted(outcomes.items()):
-            if not outcome.checked or (single and partition in in_run):
-                continue
+            yield _summary(key, ours, own.get(key, []), reporting)
+        for partition in own.get(key, []):
+            outcome = outcomes[partition]
             yield AssetCheckEvaluation(
                 asset_key=key.asset_key,
                 check_name=key.name,
@@ -324,29 +347,111 @@ def report(
             )
 
 
-def _summary(key: AssetCheckKey, outcomes: Sequence[tuple[str, Outcome]]) -> AssetCheckResult:
+def _own(
+    instance: Any,
+    key: AssetCheckKey,
+    outcomes: Mapping[str, Outcome],
+    run_partitions: Sequence[str],
+    single: bool,
+    reporting: CheckReporting,
+) -> list[str]:
+    """The partitions of one check that get an evaluation of their own, sorted: those outside
+    the run; in a range run, the failures and recoveries (``news``; and the one partition of a
+    check evaluated once in the range) or every evaluated one."""
+    in_run = set(run_partitions)
+    checked = sorted(p for p, o in outcomes.items() if o.checked)
+    if single:
+        return [p for p in checked if p not in in_run]
+    if reporting is CheckReporting.EVERY:
+        return checked
+    if sum(p in in_run for p in checked) == 1:  # the binary join: one event per run
+        return checked
+    passed = [p for p in checked if p in in_run and outcomes[p].passed]
+    recovered = latest_failed(instance, key, passed) if passed else set()
+    return [p for p in checked if p not in passed or p in recovered]
+
+
+def _summary(
+    key: AssetCheckKey,
+    outcomes: Sequence[tuple[str, Outcome]],
+    own: Sequence[str],
+    reporting: CheckReporting,
+) -> AssetCheckResult:
     """A range run's result of one check: what its partitions say, in short."""
     checked = [(p, o) for p, o in outcomes if o.checked]
     failed = [p for p, o in checked if not o.passed]
     metadata: dict[str, Any] = {
         "partitions": f"{outcomes[0][0]}..{outcomes[-1][0]}" if outcomes else "",
         "evaluated": len(checked),
+        "passed": len(checked) - len(failed),
         "failed": failed[:EXAMPLES],
+        "reported per partition": len(own),
     }
+    seconds = [o.metadata["seconds"] for _, o in checked if "seconds" in o.metadata]
+    if seconds:
+        metadata["seconds"] = round(sum(float(x) for x in seconds), 4)
     if not checked and outcomes:
         metadata["note"] = outcomes[-1][1].description or "not evaluated"
+    if failed:
+        description = (
+            f"failed at {len(failed)} partition(s): {', '.join(failed[:5])}; each failing "
+            "partition carries its own result"
+        )
+    elif checked and reporting is CheckReporting.NEWS:
+        first, last = checked[0][0], checked[-1][0]
+        description = (
+            f"passed at every partition evaluated ({len(checked)}, {first}..{last}); reported "
+            f"per partition: {len(own)} (failures and recoveries only: the others show "
+            "SKIPPED in this run, passing)"
+        )
+    else:
+        description = None
     return AssetCheckResult(
         asset_key=key.asset_key,
         check_name=key.name,
         passed=not failed,
         metadata=metadata,
-        description=(
-            f"failed at {len(failed)} partition(s): {', '.join(failed[:5])}; each partition "
-            "carries its own result"
-            if failed
-            else None
-        ),
+        description=description,
     )
+
+
+def latest_failed(instance: Any, check: AssetCheckKey, keys: Sequence[str]) -> set[str]:
+    """The partitions among `keys` whose latest evaluation of `check` failed.
+
+    Reads the check's failed evaluations (few: failures are news), newest first, then for each
+    partition of `keys` among them whether a passing evaluation came later: a query per check,
+    and one per failing partition. Planned evaluations (a running run's) are skipped: they hide
+    nothing.
+    """
+    from dagster._core.event_api import PartitionKeyFilter
+    from dagster._core.storage.asset_check_execution_record import (
+        AssetCheckExecutionRecordStatus as Status,
+    )
+
+    storage = instance.event_log_storage
+    wanted, failed = set(keys), {}
+    cursor = None
+    while True:
+        page = storage.get_asset_check_execution_history(
+            check, limit=_PAGE, cursor=cursor, status={Status.FAILED}
+        )
+        for record in page:
+            if record.partition in wanted:
+                failed.setdefault(record.partition, record.id)
+        if len(page) < _PAGE:
+            break
+        cursor = page[-1].id
+    out = set()
+    for key, failed_id in failed.items():
+        passed = storage.get_asset_check_execution_history(
+            check, limit=1, status={Status.SUCCEEDED}, partition_filter=PartitionKeyFilter(key=key)
+        )
+        if not passed or passed[0].id < failed_id:
+            out.add(key)
+    return out
+
+
+_PAGE = 1000
 
 
 def latest_materializations(

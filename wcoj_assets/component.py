@@ -20,6 +20,7 @@ builds its definitions (nothing is built twice)::
       spark_master: "local[*]"
       spark_conf: {spark.driver.memory: 4g}
       check_every: 30          # the full binary-join recomputation on one epoch in 30
+      check_reporting: news    # a range's check evaluations per partition: news or every
       op:                      # the one step, as dagster-dbt's `op` (name, tags, pool, policy)
         name: wcoj_epochs
         tags: {team: graphs}
@@ -150,6 +151,12 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
         description="The full binary-join recomputation (matches_binary_join) runs on one epoch "
         "in this many (default 30).",
     )
+    check_reporting: str | None = Field(
+        default=None,
+        description="Which partitions of a run over a range get a check evaluation of their "
+        "own: news (the default: failures and recoveries; the range's result summarizes the "
+        "rest) or every (each evaluated partition, one event per check and partition).",
+    )
     op: OpSpec | None = Field(
         default=None,
         description="The step making every asset: its name (default wcoj_epochs), tags, pool "
@@ -223,6 +230,7 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
             sets=self.sets,
             bags=self.bags,
             check_every=self.check_every,
+            check_reporting=self.check_reporting,
             translate=self.get_asset_spec,
             op_name=(op.name if op is not None and op.name else OP_NAME),
             op_tags=op.tags if op is not None else None,

@@ -44,7 +44,7 @@ from dagster import (
     in_process_executor,
 )
 
-from wcoj_assets.checks import check_specs
+from wcoj_assets.checks import CheckReporting, check_specs
 from wcoj_assets.epochs import EPOCH_START, START_ENV, Epochs
 from wcoj_assets.graph import EpochGraph, Role, Translate
 from wcoj_assets.outputs import OUTPUTS_IO_MANAGER, outputs_io_manager
@@ -53,6 +53,7 @@ from wcoj_assets.provenance import rebuild_condition, rebuild_sensor
 from wcoj_assets.resources import DEFAULT_LANDING, DEFAULT_STORAGE, wcoj_resource
 from wcoj_assets.sensors import SERIAL_TAG, daily_schedule, landing_sensor
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec, Topology
+from wcoj_core.errors import QueryError
 
 JOB_NAME = "wcoj_epoch_job"
 MASTER_ENV = "WCOJ_SPARK_MASTER"
@@ -74,6 +75,7 @@ def build_definitions(
     bags: Sequence[str] = (),
     sensor_seconds: int = SENSOR_SECONDS,
     check_every: int | None = None,
+    check_reporting: str | CheckReporting | None = None,
     pyspark: Any = None,
     translate: Translate | None = None,
     op_name: str = OP_NAME,
@@ -90,7 +92,9 @@ def build_definitions(
     directions, self-loops dropped) and are sets unless named in `bags`; the others are bags
     unless named in `sets` (`wcoj_core.meaning`). The landing and automation sensors tick at
     most every `sensor_seconds`; the binary-join check runs every `check_every` epochs (the
-    resource's default, 30, when None). `pyspark` is an optional dagster-pyspark
+    resource's default, 30, when None); `check_reporting` (``news``, the default, or ``every``)
+    picks which partitions of a run over a range get a check evaluation of their own
+    (`wcoj_assets.checks.CheckReporting`). `pyspark` is an optional dagster-pyspark
     `LazyPySparkResource` whose ``spark_config`` supplies Spark settings. `translate` maps each
     asset's base spec and `wcoj_assets.graph.AssetInfo` to the spec to use (key prefix, group,
     owners, tags, kinds...); `op_name`, `op_tags`, `pool` and `backfill_policy` set the step's.
@@ -123,9 +127,29 @@ def build_definitions(
         }
         if check_every is not None:
             resource_values["check_every"] = check_every
+        if check_reporting is not None:
+            resource_values["check_reporting"] = reporting_of(check_reporting)
         if pyspark is not None:
             resource_values["pyspark"] = pyspark
         return assemble(graph, assets, wcoj_resource(**resource_values), sensor_seconds)
+
+
+def reporting_of(value: str | CheckReporting) -> CheckReporting:
+    """A `CheckReporting` from its name; `QueryError` for another.
+
+    >>> reporting_of("every")
+    <CheckReporting.EVERY: 'every'>
+    >>> reporting_of("all")
+    Traceback (most recent call last):
+      ...
+    wcoj_core.errors.QueryError: check_reporting 'all': give news (failures and recoveries) or every
+    """
+    try:
+        return CheckReporting(value)
+    except ValueError:
+        raise QueryError(
+            f"check_reporting {value!r}: give news (failures and recoveries) or every"
+        ) from None
 
 
 def assemble(graph: EpochGraph, assets: Any, resource: Any, sensor_seconds: int) -> Definitions:

@@ -44,7 +44,7 @@ from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
 from wcoj_assets.report import LandedFigures, epoch_metadata
-from wcoj_assets.resources import WcojResource
+from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
 
 OP_NAME = "wcoj_epochs"
@@ -114,9 +114,13 @@ class EpochRun:
         self.context, self.config, self.wcoj, self.graph = context, config, wcoj, graph
         self.book = ck.CheckBook()
         self.metadata: dict[str, dict[str, dict[str, Any]]] = {}  # partition -> asset -> entries
+        # One log line per epoch, written at the end as ONE event: an event per epoch would be a
+        # write per epoch to the event log (the materializations carry the same figures).
+        self.lines: list[str] = []
 
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
+        freeze_heap_at_exit()
         starter = self.wcoj.starter()
         starter.log = context.log.info
         pairs = epochs_of(context, graph.epochs)
@@ -127,6 +131,8 @@ class EpochRun:
             try:
                 result = engine.apply(t, changes[t], replace=True)
             except Exception as e:
+                if self.lines:
+                    context.log.info("\n".join(self.lines))
                 yield from self._committed(done)
                 what = str(e) if isinstance(e, WcojError) else f"{type(e).__name__}: {e}"
                 raise Failure(
@@ -139,6 +145,8 @@ class EpochRun:
             self._epoch(engine, key, result, landed.get(t))
             done.append((key, t))
         self._later(engine, pairs)
+        if self.lines:
+            context.log.info("\n".join(self.lines))
         for key, _t in pairs:
             for name, entries in self.metadata[key].items():
                 context.add_asset_metadata(entries, asset_key=graph.key(name), partition_key=key)
@@ -146,7 +154,9 @@ class EpochRun:
         for info in graph.infos:
             yield MaterializeResult(asset_key=graph.key(info.name), metadata=summary)
         self._binary_joins(engine, pairs)
-        yield from ck.report(context, graph.check_specs, self.book, [k for k, _ in pairs])
+        yield from ck.report(
+            context, graph.check_specs, self.book, [k for k, _ in pairs], self.wcoj.check_reporting
+        )
 
     # -- reading -------------------------------------------------------------------------------
     def _read(self, pairs: Sequence[tuple[str, int]]) -> Iterator[Any]:
@@ -200,7 +210,9 @@ class EpochRun:
         if bad:
             # Only the update_triples results: nothing else was done.
             specs = [s for s in graph.check_specs if s.name == ck.UPDATE_TRIPLES]
-            yield from ck.report(self.context, specs, self.book, [k for k, _ in pairs])
+            yield from ck.report(
+                self.context, specs, self.book, [k for k, _ in pairs], self.wcoj.check_reporting
+            )
             raise Failure(
                 description="bad changes, nothing applied: "
                 + "; ".join(f"{rel}: {es[0]}" for rel, es in bad.items()),
@@ -219,7 +231,7 @@ class EpochRun:
             f"{q} {result.count(q):,} ({result.total(q):+,})" for q in graph.topology.plans
         )
         changed = sum(r.changed for r in result.relations.values())
-        self.context.log.info(
+        self.lines.append(
             f"epoch {t} ({key}): {changed:,} tuples changed; {out}; "
             f"{result.metrics.total_seconds:.3f} s on the {result.metrics.deployment}"
         )

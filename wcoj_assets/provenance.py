@@ -41,7 +41,7 @@ from dagster import (
     DefaultSensorStatus,
 )
 
-from wcoj_assets.checks import CURRENT, Outcome
+from wcoj_assets.checks import CURRENT, Outcome, latest_failed
 
 REBUILD_SENSOR = "wcoj_rebuild_sensor"
 
@@ -88,39 +88,7 @@ def stale(epoch: int, since: str, backfill_from: str) -> Outcome:
 
 
 def reported_failed(instance: Any, asset: AssetKey | str, keys: Sequence[str]) -> set[str]:
-    """The partitions among `keys` whose latest `current_history` evaluation failed.
-
-    Reads the check's failed evaluations (a correction's, so few), newest first, then for each
-    partition of `keys` among them whether a passing evaluation came later. Planned evaluations
-    (a running run's) are skipped: they hide nothing.
-    """
-    from dagster._core.event_api import PartitionKeyFilter
-    from dagster._core.storage.asset_check_execution_record import (
-        AssetCheckExecutionRecordStatus as Status,
-    )
-
-    storage = instance.event_log_storage
+    """The partitions among `keys` whose latest `current_history` evaluation failed
+    (`wcoj_assets.checks.latest_failed`)."""
     check = AssetCheckKey(AssetKey(asset) if isinstance(asset, str) else asset, CURRENT)
-    wanted, failed = set(keys), {}
-    cursor = None
-    while True:
-        page = storage.get_asset_check_execution_history(
-            check, limit=_PAGE, cursor=cursor, status={Status.FAILED}
-        )
-        for record in page:
-            if record.partition in wanted:
-                failed.setdefault(record.partition, record.id)
-        if len(page) < _PAGE:
-            break
-        cursor = page[-1].id
-    out = set()
-    for key, failed_id in failed.items():
-        passed = storage.get_asset_check_execution_history(
-            check, limit=1, status={Status.SUCCEEDED}, partition_filter=PartitionKeyFilter(key=key)
-        )
-        if not passed or passed[0].id < failed_id:
-            out.add(key)
-    return out
-
-
-_PAGE = 1000
+    return latest_failed(instance, check, keys)

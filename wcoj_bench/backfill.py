@@ -305,17 +305,21 @@ def epoch_seconds(
 
 
 def check_seconds(result: ExecuteInProcessResult) -> dict[str, float]:
-    """Seconds the run's checks report they took, by check name (the audit, the binary join)."""
+    """Seconds the run's checks report they took, by check name (the audit, the binary join):
+    from each check's result for the range (which sums its partitions'), else its partitions'."""
     from dagster import DagsterEventType
 
-    out: dict[str, float] = {}
+    summed: dict[str, float] = {}
+    per_partition: dict[str, float] = {}
     for event in result.all_events:
         if event.event_type == DagsterEventType.ASSET_CHECK_EVALUATION:
             e = event.event_specific_data
             seconds = e.metadata.get("seconds")  # type: ignore[union-attr]
-            if seconds is not None and e.partition is not None:  # type: ignore[union-attr]
-                out[e.check_name] = out.get(e.check_name, 0.0) + float(seconds.value)  # type: ignore[union-attr]
-    return out
+            if seconds is None:
+                continue
+            into = summed if e.partition is None else per_partition  # type: ignore[union-attr]
+            into[e.check_name] = into.get(e.check_name, 0.0) + float(seconds.value)  # type: ignore[union-attr]
+    return {**per_partition, **summed}
 
 
 def event_counts(result: ExecuteInProcessResult) -> dict[str, int]:

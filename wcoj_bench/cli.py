@@ -16,6 +16,8 @@ Commands::
                        [--scratch DIR] [--plot PNG] [--json]
     wcoj-bench idle    --input REL=PATH --undirected REL [--epochs K] [--epoch-size N]
                        [--gap SECONDS] [--scratch DIR] [--master URL] [--deploy WHERE] [--json]
+    wcoj-bench dagster-run --input edge=PATH --undirected edge [--epochs K] [--epoch-size N]
+                       [--instance sqlite|postgres] [--scratch DIR] [--json]
     wcoj-bench backfill --input REL=PATH --undirected REL --epochs K --epoch-size N [--json]
     wcoj-bench report  [--only PART] [--render-only] [--quick] [--root DIR] [--data DIR]
     wcoj-bench cluster up [--workers N] [--cores C] [--memory M] [--port P] [--ui-port P]
@@ -26,7 +28,9 @@ Commands::
 ``--state DIR`` as ``wcoj count`` does, and check their arguments and input files before Spark
 starts (`wcoj_core.cli.inputs`). ``cold`` (`wcoj_bench.cold`) times whole processes and starts no
 Spark itself (its recompute processes do); ``idle`` (`wcoj_bench.idle`) applies epochs back to
-back, then ``--gap`` seconds apart. Both keep their prepared graphs and built states under
+back, then ``--gap`` seconds apart; ``dagster-run`` (`wcoj_bench.dagster_run`) times one epoch
+partition of the README's quick start per fresh ``dagster job execute`` beside the same job with
+empty bodies. They keep their prepared graphs and built states under
 ``--scratch`` (default ``.wcoj/bench``), reused by later runs. ``backfill`` and ``report`` are `wcoj_bench.backfill.main` and
 `wcoj_bench.report.main`, handed the arguments after their name.
 
@@ -48,7 +52,7 @@ from typing import Any
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 
-from wcoj_bench import backfill, cluster, cold, idle, report
+from wcoj_bench import backfill, cluster, cold, dagster_run, idle, report
 from wcoj_bench.curves import (
     CURVE_METHODS,
     DEFAULT_EPOCH_SIZE,
@@ -247,6 +251,27 @@ def _parser() -> argparse.ArgumentParser:
         help="where the kernel runs (default executors)",
     )
     idl.set_defaults(run=_idle)
+
+    dr = commands.add_parser(
+        "dagster-run",
+        help="one epoch partition of the README's quick start per fresh `dagster job execute`, "
+        "beside the same job with empty bodies",
+    )
+    _add_process_inputs(dr)
+    dr.add_argument(
+        "--epochs",
+        type=int,
+        default=dagster_run.DEFAULT_EPOCHS,
+        metavar="K",
+        help=f"timed epochs, each a fresh run of each job (default {dagster_run.DEFAULT_EPOCHS})",
+    )
+    dr.add_argument(
+        "--instance",
+        choices=dagster_run.INSTANCES,
+        default="sqlite",
+        help="each job's Dagster instance: SQLite files (default) or a Postgres server each",
+    )
+    dr.set_defaults(run=_dagster_run)
 
     for name, (_, help_text) in DELEGATED.items():
         commands.add_parser(name, help=help_text, add_help=False)
@@ -594,6 +619,33 @@ def _idle(args: argparse.Namespace) -> int:
     )
     if args.json:
         emit_json({**result, "machine": machine_facts(spark)})
+    return EXIT_OK
+
+
+def _dagster_run(args: argparse.Namespace) -> int:
+    query, rel, source = _graph_input(args)
+    if query.name != dagster_run.QUERY or rel != dagster_run.RELATION:
+        raise UsageError(
+            "this part runs the README's quick start: --query triangles over --input edge=PATH"
+        )
+    result = dagster_run.run_dagster_run(
+        source,
+        epochs=args.epochs,
+        epoch_size=args.epoch_size,
+        seed=args.seed,
+        scratch=Path(args.scratch),
+        instance=args.instance,
+        say=note,
+    )
+    say(
+        f"{query.name}: dagster job execute {result['real']['median_seconds']:.2f} s per epoch, "
+        f"empty bodies {result['hollow']['median_seconds']:.2f} s, wcoj apply "
+        f"{result['apply']['median_seconds']:.2f} s"
+    )
+    for t in result["targets"]:
+        say(f"target: {t['target']}: {t['measured']} ({'met' if t['met'] else 'not met'})")
+    if args.json:
+        emit_json({**result, "machine": machine_facts(None)})
     return EXIT_OK
 
 

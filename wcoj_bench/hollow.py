@@ -4,9 +4,9 @@
 and partition mappings, partitions, backfill policies, whether they can be subset — into
 definitions whose every step does nothing but report: each of its assets materialized, and each
 check passed the way the pipeline reports it (`wcoj_assets.checks.report`: one result per check,
-and in a run over a range one evaluation per partition the check is evaluated at, aimed at that
-partition's materialization; the binary-join recomputation once at most, at the range's last
-due epoch). A run of the hollow job over a range of epochs therefore writes the same events as
+and in a run over a range an evaluation of its own for each partition the reporting picks —
+failures and recoveries by default, or every evaluated one —, aimed at that partition's
+materialization; the binary-join recomputation once at most, at the range's last due epoch). A run of the hollow job over a range of epochs therefore writes the same events as
 the real pipeline's run over that range and does no wcoj work at all. `wcoj_bench.backfill` times it beside the real run:
 the floor under any per-epoch figure a pipeline of this asset model can reach on the instance
 used.
@@ -39,19 +39,24 @@ from dagster import (
     multi_asset,
 )
 
-from wcoj_assets.checks import BINARY_JOIN, CheckBook, Outcome, due, report
+from wcoj_assets.checks import BINARY_JOIN, CheckBook, CheckReporting, Outcome, due, report
 from wcoj_assets.resources import CHECK_EVERY
 
 HOLLOW_JOB = "hollow_epoch_job"
 
 
-def hollow_definitions(defs: Definitions, check_every: int = CHECK_EVERY) -> Definitions:
-    """`defs`' steps and checks with empty bodies, and one job over all of them."""
+def hollow_definitions(
+    defs: Definitions,
+    check_every: int = CHECK_EVERY,
+    reporting: CheckReporting = CheckReporting.NEWS,
+) -> Definitions:
+    """`defs`' steps and checks with empty bodies, and one job over all of them; checks
+    reported as `reporting` says (the pipeline's resource default: ``news``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BetaWarning)
         warnings.simplefilter("ignore", PreviewWarning)
         assets = [
-            _hollow_assets(a, check_every)
+            _hollow_assets(a, check_every, reporting)
             for a in defs.assets or ()
             if isinstance(a, AssetsDefinition)
         ]
@@ -100,7 +105,9 @@ def _topological(real: AssetsDefinition) -> list[Any]:
     return done
 
 
-def _hollow_assets(real: AssetsDefinition, check_every: int) -> AssetsDefinition:
+def _hollow_assets(
+    real: AssetsDefinition, check_every: int, reporting: CheckReporting
+) -> AssetsDefinition:
     keys = _topological(real)
     specs = list(real.check_specs)
     partitions = real.partitions_def
@@ -128,7 +135,7 @@ def _hollow_assets(real: AssetsDefinition, check_every: int) -> AssetsDefinition
                     partition,
                     Outcome(True, checked=checked),
                 )
-        yield from report(context, specs, book, run)
+        yield from report(context, specs, book, run, reporting)
 
     return _step
 

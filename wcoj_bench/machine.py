@@ -18,7 +18,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 # The optional packages whose versions a benchmark's figures depend on.
-PACKAGES = ("pyspark", "duckdb", "kuzu", "scipy", "matplotlib")
+PACKAGES = ("pyspark", "dagster", "duckdb", "kuzu", "scipy", "matplotlib")
 # The Spark settings that change what a figure measures.
 SPARK_SETTINGS = (
     "spark.driver.memory",

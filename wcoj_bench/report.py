@@ -19,6 +19,9 @@ exactly the one that ran:
 * ``cold`` — ``wcoj-bench cold`` (`wcoj_bench.cold`): whole processes, exec to exit, on
   web-NotreDame (a fresh ``wcoj apply`` per epoch against a fresh Spark SQL recompute, opening
   the state, the warm epoch as a set and as a bag) and on R-MAT graphs of 0.2 M to 20 M edges;
+* ``dagster-run`` — ``wcoj-bench dagster-run`` (`wcoj_bench.dagster_run`): the README's quick
+  start on web-NotreDame, each 1,000-change epoch partition a fresh ``dagster job execute``,
+  beside the same job with empty bodies;
 * ``cluster-static``, ``cluster-epochs``, ``cluster-curve-size``, ``cluster-cliques`` — the same
   kinds of runs on a two-worker, one-core-each standalone cluster that the report starts on this
   machine (`wcoj_bench.cluster`) and stops afterwards, with wcoj's kernel on the executors
@@ -29,7 +32,7 @@ exactly the one that ran:
   1 GiB; ``cluster-idle`` (`wcoj_bench.idle`): 1,000-change epochs of the 20 M-edge R-MAT graph
   back to back, then two minutes apart.
 
-The process parts (``cold``, ``cluster-idle``) keep their prepared graphs and built states in
+The process parts (``cold``, ``dagster-run``, ``cluster-idle``) keep their prepared graphs and built states in
 ``.wcoj/bench`` (under ``--root`` with ``--quick``): the 20 M-edge state is built once, by
 ``wcoj apply``, and reused by later runs until `wcoj_core`'s source changes.
 
@@ -65,11 +68,11 @@ from typing import NoReturn
 
 from wcoj_bench.machine import load_average, machine_facts
 from wcoj_bench.page import MACHINE, PAGE, RENDER, render_machine, replace_regions
-from wcoj_bench.page_processes import render_cold, render_idle
+from wcoj_bench.page_processes import render_cold, render_dagster_run, render_idle
 from wcoj_core.cli.console import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from wcoj_core.errors import WcojError
 
-LOCAL_PARTS = ("epochs", "static", "curve-size", "curve-epoch-size", "cold")
+LOCAL_PARTS = ("epochs", "static", "curve-size", "curve-epoch-size", "cold", "dagster-run")
 CLUSTER_PARTS = (
     "cluster-static",
     "cluster-epochs",
@@ -85,7 +88,12 @@ GENERATED_ONLY = ("curve-size", "cluster-curve-size", "cluster-idle")
 CLUSTER = {"workers": 2, "cores": 1, "memory": "2g"}
 ONE_GIB = ["--conf", "spark.executor.memory=1g", "--conf", "spark.executor.pyspark.memory=1g"]
 NOTRE_DAME = "web-NotreDame.txt.gz"
-RENDERERS = {**RENDER, "cold": render_cold, "cluster-idle": render_idle}
+RENDERERS = {
+    **RENDER,
+    "cold": render_cold,
+    "dagster-run": render_dagster_run,
+    "cluster-idle": render_idle,
+}
 DEFAULT_ROOT = "docs"
 DEFAULT_DATA = "../shared/data"
 REPO_PAGE = Path(__file__).resolve().parents[1] / "docs" / PAGE
@@ -124,6 +132,8 @@ def commands(
         cold += ["--warm-epochs", "3", "--epoch-size", "20", "--sizes", "1000,3000"]
         idle = ["--input", "edge=rmat:scale=9,edges=3000,seed=5", "--epochs", "2"]
         idle += ["--epoch-size", "20", "--gap", "1"]
+        dagster = ["--input", "edge=rmat:scale=9,edges=3000,seed=5", "--epochs", "2"]
+        dagster += ["--epoch-size", "20"]
     else:
         epochs = ["--input", nd, "--epochs", "4", "--epoch-size", "1000", "--skew", "3000"]
         static = ["--input", nd, "--repeat", "5"]
@@ -135,6 +145,7 @@ def commands(
         cold += ["--sizes", "200000,2000000,20000000"]
         idle = ["--input", "edge=rmat:scale=20,edges=20000000,seed=1", "--epochs", "4"]
         idle += ["--epoch-size", "1000", "--gap", "120"]
+        dagster = ["--input", nd, "--epochs", "6", "--epoch-size", "1000"]
     where = ["--scratch", str(scratch)] if scratch is not None else []
     runs = {
         "epochs": ["epochs", *epochs],
@@ -148,6 +159,7 @@ def commands(
     tail = ["--undirected", "edge", *(["--master", master] if master else []), "--json"]
     out = {name: [*argv, *tail] for name, argv in runs.items()}
     out["cold"] = [*runs["cold"], "--undirected", "edge", "--json"]  # starts no Spark itself
+    out["dagster-run"] = ["dagster-run", *dagster, *where, "--undirected", "edge", "--json"]
     on = ["--master", cluster, "--deploy", "executors", "--undirected", "edge", "--json"]
     three = ["--methods", "wcoj,spark-sql,neighbour-array"]
     out["cluster-static"] = ["static", *static[:2], "--repeat", "3", *three, *on]

@@ -3,8 +3,11 @@
 On a real (SQLite) instance, the pipeline runs four epochs in one run over the range (what a
 single-run backfill or ``dagster asset materialize --partition-range`` launches). The tests read
 what the instance stored: one run, one step, a materialization per asset and epoch, one commit per
-epoch; and every check's status per partition as the UI reads it (`AssetCheckState`): the status
-that is true for that partition, not SKIPPED. Then epochs are applied again in any order (each
+epoch; and every check's status per partition as the UI reads it (`AssetCheckState`). By default
+(``check_reporting: news``) a range reports per partition only what is news — failures,
+recoveries, and a check evaluated once in the range (the binary join) — and summarizes the rest
+in the range's result (Dagster shows those partitions SKIPPED); with ``every`` each partition
+shows its own status, not SKIPPED. Then epochs are applied again in any order (each
 replaces what it held: the outputs stay the oracle's), and a failure in the middle of a range
 keeps the epochs committed before it, reported materialized.
 """
@@ -26,7 +29,8 @@ from dagster._core.storage.asset_check_state import AssetCheckState, bulk_update
 from pyspark.sql import SparkSession
 from wcoj_support import Changes, Pipeline, checks, failures, materializations, oracle, updates
 
-from wcoj_assets.checks import BINARY_JOIN
+from wcoj_assets import checks as ck
+from wcoj_assets.checks import BINARY_JOIN, DELTA_RULES
 from wcoj_assets.epochs import epoch_key, epoch_partitions
 from wcoj_assets.instance import prepare_home
 
@@ -95,7 +99,7 @@ def check_statuses(p: Pipeline) -> dict[tuple[str, str], dict[str, list[str]]]:
     }
 
 
-def test_every_partition_shows_its_own_check_status(scenario: Scenario) -> None:
+def test_a_range_reports_per_partition_only_what_is_news(scenario: Scenario) -> None:
     statuses = check_statuses(scenario.pipeline)
     every = [epoch_key(n) for n in range(EPOCHS)]
     due = [epoch_key(EPOCHS - 1)]  # the range's last due epoch
@@ -105,7 +109,68 @@ def test_every_partition_shows_its_own_check_status(scenario: Scenario) -> None:
     }
     assert len(statuses) == 4
     for check, by_status in statuses.items():
+        assert by_status == {"SKIPPED": every}, check  # passed, never failed: summarized
+    logged = scenario.pipeline.instance.all_logs(
+        scenario.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION
+    )
+    results = [e.dagster_event.event_specific_data for e in logged if e.dagster_event]
+    own = sorted((c.check_name, c.partition) for c in results if c.partition is not None)
+    assert own == [(BINARY_JOIN, due[0])]  # one evaluation per run, not one per epoch
+    summaries = {c.check_name: c for c in results if c.partition is None}
+    assert len(summaries) == 5 and all(c.passed for c in summaries.values())
+    audit = summaries[DELTA_RULES]
+    assert audit.metadata["evaluated"].value == EPOCHS and audit.metadata["passed"].value == EPOCHS
+    assert "passed at every partition evaluated (4" in (audit.description or "")
+
+
+def test_with_every_each_partition_shows_its_own_check_status(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    with DagsterInstance.from_config(str(prepare_home(tmp_path / "home"))) as instance:
+        p = Pipeline(spark, tmp_path, instance=instance, check_every=EVERY, check_reporting="every")
+        for n, ups in enumerate(updates(seed=5, epochs=EPOCHS)):
+            p.land(n, ups, "csv")
+        result = p.run((0, EPOCHS - 1))
+        assert result.success, failures(result)
+        statuses = check_statuses(p)
+    every = [epoch_key(n) for n in range(EPOCHS)]
+    assert statuses.pop(("triangles", BINARY_JOIN))["SUCCEEDED"] == [epoch_key(EPOCHS - 1)]
+    assert len(statuses) == 4
+    for check, by_status in statuses.items():
         assert by_status == {"SUCCEEDED": every}, check
+
+
+def test_a_range_reports_failures_and_recoveries_per_partition(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = epoch_key(1)
+    audit = ("triangles_deltas", DELTA_RULES)
+    with DagsterInstance.from_config(str(prepare_home(tmp_path / "home"))) as instance:
+        p = Pipeline(spark, tmp_path, instance=instance, check_every=EVERY)
+        for n, ups in enumerate(updates(seed=9, epochs=EPOCHS)):
+            p.land(n, ups, "csv")
+        real = ck.delta_rules
+
+        def failing(engine, query, epoch):
+            if epoch == 1:
+                return ck.Outcome(False, {"checked": True}, "injected mismatch")
+            return real(engine, query, epoch)
+
+        monkeypatch.setattr(ck, "delta_rules", failing)
+        first = p.run((0, EPOCHS - 1))
+        assert first.success, failures(first)  # the audit is not blocking
+        own = [(c.name, c.partition, c.passed) for c in checks(first) if c.partition is not None]
+        assert (DELTA_RULES, bad, False) in own and len(own) == 2  # and the binary join's
+        assert check_statuses(p)[audit] == {
+            "FAILED": [bad],
+            "SKIPPED": sorted({epoch_key(n) for n in range(EPOCHS)} - {bad}),
+        }
+        monkeypatch.undo()
+        again = p.run((0, EPOCHS - 1))
+        assert again.success, failures(again)
+        own = [(c.name, c.partition, c.passed) for c in checks(again) if c.partition is not None]
+        assert (DELTA_RULES, bad, True) in own and len(own) == 2  # the recovery, the binary join
+        assert check_statuses(p)[audit]["SUCCEEDED"] == [bad]
 
 
 def test_epochs_applied_again_in_any_order_keep_the_oracles_answer(scenario: Scenario) -> None:

@@ -21,6 +21,7 @@ import pytest
 from dagster import AssetKey, AssetSpec
 from dagster.components.testing import create_defs_folder_sandbox
 
+from wcoj_assets.checks import CheckReporting
 from wcoj_assets.component import QueryModel, RelationModel, WcojComponent
 from wcoj_assets.definitions import JOB_NAME, build_definitions
 from wcoj_assets.graph import AssetInfo
@@ -57,7 +58,7 @@ def load(attributes: dict[str, Any]) -> tuple[Any, Any]:
 
 
 def test_a_defs_yaml_builds_what_build_definitions_builds() -> None:
-    component, defs = load(ATTRIBUTES)
+    component, defs = load({**ATTRIBUTES, "check_reporting": "every"})
     assert isinstance(component, WcojComponent)
     expected = build_definitions(
         [
@@ -71,6 +72,7 @@ def test_a_defs_yaml_builds_what_build_definitions_builds() -> None:
         start="2024-03-01",
         undirected=["edge"],
         check_every=7,
+        check_reporting="every",
     )
     graph, want = defs.resolve_asset_graph(), expected.resolve_asset_graph()
     assert graph.get_all_asset_keys() == want.get_all_asset_keys()
@@ -88,6 +90,7 @@ def test_a_defs_yaml_builds_what_build_definitions_builds() -> None:
     )
     assert wcoj.spark_conf == {"spark.executor.memory": "2g"}
     assert wcoj.check_every == 7
+    assert wcoj.check_reporting is CheckReporting.EVERY
     assert set(defs.resources) == {"wcoj", "wcoj_outputs"}
     (step,) = defs.assets
     assert step.op.name == "wcoj_epochs" and not step.can_subset

@@ -138,7 +138,7 @@ def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> I
             patch.setattr(PostgresEventLogStorage, "store_event_batch", recorded)
             root = tmp_path_factory.mktemp("postgres")
             sides = {
-                name: Side(Pipeline(spark, root / name, instance=instance))
+                name: Side(Pipeline(spark, root / name, instance=instance, check_reporting="every"))
                 for name, instance in (("postgres", pg_instance), ("sqlite", sqlite_instance))
             }
             for side in sides.values():
