@@ -298,9 +298,9 @@ def epoch_seconds(
         if seconds is None or m.partition is None:
             continue
         if asset == output:
-            found["engine pass"][m.partition] = float(seconds.value)
+            found["engine pass"][m.partition] = float(seconds.value)  # type: ignore[arg-type]
         elif asset == changes:
-            found["read and check landed"][m.partition] = float(seconds.value)
+            found["read and check landed"][m.partition] = float(seconds.value)  # type: ignore[arg-type]
     return {name: [v for _, v in sorted(by.items())] for name, by in found.items() if by}
 
 
