@@ -289,6 +289,7 @@ def run_dagster_run(
     if instance not in INSTANCES:
         raise BenchError(f"--instance {instance}: one of {', '.join(INSTANCES)}")
     load = {"start": [round(x, 2) for x in os.getloadavg()]}
+    scratch = scratch.resolve()  # Dagster wants an absolute DAGSTER_HOME
     cache, work = scratch / "cache", scratch / "dagster-run"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

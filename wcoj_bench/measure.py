@@ -217,7 +217,7 @@ class ProcessRun:
 
     argv: tuple[str, ...]
     seconds: float
-    max_rss_bytes: int  # the process's own peak (``ru_maxrss``; its largest waited child's too)
+    max_rss_bytes: int  # the process's own peak (see `run_process`)
     tree_rss_bytes: int  # the sampled peak of its whole process tree
     result: dict[str, Any]  # its last stdout line, a JSON object ({} when there is none)
     stderr: str
@@ -232,10 +232,17 @@ def run_process(
 ) -> ProcessRun:
     """Run `argv` to its exit: wall seconds from just before the fork to the reaped exit.
 
+    The process's own peak memory is its high-water mark, ``VmHWM`` in ``/proc/PID/status``,
+    read every `interval` until it exits (it only grows, so the last reading misses at most the
+    last interval's growth). Not ``ru_maxrss``: Linux carries the address space the child was
+    forked from into it, so every child of a parent that once held 2.5 GB reported 2.5 GB
+    (where there is no ``/proc``, ``ru_maxrss`` is all there is).
+
     A non-zero exit status raises `BenchError` with the end of the process's stderr.
     """
     done = threading.Event()
     peak = [0]
+    high_water = [0]
     start = clock.perf_counter()
     proc = subprocess.Popen(
         list(argv),
@@ -248,6 +255,7 @@ def run_process(
 
     def sample() -> None:
         while not done.wait(interval):
+            high_water[0] = max(high_water[0], _high_water(proc.pid))
             peak[0] = max(peak[0], tree_rss(proc.pid))
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -279,7 +287,20 @@ def run_process(
     result: dict[str, Any] = {}
     if lines and lines[-1].lstrip().startswith("{"):
         result = json.loads(lines[-1])
-    return ProcessRun(tuple(argv), seconds, usage.ru_maxrss * 1024, peak[0], result, stderr)
+    own = high_water[0] if Path("/proc/self/status").exists() else usage.ru_maxrss * 1024
+    return ProcessRun(tuple(argv), seconds, own, max(peak[0], own), result, stderr)
+
+
+def _high_water(pid: int) -> int:
+    """A live process's peak resident memory in bytes (``VmHWM``), or 0 when unreadable."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def evict(folder: str | os.PathLike[str]) -> int:

@@ -35,9 +35,9 @@ def part(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("dagster-run")
     graph = tiny_graph(root / "g.txt")
     argv = ["dagster-run", "--input", f"edge={graph}", "--undirected", "edge", "--epochs", "2"]
-    argv += ["--epoch-size", "20", "--scratch", str(root / "scratch"), "--json"]
+    argv += ["--epoch-size", "20", "--scratch", "scratch", "--json"]  # relative, as by default
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), contextlib.chdir(root):
         status = cli.main(argv)
     assert status == 0, out.getvalue()
     lines = [line for line in out.getvalue().splitlines() if line.strip()]
