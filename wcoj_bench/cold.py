@@ -8,8 +8,9 @@ random direction, as CSV files):
 
 * **apply** — ``wcoj apply --epoch T`` (the installed console script, as a user runs it) on a
   working copy of the graph's state, one fresh process per epoch: its wall time and peak resident
-  memory (``ru_maxrss``), and what it reports of itself with ``--json`` (its seconds, its phases,
-  hydration: seconds to open the state, bytes mapped and read, whether Spark started);
+  memory (its high-water mark, `wcoj_bench.measure.run_process`), and what it reports of itself
+  with ``--json`` (its seconds, its phases, hydration: seconds to open the state, bytes mapped
+  and read, whether Spark started);
 * **apply, state evicted** — the same on a second copy whose files' pages were dropped from the
   page cache just before (`wcoj_bench.measure.evict`): a process that finds nothing cached;
 * **recompute** — a fresh process recomputing the query from scratch with plain Spark SQL: the

@@ -4,8 +4,8 @@
   Spark's own status stores;
 * `MemoryWatch` — peak resident memory of this process tree and of the largest Spark Python
   worker on the machine, per label;
-* `run_process` — one whole process, exec to exit: wall seconds, its own peak RSS
-  (``ru_maxrss`` from ``wait4``), the sampled peak of its process tree (a Spark driver's JVM is
+* `run_process` — one whole process, exec to exit: wall seconds, its own peak RSS (its
+  ``VmHWM``, read until it exits), the sampled peak of its process tree (a Spark driver's JVM is
   its child), and its last JSON line;
 * `evict` — ask the kernel to drop the page-cache pages of a folder's files
   (``posix_fadvise(DONTNEED)``: no root needed), so the next process reads them from disk;

@@ -109,8 +109,8 @@ def render_cold(record: dict[str, Any]) -> str:
         "the apply's).",
         f"`wcoj apply`'s phases (medians): {_phases(apply['phases'])} s; Spark started: "
         f"{'no' if spark == 'None' else spark}; kernel on: {', '.join(apply['deployments'])}.",
-        "Peak RSS: `ru_maxrss` of the `wcoj` process; for the recompute, the sampled peak of its "
-        "process tree (Python and the JVM).",
+        "Peak RSS: the `wcoj` process's high-water mark (`VmHWM`); for the recompute, the "
+        "sampled peak of its process tree (Python and the JVM).",
         "Counts after each epoch: " + ", ".join(_n(c) for c in g["counts"]) + "; output change "
         "rows: " + ", ".join(_n(c) for c in g["change_rows"]) + ".",
     ]
