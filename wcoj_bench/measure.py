@@ -26,6 +26,7 @@ import time as clock
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -126,9 +127,14 @@ class SparkMeter:
 # -- memory -----------------------------------------------------------------------------------
 
 
+# The daemons Spark starts Python workers from: the stock one, and wcoj's preloading one.
+DAEMONS = ("pyspark.daemon", "wcoj_core.deploy.daemon")
+
+
 def spark_workers() -> dict[int, int]:
-    """Every Spark Python worker process on this machine (``pyspark.daemon`` and the workers it
-    forks, which share its command line): pid to resident bytes. Empty without psutil."""
+    """Every Spark Python worker process on this machine (a daemon of `DAEMONS`, run as
+    ``python -m DAEMON``, and the workers it forks, which share its command line): pid to
+    resident bytes. Empty without psutil."""
     try:
         import psutil  # pyright: ignore[reportMissingModuleSource]
     except ImportError:
@@ -136,7 +142,9 @@ def spark_workers() -> dict[int, int]:
     found: dict[int, int] = {}
     for p in psutil.process_iter(["cmdline", "memory_info"]):
         try:
-            if "pyspark.daemon" in " ".join(p.info["cmdline"] or ()):
+            argv = p.info["cmdline"] or []
+            # `python -m DAEMON ...` (not the driver's JVM, whose settings name the daemon too)
+            if any(a == "-m" and b in DAEMONS for a, b in pairwise(argv)):
                 found[p.pid] = int(p.info["memory_info"].rss)
         except Exception:  # a process that just ended
             continue

@@ -67,20 +67,26 @@ logger.tasks.level = off
 
 def cluster_defaults(master: str | None) -> dict[str, str]:
     """Settings a master needs: local mode's and a ``spark://`` cluster's Python workers run this
-    interpreter, and a cluster on this machine (127.0.0.1 or localhost) reaches the driver on
-    the loopback address.
+    interpreter, forked from a daemon that has imported the kernel already
+    (`wcoj_core.deploy.daemon`), and a cluster on this machine (127.0.0.1 or localhost) reaches
+    the driver on the loopback address.
 
     >>> cluster_defaults("spark://127.0.0.1:7077")["spark.driver.host"]
     '127.0.0.1'
+    >>> cluster_defaults("local[2]")["spark.python.daemon.module"]
+    'wcoj_core.deploy.daemon'
     >>> cluster_defaults("yarn")
     {}
     """
+    # Local mode's Python workers run this interpreter too (the kernel runs in them).
+    settings = {
+        "spark.pyspark.python": sys.executable,
+        "spark.python.daemon.module": "wcoj_core.deploy.daemon",
+    }
     if not master or master.startswith("local"):
-        # Local mode's Python workers run this interpreter too (the kernel runs in them).
-        return {"spark.pyspark.python": sys.executable}
+        return settings
     if not master.startswith("spark://"):
         return {}
-    settings = {"spark.pyspark.python": sys.executable}
     hosts = {h.rsplit(":", 1)[0] for h in master.removeprefix("spark://").split(",")}
     if hosts <= {"127.0.0.1", "localhost"}:
         settings["spark.driver.host"] = "127.0.0.1"

@@ -4,8 +4,10 @@ The work (`wcoj_core.deploy.work`) is shipped to ``n`` tasks of one job; task ``
 ``i``. Each task's Python worker keeps the state's traces in memory between tasks and epochs
 (`resident_for`: Spark reuses its Python workers), reading only the batches added since, from
 the state's storage (`BatchFiles`). Spark ends a Python worker that stayed idle for about a
-minute (measured with PySpark 4.3): an epoch that comes later finds a fresh worker, which reads
-the traces whole again. Every arrangement is replicated to every executor, and the
+minute (measured with PySpark 4.3): an epoch that comes later finds a fresh worker, forked
+from a daemon that has imported the kernel already (`wcoj_core.deploy.daemon`), which maps the
+traces' arrangement files where the state keeps them (a state on other storage: reads the
+traces whole again). Every arrangement is replicated to every executor, and the
 work is split by ranges of each rule's delta tuples, balanced on the work the counts predict,
 so a hub's tuples are spread over tasks like any others.
 
