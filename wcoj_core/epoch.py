@@ -346,7 +346,16 @@ class EpochPass:
 
             for name, layer in self.deltas.items():
                 self.pre[name] = self._batch(m.traces[name], layer)
-            outcome = run_rules(engine, m, self.epoch, choice, jobs, self.pre, self.written)
+            outcome = run_rules(
+                engine,
+                m,
+                self.epoch,
+                choice,
+                jobs,
+                self.pre,
+                self.written,
+                distinct=self._distinct(m, jobs),
+            )
             for name, batch in outcome.batches.items():
                 outputs[name] = _Out(None, batch, outcome.totals.get(name, 0))
             tallies = dict(outcome.tallies)

@@ -55,9 +55,12 @@ def run_rules(
     jobs: Sequence[RuleJob],
     changes: Mapping[str, Batch],
     written: list[str],
+    distinct: frozenset[str] = frozenset(),
 ) -> Outcome:
     """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (the
-    changed traces' batches at the epoch, already written); staged folders go to `written`."""
+    changed traces' batches at the epoch, already written); staged folders go to `written`.
+    Outputs in `distinct` are made already consolidated (`EpochPass._distinct`): each task
+    writes its own, with no stage summing them."""
     engine.spark(f"the kernel runs in Spark's executors ({choice.reason})")  # started, and why
     names = [*(f"rel/{r}" for r in engine.relations), *engine.counts_traces]
     sharded = choice.shards > 1
@@ -72,7 +75,7 @@ def run_rules(
         )
         for name in names
     )
-    work = Work(engine.store.root, epoch, engine.plans, reads, rules=tuple(jobs))
+    work = Work(engine.store.root, epoch, engine.plans, reads, rules=tuple(jobs), distinct=distinct)
     work = _budgeted(engine, work)
     try:
         if sharded:
