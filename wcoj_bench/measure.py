@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from wcoj_core.deploy.daemon import DAEMON_MODULE
 from wcoj_core.errors import WcojError
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class SparkMeter:
 
 
 # The daemons Spark starts Python workers from: the stock one, and wcoj's preloading one.
-DAEMONS = ("pyspark.daemon", "wcoj_core.deploy.daemon")
+DAEMONS = ("pyspark.daemon", DAEMON_MODULE)
 
 
 def spark_workers() -> dict[int, int]:

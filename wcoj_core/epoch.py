@@ -328,6 +328,7 @@ class EpochPass:
         choice = engine.choose(held, changed)
         jobs = self._jobs(m)
         outputs: dict[str, _Out] = {}
+        distinct = self._distinct(m, jobs)
         if choice.on_driver or not jobs:
             work = Work(
                 engine.store.root,
@@ -335,7 +336,7 @@ class EpochPass:
                 engine.plans,
                 (),
                 rules=tuple(jobs),
-                distinct=self._distinct(m, jobs),
+                distinct=distinct,
             )
             result = run_on_driver(work, layers)
             for name, (rows, diff) in result.changes.items():
@@ -354,7 +355,7 @@ class EpochPass:
                 jobs,
                 self.pre,
                 self.written,
-                distinct=self._distinct(m, jobs),
+                distinct=distinct,
             )
             for name, batch in outcome.batches.items():
                 outputs[name] = _Out(None, batch, outcome.totals.get(name, 0))

@@ -27,6 +27,7 @@ from wcoj_core.arrow import lift_pandas_fence
 lift_pandas_fence()  # Spark work is coming: pyspark's Arrow conversions import pandas
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 
+from wcoj_core.deploy.daemon import DAEMON_MODULE  # noqa: E402
 from wcoj_core.memory import keep_freed_memory  # noqa: E402
 
 DEFAULT_MASTER = "local[*]"
@@ -81,7 +82,7 @@ def cluster_defaults(master: str | None) -> dict[str, str]:
     # Local mode's Python workers run this interpreter too (the kernel runs in them).
     settings = {
         "spark.pyspark.python": sys.executable,
-        "spark.python.daemon.module": "wcoj_core.deploy.daemon",
+        "spark.python.daemon.module": DAEMON_MODULE,
     }
     if not master or master.startswith("local"):
         return settings

@@ -13,6 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from wcoj_core.deploy import daemon
+from wcoj_core.deploy.daemon import DAEMON_MODULE
 
 PROBE = """
 import json, os, sys
@@ -63,7 +64,7 @@ def test_spark_workers_fork_from_the_preloading_daemon(spark: SparkSession) -> N
     )
     assert len(rows) == 2
     for row in rows:
-        assert "-m wcoj_core.deploy.daemon" in row.cmdline
+        assert f"-m {DAEMON_MODULE} " in row.cmdline
         assert row.numpy and row.arrow  # loaded in the daemon, before any worker was forked
 
 
@@ -86,6 +87,7 @@ LIMITED = """
 import json, resource, sys
 import pyspark.daemon
 from wcoj_core.deploy import daemon
+from wcoj_core.deploy.daemon import DAEMON_MODULE
 pyspark.daemon.manager = lambda: print(json.dumps({
     "limit": resource.getrlimit(resource.RLIMIT_AS)[0],
     "loaded": [m for m in daemon.PRELOAD if m in sys.modules]}))

@@ -33,6 +33,9 @@ from __future__ import annotations
 import os
 import sys
 
+# This module's name, for ``spark.python.daemon.module`` (run as ``-m``, `__name__` is "__main__").
+DAEMON_MODULE = "wcoj_core.deploy.daemon"
+
 # What a worker imports for the kernel's tasks, in the order a task would.
 PRELOAD = (
     "pyspark.worker",
