@@ -3,7 +3,7 @@
 The epoch's work (`wcoj_core.deploy.work`) runs here, against a `Resident` of the state's
 traces: an epoch that touches a few thousand keys costs lookups of those keys, not a pass over
 the arrangements. A work of many delta tuples is cut into shares run on up to `WORKERS` threads
-(numpy releases the GIL in its searches, gathers and arithmetic) and put back in share order:
+(the kernel's compiled loops release the GIL) and put back in share order:
 the bindings, their order and every count are those of one share.
 
 What it computes comes back as arrays; the caller writes the batches (`BatchFiles.write`).
@@ -12,7 +12,7 @@ What it computes comes back as arrays; the caller writes the batches (`BatchFile
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -54,29 +54,10 @@ def run_on_driver(work: Work, layers: EpochLayers, *, workers: int = WORKERS) ->
         for job in work.rules:
             prepare(work.plans[job.query], work.rule(job), layers)
         with ThreadPoolExecutor(workers) as pool:
-            made = list(pool.map(lambda i: _lean(run_share(work, layers, i, count)), range(count)))
+            made = list(pool.map(lambda i: list(run_share(work, layers, i, count)), range(count)))
     else:
-        made = [_lean(run_share(work, layers, 0, 1))]
+        made = [list(run_share(work, layers, 0, 1))]
     return _collect(work, made)
-
-
-def _lean(items: Iterator[Made]) -> list[Made]:
-    """A share's results, each part of bindings without the proposals it was validated from.
-
-    A part is the step's whole proposal set (up to the kernel's budget of rows, every bound
-    column) and the positions of the proposals that survived validation. Kept as made, every
-    part would keep its proposals alive until the epoch's parts are collected: a 3.7 M-edge epoch
-    into a 3.7 M-edge R-MAT graph was killed at 23.6 GB; with each part whose survivors are fewer
-    than half its proposals cut down to them at once, as here, it peaked at 11.8 GB.
-    """
-    out: list[Made] = []
-    for item in items:
-        if isinstance(item, Bindings):
-            prefixes, kept = item.part
-            if kept is not None and 2 * len(kept) < len(prefixes):
-                item = Bindings(item.job, (prefixes.take(kept), None))
-        out.append(item)
-    return out
 
 
 def _collect(work: Work, shares: list[list[Made]]) -> DriverResult:

@@ -380,7 +380,6 @@ def _phase_task(
             rows = np.concatenate([np.flatnonzero(own), checked[kept]])
             out = p.take(rows)
             out.weight = np.concatenate([p.weight[own], held.weight])
-            out.bound = None
             yield _routed(plan, rule, out, after, at + 1, all_phases, router, len(kept))
 
 
@@ -407,8 +406,8 @@ def _propose(
         # unconnected atoms): read unsharded.
         whole = layers if x.key else layers.unsharded()
         source = whole.layers(*support_source(x), x.version)
-        for piece in pieces(mine.cols[LEAST], budget):
-            got = mine if piece is None else mine.take(piece)
+        for a, b in pieces(mine.cols[LEAST], budget):
+            got = mine if (a, b) == (0, len(mine)) else mine.take(np.arange(a, b))
             part, made = propose(plan, step, x, got, source)
             check_overflow(plan, (part, None))
             part.cols[TAG] = np.full(len(part), j, dtype=I64)

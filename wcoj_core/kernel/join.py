@@ -1,22 +1,29 @@
 """One delta rule, attribute at a time: count, pick the fewest, propose, validate.
 
 A rule starts from the changed tuples of its delta atom (`EpochLayers.delta`), multiplies in the
-atoms they bind completely (`DeltaRule.checks`), then binds one variable per `Step`:
+atoms they bind completely (`DeltaRule.checks`), then binds one variable per `Step`, each phase
+a loop of the compiled kernel (`wcoj_core.kernel.native`) over the step's prefixes:
 
-1. **count** — every extender looks its key up in its counts arrangement: how many candidates
-   it has for each prefix (a prefix some extender has none for dies here);
+1. **count** (`count`) — every extender's number of candidates for each prefix: its counts
+   arrangement's value, or, when the extender reads a single layer, the size of its key's
+   range there (the same number: the layer holds each supported tuple once); a prefix some
+   extender has none for dies here;
 2. **pick** — per prefix, the extender with the fewest candidates (ties to the lowest index);
-3. **propose** — the winner enumerates its candidates: a key range of its source layer,
-   narrowed by the step's order filters (`b < c` never proposes ``c <= b``); a completing
-   extender multiplies in each tuple's multiplicity;
-4. **validate** — every other extender looks each proposal up: a completing one multiplies in
-   the tuple's multiplicity, the others only require the key to be in the atom's support.
+3. **propose** — the winner enumerates its candidates: its key's range in each of its layers,
+   narrowed by the step's order filters (`b < c` never proposes ``c <= b``), merged in value
+   order and summed over the layers; a completing extender multiplies in each tuple's
+   multiplicity;
+4. **validate** — every other extender looks each candidate up, galloping forward through its
+   own key's range (candidates come in value order): a completing one multiplies in the
+   tuple's multiplicity, the others only require the key to be in the atom's support.
 
-Work per prefix is the smallest candidate set, so a hub vertex never makes a quadratic pile of
-wedges. Memory is bounded too: the delta is taken `CHUNK_ROWS` tuples at a time, and each step
-proposes for consecutive pieces of its prefixes whose counts add up to at most
-`PROPOSAL_BUDGET`, descending to the next step piece by piece (depth first). `run_rule` yields
-the full bindings in parts as they are made; `RuleTally` adds up what every step did.
+Phases 2–4 are one pass (`extend`): only the candidates that pass every extender are written,
+so no array of unvalidated proposals is ever made. Work per prefix is the smallest candidate
+set, so a hub vertex never makes a quadratic pile of wedges. Memory is bounded too: the delta
+is taken `CHUNK_ROWS` tuples at a time, and each step extends consecutive pieces of its
+prefixes whose counts add up to at most `PROPOSAL_BUDGET` (the counts bound what a piece
+writes), descending to the next step piece by piece (depth first). `run_rule` yields the full
+bindings in parts as they are made; `RuleTally` adds up what every step did.
 
 Multiplicities are checked, never wrapped (`wcoj_core.kernel.multiplicity`). A binding's weight
 is the product of the multiplicities of its atoms, each as of the version the rule reads (the
@@ -29,7 +36,8 @@ so a flagged row's full weight is past the range too.) Sums raise as they are ma
 multiplicity over the layers of a trace, and the output change summed over rules and bindings.
 
 Nothing here reads a file, starts a thread or knows Spark: the deployments in
-`wcoj_core.deploy` decide where rules run and hand each one its share of the delta.
+`wcoj_core.deploy` decide where rules run and hand each one its share of the delta (the
+compiled loops release the GIL, so shares run at once on threads).
 """
 
 from __future__ import annotations
@@ -44,16 +52,30 @@ import numpy as np
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.index import Layers
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Bound, Layer, find, lookup_bound, lookup_sum_of, present
+from wcoj_core.kernel.layer import (
+    CONSTANT,
+    DIRECTORY_SHARE,
+    ITSELF,
+    OPS,
+    OVER_LAYERS,
+    PREFIX_COL,
+    Layer,
+    NativeFilter,
+    contiguous,
+    lookup_sum_of,
+    native_outcome,
+    present,
+)
 from wcoj_core.kernel.multiplicity import times
+from wcoj_core.kernel.native import native
 from wcoj_core.query.ir import CmpOp, Filter, Var
 from wcoj_core.query.plan import AtomView, DeltaRule, Extender, Plan, Step
 from wcoj_core.traces import counts_trace_name, relation_trace_name
 
 # A rule takes its delta tuples this many at a time.
 CHUNK_ROWS = 1 << 20
-# A step proposes for at most about this many candidates at once (as the counts estimate them;
-# a single prefix with more is taken alone): what bounds the memory of a rule.
+# A step extends at most about this many candidates at once (as the counts bound them; a
+# single prefix with more is taken alone): what bounds the memory of a rule.
 PROPOSAL_BUDGET = 1 << 23
 
 
@@ -70,15 +92,14 @@ class Prefixes:
 
     `overflow` flags the rows whose exact weight has left int64 (their `weight` wrapped and
     means nothing); None when no row's has. A flagged row that completes a binding raises
-    `MultiplicityOverflow` (`check_overflow`); one that dies before does not. `bound`, when
-    known, bounds every ``|weight|``: the next product is then checked with one bound less to
-    read. Change weights through `scale` (assigning `weight` directly must reset `bound`).
+    `MultiplicityOverflow` (`check_overflow`); one that dies before does not. `block`, when
+    set, is the leading columns as one column-major array (see `head_block`).
     """
 
     cols: dict[Var, np.ndarray]
     weight: np.ndarray
     overflow: np.ndarray | None = None
-    bound: int | None = None
+    block: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.weight)
@@ -86,12 +107,12 @@ class Prefixes:
     def take(self, idx: np.ndarray) -> Prefixes:
         over = self.overflow
         cols = {v: c[idx] for v, c in self.cols.items()}
-        return Prefixes(cols, self.weight[idx], None if over is None else over[idx], self.bound)
+        return Prefixes(cols, self.weight[idx], None if over is None else over[idx])
 
-    def scale(self, factor: np.ndarray, bound: int | None = None) -> None:
-        """Multiply each row's weight by its `factor` (multiplicities, `bound` on their
-        magnitudes when known), flagging the rows whose exact product leaves int64."""
-        self.weight, over, self.bound = times(self.weight, factor, self.bound, bound)
+    def scale(self, factor: np.ndarray) -> None:
+        """Multiply each row's weight by its `factor` (multiplicities), flagging the rows whose
+        exact product leaves int64."""
+        self.weight, over = times(self.weight, factor)
         if over is not None:
             self.overflow = over if self.overflow is None else over | self.overflow
 
@@ -106,6 +127,8 @@ class Prefixes:
         return np.column_stack([self.cols[v] for v in vs]).astype(I64, copy=False)
 
     def filtered(self, filters: Sequence[Filter]) -> Prefixes:
+        if not filters:
+            return self
         return self.where(_filter_mask(self, filters))
 
 
@@ -157,14 +180,18 @@ def support_source(x: Extender) -> tuple[str, AtomView | None, tuple[int, ...]]:
     return counts_trace_name(x.support), None, tuple(cols.index(c) for c in (*x.key, x.value))
 
 
+def counts_source(x: Extender) -> tuple[str, None, tuple[int, ...]]:
+    """Where extender `x` counts from: its counts trace, keyed by its key."""
+    return counts_trace_name(x.counts), None, tuple(range(len(x.key)))
+
+
 def delta_layer(plan: Plan, rule: DeltaRule, layers: Layers) -> Layer:
     """The changed tuples a rule starts from: its delta atom's view of the epoch's changes."""
     view = plan.views[rule.delta]
     return layers.delta(relation_trace_name(view.relation), view, tuple(range(view.arity)))
 
 
-# Bindings in the making: rows of the prefixes, or only those at the given indices (the rows a
-# validation kept, gathered once, when the parts are put together by `concat`).
+# Bindings in the making: rows of the prefixes, or only those at the given indices.
 Part = tuple[Prefixes, np.ndarray | None]
 
 
@@ -185,22 +212,33 @@ def run_rule(
     """The full bindings of one delta rule, in parts, as they are made (see the module).
 
     `rows` restricts the rule to the delta tuples at those positions (a deployment's share of
-    the work); `tally` is added what every step did.
+    the work); `tally` is added what every step did. The last step writes the head's columns
+    as one column-major block (`head_block`), what the output change is made of.
     """
     d = delta_layer(plan, rule, layers)
     lo, hi = (0, len(d)) if rows is None else rows
     start = plan.atom_vars[rule.delta]
     step = max(chunk_rows, 1)
+    columns = d.columns()
+    lead = _lead(plan, rule)
     for at in range(lo, hi, step):
         part = slice(at, min(at + step, hi))
-        cols = {v: d.rows[part, i] for i, v in enumerate(start)}
-        prefixes = Prefixes(cols, d.diff[part], None, d.diff_bound())
+        cols = {v: columns[i][part] for i, v in enumerate(start)}
+        prefixes = Prefixes(cols, d.diff[part])
         prefixes = _checked(plan, rule, prefixes, layers, tally)
-        for made in _descend(
-            plan, rule, 0, prefixes.filtered(rule.start_filters), layers, tally, budget
-        ):
+        prefixes = prefixes.filtered(rule.start_filters)
+        for made in _descend(plan, rule, 0, prefixes, layers, tally, budget, lead):
             check_overflow(plan, made)
             yield made
+
+
+def _lead(plan: Plan, rule: DeltaRule) -> tuple[Var, ...]:
+    """The head's variables, when they are distinct variables of the rule (then written as
+    one block), else none."""
+    head = plan.query.head
+    if len(set(head)) == len(head) and set(head) <= set(rule.order):
+        return tuple(head)
+    return ()
 
 
 def check_overflow(plan: Plan, part: Part) -> None:
@@ -233,7 +271,7 @@ def _checked(
         m = lookup_sum_of(held, cols, len(prefixes))
         keep = np.flatnonzero(m)
         prefixes = prefixes.take(keep)
-        prefixes.scale(m[keep], lookup_bound(held))
+        prefixes.scale(m[keep])
         tally.joins += len(prefixes)
     return prefixes
 
@@ -246,60 +284,87 @@ def _descend(
     layers: Layers,
     tally: RuleTally,
     budget: int,
+    lead: Sequence[Var],
 ) -> Iterator[Part]:
     """Steps `k`.. of a rule for some prefixes, piece by piece (see the module)."""
     if k == len(rule.steps):
         yield prefixes, None
         return
     step = rule.steps[k]
-    prefixes, n = count(plan, step, prefixes, layers, tally)
-    tag, least = pick(n)
+    live = count(plan, step, prefixes, layers, tally)
     counts = tally.steps[k]
-    counts.prefixes += len(prefixes)
-    counts.min_sum += int(least.sum())
+    counts.prefixes += len(live)
+    counts.min_sum += int(live.least.sum())
+    last = k + 1 == len(rule.steps)
+    for a, b in pieces(live.least, budget):
+        part = extend(plan, step, prefixes, live, (a, b), layers, counts, lead if last else ())
+        tally.joins += part.joins
+        if last:
+            yield part.made, None
+        elif len(part.made):
+            yield from _descend(plan, rule, k + 1, part.made, layers, tally, budget, lead)
+
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    """The prefixes a step's count kept (their positions), the extender with the fewest
+    candidates for each (`tag`) and that number (`least`)."""
+
+    rows: np.ndarray
+    tag: np.ndarray
+    least: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+NativeExtender = tuple[list[Any], list[Any] | None, tuple[int, ...], bool]
+
+
+def _native_extender(
+    plan: Plan, x: Extender, names: Sequence[Var], layers: Layers, m: int
+) -> NativeExtender:
+    """Extender `x` as the compiled kernel reads it: its source layers, its counts layers
+    (None: counted by its one source layer's ranges), its key's prefix columns, completes."""
+    source = [layer for layer in layers.layers(*support_source(x), x.version) if len(layer)]
+    counts = None
+    if len(source) > 1:
+        counts = [layer.spec(m) for layer in layers.layers(*counts_source(x), x.version)]
+    key = tuple(names.index(plan.atom_vars[x.atom][k]) for k in x.key)
+    return [layer.spec(m) for layer in source], counts, key, x.completes
+
+
+def count(plan: Plan, step: Step, prefixes: Prefixes, layers: Layers, tally: RuleTally) -> Live:
+    """Count and pick: each extender's number of candidates per prefix, the prefixes left with
+    none in some extender dropped, and for the others the extender with the fewest."""
     names = list(prefixes.cols)
-    for piece in pieces(least, budget):
-        mine = prefixes if piece is None else prefixes.take(piece)
-        parts = extend(plan, step, mine, tag if piece is None else tag[piece], layers, tally, k)
-        if k + 1 == len(rule.steps):
-            yield from parts
-        elif parts:
-            yield from _descend(
-                plan, rule, k + 1, concat(parts, [*names, step.var]), layers, tally, budget
-            )
-
-
-def count(
-    plan: Plan, step: Step, prefixes: Prefixes, layers: Layers, tally: RuleTally
-) -> tuple[Prefixes, np.ndarray]:
-    """Count: each extender's number of candidates per prefix; the prefixes left with none in
-    some extender are dropped. Returns the live prefixes and their counts (extender x prefix)."""
-    xs = step.extenders
-    n = np.zeros((len(xs), len(prefixes)), dtype=I64)
-    alive = np.ones(len(prefixes), dtype=bool)
-    for j, x in enumerate(xs):
-        n[j] = count_of(plan, x, prefixes, layers)
-        alive &= n[j] > 0
-        tally.joins += int(alive.sum())
-    if not alive.all():
-        keep = np.flatnonzero(alive)
-        prefixes, n = prefixes.take(keep), n[:, keep]
-    return prefixes, n
+    m = len(prefixes)
+    xs = [_native_extender(plan, x, names, layers, m) for x in step.extenders]
+    rows = np.empty(m, dtype=I64)
+    tag = np.empty(m, dtype=I64)
+    least = np.empty(m, dtype=I64)
+    alive = np.empty(len(xs), dtype=I64)
+    cols = contiguous(prefixes.cols.values())
+    kept = native.count(xs, cols, m, rows, tag, least, alive)
+    if kept < 0:
+        raise MultiplicityOverflow(OVER_LAYERS, tuple(int(c[-kept - 1]) for c in cols))
+    tally.joins += int(alive.sum())
+    return Live(rows[:kept], tag[:kept], least[:kept])
 
 
 def count_of(plan: Plan, x: Extender, prefixes: Prefixes, layers: Layers) -> np.ndarray:
     """One extender's number of candidates for each prefix (its counts arrangement's value)."""
     # An empty key is no column: every prefix then reads the one total count.
     return lookup_sum_of(
-        layers.layers(counts_trace_name(x.counts), None, tuple(range(len(x.key))), x.version),
+        layers.layers(*counts_source(x), x.version),
         [prefixes.cols[plan.atom_vars[x.atom][k]] for k in x.key],
         len(prefixes),
     )
 
 
 def pick(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pick: per prefix, the extender with the fewest candidates (ties to the lowest index)
-    and that least count.
+    """Pick, from counts made apart (extender x prefix): per prefix, the extender with the
+    fewest candidates (ties to the lowest index) and that least count.
 
     >>> pick(np.array([[3, 1, 2], [2, 5, 2]]))
     (array([1, 0, 0]), array([2, 1, 2]))
@@ -310,16 +375,16 @@ def pick(n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return tag, least
 
 
-def pieces(sizes: np.ndarray, budget: int) -> Iterator[np.ndarray | None]:
-    """Consecutive pieces of rows whose `sizes` add up to at most `budget` each (a row above it
-    alone); a single None when every row fits in one.
+def pieces(sizes: np.ndarray, budget: int) -> Iterator[tuple[int, int]]:
+    """Consecutive row ranges whose `sizes` add up to at most `budget` each (a row above it
+    alone).
 
-    >>> [p if p is None else p.tolist() for p in pieces(np.array([2, 2, 5, 1]), 4)]
-    [[0, 1], [2], [3]]
+    >>> list(pieces(np.array([2, 2, 5, 1]), 4))
+    [(0, 2), (2, 3), (3, 4)]
     """
     total = int(sizes.sum())
     if total <= budget:
-        yield None
+        yield 0, len(sizes)
         return
     ends = np.cumsum(sizes)
     start = 0
@@ -327,112 +392,150 @@ def pieces(sizes: np.ndarray, budget: int) -> Iterator[np.ndarray | None]:
         base = int(ends[start - 1]) if start else 0
         stop = int(np.searchsorted(ends, base + budget, "right"))
         stop = max(stop, start + 1)
-        yield np.arange(start, stop)
+        yield start, stop
         start = stop
+
+
+def native_filters(step: Step, names: Sequence[Var]) -> list[NativeFilter]:
+    """The step's filters as the kernel takes them: the new variable compared with a prefix
+    column, a constant or itself (every filter of a step holds its variable)."""
+    out: list[NativeFilter] = []
+    for f in step.filters:
+        if f.left == step.var:
+            op, other = f.op, f.right
+        elif f.right == step.var:
+            op, other = f.op.flipped(), f.left
+        else:
+            raise AssertionError(f"filter {f} of step {step.var} does not hold it")
+        if other == step.var:
+            out.append((OPS[op.value], ITSELF, 0))
+        elif isinstance(other, Var):
+            out.append((OPS[op.value], PREFIX_COL, names.index(other)))
+        else:
+            out.append((OPS[op.value], CONSTANT, int(other.value)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Extended:
+    """The bindings a piece of a step made, and the lookups behind them (`joins`)."""
+
+    made: Prefixes
+    joins: int
 
 
 def extend(
     plan: Plan,
     step: Step,
     prefixes: Prefixes,
-    tag: np.ndarray,
+    live: Live,
+    piece: tuple[int, int],
     layers: Layers,
-    tally: RuleTally,
-    k: int,
-) -> list[Part]:
-    """Propose and validate: each extender proposes for the prefixes it won (`tag`), every
-    other extender validates; the bindings come out in extender order."""
-    xs = step.extenders
-    parts: list[Part] = []
-    counts = tally.steps[k]
-    for j, x in enumerate(xs):
-        mine = np.flatnonzero(tag == j) if len(xs) > 1 else None
-        got = prefixes if mine is None else prefixes.take(mine)
-        if len(got) == 0:
-            continue
-        source = layers.layers(*support_source(x), x.version)
-        checks = [
-            (y, layers.layers(*support_source(y), y.version)) for i, y in enumerate(xs) if i != j
-        ]
-        part, proposed, passed = _extend(plan, step, x, got, source, checks)
-        counts.proposed += proposed
-        counts.validated += part_rows(part)
-        tally.joins += proposed + sum(passed)
-        parts.append(part)
-    return parts
+    counts: StepCounts,
+    lead: Sequence[Var] = (),
+) -> Extended:
+    """Propose and validate, for the live prefixes of `piece`: each one's extender with the
+    fewest candidates proposes, every other validates; the bindings come out in prefix
+    order, the step's variable last. The columns of `lead` (variables of the bindings) are
+    written as one column-major block (`head_block`)."""
+    names = list(prefixes.cols)
+    a, b = piece
+    cap = int(live.least[a:b].sum())
+    xs = [_native_extender(plan, x, names, layers, b - a) for x in step.extenders]
+    made = _allocate([*names, step.var], cap, lead)
+    cols = contiguous(prefixes.cols.values())
+    flags = np.empty(cap, dtype=np.uint8)
+    outcome = native.extend(
+        cols,
+        len(prefixes),
+        np.ascontiguousarray(prefixes.weight, dtype=I64),
+        prefixes.overflow,
+        live.rows,
+        live.tag,
+        a,
+        b,
+        xs,
+        native_filters(step, names),
+        tuple(made.cols.values()),
+        None,
+        made.weight,
+        flags,
+        cap,
+    )
+    n, proposed, passed, flagged = native_outcome(outcome, cols, [x[2] for x in xs])
+    counts.proposed += proposed
+    counts.validated += n
+    out = Prefixes(
+        {v: c[:n] for v, c in made.cols.items()},
+        made.weight[:n],
+        flags[:n].view(bool) if flagged else None,
+        None if made.block is None else made.block[:n],
+    )
+    return Extended(out, proposed + passed)
 
 
-def _extend(
-    plan: Plan,
-    step: Step,
-    x: Extender,
-    mine: Prefixes,
-    source: Sequence[Layer],
-    checks: Sequence[tuple[Extender, Sequence[Layer]]],
-) -> tuple[Part, int, list[int]]:
-    """Extender `x` proposes for prefixes `mine` from `source`; every other extender validates.
+def _allocate(vs: Sequence[Var], rows: int, lead: Sequence[Var]) -> Prefixes:
+    """Empty columns for `rows` bindings of `vs`, those of `lead` as one column-major block.
 
-    Returns the bindings, the number proposed, and per validator how many rows passed. The rows
-    a validator drops are gathered out before the next one checks, but the last one's only
-    marks the rows it kept (see `Part`).
-    """
-    part, proposed = propose(plan, step, x, mine, source)
-    kept: np.ndarray | None = None
-    passed: list[int] = []
-    for y, ys in checks:
-        if kept is not None:
-            part, kept = part.take(kept), None
-        if len(part) == 0:
-            continue
-        kept, m = validate(plan, y, part, ys)
-        passed.append(len(kept))
-        if y.completes and m is not None:  # else every kept row's factor is 1
-            part.scale(m, lookup_bound(ys))  # the rows dropped (factor 0) are never read
-    return (part, kept), proposed, passed
+    Written by the kernel front to back: pages past the rows it writes are never touched."""
+    block = np.empty((rows, len(lead)), dtype=I64, order="F") if lead else None
+    at = {v: i for i, v in enumerate(lead)}
+    cols = {
+        v: block[:, at[v]] if block is not None and v in at else np.empty(rows, dtype=I64)
+        for v in vs
+    }
+    return Prefixes(cols, np.empty(rows, dtype=I64), None, block)
 
 
 def propose(
     plan: Plan, step: Step, x: Extender, mine: Prefixes, source: Sequence[Layer]
 ) -> tuple[Prefixes, int]:
-    """Extender `x` proposes the step's variable for prefixes `mine` from its `source` layers,
-    within the step's filters. Returns the bindings and how many were proposed (before the
-    filters a range cannot apply)."""
-    atom_vars = plan.atom_vars
-    bounds, leftover = bounds_of(step.var, step.filters, mine)
-    found = find(source, [mine.cols[atom_vars[x.atom][k]] for k in x.key], len(mine), bounds)
-    over = None if mine.overflow is None else found.spread(mine.overflow)
-    cols = {v: found.spread(c) for v, c in mine.cols.items()}
-    part = Prefixes(cols, found.spread(mine.weight), over, mine.bound)
-    part.cols[step.var] = found.rest[:, 0]
-    if x.completes and found.diff is not None:
-        part.scale(found.diff, found.bound)
-    proposed = len(part)
-    if leftover:  # the filters the proposals' bounds did not already apply
-        part = part.filtered(leftover)
-    return part, proposed
+    """Extender `x` alone proposes the step's variable for prefixes `mine` from its `source`
+    layers, within the step's filters (a deployment that validates in a later stage). Returns
+    the bindings and how many were proposed."""
+    names = list(mine.cols)
+    m = len(mine)
+    held = [layer for layer in source if len(layer)]
+    key = tuple(names.index(plan.atom_vars[x.atom][k]) for k in x.key)
+    xs = [([layer.spec(m) for layer in held], None, key, x.completes)]
+    cols = contiguous(mine.cols.values())
+    rows = np.arange(m, dtype=I64)
+    tag = np.zeros(m, dtype=I64)
+    args = (cols, m, np.ascontiguousarray(mine.weight, dtype=I64), mine.overflow, rows, tag)
+    filters = native_filters(step, names)
+    counted = native.extend(*args, 0, m, xs, filters, None, None, None, None, 0)
+    cap = native_outcome(counted, cols, [key])[0]
+    made = _allocate([*names, step.var], cap, ())
+    flags = np.empty(cap, dtype=np.uint8)
+    outcome = native.extend(
+        *args, 0, m, xs, filters, tuple(made.cols.values()), None, made.weight, flags, cap
+    )
+    n, proposed, _, flagged = native_outcome(outcome, cols, [key])
+    made.overflow = flags[:n].view(bool) if flagged else None
+    return made, proposed
 
 
 def validate(
     plan: Plan, y: Extender, part: Prefixes, source: Sequence[Layer]
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Extender `y` validates bindings: the indices of those it holds, and each binding's
-    multiplicity in it (None when every held one's is 1). A completing extender's factor
-    multiplies the weight; the others' only say the key is in the atom's support."""
+    """Extender `y` alone validates bindings (a deployment that validates in a stage of its
+    own): the indices of those it holds, and each binding's multiplicity in it. A completing
+    extender's factor multiplies the weight; the others only say the key is in the atom's
+    support."""
     cols = [part.cols[plan.atom_vars[y.atom][k]] for k in (*y.key, y.value)]
     return present(source, cols, len(part))
 
 
-_LOWER = {CmpOp.GT: (True, False), CmpOp.GE: (True, True)}
-_UPPER = {CmpOp.LT: (False, False), CmpOp.LE: (False, True)}
+def bounds_of(var: Var, filters: Sequence[Filter], p: Prefixes) -> tuple[list[Any], list[Filter]]:
+    """The step's filters that compare the new variable with a bound term, as range bounds
+    (`wcoj_core.kernel.layer.Bound`), and the filters left over: those a range cannot apply
+    (``!=``, or not on the new variable). Every proposal made within the bounds satisfies the
+    others."""
+    from wcoj_core.kernel.layer import Bound
 
-
-def bounds_of(var: Var, filters: Sequence[Filter], p: Prefixes) -> tuple[list[Bound], list[Filter]]:
-    """The step's filters that compare the new variable with a bound term, as range bounds.
-
-    Also returns the filters left over: those a range cannot apply (``!=``, or not on the new
-    variable). Every proposal made within the bounds satisfies the others.
-    """
-    out: list[Bound] = []
+    sides = {CmpOp.GT: (True, False), CmpOp.GE: (True, True)}
+    sides |= {CmpOp.LT: (False, False), CmpOp.LE: (False, True)}
+    out: list[Any] = []
     rest: list[Filter] = []
     for f in filters:
         if f.left == var and f.right != var:
@@ -442,15 +545,13 @@ def bounds_of(var: Var, filters: Sequence[Filter], p: Prefixes) -> tuple[list[Bo
         else:
             rest.append(f)
             continue
-        sides = {**_LOWER, **_UPPER, CmpOp.EQ: None}
-        if op not in sides:
+        if op not in sides and op is not CmpOp.EQ:
             rest.append(f)  # != cannot narrow a range
             continue
         values = np.asarray(
             p.cols[other] if isinstance(other, Var) else np.full(len(p), other.value), dtype=I64
         )
-        found = sides[op]
-        for lower, inclusive in [(True, True), (False, True)] if found is None else [found]:
+        for lower, inclusive in [(True, True), (False, True)] if op is CmpOp.EQ else [sides[op]]:
             out.append(Bound(values, lower, inclusive))
     return out, rest
 
@@ -466,7 +567,8 @@ def _filter_mask(p: Prefixes, filters: Sequence[Filter]) -> np.ndarray:
 
 def concat(parts: list[Part], vs: Sequence[Var], lead: Sequence[Var] = ()) -> Prefixes:
     """Parts of bindings, one after another: each column is written once, straight from the
-    rows each part kept (a single whole part is returned as it is, unless `lead` is given).
+    rows each part kept (a single whole part is returned as it is, unless `lead` is given and
+    it holds no block of those columns).
 
     The list is emptied as the parts are copied: each part's memory is freed as soon as its
     rows are in place, and the next parts' rows land in the pages it held (touching new memory
@@ -476,15 +578,12 @@ def concat(parts: list[Part], vs: Sequence[Var], lead: Sequence[Var] = ()) -> Pr
     column-major array, in that order: `output_changes` then takes that array as the output's
     rows as it is, instead of copying every column once more (see `head_block`).
     """
-    if len(parts) == 1 and parts[0][1] is None and not lead:
-        return parts.pop()[0]
+    if len(parts) == 1 and parts[0][1] is None:
+        only = parts[0][0]
+        if not lead or head_block(only, lead) is not None:
+            return parts.pop()[0]
     total = sum(part_rows(part) for part in parts)
-    block = np.empty((total, len(lead)), dtype=I64, order="F")
-    at = {v: i for i, v in enumerate(lead)}
-    cols = {v: block[:, at[v]] if v in at else np.empty(total, dtype=I64) for v in vs}
-    weight = np.empty(total, dtype=I64)
-    known = [p.bound for p, _ in parts if p.bound is not None]
-    bound = max(known) if known and len(known) == len(parts) else None
+    made = _allocate(vs, total, lead)
     flagged = any(p.overflow is not None for p, _ in parts)
     over = np.zeros(total, dtype=bool) if flagged else None
     start = 0
@@ -492,7 +591,7 @@ def concat(parts: list[Part], vs: Sequence[Var], lead: Sequence[Var] = ()) -> Pr
     while parts:
         p, kept = parts.pop()
         end = start + (len(p) if kept is None else len(kept))
-        pairs = [*((p.cols[v], cols[v]) for v in vs), (p.weight, weight)]
+        pairs = [*((p.cols[v], made.cols[v]) for v in vs), (p.weight, made.weight)]
         if over is not None and p.overflow is not None:
             pairs.append((p.overflow, over))
         for src, out in pairs:
@@ -501,39 +600,33 @@ def concat(parts: list[Part], vs: Sequence[Var], lead: Sequence[Var] = ()) -> Pr
             else:  # indices known valid: "clip" writes straight into `out`, unbuffered
                 np.take(src, kept, out=out[start:end], mode="clip")
         start = end
-    return Prefixes(cols, weight, over, bound)
+    made.overflow = over
+    return made
 
 
 def head_block(p: Prefixes, head: Sequence[Var]) -> np.ndarray | None:
-    """The head's columns of `p` as one column-major array, when they already are the leading
-    columns of one (`concat` with ``lead=head``), without a copy; else None."""
-    if not head or len(set(head)) != len(head):
-        return None
-    base = p.cols[head[0]].base
-    if not isinstance(base, np.ndarray) or base.ndim != 2 or base.shape[1] != len(head):
+    """The head's columns of `p` as one column-major array, when they already are its
+    `Prefixes.block` (written so by `extend` or `concat`), without a copy; else None."""
+    block = p.block
+    if block is None or not head or block.shape[1] != len(head) or len(block) != len(p):
         return None
     for i, v in enumerate(head):
-        col, want = p.cols[v], base[:, i]
-        if (col.dtype, col.shape, col.strides, col.ctypes.data) != (
-            want.dtype,
-            want.shape,
-            want.strides,
-            want.ctypes.data,
+        col = p.cols.get(v)
+        if col is None or not np.shares_memory(col, block[:, i]) or col.ctypes.data != (
+            block[:, i].ctypes.data
         ):
             return None
-    return base
+    return block
 
 
 def bindings(plan: Plan, rule: DeltaRule, parts: list[Part]) -> Prefixes:
     """A rule's parts of full bindings as one set of columns (`parts` is emptied).
 
-    When the head names distinct variables, its columns are written as one column-major array
+    When the head names distinct variables, its columns are one column-major array
     (`head_block`), which `output_changes` takes as the output's rows without a copy.
     """
     names = list(dict.fromkeys(rule.order))
-    head = plan.query.head
-    lead = head if len(set(head)) == len(head) and set(head) <= set(names) else ()
-    return concat(parts, names, lead)
+    return concat(parts, names, _lead(plan, rule))
 
 
 def weights(plan: Plan, rule: DeltaRule, layers: Layers) -> np.ndarray:
@@ -543,17 +636,15 @@ def weights(plan: Plan, rule: DeltaRule, layers: Layers) -> np.ndarray:
     if not rule.steps or len(d) == 0:
         return np.ones(len(d), dtype=I64)
     start = plan.atom_vars[rule.delta]
-    prefixes = Prefixes({v: d.rows[:, i] for i, v in enumerate(start)}, d.diff)
-    xs = rule.steps[0].extenders
+    columns = d.columns()
+    cols = {v: columns[i] for i, v in enumerate(start)}
     least: np.ndarray | None = None
-    for x in xs:
-        keys = [prefixes.cols.get(plan.atom_vars[x.atom][k]) for k in x.key]
+    for x in rule.steps[0].extenders:
+        keys = [cols.get(plan.atom_vars[x.atom][k]) for k in x.key]
         if any(c is None for c in keys):  # a key bound by a check, not by the delta: skip it
             continue
         n = lookup_sum_of(
-            layers.layers(counts_trace_name(x.counts), None, tuple(range(len(x.key))), x.version),
-            [c for c in keys if c is not None],
-            len(d),
+            layers.layers(*counts_source(x), x.version), [c for c in keys if c is not None], len(d)
         )
         least = n if least is None else np.minimum(least, n)
     return np.ones(len(d), dtype=I64) if least is None else np.maximum(least, 1)
@@ -578,20 +669,25 @@ def shares(sizes: np.ndarray, count: int) -> list[tuple[int, int]]:
 
 
 def prepare(plan: Plan, rule: DeltaRule, layers: Layers) -> None:
-    """Build every search structure the rule reads lazily (views, sorted keys, columns), so
-    rules running at once on several threads over the same layers only read them."""
-    delta_layer(plan, rule, layers)
+    """Make every search structure the rule reads lazily (views, columns, unit flags, and the
+    directories its many probes will want), so rules running at once on several threads over
+    the same layers only read them."""
+    d = delta_layer(plan, rule, layers)
+    many = len(d)
+
+    def ready(layer: Layer) -> None:
+        layer.prepare(layer.width)
+        if many and len(layer) and many >= DIRECTORY_SHARE * len(layer):
+            layer.directory()
+
     for c in rule.checks:
         order = tuple(range(c.view.arity))
         name = relation_trace_name(c.view.relation)
         for layer in layers.layers(name, c.view, order, c.version):
-            layer.prepare(layer.width)
+            ready(layer)
     for step in rule.steps:
         for x in step.extenders:
-            order = tuple(range(len(x.key)))
-            for layer in layers.layers(counts_trace_name(x.counts), None, order, x.version):
-                layer.prepare(layer.width)
+            for layer in layers.layers(*counts_source(x), x.version):
+                ready(layer)
             for layer in layers.layers(*support_source(x), x.version):
-                layer.prepare(len(x.key), len(x.key) + 1, layer.width)
-                if len(layer) and len(x.key) < layer.width:
-                    layer.col(len(x.key))
+                ready(layer)
