@@ -240,12 +240,13 @@ def test_the_kernel_matches_the_oracle_or_raises_exactly_when_it_leaves_int64(da
         bindings = rule_bindings(plan, {Version.OLD: state, Version.NEW: new, Version.DELTA: delta})
         layers_args = (plan, epoch_layers(plan, state, delta))
         parts = data.draw(st.integers(1, 3), label=f"epoch {t} shares")
+        threads = data.draw(st.sampled_from([(1, 1), (2, 1), (3, 2)]), label=f"epoch {t} threads")
         if expect_overflow(plan, bindings):
             event("an epoch past int64")
             with pytest.raises(MultiplicityOverflow):
-                kernel_change(*layers_args, parts, 2, 3)
+                kernel_change(*layers_args, parts, 2, 3, threads)
             return  # the epoch cannot be applied: the state stays as it was
-        change, _ = kernel_change(*layers_args, parts, 2, 3)
+        change, _ = kernel_change(*layers_args, parts, 2, 3, threads)
         event("an exact epoch with a change" if change else "an exact epoch")
         assert change == signed_difference(naive_eval(query, new), naive_eval(query, state)), t
         state = new

@@ -2,9 +2,10 @@
 
 The epoch's work (`wcoj_core.deploy.work`) runs here, against a `Resident` of the state's
 traces: an epoch that touches a few thousand keys costs lookups of those keys, not a pass over
-the arrangements. A work of many delta tuples is cut into shares run on up to `WORKERS` threads
-(the kernel's compiled loops release the GIL) and put back in share order:
-the bindings, their order and every count are those of one share.
+the arrangements. A work of many delta tuples runs the kernel's compiled loops on up to
+`WORKERS` threads (each loop cuts its prefixes into chunks and puts the chunks' bindings back
+in order: the bindings, their order and every count are those of one thread); a small one
+stays on this thread, keeping its latency.
 
 What it computes comes back as arrays; the caller writes the batches (`BatchFiles.write`).
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,15 +49,12 @@ class DriverResult:
 def run_on_driver(work: Work, layers: EpochLayers, *, workers: int = WORKERS) -> DriverResult:
     """Run a work on this process (see the module)."""
     tuples = sum(len(delta_layer(work.plans[j.query], work.rule(j), layers)) for j in work.rules)
-    count = 2 * workers if workers > 1 and tuples >= THREAD_ROWS else 1
-    if count > 1:
+    threads = workers if tuples >= THREAD_ROWS else 1
+    if threads > 1:
         for job in work.rules:
             prepare(work.plans[job.query], work.rule(job), layers)
-        with ThreadPoolExecutor(workers) as pool:
-            made = list(pool.map(lambda i: list(run_share(work, layers, i, count)), range(count)))
-    else:
-        made = [list(run_share(work, layers, 0, 1))]
-    return _collect(work, made)
+    # Every binding is kept here until the outputs are summed: each rule's chunk is one part.
+    return _collect(work, [list(run_share(work, layers, 0, 1, threads, whole=True))])
 
 
 def _collect(work: Work, shares: list[list[Made]]) -> DriverResult:

@@ -204,9 +204,18 @@ def opened_trace(work: Work, read: TraceRead, resident: Resident) -> Opened:
     return found
 
 
-def run_share(work: Work, layers: EpochLayers, share: int, count: int) -> Iterator[Made]:
+def run_share(
+    work: Work,
+    layers: EpochLayers,
+    share: int,
+    count: int,
+    threads: int = 1,
+    whole: bool = False,
+) -> Iterator[Made]:
     """Share `share` of `count` of a work: emitted changes (share 0), then every rule's
-    bindings on its share of the delta, each rule followed by its tally."""
+    bindings on its share of the delta, each rule followed by its tally; the kernel's loops
+    on up to `threads` threads, the last step writing whole chunks with `whole`
+    (`wcoj_core.kernel.join.run_rule`)."""
     if share == 0:
         columns = work.columns()
         for name in work.emit:
@@ -220,9 +229,22 @@ def run_share(work: Work, layers: EpochLayers, share: int, count: int) -> Iterat
         tally = RuleTally.of(rule)
         d = delta_layer(plan, rule, layers)
         if len(d):
-            sizes = weights(plan, rule, layers) if len(d) > WEIGH_ROWS else np.ones(len(d), I64)
-            lo, hi = shares(sizes, count)[share]
-            for part in run_rule(plan, rule, layers, tally, (lo, hi), budget=work.budget):
+            lo, hi = 0, len(d)
+            if count > 1:
+                big = len(d) > WEIGH_ROWS
+                sizes = weights(plan, rule, layers) if big else np.ones(len(d), I64)
+                lo, hi = shares(sizes, count)[share]
+            made = run_rule(
+                plan,
+                rule,
+                layers,
+                tally,
+                (lo, hi),
+                budget=work.budget,
+                threads=threads,
+                whole=whole,
+            )
+            for part in made:
                 yield Bindings(job, part)
         yield Tallied(job, tally)
 

@@ -17,6 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -586,7 +587,192 @@ static inline i64 ext_count(Ext *x, const Prefix *P, Py_ssize_t r, int *bad) {
     return (i64)s;
 }
 
-/* count(extenders, prefix columns, m, live out, tag out, least out, alive out)
+/* -- output rows, and loops over prefixes on several threads ------------------------------ */
+
+/* Rows written by a loop: `k` int64 columns and a column of flags. Either the caller's arrays
+ * (`fixed`: writing past `cap` is an error) or a thread's own buffer, grown as needed. */
+typedef struct {
+    i64 *cols[MAXW + 3];
+    uint8_t *flags;
+    int k, fixed, has_flags;
+    Py_ssize_t n, cap;
+} Rows;
+
+static int rows_room(Rows *o) {
+    if (o->n < o->cap) return 0;
+    if (o->fixed) return -1;
+    Py_ssize_t cap = o->cap ? 2 * o->cap : 4096;
+    for (int j = 0; j < o->k; j++) {
+        i64 *c = realloc(o->cols[j], sizeof(i64) * (size_t)cap);
+        if (!c) return -2;
+        o->cols[j] = c;
+    }
+    if (o->has_flags) {
+        uint8_t *f = realloc(o->flags, (size_t)cap);
+        if (!f) return -2;
+        o->flags = f;
+    }
+    o->cap = cap;
+    return 0;
+}
+
+static void rows_free(Rows *o) {
+    if (o->fixed) return;
+    for (int j = 0; j < o->k; j++) free(o->cols[j]);
+    free(o->flags);
+}
+
+/* What a loop reports (summed over threads; an error of the first chunk in order wins). */
+typedef struct {
+    Py_ssize_t proposed, passed, counted;
+    int flagged;
+    int err;            /* 1: a sum left int64, 2: output past capacity, 3: out of memory */
+    Py_ssize_t err_row; /* the prefix row */
+    int err_ext;
+    i64 err_value;
+    Py_ssize_t alive[MAXX];
+} Stats;
+
+/* One pass of a loop over a range of its items, writing rows into `out`. */
+typedef void (*RangeFn)(void *ctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1, Rows *out,
+                        Stats *st);
+
+/* The chunks of [start, stop) run on `threads` threads: each fills a buffer of its own, then
+ * copies it into `out` at the place the chunks before it leave (chunks are committed in
+ * order, so the rows come out as one thread would write them). */
+typedef struct {
+    RangeFn fn;
+    void *ctx;
+    size_t scratch_size;
+    const void *scratch_init;
+    Py_ssize_t start, stop, chunk, nchunks;
+    Rows *out;
+    pthread_mutex_t lock;
+    pthread_cond_t turn;
+    Py_ssize_t next, committed, pos;
+    int stop_all;
+    Stats total;
+    Py_ssize_t err_chunk;
+} Pool;
+
+static void stats_add(Stats *into, const Stats *st, int nalive) {
+    into->proposed += st->proposed;
+    into->passed += st->passed;
+    into->flagged |= st->flagged;
+    for (int j = 0; j < nalive; j++) into->alive[j] += st->alive[j];
+}
+
+static void *pool_worker(void *arg) {
+    Pool *pl = arg;
+    Rows mine = {.k = pl->out->k, .has_flags = pl->out->has_flags};
+    void *scratch = malloc(pl->scratch_size);
+    Stats st_total = {0};
+    if (scratch) memcpy(scratch, pl->scratch_init, pl->scratch_size);
+    for (;;) {
+        pthread_mutex_lock(&pl->lock);
+        Py_ssize_t c = pl->stop_all ? pl->nchunks : pl->next++;
+        pthread_mutex_unlock(&pl->lock);
+        if (c >= pl->nchunks) break;
+        Py_ssize_t i0 = pl->start + c * pl->chunk;
+        Py_ssize_t i1 = i0 + pl->chunk < pl->stop ? i0 + pl->chunk : pl->stop;
+        Stats st = {0};
+        mine.n = 0;
+        if (!scratch) st.err = 3;
+        else pl->fn(pl->ctx, scratch, i0, i1, &mine, &st);
+        pthread_mutex_lock(&pl->lock);
+        while (pl->committed != c) pthread_cond_wait(&pl->turn, &pl->lock);
+        Py_ssize_t at = pl->pos;
+        int failed = st.err != 0 || (pl->out->fixed && at + mine.n > pl->out->cap);
+        if (failed) {
+            if (!st.err) { st.err = 2; st.err_row = -1; }
+            if (pl->err_chunk < 0 || c < pl->err_chunk) {
+                pl->err_chunk = c;
+                pl->total.err = st.err;
+                pl->total.err_row = st.err_row;
+                pl->total.err_ext = st.err_ext;
+                pl->total.err_value = st.err_value;
+            }
+            pl->stop_all = 1;
+            mine.n = 0;
+        }
+        pl->pos += mine.n;
+        pl->committed++;
+        pthread_cond_broadcast(&pl->turn);
+        pthread_mutex_unlock(&pl->lock);
+        for (int j = 0; j < mine.k; j++)
+            if (mine.n) memcpy(pl->out->cols[j] + at, mine.cols[j], sizeof(i64) * (size_t)mine.n);
+        if (mine.has_flags && mine.n) memcpy(pl->out->flags + at, mine.flags, (size_t)mine.n);
+        stats_add(&st_total, &st, MAXX);
+    }
+    pthread_mutex_lock(&pl->lock);
+    stats_add(&pl->total, &st_total, MAXX);
+    pthread_mutex_unlock(&pl->lock);
+    rows_free(&mine);
+    free(scratch);
+    return NULL;
+}
+
+/* Run fn over [start, stop) into `out`: on this thread when `threads` is 1, else in chunks on
+ * that many threads. Returns the rows written; *st gets what the loop reports. */
+static Py_ssize_t run_pool(RangeFn fn, void *ctx, void *scratch, size_t scratch_size,
+                           Py_ssize_t start, Py_ssize_t stop, int threads, Py_ssize_t chunk,
+                           Rows *out, Stats *st) {
+    Py_ssize_t n = stop - start;
+    if (threads <= 1 || n <= chunk) {
+        fn(ctx, scratch, start, stop, out, st);
+        return out->n;
+    }
+    Pool pl = {.fn = fn, .ctx = ctx, .scratch_size = scratch_size, .scratch_init = scratch,
+               .start = start, .stop = stop, .chunk = chunk, .out = out, .err_chunk = -1};
+    pl.nchunks = (n + chunk - 1) / chunk;
+    pthread_mutex_init(&pl.lock, NULL);
+    pthread_cond_init(&pl.turn, NULL);
+    pthread_t ids[64];
+    int started = 0;
+    if (threads > 64) threads = 64;
+    for (int t = 1; t < threads; t++)
+        if (pthread_create(&ids[started], NULL, pool_worker, &pl) == 0) started++;
+    pool_worker(&pl);
+    for (int t = 0; t < started; t++) pthread_join(ids[t], NULL);
+    pthread_mutex_destroy(&pl.lock);
+    pthread_cond_destroy(&pl.turn);
+    *st = pl.total;
+    out->n = pl.pos;
+    return pl.pos;
+}
+
+/* -- count -------------------------------------------------------------------------------- */
+
+typedef struct {
+    const Prefix *P;
+    int nx;
+} CountCtx;
+
+static void count_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1, Rows *out,
+                        Stats *st) {
+    CountCtx *ctx = vctx;
+    Ext *xs = scratch;
+    for (Py_ssize_t r = i0; r < i1; r++) {
+        i64 best = 0;
+        int who = -1, err = 0;
+        for (int j = 0; j < ctx->nx; j++) {
+            i64 c = ext_count(&xs[j], ctx->P, r, &err);
+            if (err) break;
+            if (c <= 0) { who = -1; break; }
+            st->alive[j]++;
+            if (who < 0 || c < best) { best = c; who = j; }
+        }
+        if (err) { st->err = 1; st->err_row = r; return; }
+        if (who < 0) continue;
+        if (rows_room(out) < 0) { st->err = out->fixed ? 2 : 3; st->err_row = r; return; }
+        out->cols[0][out->n] = r;
+        out->cols[1][out->n] = who;
+        out->cols[2][out->n] = best;
+        out->n++;
+    }
+}
+
+/* count(extenders, prefix columns, m, live out, tag out, least out, alive out, threads, chunk)
  * For every prefix row, each extender's count; rows some extender has none for die. The live
  * rows' positions, the extender with the fewest (ties to the lowest) and that count are
  * written in order; alive[j] counts the rows still alive after extender j. Returns the number
@@ -594,7 +780,10 @@ static inline i64 ext_count(Ext *x, const Prefix *P, Py_ssize_t r, int *bad) {
 static PyObject *py_count(PyObject *self, PyObject *args) {
     PyObject *exts_o, *cols_o, *live_o, *tag_o, *least_o, *alive_o;
     Py_ssize_t m;
-    if (!PyArg_ParseTuple(args, "OOnOOOO", &exts_o, &cols_o, &m, &live_o, &tag_o, &least_o, &alive_o))
+    int threads = 1;
+    Py_ssize_t chunk = 1 << 14;
+    if (!PyArg_ParseTuple(args, "OOnOOOO|in", &exts_o, &cols_o, &m, &live_o, &tag_o, &least_o,
+                          &alive_o, &threads, &chunk))
         return NULL;
     Held h = {.count = 0};
     Ext *xs = calloc(MAXX, sizeof(Ext));
@@ -618,31 +807,21 @@ static PyObject *py_count(PyObject *self, PyObject *args) {
             free(xs);
             return NULL;
         }
-    Py_ssize_t kept = 0, bad = -1;
+    Rows out = {.cols = {live, tag, least}, .k = 3, .fixed = 1, .cap = m};
+    Stats st = {0};
+    CountCtx ctx = {.P = &P, .nx = nx};
     Py_BEGIN_ALLOW_THREADS
-    for (int j = 0; j < nx; j++) alive[j] = 0;
-    for (Py_ssize_t r = 0; r < m; r++) {
-        i64 best = 0;
-        int who = -1, err = 0;
-        for (int j = 0; j < nx; j++) {
-            i64 c = ext_count(&xs[j], &P, r, &err);
-            if (err) break;
-            if (c <= 0) { who = -1; break; }
-            alive[j]++;
-            if (who < 0 || c < best) { best = c; who = j; }
-        }
-        if (err) { bad = r; break; }
-        if (who < 0) continue;
-        live[kept] = r;
-        tag[kept] = who;
-        least[kept] = best;
-        kept++;
-    }
+    run_pool(count_range, &ctx, xs, sizeof(Ext) * MAXX, 0, m, threads, chunk > 0 ? chunk : 1,
+             &out, &st);
     Py_END_ALLOW_THREADS
+    for (int j = 0; j < nx; j++) alive[j] = st.alive[j];
     release(&h);
     free(xs);
-    return PyLong_FromSsize_t(bad >= 0 ? -(bad + 1) : kept);
+    if (st.err == 3) return PyErr_NoMemory();
+    return PyLong_FromSsize_t(st.err ? -(st.err_row + 1) : out.n);
 }
+
+/* -- extend ------------------------------------------------------------------------------- */
 
 enum { LT, LE, GT, GE, EQ, NE };
 enum { PREFIX_COL, CONSTANT, ITSELF };
@@ -686,109 +865,32 @@ static inline i128 ext_find(Ext *x, i64 v) {
 }
 
 typedef struct {
-    Py_ssize_t n, proposed, passed;
-    int flagged;
-    int err;              /* 0, 1: a sum over layers left int64, 2: output capacity exceeded */
-    Py_ssize_t err_row;   /* the prefix row */
-    int err_ext;
-    i64 err_value;
-} Outcome;
-
-/* extend(prefix columns, m, weight, flags or None, live, tag, start, stop, extenders, filters,
- *        out columns or None, out owner or None, out weight, out flags, capacity)
- * Live prefixes [start, stop): the extender tagged proposes the values of its key's range
- * (within the filters' bounds), summed over its layers (zero sums dropped); each candidate
- * passes the leftover filters, then every other extender validates it (its summed diff not 0);
- * completing extenders multiply their diff into the weight. Survivors are written in prefix
- * order: the prefix's columns and the value (out columns), the prefix's position in `live`
- * (owner), the weight and its overflow flag. Without out columns nothing is written and the
- * survivors are only counted. Returns (written, proposed, passed, flagged, err, err_row,
- * err_ext, err_value). */
-static PyObject *py_extend(PyObject *self, PyObject *args) {
-    PyObject *cols_o, *weight_o, *flags_o, *live_o, *tag_o, *exts_o, *filters_o;
-    PyObject *ocols_o, *oowner_o, *oweight_o, *oflags_o;
-    Py_ssize_t m, start, stop, cap;
-    if (!PyArg_ParseTuple(args, "OnOOOOnnOOOOOOn", &cols_o, &m, &weight_o, &flags_o, &live_o,
-                          &tag_o, &start, &stop, &exts_o, &filters_o, &ocols_o, &oowner_o,
-                          &oweight_o, &oflags_o, &cap))
-        return NULL;
-    Held h = {.count = 0};
-    Ext *xs = calloc(MAXX, sizeof(Ext));
-    if (!xs) return PyErr_NoMemory();
-    int nx = 0, nf = 0;
-    Prefix P;
+    const Prefix *P;
+    const i64 *weight, *live, *tag;
+    const uint8_t *flags;
+    int nx, nf, owner, spread; /* write the owner / the prefix's columns */
     Filt fs[MAXF];
-    const i64 *weight = NULL, *live = NULL, *tag = NULL;
-    const uint8_t *flags = NULL;
-    i64 *ocols[MAXW + 1], *owner = NULL, *oweight = NULL;
-    uint8_t *oflags = NULL;
-    int nocols = 0, ok = 1;
-    Py_ssize_t nlive = 0;
-    ok = parse_exts(&h, exts_o, xs, &nx) == 0 && parse_prefix(&h, cols_o, m, &P) == 0;
-    ok = ok && (weight = take(&h, weight_o, 8, 0, m, NULL, "weight"));
-    if (ok && flags_o != Py_None) ok = (flags = take(&h, flags_o, 1, 0, m, NULL, "flags")) != NULL;
-    ok = ok && (live = take(&h, live_o, 8, 0, -1, &nlive, "live"));
-    ok = ok && (tag = take(&h, tag_o, 8, 0, nlive, NULL, "tag"));
-    if (ok && (start < 0 || stop > nlive || start > stop)) {
-        PyErr_SetString(PyExc_ValueError, "a piece outside the live rows");
-        ok = 0;
-    }
-    if (ok) {
-        PyObject *fast = PySequence_Fast(filters_o, "filters");
-        ok = fast != NULL;
-        if (ok) {
-            nf = (int)PySequence_Fast_GET_SIZE(fast);
-            if (nf > MAXF) { PyErr_SetString(PyExc_ValueError, "too many filters"); ok = 0; }
-            for (int f = 0; ok && f < nf; f++) {
-                long long v;
-                ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, f), "iiL", &fs[f].op,
-                                      &fs[f].kind, &v) != 0;
-                fs[f].value = (i64)v;
-                if (ok && fs[f].kind == PREFIX_COL && (v < 0 || v >= P.k)) {
-                    PyErr_SetString(PyExc_ValueError, "a filter on a column the prefix lacks");
-                    ok = 0;
-                }
-            }
-            Py_DECREF(fast);
-        }
-    }
-    if (ok && ocols_o != Py_None) {
-        PyObject *fast = PySequence_Fast(ocols_o, "out columns");
-        ok = fast != NULL;
-        if (ok) {
-            nocols = (int)PySequence_Fast_GET_SIZE(fast);
-            if (nocols != P.k + 1 && nocols != 1) {
-                PyErr_SetString(PyExc_ValueError, "out columns: the prefix's and the value, or the value");
-                ok = 0;
-            }
-            for (int j = 0; ok && j < nocols; j++)
-                ok = (ocols[j] = take(&h, PySequence_Fast_GET_ITEM(fast, j), 8, 1, cap, NULL, "out column")) != NULL;
-            Py_DECREF(fast);
-        }
-        if (ok && oowner_o != Py_None) ok = (owner = take(&h, oowner_o, 8, 1, cap, NULL, "owner")) != NULL;
-        ok = ok && (oweight = take(&h, oweight_o, 8, 1, cap, NULL, "out weight"));
-        ok = ok && (oflags = take(&h, oflags_o, 1, 1, cap, NULL, "out flags"));
-    }
-    if (!ok) { release(&h); free(xs); return NULL; }
-    for (Py_ssize_t i = start; ok && i < stop; i++)
-        if (live[i] < 0 || live[i] >= m || tag[i] < 0 || tag[i] >= nx) {
-            PyErr_SetString(PyExc_ValueError, "a live row or tag out of range");
-            ok = 0;
-        }
-    if (!ok) { release(&h); free(xs); return NULL; }
-    int writing = ocols_o != Py_None;
-    Outcome res = {0};
-    Py_BEGIN_ALLOW_THREADS
-    /* The bounds come from filters comparing the value with a prefix column or a constant. */
-    for (Py_ssize_t i = start; i < stop && !res.err; i++) {
-        Py_ssize_t r = live[i];
-        int t = (int)tag[i];
+} ExtendCtx;
+
+static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1, Rows *out,
+                         Stats *st) {
+    ExtendCtx *ctx = vctx;
+    const Prefix *P = ctx->P;
+    Ext *xs = scratch;
+    int nx = ctx->nx, nf = ctx->nf;
+    const Filt *fs = ctx->fs;
+    int writing = out != NULL;
+    Py_ssize_t written = 0;
+    for (Py_ssize_t i = i0; i < i1; i++) {
+        Py_ssize_t r = ctx->live[i];
+        int t = (int)ctx->tag[i];
         Ext *x = &xs[t];
+        /* the bounds: filters comparing the value with a prefix column or a constant */
         i64 low = INT64_MIN, high = INT64_MAX;
         int empty = 0;
         for (int f = 0; f < nf; f++) {
             if (fs[f].kind == ITSELF || fs[f].op == NE) continue;
-            i64 o = fs[f].kind == CONSTANT ? fs[f].value : P.cols[fs[f].value][r];
+            i64 o = fs[f].kind == CONSTANT ? fs[f].value : P->cols[fs[f].value][r];
             switch (fs[f].op) {
             case LT: if (o == INT64_MIN) empty = 1; else if (o - 1 < high) high = o - 1; break;
             case LE: if (o < high) high = o; break;
@@ -799,8 +901,7 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
         }
         if (empty || low > high) continue;
         for (int j = 0; j < nx; j++) xs[j].ready = 0;
-        ext_ready(x, &P, r);
-        /* narrow the proposer's ranges to the bounds */
+        ext_ready(x, P, r);
         int nonempty = 0;
         for (int l = 0; l < x->nsource; l++) {
             const i64 *c = x->source[l].cols[x->p];
@@ -810,8 +911,8 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
             nonempty += x->lo[l] < x->hi[l];
         }
         if (!nonempty) continue;
-        i64 w0 = weight[r];
-        uint8_t f0 = flags ? flags[r] : 0;
+        i64 w0 = ctx->weight[r];
+        uint8_t f0 = ctx->flags ? ctx->flags[r] : 0;
         for (;;) {
             /* the next candidate: the least value at the cursors, its diffs summed */
             i64 v = 0;
@@ -830,14 +931,15 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
                 }
             if (d == 0) continue;
             if (d > INT64_MAX || d < INT64_MIN) {
-                res.err = 1; res.err_row = r; res.err_ext = t; res.err_value = v;
-                break;
+                st->err = 1; st->err_row = r; st->err_ext = t; st->err_value = v;
+                return;
             }
-            res.proposed++;
+            st->proposed++;
             int pass = 1;
             for (int f = 0; f < nf && pass; f++) {
                 if (!(fs[f].kind == ITSELF || fs[f].op == NE)) continue;
-                i64 o = fs[f].kind == CONSTANT ? fs[f].value : fs[f].kind == ITSELF ? v : P.cols[fs[f].value][r];
+                i64 o = fs[f].kind == CONSTANT ? fs[f].value
+                        : fs[f].kind == ITSELF ? v : P->cols[fs[f].value][r];
                 pass = holds(fs[f].op, v, o);
             }
             if (!pass) continue;
@@ -847,40 +949,136 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
             for (int j = 0; j < nx && pass; j++) {
                 if (j == t) continue;
                 Ext *y = &xs[j];
-                if (!y->ready) ext_ready(y, &P, r);
+                if (!y->ready) ext_ready(y, P, r);
                 i128 e = ext_find(y, v);
                 if (e == 0) { pass = 0; break; }
                 if (e > INT64_MAX || e < INT64_MIN) {
-                    res.err = 1; res.err_row = r; res.err_ext = j; res.err_value = v;
-                    pass = 0;
-                    break;
+                    st->err = 1; st->err_row = r; st->err_ext = j; st->err_value = v;
+                    return;
                 }
-                res.passed++;
+                st->passed++;
                 if (y->completes && __builtin_mul_overflow(w, (i64)e, &w)) fl = 1;
             }
-            if (res.err) break;
             if (!pass) continue;
-            if (writing) {
-                if (res.n >= cap) { res.err = 2; res.err_row = r; break; }
-                if (nocols == P.k + 1) {
-                    for (int j = 0; j < P.k; j++) ocols[j][res.n] = P.cols[j][r];
-                    ocols[P.k][res.n] = v;
-                } else {
-                    ocols[0][res.n] = v;
-                }
-                if (owner) owner[res.n] = i;
-                oweight[res.n] = w;
-                oflags[res.n] = fl;
-            }
-            res.flagged |= fl;
-            res.n++;
+            st->flagged |= fl;
+            if (!writing) { written++; continue; }
+            int room = rows_room(out);
+            if (room < 0) { st->err = room == -1 ? 2 : 3; st->err_row = r; return; }
+            Py_ssize_t at = out->n++;
+            int c = 0;
+            if (ctx->spread)
+                for (; c < P->k; c++) out->cols[c][at] = P->cols[c][r];
+            out->cols[c++][at] = v;
+            out->cols[c++][at] = w;
+            if (ctx->owner) out->cols[c][at] = i;
+            out->flags[at] = fl;
         }
+    }
+    st->counted += written;
+}
+
+/* extend(prefix columns, m, weight, flags or None, live, tag, start, stop, extenders, filters,
+ *        out columns or None, out owner or None, out weight, out flags, capacity, threads,
+ *        chunk)
+ * Live prefixes [start, stop): the extender tagged proposes the values of its key's range
+ * (within the filters' bounds), summed over its layers (zero sums dropped); each candidate
+ * passes the leftover filters, then every other extender validates it (its summed diff not 0);
+ * completing extenders multiply their diff into the weight. Survivors are written in prefix
+ * order: the prefix's columns and the value (out columns; or the value alone), the prefix's
+ * position in `live` (owner), the weight and its overflow flag. Without out columns nothing
+ * is written and the survivors are only counted (on this thread). Returns (written, proposed,
+ * passed, flagged, err, err_row, err_ext, err_value). */
+static PyObject *py_extend(PyObject *self, PyObject *args) {
+    PyObject *cols_o, *weight_o, *flags_o, *live_o, *tag_o, *exts_o, *filters_o;
+    PyObject *ocols_o, *oowner_o, *oweight_o, *oflags_o;
+    Py_ssize_t m, start, stop, cap;
+    int threads = 1;
+    Py_ssize_t chunk = 1 << 11;
+    if (!PyArg_ParseTuple(args, "OnOOOOnnOOOOOOn|in", &cols_o, &m, &weight_o, &flags_o, &live_o,
+                          &tag_o, &start, &stop, &exts_o, &filters_o, &ocols_o, &oowner_o,
+                          &oweight_o, &oflags_o, &cap, &threads, &chunk))
+        return NULL;
+    Held h = {.count = 0};
+    Ext *xs = calloc(MAXX, sizeof(Ext));
+    if (!xs) return PyErr_NoMemory();
+    Prefix P;
+    ExtendCtx ctx = {.P = &P};
+    Rows out = {.fixed = 1, .has_flags = 1, .cap = cap};
+    Py_ssize_t nlive = 0;
+    int ok = parse_exts(&h, exts_o, xs, &ctx.nx) == 0 && parse_prefix(&h, cols_o, m, &P) == 0;
+    ok = ok && (ctx.weight = take(&h, weight_o, 8, 0, m, NULL, "weight"));
+    if (ok && flags_o != Py_None) ok = (ctx.flags = take(&h, flags_o, 1, 0, m, NULL, "flags")) != NULL;
+    ok = ok && (ctx.live = take(&h, live_o, 8, 0, -1, &nlive, "live"));
+    ok = ok && (ctx.tag = take(&h, tag_o, 8, 0, nlive, NULL, "tag"));
+    if (ok && (start < 0 || stop > nlive || start > stop)) {
+        PyErr_SetString(PyExc_ValueError, "a piece outside the live rows");
+        ok = 0;
+    }
+    if (ok) {
+        PyObject *fast = PySequence_Fast(filters_o, "filters");
+        ok = fast != NULL;
+        if (ok) {
+            ctx.nf = (int)PySequence_Fast_GET_SIZE(fast);
+            if (ctx.nf > MAXF) { PyErr_SetString(PyExc_ValueError, "too many filters"); ok = 0; }
+            for (int f = 0; ok && f < ctx.nf; f++) {
+                long long v;
+                ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, f), "iiL", &ctx.fs[f].op,
+                                      &ctx.fs[f].kind, &v) != 0;
+                ctx.fs[f].value = (i64)v;
+                if (ok && ctx.fs[f].kind == PREFIX_COL && (v < 0 || v >= P.k)) {
+                    PyErr_SetString(PyExc_ValueError, "a filter on a column the prefix lacks");
+                    ok = 0;
+                }
+            }
+            Py_DECREF(fast);
+        }
+    }
+    int writing = ocols_o != Py_None;
+    if (ok && writing) {
+        PyObject *fast = PySequence_Fast(ocols_o, "out columns");
+        ok = fast != NULL;
+        int nocols = 0;
+        if (ok) {
+            nocols = (int)PySequence_Fast_GET_SIZE(fast);
+            if (nocols != P.k + 1 && nocols != 1) {
+                PyErr_SetString(PyExc_ValueError, "out columns: the prefix's and the value, or the value");
+                ok = 0;
+            }
+            for (int j = 0; ok && j < nocols; j++)
+                ok = (out.cols[j] = take(&h, PySequence_Fast_GET_ITEM(fast, j), 8, 1, cap, NULL, "out column")) != NULL;
+            Py_DECREF(fast);
+        }
+        ctx.spread = nocols == P.k + 1;
+        out.k = nocols;
+        ok = ok && (out.cols[out.k++] = take(&h, oweight_o, 8, 1, cap, NULL, "out weight"));
+        if (ok && oowner_o != Py_None) {
+            ok = (out.cols[out.k++] = take(&h, oowner_o, 8, 1, cap, NULL, "owner")) != NULL;
+            ctx.owner = 1;
+        }
+        ok = ok && (out.flags = take(&h, oflags_o, 1, 1, cap, NULL, "out flags"));
+    }
+    for (Py_ssize_t i = start; ok && i < stop; i++)
+        if (ctx.live[i] < 0 || ctx.live[i] >= m || ctx.tag[i] < 0 || ctx.tag[i] >= ctx.nx) {
+            PyErr_SetString(PyExc_ValueError, "a live row or tag out of range");
+            ok = 0;
+        }
+    if (!ok) { release(&h); free(xs); return NULL; }
+    Stats st = {0};
+    Py_ssize_t n;
+    Py_BEGIN_ALLOW_THREADS
+    if (writing) {
+        n = run_pool(extend_range, &ctx, xs, sizeof(Ext) * MAXX, start, stop, threads,
+                     chunk > 0 ? chunk : 1, &out, &st);
+    } else {
+        extend_range(&ctx, xs, start, stop, NULL, &st);
+        n = st.counted;
     }
     Py_END_ALLOW_THREADS
     release(&h);
     free(xs);
-    return Py_BuildValue("nnniinin", res.n, res.proposed, res.passed, res.flagged, res.err,
-                         res.err_row, res.err_ext, (Py_ssize_t)res.err_value);
+    if (st.err == 3) return PyErr_NoMemory();
+    return Py_BuildValue("nnniinin", n, st.proposed, st.passed, st.flagged, st.err, st.err_row,
+                         st.err_ext, (Py_ssize_t)st.err_value);
 }
 
 /* -- the module --------------------------------------------------------------------------- */

@@ -73,7 +73,7 @@ from wcoj_core.query.plan import AtomView, DeltaRule, Extender, Plan, Step
 from wcoj_core.traces import counts_trace_name, relation_trace_name
 
 # A rule takes its delta tuples this many at a time.
-CHUNK_ROWS = 1 << 20
+CHUNK_ROWS = 1 << 22
 # A step extends at most about this many candidates at once (as the counts bound them; a
 # single prefix with more is taken alone): what bounds the memory of a rule.
 PROPOSAL_BUDGET = 1 << 23
@@ -208,12 +208,18 @@ def run_rule(
     *,
     chunk_rows: int = CHUNK_ROWS,
     budget: int = PROPOSAL_BUDGET,
+    threads: int = 1,
+    whole: bool = False,
 ) -> Iterator[Part]:
     """The full bindings of one delta rule, in parts, as they are made (see the module).
 
     `rows` restricts the rule to the delta tuples at those positions (a deployment's share of
-    the work); `tally` is added what every step did. The last step writes the head's columns
-    as one column-major block (`head_block`), what the output change is made of.
+    the work); `tally` is added what every step did; `threads` is how many threads the
+    compiled loops may use. The last step writes the head's columns as one column-major
+    block (`head_block`), what the output change is made of: with `whole`, each chunk's
+    bindings as one part (for a deployment that keeps every binding anyway: no part is
+    copied into place later), else a piece of at most `budget` candidates at a time (for one
+    that sends each part on as it comes).
     """
     d = delta_layer(plan, rule, layers)
     lo, hi = (0, len(d)) if rows is None else rows
@@ -227,7 +233,8 @@ def run_rule(
         prefixes = Prefixes(cols, d.diff[part])
         prefixes = _checked(plan, rule, prefixes, layers, tally)
         prefixes = prefixes.filtered(rule.start_filters)
-        for made in _descend(plan, rule, 0, prefixes, layers, tally, budget, lead):
+        limits = (budget, threads, whole)
+        for made in _descend(plan, rule, 0, prefixes, layers, tally, limits, lead):
             check_overflow(plan, made)
             yield made
 
@@ -283,26 +290,31 @@ def _descend(
     prefixes: Prefixes,
     layers: Layers,
     tally: RuleTally,
-    budget: int,
+    limits: tuple[int, int, bool],
     lead: Sequence[Var],
 ) -> Iterator[Part]:
-    """Steps `k`.. of a rule for some prefixes, piece by piece (see the module)."""
+    """Steps `k`.. of a rule for some prefixes, piece by piece (see the module); `limits`
+    are the proposal budget, the threads, and whether the last step writes whole."""
     if k == len(rule.steps):
         yield prefixes, None
         return
     step = rule.steps[k]
-    live = count(plan, step, prefixes, layers, tally)
+    budget, threads, whole = limits
+    live = count(plan, step, prefixes, layers, tally, threads)
     counts = tally.steps[k]
     counts.prefixes += len(live)
     counts.min_sum += int(live.least.sum())
     last = k + 1 == len(rule.steps)
-    for a, b in pieces(live.least, budget):
-        part = extend(plan, step, prefixes, live, (a, b), layers, counts, lead if last else ())
+    cut = [(0, len(live))] if last and whole else pieces(live.least, budget)
+    for a, b in cut:
+        part = extend(
+            plan, step, prefixes, live, (a, b), layers, counts, lead if last else (), threads
+        )
         tally.joins += part.joins
         if last:
             yield part.made, None
         elif len(part.made):
-            yield from _descend(plan, rule, k + 1, part.made, layers, tally, budget, lead)
+            yield from _descend(plan, rule, k + 1, part.made, layers, tally, limits, lead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,6 +328,18 @@ class Live:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+# A loop over fewer prefixes than this runs on one thread; on several, each takes this many
+# prefixes at a time (a count, more at once).
+THREAD_PREFIXES = 1 << 15
+CHUNK_PREFIXES = 1 << 11
+COUNT_CHUNK = 1 << 14
+
+
+def _threads(prefixes: int, threads: int) -> int:
+    """The threads a loop over `prefixes` prefixes uses: one for a small one."""
+    return threads if prefixes >= THREAD_PREFIXES else 1
 
 
 NativeExtender = tuple[list[Any], list[Any] | None, tuple[int, ...], bool]
@@ -334,7 +358,9 @@ def _native_extender(
     return [layer.spec(m) for layer in source], counts, key, x.completes
 
 
-def count(plan: Plan, step: Step, prefixes: Prefixes, layers: Layers, tally: RuleTally) -> Live:
+def count(
+    plan: Plan, step: Step, prefixes: Prefixes, layers: Layers, tally: RuleTally, threads: int = 1
+) -> Live:
     """Count and pick: each extender's number of candidates per prefix, the prefixes left with
     none in some extender dropped, and for the others the extender with the fewest."""
     names = list(prefixes.cols)
@@ -345,7 +371,7 @@ def count(plan: Plan, step: Step, prefixes: Prefixes, layers: Layers, tally: Rul
     least = np.empty(m, dtype=I64)
     alive = np.empty(len(xs), dtype=I64)
     cols = contiguous(prefixes.cols.values())
-    kept = native.count(xs, cols, m, rows, tag, least, alive)
+    kept = native.count(xs, cols, m, rows, tag, least, alive, _threads(m, threads), COUNT_CHUNK)
     if kept < 0:
         raise MultiplicityOverflow(OVER_LAYERS, tuple(int(c[-kept - 1]) for c in cols))
     tally.joins += int(alive.sum())
@@ -433,6 +459,7 @@ def extend(
     layers: Layers,
     counts: StepCounts,
     lead: Sequence[Var] = (),
+    threads: int = 1,
 ) -> Extended:
     """Propose and validate, for the live prefixes of `piece`: each one's extender with the
     fewest candidates proposes, every other validates; the bindings come out in prefix
@@ -461,6 +488,8 @@ def extend(
         made.weight,
         flags,
         cap,
+        _threads(b - a, threads),
+        CHUNK_PREFIXES,
     )
     n, proposed, passed, flagged = native_outcome(outcome, cols, [x[2] for x in xs])
     counts.proposed += proposed
