@@ -214,8 +214,8 @@ static int radix_argsort(const u64 *keys, Py_ssize_t n, u64 *out, i64 *order) {
     enum { BITS = 11, RADIX = 1 << BITS, PASSES = 6 };
     size_t *hist = calloc((size_t)PASSES * RADIX, sizeof(size_t));
     u64 *k2 = malloc(sizeof(u64) * (size_t)(n ? n : 1));
-    i64 *o2 = malloc(sizeof(i64) * (size_t)(n ? n : 1));
-    if (!hist || !k2 || !o2) { free(hist); free(k2); free(o2); return -1; }
+    i64 *o2 = order ? malloc(sizeof(i64) * (size_t)(n ? n : 1)) : NULL;
+    if (!hist || !k2 || (order && !o2)) { free(hist); free(k2); free(o2); return -1; }
     int sorted = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         u64 k = keys[i];
@@ -223,7 +223,8 @@ static int radix_argsort(const u64 *keys, Py_ssize_t n, u64 *out, i64 *order) {
         if (i && keys[i - 1] > k) sorted = 0;
     }
     memcpy(out, keys, sizeof(u64) * (size_t)n);
-    for (Py_ssize_t i = 0; i < n; i++) order[i] = i;
+    if (order)
+        for (Py_ssize_t i = 0; i < n; i++) order[i] = i;
     if (!sorted) {
         u64 *src_k = out, *dst_k = k2;
         i64 *src_o = order, *dst_o = o2;
@@ -236,18 +237,24 @@ static int radix_argsort(const u64 *keys, Py_ssize_t n, u64 *out, i64 *order) {
             size_t sum = 0;
             for (int d = 0; d < RADIX; d++) { size_t c = h[d]; h[d] = sum; sum += c; }
             int shift = p * BITS;
-            for (Py_ssize_t i = 0; i < n; i++) {
-                u64 k = src_k[i];
-                size_t at = h[(k >> shift) & (RADIX - 1)]++;
-                dst_k[at] = k;
-                dst_o[at] = src_o[i];
-            }
+            if (order)
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    u64 k = src_k[i];
+                    size_t at = h[(k >> shift) & (RADIX - 1)]++;
+                    dst_k[at] = k;
+                    dst_o[at] = src_o[i];
+                }
+            else
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    u64 k = src_k[i];
+                    dst_k[h[(k >> shift) & (RADIX - 1)]++] = k;
+                }
             u64 *tk = src_k; src_k = dst_k; dst_k = tk;
             i64 *to = src_o; src_o = dst_o; dst_o = to;
         }
         if (src_k != out) {
             memcpy(out, src_k, sizeof(u64) * (size_t)n);
-            memcpy(order, src_o, sizeof(i64) * (size_t)n);
+            if (order) memcpy(order, src_o, sizeof(i64) * (size_t)n);
         }
     }
     free(hist); free(k2); free(o2);
@@ -261,8 +268,9 @@ static PyObject *py_argsort(PyObject *self, PyObject *args) {
     Py_ssize_t n;
     const u64 *keys = take(&h, keys_o, 8, 0, -1, &n, "keys");
     u64 *out = keys ? take(&h, out_o, 8, 1, n, NULL, "sorted keys") : NULL;
-    i64 *order = out ? take(&h, order_o, 8, 1, n, NULL, "order") : NULL;
-    if (!order) { release(&h); return NULL; }
+    i64 *order = NULL;
+    if (out && order_o != Py_None) order = take(&h, order_o, 8, 1, n, NULL, "order");
+    if (!out || (order_o != Py_None && !order)) { release(&h); return NULL; }
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = radix_argsort(keys, n, out, order);
@@ -281,10 +289,13 @@ static PyObject *py_consolidate(PyObject *self, PyObject *args) {
     Held h = {.count = 0};
     Py_ssize_t n;
     const u64 *keys = take(&h, keys_o, 8, 0, -1, &n, "keys");
-    const i64 *diff = keys ? take(&h, diff_o, 8, 0, n, NULL, "diff") : NULL;
+    Py_ssize_t nd = 0;
+    const i64 *diff = keys ? take(&h, diff_o, 8, 0, -1, &nd, "diff") : NULL;
+    int same = diff && nd == 1 && n > 1; /* one diff for every row */
+    if (diff && !same && nd < n) { PyErr_SetString(PyExc_ValueError, "diff: too short"); diff = NULL; }
     const i64 *order = NULL;
-    if (diff && order_o != Py_None) order = take(&h, order_o, 8, 0, n, NULL, "order");
-    if (diff && order_o != Py_None && !order) { release(&h); return NULL; }
+    if (diff && order_o != Py_None && !same) order = take(&h, order_o, 8, 0, n, NULL, "order");
+    if (diff && order_o != Py_None && !same && !order) { release(&h); return NULL; }
     i64 *first = diff ? take(&h, first_o, 8, 1, n, NULL, "first") : NULL;
     i64 *sums = first ? take(&h, sums_o, 8, 1, n, NULL, "sums") : NULL;
     if (!sums) { release(&h); return NULL; }
@@ -293,8 +304,8 @@ static PyObject *py_consolidate(PyObject *self, PyObject *args) {
     Py_ssize_t i = 0;
     while (i < n) {
         Py_ssize_t j = i + 1;
-        i128 s = order ? diff[order[i]] : diff[i];
-        while (j < n && keys[j] == keys[i]) { s += order ? diff[order[j]] : diff[j]; j++; }
+        i128 s = same ? diff[0] : order ? diff[order[i]] : diff[i];
+        while (j < n && keys[j] == keys[i]) { s += same ? diff[0] : order ? diff[order[j]] : diff[j]; j++; }
         if (s > INT64_MAX || s < INT64_MIN) { bad = i; break; }
         if (s != 0) { first[kept] = i; sums[kept] = (i64)s; kept++; }
         i = j;
@@ -585,6 +596,115 @@ static inline i64 ext_count(Ext *x, const Prefix *P, Py_ssize_t r, int *bad) {
     }
     if (s > INT64_MAX || s < INT64_MIN) { *bad = 1; return 0; }
     return (i64)s;
+}
+
+/* -- packing rows into uint64 keys -------------------------------------------------------- */
+
+typedef struct {
+    int w;
+    i64 low[MAXW];
+    u64 span[MAXW];
+    int bits[MAXW];
+} Box;
+
+static int parse_box(PyObject *lows, PyObject *highs, PyObject *bits, Box *b) {
+    PyObject *fl = PySequence_Fast(lows, "lows"), *fh = PySequence_Fast(highs, "highs");
+    PyObject *fb = PySequence_Fast(bits, "bits");
+    int ok = fl && fh && fb;
+    if (ok) {
+        b->w = (int)PySequence_Fast_GET_SIZE(fl);
+        ok = b->w <= MAXW && PySequence_Fast_GET_SIZE(fh) == b->w && PySequence_Fast_GET_SIZE(fb) == b->w;
+        if (!ok) PyErr_SetString(PyExc_ValueError, "a packing's lows, highs and bits differ");
+        for (int j = 0; ok && j < b->w; j++) {
+            long long lo = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fl, j));
+            long long hi = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fh, j));
+            long bt = PyLong_AsLong(PySequence_Fast_GET_ITEM(fb, j));
+            ok = !PyErr_Occurred();
+            b->low[j] = (i64)lo;
+            b->span[j] = (u64)hi - (u64)lo;
+            b->bits[j] = (int)bt;
+        }
+    }
+    Py_XDECREF(fl);
+    Py_XDECREF(fh);
+    Py_XDECREF(fb);
+    return ok ? 0 : -1;
+}
+
+/* pack(columns, n, lows, highs, bits, out keys, inside out or None) -> whether all are inside:
+ * column j's ``value - low`` in bits[j] bits, the first column highest; a row outside the box
+ * is packed as 0 and flagged. */
+static PyObject *py_pack(PyObject *self, PyObject *args) {
+    PyObject *cols_o, *lows, *highs, *bits, *out_o, *inside_o;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OnOOOOO", &cols_o, &n, &lows, &highs, &bits, &out_o, &inside_o))
+        return NULL;
+    Box b;
+    if (parse_box(lows, highs, bits, &b) < 0) return NULL;
+    Held h = {.count = 0};
+    Prefix P;
+    if (parse_prefix(&h, cols_o, n, &P) < 0) { release(&h); return NULL; }
+    if (P.k > b.w) { release(&h); PyErr_SetString(PyExc_ValueError, "more columns than the box"); return NULL; }
+    u64 *out = take(&h, out_o, 8, 1, n, NULL, "keys");
+    uint8_t *inside = NULL;
+    if (out && inside_o != Py_None) inside = take(&h, inside_o, 1, 1, n, NULL, "inside");
+    if (!out || (inside_o != Py_None && !inside)) { release(&h); return NULL; }
+    int all = 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        u64 key = 0;
+        int in = 1;
+        for (int j = 0; j < P.k; j++) {
+            u64 off = (u64)P.cols[j][i] - (u64)b.low[j];
+            in &= off <= b.span[j];
+            if (b.bits[j] == 0) continue;
+            key = b.bits[j] >= 64 ? off : (key << b.bits[j]) | off;
+        }
+        if (!in) { key = 0; all = 0; }
+        out[i] = key;
+        if (inside) inside[i] = (uint8_t)in;
+    }
+    Py_END_ALLOW_THREADS
+    release(&h);
+    return PyBool_FromLong(all);
+}
+
+/* unpack(keys, lows, bits, out columns): the rows of packed keys, column by column. */
+static PyObject *py_unpack(PyObject *self, PyObject *args) {
+    PyObject *keys_o, *lows, *bits, *cols_o;
+    if (!PyArg_ParseTuple(args, "OOOO", &keys_o, &lows, &bits, &cols_o)) return NULL;
+    Box b;
+    if (parse_box(lows, lows, bits, &b) < 0) return NULL;
+    Held h = {.count = 0};
+    Py_ssize_t n;
+    const u64 *keys = take(&h, keys_o, 8, 0, -1, &n, "keys");
+    PyObject *fast = keys ? PySequence_Fast(cols_o, "columns") : NULL;
+    if (!fast) { release(&h); return NULL; }
+    int w = (int)PySequence_Fast_GET_SIZE(fast);
+    i64 *cols[MAXW];
+    int ok = w == b.w;
+    if (!ok) PyErr_SetString(PyExc_ValueError, "columns and box differ");
+    for (int j = 0; ok && j < w; j++)
+        ok = (cols[j] = take(&h, PySequence_Fast_GET_ITEM(fast, j), 8, 1, n, NULL, "column")) != NULL;
+    Py_DECREF(fast);
+    if (!ok) { release(&h); return NULL; }
+    Py_BEGIN_ALLOW_THREADS
+    int shift = 0;
+    for (int j = w - 1; j >= 0; j--) {
+        int bt = b.bits[j];
+        u64 mask = bt >= 64 ? ~(u64)0 : (((u64)1 << bt) - 1);
+        i64 *c = cols[j];
+        u64 low = (u64)b.low[j];
+        if (bt == 0) {
+            for (Py_ssize_t i = 0; i < n; i++) c[i] = (i64)low;
+            continue;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) c[i] = (i64)(((keys[i] >> shift) & mask) + low);
+        shift += bt;
+    }
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_NONE;
 }
 
 /* -- output rows, and loops over prefixes on several threads ------------------------------ */
@@ -1084,9 +1204,11 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
 /* -- the module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
-    {"argsort", py_argsort, METH_VARARGS, "argsort(keys, sorted out, order out): stable radix sort of uint64 keys"},
-    {"consolidate", py_consolidate, METH_VARARGS, "consolidate(sorted keys, diff, order or None, first out, sums out) -> runs kept, or -(row + 1)"},
+    {"argsort", py_argsort, METH_VARARGS, "argsort(keys, sorted out, order out or None): stable radix sort of uint64 keys"},
+    {"consolidate", py_consolidate, METH_VARARGS, "consolidate(sorted keys, diff (one for all: length 1), order or None, first out, sums out) -> runs kept, or -(row + 1)"},
     {"directory", py_directory, METH_VARARGS, "directory(sorted column, out, low): first row at or after each key"},
+    {"pack", py_pack, METH_VARARGS, "pack(columns, n, lows, highs, bits, keys out, inside out or None) -> all inside"},
+    {"unpack", py_unpack, METH_VARARGS, "unpack(keys, lows, bits, columns out)"},
     {"multiply", py_multiply, METH_VARARGS, "multiply(a, b, out, flags) -> whether any row is flagged"},
     {"lookup", py_lookup, METH_VARARGS, "lookup(layers, probe columns, m, out) -> -1, or the row whose sum leaves int64"},
     {"ranges", py_ranges, METH_VARARGS, "ranges(layer, probe columns, m, low or None, high or None, lo out, hi out)"},

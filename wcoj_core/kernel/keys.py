@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from wcoj_core.kernel.native import native
+
 I64 = np.int64
 U64 = np.uint64
 _SIGN = np.uint64(1 << 63)
@@ -76,32 +78,15 @@ class Packing:
         """`pack` of rows given as their first columns (`n` rows when no column is given).
 
         The hot paths hold their rows as separate columns: packing them here spares stacking
-        them into a row array first, which would copy every value once more.
+        them into a row array first, which would copy every value once more. A row outside the
+        box packs as 0. (The compiled kernel's loop: `native.pack`.)
         """
-        out: np.ndarray | None = None
-        inside: np.ndarray | None = None
-        for j, col in enumerate(cols):
-            # Wrapping subtraction: exact for every value inside the box. A value below the box
-            # wraps past the top of the span, and one above it lands past it: one unsigned
-            # comparison tells both bounds.
-            offset = col.astype(I64, copy=False).view(U64) - U64(self.lows[j] % (1 << 64))
-            here = offset <= U64(self.highs[j] - self.lows[j])
-            inside = here if inside is None else np.logical_and(inside, here, out=inside)
-            if self.bits[j] == 0:
-                continue
-            if out is None:  # the columns before held one value each: no bits
-                out = offset
-            else:  # `offset` is ours (a fresh array): shift and merge in place
-                out <<= U64(self.bits[j])
-                out |= offset
         size = len(cols[0]) if cols else (n or 0)
-        if out is None:
-            out = np.zeros(size, dtype=U64)
-        if inside is None:
-            inside = np.ones(size, dtype=bool)
-        elif not inside.all():
-            out[~inside] = 0
-        return out, inside
+        out = np.empty(size, dtype=U64)
+        inside = np.empty(size, dtype=np.uint8)
+        columns = tuple(np.ascontiguousarray(c, dtype=I64) for c in cols)
+        native.pack(columns, size, self.lows, self.highs, self.bits, out, inside)
+        return out, inside.view(bool)
 
     def unpack(self, packed: np.ndarray) -> np.ndarray:
         """The rows of packed keys (all columns of the box), column-major.
@@ -114,16 +99,6 @@ class Packing:
         [[7, -1], [6, 2]]
         """
         rows = np.empty((len(packed), len(self.bits)), dtype=I64, order="F")
-        shift = sum(self.bits)
-        for j, (low, bits) in enumerate(zip(self.lows, self.bits, strict=True)):
-            shift -= bits
-            base = U64(low % (1 << 64))
-            if bits == 0:
-                rows[:, j] = low
-                continue
-            field = packed >> U64(shift) if shift else packed.copy()
-            if bits < 64:
-                field &= U64((1 << bits) - 1)
-            field += base  # wraps back to the value (the inverse of `pack`'s subtraction)
-            rows[:, j] = field.view(I64)
+        cols = tuple(rows[:, j] for j in range(len(self.bits)))
+        native.unpack(np.ascontiguousarray(packed, dtype=U64), self.lows, self.bits, cols)
         return rows
