@@ -17,7 +17,7 @@ from wcoj_core.kernel.native import native
 
 
 def test_the_module_loaded_is_built_from_the_source_beside_it() -> None:
-    assert native.SOURCE_HASH == loader.source_hash()
+    assert loader.source_hash() == native.SOURCE_HASH
 
 
 def test_a_fresh_process_loads_the_installed_module_without_compiling() -> None:
@@ -45,11 +45,11 @@ def test_a_stale_module_is_built_once_into_the_cache(tmp_path, monkeypatch) -> N
     monkeypatch.setenv("WCOJ_NATIVE_CACHE", str(tmp_path))
     digest = "0123456789abcdef"  # what a newer source would hash to
     built = loader._built(digest)
-    assert built.SOURCE_HASH == digest
+    assert digest == built.SOURCE_HASH
     (target,) = tmp_path.iterdir()
     stamp = target.stat().st_mtime_ns
     again = loader._built(digest)
-    assert again.SOURCE_HASH == digest and target.stat().st_mtime_ns == stamp  # not rebuilt
+    assert digest == again.SOURCE_HASH and target.stat().st_mtime_ns == stamp  # not rebuilt
     product, flags = np.empty(2, dtype=np.int64), np.zeros(2, dtype=np.uint8)
     assert built.multiply(np.array([3, 2**62]), np.array([5, 2]), product, flags)
     assert product[0] == 15 and flags.tolist() == [0, 1]

@@ -17,7 +17,7 @@ a loop of the compiled kernel (`wcoj_core.kernel.native`) over the step's prefix
    own key's range (candidates come in value order): a completing one multiplies in the
    tuple's multiplicity, the others only require the key to be in the atom's support.
 
-Phases 2–4 are one pass (`extend`): only the candidates that pass every extender are written,
+Phases 2 to 4 are one pass (`extend`): only the candidates that pass every extender are written,
 so no array of unvalidated proposals is ever made. Work per prefix is the smallest candidate
 set, so a hub vertex never makes a quadratic pile of wedges. Memory is bounded too: the delta
 is taken `CHUNK_ROWS` tuples at a time, and each step extends consecutive pieces of its
@@ -641,8 +641,10 @@ def head_block(p: Prefixes, head: Sequence[Var]) -> np.ndarray | None:
         return None
     for i, v in enumerate(head):
         col = p.cols.get(v)
-        if col is None or not np.shares_memory(col, block[:, i]) or col.ctypes.data != (
-            block[:, i].ctypes.data
+        if (
+            col is None
+            or not np.shares_memory(col, block[:, i])
+            or col.ctypes.data != (block[:, i].ctypes.data)
         ):
             return None
     return block

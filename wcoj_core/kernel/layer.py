@@ -27,7 +27,7 @@ are exact: one that leaves int64 raises `MultiplicityOverflow` (`wcoj_core.kerne
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,7 +65,7 @@ def columns_of(rows: np.ndarray) -> list[np.ndarray]:
     return [rows[:, j] for j in range(rows.shape[1])]
 
 
-def contiguous(cols: Sequence[np.ndarray]) -> tuple[np.ndarray, ...]:
+def contiguous(cols: Iterable[np.ndarray]) -> tuple[np.ndarray, ...]:
     """Columns as contiguous int64 arrays (the compiled kernel reads them so; no copy when
     they already are)."""
     return tuple(np.ascontiguousarray(c, dtype=I64) for c in cols)
@@ -177,9 +177,7 @@ class Layer:
         return cls(packing.unpack(keys), diff, packing, keys)
 
     @classmethod
-    def _sort_wide(
-        cls, rows: np.ndarray, diff: np.ndarray, consolidate: bool, what: str
-    ) -> Layer:
+    def _sort_wide(cls, rows: np.ndarray, diff: np.ndarray, consolidate: bool, what: str) -> Layer:
         """`sort` of rows whose columns do not pack into 64 bits (sorted as tuples)."""
         n = len(rows)
         order = np.lexsort(rows.T[::-1])
@@ -517,7 +515,9 @@ def find(
     return Found(owner, value.reshape(-1, 1), diff)
 
 
-def _checked_outcome(outcome: tuple[int, ...], probes: Sequence[np.ndarray], key: Sequence[int]) -> int:
+def _checked_outcome(
+    outcome: tuple[int, ...], probes: Sequence[np.ndarray], key: Sequence[int]
+) -> int:
     """The rows an extension wrote, or the error it reports raised (see `native_outcome`)."""
     return native_outcome(outcome, probes, [key])[0]
 
