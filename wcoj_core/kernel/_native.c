@@ -222,7 +222,7 @@ static int radix_argsort(const u64 *keys, Py_ssize_t n, u64 *out, i64 *order) {
         for (int p = 0; p < PASSES; p++) hist[p * RADIX + ((k >> (p * BITS)) & (RADIX - 1))]++;
         if (i && keys[i - 1] > k) sorted = 0;
     }
-    memcpy(out, keys, sizeof(u64) * (size_t)n);
+    if (out != keys) memcpy(out, keys, sizeof(u64) * (size_t)n);
     if (order)
         for (Py_ssize_t i = 0; i < n; i++) order[i] = i;
     if (!sorted) {
@@ -267,7 +267,7 @@ static PyObject *py_argsort(PyObject *self, PyObject *args) {
     Held h = {.count = 0};
     Py_ssize_t n;
     const u64 *keys = take(&h, keys_o, 8, 0, -1, &n, "keys");
-    u64 *out = keys ? take(&h, out_o, 8, 1, n, NULL, "sorted keys") : NULL;
+    u64 *out = keys ? take(&h, out_o, 8, 1, n, NULL, "sorted keys") : NULL; /* may be keys */
     i64 *order = NULL;
     if (out && order_o != Py_None) order = take(&h, order_o, 8, 1, n, NULL, "order");
     if (!out || (order_o != Py_None && !order)) { release(&h); return NULL; }
@@ -280,36 +280,45 @@ static PyObject *py_argsort(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* Runs of equal sorted keys: each run's first position into `first` and its exact diff sum
- * into `sums` (runs summing to 0 dropped). Returns the number of runs kept, or -(run start + 1)
- * of the first run whose sum leaves int64. `diff` is read through `order` when given. */
+/* consolidate(sorted keys, diff, order or None, sums out): runs of equal keys summed
+ * exactly, in place: each kept run's key moves to the front of `keys` and its sum into `sums`
+ * (runs summing to 0 dropped). `diff` is read through `order` when given; a `diff` of one item
+ * is every row's. Returns the number of runs kept, or -(run start + 1) of the first run whose
+ * sum leaves int64 (the keys then as they were). */
 static PyObject *py_consolidate(PyObject *self, PyObject *args) {
-    PyObject *keys_o, *diff_o, *order_o, *first_o, *sums_o;
-    if (!PyArg_ParseTuple(args, "OOOOO", &keys_o, &diff_o, &order_o, &first_o, &sums_o)) return NULL;
+    PyObject *keys_o, *diff_o, *order_o, *sums_o;
+    if (!PyArg_ParseTuple(args, "OOOO", &keys_o, &diff_o, &order_o, &sums_o)) return NULL;
     Held h = {.count = 0};
     Py_ssize_t n;
-    const u64 *keys = take(&h, keys_o, 8, 0, -1, &n, "keys");
+    u64 *keys = take(&h, keys_o, 8, 1, -1, &n, "keys");
     Py_ssize_t nd = 0;
     const i64 *diff = keys ? take(&h, diff_o, 8, 0, -1, &nd, "diff") : NULL;
     int same = diff && nd == 1 && n > 1; /* one diff for every row */
-    if (diff && !same && nd < n) { PyErr_SetString(PyExc_ValueError, "diff: too short"); diff = NULL; }
+    if (diff && !same && nd < n) {
+        PyErr_SetString(PyExc_ValueError, "diff: too short");
+        diff = NULL;
+    }
     const i64 *order = NULL;
     if (diff && order_o != Py_None && !same) order = take(&h, order_o, 8, 0, n, NULL, "order");
     if (diff && order_o != Py_None && !same && !order) { release(&h); return NULL; }
-    i64 *first = diff ? take(&h, first_o, 8, 1, n, NULL, "first") : NULL;
-    i64 *sums = first ? take(&h, sums_o, 8, 1, n, NULL, "sums") : NULL;
+    i64 *sums = diff ? take(&h, sums_o, 8, 1, n, NULL, "sums") : NULL;
     if (!sums) { release(&h); return NULL; }
     Py_ssize_t kept = 0, bad = -1;
     Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t i = 0;
-    while (i < n) {
-        Py_ssize_t j = i + 1;
+    /* a first pass finds an overflow before any key moves */
+    for (Py_ssize_t i = 0, j; i < n && bad < 0; i = j) {
         i128 s = same ? diff[0] : order ? diff[order[i]] : diff[i];
-        while (j < n && keys[j] == keys[i]) { s += same ? diff[0] : order ? diff[order[j]] : diff[j]; j++; }
-        if (s > INT64_MAX || s < INT64_MIN) { bad = i; break; }
-        if (s != 0) { first[kept] = i; sums[kept] = (i64)s; kept++; }
-        i = j;
+        for (j = i + 1; j < n && keys[j] == keys[i]; j++) s += same ? diff[0] : order ? diff[order[j]] : diff[j];
+        if (s > INT64_MAX || s < INT64_MIN) bad = i;
+        else sums[i] = (i64)s; /* at the run's start: read again below */
     }
+    if (bad < 0)
+        for (Py_ssize_t i = 0, j; i < n; i = j) {
+            u64 k = keys[i];
+            for (j = i + 1; j < n && keys[j] == k; j++) {}
+            i64 s = j == i + 1 ? (same ? diff[0] : order ? diff[order[i]] : diff[i]) : sums[i];
+            if (s != 0) { keys[kept] = k; sums[kept] = s; kept++; }
+        }
     Py_END_ALLOW_THREADS
     release(&h);
     return PyLong_FromSsize_t(bad >= 0 ? -(bad + 1) : kept);
@@ -1205,7 +1214,7 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"argsort", py_argsort, METH_VARARGS, "argsort(keys, sorted out, order out or None): stable radix sort of uint64 keys"},
-    {"consolidate", py_consolidate, METH_VARARGS, "consolidate(sorted keys, diff (one for all: length 1), order or None, first out, sums out) -> runs kept, or -(row + 1)"},
+    {"consolidate", py_consolidate, METH_VARARGS, "consolidate(sorted keys (compacted in place), diff (one for all: length 1), order or None, sums out) -> runs kept, or -(row + 1)"},
     {"directory", py_directory, METH_VARARGS, "directory(sorted column, out, low): first row at or after each key"},
     {"pack", py_pack, METH_VARARGS, "pack(columns, n, lows, highs, bits, keys out, inside out or None) -> all inside"},
     {"unpack", py_unpack, METH_VARARGS, "unpack(keys, lows, bits, columns out)"},

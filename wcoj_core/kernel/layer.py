@@ -152,25 +152,20 @@ class Layer:
         packing = Packing.of(rows)
         if packing is None:
             return cls._sort_wide(rows, diff, consolidate, what)
-        packed, _ = packing.pack(rows)
-        keys = np.empty_like(packed)
+        keys, _ = packing.pack(rows)
         # One diff for all (whole relations, support changes): the keys alone are sorted, and
         # the rows unpacked from them, as permuting rows and diffs would give.
         same = bool((diff == diff[0]).all())
-        order = None if same else np.empty(len(packed), dtype=I64)
-        native.argsort(packed, keys, order)
+        order = None if same else np.empty(len(keys), dtype=I64)
+        native.argsort(keys, keys, order)  # in place
         if consolidate:
-            first = np.empty(len(keys), dtype=I64)
             sums = np.empty(len(keys), dtype=I64)
-            kept = native.consolidate(keys, diff[:1] if same else diff, order, first, sums)
+            kept = native.consolidate(keys, diff[:1] if same else diff, order, sums)
             if kept < 0:
                 at = -kept - 1
                 row = packing.unpack(keys[at : at + 1])[0]
                 raise MultiplicityOverflow(what, tuple(int(v) for v in row))
-            if kept < len(keys):
-                keys, diff = keys[first[:kept]], sums[:kept]
-            else:
-                diff = sums
+            keys, diff = keys[:kept], sums[:kept]
         elif order is not None:
             diff = diff[order]
         # The rows unpacked from their sorted keys: column-major, without a gather of rows.
