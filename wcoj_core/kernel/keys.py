@@ -1,12 +1,14 @@
-"""Search keys: rows of longs as values whose order is the rows' lexicographic order.
+"""Sort keys: rows of longs as values whose order is the rows' lexicographic order.
 
-A layer (`wcoj_core.kernel.layer`) binary-searches its rows by one key per row:
+A layer (`wcoj_core.kernel.layer`) is sorted, and persisted, by one key per row:
 
 * `Packing` — a row packed into one ``uint64`` when the columns' value spans fit in 64 bits
-  together (vertex ids of any graph that fits in memory): searched as plain integers;
+  together (vertex ids of any graph that fits in memory): sorted by the kernel's radix sort;
 * `encode` — otherwise, a row of ``k`` longs as ``8k`` big-endian bytes with the sign bit
-  flipped, so byte order is numeric lexicographic order and numpy's ``searchsorted`` works on
-  whole rows (and, through a strided view, on any leading columns).
+  flipped, so byte order is numeric lexicographic order (what a persisted layer of such rows
+  stores as its keys).
+
+The searches themselves read a layer's columns (`wcoj_core.kernel.native`).
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ class Packing:
     Column ``j`` contributes ``value - lows[j]`` in ``bits[j]`` bits, the first column highest,
     so comparing packed rows compares the rows lexicographically, and the first ``p`` columns of
     a packed row are its top bits. A layer whose columns' spans fit in 64 bits together (vertex
-    ids of any graph that fits in memory) is searched as plain integers, several times faster
-    than the byte strings of `encode`; a probe outside the box is known absent without a search.
+    ids of any graph that fits in memory) is sorted as plain integers, several times faster
+    than rows as tuples.
 
     >>> pk = Packing.of(np.array([[5, -1], [7, 2]]))
     >>> pk.bits, pk.pack(np.array([[5, -1], [7, 2], [8, 0]]))[1].tolist()
