@@ -25,7 +25,15 @@ from strategies import Rel, queries, signed_difference, updates
 from wcoj_core.kernel import join
 from wcoj_core.kernel.changes import counts_delta, output_changes, support_delta
 from wcoj_core.kernel.index import EpochLayers, TraceIndex
-from wcoj_core.kernel.join import RuleTally, bindings, delta_layer, run_rule, shares, weights
+from wcoj_core.kernel.join import (
+    RuleTally,
+    bindings,
+    count_rule,
+    delta_layer,
+    run_rule,
+    shares,
+    weights,
+)
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
@@ -106,6 +114,11 @@ def kernel_change(
                         threads=threads[0],
                     )
                 )
+            # Counted, not written (`wcoj count`): the same bindings and weights.
+            counted = count_rule(plan, rule, layers, RuleTally.of(rule), (lo, hi), budget=budget)
+            made = [p.weight if k is None else p.weight[k] for p, k in got]
+            assert counted.rows == sum(len(w) for w in made)
+            assert counted.total == sum(int(w) for ws in made for w in ws.tolist())
             if got:
                 found.append(bindings(plan, rule, got))
         tallies.append(tally)

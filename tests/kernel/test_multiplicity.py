@@ -23,6 +23,7 @@ from strategies import Rel, queries, signed_difference
 from test_join import epoch_layers, kernel_change
 
 from wcoj_core.errors import MultiplicityOverflow
+from wcoj_core.kernel.join import RuleTally, count_rule
 from wcoj_core.kernel.layer import Layer, enumerate_ranges, lookup_sum, merged
 from wcoj_core.kernel.multiplicity import sums_at, times, total
 from wcoj_core.naive import naive_eval
@@ -138,6 +139,10 @@ def test_a_triangle_of_three_edges_of_2_to_the_21_raises(rule) -> None:
     with pytest.raises(MultiplicityOverflow) as e:
         change_of(query, plan, {"edge": {}}, {"edge": weights})
     assert e.value.tuple == (1, 2, 3)
+    layers = epoch_layers(plan, {"edge": {}}, {"edge": weights})
+    with pytest.raises(MultiplicityOverflow) as counting:  # counted, not written: the same
+        count_rule(plan, plan.rules[2], layers, RuleTally.of(plan.rules[2]))
+    assert counting.value.tuple == (1, 2, 3)
     assert "(1, 2, 3)" in str(e.value) and "(a, b, c)" in str(e.value)
     assert str(e.value.with_epoch(4)).endswith(
         "so epoch 4 cannot be applied (check the diffs of its changes)"

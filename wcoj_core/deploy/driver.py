@@ -18,7 +18,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wcoj_core.deploy.work import Bindings, Emitted, Made, RuleJob, Tallied, Work, run_share
+from wcoj_core.deploy.work import (
+    Bindings,
+    Counted,
+    Emitted,
+    Made,
+    RuleJob,
+    Tallied,
+    Work,
+    run_share,
+)
 from wcoj_core.kernel.changes import output_changes
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import Part, Prefixes, RuleTally, bindings, delta_layer, prepare
@@ -40,10 +49,12 @@ THREAD_ROWS = 50_000
 
 @dataclass(frozen=True, slots=True)
 class DriverResult:
-    """Every output's change (consolidated rows and diffs) and what each rule did."""
+    """Every output's change (consolidated rows and diffs), or for an output only counted
+    (`Work.counted`) its rows and the sum of their diffs; and what each rule did."""
 
     changes: Mapping[str, tuple[np.ndarray, np.ndarray]]
     tallies: Mapping[RuleJob, RuleTally]
+    counted: Mapping[str, tuple[int, int]]
 
 
 def run_on_driver(work: Work, layers: EpochLayers, *, workers: int = WORKERS) -> DriverResult:
@@ -63,9 +74,13 @@ def _collect(work: Work, shares: list[list[Made]]) -> DriverResult:
     emitted: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     parts: dict[RuleJob, list[Part]] = {job: [] for job in work.rules}
     tallies: dict[RuleJob, RuleTally] = {}
+    counted: dict[str, tuple[int, int]] = {}
     for share in shares:
         for item in share:
             match item:
+                case Counted(job, rows, total):
+                    before = counted.get(job.output, (0, 0))
+                    counted[job.output] = (before[0] + rows, before[1] + total)
                 case Emitted(name, rows, diff, _):
                     emitted[name] = (rows, diff)
                 case Bindings(job, part):
@@ -75,6 +90,8 @@ def _collect(work: Work, shares: list[list[Made]]) -> DriverResult:
         share.clear()  # the parts are now only referenced by `parts`
     per_output: dict[str, list[Prefixes]] = {}
     for job in work.rules:
+        if job.output in counted:
+            continue
         plan = work.plans[job.query]
         found = parts.pop(job)
         if found:
@@ -89,4 +106,4 @@ def _collect(work: Work, shares: list[list[Made]]) -> DriverResult:
         else:
             width = len(columns[name])
             changes[name] = (np.zeros((0, width), dtype=I64), np.zeros(0, dtype=I64))
-    return DriverResult(changes, tallies)
+    return DriverResult(changes, tallies, counted)

@@ -754,6 +754,7 @@ static void rows_free(Rows *o) {
 /* What a loop reports (summed over threads; an error of the first chunk in order wins). */
 typedef struct {
     Py_ssize_t proposed, passed, counted;
+    i128 total; /* the survivors' weights summed */
     int flagged;
     int err;            /* 1: a sum left int64, 2: output past capacity, 3: out of memory */
     Py_ssize_t err_row; /* the prefix row */
@@ -787,6 +788,8 @@ typedef struct {
 static void stats_add(Stats *into, const Stats *st, int nalive) {
     into->proposed += st->proposed;
     into->passed += st->passed;
+    into->counted += st->counted;
+    into->total += st->total;
     into->flagged |= st->flagged;
     for (int j = 0; j < nalive; j++) into->alive[j] += st->alive[j];
 }
@@ -998,6 +1001,7 @@ typedef struct {
     const i64 *weight, *live, *tag;
     const uint8_t *flags;
     int nx, nf, owner, spread; /* write the owner / the prefix's columns */
+    int counting;              /* write nothing: count the survivors and sum their weights */
     Filt fs[MAXF];
 } ExtendCtx;
 
@@ -1008,7 +1012,7 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
     Ext *xs = scratch;
     int nx = ctx->nx, nf = ctx->nf;
     const Filt *fs = ctx->fs;
-    int writing = out != NULL;
+    int writing = !ctx->counting;
     Py_ssize_t written = 0;
     for (Py_ssize_t i = i0; i < i1; i++) {
         Py_ssize_t r = ctx->live[i];
@@ -1090,7 +1094,7 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
             }
             if (!pass) continue;
             st->flagged |= fl;
-            if (!writing) { written++; continue; }
+            if (!writing) { written++; st->total += w; continue; }
             int room = rows_room(out);
             if (room < 0) { st->err = room == -1 ? 2 : 3; st->err_row = r; return; }
             Py_ssize_t at = out->n++;
@@ -1115,8 +1119,9 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
  * completing extenders multiply their diff into the weight. Survivors are written in prefix
  * order: the prefix's columns and the value (out columns; or the value alone), the prefix's
  * position in `live` (owner), the weight and its overflow flag. Without out columns nothing
- * is written and the survivors are only counted (on this thread). Returns (written, proposed,
- * passed, flagged, err, err_row, err_ext, err_value). */
+ * is written: the survivors are counted and their weights summed. Returns (survivors,
+ * proposed, passed, flagged, err, err_row, err_ext, err_value, the weights' sum as high and
+ * low 64 bits: 0 when writing). */
 static PyObject *py_extend(PyObject *self, PyObject *args) {
     PyObject *cols_o, *weight_o, *flags_o, *live_o, *tag_o, *exts_o, *filters_o;
     PyObject *ocols_o, *oowner_o, *oweight_o, *oflags_o;
@@ -1163,6 +1168,7 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
         }
     }
     int writing = ocols_o != Py_None;
+    ctx.counting = !writing;
     if (ok && writing) {
         PyObject *fast = PySequence_Fast(ocols_o, "out columns");
         ok = fast != NULL;
@@ -1195,19 +1201,20 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
     Stats st = {0};
     Py_ssize_t n;
     Py_BEGIN_ALLOW_THREADS
-    if (writing) {
-        n = run_pool(extend_range, &ctx, xs, sizeof(Ext) * MAXX, start, stop, threads,
-                     chunk > 0 ? chunk : 1, &out, &st);
-    } else {
-        extend_range(&ctx, xs, start, stop, NULL, &st);
-        n = st.counted;
-    }
+    if (!writing) out.cap = 0; /* nothing is written: only counted */
+    n = run_pool(extend_range, &ctx, xs, sizeof(Ext) * MAXX, start, stop, threads,
+                 chunk > 0 ? chunk : 1, &out, &st);
+    if (!writing) n = st.counted;
     Py_END_ALLOW_THREADS
     release(&h);
     free(xs);
     if (st.err == 3) return PyErr_NoMemory();
-    return Py_BuildValue("nnniinin", n, st.proposed, st.passed, st.flagged, st.err, st.err_row,
-                         st.err_ext, (Py_ssize_t)st.err_value);
+    /* the weights' sum as two longs: high * 2**64 + low (low unsigned) */
+    i64 hi = (i64)(st.total >> 64);
+    u64 lo = (u64)st.total;
+    return Py_BuildValue("nnniininLK", n, st.proposed, st.passed, st.flagged, st.err, st.err_row,
+                         st.err_ext, (Py_ssize_t)st.err_value, (long long)hi,
+                         (unsigned long long)lo);
 }
 
 /* -- the module --------------------------------------------------------------------------- */

@@ -221,6 +221,63 @@ def run_rule(
     copied into place later), else a piece of at most `budget` candidates at a time (for one
     that sends each part on as it comes).
     """
+    limits = Limits(budget, threads, whole, counting=False)
+    for made in _chunks(plan, rule, layers, tally, rows, chunk_rows, limits):
+        assert not isinstance(made, Counted)
+        yield made
+
+
+def count_rule(
+    plan: Plan,
+    rule: DeltaRule,
+    layers: Layers,
+    tally: RuleTally,
+    rows: tuple[int, int] | None = None,
+    *,
+    chunk_rows: int = CHUNK_ROWS,
+    budget: int = PROPOSAL_BUDGET,
+    threads: int = 1,
+) -> Counted:
+    """`run_rule`'s full bindings counted, not written: how many, and their weights' exact sum
+    (a binding whose weight leaves int64 raises as in `run_rule`). What an output whose
+    bindings are all distinct tuples needs when only its count is asked for (`wcoj count`)."""
+    found = Counted(0, 0)
+    limits = Limits(budget, threads, True, counting=True)
+    for made in _chunks(plan, rule, layers, tally, rows, chunk_rows, limits):
+        assert isinstance(made, Counted)
+        found = Counted(found.rows + made.rows, found.total + made.total)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """Bindings counted: how many, and the exact sum of their weights (a Python int)."""
+
+    rows: int
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """How a rule runs: the proposal budget, the threads, whether the last step writes each
+    chunk whole, and whether it only counts."""
+
+    budget: int
+    threads: int
+    whole: bool
+    counting: bool
+
+
+def _chunks(
+    plan: Plan,
+    rule: DeltaRule,
+    layers: Layers,
+    tally: RuleTally,
+    rows: tuple[int, int] | None,
+    chunk_rows: int,
+    limits: Limits,
+) -> Iterator[Part | Counted]:
+    """The rule's delta tuples `rows`, a chunk at a time, through every step."""
     d = delta_layer(plan, rule, layers)
     lo, hi = (0, len(d)) if rows is None else rows
     start = plan.atom_vars[rule.delta]
@@ -233,9 +290,14 @@ def run_rule(
         prefixes = Prefixes(cols, d.diff[part])
         prefixes = _checked(plan, rule, prefixes, layers, tally)
         prefixes = prefixes.filtered(rule.start_filters)
-        limits = (budget, threads, whole)
+        if not rule.steps and limits.counting:
+            check_overflow(plan, (prefixes, None))
+            total = int(np.asarray(prefixes.weight, dtype=object).sum()) if len(prefixes) else 0
+            yield Counted(len(prefixes), total)
+            continue
         for made in _descend(plan, rule, 0, prefixes, layers, tally, limits, lead):
-            check_overflow(plan, made)
+            if not isinstance(made, Counted):
+                check_overflow(plan, made)
             yield made
 
 
@@ -290,25 +352,34 @@ def _descend(
     prefixes: Prefixes,
     layers: Layers,
     tally: RuleTally,
-    limits: tuple[int, int, bool],
+    limits: Limits,
     lead: Sequence[Var],
-) -> Iterator[Part]:
-    """Steps `k`.. of a rule for some prefixes, piece by piece (see the module); `limits`
-    are the proposal budget, the threads, and whether the last step writes whole."""
+) -> Iterator[Part | Counted]:
+    """Steps `k`.. of a rule for some prefixes, piece by piece (see the module)."""
     if k == len(rule.steps):
         yield prefixes, None
         return
     step = rule.steps[k]
-    budget, threads, whole = limits
-    live = count(plan, step, prefixes, layers, tally, threads)
+    live = count(plan, step, prefixes, layers, tally, limits.threads)
     counts = tally.steps[k]
     counts.prefixes += len(live)
     counts.min_sum += int(live.least.sum())
     last = k + 1 == len(rule.steps)
-    cut = [(0, len(live))] if last and whole else pieces(live.least, budget)
+    whole = last and (limits.whole or limits.counting)
+    cut = [(0, len(live))] if whole else pieces(live.least, limits.budget)
     for a, b in cut:
+        if last and limits.counting:
+            got = extend(
+                plan, step, prefixes, live, (a, b), layers, counts, (), limits.threads, True
+            )
+            tally.joins += got.joins
+            if got.flagged:  # a binding's weight left int64: written again, to name it
+                made = extend(plan, step, prefixes, live, (a, b), layers, StepCounts(""))
+                check_overflow(plan, (made.made, None))
+            yield Counted(got.rows, got.total)
+            continue
         part = extend(
-            plan, step, prefixes, live, (a, b), layers, counts, lead if last else (), threads
+            plan, step, prefixes, live, (a, b), layers, counts, lead if last else (), limits.threads
         )
         tally.joins += part.joins
         if last:
@@ -444,10 +515,15 @@ def native_filters(step: Step, names: Sequence[Var]) -> list[NativeFilter]:
 
 @dataclass(frozen=True, slots=True)
 class Extended:
-    """The bindings a piece of a step made, and the lookups behind them (`joins`)."""
+    """The bindings a piece of a step made (none when only counted: then `rows` of them, with
+    weights summing to `total`), the lookups behind them (`joins`), and whether a weight was
+    flagged."""
 
     made: Prefixes
     joins: int
+    rows: int = 0
+    total: int = 0
+    flagged: bool = False
 
 
 def extend(
@@ -460,14 +536,16 @@ def extend(
     counts: StepCounts,
     lead: Sequence[Var] = (),
     threads: int = 1,
+    counting: bool = False,
 ) -> Extended:
     """Propose and validate, for the live prefixes of `piece`: each one's extender with the
     fewest candidates proposes, every other validates; the bindings come out in prefix
     order, the step's variable last. The columns of `lead` (variables of the bindings) are
-    written as one column-major block (`head_block`)."""
+    written as one column-major block (`head_block`). With `counting`, nothing is written:
+    the bindings are counted and their weights summed."""
     names = list(prefixes.cols)
     a, b = piece
-    cap = int(live.least[a:b].sum())
+    cap = 0 if counting else int(live.least[a:b].sum())
     xs = [_native_extender(plan, x, names, layers, b - a) for x in step.extenders]
     made = _allocate([*names, step.var], cap, lead)
     cols = contiguous(prefixes.cols.values())
@@ -483,24 +561,25 @@ def extend(
         b,
         xs,
         native_filters(step, names),
-        tuple(made.cols.values()),
+        None if counting else tuple(made.cols.values()),
         None,
-        made.weight,
-        flags,
+        None if counting else made.weight,
+        None if counting else flags,
         cap,
         _threads(b - a, threads),
         CHUNK_PREFIXES,
     )
-    n, proposed, passed, flagged = native_outcome(outcome, cols, [x[2] for x in xs])
-    counts.proposed += proposed
-    counts.validated += n
+    got = native_outcome(outcome, cols, [x[2] for x in xs])
+    n = 0 if counting else got.rows
+    counts.proposed += got.proposed
+    counts.validated += got.rows
     out = Prefixes(
         {v: c[:n] for v, c in made.cols.items()},
         made.weight[:n],
-        flags[:n].view(bool) if flagged else None,
+        flags[:n].view(bool) if got.flagged and not counting else None,
         None if made.block is None else made.block[:n],
     )
-    return Extended(out, proposed + passed)
+    return Extended(out, got.proposed + got.passed, got.rows, got.total, got.flagged)
 
 
 def _allocate(vs: Sequence[Var], rows: int, lead: Sequence[Var]) -> Prefixes:
@@ -533,15 +612,15 @@ def propose(
     args = (cols, m, np.ascontiguousarray(mine.weight, dtype=I64), mine.overflow, rows, tag)
     filters = native_filters(step, names)
     counted = native.extend(*args, 0, m, xs, filters, None, None, None, None, 0)
-    cap = native_outcome(counted, cols, [key])[0]
+    cap = native_outcome(counted, cols, [key]).rows
     made = _allocate([*names, step.var], cap, ())
     flags = np.empty(cap, dtype=np.uint8)
     outcome = native.extend(
         *args, 0, m, xs, filters, tuple(made.cols.values()), None, made.weight, flags, cap
     )
-    n, proposed, _, flagged = native_outcome(outcome, cols, [key])
-    made.overflow = flags[:n].view(bool) if flagged else None
-    return made, proposed
+    got = native_outcome(outcome, cols, [key])
+    made.overflow = flags[: got.rows].view(bool) if got.flagged else None
+    return made, got.proposed
 
 
 def validate(

@@ -514,22 +514,34 @@ def _checked_outcome(
     outcome: tuple[int, ...], probes: Sequence[np.ndarray], key: Sequence[int]
 ) -> int:
     """The rows an extension wrote, or the error it reports raised (see `native_outcome`)."""
-    return native_outcome(outcome, probes, [key])[0]
+    return native_outcome(outcome, probes, [key]).rows
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one `native.extend` call did: the bindings it wrote (or counted), the candidates
+    proposed, the validations passed, whether a weight was flagged (left int64), and the exact
+    sum of the weights counted (a counting call's; 0 when writing)."""
+
+    rows: int
+    proposed: int
+    passed: int
+    flagged: bool
+    total: int
 
 
 def native_outcome(
     outcome: tuple[int, ...], probes: Sequence[np.ndarray], keys: Sequence[Sequence[int]]
-) -> tuple[int, int, int, bool]:
-    """What `native.extend` reported: rows written, proposed, passed validation, and whether a
-    row was flagged; a sum over layers leaving int64 raises `MultiplicityOverflow` naming the
-    tuple (the extender's key columns, then the value)."""
-    n, proposed, passed, flagged, err, row, ext, value = outcome
+) -> Outcome:
+    """What `native.extend` reported; a sum over layers leaving int64 raises
+    `MultiplicityOverflow` naming the tuple (the extender's key columns, then the value)."""
+    n, proposed, passed, flagged, err, row, ext, value, high, low = outcome
     if err == 1:
         key = tuple(int(probes[k][row]) for k in keys[ext])
         raise MultiplicityOverflow(OVER_LAYERS, (*key, value))
     if err:
         raise RuntimeError(f"the kernel's output outgrew its counts at row {row}")
-    return n, proposed, passed, bool(flagged)
+    return Outcome(n, proposed, passed, bool(flagged), high * (1 << 64) + low)
 
 
 def enumerate_ranges(
