@@ -89,7 +89,7 @@ def support_delta(layers: EpochLayers, view: AtomView) -> Layer:
 
 def counts_delta(support: Layer, key: Sequence[int]) -> Layer:
     """Support changes grouped by the key columns: a counts change."""
-    return Layer.build(support.rows[:, list(key)], support.diff)
+    return Layer.build([support.col(k) for k in key], support.diff)
 
 
 def output_changes(

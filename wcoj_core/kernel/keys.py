@@ -57,10 +57,11 @@ class Packing:
     bits: tuple[int, ...]
 
     @classmethod
-    def of(cls, rows: np.ndarray) -> Packing | None:
-        """The tightest packing of `rows` (non-empty), or None when it needs more than 64 bits."""
+    def of(cls, rows: np.ndarray | Sequence[np.ndarray]) -> Packing | None:
+        """The tightest packing of `rows` (non-empty; a row array, or its columns), or None
+        when it needs more than 64 bits."""
         # Column by column: a reduction along axis 0 of a row-major array is several times slower.
-        cols = [rows[:, j] for j in range(rows.shape[1])]
+        cols = [rows[:, j] for j in range(rows.shape[1])] if isinstance(rows, np.ndarray) else rows
         lows = tuple(int(c.min()) for c in cols)
         highs = tuple(int(c.max()) for c in cols)
         bits = tuple((h - lo).bit_length() for lo, h in zip(lows, highs, strict=True))

@@ -136,23 +136,34 @@ class Layer:
 
     @classmethod
     def sort(
-        cls, rows: np.ndarray, diff: np.ndarray, *, consolidate: bool = False, what: str = SUMMING
+        cls,
+        rows: np.ndarray | Sequence[np.ndarray],
+        diff: np.ndarray,
+        *,
+        consolidate: bool = False,
+        what: str = SUMMING,
     ) -> Layer:
-        """A layer of `rows` in any order (consolidated first when asked: equal rows summed;
-        a sum leaving int64 raises `MultiplicityOverflow`, `what` naming the operation)."""
-        rows = np.asarray(rows, dtype=I64)
+        """A layer of `rows` in any order (a row array, or its columns: no row array is then
+        made), consolidated first when asked: equal rows summed; a sum leaving int64 raises
+        `MultiplicityOverflow`, `what` naming the operation."""
         diff = np.ascontiguousarray(diff, dtype=I64)
-        width = rows.shape[1]
-        if width == 0 or len(rows) == 0:
-            if consolidate and len(rows):
+        if isinstance(rows, np.ndarray):
+            rows = np.asarray(rows, dtype=I64)
+            cols = [rows[:, j] for j in range(rows.shape[1])]
+        else:
+            cols = list(contiguous(rows))
+        width, n = len(cols), len(diff)
+        if width == 0 or n == 0:
+            whole = stack(cols, n)
+            if consolidate and n:
                 summed = sums_at(diff, np.zeros(1, dtype=I64), lambda _: (), what)
                 keep = slice(0, 1 if summed[0] != 0 else 0)
-                return cls(rows[keep], summed[keep])
-            return cls(rows, diff)
-        packing = Packing.of(rows)
+                return cls(whole[keep], summed[keep])
+            return cls(whole, diff)
+        packing = Packing.of(cols)
         if packing is None:
-            return cls._sort_wide(rows, diff, consolidate, what)
-        keys, _ = packing.pack(rows)
+            return cls._sort_wide(stack(cols, n), diff, consolidate, what)
+        keys, _ = packing.pack_columns(cols, n)
         # One diff for all (whole relations, support changes): the keys alone are sorted, and
         # the rows unpacked from them, as permuting rows and diffs would give.
         same = bool((diff == diff[0]).all())
@@ -195,7 +206,9 @@ class Layer:
         return layer
 
     @classmethod
-    def build(cls, rows: np.ndarray, diff: np.ndarray, *, what: str = SUMMING) -> Layer:
+    def build(
+        cls, rows: np.ndarray | Sequence[np.ndarray], diff: np.ndarray, *, what: str = SUMMING
+    ) -> Layer:
         """Rows in any order, equal rows summed, zeros dropped (`sort`)."""
         return cls.sort(rows, diff, consolidate=True, what=what)
 
@@ -348,7 +361,7 @@ class Layer:
         """The same rows with columns in `order`, sorted again."""
         if tuple(order) == tuple(range(self.width)):
             return self
-        return Layer.sort(self.rows[:, list(order)], self.diff)
+        return Layer.sort([self.col(j) for j in order], self.diff)
 
 
 def view_of(view: AtomView, layer: Layer) -> Layer:
