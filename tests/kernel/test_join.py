@@ -22,7 +22,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 from strategies import Rel, queries, signed_difference, updates
 
-from wcoj_core.kernel import join
+from wcoj_core.kernel import step
 from wcoj_core.kernel.changes import counts_delta, output_changes, support_delta
 from wcoj_core.kernel.index import EpochLayers, TraceIndex
 from wcoj_core.kernel.join import (
@@ -77,12 +77,12 @@ def epoch_layers(plan: Plan, old: Mapping[str, Rel], delta: Mapping[str, Rel]) -
 def threaded(prefixes: int) -> Iterator[None]:
     """Every loop of the kernel on as many threads as it is given, however few its prefixes,
     each thread taking `prefixes` at a time (so tiny examples are cut into many chunks)."""
-    saved = (join.THREAD_PREFIXES, join.CHUNK_PREFIXES, join.COUNT_CHUNK)
-    join.THREAD_PREFIXES, join.CHUNK_PREFIXES, join.COUNT_CHUNK = 1, prefixes, prefixes
+    saved = (step.THREAD_PREFIXES, step.CHUNK_PREFIXES, step.COUNT_CHUNK)
+    step.THREAD_PREFIXES, step.CHUNK_PREFIXES, step.COUNT_CHUNK = 1, prefixes, prefixes
     try:
         yield
     finally:
-        join.THREAD_PREFIXES, join.CHUNK_PREFIXES, join.COUNT_CHUNK = saved
+        step.THREAD_PREFIXES, step.CHUNK_PREFIXES, step.COUNT_CHUNK = saved
 
 
 def kernel_change(

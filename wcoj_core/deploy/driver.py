@@ -30,8 +30,9 @@ from wcoj_core.deploy.work import (
 )
 from wcoj_core.kernel.changes import output_changes
 from wcoj_core.kernel.index import EpochLayers
-from wcoj_core.kernel.join import Part, Prefixes, RuleTally, bindings, delta_layer, prepare
+from wcoj_core.kernel.join import Part, RuleTally, bindings, delta_layer, prepare
 from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.step import Prefixes
 
 
 def _cores() -> int:

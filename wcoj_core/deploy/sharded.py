@@ -36,11 +36,12 @@ from pyspark.sql import functions as F
 from wcoj_core.deploy.resident import Resident, Shape, resident_for, shard_of
 from wcoj_core.deploy.work import RuleJob, Work
 from wcoj_core.kernel.changes import data_rows
-from wcoj_core.kernel.join import (
+from wcoj_core.kernel.join import RuleTally, check_overflow
+from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.layer import Layer, lookup_sum, lookup_sum_of
+from wcoj_core.kernel.step import (
     Prefixes,
-    RuleTally,
     StepCounts,
-    check_overflow,
     count_of,
     pick,
     pieces,
@@ -48,8 +49,6 @@ from wcoj_core.kernel.join import (
     support_source,
     validate,
 )
-from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer, lookup_sum, lookup_sum_of
 from wcoj_core.query.ir import Var
 from wcoj_core.query.plan import AtomView, DeltaRule, Plan, Version
 from wcoj_core.traces import DIFF, counts_trace_name, relation_trace_name

@@ -15,8 +15,9 @@ oracle (`wcoj_core.naive`) and the audit stay the independent checks.
   of the first column when a call probes many keys);
 * `index` — a trace in memory as base + recent layers (`TraceIndex`), and what an epoch reads
   (`EpochLayers`: old state, new state, the epoch's changes);
-* `join` — one delta rule, attribute at a time: count, pick the fewest, propose (narrowed by
-  the order filters) and validate in one pass; bounded memory; `RuleTally` counts what every
-  step did;
+* `step` — one step of a rule: count and pick in one pass, propose (narrowed by the order
+  filters) and validate in another;
+* `join` — one delta rule, attribute at a time, step by step; bounded memory; `RuleTally`
+  counts what every step did;
 * `changes` — Arrow changes in and out, counts maintenance, output changes.
 """
