@@ -27,7 +27,7 @@ typedef uint64_t u64;
 typedef __int128 i128;
 
 #define MAXW 32   /* columns of a layer or a prefix */
-#define MAXL 8    /* layers of an extender (base, recent, delta: three in practice) */
+#define MAXL 64   /* layers of an extender (an index's levels, recent batches, the delta) */
 #define MAXX 16   /* extenders of a step */
 #define MAXF 32   /* filters of a step */
 
@@ -38,21 +38,29 @@ typedef __int128 i128;
 /* -- buffers ------------------------------------------------------------------------------ */
 
 typedef struct {
-    Py_buffer views[512];
-    int count;
+    Py_buffer *views; /* grown as arrays are taken */
+    int count, cap;
 } Held;
 
 static void release(Held *h) {
     for (int i = 0; i < h->count; i++) PyBuffer_Release(&h->views[i]);
-    h->count = 0;
+    free(h->views);
+    h->views = NULL;
+    h->count = h->cap = 0;
 }
 
 /* A contiguous buffer of `itemsize`-byte items (of at least `need` items unless need < 0). */
 static void *take(Held *h, PyObject *obj, Py_ssize_t itemsize, int writable, Py_ssize_t need,
                   Py_ssize_t *len, const char *what) {
-    if (h->count >= 512) {
-        PyErr_SetString(PyExc_ValueError, "too many arrays in one kernel call");
-        return NULL;
+    if (h->count == h->cap) {
+        int cap = h->cap ? 2 * h->cap : 64;
+        Py_buffer *grown = realloc(h->views, sizeof(Py_buffer) * (size_t)cap);
+        if (!grown) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        h->views = grown;
+        h->cap = cap;
     }
     Py_buffer *v = &h->views[h->count];
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
@@ -918,7 +926,11 @@ static PyObject *py_count(PyObject *self, PyObject *args) {
                           &alive_o, &threads, &chunk))
         return NULL;
     Held h = {.count = 0};
-    Ext *xs = calloc(MAXX, sizeof(Ext));
+    Py_ssize_t nxs = PySequence_Size(exts_o);
+    if (nxs < 0) return NULL;
+    if (nxs > MAXX) return PyErr_Format(PyExc_ValueError, "%zd extenders (at most %d)", nxs, MAXX);
+    size_t xs_size = sizeof(Ext) * (size_t)(nxs ? nxs : 1);
+    Ext *xs = calloc(1, xs_size);
     if (!xs) return PyErr_NoMemory();
     int nx;
     Prefix P;
@@ -943,7 +955,7 @@ static PyObject *py_count(PyObject *self, PyObject *args) {
     Stats st = {0};
     CountCtx ctx = {.P = &P, .nx = nx};
     Py_BEGIN_ALLOW_THREADS
-    run_pool(count_range, &ctx, xs, sizeof(Ext) * MAXX, 0, m, threads, chunk > 0 ? chunk : 1,
+    run_pool(count_range, &ctx, xs, xs_size, 0, m, threads, chunk > 0 ? chunk : 1,
              &out, &st);
     Py_END_ALLOW_THREADS
     for (int j = 0; j < nx; j++) alive[j] = st.alive[j];
@@ -1133,7 +1145,11 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
                           &oweight_o, &oflags_o, &cap, &threads, &chunk))
         return NULL;
     Held h = {.count = 0};
-    Ext *xs = calloc(MAXX, sizeof(Ext));
+    Py_ssize_t nxs = PySequence_Size(exts_o);
+    if (nxs < 0) return NULL;
+    if (nxs > MAXX) return PyErr_Format(PyExc_ValueError, "%zd extenders (at most %d)", nxs, MAXX);
+    size_t xs_size = sizeof(Ext) * (size_t)(nxs ? nxs : 1);
+    Ext *xs = calloc(1, xs_size);
     if (!xs) return PyErr_NoMemory();
     Prefix P;
     ExtendCtx ctx = {.P = &P};
@@ -1202,7 +1218,7 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
     Py_ssize_t n;
     Py_BEGIN_ALLOW_THREADS
     if (!writing) out.cap = 0; /* nothing is written: only counted */
-    n = run_pool(extend_range, &ctx, xs, sizeof(Ext) * MAXX, start, stop, threads,
+    n = run_pool(extend_range, &ctx, xs, xs_size, start, stop, threads,
                  chunk > 0 ? chunk : 1, &out, &st);
     if (!writing) n = st.counted;
     Py_END_ALLOW_THREADS
