@@ -13,7 +13,7 @@ DEMO_START = WCOJ_EPOCH_START=$$(ls $(DEMO)/landing/edge | head -n 1)
 
 .PHONY: demo replay ui postgres postgres-down ui-prod test test-fast benchmarks lint java clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py wcoj_core/kernel/_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'

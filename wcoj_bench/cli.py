@@ -43,6 +43,7 @@ interruption.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -72,7 +73,13 @@ from wcoj_bench.curves import (
 from wcoj_bench.epochs import METHODS, bench, make_workload
 from wcoj_bench.machine import machine_facts, machine_label
 from wcoj_bench.measure import Sample
-from wcoj_bench.static import STATIC_DEFAULT, StaticRun, check_methods, static_bench
+from wcoj_bench.static import (
+    STATIC_DEFAULT,
+    CountCommand,
+    StaticRun,
+    check_methods,
+    static_bench,
+)
 from wcoj_core.cli import workspace
 from wcoj_core.cli.console import (
     EXIT_FAILED,
@@ -143,6 +150,12 @@ def _parser() -> argparse.ArgumentParser:
         "--methods",
         metavar="M,..",
         help=f"methods to run, wcoj always among them (default {','.join(STATIC_DEFAULT)})",
+    )
+    st.add_argument(
+        "--baseline-wcoj",
+        metavar="CMD",
+        help="another wcoj program (e.g. a checkout of main's) for method wcoj-count-baseline: "
+        "its `count` runs side by side with this one's",
     )
     st.set_defaults(run=_static)
 
@@ -432,6 +445,11 @@ def _static(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
     methods = check_methods(_methods(args.methods, STATIC_DEFAULT), query, frozenset(undirected))
+    baseline = tuple(shlex.split(args.baseline_wcoj)) if args.baseline_wcoj else None
+    if "wcoj-count-baseline" in methods and baseline is None:
+        raise UsageError("method wcoj-count-baseline needs --baseline-wcoj CMD")
+    files = {rel: str(Path(p).resolve()) if Path(p).exists() else p for rel, p in inputs.items()}
+    command = CountCommand(args.query, files, tuple(sorted(undirected)), baseline)
     workspace.prepare_state(args.state)
     spark = workspace.start_spark(args.master, args.conf)
     with workspace.state_dir(args.state) as state:
@@ -447,6 +465,7 @@ def _static(args: argparse.Namespace) -> int:
             repeat=args.repeat,
             on_run=_static_progress,
             deployment=args.deploy,
+            command=command,
         )
     summary = result.to_dict()
     say(f"count {result.count}: every method agrees")

@@ -96,7 +96,9 @@ LABELS = {
     "neighbour-array": "neighbour-array (`collect_set` + `array_intersect`)",
     "duckdb": "duckdb (SQL)",
     "kuzu": "kuzu (Cypher)",
-    "scipy": "scipy (`sum((U @ U) ∘ U)`)",
+    "scipy": "scipy (`sum((U @ U) ∘ U)`, from the deduplicated edges)",
+    "wcoj-count": "wcoj-count (the `wcoj count` process, exec to exit)",
+    "wcoj-count-baseline": "wcoj-count-baseline (the same, another checkout's program)",
 }
 
 
@@ -341,6 +343,22 @@ def render_static(record: dict[str, Any]) -> str:
     speedups = [k for k in r if k.startswith("speedup_vs_")]
     if speedups:
         bullets.append(", ".join(f"`{k}` **{r[k]}**" for k in speedups) + ".")
+    own = [
+        f"{name} {_s(m['own_median_seconds'])} s ({_runs(m['own_seconds'])})"
+        for name, m in methods.items()
+        if m.get("own_median_seconds") is not None
+    ]
+    if own:
+        bullets.append(
+            "The `wcoj count` processes' own seconds (their `--json` `seconds`: landing and "
+            "rules, after reading the input), medians: " + "; ".join(own) + "."
+        )
+    for key, what in (
+        ("count_seconds_over_scipy", "`wcoj count`'s own seconds over scipy's"),
+        ("count_speedup_vs_baseline", "the baseline `wcoj count` process over this one"),
+    ):
+        if key in r:
+            bullets.append(f"{what}: `{key}` **{r[key]}**.")
     each = []
     for name, m in methods.items():
         warm = "" if m["warm_up_seconds"] is None else f" (warm-up {_s(m['warm_up_seconds'])})"

@@ -24,18 +24,26 @@ The methods, each counting the query's output (the sum of its multiplicities):
   Spark DataFrames: orient every edge from its lower to its higher endpoint, collect each
   vertex's set of higher neighbours, and for every edge add the size of the intersection of its
   two endpoints' sets (each triangle ``a < b < c`` is found once, on its edge ``a b``).
+* **wcoj-count** — the whole ``wcoj count`` process, exec to exit, reading the input files
+  itself (``--json``; its own ``seconds``, landing and rules, are kept too): what a user runs.
+* **wcoj-count-baseline** — the same command from another checkout (``--baseline-wcoj CMD``,
+  e.g. main's kernel before a change), in the same run: a before/after on the same machine
+  at the same load.
 * **duckdb** — DuckDB's SQL triangle query (two joins on the oriented edge table).
 * **kuzu** — Kùzu's Cypher triangle pattern over the oriented edges.
 * **scipy** — a sparse-matrix count: ``sum((U @ U) ∘ U)`` for the upper-triangular adjacency
-  matrix ``U`` (the machine's practical limit for a single-threaded count).
+  matrix ``U`` (the machine's practical limit for a single-threaded count), timed from the
+  deduplicated edge array (each undirected edge in both directions, as ``wcoj count`` lands
+  them) through orientation (``src < dst``), relabelling, the CSR build and the masked product.
 
 The last four count undirected triangles only: they refuse any query other than the built-in
 ``triangles`` over a relation read with ``--undirected``. What is timed: for the Spark methods,
 from DataFrames over the input Parquet to the count on the driver (after one untimed warm-up
 run each, so that the JVM's code generation is not charged to the first method); for duckdb and
 kuzu, the query alone — loading the edges into DuckDB's table and Kùzu's node and relationship
-tables happens before, untimed; for scipy, building the matrix from the arrays (ids relabelled
-in order) and the product. Between Spark runs Spark's cache is cleared, untimed, so no run reads
+tables happens before, untimed; for scipy, from the deduplicated edge array (above); for the
+``wcoj count`` processes, exec to exit (after one untimed warm-up run each: the input's pages
+in the page cache, the kernel's compiled module loaded once). Between Spark runs Spark's cache is cleared, untimed, so no run reads
 what an earlier one kept.
 
 Every run of every method must give the same count as the first run; one that does not stops the
@@ -45,8 +53,11 @@ benchmark with a `BenchError` naming both methods and counts, before anything is
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import statistics
+import subprocess
+import sys
 import time as clock
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,10 +83,12 @@ from wcoj_core.updates import total_diff
 
 
 class Runtime(Enum):
-    """Where a method runs: in Spark (warmed up, join rows measured) or on the driver alone."""
+    """Where a method runs: in Spark (warmed up, join rows measured), on the driver alone, or
+    as a process of its own (warmed up)."""
 
     SPARK = "spark"
     LOCAL = "local"
+    PROCESS = "process"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +104,8 @@ STATIC_METHODS: dict[str, StaticMethod] = {
     for m in (
         StaticMethod("wcoj", Runtime.SPARK, triangles_only=False),
         StaticMethod("wcoj-executors", Runtime.SPARK, triangles_only=False),
+        StaticMethod("wcoj-count", Runtime.PROCESS, triangles_only=False),
+        StaticMethod("wcoj-count-baseline", Runtime.PROCESS, triangles_only=False),
         StaticMethod("spark-sql", Runtime.SPARK, triangles_only=False),
         StaticMethod("neighbour-array", Runtime.SPARK, triangles_only=True),
         StaticMethod("duckdb", Runtime.LOCAL, triangles_only=True, package="duckdb"),
@@ -98,7 +113,33 @@ STATIC_METHODS: dict[str, StaticMethod] = {
         StaticMethod("scipy", Runtime.LOCAL, triangles_only=True, package="scipy"),
     )
 }
-STATIC_DEFAULT = tuple(STATIC_METHODS)
+STATIC_DEFAULT = tuple(m for m in STATIC_METHODS if m != "wcoj-count-baseline")
+
+
+@dataclass(frozen=True, slots=True)
+class CountCommand:
+    """How the process methods run ``wcoj count``: the query and inputs as given on the command
+    line (relation -> file or generator spec), the undirected relations, and the program of
+    the baseline (None: no baseline)."""
+
+    query: str
+    inputs: Mapping[str, str]
+    undirected: tuple[str, ...]
+    baseline: tuple[str, ...] | None = None
+
+    def argv(self, program: Sequence[str]) -> list[str]:
+        args = [*program, "count", "--query", self.query]
+        for rel, path in sorted(self.inputs.items()):
+            args += ["--input", f"{rel}={path}"]
+        for rel in self.undirected:
+            args += ["--undirected", rel]
+        return [*args, "--json"]
+
+
+def wcoj_program() -> tuple[str, ...]:
+    """The ``wcoj`` program installed with this Python (a user's command)."""
+    beside = Path(sys.executable).with_name("wcoj")
+    return (str(beside),) if beside.exists() else (sys.executable, "-m", "wcoj_core.cli")
 
 
 # -- which queries the methods take ------------------------------------------------------------
@@ -189,11 +230,13 @@ class StaticInputs:
         undirected: frozenset[str],
         root: Path,
         deployment: str = "auto",
+        command: CountCommand | None = None,
     ) -> None:
         self.spark = spark
         self.query = query
         self.root = root
         self.deployment = deployment  # where the `wcoj` method's kernel runs
+        self.command = command  # how the process methods run `wcoj count`
         self.specs = specs_for(query, undirected, Meaning.SET)
         # What the Spark methods read (an undirected relation symmetric), and what wcoj reads
         # (an undirected relation's edges once).
@@ -243,9 +286,10 @@ class Runner:
     close: Callable[[], None] = lambda: None
     phases: list[dict[str, float]] = field(default_factory=lambda: [])
     # Per run, the join rows the method counted itself (the kernel's lookups), which Spark's
-    # SQL metrics cannot see; and where wcoj's kernel ran.
+    # SQL metrics cannot see; where wcoj's kernel ran; a process's own seconds (its --json).
     own_rows: list[int] = field(default_factory=lambda: [])
     deployments: list[str] = field(default_factory=lambda: [])
+    own_seconds: list[float] = field(default_factory=lambda: [])
 
 
 def _wcoj(inputs: StaticInputs, deployment: str | None = None) -> Runner:
@@ -365,10 +409,15 @@ def _scipy(inputs: StaticInputs) -> Runner:
     from scipy import sparse
 
     edges = inputs.edges()
+    # The deduplicated edge array as wcoj lands it: every undirected edge in both directions.
+    both_src = np.concatenate([edges.src, edges.dst])
+    both_dst = np.concatenate([edges.dst, edges.src])
 
     def run() -> int:
-        ids, index = np.unique(np.concatenate([edges.src, edges.dst]), return_inverse=True)
-        m = len(edges.src)
+        upward = both_src < both_dst  # orientation: each edge once, from its lower end
+        src, dst = both_src[upward], both_dst[upward]
+        ids, index = np.unique(np.concatenate([src, dst]), return_inverse=True)
+        m = len(src)
         n = len(ids)
         upper = sparse.csr_matrix(
             (np.ones(m, dtype=np.int64), (index[:m], index[m:])), shape=(n, n)
@@ -376,6 +425,32 @@ def _scipy(inputs: StaticInputs) -> Runner:
         return int(upper.multiply(upper @ upper).sum())
 
     return Runner(run)
+
+
+def _wcoj_count(inputs: StaticInputs, baseline: bool = False) -> Runner:
+    command = inputs.command
+    if command is None:
+        raise BenchError("the wcoj-count methods need the command line's query and inputs")
+    program = command.baseline if baseline else wcoj_program()
+    if program is None:
+        raise BenchError("method wcoj-count-baseline needs --baseline-wcoj CMD")
+    argv = command.argv(program)
+    phases: list[dict[str, float]] = []
+    own: list[float] = []
+    runs = inputs.root / ("count-baseline" if baseline else "count")
+    runs.mkdir(parents=True, exist_ok=True)
+
+    def run() -> int:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=runs)
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise BenchError(f"{' '.join(argv[:2])} count failed ({done.returncode}): {tail}")
+        data = json.loads(done.stdout.strip().splitlines()[-1])
+        own.append(float(data["seconds"]))
+        phases.append(data["metrics"]["seconds"])
+        return int(data["count"])
+
+    return Runner(run, phases=phases, own_seconds=own)
 
 
 PREPARE: dict[str, Callable[[StaticInputs], Runner]] = {
@@ -386,6 +461,8 @@ PREPARE: dict[str, Callable[[StaticInputs], Runner]] = {
     "duckdb": _duckdb,
     "kuzu": _kuzu,
     "scipy": _scipy,
+    "wcoj-count": _wcoj_count,
+    "wcoj-count-baseline": partial(_wcoj_count, baseline=True),
 }
 
 
@@ -420,6 +497,8 @@ class StaticMethodResult:
     # wcoj's kernel ran (its deployments).
     peak_worker_rss_bytes: int | None = None
     deployments: tuple[str, ...] = ()
+    # A process method's own seconds per timed run (its --json seconds).
+    own_seconds: list[float] = field(default_factory=lambda: [])
 
     @property
     def median(self) -> float:
@@ -462,6 +541,14 @@ class StaticResult:
                     "peak_worker_rss_bytes": m.peak_worker_rss_bytes,
                     **({"phases": m.phases} if m.phases is not None else {}),
                     **({"deployments": list(m.deployments)} if m.deployments else {}),
+                    **(
+                        {
+                            "own_seconds": [round(x, 3) for x in m.own_seconds],
+                            "own_median_seconds": round(statistics.median(m.own_seconds), 3),
+                        }
+                        if m.own_seconds
+                        else {}
+                    ),
                 }
                 for name, m in self.methods.items()
             },
@@ -469,6 +556,14 @@ class StaticResult:
         for other, key in (("spark-sql", "spark_sql"), ("neighbour-array", "neighbour_array")):
             if other in self.methods:
                 out[f"speedup_vs_{key}"] = self.ratio(other)
+        count = self.methods.get("wcoj-count")
+        if count is not None and count.own_seconds and "scipy" in self.methods:
+            # issue 29: `wcoj count`'s own seconds against scipy's, in the same run
+            own = statistics.median(count.own_seconds)
+            out["count_seconds_over_scipy"] = round(own / self.methods["scipy"].median, 3)
+        base = self.methods.get("wcoj-count-baseline")
+        if count is not None and base is not None:
+            out["count_speedup_vs_baseline"] = round(base.median / count.median, 3)
         return out
 
 
@@ -483,14 +578,15 @@ def static_bench(
     repeat: int = 3,
     on_run: Callable[[StaticRun], None] | None = None,
     deployment: str = "auto",
+    command: CountCommand | None = None,
 ) -> StaticResult:
     """Count `query` over whole relations with every method, `repeat` timed runs each (the
-    `wcoj` method's kernel where `deployment` says)."""
+    `wcoj` method's kernel where `deployment` says; the process methods run `command`)."""
     if repeat < 1:
         raise BenchError(f"--repeat must be at least 1, got {repeat}")
     chosen = check_methods(methods, query, undirected)
     inputs = StaticInputs(
-        spark, query, relations, undirected, Path(state_dir) / "static", deployment
+        spark, query, relations, undirected, Path(state_dir) / "static", deployment, command
     )
     meter = SparkMeter(spark)
     watch = MemoryWatch()
@@ -499,7 +595,7 @@ def static_bench(
     for name in chosen:
         method = STATIC_METHODS[name]
         runner = PREPARE[name](inputs)
-        first = 0 if method.runtime is Runtime.SPARK else 1
+        first = 1 if method.runtime is Runtime.LOCAL else 0
         seconds: list[float] = []
         warm_up: float | None = None
         rows: int | None = None
@@ -539,6 +635,7 @@ def static_bench(
             phases=_median_phases(runner.phases[1 - first :]) if runner.phases else None,
             peak_worker_rss_bytes=watch.worker_peaks.get(name),
             deployments=tuple(sorted(set(runner.deployments))),
+            own_seconds=runner.own_seconds[1 - first :],
         )
     watch.close()
     assert expected is not None
@@ -561,6 +658,7 @@ def _median_phases(runs: list[dict[str, float]]) -> dict[str, float]:
 __all__ = [
     "STATIC_DEFAULT",
     "STATIC_METHODS",
+    "CountCommand",
     "StaticResult",
     "StaticRun",
     "check_methods",

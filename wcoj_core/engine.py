@@ -359,9 +359,11 @@ class Engine:
         frontier = epoch - n
         return frontier if m.frontier is None or frontier > m.frontier else None
 
-    def evaluate(self, changes: Mapping[str, Changes]) -> EpochResult:
+    def evaluate(self, changes: Mapping[str, Changes], *, count_only: bool = False) -> EpochResult:
         """The epoch after the state's last (0 for a new state) computed from `changes` and
-        written nowhere: a static evaluation when the state is new (`wcoj count`)."""
+        written nowhere: a static evaluation when the state is new (`wcoj count`). With
+        `count_only`, an output whose tuples the kernel makes distinct is only counted, not
+        made: its change (`EpochResult.changes`) is then None."""
         base = self.store.current()
         self.check_plan(base)
         for rel, df in changes.items():
@@ -369,7 +371,7 @@ class Engine:
                 raise QueryError(f"changes given for relation {rel!r}, which no query uses")
             check_columns(self.specs[rel], df, 0)
         epoch = 0 if base.epoch is None else base.epoch + 1
-        return EpochPass(self, base, epoch, changes, dry=True).run()
+        return EpochPass(self, base, epoch, changes, dry=True, count_only=count_only).run()
 
     def refresh(self) -> list[EpochResult]:
         """Derive every stale epoch again, oldest first (after a correction, to bring the

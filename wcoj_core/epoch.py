@@ -223,8 +223,12 @@ class EpochPass:
         changes: Mapping[str, Changes],
         *,
         dry: bool = False,
+        count_only: bool = False,
     ) -> None:
         self.engine = engine
+        # A dry pass whose outputs are only counted (`wcoj count` keeping nothing): a distinct
+        # output no lookup reads is counted by the kernel, never made (`Work.counted`).
+        self.count_only = dry and count_only
         self.dry = dry  # compute the epoch, write and commit nothing (a static evaluation)
         self.base = base
         self.epoch = epoch
@@ -330,6 +334,7 @@ class EpochPass:
         outputs: dict[str, _Out] = {}
         distinct = self._distinct(m, jobs)
         if choice.on_driver or not jobs:
+            counted = frozenset(n for n in distinct if self.count_only and n not in self.opened)
             work = Work(
                 engine.store.root,
                 self.epoch,
@@ -337,10 +342,13 @@ class EpochPass:
                 (),
                 rules=tuple(jobs),
                 distinct=distinct,
+                counted=counted,
             )
             result = run_on_driver(work, layers)
             for name, (rows, diff) in result.changes.items():
                 outputs[name] = _Out(Layer(rows, diff))
+            for name, (n, total) in result.counted.items():
+                outputs[name] = _Out(None, None, total, counted=n)
             tallies = dict(result.tallies)
         else:
             from wcoj_core.deploy.cluster import run_rules
@@ -631,17 +639,20 @@ class EpochPass:
 @dataclass
 class _Out:
     """A trace's change at the epoch: in memory (`layer`), or a batch written elsewhere (the
-    executors) with the sum of its diffs; its figures once known."""
+    executors) or only counted, with the sum of its diffs; its figures once known."""
 
     layer: Layer | None
     batch: Batch | None = None
     total: int = 0
     figures: Figures | None = None
+    counted: int | None = None  # rows of an output only counted (`EpochPass.count_only`)
 
     @property
     def rows(self) -> int:
         if self.layer is not None:
             return len(self.layer)
+        if self.counted is not None:
+            return self.counted
         return self.batch.rows if self.batch is not None else 0
 
     @property

@@ -22,7 +22,6 @@ import pyarrow as pa
 
 from wcoj_core.errors import InputError
 from wcoj_core.kernel.changes import changes_layer
-from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.meaning import RelationSpec
 from wcoj_core.traces import DIFF, TIME, relation_columns
@@ -113,12 +112,14 @@ def symmetrized(layer: Layer) -> tuple[Layer, int]:
     >>> both.rows.tolist(), both.diff.tolist(), loops
     ([[1, 2], [2, 1]], [1, 1], 1)
     """
-    rows, diff = np.asarray(layer.rows), np.asarray(layer.diff)
-    loop = rows[:, 0] == rows[:, 1]
+    a, b, diff = layer.col(0), layer.col(1), np.asarray(layer.diff)
+    loop = a == b
     loops = int(np.count_nonzero(loop))
-    kept = np.flatnonzero(~loop)
-    rows, diff = rows[kept], diff[kept]
-    both = np.concatenate([rows, rows[:, ::-1]]).astype(I64, copy=False)
+    if loops:
+        kept = np.flatnonzero(~loop)
+        a, b, diff = a[kept], b[kept], diff[kept]
+    # Column by column: no array of rows is made (the kernel sorts columns as they are).
+    both = [np.concatenate([a, b]), np.concatenate([b, a])]
     return Layer.build(both, np.concatenate([diff, diff])), loops
 
 

@@ -14,16 +14,26 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import numpy as np
 from hypothesis import given, note
 from hypothesis import strategies as st
 from strategies import Rel, queries, signed_difference, updates
 
+from wcoj_core.kernel import step
 from wcoj_core.kernel.changes import counts_delta, output_changes, support_delta
 from wcoj_core.kernel.index import EpochLayers, TraceIndex
-from wcoj_core.kernel.join import RuleTally, bindings, delta_layer, run_rule, shares, weights
+from wcoj_core.kernel.join import (
+    RuleTally,
+    bindings,
+    count_rule,
+    delta_layer,
+    run_rule,
+    shares,
+    weights,
+)
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
@@ -63,20 +73,52 @@ def epoch_layers(plan: Plan, old: Mapping[str, Rel], delta: Mapping[str, Rel]) -
     return layers
 
 
+@contextmanager
+def threaded(prefixes: int) -> Iterator[None]:
+    """Every loop of the kernel on as many threads as it is given, however few its prefixes,
+    each thread taking `prefixes` at a time (so tiny examples are cut into many chunks)."""
+    saved = (step.THREAD_PREFIXES, step.CHUNK_PREFIXES, step.COUNT_CHUNK)
+    step.THREAD_PREFIXES, step.CHUNK_PREFIXES, step.COUNT_CHUNK = 1, prefixes, prefixes
+    try:
+        yield
+    finally:
+        step.THREAD_PREFIXES, step.CHUNK_PREFIXES, step.COUNT_CHUNK = saved
+
+
 def kernel_change(
-    plan: Plan, layers: EpochLayers, parts: int, chunk: int, budget: int
+    plan: Plan,
+    layers: EpochLayers,
+    parts: int,
+    chunk: int,
+    budget: int,
+    threads: tuple[int, int] = (1, 1),
 ) -> tuple[Counter, list[RuleTally]]:
-    """Every rule on `parts` shares of its delta: the summed output change, and each rule's
-    tally."""
+    """Every rule on `parts` shares of its delta, its loops on ``threads[0]`` threads taking
+    ``threads[1]`` prefixes at a time: the summed output change, and each rule's tally."""
     found = []
     tallies = []
     for rule in plan.rules:
         tally = RuleTally.of(rule)
         d = delta_layer(plan, rule, layers)
         for lo, hi in shares(weights(plan, rule, layers), parts) if len(d) else []:
-            got = list(
-                run_rule(plan, rule, layers, tally, (lo, hi), chunk_rows=chunk, budget=budget)
-            )
+            with threaded(threads[1]):
+                got = list(
+                    run_rule(
+                        plan,
+                        rule,
+                        layers,
+                        tally,
+                        (lo, hi),
+                        chunk_rows=chunk,
+                        budget=budget,
+                        threads=threads[0],
+                    )
+                )
+            # Counted, not written (`wcoj count`): the same bindings and weights.
+            counted = count_rule(plan, rule, layers, RuleTally.of(rule), (lo, hi), budget=budget)
+            made = [p.weight if k is None else p.weight[k] for p, k in got]
+            assert counted.rows == sum(len(w) for w in made)
+            assert counted.total == sum(int(w) for ws in made for w in ws.tolist())
             if got:
                 found.append(bindings(plan, rule, got))
         tallies.append(tally)
@@ -100,7 +142,8 @@ def run_epochs(query: Query, epochs: list[dict[str, list]], plan: Plan, draw) ->
         parts = draw(st.integers(1, 3), label=f"epoch {t} shares")
         chunk = draw(st.sampled_from([1, 2, 1 << 20]), label=f"epoch {t} chunk rows")
         budget = draw(st.sampled_from([1, 3, 1 << 23]), label=f"epoch {t} proposal budget")
-        change, tallies = kernel_change(plan, layers, parts, chunk, budget)
+        threads = draw(st.sampled_from([(1, 1), (2, 1), (3, 2), (2, 64)]), label="threads")
+        change, tallies = kernel_change(plan, layers, parts, chunk, budget, threads)
         whole, reference = kernel_change(plan, layers, 1, 1 << 20, 1 << 23)
         for rel, ups in delta.items():
             for tup, d in ups.items():

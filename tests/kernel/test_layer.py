@@ -12,9 +12,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wcoj_core.kernel.join import Prefixes, bounds_of
 from wcoj_core.kernel.keys import encode
 from wcoj_core.kernel.layer import Bound, Layer, enumerate_ranges, lookup_sum
+from wcoj_core.kernel.step import Prefixes, bounds_of
 from wcoj_core.query.ir import CmpOp, Filter, Var
 
 

@@ -109,8 +109,7 @@ def found_lists(f: Found) -> tuple:
     return (
         f.owner.tolist(),
         f.rest.tolist(),
-        None if f.diff is None else f.diff.tolist(),
-        None if f.sizes is None else f.sizes.tolist(),
+        f.diff.tolist(),
     )
 
 
@@ -153,6 +152,8 @@ def test_a_mapped_layer_answers_like_the_built_one(data, draw) -> None:
             assert [x.tolist() for x in got] == [x.tolist() for x in want]
             got, want = mine.span_of(cols, m, bounds), built.span_of(cols, m, bounds)
             assert [x.tolist() for x in got] == [x.tolist() for x in want]
+            if p + 1 != width:  # a step proposes one column, the one after its key
+                continue
             assert found_lists(find([mine], cols, m, bounds)) == found_lists(
                 find([built], cols, m, bounds)
             )
@@ -243,11 +244,10 @@ def test_what_a_layer_is_given_it_never_recomputes() -> None:
     layer = Layer(rows, np.array([2, 2, 2]), packing, keys, unit=True)  # a lie it must not check
     layer.prepare(1, 2)
     assert layer.unit and layer.search_keys() is keys and layer.packing is packing
-    assert layer.lookup(np.array([[1, 5], [2, 2]])).tolist() == [1, 0]  # unit: found is 1
+    assert all(np.shares_memory(c, rows) for c in layer.columns())  # read where they lie
     wide = np.array([[I64_MIN, I64_MIN], [I64_MAX, I64_MAX]])  # 128 bits: no packing
     bytes_keys = encode(wide)
     unpacked = Layer(wide, np.array([1, 1]), None, bytes_keys, unit=True)
     unpacked.prepare(1, 2)
     assert unpacked.packing is None and unpacked.search_keys() is bytes_keys
-    prefix = unpacked._prefix_keys(1)
-    assert np.shares_memory(prefix, bytes_keys) and prefix.dtype.itemsize == 8
+    assert unpacked.lookup(wide).tolist() == [1, 1]

@@ -23,6 +23,7 @@ from strategies import Rel, queries, signed_difference
 from test_join import epoch_layers, kernel_change
 
 from wcoj_core.errors import MultiplicityOverflow
+from wcoj_core.kernel.join import RuleTally, count_rule
 from wcoj_core.kernel.layer import Layer, enumerate_ranges, lookup_sum, merged
 from wcoj_core.kernel.multiplicity import sums_at, times, total
 from wcoj_core.naive import naive_eval
@@ -50,7 +51,7 @@ INT64 = st.one_of(
 def test_a_product_flags_exactly_the_rows_past_int64(pairs) -> None:
     a = np.array([x for x, _ in pairs], dtype=np.int64)
     b = np.array([y for _, y in pairs], dtype=np.int64)
-    product, over, _ = times(a, b)
+    product, over = times(a, b)
     exact = [x * y for x, y in pairs]
     flags = [False] * len(pairs) if over is None else over.tolist()
     assert flags == [not fits(v) for v in exact]
@@ -138,6 +139,10 @@ def test_a_triangle_of_three_edges_of_2_to_the_21_raises(rule) -> None:
     with pytest.raises(MultiplicityOverflow) as e:
         change_of(query, plan, {"edge": {}}, {"edge": weights})
     assert e.value.tuple == (1, 2, 3)
+    layers = epoch_layers(plan, {"edge": {}}, {"edge": weights})
+    with pytest.raises(MultiplicityOverflow) as counting:  # counted, not written: the same
+        count_rule(plan, plan.rules[2], layers, RuleTally.of(plan.rules[2]))
+    assert counting.value.tuple == (1, 2, 3)
     assert "(1, 2, 3)" in str(e.value) and "(a, b, c)" in str(e.value)
     assert str(e.value.with_epoch(4)).endswith(
         "so epoch 4 cannot be applied (check the diffs of its changes)"
@@ -240,12 +245,13 @@ def test_the_kernel_matches_the_oracle_or_raises_exactly_when_it_leaves_int64(da
         bindings = rule_bindings(plan, {Version.OLD: state, Version.NEW: new, Version.DELTA: delta})
         layers_args = (plan, epoch_layers(plan, state, delta))
         parts = data.draw(st.integers(1, 3), label=f"epoch {t} shares")
+        threads = data.draw(st.sampled_from([(1, 1), (2, 1), (3, 2)]), label=f"epoch {t} threads")
         if expect_overflow(plan, bindings):
             event("an epoch past int64")
             with pytest.raises(MultiplicityOverflow):
-                kernel_change(*layers_args, parts, 2, 3)
+                kernel_change(*layers_args, parts, 2, 3, threads)
             return  # the epoch cannot be applied: the state stays as it was
-        change, _ = kernel_change(*layers_args, parts, 2, 3)
+        change, _ = kernel_change(*layers_args, parts, 2, 3, threads)
         event("an exact epoch with a change" if change else "an exact epoch")
         assert change == signed_difference(naive_eval(query, new), naive_eval(query, state)), t
         state = new

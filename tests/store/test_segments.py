@@ -62,12 +62,12 @@ def same_lookups(a: Layer, b: Layer, rng: np.random.Generator) -> None:
         keys = probes[:, :p]
         for x, y in zip(a.ranges(keys), b.ranges(keys), strict=True):
             assert np.array_equal(x, y)
-    if a.width >= 2:
-        cols = [probes[:, 0]]
+    if a.width >= 2:  # a step proposes the column after its key
+        cols = [probes[:, j] for j in range(a.width - 1)]
         bound = [Bound(np.full(len(probes), 3), True, False)]
         fa, fb = find([a], cols, len(probes), bound), find([b], cols, len(probes), bound)
-        assert np.array_equal(fa.rest, fb.rest)
-        assert (fa.diff is None) == (fb.diff is None)
+        assert np.array_equal(fa.rest, fb.rest) and np.array_equal(fa.owner, fb.owner)
+        assert np.array_equal(fa.diff, fb.diff)
 
 
 @pytest.mark.parametrize("width", [0, 1, 2, 3])

@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine(starter, state, query, relations=specs, deployment=args.deploy)
         engine.persist_index = engine.persist_index and args.state is not None
         if args.state is None and output is None:
-            result = engine.evaluate(relations)  # nothing to keep: nothing written
+            # nothing to keep: nothing written, and the output only counted
+            result = engine.evaluate(relations, count_only=True)
         else:
             result = engine.apply(0, relations)
         count = result.count(query.name)

@@ -2,9 +2,10 @@
 
 The epoch's work (`wcoj_core.deploy.work`) runs here, against a `Resident` of the state's
 traces: an epoch that touches a few thousand keys costs lookups of those keys, not a pass over
-the arrangements. A work of many delta tuples is cut into shares run on up to `WORKERS` threads
-(numpy releases the GIL in its searches, gathers and arithmetic) and put back in share order:
-the bindings, their order and every count are those of one share.
+the arrangements. A work of many delta tuples runs the kernel's compiled loops on up to
+`WORKERS` threads (each loop cuts its prefixes into chunks and puts the chunks' bindings back
+in order: the bindings, their order and every count are those of one thread); a small one
+stays on this thread, keeping its latency.
 
 What it computes comes back as arrays; the caller writes the batches (`BatchFiles.write`).
 """
@@ -12,17 +13,26 @@ What it computes comes back as arrays; the caller writes the batches (`BatchFile
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from wcoj_core.deploy.work import Bindings, Emitted, Made, RuleJob, Tallied, Work, run_share
+from wcoj_core.deploy.work import (
+    Bindings,
+    Counted,
+    Emitted,
+    Made,
+    RuleJob,
+    Tallied,
+    Work,
+    run_share,
+)
 from wcoj_core.kernel.changes import output_changes
 from wcoj_core.kernel.index import EpochLayers
-from wcoj_core.kernel.join import Part, Prefixes, RuleTally, bindings, delta_layer, prepare
+from wcoj_core.kernel.join import Part, RuleTally, bindings, delta_layer, prepare
 from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.step import Prefixes
 
 
 def _cores() -> int:
@@ -40,43 +50,23 @@ THREAD_ROWS = 50_000
 
 @dataclass(frozen=True, slots=True)
 class DriverResult:
-    """Every output's change (consolidated rows and diffs) and what each rule did."""
+    """Every output's change (consolidated rows and diffs), or for an output only counted
+    (`Work.counted`) its rows and the sum of their diffs; and what each rule did."""
 
     changes: Mapping[str, tuple[np.ndarray, np.ndarray]]
     tallies: Mapping[RuleJob, RuleTally]
+    counted: Mapping[str, tuple[int, int]]
 
 
 def run_on_driver(work: Work, layers: EpochLayers, *, workers: int = WORKERS) -> DriverResult:
     """Run a work on this process (see the module)."""
     tuples = sum(len(delta_layer(work.plans[j.query], work.rule(j), layers)) for j in work.rules)
-    count = 2 * workers if workers > 1 and tuples >= THREAD_ROWS else 1
-    if count > 1:
+    threads = workers if tuples >= THREAD_ROWS else 1
+    if threads > 1:
         for job in work.rules:
             prepare(work.plans[job.query], work.rule(job), layers)
-        with ThreadPoolExecutor(workers) as pool:
-            made = list(pool.map(lambda i: _lean(run_share(work, layers, i, count)), range(count)))
-    else:
-        made = [_lean(run_share(work, layers, 0, 1))]
-    return _collect(work, made)
-
-
-def _lean(items: Iterator[Made]) -> list[Made]:
-    """A share's results, each part of bindings without the proposals it was validated from.
-
-    A part is the step's whole proposal set (up to the kernel's budget of rows, every bound
-    column) and the positions of the proposals that survived validation. Kept as made, every
-    part would keep its proposals alive until the epoch's parts are collected: a 3.7 M-edge epoch
-    into a 3.7 M-edge R-MAT graph was killed at 23.6 GB; with each part whose survivors are fewer
-    than half its proposals cut down to them at once, as here, it peaked at 11.8 GB.
-    """
-    out: list[Made] = []
-    for item in items:
-        if isinstance(item, Bindings):
-            prefixes, kept = item.part
-            if kept is not None and 2 * len(kept) < len(prefixes):
-                item = Bindings(item.job, (prefixes.take(kept), None))
-        out.append(item)
-    return out
+    # Every binding is kept here until the outputs are summed: each rule's chunk is one part.
+    return _collect(work, [list(run_share(work, layers, 0, 1, threads, whole=True))])
 
 
 def _collect(work: Work, shares: list[list[Made]]) -> DriverResult:
@@ -85,9 +75,13 @@ def _collect(work: Work, shares: list[list[Made]]) -> DriverResult:
     emitted: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     parts: dict[RuleJob, list[Part]] = {job: [] for job in work.rules}
     tallies: dict[RuleJob, RuleTally] = {}
+    counted: dict[str, tuple[int, int]] = {}
     for share in shares:
         for item in share:
             match item:
+                case Counted(job, rows, total):
+                    before = counted.get(job.output, (0, 0))
+                    counted[job.output] = (before[0] + rows, before[1] + total)
                 case Emitted(name, rows, diff, _):
                     emitted[name] = (rows, diff)
                 case Bindings(job, part):
@@ -97,6 +91,8 @@ def _collect(work: Work, shares: list[list[Made]]) -> DriverResult:
         share.clear()  # the parts are now only referenced by `parts`
     per_output: dict[str, list[Prefixes]] = {}
     for job in work.rules:
+        if job.output in counted:
+            continue
         plan = work.plans[job.query]
         found = parts.pop(job)
         if found:
@@ -111,4 +107,4 @@ def _collect(work: Work, shares: list[list[Made]]) -> DriverResult:
         else:
             width = len(columns[name])
             changes[name] = (np.zeros((0, width), dtype=I64), np.zeros(0, dtype=I64))
-    return DriverResult(changes, tallies)
+    return DriverResult(changes, tallies, counted)

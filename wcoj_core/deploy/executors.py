@@ -49,9 +49,10 @@ from wcoj_core.deploy.work import (
     run_share,
 )
 from wcoj_core.errors import MultiplicityOverflow
-from wcoj_core.kernel.join import RuleTally, StepCounts
+from wcoj_core.kernel.join import RuleTally
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer
+from wcoj_core.kernel.step import StepCounts
 from wcoj_core.store.manifest import FileRef
 from wcoj_core.traces import DIFF
 

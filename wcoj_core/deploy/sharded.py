@@ -36,11 +36,12 @@ from pyspark.sql import functions as F
 from wcoj_core.deploy.resident import Resident, Shape, resident_for, shard_of
 from wcoj_core.deploy.work import RuleJob, Work
 from wcoj_core.kernel.changes import data_rows
-from wcoj_core.kernel.join import (
+from wcoj_core.kernel.join import RuleTally, check_overflow
+from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.layer import Layer, lookup_sum, lookup_sum_of
+from wcoj_core.kernel.step import (
     Prefixes,
-    RuleTally,
     StepCounts,
-    check_overflow,
     count_of,
     pick,
     pieces,
@@ -48,8 +49,6 @@ from wcoj_core.kernel.join import (
     support_source,
     validate,
 )
-from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer, lookup_sum, lookup_sum_of
 from wcoj_core.query.ir import Var
 from wcoj_core.query.plan import AtomView, DeltaRule, Plan, Version
 from wcoj_core.traces import DIFF, counts_trace_name, relation_trace_name
@@ -380,7 +379,6 @@ def _phase_task(
             rows = np.concatenate([np.flatnonzero(own), checked[kept]])
             out = p.take(rows)
             out.weight = np.concatenate([p.weight[own], held.weight])
-            out.bound = None
             yield _routed(plan, rule, out, after, at + 1, all_phases, router, len(kept))
 
 
@@ -407,8 +405,8 @@ def _propose(
         # unconnected atoms): read unsharded.
         whole = layers if x.key else layers.unsharded()
         source = whole.layers(*support_source(x), x.version)
-        for piece in pieces(mine.cols[LEAST], budget):
-            got = mine if piece is None else mine.take(piece)
+        for a, b in pieces(mine.cols[LEAST], budget):
+            got = mine if (a, b) == (0, len(mine)) else mine.take(np.arange(a, b))
             part, made = propose(plan, step, x, got, source)
             check_overflow(plan, (part, None))
             part.cols[TAG] = np.full(len(part), j, dtype=I64)

@@ -31,6 +31,7 @@ from wcoj_core.kernel.join import (
     PROPOSAL_BUDGET,
     Part,
     RuleTally,
+    count_rule,
     delta_layer,
     run_rule,
     shares,
@@ -93,6 +94,9 @@ class Work:
     emit: tuple[str, ...] = ()
     # Outputs known consolidated as the rules make them (no summing needed across shares).
     distinct: frozenset[str] = field(default_factory=frozenset)
+    # Distinct outputs only counted, never written (a static count keeping nothing): their
+    # rules' bindings are counted and their weights summed (`Counted`), on the driver.
+    counted: frozenset[str] = field(default_factory=frozenset)
     # The candidates a step proposes at once (`wcoj_core.kernel.join`): what bounds memory.
     budget: int = PROPOSAL_BUDGET
 
@@ -131,6 +135,15 @@ class Bindings:
 
 
 @dataclass(frozen=True, slots=True)
+class Counted:
+    """A rule's bindings counted (an output of `Work.counted`): how many, their weights' sum."""
+
+    job: RuleJob
+    rows: int
+    total: int
+
+
+@dataclass(frozen=True, slots=True)
 class Tallied:
     """What one rule did in one share."""
 
@@ -138,7 +151,7 @@ class Tallied:
     tally: RuleTally
 
 
-Made = Emitted | Bindings | Tallied
+Made = Emitted | Bindings | Counted | Tallied
 
 
 def open_layers(
@@ -204,9 +217,18 @@ def opened_trace(work: Work, read: TraceRead, resident: Resident) -> Opened:
     return found
 
 
-def run_share(work: Work, layers: EpochLayers, share: int, count: int) -> Iterator[Made]:
+def run_share(
+    work: Work,
+    layers: EpochLayers,
+    share: int,
+    count: int,
+    threads: int = 1,
+    whole: bool = False,
+) -> Iterator[Made]:
     """Share `share` of `count` of a work: emitted changes (share 0), then every rule's
-    bindings on its share of the delta, each rule followed by its tally."""
+    bindings on its share of the delta, each rule followed by its tally; the kernel's loops
+    on up to `threads` threads, the last step writing whole chunks with `whole`
+    (`wcoj_core.kernel.join.run_rule`)."""
     if share == 0:
         columns = work.columns()
         for name in work.emit:
@@ -220,9 +242,29 @@ def run_share(work: Work, layers: EpochLayers, share: int, count: int) -> Iterat
         tally = RuleTally.of(rule)
         d = delta_layer(plan, rule, layers)
         if len(d):
-            sizes = weights(plan, rule, layers) if len(d) > WEIGH_ROWS else np.ones(len(d), I64)
-            lo, hi = shares(sizes, count)[share]
-            for part in run_rule(plan, rule, layers, tally, (lo, hi), budget=work.budget):
+            lo, hi = 0, len(d)
+            if count > 1:
+                big = len(d) > WEIGH_ROWS
+                sizes = weights(plan, rule, layers) if big else np.ones(len(d), I64)
+                lo, hi = shares(sizes, count)[share]
+            if job.output in work.counted:
+                got = count_rule(
+                    plan, rule, layers, tally, (lo, hi), budget=work.budget, threads=threads
+                )
+                yield Counted(job, got.rows, got.total)
+                yield Tallied(job, tally)
+                continue
+            made = run_rule(
+                plan,
+                rule,
+                layers,
+                tally,
+                (lo, hi),
+                budget=work.budget,
+                threads=threads,
+                whole=whole,
+            )
+            for part in made:
                 yield Bindings(job, part)
         yield Tallied(job, tally)
 

@@ -19,10 +19,11 @@ import pyarrow as pa
 
 from wcoj_core.arrow import long_array, longs
 from wcoj_core.kernel.index import EpochLayers
-from wcoj_core.kernel.join import Prefixes, head_block
+from wcoj_core.kernel.join import head_block
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, columns_of, lookup_sum
 from wcoj_core.kernel.multiplicity import row_namer, total
+from wcoj_core.kernel.step import Prefixes
 from wcoj_core.query.ir import Var
 from wcoj_core.query.plan import AtomView, Version
 from wcoj_core.traces import DIFF, TIME, relation_trace_name
@@ -89,7 +90,7 @@ def support_delta(layers: EpochLayers, view: AtomView) -> Layer:
 
 def counts_delta(support: Layer, key: Sequence[int]) -> Layer:
     """Support changes grouped by the key columns: a counts change."""
-    return Layer.build(support.rows[:, list(key)], support.diff)
+    return Layer.build([support.col(k) for k in key], support.diff)
 
 
 def output_changes(

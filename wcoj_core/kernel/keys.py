@@ -1,12 +1,14 @@
-"""Search keys: rows of longs as values whose order is the rows' lexicographic order.
+"""Sort keys: rows of longs as values whose order is the rows' lexicographic order.
 
-A layer (`wcoj_core.kernel.layer`) binary-searches its rows by one key per row:
+A layer (`wcoj_core.kernel.layer`) is sorted, and persisted, by one key per row:
 
 * `Packing` — a row packed into one ``uint64`` when the columns' value spans fit in 64 bits
-  together (vertex ids of any graph that fits in memory): searched as plain integers;
+  together (vertex ids of any graph that fits in memory): sorted by the kernel's radix sort;
 * `encode` — otherwise, a row of ``k`` longs as ``8k`` big-endian bytes with the sign bit
-  flipped, so byte order is numeric lexicographic order and numpy's ``searchsorted`` works on
-  whole rows (and, through a strided view, on any leading columns).
+  flipped, so byte order is numeric lexicographic order (what a persisted layer of such rows
+  stores as its keys).
+
+The searches themselves read a layer's columns (`wcoj_core.kernel.native`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from wcoj_core.kernel.native import native
 
 I64 = np.int64
 U64 = np.uint64
@@ -40,8 +44,8 @@ class Packing:
     Column ``j`` contributes ``value - lows[j]`` in ``bits[j]`` bits, the first column highest,
     so comparing packed rows compares the rows lexicographically, and the first ``p`` columns of
     a packed row are its top bits. A layer whose columns' spans fit in 64 bits together (vertex
-    ids of any graph that fits in memory) is searched as plain integers, several times faster
-    than the byte strings of `encode`; a probe outside the box is known absent without a search.
+    ids of any graph that fits in memory) is sorted as plain integers, several times faster
+    than rows as tuples.
 
     >>> pk = Packing.of(np.array([[5, -1], [7, 2]]))
     >>> pk.bits, pk.pack(np.array([[5, -1], [7, 2], [8, 0]]))[1].tolist()
@@ -53,10 +57,11 @@ class Packing:
     bits: tuple[int, ...]
 
     @classmethod
-    def of(cls, rows: np.ndarray) -> Packing | None:
-        """The tightest packing of `rows` (non-empty), or None when it needs more than 64 bits."""
+    def of(cls, rows: np.ndarray | Sequence[np.ndarray]) -> Packing | None:
+        """The tightest packing of `rows` (non-empty; a row array, or its columns), or None
+        when it needs more than 64 bits."""
         # Column by column: a reduction along axis 0 of a row-major array is several times slower.
-        cols = [rows[:, j] for j in range(rows.shape[1])]
+        cols = [rows[:, j] for j in range(rows.shape[1])] if isinstance(rows, np.ndarray) else rows
         lows = tuple(int(c.min()) for c in cols)
         highs = tuple(int(c.max()) for c in cols)
         bits = tuple((h - lo).bit_length() for lo, h in zip(lows, highs, strict=True))
@@ -76,32 +81,15 @@ class Packing:
         """`pack` of rows given as their first columns (`n` rows when no column is given).
 
         The hot paths hold their rows as separate columns: packing them here spares stacking
-        them into a row array first, which would copy every value once more.
+        them into a row array first, which would copy every value once more. A row outside the
+        box packs as 0. (The compiled kernel's loop: `native.pack`.)
         """
-        out: np.ndarray | None = None
-        inside: np.ndarray | None = None
-        for j, col in enumerate(cols):
-            # Wrapping subtraction: exact for every value inside the box. A value below the box
-            # wraps past the top of the span, and one above it lands past it: one unsigned
-            # comparison tells both bounds.
-            offset = col.astype(I64, copy=False).view(U64) - U64(self.lows[j] % (1 << 64))
-            here = offset <= U64(self.highs[j] - self.lows[j])
-            inside = here if inside is None else np.logical_and(inside, here, out=inside)
-            if self.bits[j] == 0:
-                continue
-            if out is None:  # the columns before held one value each: no bits
-                out = offset
-            else:  # `offset` is ours (a fresh array): shift and merge in place
-                out <<= U64(self.bits[j])
-                out |= offset
         size = len(cols[0]) if cols else (n or 0)
-        if out is None:
-            out = np.zeros(size, dtype=U64)
-        if inside is None:
-            inside = np.ones(size, dtype=bool)
-        elif not inside.all():
-            out[~inside] = 0
-        return out, inside
+        out = np.empty(size, dtype=U64)
+        inside = np.empty(size, dtype=np.uint8)
+        columns = tuple(np.ascontiguousarray(c, dtype=I64) for c in cols)
+        native.pack(columns, size, self.lows, self.highs, self.bits, out, inside)
+        return out, inside.view(bool)
 
     def unpack(self, packed: np.ndarray) -> np.ndarray:
         """The rows of packed keys (all columns of the box), column-major.
@@ -114,16 +102,6 @@ class Packing:
         [[7, -1], [6, 2]]
         """
         rows = np.empty((len(packed), len(self.bits)), dtype=I64, order="F")
-        shift = sum(self.bits)
-        for j, (low, bits) in enumerate(zip(self.lows, self.bits, strict=True)):
-            shift -= bits
-            base = U64(low % (1 << 64))
-            if bits == 0:
-                rows[:, j] = low
-                continue
-            field = packed >> U64(shift) if shift else packed.copy()
-            if bits < 64:
-                field &= U64((1 << bits) - 1)
-            field += base  # wraps back to the value (the inverse of `pack`'s subtraction)
-            rows[:, j] = field.view(I64)
+        cols = tuple(rows[:, j] for j in range(len(self.bits)))
+        native.unpack(np.ascontiguousarray(packed, dtype=U64), self.lows, self.bits, cols)
         return rows

@@ -4,7 +4,7 @@ Multiplicities (diffs, weights) are ``int64``; numpy wraps silently past ``2**63
 and sum of multiplicities the kernel makes goes through here:
 
 * `times` — an elementwise product, and which rows' exact product leaves int64 (a mask, None
-  when none does): the join flags those rows and raises only if one completes a binding;
+  when none does): the join flags such rows and raises only if one completes a binding;
 * `total` — the elementwise sum of a few arrays (a tuple's diff summed over layers);
 * `sums_at` — sums of consecutive runs (``np.add.reduceat``: consolidating equal rows).
 
@@ -12,11 +12,11 @@ A sum raises `MultiplicityOverflow` naming the first row whose exact sum leaves 
 final sum: a partial sum past the range that comes back into it does not count (wrapping
 arithmetic is exact modulo ``2**64``, so the result is then right).
 
-Cheap first: a bound on the magnitudes in Python ints (``max|a| * max|b|`` for a product, the
-sum of the operands' ``max|a|`` for a sum; two reductions per operand, fewer when the caller
-knows a bound) clears the usual case. Only when it fails is every element checked exactly: a
-product in floating point, then the few rows near ``2**63`` in Python ints; a sum by splitting
-each value into its high and low 32 bits, summed apart (each fits) and recombined.
+A product is checked row by row by the compiled kernel (`wcoj_core.kernel.native`), which also
+makes the join's own products and sums over layers exactly (in 128 bits). A sum here is checked
+cheaply first: a bound on the magnitudes in Python ints (the sum of the operands' ``max|a|``)
+clears the usual case; only when it fails is every element checked exactly, by splitting each
+value into its high and low 32 bits, summed apart (each fits) and recombined.
 """
 
 from __future__ import annotations
@@ -27,14 +27,12 @@ import numpy as np
 
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.native import native
 
 # |value| below this fits in int64 (and -LIMIT itself does too).
 LIMIT = 1 << 63
 _LOW = np.int64(0xFFFFFFFF)
 _HALF = 1 << 31
-# A float64 product of two int64s is within 2**-51 of the exact one, relatively: within 2**12
-# of it near 2**63. Beyond this margin either way the float says which side it is on.
-_MARGIN = float(1 << 14)
 
 # The data tuple of a row, by index: what an error names.
 Namer = Callable[[int], tuple[int, ...]]
@@ -52,40 +50,24 @@ def magnitude(a: np.ndarray) -> int:
     return max(int(a.max()), -int(a.min()))
 
 
-def times(
-    a: np.ndarray, b: np.ndarray, bound_a: int | None = None, bound_b: int | None = None
-) -> tuple[np.ndarray, np.ndarray | None, int | None]:
-    """``a * b`` elementwise, which rows' exact product leaves int64 (None: no row's), and a
-    bound on the product's magnitudes when the bounds show it fits (else None).
+def times(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """``a * b`` elementwise, and which rows' exact product leaves int64 (None: no row's).
 
-    A flagged row's product has wrapped: it must not be used. `bound_a`, `bound_b` are known
-    bounds on the magnitudes (computed when not given).
+    A flagged row's product has wrapped: it must not be used. The kernel's compiled loops make
+    the same check on every product they make (`native`).
 
     >>> big = np.array([2**32, 3, -(2**62)], dtype=np.int64)
-    >>> product, over, _ = times(big, np.array([2**31, 5, -2], dtype=np.int64))
+    >>> product, over = times(big, np.array([2**31, 5, -2], dtype=np.int64))
     >>> product[1:].tolist(), over.tolist()
     ([15, -9223372036854775808], [True, False, True])
     """
-    product = np.multiply(a, b, dtype=I64)
-    ba = magnitude(a) if bound_a is None else bound_a
-    if ba == 0:
-        return product, None, 0
-    bb = magnitude(b) if bound_b is None else bound_b
-    if ba * bb < LIMIT:
-        return product, None, ba * bb
-    over = _product_overflows(a, b)
-    return product, over if over.any() else None, None
-
-
-def _product_overflows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Which rows' exact ``a * b`` leaves int64: decided in floating point, away from the edge,
-    and in Python ints for the few rows near it (``-2**63`` fits, ``2**63`` does not)."""
-    approx = np.abs(a.astype(np.float64) * b.astype(np.float64))
-    over = approx > LIMIT + _MARGIN
-    for i in np.flatnonzero((approx >= LIMIT - _MARGIN) & ~over).tolist():
-        exact = int(a[i]) * int(b[i])
-        over[i] = not -LIMIT <= exact < LIMIT
-    return over
+    a = np.ascontiguousarray(a, dtype=I64)
+    b = np.ascontiguousarray(b, dtype=I64)
+    product = np.empty(len(a), dtype=I64)
+    flags = np.zeros(len(a), dtype=np.uint8)
+    if native.multiply(a, b, product, flags):
+        return product, flags.view(bool)
+    return product, None
 
 
 def total(

@@ -1,0 +1,1264 @@
+/* The kernel's inner loops, compiled: sorting, consolidating, counting, proposing, validating.
+ *
+ * Every function takes numpy arrays through the buffer protocol (int64 columns, uint8 flags;
+ * no numpy C API, so the module builds against Python's headers alone), checks what it was
+ * handed, then runs its loop with the GIL released: threads of the driver run them at once.
+ *
+ * A layer is rows of longs sorted lexicographically, consolidated (no zero diff), given as its
+ * columns (each contiguous), its diffs, and optionally a directory of its first column
+ * (`dir[k - low]` is the first row whose first column is at least k; `dir[span]` is n): a key
+ * range is found by the directory or a binary search on the first column, then by binary
+ * searches on the next columns within it. A probe that repeats the last key reuses its range,
+ * and a value searched after a smaller one in the same range gallops forward from it.
+ *
+ * Multiplicities are int64. Sums over layers (and runs of equal rows) are made exactly in 128
+ * bits and a sum leaving int64 is reported by its row (the caller raises, naming it); products
+ * flag the rows whose exact product leaves int64 (__builtin_mul_overflow) and carry on.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int64_t i64;
+typedef uint64_t u64;
+typedef __int128 i128;
+
+#define MAXW 32   /* columns of a layer or a prefix */
+#define MAXL 64   /* layers of an extender (an index's levels, recent batches, the delta) */
+#define MAXX 16   /* extenders of a step */
+#define MAXF 32   /* filters of a step */
+
+#ifndef WCOJ_SOURCE_HASH
+#define WCOJ_SOURCE_HASH "unknown"
+#endif
+
+/* -- buffers ------------------------------------------------------------------------------ */
+
+typedef struct {
+    Py_buffer *views; /* grown as arrays are taken */
+    int count, cap;
+} Held;
+
+static void release(Held *h) {
+    for (int i = 0; i < h->count; i++) PyBuffer_Release(&h->views[i]);
+    free(h->views);
+    h->views = NULL;
+    h->count = h->cap = 0;
+}
+
+/* A contiguous buffer of `itemsize`-byte items (of at least `need` items unless need < 0). */
+static void *take(Held *h, PyObject *obj, Py_ssize_t itemsize, int writable, Py_ssize_t need,
+                  Py_ssize_t *len, const char *what) {
+    if (h->count == h->cap) {
+        int cap = h->cap ? 2 * h->cap : 64;
+        Py_buffer *grown = realloc(h->views, sizeof(Py_buffer) * (size_t)cap);
+        if (!grown) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        h->views = grown;
+        h->cap = cap;
+    }
+    Py_buffer *v = &h->views[h->count];
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, flags) < 0) return NULL;
+    h->count++;
+    if (v->itemsize != itemsize || v->ndim > 1) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a 1-d array of %zd-byte items", what, itemsize);
+        return NULL;
+    }
+    Py_ssize_t n = v->len / itemsize;
+    if (need >= 0 && n < need) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd items, at least %zd needed", what, n, need);
+        return NULL;
+    }
+    if (len) *len = n;
+    return v->buf;
+}
+
+static int as_index(PyObject *seq, Py_ssize_t i, Py_ssize_t *out) {
+    PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+    Py_ssize_t v = PyLong_AsSsize_t(item);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    *out = v;
+    return 0;
+}
+
+/* -- layers ------------------------------------------------------------------------------- */
+
+typedef struct {
+    Py_ssize_t n;
+    int width;
+    const i64 *cols[MAXW];
+    const i64 *diff;
+    const i64 *dir; /* first-column directory, or NULL */
+    i64 dir_low;
+    Py_ssize_t dir_span;
+    int unit;
+    /* the last key searched and its range (per call, per user) */
+    i64 memo_key[MAXW];
+    int memo_p;
+    Py_ssize_t memo_lo, memo_hi;
+} Layer;
+
+/* A layer from its spec: (columns, diff, unit, directory or None, directory's low key). */
+static int parse_layer(Held *h, PyObject *spec, Layer *L) {
+    PyObject *cols, *diff, *dir;
+    int unit;
+    long long low;
+    if (!PyArg_ParseTuple(spec, "OOpOL", &cols, &diff, &unit, &dir, &low)) return -1;
+    PyObject *fast = PySequence_Fast(cols, "a layer's columns");
+    if (!fast) return -1;
+    Py_ssize_t w = PySequence_Fast_GET_SIZE(fast);
+    if (w > MAXW) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "a layer of %zd columns (at most %d)", w, MAXW);
+        return -1;
+    }
+    Py_ssize_t n;
+    L->diff = take(h, diff, 8, 0, -1, &n, "diff");
+    if (!L->diff) { Py_DECREF(fast); return -1; }
+    L->n = n;
+    L->width = (int)w;
+    for (Py_ssize_t j = 0; j < w; j++) {
+        L->cols[j] = take(h, PySequence_Fast_GET_ITEM(fast, j), 8, 0, n, NULL, "column");
+        if (!L->cols[j]) { Py_DECREF(fast); return -1; }
+    }
+    Py_DECREF(fast);
+    L->unit = unit;
+    L->dir = NULL;
+    L->dir_span = 0;
+    L->dir_low = (i64)low;
+    if (dir != Py_None) {
+        Py_ssize_t len;
+        L->dir = take(h, dir, 8, 0, -1, &len, "directory");
+        if (!L->dir) return -1;
+        L->dir_span = len - 1;
+    }
+    L->memo_p = -1;
+    return 0;
+}
+
+static int parse_layers(Held *h, PyObject *specs, Layer *out, int *count) {
+    PyObject *fast = PySequence_Fast(specs, "layers");
+    if (!fast) return -1;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(fast);
+    if (k > MAXL) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%zd layers (at most %d)", k, MAXL);
+        return -1;
+    }
+    int used = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (parse_layer(h, PySequence_Fast_GET_ITEM(fast, i), &out[used]) < 0) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        if (out[used].n > 0) used++; /* an empty layer holds nothing to search */
+    }
+    Py_DECREF(fast);
+    *count = used;
+    return 0;
+}
+
+/* First position in [a, b) whose value is >= v (or > v when `after`). */
+static inline Py_ssize_t bsearch_col(const i64 *c, Py_ssize_t a, Py_ssize_t b, i64 v, int after) {
+    while (a < b) {
+        Py_ssize_t mid = a + ((b - a) >> 1);
+        if (c[mid] < v || (after && c[mid] == v)) a = mid + 1;
+        else b = mid;
+    }
+    return a;
+}
+
+/* As `bsearch_col`, galloping forward from `a` (the answer is expected near it). */
+static inline Py_ssize_t gallop_col(const i64 *c, Py_ssize_t a, Py_ssize_t b, i64 v, int after) {
+    Py_ssize_t step = 1, lo = a;
+    while (lo + step < b && (c[lo + step] < v || (after && c[lo + step] == v))) {
+        lo += step;
+        step <<= 1;
+    }
+    Py_ssize_t hi = lo + step < b ? lo + step + 1 : b;
+    return bsearch_col(c, lo, hi, v, after);
+}
+
+/* The rows [lo, hi) whose first p columns equal key (p <= width). */
+static void key_range(Layer *L, const i64 *key, int p, Py_ssize_t *lo, Py_ssize_t *hi) {
+    if (L->memo_p == p) {
+        int same = 1;
+        for (int j = 0; j < p; j++)
+            if (L->memo_key[j] != key[j]) { same = 0; break; }
+        if (same) { *lo = L->memo_lo; *hi = L->memo_hi; return; }
+    }
+    Py_ssize_t a = 0, b = L->n;
+    int j = 0;
+    if (p > 0 && L->dir) {
+        u64 off = (u64)key[0] - (u64)L->dir_low;
+        if (off >= (u64)L->dir_span) { a = b = 0; }
+        else { a = L->dir[off]; b = L->dir[off + 1]; }
+        j = 1;
+    }
+    for (; j < p && a < b; j++) {
+        const i64 *c = L->cols[j];
+        a = bsearch_col(c, a, b, key[j], 0);
+        b = bsearch_col(c, a, b, key[j], 1);
+    }
+    memcpy(L->memo_key, key, sizeof(i64) * (size_t)p);
+    L->memo_p = p;
+    L->memo_lo = a;
+    L->memo_hi = b;
+    *lo = a;
+    *hi = b;
+}
+
+/* -- sorting and consolidating ------------------------------------------------------------ */
+
+/* Stable LSD radix sort of uint64 keys (11-bit digits; a digit every key shares is skipped):
+ * the sorted keys into `out` and the permutation into `order`. Returns -1 out of memory. */
+static int radix_argsort(const u64 *keys, Py_ssize_t n, u64 *out, i64 *order) {
+    enum { BITS = 11, RADIX = 1 << BITS, PASSES = 6 };
+    size_t *hist = calloc((size_t)PASSES * RADIX, sizeof(size_t));
+    u64 *k2 = malloc(sizeof(u64) * (size_t)(n ? n : 1));
+    i64 *o2 = order ? malloc(sizeof(i64) * (size_t)(n ? n : 1)) : NULL;
+    if (!hist || !k2 || (order && !o2)) { free(hist); free(k2); free(o2); return -1; }
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        u64 k = keys[i];
+        for (int p = 0; p < PASSES; p++) hist[p * RADIX + ((k >> (p * BITS)) & (RADIX - 1))]++;
+        if (i && keys[i - 1] > k) sorted = 0;
+    }
+    if (out != keys) memcpy(out, keys, sizeof(u64) * (size_t)n);
+    if (order)
+        for (Py_ssize_t i = 0; i < n; i++) order[i] = i;
+    if (!sorted) {
+        u64 *src_k = out, *dst_k = k2;
+        i64 *src_o = order, *dst_o = o2;
+        for (int p = 0; p < PASSES; p++) {
+            size_t *h = hist + p * RADIX;
+            int trivial = 0;
+            for (int d = 0; d < RADIX; d++)
+                if (h[d] == (size_t)n) { trivial = 1; break; }
+            if (trivial) continue;
+            size_t sum = 0;
+            for (int d = 0; d < RADIX; d++) { size_t c = h[d]; h[d] = sum; sum += c; }
+            int shift = p * BITS;
+            if (order)
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    u64 k = src_k[i];
+                    size_t at = h[(k >> shift) & (RADIX - 1)]++;
+                    dst_k[at] = k;
+                    dst_o[at] = src_o[i];
+                }
+            else
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    u64 k = src_k[i];
+                    dst_k[h[(k >> shift) & (RADIX - 1)]++] = k;
+                }
+            u64 *tk = src_k; src_k = dst_k; dst_k = tk;
+            i64 *to = src_o; src_o = dst_o; dst_o = to;
+        }
+        if (src_k != out) {
+            memcpy(out, src_k, sizeof(u64) * (size_t)n);
+            if (order) memcpy(order, src_o, sizeof(i64) * (size_t)n);
+        }
+    }
+    free(hist); free(k2); free(o2);
+    return 0;
+}
+
+static PyObject *py_argsort(PyObject *self, PyObject *args) {
+    PyObject *keys_o, *out_o, *order_o;
+    if (!PyArg_ParseTuple(args, "OOO", &keys_o, &out_o, &order_o)) return NULL;
+    Held h = {.count = 0};
+    Py_ssize_t n;
+    const u64 *keys = take(&h, keys_o, 8, 0, -1, &n, "keys");
+    u64 *out = keys ? take(&h, out_o, 8, 1, n, NULL, "sorted keys") : NULL; /* may be keys */
+    i64 *order = NULL;
+    if (out && order_o != Py_None) order = take(&h, order_o, 8, 1, n, NULL, "order");
+    if (!out || (order_o != Py_None && !order)) { release(&h); return NULL; }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = radix_argsort(keys, n, out, order);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    if (rc < 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* consolidate(sorted keys, diff, order or None, sums out): runs of equal keys summed
+ * exactly, in place: each kept run's key moves to the front of `keys` and its sum into `sums`
+ * (runs summing to 0 dropped). `diff` is read through `order` when given; a `diff` of one item
+ * is every row's. Returns the number of runs kept, or -(run start + 1) of the first run whose
+ * sum leaves int64 (the keys then as they were). */
+static PyObject *py_consolidate(PyObject *self, PyObject *args) {
+    PyObject *keys_o, *diff_o, *order_o, *sums_o;
+    if (!PyArg_ParseTuple(args, "OOOO", &keys_o, &diff_o, &order_o, &sums_o)) return NULL;
+    Held h = {.count = 0};
+    Py_ssize_t n;
+    u64 *keys = take(&h, keys_o, 8, 1, -1, &n, "keys");
+    Py_ssize_t nd = 0;
+    const i64 *diff = keys ? take(&h, diff_o, 8, 0, -1, &nd, "diff") : NULL;
+    int same = diff && nd == 1 && n > 1; /* one diff for every row */
+    if (diff && !same && nd < n) {
+        PyErr_SetString(PyExc_ValueError, "diff: too short");
+        diff = NULL;
+    }
+    const i64 *order = NULL;
+    if (diff && order_o != Py_None && !same) order = take(&h, order_o, 8, 0, n, NULL, "order");
+    if (diff && order_o != Py_None && !same && !order) { release(&h); return NULL; }
+    i64 *sums = diff ? take(&h, sums_o, 8, 1, n, NULL, "sums") : NULL;
+    if (!sums) { release(&h); return NULL; }
+    Py_ssize_t kept = 0, bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    /* a first pass finds an overflow before any key moves */
+    for (Py_ssize_t i = 0, j; i < n && bad < 0; i = j) {
+        i128 s = same ? diff[0] : order ? diff[order[i]] : diff[i];
+        for (j = i + 1; j < n && keys[j] == keys[i]; j++) s += same ? diff[0] : order ? diff[order[j]] : diff[j];
+        if (s > INT64_MAX || s < INT64_MIN) bad = i;
+        else sums[i] = (i64)s; /* at the run's start: read again below */
+    }
+    if (bad < 0)
+        for (Py_ssize_t i = 0, j; i < n; i = j) {
+            u64 k = keys[i];
+            for (j = i + 1; j < n && keys[j] == k; j++) {}
+            i64 s = j == i + 1 ? (same ? diff[0] : order ? diff[order[i]] : diff[i]) : sums[i];
+            if (s != 0) { keys[kept] = k; sums[kept] = s; kept++; }
+        }
+    Py_END_ALLOW_THREADS
+    release(&h);
+    return PyLong_FromSsize_t(bad >= 0 ? -(bad + 1) : kept);
+}
+
+/* Positions of `n` ascending sorted values' runs: dir[k - low] = first row with value >= k. */
+static PyObject *py_directory(PyObject *self, PyObject *args) {
+    PyObject *col_o, *dir_o;
+    long long low;
+    if (!PyArg_ParseTuple(args, "OOL", &col_o, &dir_o, &low)) return NULL;
+    Held h = {.count = 0};
+    Py_ssize_t n, span;
+    const i64 *col = take(&h, col_o, 8, 0, -1, &n, "column");
+    i64 *dir = col ? take(&h, dir_o, 8, 1, -1, &span, "directory") : NULL;
+    if (!dir) { release(&h); return NULL; }
+    span -= 1;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t at = 0;
+    for (Py_ssize_t k = 0; k <= span; k++) {
+        i64 key = (i64)((u64)low + (u64)k);
+        while (at < n && col[at] < key) at++;
+        dir[k] = at;
+    }
+    dir[span] = n;
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_NONE;
+}
+
+/* -- products ----------------------------------------------------------------------------- */
+
+/* out = a * b elementwise; flags |= whether the exact product leaves int64. Returns whether
+ * any row is flagged (before or now). */
+static PyObject *py_multiply(PyObject *self, PyObject *args) {
+    PyObject *a_o, *b_o, *out_o, *flags_o;
+    if (!PyArg_ParseTuple(args, "OOOO", &a_o, &b_o, &out_o, &flags_o)) return NULL;
+    Held h = {.count = 0};
+    Py_ssize_t n;
+    const i64 *a = take(&h, a_o, 8, 0, -1, &n, "a");
+    const i64 *b = a ? take(&h, b_o, 8, 0, n, NULL, "b") : NULL;
+    i64 *out = b ? take(&h, out_o, 8, 1, n, NULL, "product") : NULL;
+    uint8_t *flags = out ? take(&h, flags_o, 1, 1, n, NULL, "flags") : NULL;
+    if (!flags) { release(&h); return NULL; }
+    int any = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        i64 r;
+        if (__builtin_mul_overflow(a[i], b[i], &r)) flags[i] = 1;
+        out[i] = r;
+        any |= flags[i];
+    }
+    Py_END_ALLOW_THREADS
+    release(&h);
+    return PyBool_FromLong(any);
+}
+
+/* -- lookups ------------------------------------------------------------------------------ */
+
+/* Gather a probe's key (p columns of row r) into key. */
+static inline void gather_key(const i64 *const *cols, const Py_ssize_t *at, int p, Py_ssize_t r,
+                              i64 *key) {
+    for (int j = 0; j < p; j++) key[j] = cols[at[j]][r];
+}
+
+/* The diff of the whole row `key` (width columns) in L, 0 when absent. The range of its first
+ * width-1 columns is memoized; its last column gallops from `*hint` when it moves forward. */
+static inline i64 row_diff(Layer *L, const i64 *key, Py_ssize_t *hint, i64 *last) {
+    int w = L->width;
+    if (w == 0) return L->n ? L->diff[0] : 0;
+    Py_ssize_t lo, hi;
+    int fresh = !(L->memo_p == w - 1);
+    if (!fresh)
+        for (int j = 0; j < w - 1; j++)
+            if (L->memo_key[j] != key[j]) { fresh = 1; break; }
+    key_range(L, key, w - 1, &lo, &hi);
+    i64 v = key[w - 1];
+    Py_ssize_t at;
+    if (!fresh && *hint >= lo && *hint <= hi && v >= *last) at = gallop_col(L->cols[w - 1], *hint, hi, v, 0);
+    else at = bsearch_col(L->cols[w - 1], lo, hi, v, 0);
+    *hint = at;
+    *last = v;
+    return (at < hi && L->cols[w - 1][at] == v) ? L->diff[at] : 0;
+}
+
+/* out[i] = the exact sum over the layers of row i's diff (the probe columns are whole rows).
+ * Returns -1, or the first row whose sum leaves int64. */
+static PyObject *py_lookup(PyObject *self, PyObject *args) {
+    PyObject *layers_o, *probes_o, *out_o;
+    Py_ssize_t m;
+    if (!PyArg_ParseTuple(args, "OOnO", &layers_o, &probes_o, &m, &out_o)) return NULL;
+    Held h = {.count = 0};
+    Layer L[MAXL];
+    int nl;
+    if (parse_layers(&h, layers_o, L, &nl) < 0) { release(&h); return NULL; }
+    PyObject *fast = PySequence_Fast(probes_o, "probe columns");
+    if (!fast) { release(&h); return NULL; }
+    int p = (int)PySequence_Fast_GET_SIZE(fast);
+    const i64 *cols[MAXW];
+    Py_ssize_t at[MAXW];
+    int ok = p <= MAXW;
+    if (!ok) PyErr_SetString(PyExc_ValueError, "too many probe columns");
+    for (int j = 0; ok && j < p; j++) {
+        cols[j] = take(&h, PySequence_Fast_GET_ITEM(fast, j), 8, 0, m, NULL, "probe column");
+        at[j] = j;
+        ok = cols[j] != NULL;
+    }
+    Py_DECREF(fast);
+    for (int l = 0; ok && l < nl; l++)
+        if (L[l].width != p) {
+            PyErr_Format(PyExc_ValueError, "%d probe columns for a layer of %d", p, L[l].width);
+            ok = 0;
+        }
+    i64 *out = ok ? take(&h, out_o, 8, 1, m, NULL, "out") : NULL;
+    if (!out) { release(&h); return NULL; }
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t hint[MAXL];
+    i64 last[MAXL];
+    i64 key[MAXW];
+    for (int l = 0; l < nl; l++) { hint[l] = -1; last[l] = 0; }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        gather_key(cols, at, p, i, key);
+        i128 s = 0;
+        for (int l = 0; l < nl; l++) s += row_diff(&L[l], key, &hint[l], &last[l]);
+        if (s > INT64_MAX || s < INT64_MIN) { bad = i; break; }
+        out[i] = (i64)s;
+    }
+    Py_END_ALLOW_THREADS
+    release(&h);
+    return PyLong_FromSsize_t(bad);
+}
+
+/* lo/hi[i] = the rows of layer starting with probe i's p columns, narrowed to those whose
+ * next column lies within [low[i], high[i]] when bounds are given. */
+static PyObject *py_ranges(PyObject *self, PyObject *args) {
+    PyObject *layer_o, *probes_o, *low_o, *high_o, *lo_o, *hi_o;
+    Py_ssize_t m;
+    if (!PyArg_ParseTuple(args, "OOnOOOO", &layer_o, &probes_o, &m, &low_o, &high_o, &lo_o, &hi_o))
+        return NULL;
+    Held h = {.count = 0};
+    Layer L;
+    if (parse_layer(&h, layer_o, &L) < 0) { release(&h); return NULL; }
+    PyObject *fast = PySequence_Fast(probes_o, "probe columns");
+    if (!fast) { release(&h); return NULL; }
+    int p = (int)PySequence_Fast_GET_SIZE(fast);
+    const i64 *cols[MAXW];
+    Py_ssize_t at[MAXW];
+    int ok = p <= L.width && (low_o == Py_None || p < L.width);
+    if (!ok) PyErr_SetString(PyExc_ValueError, "more probe columns than the layer has");
+    for (int j = 0; ok && j < p; j++) {
+        cols[j] = take(&h, PySequence_Fast_GET_ITEM(fast, j), 8, 0, m, NULL, "probe column");
+        at[j] = j;
+        ok = cols[j] != NULL;
+    }
+    Py_DECREF(fast);
+    const i64 *low = NULL, *high = NULL;
+    if (ok && low_o != Py_None) {
+        low = take(&h, low_o, 8, 0, m, NULL, "low");
+        high = low ? take(&h, high_o, 8, 0, m, NULL, "high") : NULL;
+        ok = high != NULL;
+    }
+    i64 *lo = ok ? take(&h, lo_o, 8, 1, m, NULL, "lo") : NULL;
+    i64 *hi = lo ? take(&h, hi_o, 8, 1, m, NULL, "hi") : NULL;
+    if (!hi) { release(&h); return NULL; }
+    Py_BEGIN_ALLOW_THREADS
+    i64 key[MAXW];
+    for (Py_ssize_t i = 0; i < m; i++) {
+        Py_ssize_t a, b;
+        gather_key(cols, at, p, i, key);
+        key_range(&L, key, p, &a, &b);
+        if (low && a < b) {
+            if (low[i] > high[i]) b = a;
+            else {
+                a = bsearch_col(L.cols[p], a, b, low[i], 0);
+                b = bsearch_col(L.cols[p], a, b, high[i], 1);
+            }
+        }
+        lo[i] = a;
+        hi[i] = b;
+    }
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_NONE;
+}
+
+/* -- a join step -------------------------------------------------------------------------- */
+
+/* An extender: its layers, where its key's columns are among the prefix's, and how it counts
+ * (its counts layers, or the size of its key's range in its one source layer). */
+typedef struct {
+    Layer source[MAXL];
+    int nsource;
+    Layer counts[MAXL];
+    int ncounts;
+    int by_range;
+    int p;
+    Py_ssize_t key[MAXW];
+    int completes;
+    /* per prefix: the key's range in each source layer, and galloping cursors */
+    i64 kv[MAXW];
+    Py_ssize_t lo[MAXL], hi[MAXL], cur[MAXL];
+    int ready;
+} Ext;
+
+/* (source layers, counts layers or None, key column positions, completes) */
+static int parse_ext(Held *h, PyObject *spec, Ext *x) {
+    PyObject *source, *counts, *key;
+    int completes;
+    if (!PyArg_ParseTuple(spec, "OOOp", &source, &counts, &key, &completes)) return -1;
+    if (parse_layers(h, source, x->source, &x->nsource) < 0) return -1;
+    x->by_range = counts == Py_None;
+    x->ncounts = 0;
+    if (!x->by_range && parse_layers(h, counts, x->counts, &x->ncounts) < 0) return -1;
+    PyObject *fast = PySequence_Fast(key, "key");
+    if (!fast) return -1;
+    x->p = (int)PySequence_Fast_GET_SIZE(fast);
+    for (int j = 0; j < x->p; j++)
+        if (as_index(fast, j, &x->key[j]) < 0) { Py_DECREF(fast); return -1; }
+    Py_DECREF(fast);
+    for (int l = 0; l < x->nsource; l++)
+        if (x->source[l].width != x->p + 1) {
+            PyErr_SetString(PyExc_ValueError, "a source layer must be the key and one value");
+            return -1;
+        }
+    for (int l = 0; l < x->ncounts; l++)
+        if (x->counts[l].width != x->p) {
+            PyErr_SetString(PyExc_ValueError, "a counts layer must be the key");
+            return -1;
+        }
+    x->completes = completes;
+    return 0;
+}
+
+static int parse_exts(Held *h, PyObject *specs, Ext *xs, int *count) {
+    PyObject *fast = PySequence_Fast(specs, "extenders");
+    if (!fast) return -1;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(fast);
+    if (k > MAXX) { Py_DECREF(fast); PyErr_SetString(PyExc_ValueError, "too many extenders"); return -1; }
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (parse_ext(h, PySequence_Fast_GET_ITEM(fast, i), &xs[i]) < 0) { Py_DECREF(fast); return -1; }
+    Py_DECREF(fast);
+    *count = (int)k;
+    return 0;
+}
+
+typedef struct {
+    const i64 *cols[MAXW];
+    int k;
+    Py_ssize_t m;
+} Prefix;
+
+static int parse_prefix(Held *h, PyObject *cols, Py_ssize_t m, Prefix *P) {
+    PyObject *fast = PySequence_Fast(cols, "prefix columns");
+    if (!fast) return -1;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(fast);
+    if (k > MAXW) { Py_DECREF(fast); PyErr_SetString(PyExc_ValueError, "too many columns"); return -1; }
+    for (Py_ssize_t j = 0; j < k; j++) {
+        P->cols[j] = take(h, PySequence_Fast_GET_ITEM(fast, j), 8, 0, m, NULL, "prefix column");
+        if (!P->cols[j]) { Py_DECREF(fast); return -1; }
+    }
+    Py_DECREF(fast);
+    P->k = (int)k;
+    P->m = m;
+    return 0;
+}
+
+/* The extender's count for prefix row r; sets *bad on a sum leaving int64. */
+static inline i64 ext_count(Ext *x, const Prefix *P, Py_ssize_t r, int *bad) {
+    i64 key[MAXW];
+    gather_key(P->cols, x->key, x->p, r, key);
+    if (x->by_range) {
+        if (x->nsource == 0) return 0;
+        Py_ssize_t lo, hi;
+        key_range(&x->source[0], key, x->p, &lo, &hi);
+        return hi - lo;
+    }
+    i128 s = 0;
+    for (int l = 0; l < x->ncounts; l++) {
+        Layer *L = &x->counts[l];
+        if (L->width == 0) { s += L->diff[0]; continue; }
+        Py_ssize_t lo, hi;
+        key_range(L, key, x->p, &lo, &hi);
+        if (lo < hi) s += L->diff[lo];
+    }
+    if (s > INT64_MAX || s < INT64_MIN) { *bad = 1; return 0; }
+    return (i64)s;
+}
+
+/* -- packing rows into uint64 keys -------------------------------------------------------- */
+
+typedef struct {
+    int w;
+    i64 low[MAXW];
+    u64 span[MAXW];
+    int bits[MAXW];
+} Box;
+
+static int parse_box(PyObject *lows, PyObject *highs, PyObject *bits, Box *b) {
+    PyObject *fl = PySequence_Fast(lows, "lows"), *fh = PySequence_Fast(highs, "highs");
+    PyObject *fb = PySequence_Fast(bits, "bits");
+    int ok = fl && fh && fb;
+    if (ok) {
+        b->w = (int)PySequence_Fast_GET_SIZE(fl);
+        ok = b->w <= MAXW && PySequence_Fast_GET_SIZE(fh) == b->w && PySequence_Fast_GET_SIZE(fb) == b->w;
+        if (!ok) PyErr_SetString(PyExc_ValueError, "a packing's lows, highs and bits differ");
+        for (int j = 0; ok && j < b->w; j++) {
+            long long lo = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fl, j));
+            long long hi = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fh, j));
+            long bt = PyLong_AsLong(PySequence_Fast_GET_ITEM(fb, j));
+            ok = !PyErr_Occurred();
+            b->low[j] = (i64)lo;
+            b->span[j] = (u64)hi - (u64)lo;
+            b->bits[j] = (int)bt;
+        }
+    }
+    Py_XDECREF(fl);
+    Py_XDECREF(fh);
+    Py_XDECREF(fb);
+    return ok ? 0 : -1;
+}
+
+/* pack(columns, n, lows, highs, bits, out keys, inside out or None) -> whether all are inside:
+ * column j's ``value - low`` in bits[j] bits, the first column highest; a row outside the box
+ * is packed as 0 and flagged. */
+static PyObject *py_pack(PyObject *self, PyObject *args) {
+    PyObject *cols_o, *lows, *highs, *bits, *out_o, *inside_o;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OnOOOOO", &cols_o, &n, &lows, &highs, &bits, &out_o, &inside_o))
+        return NULL;
+    Box b;
+    if (parse_box(lows, highs, bits, &b) < 0) return NULL;
+    Held h = {.count = 0};
+    Prefix P;
+    if (parse_prefix(&h, cols_o, n, &P) < 0) { release(&h); return NULL; }
+    if (P.k > b.w) { release(&h); PyErr_SetString(PyExc_ValueError, "more columns than the box"); return NULL; }
+    u64 *out = take(&h, out_o, 8, 1, n, NULL, "keys");
+    uint8_t *inside = NULL;
+    if (out && inside_o != Py_None) inside = take(&h, inside_o, 1, 1, n, NULL, "inside");
+    if (!out || (inside_o != Py_None && !inside)) { release(&h); return NULL; }
+    int all = 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        u64 key = 0;
+        int in = 1;
+        for (int j = 0; j < P.k; j++) {
+            u64 off = (u64)P.cols[j][i] - (u64)b.low[j];
+            in &= off <= b.span[j];
+            if (b.bits[j] == 0) continue;
+            key = b.bits[j] >= 64 ? off : (key << b.bits[j]) | off;
+        }
+        if (!in) { key = 0; all = 0; }
+        out[i] = key;
+        if (inside) inside[i] = (uint8_t)in;
+    }
+    Py_END_ALLOW_THREADS
+    release(&h);
+    return PyBool_FromLong(all);
+}
+
+/* unpack(keys, lows, bits, out columns): the rows of packed keys, column by column. */
+static PyObject *py_unpack(PyObject *self, PyObject *args) {
+    PyObject *keys_o, *lows, *bits, *cols_o;
+    if (!PyArg_ParseTuple(args, "OOOO", &keys_o, &lows, &bits, &cols_o)) return NULL;
+    Box b;
+    if (parse_box(lows, lows, bits, &b) < 0) return NULL;
+    Held h = {.count = 0};
+    Py_ssize_t n;
+    const u64 *keys = take(&h, keys_o, 8, 0, -1, &n, "keys");
+    PyObject *fast = keys ? PySequence_Fast(cols_o, "columns") : NULL;
+    if (!fast) { release(&h); return NULL; }
+    int w = (int)PySequence_Fast_GET_SIZE(fast);
+    i64 *cols[MAXW];
+    int ok = w == b.w;
+    if (!ok) PyErr_SetString(PyExc_ValueError, "columns and box differ");
+    for (int j = 0; ok && j < w; j++)
+        ok = (cols[j] = take(&h, PySequence_Fast_GET_ITEM(fast, j), 8, 1, n, NULL, "column")) != NULL;
+    Py_DECREF(fast);
+    if (!ok) { release(&h); return NULL; }
+    Py_BEGIN_ALLOW_THREADS
+    int shift = 0;
+    for (int j = w - 1; j >= 0; j--) {
+        int bt = b.bits[j];
+        u64 mask = bt >= 64 ? ~(u64)0 : (((u64)1 << bt) - 1);
+        i64 *c = cols[j];
+        u64 low = (u64)b.low[j];
+        if (bt == 0) {
+            for (Py_ssize_t i = 0; i < n; i++) c[i] = (i64)low;
+            continue;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) c[i] = (i64)(((keys[i] >> shift) & mask) + low);
+        shift += bt;
+    }
+    Py_END_ALLOW_THREADS
+    release(&h);
+    Py_RETURN_NONE;
+}
+
+/* -- output rows, and loops over prefixes on several threads ------------------------------ */
+
+/* Rows written by a loop: `k` int64 columns and a column of flags. Either the caller's arrays
+ * (`fixed`: writing past `cap` is an error) or a thread's own buffer, grown as needed. */
+typedef struct {
+    i64 *cols[MAXW + 3];
+    uint8_t *flags;
+    int k, fixed, has_flags;
+    Py_ssize_t n, cap;
+} Rows;
+
+static int rows_room(Rows *o) {
+    if (o->n < o->cap) return 0;
+    if (o->fixed) return -1;
+    Py_ssize_t cap = o->cap ? 2 * o->cap : 4096;
+    for (int j = 0; j < o->k; j++) {
+        i64 *c = realloc(o->cols[j], sizeof(i64) * (size_t)cap);
+        if (!c) return -2;
+        o->cols[j] = c;
+    }
+    if (o->has_flags) {
+        uint8_t *f = realloc(o->flags, (size_t)cap);
+        if (!f) return -2;
+        o->flags = f;
+    }
+    o->cap = cap;
+    return 0;
+}
+
+static void rows_free(Rows *o) {
+    if (o->fixed) return;
+    for (int j = 0; j < o->k; j++) free(o->cols[j]);
+    free(o->flags);
+}
+
+/* What a loop reports (summed over threads; an error of the first chunk in order wins). */
+typedef struct {
+    Py_ssize_t proposed, passed, counted;
+    i128 total; /* the survivors' weights summed */
+    int flagged;
+    int err;            /* 1: a sum left int64, 2: output past capacity, 3: out of memory */
+    Py_ssize_t err_row; /* the prefix row */
+    int err_ext;
+    i64 err_value;
+    Py_ssize_t alive[MAXX];
+} Stats;
+
+/* One pass of a loop over a range of its items, writing rows into `out`. */
+typedef void (*RangeFn)(void *ctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1, Rows *out,
+                        Stats *st);
+
+/* The chunks of [start, stop) run on `threads` threads: each fills a buffer of its own, then
+ * copies it into `out` at the place the chunks before it leave (chunks are committed in
+ * order, so the rows come out as one thread would write them). */
+typedef struct {
+    RangeFn fn;
+    void *ctx;
+    size_t scratch_size;
+    const void *scratch_init;
+    Py_ssize_t start, stop, chunk, nchunks;
+    Rows *out;
+    pthread_mutex_t lock;
+    pthread_cond_t turn;
+    Py_ssize_t next, committed, pos;
+    int stop_all;
+    Stats total;
+    Py_ssize_t err_chunk;
+} Pool;
+
+static void stats_add(Stats *into, const Stats *st, int nalive) {
+    into->proposed += st->proposed;
+    into->passed += st->passed;
+    into->counted += st->counted;
+    into->total += st->total;
+    into->flagged |= st->flagged;
+    for (int j = 0; j < nalive; j++) into->alive[j] += st->alive[j];
+}
+
+static void *pool_worker(void *arg) {
+    Pool *pl = arg;
+    Rows mine = {.k = pl->out->k, .has_flags = pl->out->has_flags};
+    void *scratch = malloc(pl->scratch_size);
+    Stats st_total = {0};
+    if (scratch) memcpy(scratch, pl->scratch_init, pl->scratch_size);
+    for (;;) {
+        pthread_mutex_lock(&pl->lock);
+        Py_ssize_t c = pl->stop_all ? pl->nchunks : pl->next++;
+        pthread_mutex_unlock(&pl->lock);
+        if (c >= pl->nchunks) break;
+        Py_ssize_t i0 = pl->start + c * pl->chunk;
+        Py_ssize_t i1 = i0 + pl->chunk < pl->stop ? i0 + pl->chunk : pl->stop;
+        Stats st = {0};
+        mine.n = 0;
+        if (!scratch) st.err = 3;
+        else pl->fn(pl->ctx, scratch, i0, i1, &mine, &st);
+        pthread_mutex_lock(&pl->lock);
+        while (pl->committed != c) pthread_cond_wait(&pl->turn, &pl->lock);
+        Py_ssize_t at = pl->pos;
+        int failed = st.err != 0 || (pl->out->fixed && at + mine.n > pl->out->cap);
+        if (failed) {
+            if (!st.err) { st.err = 2; st.err_row = -1; }
+            if (pl->err_chunk < 0 || c < pl->err_chunk) {
+                pl->err_chunk = c;
+                pl->total.err = st.err;
+                pl->total.err_row = st.err_row;
+                pl->total.err_ext = st.err_ext;
+                pl->total.err_value = st.err_value;
+            }
+            pl->stop_all = 1;
+            mine.n = 0;
+        }
+        pl->pos += mine.n;
+        pl->committed++;
+        pthread_cond_broadcast(&pl->turn);
+        pthread_mutex_unlock(&pl->lock);
+        for (int j = 0; j < mine.k; j++)
+            if (mine.n) memcpy(pl->out->cols[j] + at, mine.cols[j], sizeof(i64) * (size_t)mine.n);
+        if (mine.has_flags && mine.n) memcpy(pl->out->flags + at, mine.flags, (size_t)mine.n);
+        stats_add(&st_total, &st, MAXX);
+    }
+    pthread_mutex_lock(&pl->lock);
+    stats_add(&pl->total, &st_total, MAXX);
+    pthread_mutex_unlock(&pl->lock);
+    rows_free(&mine);
+    free(scratch);
+    return NULL;
+}
+
+/* Run fn over [start, stop) into `out`: on this thread when `threads` is 1, else in chunks on
+ * that many threads. Returns the rows written; *st gets what the loop reports. */
+static Py_ssize_t run_pool(RangeFn fn, void *ctx, void *scratch, size_t scratch_size,
+                           Py_ssize_t start, Py_ssize_t stop, int threads, Py_ssize_t chunk,
+                           Rows *out, Stats *st) {
+    Py_ssize_t n = stop - start;
+    if (threads <= 1 || n <= chunk) {
+        fn(ctx, scratch, start, stop, out, st);
+        return out->n;
+    }
+    Pool pl = {.fn = fn, .ctx = ctx, .scratch_size = scratch_size, .scratch_init = scratch,
+               .start = start, .stop = stop, .chunk = chunk, .out = out, .err_chunk = -1};
+    pl.nchunks = (n + chunk - 1) / chunk;
+    pthread_mutex_init(&pl.lock, NULL);
+    pthread_cond_init(&pl.turn, NULL);
+    pthread_t ids[64];
+    int started = 0;
+    if (threads > 64) threads = 64;
+    for (int t = 1; t < threads; t++)
+        if (pthread_create(&ids[started], NULL, pool_worker, &pl) == 0) started++;
+    pool_worker(&pl);
+    for (int t = 0; t < started; t++) pthread_join(ids[t], NULL);
+    pthread_mutex_destroy(&pl.lock);
+    pthread_cond_destroy(&pl.turn);
+    *st = pl.total;
+    out->n = pl.pos;
+    return pl.pos;
+}
+
+/* -- count -------------------------------------------------------------------------------- */
+
+typedef struct {
+    const Prefix *P;
+    int nx;
+} CountCtx;
+
+static void count_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1, Rows *out,
+                        Stats *st) {
+    CountCtx *ctx = vctx;
+    Ext *xs = scratch;
+    for (Py_ssize_t r = i0; r < i1; r++) {
+        i64 best = 0;
+        int who = -1, err = 0;
+        for (int j = 0; j < ctx->nx; j++) {
+            i64 c = ext_count(&xs[j], ctx->P, r, &err);
+            if (err) break;
+            if (c <= 0) { who = -1; break; }
+            st->alive[j]++;
+            if (who < 0 || c < best) { best = c; who = j; }
+        }
+        if (err) { st->err = 1; st->err_row = r; return; }
+        if (who < 0) continue;
+        if (rows_room(out) < 0) { st->err = out->fixed ? 2 : 3; st->err_row = r; return; }
+        out->cols[0][out->n] = r;
+        out->cols[1][out->n] = who;
+        out->cols[2][out->n] = best;
+        out->n++;
+    }
+}
+
+/* count(extenders, prefix columns, m, live out, tag out, least out, alive out, threads, chunk)
+ * For every prefix row, each extender's count; rows some extender has none for die. The live
+ * rows' positions, the extender with the fewest (ties to the lowest) and that count are
+ * written in order; alive[j] counts the rows still alive after extender j. Returns the number
+ * of live rows, or -(row + 1) for a count whose sum leaves int64. */
+static PyObject *py_count(PyObject *self, PyObject *args) {
+    PyObject *exts_o, *cols_o, *live_o, *tag_o, *least_o, *alive_o;
+    Py_ssize_t m;
+    int threads = 1;
+    Py_ssize_t chunk = 1 << 14;
+    if (!PyArg_ParseTuple(args, "OOnOOOO|in", &exts_o, &cols_o, &m, &live_o, &tag_o, &least_o,
+                          &alive_o, &threads, &chunk))
+        return NULL;
+    Held h = {.count = 0};
+    Py_ssize_t nxs = PySequence_Size(exts_o);
+    if (nxs < 0) return NULL;
+    if (nxs > MAXX) return PyErr_Format(PyExc_ValueError, "%zd extenders (at most %d)", nxs, MAXX);
+    size_t xs_size = sizeof(Ext) * (size_t)(nxs ? nxs : 1);
+    Ext *xs = calloc(1, xs_size);
+    if (!xs) return PyErr_NoMemory();
+    int nx;
+    Prefix P;
+    i64 *live = NULL, *tag = NULL, *least = NULL, *alive = NULL;
+    if (parse_exts(&h, exts_o, xs, &nx) < 0 || parse_prefix(&h, cols_o, m, &P) < 0 ||
+        !(live = take(&h, live_o, 8, 1, m, NULL, "live")) ||
+        !(tag = take(&h, tag_o, 8, 1, m, NULL, "tag")) ||
+        !(least = take(&h, least_o, 8, 1, m, NULL, "least")) ||
+        !(alive = take(&h, alive_o, 8, 1, nx, NULL, "alive"))) {
+        release(&h);
+        free(xs);
+        return NULL;
+    }
+    for (int j = 0; j < nx; j++)
+        if (xs[j].by_range && xs[j].nsource > 1) {
+            PyErr_SetString(PyExc_ValueError, "counting by range needs one source layer");
+            release(&h);
+            free(xs);
+            return NULL;
+        }
+    Rows out = {.cols = {live, tag, least}, .k = 3, .fixed = 1, .cap = m};
+    Stats st = {0};
+    CountCtx ctx = {.P = &P, .nx = nx};
+    Py_BEGIN_ALLOW_THREADS
+    run_pool(count_range, &ctx, xs, xs_size, 0, m, threads, chunk > 0 ? chunk : 1,
+             &out, &st);
+    Py_END_ALLOW_THREADS
+    for (int j = 0; j < nx; j++) alive[j] = st.alive[j];
+    release(&h);
+    free(xs);
+    if (st.err == 3) return PyErr_NoMemory();
+    return PyLong_FromSsize_t(st.err ? -(st.err_row + 1) : out.n);
+}
+
+/* -- extend ------------------------------------------------------------------------------- */
+
+enum { LT, LE, GT, GE, EQ, NE };
+enum { PREFIX_COL, CONSTANT, ITSELF };
+
+typedef struct {
+    int op, kind;
+    i64 value; /* a constant, or the prefix column's position */
+} Filt;
+
+static inline int holds(int op, i64 a, i64 b) {
+    switch (op) {
+    case LT: return a < b;
+    case LE: return a <= b;
+    case GT: return a > b;
+    case GE: return a >= b;
+    case EQ: return a == b;
+    default: return a != b;
+    }
+}
+
+/* Set up extender x's ranges for prefix key (once per prefix, when first needed). */
+static inline void ext_ready(Ext *x, const Prefix *P, Py_ssize_t r) {
+    gather_key(P->cols, x->key, x->p, r, x->kv);
+    for (int l = 0; l < x->nsource; l++) {
+        key_range(&x->source[l], x->kv, x->p, &x->lo[l], &x->hi[l]);
+        x->cur[l] = x->lo[l];
+    }
+    x->ready = 1;
+}
+
+/* The summed diff of value v under x's key (cursors move forward: values come ascending). */
+static inline i128 ext_find(Ext *x, i64 v) {
+    i128 s = 0;
+    for (int l = 0; l < x->nsource; l++) {
+        const i64 *c = x->source[l].cols[x->p];
+        Py_ssize_t at = gallop_col(c, x->cur[l], x->hi[l], v, 0);
+        x->cur[l] = at;
+        if (at < x->hi[l] && c[at] == v) s += x->source[l].diff[at];
+    }
+    return s;
+}
+
+typedef struct {
+    const Prefix *P;
+    const i64 *weight, *live, *tag;
+    const uint8_t *flags;
+    int nx, nf, owner, spread; /* write the owner / the prefix's columns */
+    int counting;              /* write nothing: count the survivors and sum their weights */
+    Filt fs[MAXF];
+} ExtendCtx;
+
+static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1, Rows *out,
+                         Stats *st) {
+    ExtendCtx *ctx = vctx;
+    const Prefix *P = ctx->P;
+    Ext *xs = scratch;
+    int nx = ctx->nx, nf = ctx->nf;
+    const Filt *fs = ctx->fs;
+    int writing = !ctx->counting;
+    Py_ssize_t written = 0;
+    for (Py_ssize_t i = i0; i < i1; i++) {
+        Py_ssize_t r = ctx->live[i];
+        int t = (int)ctx->tag[i];
+        Ext *x = &xs[t];
+        /* the bounds: filters comparing the value with a prefix column or a constant */
+        i64 low = INT64_MIN, high = INT64_MAX;
+        int empty = 0;
+        for (int f = 0; f < nf; f++) {
+            if (fs[f].kind == ITSELF || fs[f].op == NE) continue;
+            i64 o = fs[f].kind == CONSTANT ? fs[f].value : P->cols[fs[f].value][r];
+            switch (fs[f].op) {
+            case LT: if (o == INT64_MIN) empty = 1; else if (o - 1 < high) high = o - 1; break;
+            case LE: if (o < high) high = o; break;
+            case GT: if (o == INT64_MAX) empty = 1; else if (o + 1 > low) low = o + 1; break;
+            case GE: if (o > low) low = o; break;
+            default: if (o > low) low = o; if (o < high) high = o; break;
+            }
+        }
+        if (empty || low > high) continue;
+        for (int j = 0; j < nx; j++) xs[j].ready = 0;
+        ext_ready(x, P, r);
+        int nonempty = 0;
+        for (int l = 0; l < x->nsource; l++) {
+            const i64 *c = x->source[l].cols[x->p];
+            if (x->lo[l] < x->hi[l] && low != INT64_MIN) x->lo[l] = bsearch_col(c, x->lo[l], x->hi[l], low, 0);
+            if (x->lo[l] < x->hi[l] && high != INT64_MAX) x->hi[l] = bsearch_col(c, x->lo[l], x->hi[l], high, 1);
+            x->cur[l] = x->lo[l];
+            nonempty += x->lo[l] < x->hi[l];
+        }
+        if (!nonempty) continue;
+        i64 w0 = ctx->weight[r];
+        uint8_t f0 = ctx->flags ? ctx->flags[r] : 0;
+        for (;;) {
+            /* the next candidate: the least value at the cursors, its diffs summed */
+            i64 v = 0;
+            int found = 0;
+            for (int l = 0; l < x->nsource; l++)
+                if (x->cur[l] < x->hi[l]) {
+                    i64 c = x->source[l].cols[x->p][x->cur[l]];
+                    if (!found || c < v) { v = c; found = 1; }
+                }
+            if (!found) break;
+            i128 d = 0;
+            for (int l = 0; l < x->nsource; l++)
+                if (x->cur[l] < x->hi[l] && x->source[l].cols[x->p][x->cur[l]] == v) {
+                    d += x->source[l].diff[x->cur[l]];
+                    x->cur[l]++;
+                }
+            if (d == 0) continue;
+            if (d > INT64_MAX || d < INT64_MIN) {
+                st->err = 1; st->err_row = r; st->err_ext = t; st->err_value = v;
+                return;
+            }
+            st->proposed++;
+            int pass = 1;
+            for (int f = 0; f < nf && pass; f++) {
+                if (!(fs[f].kind == ITSELF || fs[f].op == NE)) continue;
+                i64 o = fs[f].kind == CONSTANT ? fs[f].value
+                        : fs[f].kind == ITSELF ? v : P->cols[fs[f].value][r];
+                pass = holds(fs[f].op, v, o);
+            }
+            if (!pass) continue;
+            i64 w = w0;
+            uint8_t fl = f0;
+            if (x->completes && __builtin_mul_overflow(w, (i64)d, &w)) fl = 1;
+            for (int j = 0; j < nx && pass; j++) {
+                if (j == t) continue;
+                Ext *y = &xs[j];
+                if (!y->ready) ext_ready(y, P, r);
+                i128 e = ext_find(y, v);
+                if (e == 0) { pass = 0; break; }
+                if (e > INT64_MAX || e < INT64_MIN) {
+                    st->err = 1; st->err_row = r; st->err_ext = j; st->err_value = v;
+                    return;
+                }
+                st->passed++;
+                if (y->completes && __builtin_mul_overflow(w, (i64)e, &w)) fl = 1;
+            }
+            if (!pass) continue;
+            st->flagged |= fl;
+            if (!writing) { written++; st->total += w; continue; }
+            int room = rows_room(out);
+            if (room < 0) { st->err = room == -1 ? 2 : 3; st->err_row = r; return; }
+            Py_ssize_t at = out->n++;
+            int c = 0;
+            if (ctx->spread)
+                for (; c < P->k; c++) out->cols[c][at] = P->cols[c][r];
+            out->cols[c++][at] = v;
+            out->cols[c++][at] = w;
+            if (ctx->owner) out->cols[c][at] = i;
+            out->flags[at] = fl;
+        }
+    }
+    st->counted += written;
+}
+
+/* extend(prefix columns, m, weight, flags or None, live, tag, start, stop, extenders, filters,
+ *        out columns or None, out owner or None, out weight, out flags, capacity, threads,
+ *        chunk)
+ * Live prefixes [start, stop): the extender tagged proposes the values of its key's range
+ * (within the filters' bounds), summed over its layers (zero sums dropped); each candidate
+ * passes the leftover filters, then every other extender validates it (its summed diff not 0);
+ * completing extenders multiply their diff into the weight. Survivors are written in prefix
+ * order: the prefix's columns and the value (out columns; or the value alone), the prefix's
+ * position in `live` (owner), the weight and its overflow flag. Without out columns nothing
+ * is written: the survivors are counted and their weights summed. Returns (survivors,
+ * proposed, passed, flagged, err, err_row, err_ext, err_value, the weights' sum as high and
+ * low 64 bits: 0 when writing). */
+static PyObject *py_extend(PyObject *self, PyObject *args) {
+    PyObject *cols_o, *weight_o, *flags_o, *live_o, *tag_o, *exts_o, *filters_o;
+    PyObject *ocols_o, *oowner_o, *oweight_o, *oflags_o;
+    Py_ssize_t m, start, stop, cap;
+    int threads = 1;
+    Py_ssize_t chunk = 1 << 11;
+    if (!PyArg_ParseTuple(args, "OnOOOOnnOOOOOOn|in", &cols_o, &m, &weight_o, &flags_o, &live_o,
+                          &tag_o, &start, &stop, &exts_o, &filters_o, &ocols_o, &oowner_o,
+                          &oweight_o, &oflags_o, &cap, &threads, &chunk))
+        return NULL;
+    Held h = {.count = 0};
+    Py_ssize_t nxs = PySequence_Size(exts_o);
+    if (nxs < 0) return NULL;
+    if (nxs > MAXX) return PyErr_Format(PyExc_ValueError, "%zd extenders (at most %d)", nxs, MAXX);
+    size_t xs_size = sizeof(Ext) * (size_t)(nxs ? nxs : 1);
+    Ext *xs = calloc(1, xs_size);
+    if (!xs) return PyErr_NoMemory();
+    Prefix P;
+    ExtendCtx ctx = {.P = &P};
+    Rows out = {.fixed = 1, .has_flags = 1, .cap = cap};
+    Py_ssize_t nlive = 0;
+    int ok = parse_exts(&h, exts_o, xs, &ctx.nx) == 0 && parse_prefix(&h, cols_o, m, &P) == 0;
+    ok = ok && (ctx.weight = take(&h, weight_o, 8, 0, m, NULL, "weight"));
+    if (ok && flags_o != Py_None) ok = (ctx.flags = take(&h, flags_o, 1, 0, m, NULL, "flags")) != NULL;
+    ok = ok && (ctx.live = take(&h, live_o, 8, 0, -1, &nlive, "live"));
+    ok = ok && (ctx.tag = take(&h, tag_o, 8, 0, nlive, NULL, "tag"));
+    if (ok && (start < 0 || stop > nlive || start > stop)) {
+        PyErr_SetString(PyExc_ValueError, "a piece outside the live rows");
+        ok = 0;
+    }
+    if (ok) {
+        PyObject *fast = PySequence_Fast(filters_o, "filters");
+        ok = fast != NULL;
+        if (ok) {
+            ctx.nf = (int)PySequence_Fast_GET_SIZE(fast);
+            if (ctx.nf > MAXF) { PyErr_SetString(PyExc_ValueError, "too many filters"); ok = 0; }
+            for (int f = 0; ok && f < ctx.nf; f++) {
+                long long v;
+                ok = PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, f), "iiL", &ctx.fs[f].op,
+                                      &ctx.fs[f].kind, &v) != 0;
+                ctx.fs[f].value = (i64)v;
+                if (ok && ctx.fs[f].kind == PREFIX_COL && (v < 0 || v >= P.k)) {
+                    PyErr_SetString(PyExc_ValueError, "a filter on a column the prefix lacks");
+                    ok = 0;
+                }
+            }
+            Py_DECREF(fast);
+        }
+    }
+    int writing = ocols_o != Py_None;
+    ctx.counting = !writing;
+    if (ok && writing) {
+        PyObject *fast = PySequence_Fast(ocols_o, "out columns");
+        ok = fast != NULL;
+        int nocols = 0;
+        if (ok) {
+            nocols = (int)PySequence_Fast_GET_SIZE(fast);
+            if (nocols != P.k + 1 && nocols != 1) {
+                PyErr_SetString(PyExc_ValueError, "out columns: the prefix's and the value, or the value");
+                ok = 0;
+            }
+            for (int j = 0; ok && j < nocols; j++)
+                ok = (out.cols[j] = take(&h, PySequence_Fast_GET_ITEM(fast, j), 8, 1, cap, NULL, "out column")) != NULL;
+            Py_DECREF(fast);
+        }
+        ctx.spread = nocols == P.k + 1;
+        out.k = nocols;
+        ok = ok && (out.cols[out.k++] = take(&h, oweight_o, 8, 1, cap, NULL, "out weight"));
+        if (ok && oowner_o != Py_None) {
+            ok = (out.cols[out.k++] = take(&h, oowner_o, 8, 1, cap, NULL, "owner")) != NULL;
+            ctx.owner = 1;
+        }
+        ok = ok && (out.flags = take(&h, oflags_o, 1, 1, cap, NULL, "out flags"));
+    }
+    for (Py_ssize_t i = start; ok && i < stop; i++)
+        if (ctx.live[i] < 0 || ctx.live[i] >= m || ctx.tag[i] < 0 || ctx.tag[i] >= ctx.nx) {
+            PyErr_SetString(PyExc_ValueError, "a live row or tag out of range");
+            ok = 0;
+        }
+    if (!ok) { release(&h); free(xs); return NULL; }
+    Stats st = {0};
+    Py_ssize_t n;
+    Py_BEGIN_ALLOW_THREADS
+    if (!writing) out.cap = 0; /* nothing is written: only counted */
+    n = run_pool(extend_range, &ctx, xs, xs_size, start, stop, threads,
+                 chunk > 0 ? chunk : 1, &out, &st);
+    if (!writing) n = st.counted;
+    Py_END_ALLOW_THREADS
+    release(&h);
+    free(xs);
+    if (st.err == 3) return PyErr_NoMemory();
+    /* the weights' sum as two longs: high * 2**64 + low (low unsigned) */
+    i64 hi = (i64)(st.total >> 64);
+    u64 lo = (u64)st.total;
+    return Py_BuildValue("nnniininLK", n, st.proposed, st.passed, st.flagged, st.err, st.err_row,
+                         st.err_ext, (Py_ssize_t)st.err_value, (long long)hi,
+                         (unsigned long long)lo);
+}
+
+/* -- the module --------------------------------------------------------------------------- */
+
+static PyMethodDef methods[] = {
+    {"argsort", py_argsort, METH_VARARGS, "argsort(keys, sorted out, order out or None): stable radix sort of uint64 keys"},
+    {"consolidate", py_consolidate, METH_VARARGS, "consolidate(sorted keys (compacted in place), diff (one for all: length 1), order or None, sums out) -> runs kept, or -(row + 1)"},
+    {"directory", py_directory, METH_VARARGS, "directory(sorted column, out, low): first row at or after each key"},
+    {"pack", py_pack, METH_VARARGS, "pack(columns, n, lows, highs, bits, keys out, inside out or None) -> all inside"},
+    {"unpack", py_unpack, METH_VARARGS, "unpack(keys, lows, bits, columns out)"},
+    {"multiply", py_multiply, METH_VARARGS, "multiply(a, b, out, flags) -> whether any row is flagged"},
+    {"lookup", py_lookup, METH_VARARGS, "lookup(layers, probe columns, m, out) -> -1, or the row whose sum leaves int64"},
+    {"ranges", py_ranges, METH_VARARGS, "ranges(layer, probe columns, m, low or None, high or None, lo out, hi out)"},
+    {"count", py_count, METH_VARARGS, "count(extenders, prefix columns, m, live, tag, least, alive) -> live rows, or -(row + 1)"},
+    {"extend", py_extend, METH_VARARGS, "extend(...): propose, filter and validate one step's candidates"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_native", "The kernel's compiled inner loops.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *mod = PyModule_Create(&module);
+    if (!mod) return NULL;
+    if (PyModule_AddStringConstant(mod, "SOURCE_HASH", WCOJ_SOURCE_HASH) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}
