@@ -16,7 +16,7 @@ builds its definitions (nothing is built twice)::
       bags: []                 # relations with signed multiplicities (the others: default)
       landing: data/landing    # <landing>/<relation>/<YYYY-MM-DD>/<files>
       storage: data/state
-      start: "2024-03-01"      # epoch n is the day n days after this one
+      start: "2024-03-01"      # epoch n is the day n days after (default: the first landed day)
       spark_master: "local[*]"
       spark_conf: {spark.driver.memory: 4g}
       check_every: 30          # the full binary-join recomputation on one epoch in 30
@@ -77,7 +77,6 @@ from dagster.components.utils.translation import TranslationFn, TranslationFnRes
 from pydantic import Field
 
 from wcoj_assets.definitions import build_definitions, run_epochs
-from wcoj_assets.epochs import EPOCH_START
 from wcoj_assets.graph import AssetInfo, EpochGraph
 from wcoj_assets.pipeline import EpochConfig
 from wcoj_assets.resources import WcojResource
@@ -111,7 +110,6 @@ SCAFFOLD: dict[str, Any] = {
     "undirected": ["edge"],
     "landing": "data/landing",
     "storage": "data/state",
-    "start": EPOCH_START,
 }
 
 
@@ -159,8 +157,10 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
     )
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
-    start: str = Field(
-        default=EPOCH_START, description="The first epoch's day (YYYY-MM-DD): epoch n is n days on."
+    start: str | None = Field(
+        default=None,
+        description="The first epoch's day (YYYY-MM-DD): epoch n is n days on. Default: the "
+        "oldest epoch folder landed when the code location loads (today when none has).",
     )
     check_every: int | None = Field(
         default=None,
@@ -269,6 +269,17 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
         name = "".join(c if c.isalnum() else "_" for c in folder).strip("_") or "wcoj"
         return name if not name[0].isdigit() else f"p_{name}"
 
+    def first_day(self) -> str:
+        """`start`, or the oldest epoch folder landed (read when the code location loads),
+        or today (UTC)."""
+        from wcoj_assets.intake import landed_epochs
+        from wcoj_assets.resources import DEFAULT_LANDING
+
+        if self.start:
+            return self.start
+        relations = [r.name for r in self.relations]
+        return landed_epochs(self.landing or DEFAULT_LANDING, relations).start
+
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         op = self.op
         return build_definitions(
@@ -280,7 +291,7 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
             landing=self.landing,
             spark_master=self.spark_master,
             spark_conf=self.spark_conf,
-            start=self.start,
+            start=self.first_day(),
             undirected=self.undirected,
             sets=self.sets,
             bags=self.bags,

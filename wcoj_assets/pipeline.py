@@ -241,7 +241,11 @@ class EpochRun:
                 rel = info.relation or ""
                 check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
                 lines = problems.get(rel, [])
-                metadata: dict[str, Any] = {"epoch": t, "bad rows": len(lines)}
+                metadata: dict[str, Any] = {
+                    "epoch": t,
+                    "depth": "schema and data",
+                    "problems found": len(lines),
+                }
                 if lines:
                     metadata["problems"] = MetadataValue.json(lines[: ck.BAD_ROWS])
                 summary = (

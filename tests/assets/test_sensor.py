@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from dagster import build_sensor_context
+from dagster import DagsterInstance, build_sensor_context
 
 from wcoj_assets.definitions import JOB_NAME, build_definitions
 from wcoj_assets.epochs import epoch_key, epoch_number
@@ -26,11 +26,15 @@ def land(root: Path, key: str, name: str = "part.csv", text: str = "a,b\n1,2\n")
 def tick(landing: Path, cursor: str | None = None, start: str = "2020-01-01"):
     defs = build_definitions(landing=str(landing), start=start)
     sensor = defs.resolve_sensor_def("wcoj_landing_sensor")
-    with build_sensor_context(
-        cursor=cursor,
-        definitions=defs,
-        resources={"wcoj": WcojResource(landing=str(landing))},
-    ) as context:  # the resource has a teardown (it stops a Spark session it started)
+    with (
+        DagsterInstance.ephemeral() as instance,
+        build_sensor_context(
+            cursor=cursor,
+            definitions=defs,
+            instance=instance,
+            resources={"wcoj": WcojResource(landing=str(landing))},
+        ) as context,  # the resource has a teardown (it stops a Spark session it started)
+    ):
         return sensor.evaluate_tick(context)
 
 
