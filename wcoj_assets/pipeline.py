@@ -240,14 +240,14 @@ class EpochRun:
             for info in graph.of_role(Role.CHANGES):
                 rel = info.relation or ""
                 check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
-                lines = problems.get(rel, [])
+                lines = [f"epoch {t} ({key}): {line}" for line in problems.get(rel, [])]
                 metadata: dict[str, Any] = {
                     "epoch": t,
                     "depth": "schema and data",
                     "problems found": len(lines),
                 }
                 if lines:
-                    metadata["problems"] = MetadataValue.json(lines[: ck.BAD_ROWS])
+                    metadata["errors"] = MetadataValue.json(lines[: ck.BAD_ROWS])
                 summary = (
                     f"{len(lines)} problem(s), nothing applied: " + "; ".join(lines[:3])
                     if lines

@@ -68,26 +68,33 @@ def _trace(engine: Engine, name: str) -> Trace:
 
 
 def _batch_tables(engine: Engine, trace: Trace, batches: list[Batch]) -> list[pa.Table]:
-    """The Parquet files the manifest lists for `batches`, read with pyarrow."""
+    """The Parquet files the manifest lists for `batches`, read with pyarrow (a few files at a
+    time: decoding releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     columns = [*trace.columns, "diff"]
     files = engine.files
-    tables = []
-    for batch in batches:
-        if batch.rows == 0:
-            continue
-        for ref in batch.files:
-            if ref.name.endswith(".parquet"):
-                path = files.full(f"{batch.path}/{ref.name}")
-                table = pq.read_table(path, columns=columns, filesystem=files.fs)
-                tables.append(
-                    pa.Table.from_arrays(
-                        [table.column(c).cast(pa.int64()) for c in columns], names=columns
-                    )
-                )
-    return tables
+    paths = [
+        files.full(f"{batch.path}/{ref.name}")
+        for batch in batches
+        if batch.rows
+        for ref in batch.files
+        if ref.name.endswith(".parquet")
+    ]
+
+    def read(path: str) -> pa.Table:
+        table = pq.read_table(path, columns=columns, filesystem=files.fs, pre_buffer=True)
+        return pa.Table.from_arrays(
+            [table.column(c).cast(pa.int64()) for c in columns], names=columns
+        )
+
+    if len(paths) <= 1:
+        return [read(p) for p in paths]
+    with ThreadPoolExecutor(max_workers=min(4, len(paths))) as pool:
+        return list(pool.map(read, paths))
 
 
 def _empty(columns: tuple[str, ...]) -> pa.Table:
