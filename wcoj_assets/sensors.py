@@ -65,9 +65,7 @@ def landing_sensor(
 ) -> Any:
     """The sensor `name` requesting `job` runs for new epoch folders (see the module)."""
     epochs = graph.epochs
-    relations = {
-        info.relation or "": graph.key(info.name) for info in graph.of_role(Role.CHANGES)
-    }
+    relations = {info.relation or "": graph.key(info.name) for info in graph.of_role(Role.CHANGES)}
 
     @sensor(
         name=name,

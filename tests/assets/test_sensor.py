@@ -110,3 +110,30 @@ def test_folder_listing_separates_good_and_malformed(tmp_path: Path) -> None:
     assert [f.name for f in files.files] == ["part.csv"]
     land(tmp_path, epoch_key(0), name="notes.md")
     assert landed_files(str(tmp_path), "edge", epoch_key(0)).ignored == ("notes.md",)
+
+
+def test_an_epoch_materialized_from_the_same_files_is_not_requested_again(tmp_path: Path) -> None:
+    """Turning the sensor on over epochs already run (a backfill, runs by hand) requests none of
+    them again; a file replaced since is requested."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from wcoj_support import Pipeline, updates
+
+    p = Pipeline(None, tmp_path)
+    history = updates(seed=3, epochs=3)
+    for n, changes in enumerate(history):
+        p.land(n, changes, "csv")
+    assert p.run((0, 1)).success  # a backfill of the first two epochs
+    sensor = p.defs.resolve_sensor_def("wcoj_landing_sensor")
+    with build_sensor_context(
+        instance=p.instance, definitions=p.defs, resources={"wcoj": p.resource}
+    ) as context:
+        first = sensor.evaluate_tick(context)
+    assert [r.partition_key for r in first.run_requests] == [epoch_key(2)]
+    p.land(0, history[0][:-2], "csv")  # epoch 0's file replaced: a correction
+    with build_sensor_context(
+        cursor=first.cursor, instance=p.instance, definitions=p.defs, resources={"wcoj": p.resource}
+    ) as context:
+        again = sensor.evaluate_tick(context)
+    assert [r.partition_key for r in again.run_requests] == [epoch_key(0)]
