@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed += len(checks) - ok
         runs_failed += not result.success
         count = _metadata(result, "triangles", "count")
-        changes = _metadata(result, "edge_deltas", "rows_out")
+        changes = _metadata(result, "edge_deltas", "rows landed")
         print(
             f"epoch {key}: run {'succeeded' if result.success else 'FAILED'}, changes {changes}, "
             f"triangles {count}, checks {ok}/{len(checks)} passed, "

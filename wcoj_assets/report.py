@@ -113,7 +113,8 @@ def epoch_metadata(
         found = (landed or {}).get(info.relation or "")
         figures = _figures(info, graph, engine, result, trace, found)
         schema = graph.specs[info.name].metadata.get("dagster/column_schema")
-        if isinstance(schema, TableSchema) and found is not None and found.columns:
+        named = info.role in (Role.CHANGES, Role.SNAPSHOT)  # the relation's own column order
+        if named and isinstance(schema, TableSchema) and found is not None and found.columns:
             schema = renamed(schema, found.columns)
         rows, uri = figures.pop("_rows", None), figures.pop("_uri", None)
         internal = figures.pop("_internal", {})

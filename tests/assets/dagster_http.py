@@ -177,7 +177,7 @@ def running_webserver(
     home: Path,
     cwd: Path,
     load: list[str],
-    instance_yaml: str = INSTANCE_YAML,
+    instance_yaml: str | None = INSTANCE_YAML,
     program: Path = WEBSERVER,
     arguments: tuple[str, ...] = (),
 ) -> Iterator[Webserver]:
@@ -185,13 +185,18 @@ def running_webserver(
 
     `program` ``dagster`` with `arguments` ``("dev",)`` starts the webserver and the daemon. They
     and every process they start (code server, run workers) have `dagster_env`'s settings, as
-    under ``make ui``.
+    under ``make ui``. With `instance_yaml` None, `home` holds the log only and neither
+    ``DAGSTER_HOME`` nor those settings are set: the project's ``.env`` gives them.
     """
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text(instance_yaml)
     port = free_port()
     log = home / "webserver.log"
     env = {**os.environ, **dagster_env(), "DAGSTER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    if instance_yaml is None:  # the instance is the project's own (its .env names it)
+        for key in ("DAGSTER_HOME", *dagster_env()):
+            env.pop(key, None)
+    else:
+        (home / "dagster.yaml").write_text(instance_yaml)
     command = [str(program), *arguments, "-h", "127.0.0.1", "-p", str(port), *load]
     with log.open("wb") as sink:
         process = subprocess.Popen(

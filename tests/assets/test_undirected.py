@@ -113,7 +113,7 @@ def test_the_dropped_self_loop_is_reported(scenario: Scenario) -> None:
 HEAD = ["a", "b", "c", "diff"]
 COLUMNS = {
     "edge_deltas": ["src", "dst", "diff"],  # as the landed CSV's header names them
-    "edge_snapshot": ["c0", "c1", "diff"],
+    "edge_snapshot": ["src", "dst", "diff"],
     "edge_forward": ["c0", "c1", "diff"],
     "edge_reverse": ["c1", "c0", "diff"],
     "edge_counts_c0": ["c0", "diff"],
