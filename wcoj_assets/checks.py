@@ -2,8 +2,10 @@
 
 Five checks, each per epoch partition:
 
-* ``update_triples`` on each ``<rel>_deltas`` (blocking): the full pandera check of the landed
-  update rows (`wcoj_assets.schemas.landed_problems`), before anything is applied;
+* ``update_triples`` on each ``<rel>_deltas``: the landed files of the epoch before anything is
+  applied — every bad row (up to `BAD_ROWS`, with file, line and column), pandera's full check
+  of the rows (`wcoj_assets.schemas.landed_problems`), and that something landed at all; a
+  failure applies nothing of the epoch and fails this check alone;
 * ``non_negative`` on each ``<rel>_snapshot`` (blocking): no tuple held a negative number of
   times as of the epoch (a bag's deletion of something absent; a set never has one);
 * ``current_history`` on each query's change ``<q>_deltas``: the partition was derived from the
