@@ -477,7 +477,20 @@ def init_project(root: Path) -> Path:
             if line.split("=", 1)[0].strip() not in wanted
         ]
     env.write_text("\n".join([*kept, *(f"{k}={v}" for k, v in wanted.items())]) + "\n")
+    automation_on(home)
     return home
+
+
+def automation_on(home: Path) -> None:
+    """Record in the instance at `home` that automation is on, so that the UI's job and asset
+    pages say "Auto-materialize on". Dagster 1.13 runs automation condition sensors whatever
+    this legacy flag says (the pipeline's automation sensor runs by default), but the UI reads
+    it, and an instance without it says "off"."""
+    from dagster import DagsterInstance
+    from dagster._daemon.asset_daemon import set_auto_materialize_paused
+
+    with DagsterInstance.from_config(str(home)) as instance:
+        set_auto_materialize_paused(instance, False)
 
 
 # -- the command line ---------------------------------------------------------------------------

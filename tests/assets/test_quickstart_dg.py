@@ -12,7 +12,8 @@ by hand:
 * the epochs start on the first landed day (two partitions, not years of them);
 * ``triangles`` counts the graph's triangles as a set, at each epoch;
 * the user's ``busiest_vertices`` (``reports.py``: a pyarrow ``Table`` of ``triangles_deltas``,
-  ``follows_epochs()``) is run by the automation sensor for both epochs, and no run starts Spark.
+  ``follows_epochs()``) is run by the automation sensor for both epochs, and no run starts Spark;
+* the UI says "Auto-materialize on", as it is.
 """
 
 from __future__ import annotations
@@ -181,4 +182,8 @@ def test_the_quick_start_as_written_runs_under_dg_dev(tmp_path: Path) -> None:
             if "starting Spark" in (e.get("message") or "")
         ]
         assert spark == []
+        # The UI says automation is on, as it is (the pipeline's automation sensor runs).
+        assert server.graphql("{ instance { autoMaterializePaused } }")["instance"] == {
+            "autoMaterializePaused": False
+        }
     assert (root / ".dagster" / "history" / "runs.db").exists()  # the history is kept
