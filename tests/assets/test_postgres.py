@@ -87,7 +87,7 @@ def play(side: Side, history: list[Changes], corrected: list[Changes]) -> None:
     step(STEPS[1], (1, EPOCHS - 1))
     (p.landing / "edge" / epoch_key(BAD)).mkdir(parents=True)
     (p.landing / "edge" / epoch_key(BAD) / "part.csv").write_text("src,dst,diff\n1,2,1\n2,1,0\n")
-    step(STEPS[2], BAD, ok=False)
+    step(STEPS[2], BAD)  # refused input: the run ends without an error, its check fails
     p.land(1, corrected[1], "csv")
     step(STEPS[3], 1)
     derived = sorted(
@@ -295,7 +295,7 @@ def test_the_bad_epoch_is_reported_failed_from_postgres(scenario: Scenario) -> N
     pg = scenario.postgres
     instance, run_id = pg.pipeline.instance, pg.runs[STEPS[2]]
     run = instance.get_run_by_id(run_id)
-    assert run is not None and run.status == DagsterRunStatus.FAILURE
+    assert run is not None and run.status == DagsterRunStatus.SUCCESS  # a data problem
     assert not instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
     check = AssetCheckKey(AssetKey("edge_deltas"), CHECK)
     (latest,) = instance.event_log_storage.get_asset_check_execution_history(
