@@ -133,6 +133,6 @@ def _materialized_from(
         metadata = records[0].asset_materialization.metadata
         recorded = metadata.get(FINGERPRINT)
         landed = fingerprint(files[rel]) if files[rel] else ""
-        if recorded is None or recorded.value != landed:
+        if (recorded.value if recorded is not None else "") != landed:
             return False
     return True
