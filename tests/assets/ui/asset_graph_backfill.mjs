@@ -49,6 +49,15 @@ try {
   await page.waitForTimeout(1000);
   await shot('3-launched');
   out.dialogOpen = await dialog.isVisible();
+  if (asset && shots) {
+    // The asset's figures per epoch, as Dagster plots them (its Plots view, by partition).
+    await page.goto(`${url}/assets/${asset}`, { waitUntil: 'networkidle' });
+    await page.getByRole('button', { name: 'Plots' }).click();
+    await page.waitForTimeout(5000);
+    await page.mouse.wheel(0, 800);
+    await page.waitForTimeout(1000);
+    await shot('4-plots');
+  }
 } catch (error) {
   out.error = String(error);
 } finally {
