@@ -1,9 +1,9 @@
 """The Dagster code location of wcoj: epoch partitions, one step per epoch range, every asset.
 
-* `definitions` — `build_definitions(specs, ...)` and the default `defs`, loaded lazily
-  (``wcoj_epoch_job``, the landing sensor, the automation sensor, a stopped daily schedule, the
-  ``wcoj`` resource and ``wcoj_outputs`` IO manager, the in-process executor); `component` — the
-  same as the Dagster component `WcojComponent`, configured by a ``defs.yaml``;
+* `definitions` — `build_definitions(specs, name=...)` and the default `defs`, loaded lazily
+  (``wcoj_epoch_job``, the landing sensor, the automation sensor, the ``wcoj`` resource and
+  ``wcoj_outputs`` IO manager; with a name, each named after it); `component` — the same as the
+  Dagster component `WcojComponent`, configured by a ``defs.yaml`` and named after its folder;
 * `specs` — `QuerySpec`, the default spec (``triangles`` over ``edge``), the relations' meanings
   and the arrangements the plans imply; `graph` — every asset, its lineage and its spec;
   `epochs` — epoch numbers as daily partition keys from a first day;
@@ -11,8 +11,9 @@
   `report` — each asset's figures per epoch; `checks` — the checks and how their per-partition
   results reach Dagster; `provenance` — `current_history` and the automation rebuilding what a
   correction left stale; `schemas` — pandera schemas;
-* `outputs` — a query's output or change as a Spark DataFrame for downstream assets;
-* `intake` — finding and reading landing folders; `sensors` — sensor and schedule;
+* `outputs` — a query's output or change for downstream assets, in the type they annotate
+  (Arrow, pandas, polars with no JVM; Spark);
+* `intake` — finding and reading landing folders; `sensors` — the landing sensor;
 * `resources` — `WcojResource` (state, landing, Spark when needed); `landing` and `demo` —
   writing a landing zone and running the demo; `instance` — the SQLite and Postgres instances,
   and the Dagster settings every process creating or executing runs needs.

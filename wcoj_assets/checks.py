@@ -2,8 +2,10 @@
 
 Five checks, each per epoch partition:
 
-* ``update_triples`` on each ``<rel>_deltas`` (blocking): the full pandera check of the landed
-  update rows (`wcoj_assets.schemas.landed_problems`), before anything is applied;
+* ``update_triples`` on each ``<rel>_deltas``: the landed files of the epoch before anything is
+  applied — every bad row (up to `BAD_ROWS`, with file, line and column), pandera's full check
+  of the rows (`wcoj_assets.schemas.landed_problems`), and that something landed at all; a
+  failure applies nothing of the epoch and fails this check alone;
 * ``non_negative`` on each ``<rel>_snapshot`` (blocking): no tuple held a negative number of
   times as of the epoch (a bag's deletion of something absent; a set never has one);
 * ``current_history`` on each query's change ``<q>_deltas``: the partition was derived from the
@@ -19,30 +21,24 @@ Five checks, each per epoch partition:
   last due epoch — and on the last epoch of a run whose op config says ``binary_join: true``
   (on demand).
 
-**Reporting.** A run of one partition reports each check once (`AssetCheckResult`), and Dagster
-gives it the partition. A run over a range — a single-run backfill — is where Dagster 1.13 needs
-more: when the run is created it plans one check row per check and partition, and the check
-result of a range run is stored without a partition, so a planned row that gets nothing else
-ends as SKIPPED in the UI. A partition's own `AssetCheckEvaluation` (``partition=``), aimed at
-that partition's new materialization, is what makes Dagster hold a status for it — and Dagster
-1.13 writes each one on its own (check evaluations cannot be batch-written: about 35 ms each on
-Postgres, a cost that grows with checks times partitions). `CheckReporting` chooses which partitions
-of a range get one:
+**Reporting: each partition its own status.** A run of one partition (a daily run) reports each
+check evaluated there once, and Dagster gives it the partition. In a run over a range (a
+single-run backfill) Dagster 1.13 plans one check row per check and partition, and only an
+`AssetCheckEvaluation` carrying the partition fills it (a result without one stays SKIPPED);
+Dagster writes those one at a time (about 35 ms each on Postgres). `CheckReporting` chooses:
 
-* ``news`` (the default) — the partitions where the check **failed**, and those where it passed
-  but its latest evaluation had **failed** (a recovery: without an evaluation of its own the
-  partition would show SKIPPED, hiding that it passes now). Every other evaluated
-  partition passed and was never failing: the range's `AssetCheckResult` says so for all of them
-  at once (``passed``, ``partitions``, ``evaluated``), and Dagster shows them SKIPPED in the
-  range run. A check evaluated at one partition of the range only (the binary join, on its
-  cadence) gets its evaluation there too: one event per run. The cost no longer grows with checks
-  times partitions, only with the failures;
-* ``every`` — every evaluated partition gets its evaluation: each partition shows its status in
-  the UI, at the cost of one event per check and partition.
+* ``auto`` (the default) — ``every`` for a range of at most `PER_PARTITION_LIMIT` (100) epochs,
+  ``news`` beyond;
+* ``every`` — every evaluated partition gets its evaluation: each shows passed or failed;
+* ``news`` — the partitions where the check failed, and those where it passed but its latest
+  evaluation had failed (a recovery); the range's `AssetCheckResult` summarizes the rest
+  (``passed``, ``partitions``, ``evaluated``), which Dagster shows SKIPPED. A check evaluated
+  at one partition of the range only (the binary join) gets its evaluation there.
 
-A check that was not evaluated for a partition (the binary join off its cadence) reports nothing
-there: SKIPPED is then the truth. Evaluations of partitions outside the run — later partitions a
-correction left stale, stale epochs rebuilt before the run's — are reported either way.
+A check that was not evaluated at a partition (the binary join off its cadence, every check of
+an epoch whose changes were refused) reports nothing there: SKIPPED, never passed. Evaluations
+of partitions outside the run — later partitions a correction left stale, stale epochs rebuilt
+before the run's — are reported either way.
 """
 
 from __future__ import annotations
@@ -80,14 +76,32 @@ CURRENT = "current_history"
 DELTA_RULES = "matches_delta_rules"
 BINARY_JOIN = "matches_binary_join"
 EXAMPLES = 20
+# The most bad rows of an epoch's landed files one run lists.
+BAD_ROWS = 100
+
+
+# A run over at most this many epochs gives every partition its own check evaluations by default.
+PER_PARTITION_LIMIT = 100
 
 
 class CheckReporting(Enum):
     """Which partitions of a run over a range get a check evaluation of their own (see the
-    module): failures and recoveries, or every evaluated partition."""
+    module): every evaluated partition, failures and recoveries, or (auto) every one for ranges
+    of at most `PER_PARTITION_LIMIT` epochs."""
 
+    AUTO = "auto"
     NEWS = "news"
     EVERY = "every"
+
+    def for_range(self, epochs: int) -> CheckReporting:
+        """What `AUTO` means for a range of `epochs`; the others as they are.
+
+        >>> CheckReporting.AUTO.for_range(100), CheckReporting.AUTO.for_range(101)
+        (<CheckReporting.EVERY: 'every'>, <CheckReporting.NEWS: 'news'>)
+        """
+        if self is not CheckReporting.AUTO:
+            return self
+        return CheckReporting.EVERY if epochs <= PER_PARTITION_LIMIT else CheckReporting.NEWS
 
 
 def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
@@ -99,10 +113,12 @@ def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
             AssetCheckSpec(
                 UPDATE_TRIPLES,
                 asset=graph.key(info.name),
-                blocking=True,
                 partitions_def=partitions,
-                description="Full pandera check of the landed update rows before anything is "
-                "applied: long non-null columns, diff != 0, time == epoch.",
+                description="The landed files of the epoch, checked before anything is applied: "
+                "every row readable (the bad rows listed with file, line and column, up to "
+                f"{BAD_ROWS}), long non-null columns, diff != 0 (pandera); and something landed "
+                "(an epoch with no folder fails, naming it, unless empty epochs are declared "
+                "normal). A failure applies nothing and fails only this check.",
             )
         )
     for info in graph.of_role(Role.SNAPSHOT):
@@ -298,15 +314,26 @@ def report(
     specs: Sequence[AssetCheckSpec],
     book: CheckBook,
     run_partitions: Sequence[str],
-    reporting: CheckReporting = CheckReporting.NEWS,
+    reporting: CheckReporting = CheckReporting.AUTO,
 ) -> Iterator[AssetCheckResult | AssetCheckEvaluation]:
-    """Every check's results of a run (see the module): an `AssetCheckResult` per check, and in
-    a range run an `AssetCheckEvaluation` per partition that `reporting` picks; evaluations of
-    partitions outside the run for any."""
+    """Every check's results of a run (see the module): in a run of one partition an
+    `AssetCheckResult` per check selected and evaluated there; in a range run an
+    `AssetCheckEvaluation` per partition that `reporting` picks (and, under ``news``, the
+    range's summary); an evaluation of its own for every evaluated partition of a check the run
+    did not select, and for partitions outside the run."""
     single = bool(context.has_partition_key)
+    reporting = reporting.for_range(len(run_partitions))
+    selected = set(context.selected_asset_check_keys)
     keys = {spec.key for spec in specs}
     own: dict[AssetCheckKey, list[str]] = {
-        key: _own(context.instance, key, outcomes, run_partitions, single, reporting)
+        key: _own(
+            context.instance,
+            key,
+            outcomes,
+            run_partitions,
+            single and key in selected,
+            reporting if key in selected else CheckReporting.EVERY,
+        )
         for key, outcomes in book.outcomes.items()
         if key in keys
     }
@@ -320,18 +347,19 @@ def report(
     for spec in specs:
         key = spec.key
         outcomes = book.outcomes.get(key, {})
-        ours = [(p, outcomes[p]) for p in run_partitions if p in outcomes]
-        if single:
-            (partition, outcome), *_ = ours
-            yield AssetCheckResult(
-                asset_key=key.asset_key,
-                check_name=key.name,
-                passed=outcome.passed,
-                metadata=dict(outcome.metadata),
-                description=outcome.description,
-            )
-        else:
-            yield _summary(key, ours, own.get(key, []), reporting)
+        ours = [(p, outcomes[p]) for p in run_partitions if p in outcomes and outcomes[p].checked]
+        if key in selected and ours:
+            if single:
+                (_partition, outcome), *_ = ours
+                yield AssetCheckResult(
+                    asset_key=key.asset_key,
+                    check_name=key.name,
+                    passed=outcome.passed,
+                    metadata=dict(outcome.metadata),
+                    description=outcome.description,
+                )
+            elif reporting is CheckReporting.NEWS:
+                yield _summary(key, ours, own.get(key, []), reporting)
         for partition in own.get(key, []):
             outcome = outcomes[partition]
             yield AssetCheckEvaluation(
@@ -356,13 +384,14 @@ def _own(
     reporting: CheckReporting,
 ) -> list[str]:
     """The partitions of one check that get an evaluation of their own, sorted: those outside
-    the run; in a range run, the failures and recoveries (``news``; and the one partition of a
-    check evaluated once in the range) or every evaluated one."""
+    the run; in a run of one partition that selected the check, no other; else the evaluated
+    partitions `reporting` picks (``news``: failures, recoveries, and the one partition of a
+    check evaluated once in the range)."""
     in_run = set(run_partitions)
     checked = sorted(p for p, o in outcomes.items() if o.checked)
     if single:
         return [p for p in checked if p not in in_run]
-    if reporting is CheckReporting.EVERY:
+    if reporting is not CheckReporting.NEWS:
         return checked
     if sum(p in in_run for p in checked) == 1:  # the binary join: one event per run
         return checked

@@ -16,11 +16,13 @@ builds its definitions (nothing is built twice)::
       bags: []                 # relations with signed multiplicities (the others: default)
       landing: data/landing    # <landing>/<relation>/<YYYY-MM-DD>/<files>
       storage: data/state
-      start: "2024-03-01"      # epoch n is the day n days after this one
+      start: "2024-03-01"      # epoch n is the day n days after (default: the first landed day)
       spark_master: "local[*]"
       spark_conf: {spark.driver.memory: 4g}
       check_every: 30          # the full binary-join recomputation on one epoch in 30
-      check_reporting: news    # a range's check evaluations per partition: news or every
+      check_reporting: auto    # a range's check evaluations per partition: auto, every or news
+      empty_epochs: false      # an epoch with nothing landed fails update_triples (true: normal)
+      name: graphs             # the prefix of the job, sensors, resource (default: the folder)
       op:                      # the one step, as dagster-dbt's `op` (name, tags, pool, policy)
         name: wcoj_epochs
         tags: {team: graphs}
@@ -47,12 +49,25 @@ component is loaded. The package registers this module for ``dg`` (the
 (the built-in triangles over an undirected ``edge``) and ``dg check yaml`` checks one against
 its attributes.
 
+**Names and what it owns.** Like dagster-dbt's and dagster-sling's components, the definitions
+carry only what the component owns, named after it: ``name`` (default: the folder of its
+``defs.yaml``, ``triangles`` for ``defs/triangles/defs.yaml``) prefixes the job
+(``triangles_epoch_job``), the step (``triangles_epochs``), the sensors
+(``triangles_landing_sensor``, ``triangles_rebuild_sensor``), the resource (``triangles_wcoj``)
+and the IO manager of its results (``triangles_outputs``); the component sets no executor of the
+code location (its job runs its one step in process). Two components — say triangles over
+``edge`` and 3-cycles over ``follows``, each with its own storage and landing — live in one
+project; their assets' keys must differ (a ``translation`` with a ``key_prefix`` separates two
+pipelines over the same relation names). `WcojComponent.execute` is the step's body: a subclass
+overrides it (to log around it, or to run something after each run).
+
 Loading the component parses and plans the queries; like `build_definitions`, it touches no file
 and starts no Spark.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import dagster as dg
@@ -61,10 +76,10 @@ from dagster.components.resolved.core_models import OpSpec
 from dagster.components.utils.translation import TranslationFn, TranslationFnResolver
 from pydantic import Field
 
-from wcoj_assets.definitions import build_definitions
-from wcoj_assets.epochs import EPOCH_START
-from wcoj_assets.graph import AssetInfo
-from wcoj_assets.pipeline import OP_NAME
+from wcoj_assets.definitions import build_definitions, run_epochs
+from wcoj_assets.graph import AssetInfo, EpochGraph
+from wcoj_assets.pipeline import EpochConfig
+from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import QuerySpec
 from wcoj_core.errors import QueryError
 from wcoj_core.query.builtins import BUILTINS
@@ -95,7 +110,6 @@ SCAFFOLD: dict[str, Any] = {
     "undirected": ["edge"],
     "landing": "data/landing",
     "storage": "data/state",
-    "start": EPOCH_START,
 }
 
 
@@ -143,8 +157,10 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
     )
     spark_master: str = Field(default="local[*]", description="Spark master URL.")
     spark_conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
-    start: str = Field(
-        default=EPOCH_START, description="The first epoch's day (YYYY-MM-DD): epoch n is n days on."
+    start: str | None = Field(
+        default=None,
+        description="The first epoch's day (YYYY-MM-DD): epoch n is n days on. Default: the "
+        "oldest epoch folder landed when the code location loads (today when none has).",
     )
     check_every: int | None = Field(
         default=None,
@@ -154,8 +170,19 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
     check_reporting: str | None = Field(
         default=None,
         description="Which partitions of a run over a range get a check evaluation of their "
-        "own: news (the default: failures and recoveries; the range's result summarizes the "
-        "rest) or every (each evaluated partition, one event per check and partition).",
+        "own: auto (the default: every partition its own status for ranges of at most 100 "
+        "epochs, news beyond), every (each evaluated partition) or news (failures and "
+        "recoveries; the range's result summarizes the rest).",
+    )
+    empty_epochs: bool = Field(
+        default=False,
+        description="Whether an epoch with nothing landed is normal (applied without changes). "
+        "By default its update_triples check fails, naming the folder.",
+    )
+    name: str | None = Field(
+        default=None,
+        description="The prefix of the names of the job, step, sensors, resource and IO manager "
+        "(default: the name of the folder holding this defs.yaml).",
     )
     op: OpSpec | None = Field(
         default=None,
@@ -217,22 +244,61 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
         set attributes in Python."""
         return self.translation(spec, asset) if self.translation is not None else spec
 
+    def execute(
+        self,
+        context: dg.AssetExecutionContext,
+        config: EpochConfig,
+        wcoj: WcojResource,
+        graph: EpochGraph,
+    ) -> Iterator[Any]:
+        """The step's body: applies the run's epochs and yields every asset's materialization
+        and check result (`wcoj_assets.pipeline.EpochRun`). Override to wrap it::
+
+            class Logged(WcojComponent):
+                def execute(self, context, config, wcoj, graph):
+                    context.log.info("epochs starting")
+                    yield from super().execute(context, config, wcoj, graph)
+        """
+        yield from run_epochs(context, config, wcoj, graph)
+
+    def pipeline_name(self, context: dg.ComponentLoadContext | None) -> str:
+        """`name`, or the folder of the ``defs.yaml`` as an identifier."""
+        if self.name:
+            return self.name
+        folder = context.path.name if context is not None else "wcoj"
+        name = "".join(c if c.isalnum() else "_" for c in folder).strip("_") or "wcoj"
+        return name if not name[0].isdigit() else f"p_{name}"
+
+    def first_day(self) -> str:
+        """`start`, or the oldest epoch folder landed (read when the code location loads),
+        or today (UTC)."""
+        from wcoj_assets.intake import landed_epochs
+        from wcoj_assets.resources import DEFAULT_LANDING
+
+        if self.start:
+            return self.start
+        relations = [r.name for r in self.relations]
+        return landed_epochs(self.landing or DEFAULT_LANDING, relations).start
+
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
         op = self.op
         return build_definitions(
             self.specs(),
+            name=self.pipeline_name(context),
+            execute=self.execute,
+            empty_epochs=self.empty_epochs,
             storage=self.storage,
             landing=self.landing,
             spark_master=self.spark_master,
             spark_conf=self.spark_conf,
-            start=self.start,
+            start=self.first_day(),
             undirected=self.undirected,
             sets=self.sets,
             bags=self.bags,
             check_every=self.check_every,
             check_reporting=self.check_reporting,
             translate=self.get_asset_spec,
-            op_name=(op.name if op is not None and op.name else OP_NAME),
+            op_name=op.name if op is not None and op.name else None,
             op_tags=op.tags if op is not None else None,
             pool=op.pool if op is not None else None,
             backfill_policy=op.backfill_policy if op is not None else None,

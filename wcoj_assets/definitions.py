@@ -5,9 +5,10 @@ One set of assets per query spec over one shared set of relations and arrangemen
 manifest commit per epoch, a range of epochs in one run); the resource ``wcoj``
 (`WcojResource`), the IO manager ``wcoj_outputs`` through which assets of your own read a
 query's output (`wcoj_assets.outputs`), the job ``wcoj_epoch_job`` (that step, for one epoch or a
-range), the landing sensor, the automation sensor that rebuilds what a corrected epoch left stale
-(`wcoj_assets.provenance`) and a stopped daily schedule. `wcoj_assets.component.WcojComponent`
-builds the same from a ``defs.yaml``.
+range), the landing sensor (the way epochs run daily) and the automation sensor that rebuilds
+what a corrected epoch left stale (`wcoj_assets.provenance`). With a `name`, every one of those
+names is derived from it (`Names`): `wcoj_assets.component.WcojComponent` builds the same from a
+``defs.yaml``, named after its folder, so that several live in one project.
 
 Epoch ``n`` is the day ``n`` days after `start` (`wcoj_assets.epochs`). Building the definitions
 parses and plans the queries and nothing else: no file, environment variable or Spark session is
@@ -30,7 +31,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dagster import (
@@ -44,14 +46,14 @@ from dagster import (
     in_process_executor,
 )
 
-from wcoj_assets.checks import CheckReporting, check_specs
+from wcoj_assets.checks import PER_PARTITION_LIMIT, CheckReporting, check_specs
 from wcoj_assets.epochs import EPOCH_START, START_ENV, Epochs
 from wcoj_assets.graph import EpochGraph, Role, Translate
 from wcoj_assets.outputs import OUTPUTS_IO_MANAGER, outputs_io_manager
-from wcoj_assets.pipeline import OP_NAME, epochs_asset
-from wcoj_assets.provenance import rebuild_condition, rebuild_sensor
-from wcoj_assets.resources import DEFAULT_LANDING, DEFAULT_STORAGE, wcoj_resource
-from wcoj_assets.sensors import SERIAL_TAG, daily_schedule, landing_sensor
+from wcoj_assets.pipeline import OP_NAME, EpochConfig, EpochRun, epochs_asset
+from wcoj_assets.provenance import REBUILD_SENSOR, rebuild_condition, rebuild_sensor
+from wcoj_assets.resources import DEFAULT_LANDING, DEFAULT_STORAGE, WcojResource, wcoj_resource
+from wcoj_assets.sensors import LANDING_SENSOR, SERIAL_TAG, landing_sensor
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec, Topology
 from wcoj_core.errors import QueryError
 
@@ -62,9 +64,62 @@ SENSOR_ENV = "WCOJ_SENSOR_SECONDS"
 SENSOR_SECONDS = 30
 
 
+@dataclass(frozen=True, slots=True)
+class Names:
+    """The names of what one pipeline defines, derived from its `name`, so that two pipelines
+    (two components) live in one code location side by side; without a name, the default code
+    location's (``wcoj_epoch_job``, ``wcoj_landing_sensor``, the resource ``wcoj``...).
+
+    >>> Names().job, Names().resource, Names("tri").job, Names("tri").outputs
+    ('wcoj_epoch_job', 'wcoj', 'tri_epoch_job', 'tri_outputs')
+    """
+
+    name: str | None = None
+
+    def _of(self, suffix: str, default: str) -> str:
+        return f"{self.name}_{suffix}" if self.name else default
+
+    @property
+    def op(self) -> str:
+        return self._of("epochs", OP_NAME)
+
+    @property
+    def job(self) -> str:
+        return self._of("epoch_job", JOB_NAME)
+
+    @property
+    def landing_sensor(self) -> str:
+        return self._of("landing_sensor", LANDING_SENSOR)
+
+    @property
+    def rebuild_sensor(self) -> str:
+        return self._of("rebuild_sensor", REBUILD_SENSOR)
+
+    @property
+    def resource(self) -> str:
+        return self._of("wcoj", "wcoj")
+
+    @property
+    def outputs(self) -> str:
+        return self._of("outputs", OUTPUTS_IO_MANAGER)
+
+
+# What the step runs for its context and op config: `EpochRun` over the pipeline's resource and
+# graph, unless a component overrides `execute`.
+Execute = Callable[[Any, EpochConfig, WcojResource, EpochGraph], Iterator[Any]]
+
+
+def run_epochs(
+    context: Any, config: EpochConfig, wcoj: WcojResource, graph: EpochGraph
+) -> Iterator[Any]:
+    """The step's body: `EpochRun.run`."""
+    return EpochRun(context, config, wcoj, graph).run()
+
+
 def build_definitions(
     specs: Sequence[QuerySpec] = DEFAULT_SPECS,
     *,
+    name: str | None = None,
     storage: Any = None,
     landing: Any = None,
     spark_master: str = "local[*]",
@@ -76,15 +131,19 @@ def build_definitions(
     sensor_seconds: int = SENSOR_SECONDS,
     check_every: int | None = None,
     check_reporting: str | CheckReporting | None = None,
+    empty_epochs: bool | None = None,
     pyspark: Any = None,
     translate: Translate | None = None,
-    op_name: str = OP_NAME,
+    op_name: str | None = None,
     op_tags: Mapping[str, Any] | None = None,
     pool: str | None = None,
     backfill_policy: BackfillPolicy | None = None,
+    execute: Execute = run_epochs,
 ) -> Definitions:
     """Definitions maintaining every query of `specs` over shared arrangements.
 
+    `name` prefixes the names of the job, sensors, resource and IO manager (`Names`), so that
+    several pipelines share a code location; None gives the default code location's names.
     `storage` and `landing` default to ``.wcoj/state`` and ``.wcoj/landing`` under the working
     directory of the process running a step; either may be a `dagster.EnvVar`. Epoch ``n`` is
     the day ``n`` days after `start` (``YYYY-MM-DD``). A relation's meaning: the binary
@@ -92,32 +151,49 @@ def build_definitions(
     directions, self-loops dropped) and are sets unless named in `bags`; the others are bags
     unless named in `sets` (`wcoj_core.meaning`). The landing and automation sensors tick at
     most every `sensor_seconds`; the binary-join check runs every `check_every` epochs (the
-    resource's default, 30, when None); `check_reporting` (``news``, the default, or ``every``)
-    picks which partitions of a run over a range get a check evaluation of their own
-    (`wcoj_assets.checks.CheckReporting`). `pyspark` is an optional dagster-pyspark
-    `LazyPySparkResource` whose ``spark_config`` supplies Spark settings. `translate` maps each
-    asset's base spec and `wcoj_assets.graph.AssetInfo` to the spec to use (key prefix, group,
-    owners, tags, kinds...); `op_name`, `op_tags`, `pool` and `backfill_policy` set the step's.
+    resource's default, 30, when None); `check_reporting` (``auto``, the default, ``every`` or
+    ``news``) picks which partitions of a run over a range get a check evaluation of their own
+    (`wcoj_assets.checks.CheckReporting`); `empty_epochs` applies an epoch with nothing landed
+    (by default its ``update_triples`` fails, naming the folder). `pyspark` is an optional
+    dagster-pyspark `LazyPySparkResource` whose ``spark_config`` supplies Spark settings.
+    `translate` maps each asset's base spec and `wcoj_assets.graph.AssetInfo` to the spec to use
+    (key prefix, group, owners, tags, kinds...); `op_name`, `op_tags`, `pool` and
+    `backfill_policy` set the step's; `execute` is its body (`run_epochs`).
+
+    The definitions hold what the pipeline owns and nothing of the code location's: no
+    executor (its job runs in process; the default code location, `defs`, runs everything so).
     """
+    names = Names(name)
     undirected, sets, bags = (
         (value,) if isinstance(value, str) else tuple(value) for value in (undirected, sets, bags)
     )
     with warnings.catch_warnings():
-        # Deliberate: backfill policies, partition mappings that allow epoch 0 to have no
-        # predecessor, partitioned asset checks and automation conditions on them are
-        # beta/preview features of Dagster 1.13.
+        # Deliberate: backfill policies, partitioned asset checks and automation conditions on
+        # them are beta/preview features of Dagster 1.13.
         warnings.simplefilter("ignore", BetaWarning)
         warnings.simplefilter("ignore", PreviewWarning)
         topology = Topology.of(specs, undirected, sets, bags)
         graph = EpochGraph.build(
-            topology, Epochs(start), translate, automation=rebuild_condition, checks=check_specs
+            topology,
+            Epochs(start),
+            translate,
+            automation=rebuild_condition,
+            checks=check_specs,
+            io_manager_key=names.outputs,
         )
+        key = names.resource
+
+        def body(context: Any, config: EpochConfig) -> Iterator[Any]:
+            return execute(context, config, getattr(context.resources, key), graph)
+
         assets = epochs_asset(
             graph,
-            name=op_name,
+            body,
+            name=op_name or names.op,
             op_tags=dict(op_tags or {}),
             pool=pool,
             backfill_policy=backfill_policy,
+            resource_key=key,
         )
         resource_values: dict[str, Any] = {
             "master": spark_master,
@@ -129,9 +205,11 @@ def build_definitions(
             resource_values["check_every"] = check_every
         if check_reporting is not None:
             resource_values["check_reporting"] = reporting_of(check_reporting)
+        if empty_epochs is not None:
+            resource_values["empty_epochs"] = empty_epochs
         if pyspark is not None:
             resource_values["pyspark"] = pyspark
-        return assemble(graph, assets, wcoj_resource(**resource_values), sensor_seconds)
+        return assemble(graph, assets, wcoj_resource(**resource_values), sensor_seconds, names)
 
 
 def reporting_of(value: str | CheckReporting) -> CheckReporting:
@@ -142,56 +220,65 @@ def reporting_of(value: str | CheckReporting) -> CheckReporting:
     >>> reporting_of("all")
     Traceback (most recent call last):
       ...
-    wcoj_core.errors.QueryError: check_reporting 'all': give news (failures and recoveries) or every
+    wcoj_core.errors.QueryError: check_reporting 'all': give auto (each partition its own status up to 100 epochs), every or news (failures and recoveries)
     """
     try:
         return CheckReporting(value)
     except ValueError:
         raise QueryError(
-            f"check_reporting {value!r}: give news (failures and recoveries) or every"
+            f"check_reporting {value!r}: give auto (each partition its own status up to "
+            f"{PER_PARTITION_LIMIT} epochs), every or news (failures and recoveries)"
         ) from None
 
 
-def assemble(graph: EpochGraph, assets: Any, resource: Any, sensor_seconds: int) -> Definitions:
-    """The definitions around the step `assets` of `graph`: job, sensors, schedule, resources."""
+def assemble(
+    graph: EpochGraph, assets: Any, resource: Any, sensor_seconds: int, names: Names
+) -> Definitions:
+    """The definitions around the step `assets` of `graph`: job, sensors, resources."""
     job = define_asset_job(
-        JOB_NAME,
+        names.job,
         selection=AssetSelection.assets(assets),
         tags={SERIAL_TAG: "epochs"},
+        executor_def=in_process_executor,
         description="Every asset and check of the epochs of the run (one epoch, or a range), "
         "in one step: one engine pass and one commit per epoch.",
     )
     outputs = list(graph.of_role(Role.OUTPUT))
+    keys = [graph.key(i.name) for i in graph.infos]
     return Definitions(
         assets=[assets],
         jobs=[job],
         sensors=[
             landing_sensor(
+                name=names.landing_sensor,
                 job=job,
-                relations=list(graph.topology.relations),
-                epochs=graph.epochs,
+                graph=graph,
+                resource_key=names.resource,
                 interval=sensor_seconds,
             ),
             rebuild_sensor(
-                [graph.key(i.name) for i in graph.infos],
+                keys,
+                name=names.rebuild_sensor,
                 run_tags={SERIAL_TAG: "epochs"},
                 interval=sensor_seconds,
             ),
         ],
-        schedules=[daily_schedule(job=job)],
         resources={
-            "wcoj": resource,
-            OUTPUTS_IO_MANAGER: outputs_io_manager(graph=graph, outputs=outputs),
+            names.resource: resource,
+            names.outputs: outputs_io_manager(
+                graph=graph, outputs=outputs, resource_key=names.resource
+            ),
         },
-        executor=in_process_executor,
     )
 
 
 @definitions
 def defs() -> Definitions:
-    """The default code location (what ``dagster dev`` and ``dagster job execute`` load)."""
-    return build_definitions(
+    """The default code location (what ``dagster dev`` and ``dagster job execute`` load): the
+    default pipeline, every step in process."""
+    pipeline = build_definitions(
         spark_master=os.environ.get(MASTER_ENV) or "local[*]",
         start=os.environ.get(START_ENV) or EPOCH_START,
         sensor_seconds=int(os.environ.get(SENSOR_ENV) or SENSOR_SECONDS),
     )
+    return Definitions.merge(pipeline, Definitions(executor=in_process_executor))

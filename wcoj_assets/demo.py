@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from wcoj_assets.instance import dagster_env, prepare_home
+from wcoj_assets.instance import automation_on, dagster_env, prepare_home
 
 SENSOR = "wcoj_landing_sensor"
 
@@ -60,7 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(args.root).absolute()
     shutil.rmtree(root, ignore_errors=True)
     landing, storage = root / "landing", root / "state"
-    os.environ["DAGSTER_HOME"] = str(prepare_home(root))
+    home = prepare_home(root)
+    automation_on(home)
+    os.environ["DAGSTER_HOME"] = str(home)
     os.environ.update(dagster_env())  # this process creates and executes the runs
 
     # Imported here: the instance reads DAGSTER_HOME, and Spark starts only when asked.
@@ -120,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         failed += len(checks) - ok
         runs_failed += not result.success
         count = _metadata(result, "triangles", "count")
-        changes = _metadata(result, "edge_deltas", "rows_out")
+        changes = _metadata(result, "edge_deltas", "rows landed")
         print(
             f"epoch {key}: run {'succeeded' if result.success else 'FAILED'}, changes {changes}, "
             f"triangles {count}, checks {ok}/{len(checks)} passed, "

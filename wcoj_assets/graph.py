@@ -10,11 +10,17 @@ One `AssetInfo` per asset, in the order the engine makes them (topological):
 * per query ``Q``: ``Q_rule_<i>`` (each delta rule's output change), ``Q_deltas`` (their sum)
   and ``Q`` (the output as of the epoch).
 
-Lineage: what each asset is made from at the same epoch (identity partition mappings), plus the
-self-dependency on the previous epoch (``TimeWindowPartitionMapping(-1, -1)``) of what is
-accumulated from it: a snapshot, a counts arrangement, an output. A rule reads the arrangements
-the kernel probes for it. (A rule reads some atoms as of the epoch before: implied by those
-self-dependencies, since Dagster 1.13 takes one partition mapping per upstream asset of a step.)
+Lineage: what each asset is made from at the same epoch (identity partition mappings); a rule
+reads the arrangements the kernel probes for it. What is accumulated from the previous epoch — a
+snapshot, a counts arrangement, an output — says so in its description and its ``wcoj/role``
+tag, not as a dependency on its own previous partition: a self-dependency makes Dagster 1.13's
+asset backfills launch a run per asset (it will not put a self-dependent asset in the same run
+as its parents), and the engine applies any epoch in any order correctly anyway (each pass
+replaces its epoch and first derives again what a correction left stale).
+
+Groups: ``inputs`` (each relation's change), ``results`` (each query's change and output: the
+answer, tagged ``wcoj/result``) and ``engine`` (what the engine keeps to answer the next epoch:
+snapshots, indexes, counts, rule outputs).
 
 `EpochGraph.build(topology, epochs, translate)` makes each asset's base `AssetSpec` and passes it
 with its `AssetInfo` through `translate` (the component's ``translation``: key prefix, group,
@@ -36,7 +42,6 @@ from dagster import (
     AutomationCondition,
     TableColumn,
     TableSchema,
-    TimeWindowPartitionMapping,
 )
 
 from wcoj_assets.epochs import Epochs
@@ -61,6 +66,10 @@ from wcoj_core.traces import (
 
 OUTPUTS_IO_MANAGER = "wcoj_outputs"
 KINDS = frozenset({"wcoj"})
+# Tags on every asset: what it is to the engine, and (on a query's output and change) that it is
+# an answer a user reads.
+ROLE_TAG = "wcoj/role"
+RESULT_TAG = "wcoj/result"
 
 
 class Role(Enum):
@@ -89,19 +98,19 @@ class AssetInfo:
     query: str | None = None
     atom: int | None = None
     view: ViewKey | None = None
-    deps: tuple[tuple[str, bool], ...] = ()
+    deps: tuple[str, ...] = ()
     description: str = ""
     columns: tuple[str, ...] = ()
 
     @property
     def accumulated(self) -> bool:
         """Read as of an epoch (its previous epoch plus the change), not as a change."""
-        return any(self_dep for name, self_dep in self.deps if name == self.name)
+        return self.role in (Role.SNAPSHOT, Role.COUNTS, Role.OUTPUT)
 
-
-def previous_epoch() -> TimeWindowPartitionMapping:
-    """The partition before (epoch 0 has none, which is allowed)."""
-    return TimeWindowPartitionMapping(-1, -1, allow_nonexistent_upstream_partitions=True)
+    @property
+    def result(self) -> bool:
+        """One of the answers a user reads: a query's output or its change."""
+        return self.role in (Role.QUERY_CHANGES, Role.OUTPUT)
 
 
 def table_schema(columns: tuple[str, ...], described: dict[str, str] | None = None) -> TableSchema:
@@ -142,18 +151,16 @@ def infos(topology: Topology) -> list[AssetInfo]:
                 "absent one changes nothing and is counted."
             )
         out.append(
-            AssetInfo(
-                changes, Role.CHANGES, "relations", trace, rel, description=text, columns=cols
-            )
+            AssetInfo(changes, Role.CHANGES, "inputs", trace, rel, description=text, columns=cols)
         )
         out.append(
             AssetInfo(
                 snapshot,
                 Role.SNAPSHOT,
-                "relations",
+                "engine",
                 trace,
                 rel,
-                deps=((changes, False), (snapshot, True)),
+                deps=(changes,),
                 description=f"Relation `{rel}` as of the epoch (its previous snapshot plus the "
                 "epoch's change), stored as its batches: the self arrangement, which every rule "
                 "reads through its atoms' views.",
@@ -168,11 +175,11 @@ def infos(topology: Topology) -> list[AssetInfo]:
                 AssetInfo(
                     name,
                     Role.INDEX,
-                    "arrangements",
+                    "engine",
                     trace,
                     rel,
                     view=key,
-                    deps=((snapshot, False),),
+                    deps=(snapshot,),
                     description=f"The index of `{rel}` in column order "
                     f"({', '.join(f'c{o}' for o in order)}): {seen} sorted for the kernel's "
                     "lookups, as memory-mapped segment files (a base and a few recent layers), "
@@ -187,10 +194,10 @@ def infos(topology: Topology) -> list[AssetInfo]:
                 AssetInfo(
                     name,
                     Role.COUNTS,
-                    "arrangements",
+                    "engine",
                     counts_trace_name(a),
                     rel,
-                    deps=((snapshot, False), (name, True)),
+                    deps=(snapshot,),
                     description=f"`{a}`: for each value of ({', '.join(key_cols) or 'no key'}) "
                     f"of `{a.view}`, the number of distinct tuples with a non-zero "
                     "multiplicity, kept as batches and an index. Shared by every rule of every "
@@ -204,16 +211,16 @@ def infos(topology: Topology) -> list[AssetInfo]:
         for i, atom in enumerate(q.atoms):
             name = rule_asset_name(q.name, i)
             rules.append(name)
-            reads = tuple((r, False) for r in topology.rule_reads(q.name, i))
+            reads = tuple(topology.rule_reads(q.name, i))
             out.append(
                 AssetInfo(
                     name,
                     Role.RULE,
-                    q.name,
+                    "engine",
                     rule_trace_name(q.name, i),
                     query=q.name,
                     atom=i,
-                    deps=((deltas_asset_name(atom.relation), False), *reads),
+                    deps=(deltas_asset_name(atom.relation), *reads),
                     description=f"Rule {i} of `{q.name}`: the output change caused by the "
                     f"changes to atom {i} (`{atom}`) at the epoch, joining the atoms before it "
                     "as of the epoch and those after it as of the previous epoch. GenericJoin: "
@@ -226,12 +233,13 @@ def infos(topology: Topology) -> list[AssetInfo]:
             AssetInfo(
                 changes,
                 Role.QUERY_CHANGES,
-                q.name,
+                "results",
                 output_trace_name(q.name),
                 query=q.name,
-                deps=tuple((r, False) for r in rules),
-                description=f"The change of `{q.name}`'s output at the epoch: its delta rules' "
-                "outputs summed and consolidated.",
+                deps=tuple(rules),
+                description=f"**A result**: the change of `{q.name}`'s output at the epoch "
+                "(its delta rules' outputs summed and consolidated): the tuples it gained "
+                "(diff > 0) and lost (diff < 0).",
                 columns=head,
             )
         )
@@ -239,12 +247,12 @@ def infos(topology: Topology) -> list[AssetInfo]:
             AssetInfo(
                 q.name,
                 Role.OUTPUT,
-                q.name,
+                "results",
                 output_trace_name(q.name),
                 query=q.name,
-                deps=((changes, False), (q.name, True)),
-                description=f"The output of `{q}` as of the epoch: the previous output plus "
-                "the epoch's change.",
+                deps=(changes,),
+                description=f"**The result**: the output of `{q}` as of the epoch (the "
+                "previous epoch's output plus the epoch's change).",
                 columns=head,
             )
         )
@@ -264,6 +272,7 @@ class EpochGraph:
     infos: list[AssetInfo]
     specs: dict[str, AssetSpec]
     keys: dict[str, AssetKey]
+    io_manager_key: str = OUTPUTS_IO_MANAGER
     check_specs: list[AssetCheckSpec] = field(default_factory=list)
 
     @staticmethod
@@ -273,6 +282,7 @@ class EpochGraph:
         translate: Translate | None = None,
         automation: Callable[[AssetKey], AutomationCondition] | None = None,
         checks: Callable[[EpochGraph], list[AssetCheckSpec]] | None = None,
+        io_manager_key: str = OUTPUTS_IO_MANAGER,
     ) -> EpochGraph:
         """The graph of `topology`: each base spec through `translate`, dependencies wired to
         the translated keys, `automation` on each query's change (an asset without a
@@ -303,13 +313,14 @@ class EpochGraph:
             keys[info.name] = spec.key
             specs[info.name] = spec
         for info in all_infos:
-            deps = [
-                AssetDep(keys[name], partition_mapping=previous_epoch() if prev else None)
-                for name, prev in info.deps
-            ]
-            spec = specs[info.name].replace_attributes(deps=deps, partitions_def=partitions)
-            if info.role in (Role.OUTPUT, Role.QUERY_CHANGES):
-                spec = spec.with_io_manager_key(OUTPUTS_IO_MANAGER)
+            deps = [AssetDep(keys[name]) for name in info.deps]
+            # Skippable: a run reports what it made (nothing for an epoch whose changes were
+            # refused), and downstream assets of an asset it did not make do not run.
+            spec = specs[info.name].replace_attributes(
+                deps=deps, partitions_def=partitions, skippable=True
+            )
+            if info.result:
+                spec = spec.with_io_manager_key(io_manager_key)
             if (
                 automation is not None
                 and info.role is Role.QUERY_CHANGES
@@ -317,7 +328,7 @@ class EpochGraph:
             ):
                 spec = spec.replace_attributes(automation_condition=automation(spec.key))
             specs[info.name] = spec
-        graph = EpochGraph(topology, epochs, all_infos, specs, keys)
+        graph = EpochGraph(topology, epochs, all_infos, specs, keys, io_manager_key)
         if checks is not None:
             graph.check_specs = checks(graph)
         return graph
@@ -368,12 +379,16 @@ def base_spec(info: AssetInfo, topology: Topology) -> AssetSpec:
         description = f"{info.description}\n\n```\n{text}\n```"
     else:
         description = info.description
+    tags = {ROLE_TAG: info.role.value}
+    if info.result:
+        tags[RESULT_TAG] = "true"
     return AssetSpec(
         key=AssetKey(info.name),
         group_name=info.group,
         kinds=set(KINDS),
         description=description,
         metadata=metadata,
+        tags=tags,
     )
 
 

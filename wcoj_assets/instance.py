@@ -83,8 +83,8 @@ telemetry:
 """
 
 SQLITE_YAML = f"""\
-# The demo's instance: SQLite files in this folder. Under `make ui` (dagster dev runs the daemon)
-# queued runs of epochs run one at a time, oldest first: each epoch builds on the one before.
+# A wcoj instance: SQLite files in this folder, kept. Under `dagster dev` / `dg dev` (which run
+# the daemon) queued runs of epochs run one at a time, oldest first.
 {_SHARED}"""
 
 # The server's settings, appended to its postgresql.conf once: TCP on loopback only, no socket
@@ -123,9 +123,10 @@ def dagster_settings() -> Iterator[None]:
                 os.environ[key] = value
 
 
-def prepare_home(root: Path) -> Path:
-    """Create ``<root>/dagster`` with the SQLite instance's ``dagster.yaml`` (if absent); return it."""
-    home = root / "dagster"
+def prepare_home(root: Path, name: str = "dagster") -> Path:
+    """Create ``<root>/<name>`` with the SQLite instance's ``dagster.yaml`` (if absent); return
+    it."""
+    home = root / name if name else root
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     if not config.exists():
@@ -458,6 +459,40 @@ def _tail(log: Path) -> str:
     return _last_line(log.read_text(errors="replace")) if log.exists() else "(no log)"
 
 
+def init_project(root: Path) -> Path:
+    """Give the project folder `root` an instance that keeps its history and runs epochs one
+    at a time: ``<root>/.dagster/dagster.yaml`` (SQLite in that folder, the ``wcoj/serial``
+    limit, telemetry off) and ``<root>/.env`` naming it ``DAGSTER_HOME`` with `dagster_env`'s
+    settings — ``dagster dev`` and ``dg dev`` read a ``.env`` of the folder they run in. An
+    existing ``.env`` keeps its other lines. Returns the home."""
+    root = root.absolute()
+    home = prepare_home(root / ".dagster", name="")
+    env = root / ".env"
+    wanted = {"DAGSTER_HOME": str(home), **dagster_env()}
+    kept = []
+    if env.exists():
+        kept = [
+            line
+            for line in env.read_text().splitlines()
+            if line.split("=", 1)[0].strip() not in wanted
+        ]
+    env.write_text("\n".join([*kept, *(f"{k}={v}" for k, v in wanted.items())]) + "\n")
+    automation_on(home)
+    return home
+
+
+def automation_on(home: Path) -> None:
+    """Record in the instance at `home` that automation is on, so that the UI's job and asset
+    pages say "Auto-materialize on". Dagster 1.13 runs automation condition sensors whatever
+    this legacy flag says (the pipeline's automation sensor runs by default), but the UI reads
+    it, and an instance without it says "off"."""
+    from dagster import DagsterInstance
+    from dagster._daemon.asset_daemon import set_auto_materialize_paused
+
+    with DagsterInstance.from_config(str(home)) as instance:
+        set_auto_materialize_paused(instance, False)
+
+
 # -- the command line ---------------------------------------------------------------------------
 
 
@@ -467,6 +502,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("env", help="print the Dagster settings as KEY=VALUE lines (for env)")
+    init = commands.add_parser(
+        "init",
+        help="give a project folder an instance that keeps history and runs epochs one at a "
+        "time (.dagster/dagster.yaml, and DAGSTER_HOME in .env)",
+    )
+    init.add_argument("folder", nargs="?", default=".", help="the project folder (default: .)")
     pg = commands.add_parser("postgres", help="the production instance's Postgres server")
     pg.add_argument("action", choices=["up", "status", "down"])
     pg.add_argument("--dir", default=DEFAULT_POSTGRES_DIR, help="the server's folder")
@@ -476,6 +517,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "env":
         for key, value in dagster_env().items():
             print(f"{key}={value}")
+        return 0
+    if args.command == "init":
+        home = init_project(Path(args.folder))
+        print(f"instance: {home / 'dagster.yaml'}; DAGSTER_HOME set in {home.parent / '.env'}")
         return 0
     folder = Path(args.dir)
     try:

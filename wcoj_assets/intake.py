@@ -134,6 +134,7 @@ class Read:
     bytes: int
     ignored: tuple[str, ...]
     count: int | None
+    paths: tuple[LandedFile, ...] = ()
 
 
 def read_epoch(
@@ -163,7 +164,7 @@ def read_epoch(
         from wcoj_core.local_read import read_local
 
         table = pa.concat_tables([read_local(f.path, arity, relation) for f in files])
-        return Read(table, len(files), size, found.ignored, table.num_rows)
+        return Read(table, len(files), size, found.ignored, table.num_rows, files)
     from wcoj_core.sources import read_relation
 
     remote = any("://" in f.path and not f.path.startswith("file://") for f in files)
@@ -173,4 +174,110 @@ def read_epoch(
     total = frames[0]
     for frame in frames[1:]:
         total = total.unionByName(frame)
-    return Read(total, len(files), size, found.ignored, None)
+    return Read(total, len(files), size, found.ignored, None, files)
+
+
+def bad_rows(path: str, arity: int, relation: str, limit: int) -> list[str]:
+    """Every problem (up to `limit`) of a landed text or CSV file, one line each with the file,
+    line and column, as the reader names the first: what a user fixes in one go. Empty for a
+    Parquet file or a file the line rules do not object to (then the reader's one message
+    stands).
+
+    >>> import pathlib, tempfile
+    >>> f = pathlib.Path(tempfile.mkdtemp()) / "changes.csv"
+    >>> _ = f.write_text("src,dst,diff\\n1,2,1\\n1,x,1\\n3,4,0\\n")
+    >>> for line in bad_rows(str(f), 2, "edge", 10): print(line.split("changes.csv")[1])
+     (relation edge), line 3, column 2: value in column 'dst' is not an integer: 'x'
+     (relation edge), line 4, column 3: value in column 'diff' is zero; a diff must be a non-zero multiplicity
+    """
+    import gzip
+
+    from wcoj_core.errors import InputError
+    from wcoj_core.local_read import (
+        Format,
+        blank_csv_line,
+        check_csv_line,
+        check_text_line,
+        csv_header,
+        detect_format,
+        local_path,
+        source_name,
+    )
+
+    local = local_path(path)
+    kind = detect_format(path)
+    if local is None or kind not in (Format.TEXT, Format.CSV):
+        return []
+    source = source_name(path, relation)
+    opener: Any = gzip.open if local.endswith(".gz") else open
+    found: list[str] = []
+    header: tuple[list[str], list[Any]] | None = None
+    try:
+        with opener(local, "rt", encoding="utf-8", errors="replace", newline="") as handle:
+            for number, raw in enumerate(handle, 1):
+                line = raw.rstrip("\n").rstrip("\r")
+                if kind is Format.TEXT:
+                    problem = check_text_line(line, arity)
+                elif blank_csv_line(line):
+                    continue
+                elif header is None:
+                    header = csv_header(line, arity, source, False)
+                    continue
+                else:
+                    problem = check_csv_line(line, *header)
+                if problem is not None:
+                    found.append(str(InputError(problem[0], source, number, problem[1])))
+                    if len(found) >= limit:
+                        break
+    except (InputError, OSError, EOFError):
+        return found
+    return found
+
+
+def landed_columns(path: str) -> tuple[str, ...]:
+    """The data columns as a landed CSV or Parquet file names them (before ``diff``); none for a
+    SNAP edge list or what cannot be read cheaply."""
+    import csv
+    import gzip
+
+    try:
+        if path.lower().endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            names = pq.read_schema(path).names if not UPath(path).is_dir() else []
+        elif path.lower().endswith((".csv", ".csv.gz")):
+            opener: Any = gzip.open if path.endswith(".gz") else open
+            with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as handle:
+                first = next((line for line in handle if line.strip()), "")
+            names = next(csv.reader([first])) if first else []
+        else:
+            return ()
+    except Exception:
+        return ()
+    return tuple(n.strip() for n in names if n.strip().lower() not in ("diff", "time"))
+
+
+def first_landed_day(landing: str, relations: Sequence[str]) -> str | None:
+    """The oldest epoch folder's day under ``<landing>/<relation>/`` of any of `relations`
+    (None when nothing has landed): where epochs start when no first day is given.
+
+    >>> import pathlib, tempfile
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> for day in ("2024-03-02", "2024-03-01", "notes"): (root / "edge" / day).mkdir(parents=True)
+    >>> first_landed_day(str(root), ["edge"]), first_landed_day(str(root), ["other"])
+    ('2024-03-01', None)
+    """
+    days = [d for rel in relations for d in epoch_folders(landing, rel, Epochs("1900-01-01"))[0]]
+    return min(days) if days else None
+
+
+def landed_epochs(landing: str, relations: Sequence[str]) -> Epochs:
+    """The epochs of a pipeline whose first day is not given: from the oldest epoch folder
+    landed (`first_landed_day`), or from today (UTC) when none has; a relative `landing` is
+    relative to the working directory."""
+    import datetime as dt
+
+    from wcoj_assets.resources import resolve
+
+    day = first_landed_day(resolve(landing), relations)
+    return Epochs(day or dt.datetime.now(dt.UTC).date().isoformat())

@@ -1,28 +1,32 @@
-"""What the pipeline maintains, as Spark DataFrames for code of your own.
+"""What the pipeline maintains, for code of your own: Arrow, pandas, polars or Spark, by annotation.
 
 The step stores its data itself (the state directory, never through an IO manager), so a
 downstream asset reads a query's output through `outputs_io_manager`, the IO manager of ``<q>``
-and ``<q>_deltas``, registered as the resource ``wcoj_outputs``. An asset of your own that takes
-one of them as a parameter receives a DataFrame whose columns are the query's head variables,
-then ``diff`` (the signed multiplicity; for an output, how many times the tuple is in it)::
+and ``<q>_deltas`` (registered as ``wcoj_outputs``, or ``<name>_outputs`` for a named pipeline).
+An asset of your own that takes one of them as a parameter receives the query's head variables
+as columns, then ``diff`` (the signed multiplicity; for an output, how many times the tuple is
+in it), in the type its annotation names, as dagster-duckdb's and dagster-deltalake's IO
+managers do::
 
-    @asset(partitions_def=Epochs("2024-03-01").partitions())   # the same epochs
-    def top_triangles(triangles: DataFrame) -> ...:            # columns a, b, c, diff
+    @asset(partitions_def=..., automation_condition=follows_epochs())   # the same epochs
+    def top_vertices(triangles_deltas: pa.Table) -> ...:                 # a, b, c, diff
         ...
 
-* ``<q>`` gives the output as of the epoch; ``<q>_deltas`` its change at the epoch.
-* A downstream asset without partitions (or one reading several epochs) gets ``<q>`` as of the
-  last epoch it reads; the change is given one epoch at a time only, and asking for several is
-  an error that says so.
+* ``pyarrow.Table`` (also an unannotated parameter), pandas ``DataFrame`` or polars
+  ``DataFrame``: read with pyarrow from the files the state's manifest lists — no JVM starts;
+* a Spark ``DataFrame`` (``pyspark.sql.DataFrame``): read lazily by Spark, which the resource
+  starts saying why (``starting Spark ...: <asset> reads <input> as a Spark DataFrame``).
 
-`read_output` does the same from Python, given an `wcoj_core.engine.Engine` (for instance
-``WcojResource(...).engine(topology)``). Either reads the state lazily: nothing is computed until
-the DataFrame is used; Spark starts (through the resource, saying why) when it is read.
+``<q>`` gives the output as of the epoch; ``<q>_deltas`` its change at the epoch. A downstream
+asset without partitions (or one reading several epochs) gets ``<q>`` as of the last epoch it
+reads; the change is given one epoch at a time only, and asking for several is an error that
+says so. `read_output` does the same from Python, given an `wcoj_core.engine.Engine`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from dagster import Failure, InputContext, IOManager, OutputContext, io_manager
@@ -31,29 +35,67 @@ from wcoj_assets.graph import OUTPUTS_IO_MANAGER, AssetInfo, EpochGraph, Role
 from wcoj_assets.specs import head_columns
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-
     from wcoj_core.engine import Engine
     from wcoj_core.query.ir import Query
 
-__all__ = ["OUTPUTS_IO_MANAGER", "outputs_io_manager", "read_output"]
+__all__ = ["OUTPUTS_IO_MANAGER", "Form", "outputs_io_manager", "read_output"]
 
 
-def read_output(engine: Engine, query: Query, epoch: int, *, change: bool = False) -> DataFrame:
+class Form(Enum):
+    """What a reader asks for."""
+
+    ARROW = "pyarrow.Table"
+    PANDAS = "pandas.DataFrame"
+    POLARS = "polars.DataFrame"
+    SPARK = "pyspark.sql.DataFrame"
+
+    @staticmethod
+    def of(annotation: Any) -> Form:
+        """The form an input's annotation names (Arrow when it names none).
+
+        >>> import pyarrow as pa, pandas as pd
+        >>> Form.of(pa.Table), Form.of(pd.DataFrame), Form.of(None)
+        (<Form.ARROW: 'pyarrow.Table'>, <Form.PANDAS: 'pandas.DataFrame'>, <Form.ARROW: 'pyarrow.Table'>)
+        """
+        module = getattr(annotation, "__module__", "") or ""
+        name = getattr(annotation, "__name__", "") or ""
+        if name == "DataFrame" and module.startswith("pyspark"):
+            return Form.SPARK
+        if name == "DataFrame" and module.startswith("pandas"):
+            return Form.PANDAS
+        if name == "DataFrame" and module.startswith("polars"):
+            return Form.POLARS
+        return Form.ARROW
+
+
+def read_output(
+    engine: Engine, query: Query, epoch: int, *, change: bool = False, form: Form = Form.SPARK
+) -> Any:
     """`query`'s output as of `epoch` (or with `change`, its change at `epoch`), with the
-    query's head variables as column names, then ``diff``."""
-    from pyspark.sql import functions as F
-
-    from wcoj_core.reading import changes_at
+    query's head variables as column names, then ``diff``, in `form`."""
     from wcoj_core.traces import DIFF, output_trace_name, relation_columns
 
     stored = relation_columns(len(query.head))
-    if change:
-        df = changes_at(engine, output_trace_name(query.name), epoch)
-    else:
-        df = engine.output(query.name, epoch)
     names = head_columns(query)
-    return df.select(*[F.col(c).alias(n) for c, n in zip(stored, names, strict=True)], DIFF)
+    trace = output_trace_name(query.name)
+    if form is Form.SPARK:
+        from pyspark.sql import functions as F
+
+        from wcoj_core.reading import changes_at
+
+        df = changes_at(engine, trace, epoch) if change else engine.output(query.name, epoch)
+        return df.select(*[F.col(c).alias(n) for c, n in zip(stored, names, strict=True)], DIFF)
+    from wcoj_core.reading import change_table, read_table
+
+    table = change_table(engine, trace, epoch) if change else read_table(engine, trace, epoch)
+    table = table.rename_columns([*names, DIFF])
+    if form is Form.PANDAS:
+        return table.to_pandas()
+    if form is Form.POLARS:
+        import polars as pl
+
+        return pl.from_arrow(table)
+    return table
 
 
 class _Outputs(IOManager):
@@ -71,7 +113,7 @@ class _Outputs(IOManager):
     def handle_output(self, context: OutputContext, obj: object) -> None:
         """Nothing to store: the step wrote its batches to the state itself."""
 
-    def load_input(self, context: InputContext) -> DataFrame:
+    def load_input(self, context: InputContext) -> Any:
         info = self._assets[context.asset_key]
         asset = context.asset_key.to_user_string()
         query = self._graph.topology.query(info.query or "")
@@ -87,20 +129,30 @@ class _Outputs(IOManager):
             )
         epochs = self._graph.epochs
         last = max(keys, key=epochs.number)
+        form = Form.of(getattr(context.dagster_type, "typing_type", None))
+        if form is Form.SPARK:
+            reader = context.upstream_output.asset_key if context.upstream_output else None
+            who = context.asset_key.to_user_string() if reader is None else asset
+            self._wcoj.starter().log = context.log.info
+            self._wcoj.spark(f"an asset reads {who} at {last} as a Spark DataFrame")
         engine = self._wcoj.engine(self._graph.topology, create=False)
-        return read_output(engine, query, epochs.number(last), change=change)
+        return read_output(engine, query, epochs.number(last), change=change, form=form)
 
 
-def outputs_io_manager(*, graph: EpochGraph, outputs: Sequence[AssetInfo]) -> Any:
-    """The IO manager of the query assets `outputs` of `graph` (needs resource ``wcoj``)."""
+def outputs_io_manager(
+    *, graph: EpochGraph, outputs: Sequence[AssetInfo], resource_key: str = "wcoj"
+) -> Any:
+    """The IO manager of the query assets `outputs` of `graph` (needs the resource
+    `resource_key`)."""
 
     @io_manager(
-        required_resource_keys={"wcoj"},
+        required_resource_keys={resource_key},
         description="Gives a query's output as of an epoch (`<q>`), or its change at an epoch "
-        "(`<q>_deltas`), to downstream assets as a Spark DataFrame with the query's head "
-        "variables as columns, then diff.",
+        "(`<q>_deltas`), to downstream assets with the query's head variables as columns, then "
+        "diff: a pyarrow Table, pandas or polars DataFrame (no JVM) or a Spark DataFrame, as "
+        "the input's annotation says.",
     )
     def wcoj_outputs(init_context: Any) -> _Outputs:
-        return _Outputs(init_context.resources.wcoj, graph, outputs)
+        return _Outputs(getattr(init_context.resources, resource_key), graph, outputs)
 
     return wcoj_outputs

@@ -1,25 +1,36 @@
 """The one step: every asset of the code location, made by one engine pass per epoch.
 
 `epochs_asset(graph, ...)` is ONE partitioned ``@multi_asset`` holding every asset spec and
-check spec of the graph (`wcoj_assets.graph`, `wcoj_assets.checks`). It cannot be subset (the
-engine advances every arrangement of an epoch together) and its backfill policy is a single run,
-so a backfill of any range of epochs is one run and one step. For the run's epochs, oldest
-first, the step:
+check spec of the graph (`wcoj_assets.graph`, `wcoj_assets.checks`), with a single-run backfill
+policy, so a backfill of any range of epochs is one run and one step. It can be subset, as
+dagster-dbt's and dagster-sling's steps can, so that Dagster 1.13 launches a backfill of any
+selection from the asset graph (its check that every key of a step that cannot be subset
+targets the same partitions compares subsets by a lazily counted field and refuses equal ones),
+but the engine advances every arrangement of an epoch together: whatever the selection, the step
+applies whole epochs and reports every asset it made (those not selected as
+``AssetMaterialization`` events). For the run's epochs, oldest first, the step:
 
 1. **reads** each relation's landing folder (`wcoj_assets.intake`: pyarrow for local files,
-   Spark only for remote or very large ones) and checks every landed row with pandera
-   (``update_triples``); any failure fails the step before anything is applied, reported per
-   relation;
-2. **applies** each epoch with ``Engine.apply(t, changes, replace=True)``: one pass and one
-   manifest commit per epoch, replacing what the epoch held (a re-run, a correction); stale
-   epochs before it are derived again first, and reported materialized too;
-3. **reports** every asset's materialization for every epoch with its own figures
+   Spark only for remote or very large ones) and checks every landed row (the reader, then
+   pandera). An epoch whose files hold bad rows — or with nothing landed, unless the resource
+   declares empty epochs normal — fails ``update_triples`` for that epoch, listing every bad
+   row (up to `wcoj_assets.checks.BAD_ROWS`) with file, line and column, and neither it nor the
+   epochs after it in the run are applied; the run itself ends without an error (a data
+   problem, not a failure of the step: no stack trace, no other check failed);
+2. **applies** each epoch before it with ``Engine.apply(t, changes, replace=True)``: one pass
+   and one manifest commit per epoch, replacing what the epoch held (a re-run, a correction);
+   stale epochs before it are derived again first, and reported materialized too;
+3. **reports** every asset's materialization for every applied epoch with its own figures
    (`wcoj_assets.report`, through ``context.add_asset_metadata(partition_key=)``), then one
-   ``MaterializeResult`` per asset in topological order, then the checks
+   ``MaterializeResult`` per selected asset in topological order, then the checks
    (`wcoj_assets.checks.report`).
 
-A failure in the middle of a range keeps what was committed: those epochs are reported
-materialized (``AssetMaterialization(partition=)``) and the step fails, naming the epoch.
+A failure of the engine in the middle of a range keeps what was committed: those epochs are
+reported materialized (``AssetMaterialization(partition=)``) and the step fails, naming the
+epoch.
+
+`EpochRun.run` is what `wcoj_assets.component.WcojComponent.execute` calls: a subclass of the
+component may wrap it.
 """
 
 import time as clock
@@ -43,6 +54,7 @@ from wcoj_assets import checks as ck
 from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
+from wcoj_assets.intake import landed_files
 from wcoj_assets.report import LandedFigures, epoch_metadata
 from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
@@ -71,14 +83,18 @@ def epochs_of(context: Any, epochs: Epochs) -> list[tuple[str, int]]:
 
 def epochs_asset(
     graph: EpochGraph,
+    execute: Any,
     *,
     name: str = OP_NAME,
     op_tags: dict[str, Any] | None = None,
     pool: str | None = None,
     description: str | None = None,
     backfill_policy: BackfillPolicy | None = None,
+    resource_key: str = "wcoj",
 ) -> Any:
-    """The step making every asset of `graph` (see the module)."""
+    """The step making every asset of `graph` (see the module): its body is
+    ``execute(context, config)``, an iterator of Dagster events (`EpochRun.run`), with the
+    resource `resource_key` available."""
 
     @multi_asset(
         name=name,
@@ -86,17 +102,16 @@ def epochs_asset(
         check_specs=graph.check_specs,
         partitions_def=graph.epochs.partitions(),
         backfill_policy=backfill_policy or BackfillPolicy.single_run(),
-        can_subset=False,
+        can_subset=True,
         op_tags=op_tags,
         pool=pool,
+        required_resource_keys={resource_key},
         description=description
         or "Applies each epoch of the run, oldest first, in one engine pass and one commit per "
         "epoch, and reports every asset and check of every epoch.",
     )
-    def _epochs(
-        context: AssetExecutionContext, config: EpochConfig, wcoj: WcojResource
-    ) -> Iterator[Any]:
-        yield from EpochRun(context, config, wcoj, graph).run()
+    def _epochs(context: AssetExecutionContext, config: EpochConfig) -> Iterator[Any]:
+        yield from execute(context, config)
 
     return _epochs
 
@@ -114,6 +129,7 @@ class EpochRun:
         self.context, self.config, self.wcoj, self.graph = context, config, wcoj, graph
         self.book = ck.CheckBook()
         self.metadata: dict[str, dict[str, dict[str, Any]]] = {}  # partition -> asset -> entries
+        self.selected = set(context.selected_asset_keys)
         # One log line per epoch, written at the end as ONE event: an event per epoch would be a
         # write per epoch to the event log (the materializations carry the same figures).
         self.lines: list[str] = []
@@ -124,45 +140,54 @@ class EpochRun:
         starter = self.wcoj.starter()
         starter.log = context.log.info
         pairs = epochs_of(context, graph.epochs)
-        changes, landed = yield from self._read(pairs)
-        engine = self.wcoj.engine(graph.topology)
+        changes, landed, refused = self._read(pairs)
+        applied = [(k, t) for k, t in pairs if refused is None or t < refused[1]]
         done: list[tuple[str, int]] = []
-        for key, t in pairs:
-            try:
-                result = engine.apply(t, changes[t], replace=True)
-            except Exception as e:
-                if self.lines:
-                    context.log.info("\n".join(self.lines))
-                yield from self._committed(done)
-                what = str(e) if isinstance(e, WcojError) else f"{type(e).__name__}: {e}"
-                raise Failure(
-                    description=f"epoch {t} ({key}) was not applied: {what}"
-                    + (f"; epochs {done[0][0]}..{done[-1][0]} were committed" if done else ""),
-                    allow_retries=False,
-                ) from e
-            for rebuilt in result.rebuilt:
-                yield from self._rebuilt(engine, rebuilt)
-            self._epoch(engine, key, result, landed.get(t))
-            done.append((key, t))
-        self._later(engine, pairs)
-        if self.lines:
-            context.log.info("\n".join(self.lines))
-        for key, _t in pairs:
-            for name, entries in self.metadata[key].items():
-                context.add_asset_metadata(entries, asset_key=graph.key(name), partition_key=key)
-        summary = {} if len(pairs) == 1 else {"epochs": f"{pairs[0][1]}..{pairs[-1][1]}"}
-        for info in graph.infos:
-            yield MaterializeResult(asset_key=graph.key(info.name), metadata=summary)
-        self._binary_joins(engine, pairs)
+        if applied:
+            engine = self.wcoj.engine(graph.topology)
+            for key, t in applied:
+                try:
+                    result = engine.apply(t, changes[t], replace=True)
+                except Exception as e:
+                    if self.lines:
+                        context.log.info("\n".join(self.lines))
+                    yield from self._materialized(done)
+                    what = str(e) if isinstance(e, WcojError) else f"{type(e).__name__}: {e}"
+                    raise Failure(
+                        description=f"epoch {t} ({key}) was not applied: {what}"
+                        + (f"; epochs {done[0][0]}..{done[-1][0]} were committed" if done else ""),
+                        allow_retries=False,
+                    ) from e
+                for rebuilt in result.rebuilt:
+                    yield from self._rebuilt(engine, rebuilt)
+                self._epoch(engine, key, result, landed.get(t))
+                done.append((key, t))
+            self._later(engine, applied)
+            if self.lines:
+                context.log.info("\n".join(self.lines))
+            yield from self._reported(done, whole=len(done) == len(pairs))
+            self._binary_joins(engine, applied)
+        if refused is not None:
+            key, t = refused
+            later = [k for k, n in pairs if n > t]
+            context.log.error(
+                f"epoch {t} ({key}): its changes were refused (see the check "
+                f"{ck.UPDATE_TRIPLES}); nothing of it"
+                + (f" or of the later epochs of the run ({', '.join(later)})" if later else "")
+                + " was applied. Fix or replace the files: the landing sensor runs the epoch again."
+            )
         yield from ck.report(
             context, graph.check_specs, self.book, [k for k, _ in pairs], self.wcoj.check_reporting
         )
 
     # -- reading -------------------------------------------------------------------------------
-    def _read(self, pairs: Sequence[tuple[str, int]]) -> Iterator[Any]:
-        """Every relation's landed rows at every epoch, checked; on any problem, the
-        ``update_triples`` results and a failed step (nothing applied)."""
-        from wcoj_assets.intake import read_epoch
+    def _read(
+        self, pairs: Sequence[tuple[str, int]]
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, LandedFigures]], Any]:
+        """Every relation's landed rows at every epoch up to the first refused one, checked;
+        each relation's ``update_triples`` outcome at each epoch read; the first refused epoch
+        as ``(key, t)`` (None when none was)."""
+        from wcoj_assets.intake import bad_rows, fingerprint, landed_columns, read_epoch
         from wcoj_assets.schemas import landed_problems
         from wcoj_core.traces import relation_columns
 
@@ -170,56 +195,68 @@ class EpochRun:
         starter = self.wcoj.starter()
         changes: dict[int, dict[str, Any]] = {t: {} for _, t in pairs}
         landed: dict[int, dict[str, LandedFigures]] = {t: {} for _, t in pairs}
-        errors: dict[str, dict[str, list[str]]] = {rel: {} for rel in graph.topology.relations}
         for key, t in pairs:
+            problems: dict[str, list[str]] = {}
+            found: dict[str, Any] = {}
             for rel, arity in graph.topology.relations.items():
                 start = clock.perf_counter()
                 try:
                     read = read_epoch(landing, rel, arity, key, starter)
                 except InputError as e:
-                    errors[rel][key] = [f"epoch {t} ({key}): {e}"]
-                    continue
-                found = (
-                    []
-                    if read.rows is None
-                    else landed_problems(read.rows, relation_columns(arity), t)
-                )
-                if found:
-                    errors[rel][key] = [f"epoch {t} ({key}): {p}" for p in found]
+                    files = [f.path for f in landed_files(landing, rel, key).files]
+                    rows = [r for f in files for r in bad_rows(f, arity, rel, ck.BAD_ROWS)]
+                    problems[rel] = rows[: ck.BAD_ROWS] or [str(e)]
                     continue
                 if read.rows is not None:
+                    bad = landed_problems(read.rows, relation_columns(arity), t)
+                    if bad:
+                        problems[rel] = bad
+                        continue
                     changes[t][rel] = read.rows
+                found[rel] = read
+                names = next((landed_columns(f.path) for f in read.paths), ())
                 landed[t][rel] = LandedFigures(
-                    read.files, read.bytes, read.count, read.ignored, clock.perf_counter() - start
+                    tuple(f.name for f in read.paths),
+                    read.bytes,
+                    read.count,
+                    read.ignored,
+                    clock.perf_counter() - start,
+                    fingerprint(read.paths) if read.paths else "",
+                    names if len(names) == arity else (),
                 )
-        for info in graph.of_role(Role.CHANGES):
-            check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
-            for key, _t in pairs:
-                problems = errors[info.relation or ""].get(key, [])
-                self.book.add(
-                    check,
-                    key,
-                    ck.Outcome(
-                        not problems,
-                        {"depth": "schema and data", "errors": problems[: ck.EXAMPLES]},
-                        "; ".join(problems[:3]) or None,
-                    ),
+            if (
+                not problems
+                and not any(r.paths for r in found.values())
+                and not self.wcoj.empty_epochs
+            ):
+                problems = {
+                    rel: [
+                        f"nothing landed in {landing}/{rel}/{key}/: no epoch is applied "
+                        "without changes unless empty epochs are declared normal "
+                        "(empty_epochs: true)"
+                    ]
+                    for rel in graph.topology.relations
+                }
+            for info in graph.of_role(Role.CHANGES):
+                rel = info.relation or ""
+                check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
+                lines = [f"epoch {t} ({key}): {line}" for line in problems.get(rel, [])]
+                metadata: dict[str, Any] = {
+                    "epoch": t,
+                    "depth": "schema and data",
+                    "problems found": len(lines),
+                }
+                if lines:
+                    metadata["errors"] = MetadataValue.json(lines[: ck.BAD_ROWS])
+                summary = (
+                    f"{len(lines)} problem(s), nothing applied: " + "; ".join(lines[:3])
+                    if lines
+                    else None
                 )
-        bad = {rel: [e for es in by_key.values() for e in es] for rel, by_key in errors.items()}
-        bad = {rel: es for rel, es in bad.items() if es}
-        if bad:
-            # Only the update_triples results: nothing else was done.
-            specs = [s for s in graph.check_specs if s.name == ck.UPDATE_TRIPLES]
-            yield from ck.report(
-                self.context, specs, self.book, [k for k, _ in pairs], self.wcoj.check_reporting
-            )
-            raise Failure(
-                description="bad changes, nothing applied: "
-                + "; ".join(f"{rel}: {es[0]}" for rel, es in bad.items()),
-                metadata={rel: MetadataValue.json(es[: ck.EXAMPLES]) for rel, es in bad.items()},
-                allow_retries=False,
-            )
-        return changes, landed
+                self.book.add(check, key, ck.Outcome(not lines, metadata, summary))
+            if problems:
+                return changes, landed, (key, t)
+        return changes, landed, None
 
     # -- after each epoch ----------------------------------------------------------------------
     def _epoch(self, engine: Any, key: str, result: Any, landed: Any) -> None:
@@ -267,15 +304,38 @@ class EpochRun:
                 asset_key=self.graph.key(info.name), partition=key, metadata=metadata[info.name]
             )
 
-    def _committed(self, done: Sequence[tuple[str, int]]) -> Iterator[AssetMaterialization]:
-        """After a failure: the epochs already committed, reported materialized."""
+    def _materialized(
+        self, done: Sequence[tuple[str, int]], names: Sequence[str] | None = None
+    ) -> Iterator[AssetMaterialization]:
+        """The epochs `done` reported materialized, one event per asset (of `names`, default
+        all) and epoch."""
+        wanted = set(names) if names is not None else None
         for key, _t in done:
             for info in self.graph.infos:
-                yield AssetMaterialization(
-                    asset_key=self.graph.key(info.name),
-                    partition=key,
-                    metadata=self.metadata[key][info.name],
-                )
+                if wanted is None or info.name in wanted:
+                    yield AssetMaterialization(
+                        asset_key=self.graph.key(info.name),
+                        partition=key,
+                        metadata=self.metadata[key][info.name],
+                    )
+
+    def _reported(self, done: Sequence[tuple[str, int]], whole: bool) -> Iterator[Any]:
+        """Every applied epoch's materializations: for the selected assets of a run that applied
+        its whole range, each epoch's figures added to one `MaterializeResult` per asset (Dagster
+        writes them in batches); every other one as an event of its own."""
+        context, graph = self.context, self.graph
+        chosen = [i.name for i in graph.infos if graph.key(i.name) in self.selected]
+        others = [i.name for i in graph.infos if i.name not in chosen]
+        if not whole:
+            yield from self._materialized(done)
+            return
+        for key, _t in done:
+            for name in chosen:
+                entries = self.metadata[key][name]
+                context.add_asset_metadata(entries, asset_key=graph.key(name), partition_key=key)
+        for name in chosen:
+            yield MaterializeResult(asset_key=graph.key(name))
+        yield from self._materialized(done, others)
 
     # -- after the range -------------------------------------------------------------------------
     def _later(self, engine: Any, pairs: Sequence[tuple[str, int]]) -> None:
@@ -290,8 +350,8 @@ class EpochRun:
         corrected = ", ".join(k for k, _ in pairs)
         for info in graph.of_role(Role.CHANGES):
             self.metadata[last_key][info.name] |= {
-                "stale_later_epochs": len(later),
-                "backfill_from": first,
+                "stale later epochs": len(later),
+                "backfill from": first,
             }
         for info in graph.of_role(Role.QUERY_CHANGES):
             check = AssetCheckKey(graph.key(info.name), ck.CURRENT)
@@ -299,8 +359,8 @@ class EpochRun:
                 self.book.add(check, graph.epochs.key(e), provenance.stale(e, corrected, first))
         self.context.log.warning(
             f"epochs {later[0]}..{later[-1]} were derived before {corrected} changed: they fail "
-            f"`{ck.CURRENT}` until rebuilt (the sensor {provenance.REBUILD_SENSOR} does it, or a "
-            f"backfill from {first})"
+            f"`{ck.CURRENT}` until rebuilt (the automation sensor does it, or a backfill from "
+            f"{first})"
         )
 
     def _binary_joins(self, engine: Any, pairs: Sequence[tuple[str, int]]) -> None:

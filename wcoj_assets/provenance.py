@@ -57,20 +57,41 @@ def rebuild_condition(asset: AssetKey) -> AutomationCondition:
     ).with_label("rebuild what a correction left stale")
 
 
-def rebuild_sensor(assets: Sequence[AssetKey], run_tags: dict[str, str], interval: int = 30) -> Any:
-    """The automation sensor evaluating `rebuild_condition` on `assets` at most every `interval`
-    seconds: running by default, each tick's requests as one asset backfill whose runs carry
-    `run_tags`."""
+def rebuild_sensor(
+    assets: Sequence[AssetKey],
+    run_tags: dict[str, str],
+    interval: int = 30,
+    name: str = REBUILD_SENSOR,
+) -> Any:
+    """The automation sensor evaluating the automation conditions of `assets` and of the assets
+    downstream of them (yours: `follows_epochs`) at most every `interval` seconds: running by
+    default, each tick's requests as one asset backfill whose runs carry `run_tags`."""
     return AutomationConditionSensorDefinition(
-        REBUILD_SENSOR,
-        target=AssetSelection.assets(*assets),
+        name,
+        target=AssetSelection.assets(*assets).downstream(),
         default_status=DefaultSensorStatus.RUNNING,
         emit_backfills=True,
         run_tags=run_tags,
         minimum_interval_seconds=interval,
         description="Rebuilds the partitions a corrected epoch left stale (their "
-        f"`{CURRENT}` check failed), in one asset backfill.",
+        f"`{CURRENT}` check failed), in one asset backfill, and runs the automation of the "
+        "assets downstream of the pipeline's (each epoch of yours once its input is made).",
     )
+
+
+def follows_epochs() -> AutomationCondition:
+    """The automation condition for an asset of yours reading a query's output per epoch: each
+    partition is requested once the partitions it reads are materialized (again), whatever its
+    age — Dagster's `eager` without its restriction to the latest day — and never while it or
+    what it reads is being made. The pipeline's automation sensor evaluates it."""
+    return (
+        (AutomationCondition.newly_missing() | AutomationCondition.any_deps_updated())
+        .since_last_handled()
+        .with_label("an epoch it reads was made")
+        & ~AutomationCondition.any_deps_missing()
+        & ~AutomationCondition.any_deps_in_progress()
+        & ~AutomationCondition.in_progress()
+    ).with_label("follows the wcoj epochs")
 
 
 def current(epoch: int, rebuilt: bool = False) -> Outcome:

@@ -2,21 +2,25 @@
 
 One engine pass makes every asset of an epoch; `epoch_metadata` turns its `EpochResult` (and,
 for a relation's changes, what was read from the landing folder) into each asset's metadata for
-that epoch's partition. Every materialization carries Dagster's standard entries besides wcoj's
-own figures: ``dagster/row_count``, ``dagster/column_schema`` and ``dagster/uri``:
+that epoch's partition. Figures are in the user's units: rows as landed, and for an undirected
+relation *edges* (the engine holds each as two tuples). Dagster plots a partitioned asset's
+numeric entries per partition, so the numeric entries are the few a user follows — an output's
+``count``, ``added``, ``removed`` and ``net``; a relation's ``rows landed``, ``inserted``,
+``deleted`` and ``ignored`` — and everything the engine measured about itself is folded into one
+JSON entry, ``engine (internal)``. Besides, Dagster's standard entries:
+``dagster/row_count``, ``dagster/column_schema`` (the columns as the user named them: a landed
+CSV's or Parquet file's header, the query's head variables) and ``dagster/uri``.
 
-| asset | ``dagster/row_count`` | ``dagster/uri`` | figures |
-|---|---|---|---|
-| ``R_deltas`` | the relation's change at the epoch | its batch | files, bytes and rows read, tuples landed, self-loops dropped, set inserts and deletes that changed nothing |
-| ``R_snapshot`` | tuples held as of the epoch | the relation's batches | count, negative tuples |
-| ``R_forward`` … | rows in the segment files | the arrangement's folder | bytes, segments by level |
-| ``R_counts_<key>`` | keys held as of the epoch | the arrangement's folder | the epoch's batch, bytes, segments |
-| ``Q_rule_<i>`` | the rule's output change | its batch (none when the rule was not run) | rows proposed and validated, where it ran, why it was not run |
-| ``Q_deltas`` | the output's change | its batch | its summed multiplicity |
-| ``Q`` | output tuples as of the epoch | the output's batches | count, the epoch's seconds per phase, what opening the state cost |
+| asset | ``dagster/row_count`` | figures |
+|---|---|---|
+| ``R_deltas`` | rows changed, in the relation's units | rows landed, files, inserted, deleted, ignored (already present / absent), self-loops dropped, the files' fingerprint |
+| ``Q_deltas`` | output tuples changed | added, removed, net |
+| ``Q`` | output tuples as of the epoch | count, added, removed, net |
+| ``R_snapshot`` | tuples held as of the epoch | count (edges for an undirected relation) |
+| ``R_forward``, ``R_counts_<key>``, ``Q_rule_<i>`` | rows in its files or batch | the rule's output rows, or why it was not run |
 
-Everything comes from the manifest the epoch committed (figures kept incrementally): nothing
-here reads a batch or starts Spark.
+Everything comes from the manifest the epoch committed and the pass's result (figures kept
+incrementally): nothing here reads a batch or starts Spark.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dagster import MetadataValue, TableSchema
+from dagster import MetadataValue, TableColumn, TableSchema
 
 # Dagster's typed sets of the standard ``dagster/...`` keys (not re-exported at its top level).
 from dagster._core.definitions.metadata.metadata_set import TableMetadataSet, UriMetadataSet
@@ -39,17 +43,25 @@ if TYPE_CHECKING:
     from wcoj_core.epoch import EpochResult, SegmentReport, TraceReport
 
 EXAMPLES = 10
+INTERNAL = "engine (internal)"
+# The entry of a relation's changes naming the landed files' fingerprint (`intake.fingerprint`):
+# the landing sensor does not request an epoch materialized from the same files again.
+FINGERPRINT = "landed fingerprint"
 
 
 @dataclass(frozen=True, slots=True)
 class LandedFigures:
-    """What was read from a relation's landing folder at an epoch."""
+    """What was read from a relation's landing folder at an epoch: files (their names), bytes,
+    rows read (None when Spark read them), file names ignored, seconds, the files' fingerprint
+    (what the landing sensor compares) and the columns as the files named them."""
 
-    files: int
+    files: tuple[str, ...]
     bytes: int
     rows: int | None
     ignored_files: tuple[str, ...]
     seconds: float
+    fingerprint: str = ""
+    columns: tuple[str, ...] = ()
 
 
 def standard_metadata(
@@ -71,6 +83,23 @@ def standard_metadata(
     return {k: v for k, v in out.items() if v is not None}
 
 
+def renamed(schema: TableSchema, names: tuple[str, ...]) -> TableSchema:
+    """`schema` with its data columns named as the user's files name them.
+
+    >>> from wcoj_assets.graph import table_schema
+    >>> [c.name for c in renamed(table_schema(("c0", "c1")), ("src", "dst")).columns]
+    ['src', 'dst', 'diff']
+    """
+    columns = list(schema.columns)
+    if len(names) != len(columns) - 1:
+        return schema
+    out = [
+        TableColumn(name, c.type, f"{c.description} (stored as {c.name})")
+        for name, c in zip(names, columns, strict=False)
+    ]
+    return TableSchema([*out, columns[-1]])
+
+
 def epoch_metadata(
     graph: EpochGraph,
     engine: Engine,
@@ -78,24 +107,48 @@ def epoch_metadata(
     landed: Mapping[str, LandedFigures] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Every asset's metadata for the epoch of `result`, by asset name."""
-    seconds = round(result.metrics.total_seconds, 4)
     out: dict[str, dict[str, Any]] = {}
     for info in graph.infos:
         trace = result.traces.get(info.trace)
-        figures = _figures(info, engine, result, trace, (landed or {}).get(info.relation or ""))
+        found = (landed or {}).get(info.relation or "")
+        figures = _figures(info, graph, engine, result, trace, found)
         schema = graph.specs[info.name].metadata.get("dagster/column_schema")
+        named = info.role in (Role.CHANGES, Role.SNAPSHOT)  # the relation's own column order
+        if named and isinstance(schema, TableSchema) and found is not None and found.columns:
+            schema = renamed(schema, found.columns)
         rows, uri = figures.pop("_rows", None), figures.pop("_uri", None)
+        internal = figures.pop("_internal", {})
         out[info.name] = {
             "epoch": result.epoch,
             **figures,
-            "seconds": figures.pop("seconds", seconds),
+            INTERNAL: MetadataValue.json(internal),
             **standard_metadata(schema if isinstance(schema, TableSchema) else None, uri, rows),
         }
     return out
 
 
+def _unit(graph: EpochGraph, relation: str) -> tuple[str, int]:
+    """The word for a relation's tuples and how many stored tuples make one: an undirected
+    relation's edges are held in both directions."""
+    spec = graph.topology.meanings[relation]
+    return ("edges", 2) if spec.undirected else ("tuples", 1)
+
+
+def _added_removed(result: EpochResult, query: str, rows: int) -> tuple[int, int]:
+    """A query's change at the epoch as (added, removed): summed positive and negative
+    multiplicity. From the change the pass computed; else, from the change's size and net
+    (exact when every diff is 1 or -1, as over sets)."""
+    net = result.totals.get(query, 0)
+    change = result.changes.get(query)
+    if change is not None:
+        diff = change[1]
+        return int(diff[diff > 0].sum()), int(-diff[diff < 0].sum())
+    return (rows + net) // 2, (rows - net) // 2
+
+
 def _figures(
     info: AssetInfo,
+    graph: EpochGraph,
     engine: Engine,
     result: EpochResult,
     trace: TraceReport | None,
@@ -104,114 +157,122 @@ def _figures(
     batch = trace.batch if trace is not None else None
     batch_rows = batch.rows if batch is not None else 0
     batch_uri = engine.store.uri(batch.path) if batch is not None else None
+    metrics = result.metrics
+    ran = {"ran on": metrics.deployment, "seconds": round(metrics.total_seconds, 4)}
     match info.role:
         case Role.CHANGES:
-            return _changes(info, result, batch_rows, batch_uri, landed)
+            return _changes(info, graph, result, batch_rows, batch_uri, landed)
         case Role.SNAPSHOT:
             f = trace.figures if trace is not None else None
+            word, per = _unit(graph, info.relation or "")
             return {
-                "rows_in": batch_rows,
-                "rows_out": f.rows if f else 0,
-                "count": f.count if f else 0,
-                "negative": f.negative if f else 0,
+                f"{word} held": (f.count if f else 0) // per,
                 "_rows": f.rows if f else 0,
                 "_uri": _folder(engine, batch.path) if batch is not None else None,
+                "_internal": {
+                    "tuples held": f.rows if f else 0,
+                    "summed multiplicity": f.count if f else 0,
+                    "negative tuples": f.negative if f else 0,
+                    "batch rows": batch_rows,
+                },
             }
         case Role.INDEX:
             segments = [s for s in (trace.segments if trace else ()) if _key(s) == info.view]
-            return _segments(engine, segments)
+            return _segments(engine, segments, {})
         case Role.COUNTS:
             f = trace.figures if trace is not None else None
             segments = list(trace.segments if trace else ())
-            change = result.relations.get(info.relation or "")
-            return {
-                "rows_in": change.changed if change is not None else 0,
-                "rows_out": batch_rows,
-                "keys": f.rows if f else 0,
-                **{k: v for k, v in _segments(engine, segments).items() if k not in ("rows_out",)},
-                "_rows": f.rows if f else 0,
-            }
+            extra = {"keys held": f.rows if f else 0, "batch rows": batch_rows}
+            return {**_segments(engine, segments, extra), "_rows": f.rows if f else 0}
         case Role.RULE:
             q, i = info.query or "", info.atom or 0
-            relation = engine.queries[q].atoms[i].relation
             rule = result.rules.get(q, {}).get(i)
-            change = result.relations.get(relation)
-            return {
-                "rows_in": change.changed if change is not None else 0,
-                "rows_proposed": rule.proposed if rule else 0,
-                "rows_validated": rule.validated if rule else 0,
-                "rows_out": batch_rows,
-                "ran on": result.metrics.deployment,
-                **({} if rule else {"not run": "an atom it joins reads an empty relation"}),
-                "_rows": batch_rows,
-                "_uri": batch_uri,
+            internal: dict[str, Any] = {
+                "rows proposed": rule.proposed if rule else 0,
+                "rows validated": rule.validated if rule else 0,
+                **ran,
             }
+            out: dict[str, Any] = {"output rows": batch_rows}
+            if rule is None:
+                out["not run"] = (
+                    f"atom {i} changed nothing, or an atom the rule joins it with was empty "
+                    "(on the first epoch the last rule finds the whole output)"
+                )
+            return {**out, "_rows": batch_rows, "_uri": batch_uri, "_internal": internal}
         case Role.QUERY_CHANGES:
             q = info.query or ""
-            rules = [
-                t.batch.rows
-                for name, t in result.traces.items()
-                if name.startswith(f"rule/{q}/") and t.batch is not None
-            ]
+            added, removed = _added_removed(result, q, batch_rows)
             return {
-                "rows_in": sum(rules),
-                "rows_out": batch_rows,
-                "total": result.totals.get(q, 0),
+                "added": added,
+                "removed": removed,
+                "net": result.totals.get(q, 0),
                 "_rows": batch_rows,
                 "_uri": batch_uri,
+                "_internal": {"rows written": batch_rows, **ran},
             }
         case Role.OUTPUT:
+            q = info.query or ""
             f = trace.figures if trace is not None else None
-            metrics = result.metrics
+            changes = next(
+                (t for n, t in result.traces.items() if n == info.trace and t.batch is not None),
+                None,
+            )
+            rows = changes.batch.rows if changes is not None and changes.batch else 0
+            added, removed = _added_removed(result, q, rows)
             return {
-                "rows_in": batch_rows,
-                "rows_out": f.rows if f else 0,
                 "count": f.count if f else 0,
-                "ran on": metrics.deployment,
-                "why there": metrics.reason,
-                "seconds by phase": MetadataValue.json(
-                    {k: round(v, 4) for k, v in metrics.seconds.items()}
-                ),
-                "hydration": MetadataValue.json(
-                    {
+                "added": added,
+                "removed": removed,
+                "net": result.totals.get(q, 0),
+                "_rows": f.rows if f else 0,
+                "_uri": _folder(engine, batch.path) if batch is not None else None,
+                "_internal": {
+                    **ran,
+                    "why there": metrics.reason,
+                    "seconds by phase": {k: round(v, 4) for k, v in metrics.seconds.items()},
+                    "hydration": {
                         "seconds": round(metrics.seconds.get("open", 0.0), 4),
                         "mapped_bytes": metrics.mapped_bytes,
                         "read_bytes": metrics.read_bytes,
                         "rebuilt": list(metrics.rebuilt),
-                    }
-                ),
-                "_rows": f.rows if f else 0,
-                "_uri": _folder(engine, batch.path) if batch is not None else None,
+                    },
+                },
             }
     raise AssertionError(info.role)
 
 
 def _changes(
     info: AssetInfo,
+    graph: EpochGraph,
     result: EpochResult,
     batch_rows: int,
     batch_uri: str | None,
     landed: LandedFigures | None,
 ) -> dict[str, Any]:
     report = result.relations.get(info.relation or "")
+    word, per = _unit(graph, info.relation or "")
     out: dict[str, Any] = {}
+    internal: dict[str, Any] = {"tuples changed": batch_rows}
     if landed is not None:
-        out |= {"files": landed.files, "bytes_in": landed.bytes}
         if landed.rows is not None:
-            out["rows_in"] = landed.rows
+            out["rows landed"] = landed.rows
+        out["files"] = ", ".join(landed.files)
         if landed.ignored_files:
-            out["ignored_files"] = ", ".join(landed.ignored_files)
-        out["seconds"] = round(landed.seconds, 4)
+            out["files ignored"] = ", ".join(landed.ignored_files)
+        if landed.fingerprint:
+            out[FINGERPRINT] = landed.fingerprint
+        internal |= {"bytes read": landed.bytes, "seconds reading": round(landed.seconds, 4)}
     else:
         out["rederived"] = "from the changes the state holds (a stale epoch rebuilt)"
-    out |= {"landed": report.landed if report else 0, "rows_out": batch_rows}
     if report is not None:
+        out |= {
+            f"{word} inserted": report.inserted // per,
+            f"{word} deleted": report.deleted // per,
+            "ignored (already present)": report.inserted_present // per,
+            "ignored (not present)": report.deleted_absent // per,
+        }
         if report.self_loops:
-            out["self_loops_dropped"] = report.self_loops
-        if report.inserted_present:
-            out["inserted_present"] = report.inserted_present
-        if report.deleted_absent:
-            out["deleted_absent"] = report.deleted_absent
+            out["self-loops dropped"] = report.self_loops
         if report.ignored_examples:
             out["ignored"] = MetadataValue.json(
                 [
@@ -219,28 +280,40 @@ def _changes(
                     for t, d in report.ignored_examples[:EXAMPLES]
                 ]
             )
-    return {**out, "_rows": batch_rows, "_uri": batch_uri}
+        internal |= {
+            "tuples landed": report.landed,
+            "inserted_present": report.inserted_present,
+            "deleted_absent": report.deleted_absent,
+        }
+    rows = (report.inserted + report.deleted) // per if report is not None else batch_rows
+    return {**out, "_rows": rows, "_uri": batch_uri, "_internal": internal}
 
 
 def _key(segment: SegmentReport) -> tuple[Any, ...]:
     return (segment.view, tuple(segment.order))
 
 
-def _segments(engine: Engine, segments: list[SegmentReport]) -> dict[str, Any]:
+def _segments(
+    engine: Engine, segments: list[SegmentReport], extra: dict[str, Any]
+) -> dict[str, Any]:
     rows = sum(s.rows for s in segments)
     by_level: dict[str, int] = {}
     for s in segments:
         by_level[s.level] = by_level.get(s.level, 0) + s.rows
     folder = posixpath.dirname(segments[0].path.rstrip("/")) if segments else None
     return {
-        "rows_out": rows,
-        "bytes": sum(s.bytes for s in segments),
-        "segments": MetadataValue.json(
-            [{"level": s.level, "path": s.path, "rows": s.rows, "bytes": s.bytes} for s in segments]
-        ),
-        "rows by level": MetadataValue.json(by_level),
         "_rows": rows,
         "_uri": engine.store.uri(folder) if folder else None,
+        "_internal": {
+            **extra,
+            "rows": rows,
+            "bytes": sum(s.bytes for s in segments),
+            "rows by level": by_level,
+            "segments": [
+                {"level": s.level, "path": s.path, "rows": s.rows, "bytes": s.bytes}
+                for s in segments
+            ],
+        },
     }
 
 

@@ -164,11 +164,18 @@ class WcojResource(ConfigurableResource):
         "run's op config `binary_join: true` checks its last epoch whatever the cadence.",
     )
     check_reporting: CheckReporting = Field(
-        default=CheckReporting.NEWS,
+        default=CheckReporting.AUTO,
         description="Which partitions of a run over a range get a check evaluation of their "
-        "own: news (failures, and recoveries of partitions whose latest evaluation failed; the "
-        "range's result summarizes the rest, which Dagster shows SKIPPED) or every (each "
-        "evaluated partition: one event per check and partition).",
+        "own: auto (every partition its own status for ranges of at most 100 epochs, news "
+        "beyond), every (each evaluated partition: one event per check and partition) or news "
+        "(failures, and recoveries of partitions whose latest evaluation failed; the range's "
+        "result summarizes the rest, which Dagster shows SKIPPED).",
+    )
+    empty_epochs: bool = Field(
+        default=False,
+        description="Whether an epoch with nothing landed is normal: applied as an epoch "
+        "without changes. By default its update_triples check fails, naming the folder, and "
+        "nothing is applied.",
     )
     deployment: str = Field(
         default="auto",

@@ -1,12 +1,19 @@
-"""Picking up new epochs: a sensor on the landing location, and a daily schedule as alternative.
+"""Picking up new epochs: the landing sensor, the one way epochs run daily.
 
 `landing_sensor` lists ``<landing>/<relation>/`` for every relation and, for each well-formed
 epoch folder holding files, requests one run of the epoch job for that partition, oldest epoch
 first. The run key is the epoch key plus a fingerprint of the files (names, sizes, modification
 times): a replaced file — a corrected epoch — gets a new run; an unchanged folder never gets a
-second one. The cursor remembers the fingerprints already requested. A folder whose name is not
-an epoch key of the code location's epochs (``abc``, ``2020-13-01``, ``..``, a day before the
-first epoch) is logged and skipped, never read.
+second one. The cursor remembers the fingerprints already requested, and an epoch whose latest
+materialization was made from the same files (its changes record their fingerprint: a
+backfill's, a run launched by hand) is not requested either: turning the sensor on over a
+landing folder that was already run requests nothing again. A folder whose name is not an epoch
+key of the code location's epochs (``abc``, ``2020-13-01``, ``..``, a day before the first
+epoch) is logged and skipped, never read.
+
+A sensor rather than a schedule: an epoch runs when its files have landed, not at a time they
+might have (a schedule firing before the data would run an epoch with nothing landed, which
+fails its ``update_triples`` check). There is no schedule to choose between.
 
 A corrected epoch is re-run alone; the outputs of later epochs are then stale (their partitions
 depend on the previous epoch) and the automation sensor of `wcoj_assets.provenance` (or a
@@ -27,63 +34,73 @@ so queued epochs run one by one, in the order they were requested.
 """
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from dagster import (
-    DefaultScheduleStatus,
+    AssetKey,
+    AssetRecordsFilter,
     DefaultSensorStatus,
     RunRequest,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
-    build_schedule_from_partitioned_job,
     sensor,
 )
 
-from wcoj_assets.epochs import Epochs
+from wcoj_assets.graph import EpochGraph, Role
 from wcoj_assets.intake import epoch_folders, fingerprint, landed_files
-from wcoj_assets.resources import WcojResource
+from wcoj_assets.report import FINGERPRINT
 
 SERIAL_TAG = "wcoj/serial"
+LANDING_SENSOR = "wcoj_landing_sensor"
 
 
 def landing_sensor(
-    *, job: Any, relations: Sequence[str], epochs: Epochs, interval: int = 30
+    *,
+    job: Any,
+    graph: EpochGraph,
+    name: str = LANDING_SENSOR,
+    resource_key: str = "wcoj",
+    interval: int = 30,
 ) -> Any:
-    """The sensor ``wcoj_landing_sensor`` requesting `job` runs for new epoch folders."""
+    """The sensor `name` requesting `job` runs for new epoch folders (see the module)."""
+    epochs = graph.epochs
+    relations = {info.relation or "": graph.key(info.name) for info in graph.of_role(Role.CHANGES)}
 
     @sensor(
-        name="wcoj_landing_sensor",
+        name=name,
         job=job,
         minimum_interval_seconds=interval,
         default_status=DefaultSensorStatus.RUNNING,
+        required_resource_keys={resource_key},
         description="Requests a run of the epoch job for each new or changed epoch folder under "
-        "<landing>/<relation>/, oldest first; malformed folder names are logged and skipped.",
+        "<landing>/<relation>/, oldest first, unless its latest materialization was made from "
+        "the same files; malformed folder names are logged and skipped.",
     )
-    def wcoj_landing_sensor(
-        context: SensorEvaluationContext, wcoj: WcojResource
-    ) -> SensorResult | SkipReason:
-        landing = wcoj.landing_path()
+    def _landing(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+        landing = getattr(context.resources, resource_key).landing_path()
         keys: set[str] = set()
         for rel in relations:
             good, bad = epoch_folders(landing, rel, epochs)
             keys.update(good)
-            for name in bad:
+            for folder in bad:
                 context.log.warning(
-                    f"skipping {landing}/{rel}/{name}: not an epoch key (YYYY-MM-DD, from "
+                    f"skipping {landing}/{rel}/{folder}: not an epoch key (YYYY-MM-DD, from "
                     f"{epochs.start}); rename the folder to ingest it"
                 )
         requested: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
         requests: list[RunRequest] = []
         for key in sorted(keys, key=epochs.number):
-            files = [f for rel in relations for f in landed_files(landing, rel, key).files]
+            by_relation = {rel: landed_files(landing, rel, key).files for rel in relations}
+            files = [f for found in by_relation.values() for f in found]
             if not files:
                 continue
             digest = fingerprint(files)
             if requested.get(key) == digest:
                 continue
             requested[key] = digest
+            if _materialized_from(context.instance, relations, by_relation, key):
+                continue
             requests.append(
                 RunRequest(
                     partition_key=key,
@@ -91,21 +108,31 @@ def landing_sensor(
                     tags={"wcoj/files": str(len(files))},
                 )
             )
+        cursor = json.dumps(requested, sort_keys=True)
         if not requests:
-            return SkipReason(f"no new or changed epoch folders under {landing}")
-        return SensorResult(run_requests=requests, cursor=json.dumps(requested, sort_keys=True))
+            return SensorResult(
+                skip_reason=SkipReason(f"no new or changed epoch folders under {landing}"),
+                cursor=cursor,
+            )
+        return SensorResult(run_requests=requests, cursor=cursor)
 
-    return wcoj_landing_sensor
+    return _landing
 
 
-def daily_schedule(*, job: Any) -> Any:
-    """A stopped-by-default daily schedule running the job for the day that just ended."""
-    return build_schedule_from_partitioned_job(
-        job,
-        name="wcoj_daily_schedule",
-        description="Alternative to the landing sensor: run the epoch job once a day for the "
-        "partition (epoch) that just ended.",
-        hour_of_day=0,
-        minute_of_hour=15,
-        default_status=DefaultScheduleStatus.STOPPED,
-    )
+def _materialized_from(
+    instance: Any, assets: dict[str, AssetKey], files: dict[str, Any], key: str
+) -> bool:
+    """Whether every relation's changes at partition `key` were last materialized from the files
+    landed now (the fingerprint their metadata records)."""
+    for rel, asset in assets.items():
+        records = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=asset, asset_partitions=[key]), limit=1
+        ).records
+        if not records:
+            return False
+        metadata = records[0].asset_materialization.metadata
+        recorded = metadata.get(FINGERPRINT)
+        landed = fingerprint(files[rel]) if files[rel] else ""
+        if (recorded.value if recorded is not None else "") != landed:
+            return False
+    return True

@@ -284,9 +284,11 @@ def epoch_seconds(
     result: ExecuteInProcessResult, output: str, changes: str
 ) -> dict[str, list[float]]:
     """Per epoch of the run, oldest first: the engine's pass (``seconds`` of the output's
-    materialization of the partition) and reading and checking the landed files (``seconds``
-    of the changes')."""
+    materialization of the partition, in its ``engine (internal)`` figures) and reading and
+    checking the landed files (the changes' ``seconds reading``)."""
     from dagster import DagsterEventType
+
+    from wcoj_assets.report import INTERNAL
 
     found: dict[str, dict[str, float]] = {"engine pass": {}, "read and check landed": {}}
     for event in result.all_events:
@@ -294,13 +296,14 @@ def epoch_seconds(
             continue
         m = event.event_specific_data.materialization  # type: ignore[union-attr]
         asset = m.asset_key.to_user_string()
-        seconds = m.metadata.get("seconds")
-        if seconds is None or m.partition is None:
+        internal = m.metadata.get(INTERNAL)
+        if internal is None or m.partition is None:
             continue
-        if asset == output:
-            found["engine pass"][m.partition] = float(seconds.value)  # type: ignore[arg-type]
-        elif asset == changes:
-            found["read and check landed"][m.partition] = float(seconds.value)  # type: ignore[arg-type]
+        figures: dict[str, Any] = internal.value  # type: ignore[assignment]
+        if asset == output and "seconds" in figures:
+            found["engine pass"][m.partition] = float(figures["seconds"])
+        elif asset == changes and "seconds reading" in figures:
+            found["read and check landed"][m.partition] = float(figures["seconds reading"])
     return {name: [v for _, v in sorted(by.items())] for name, by in found.items() if by}
 
 

@@ -48,10 +48,10 @@ HOLLOW_JOB = "hollow_epoch_job"
 def hollow_definitions(
     defs: Definitions,
     check_every: int = CHECK_EVERY,
-    reporting: CheckReporting = CheckReporting.NEWS,
+    reporting: CheckReporting = CheckReporting.AUTO,
 ) -> Definitions:
     """`defs`' steps and checks with empty bodies, and one job over all of them; checks
-    reported as `reporting` says (the pipeline's resource default: ``news``)."""
+    reported as `reporting` says (the pipeline's resource default: ``auto``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BetaWarning)
         warnings.simplefilter("ignore", PreviewWarning)

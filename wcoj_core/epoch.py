@@ -132,6 +132,9 @@ class RelationReport:
     ignored_examples: tuple[tuple[tuple[int, ...], int], ...]
     negative: int
     negative_examples: tuple[tuple[tuple[int, ...], int], ...]
+    # The relation's change split by sign: summed positive and (absolute) negative multiplicity.
+    inserted: int = 0
+    deleted: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -617,6 +620,8 @@ class EpochPass:
                 eff.ignored_examples,
                 eff.negative,
                 eff.negative_examples,
+                int(eff.change.diff[eff.change.diff > 0].sum()),
+                int(-eff.change.diff[eff.change.diff < 0].sum()),
             )
             for rel, (landed, eff) in sorted(self.effects.items())
         }

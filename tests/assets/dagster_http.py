@@ -141,8 +141,11 @@ class Webserver:
         request = urllib.request.Request(
             f"{self.url}/graphql", data=body, headers={"Content-Type": "application/json"}
         )
-        with urllib.request.urlopen(request, timeout=60) as response:
-            answer = json.load(response)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                answer = json.load(response)
+        except urllib.error.HTTPError as e:  # GraphQL errors come back with a 500
+            answer = json.loads(e.read() or b"{}")
         assert not answer.get("errors"), f"GraphQL errors: {answer['errors']}"
         return answer["data"]
 
@@ -174,7 +177,7 @@ def running_webserver(
     home: Path,
     cwd: Path,
     load: list[str],
-    instance_yaml: str = INSTANCE_YAML,
+    instance_yaml: str | None = INSTANCE_YAML,
     program: Path = WEBSERVER,
     arguments: tuple[str, ...] = (),
 ) -> Iterator[Webserver]:
@@ -182,13 +185,18 @@ def running_webserver(
 
     `program` ``dagster`` with `arguments` ``("dev",)`` starts the webserver and the daemon. They
     and every process they start (code server, run workers) have `dagster_env`'s settings, as
-    under ``make ui``.
+    under ``make ui``. With `instance_yaml` None, `home` holds the log only and neither
+    ``DAGSTER_HOME`` nor those settings are set: the project's ``.env`` gives them.
     """
     home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text(instance_yaml)
     port = free_port()
     log = home / "webserver.log"
     env = {**os.environ, **dagster_env(), "DAGSTER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    if instance_yaml is None:  # the instance is the project's own (its .env names it)
+        for key in ("DAGSTER_HOME", *dagster_env()):
+            env.pop(key, None)
+    else:
+        (home / "dagster.yaml").write_text(instance_yaml)
     command = [str(program), *arguments, "-h", "127.0.0.1", "-p", str(port), *load]
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -330,3 +338,109 @@ def epoch_run_config(storage: Path, landing: Path) -> dict[str, Any]:
     spark = {"spark.driver.memory": "1g", "spark.sql.shuffle.partitions": "2"}
     config = {"storage": str(storage), "landing": str(landing), "master": "local[2]"}
     return {"resources": {"wcoj": {"config": {**config, "spark_conf": spark}}}}
+
+
+# -- asset backfills, as the asset graph's "Materialize" dialog launches them ----------------------
+
+REQUIRED_KEYS_QUERY = """
+query Required($assetKeys: [AssetKeyInput!]!) {
+  assetNodeAdditionalRequiredKeys(assetKeys: $assetKeys) { path }
+}
+"""
+
+LAUNCH_BACKFILL_MUTATION = """
+mutation LaunchPartitionBackfill($backfillParams: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $backfillParams) {
+    __typename
+    ... on LaunchBackfillSuccess { backfillId }
+    ... on PythonError { message stack }
+    ... on Error { message }
+  }
+}
+"""
+
+BACKFILL_QUERY = """
+query Backfill($id: String!) {
+  partitionBackfillOrError(backfillId: $id) {
+    __typename
+    ... on PartitionBackfill { id status runs(limit: 1000) { runId status } }
+    ... on Error { message }
+  }
+}
+"""
+
+SENSOR_STATE_QUERY = """
+query Sensor($selector: SensorSelector!) {
+  sensorOrError(sensorSelector: $selector) {
+    __typename
+    ... on Sensor { sensorState { id status } }
+    ... on Error { message }
+  }
+}
+"""
+
+STOP_SENSOR_MUTATION = """
+mutation Stop($id: String!) {
+  stopSensor(id: $id) {
+    __typename
+    ... on StopSensorMutationResult { instigationState { status } }
+    ... on PythonError { message }
+  }
+}
+"""
+
+BACKFILL_DONE = {"COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED"}
+
+
+def with_required(server: Webserver, assets: list[str]) -> list[str]:
+    """`assets` and the keys the UI adds to them before launching (a multi-asset that cannot be
+    subset brings its other assets), as the UI's launch button asks the server for them."""
+    keys = [{"path": a.split("/")} for a in assets]
+    found = server.graphql(REQUIRED_KEYS_QUERY, {"assetKeys": keys})
+    added = ["/".join(k["path"]) for k in found["assetNodeAdditionalRequiredKeys"]]
+    return [*assets, *(a for a in added if a not in assets)]
+
+
+def launch_asset_backfill(server: Webserver, assets: list[str], partitions: list[str]) -> str:
+    """Launch a backfill of `partitions` of `assets` exactly as the asset graph's materialize
+    dialog does (``assetSelection`` and ``partitionNames``, the UI's tags); return its id."""
+    params = {
+        "tags": [{"key": "dagster/from_ui", "value": "true"}],
+        "assetSelection": [{"path": a.split("/")} for a in assets],
+        "partitionNames": partitions,
+        "fromFailure": False,
+    }
+    found = server.graphql(LAUNCH_BACKFILL_MUTATION, {"backfillParams": params})
+    result = found["launchPartitionBackfill"]
+    assert result["__typename"] == "LaunchBackfillSuccess", f"the backfill was refused: {result}"
+    return result["backfillId"]
+
+
+def wait_for_backfill(server: Webserver, backfill_id: str) -> dict[str, Any]:
+    """Poll the backfill until it ends; return it (status and runs)."""
+    deadline = time.monotonic() + RUN_SECONDS * 2
+    while time.monotonic() < deadline:
+        found = server.graphql(BACKFILL_QUERY, {"id": backfill_id})["partitionBackfillOrError"]
+        assert found["__typename"] == "PartitionBackfill", found
+        if found["status"] in BACKFILL_DONE and all(
+            r["status"] in {"SUCCESS", "FAILURE", "CANCELED"} for r in found["runs"]
+        ):
+            return found
+        time.sleep(2)
+    pytest.fail(f"backfill {backfill_id} did not end in time:\n{server.output()}")
+
+
+def stop_sensor(server: Webserver, location: str, repository: str, name: str) -> None:
+    """Stop a sensor as the UI's toggle does (it must be running)."""
+    selector = {
+        "repositoryLocationName": location,
+        "repositoryName": repository,
+        "sensorName": name,
+    }
+    found = server.graphql(SENSOR_STATE_QUERY, {"selector": selector})["sensorOrError"]
+    assert found["__typename"] == "Sensor", found
+    assert found["sensorState"]["status"] == "RUNNING", found  # running by default
+    stopped = server.graphql(STOP_SENSOR_MUTATION, {"id": found["sensorState"]["id"]})
+    result = stopped["stopSensor"]
+    assert result["__typename"] == "StopSensorMutationResult", result
+    assert result["instigationState"]["status"] == "STOPPED", result

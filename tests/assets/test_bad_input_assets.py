@@ -2,10 +2,13 @@
 
 One pipeline (the default triangles spec: ``edge`` a bag) ingests a good epoch 0. Then each bad
 file lands at epoch 1 and a run of the epoch job must fail the ``update_triples`` check of
-``edge_deltas`` with a message naming the epoch, the file, the line and the column, materialize
-nothing and leave every file of the state as it was. The last tests land data that is accepted
-but suspicious (the same epoch again, deletions of absent edges from a bag): they run in file
-order, after the refusals.
+``edge_deltas`` — and no other check — with a message naming the epoch, the file, the line and
+the column, materialize nothing, leave every file of the state as it was, and end without an
+error (a data problem: no step failure, no stack trace). A file with several bad rows has them
+all listed in one run; an epoch with nothing landed fails the check naming the folder unless
+empty epochs are declared normal. The last tests land data that is accepted but suspicious (the
+same epoch again, deletions of absent edges from a bag): they run in file order, after the
+refusals.
 """
 
 from __future__ import annotations
@@ -121,19 +124,59 @@ def test_a_bad_landed_file_fails_the_check_and_writes_nothing(
             content(path)
         before, stored = p.traces(), files_under(p.storage)
         result = p.run(1)
-        assert not result.success
-        (check,) = [c for c in checks(result) if c.asset == "edge_deltas"]
+        assert result.success and failures(result) == []  # no stack trace for bad data
+        (check,) = checks(result)  # the input's check, and no other: nothing else ran
+        assert (check.asset, check.name) == ("edge_deltas", "update_triples")
         assert not check.passed and check.partition == epoch_key(1)
         (first, *_) = check.metadata["errors"]
         assert first.startswith(f"epoch 1 ({epoch_key(1)}): {path} (relation edge)"), first
         for fragment in fragments:
             assert fragment in first, (fragment, first)
-        assert any(f"{path} (relation edge)" in f for f in failures(result))
         assert materializations(result) == []
         assert p.traces() == before
         assert files_under(p.storage) == stored
     finally:
         shutil.rmtree(folder)
+
+
+def test_every_bad_row_of_a_file_is_listed_in_one_run(scenario: Scenario) -> None:
+    p = scenario.pipeline
+    folder = p.landing / "edge" / epoch_key(1)
+    folder.mkdir(parents=True)
+    try:
+        rows = ["src,dst,diff", "1,2,1", "1,x,1", "2,3,1", "3,4,0", "4,5", "5,6,1", "y,7,1"]
+        (folder / "changes.csv").write_text("\n".join(rows) + "\n")
+        result = p.run(1)
+        assert result.success and failures(result) == []
+        (check,) = checks(result)
+        assert not check.passed
+        errors = check.metadata["errors"]
+        lines = [e.split(", line ")[1].split(",")[0] for e in errors]
+        assert lines == ["3", "5", "6", "8"], errors  # every bad row, in file order
+        assert check.metadata["problems found"] == 4
+        assert materializations(result) == []
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_an_epoch_with_nothing_landed_fails_its_input_check_naming_the_folder(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    p = Pipeline(spark, tmp_path)
+    p.land(0, FIRST, "csv")
+    assert p.run(0).success
+    result = p.run(1)  # a day with no folder: a schedule firing before the data would do this
+    (check,) = checks(result)
+    assert not check.passed and check.name == "update_triples"
+    assert f"nothing landed in {p.landing}/edge/{epoch_key(1)}/" in check.metadata["errors"][0]
+    assert materializations(result) == [] and p.engine.epoch == 0
+    declared = Pipeline(spark, tmp_path / "declared", empty_epochs=True)
+    declared.land(0, FIRST, "csv")
+    assert declared.run(0).success
+    result = declared.run(1)  # declared normal: applied, nothing changed
+    assert result.success and all(c.passed for c in checks(result))
+    assert declared.engine.epoch == 1
+    assert declared.output("triangles", 1) == declared.output("triangles", 0)
 
 
 @pytest.mark.parametrize("key", ["..", "../2020-01-02", "/2020-01-02", "/etc", "2020-02-30"])

@@ -23,9 +23,8 @@ from dagster.components.testing import create_defs_folder_sandbox
 
 from wcoj_assets.checks import CheckReporting
 from wcoj_assets.component import QueryModel, RelationModel, WcojComponent
-from wcoj_assets.definitions import JOB_NAME, build_definitions
+from wcoj_assets.definitions import build_definitions
 from wcoj_assets.graph import AssetInfo
-from wcoj_assets.provenance import REBUILD_SENSOR
 from wcoj_assets.specs import QuerySpec
 from wcoj_core.errors import WcojError
 from wcoj_core.query.builtins import BUILTINS
@@ -44,6 +43,7 @@ ATTRIBUTES: dict[str, Any] = {
     "spark_master": "spark://127.0.0.1:7077",
     "spark_conf": {"spark.executor.memory": "2g"},
     "check_every": 7,
+    "name": "graphs",
 }
 
 
@@ -73,6 +73,7 @@ def test_a_defs_yaml_builds_what_build_definitions_builds() -> None:
         undirected=["edge"],
         check_every=7,
         check_reporting="every",
+        name="graphs",
     )
     graph, want = defs.resolve_asset_graph(), expected.resolve_asset_graph()
     assert graph.get_all_asset_keys() == want.get_all_asset_keys()
@@ -82,7 +83,7 @@ def test_a_defs_yaml_builds_what_build_definitions_builds() -> None:
         assert node.partitions_def == want.get(node.key).partitions_def
         assert node.partitions_def.get_first_partition_key() == "2024-03-01"
     assert "Undirected" in (graph.get(AssetKey("edge_deltas")).description or "")
-    wcoj = defs.resources["wcoj"]
+    wcoj = defs.resources["graphs_wcoj"]
     assert (wcoj.landing, wcoj.storage, wcoj.master) == (
         "/data/landing",
         "/data/state",
@@ -91,12 +92,14 @@ def test_a_defs_yaml_builds_what_build_definitions_builds() -> None:
     assert wcoj.spark_conf == {"spark.executor.memory": "2g"}
     assert wcoj.check_every == 7
     assert wcoj.check_reporting is CheckReporting.EVERY
-    assert set(defs.resources) == {"wcoj", "wcoj_outputs"}
+    # Named after the component: nothing of the code location's (no executor, no fixed names).
+    assert set(defs.resources) == {"graphs_wcoj", "graphs_outputs"}
+    assert defs.executor is None
     (step,) = defs.assets
-    assert step.op.name == "wcoj_epochs" and not step.can_subset
-    assert defs.resolve_job_def(JOB_NAME) is not None
-    assert defs.resolve_sensor_def(REBUILD_SENSOR) is not None
-    assert defs.resolve_sensor_def("wcoj_landing_sensor") is not None
+    assert step.op.name == "graphs_epochs" and step.can_subset
+    assert defs.resolve_job_def("graphs_epoch_job") is not None
+    assert defs.resolve_sensor_def("graphs_rebuild_sensor") is not None
+    assert defs.resolve_sensor_def("graphs_landing_sensor") is not None
 
 
 @pytest.mark.parametrize(
@@ -183,7 +186,7 @@ def test_translation_and_op_change_what_they_say_and_nothing_else() -> None:
     (step,) = defs.assets
     assert step.op.name == "graph_epochs" and step.op.tags["team"] == "graphs"
     assert step.op.pool == "wcoj"
-    job = defs.resolve_job_def(JOB_NAME)
+    job = defs.resolve_job_def("graphs_epoch_job")
     assert job.asset_layer.selected_asset_keys == prefixed
 
 

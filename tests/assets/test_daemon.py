@@ -33,6 +33,7 @@ from dagster_http import (
     loaded_location,
     run_events,
     running_webserver,
+    stop_sensor,
     wait_for_run,
 )
 from pyspark.sql import SparkSession
@@ -84,26 +85,6 @@ query {
     ... on PartitionBackfills {
       results { id status tags { key value } runs(limit: 100) { runId status } }
     }
-    ... on PythonError { message }
-  }
-}
-"""
-
-SENSOR_STATE_QUERY = """
-query Sensor($selector: SensorSelector!) {
-  sensorOrError(sensorSelector: $selector) {
-    __typename
-    ... on Sensor { sensorState { id status } }
-    ... on Error { message }
-  }
-}
-"""
-
-STOP_SENSOR_MUTATION = """
-mutation Stop($id: String!) {
-  stopSensor(id: $id) {
-    __typename
-    ... on StopSensorMutationResult { instigationState { status } }
     ... on PythonError { message }
   }
 }
@@ -162,22 +143,6 @@ def wait_for_rebuild(
             return launched
         time.sleep(5)
     pytest.fail(f"the automation did not rebuild within {WAIT_SECONDS}s:\n{server.output()}")
-
-
-def stop_sensor(server: Webserver, location: str, repository: str, name: str) -> None:
-    """Stop a sensor as the UI's toggle does."""
-    selector = {
-        "repositoryLocationName": location,
-        "repositoryName": repository,
-        "sensorName": name,
-    }
-    found = server.graphql(SENSOR_STATE_QUERY, {"selector": selector})["sensorOrError"]
-    assert found["__typename"] == "Sensor", found
-    assert found["sensorState"]["status"] == "RUNNING", found  # running by default
-    stopped = server.graphql(STOP_SENSOR_MUTATION, {"id": found["sensorState"]["id"]})
-    result = stopped["stopSensor"]
-    assert result["__typename"] == "StopSensorMutationResult", result
-    assert result["instigationState"]["status"] == "STOPPED", result
 
 
 def current_history(events: list[dict[str, Any]]) -> dict[tuple[str, str | None], bool]:
@@ -263,8 +228,7 @@ def test_sensor_correction_automation_and_backfill_through_dagster_dev(
 
         # The manual path, with the automation stopped: a correction of epoch 1 again, re-run by
         # the landing sensor, then ONE run over the later epochs launched from the launchpad
-        # (its range tags). (The UI's asset backfill dialog over every asset of the one step
-        # hits a Dagster 1.13.27 bug: see README, "Backfills and correcting history".)
+        # (its range tags; the asset graph's backfill: tests/assets/test_asset_graph_backfill.py).
         stop_sensor(server, location, repository, REBUILD_SENSOR)
         automated = {b["id"] for b in automation_backfills(server)}
         again = correct(corrected, 1, [(2, 7), (2, 8)])

@@ -11,7 +11,6 @@ import pytest
 from dagster import (
     AssetKey,
     BackfillPolicy,
-    DefaultScheduleStatus,
     DefaultSensorStatus,
     TimeWindowPartitionMapping,
 )
@@ -112,10 +111,11 @@ def test_the_default_spec_builds_the_documented_assets() -> None:
     assert names == ASSETS
     job = defs.resolve_job_def(JOB_NAME)
     assert {k.to_user_string() for k in job.asset_layer.selected_asset_keys} == names
-    # ONE step makes every asset and evaluates every check; it cannot be subset.
+    # ONE step makes every asset and evaluates every check. It can be subset (so that Dagster
+    # launches a backfill of any selection from the asset graph), and makes whole epochs anyway.
     (step,) = defs.assets
     assert [n.name for n in job.graph.node_defs] == [step.op.name] == ["wcoj_epochs"]
-    assert not step.can_subset
+    assert step.can_subset
     checks = {(c.asset_key.to_user_string(), c.name) for c in graph.asset_check_keys}
     assert checks == {
         ("edge_deltas", "update_triples"),
@@ -131,9 +131,7 @@ def test_the_default_spec_builds_the_documented_assets() -> None:
     assert defs.resolve_sensor_def("wcoj_landing_sensor").default_status is (
         DefaultSensorStatus.RUNNING
     )
-    assert defs.resolve_schedule_def("wcoj_daily_schedule").default_status is (
-        DefaultScheduleStatus.STOPPED
-    )
+    assert not list(defs.schedules or [])  # one way to run daily: the landing sensor
 
 
 def offsets(graph, child: str, parent: str) -> tuple[int, int]:
@@ -147,8 +145,13 @@ def offsets(graph, child: str, parent: str) -> tuple[int, int]:
 
 def test_lineage_reads_the_same_epoch_and_accumulates_from_the_previous() -> None:
     graph = build_definitions().resolve_asset_graph()
-    for self_dependent in ("edge_snapshot", "edge_counts_c0", "edge_counts_c1", "triangles"):
-        assert offsets(graph, self_dependent, self_dependent) == (-1, -1)
+    for accumulated in ("edge_snapshot", "edge_counts_c0", "edge_counts_c1", "triangles"):
+        node = graph.get(AssetKey(accumulated))
+        # Said, not wired: a self-dependency would split Dagster's asset backfills into a run
+        # per asset.
+        assert AssetKey(accumulated) not in node.parent_keys
+        assert node.tags["wcoj/role"] in {"snapshot", "counts", "output"}
+    assert "previous epoch" in (graph.get(AssetKey("triangles")).description or "")
     parents = {
         name: {p.to_user_string() for p in graph.get(AssetKey(name)).parent_keys} for name in ASSETS
     }

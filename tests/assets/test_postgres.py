@@ -52,6 +52,7 @@ from wcoj_assets.checks import UPDATE_TRIPLES as CHECK
 from wcoj_assets.epochs import epoch_key, epoch_partitions
 from wcoj_assets.instance import dagster_env, prepare_home, running_postgres
 from wcoj_assets.provenance import CURRENT, reported_failed
+from wcoj_assets.report import FINGERPRINT
 
 EPOCHS = 4  # 0..3 good; epoch 4 is the bad one
 BAD = EPOCHS
@@ -87,7 +88,7 @@ def play(side: Side, history: list[Changes], corrected: list[Changes]) -> None:
     step(STEPS[1], (1, EPOCHS - 1))
     (p.landing / "edge" / epoch_key(BAD)).mkdir(parents=True)
     (p.landing / "edge" / epoch_key(BAD) / "part.csv").write_text("src,dst,diff\n1,2,1\n2,1,0\n")
-    step(STEPS[2], BAD, ok=False)
+    step(STEPS[2], BAD)  # refused input: the run ends without an error, its check fails
     p.land(1, corrected[1], "csv")
     step(STEPS[3], 1)
     derived = sorted(
@@ -192,6 +193,9 @@ def stored_events(side: Side) -> Counter[str]:
                 if "dagster/uri" in meta:
                     assert str(meta["dagster/uri"]).startswith(Path(root).as_uri()), meta
                     meta["dagster/uri"] = "<in the state>"
+                # The landed files' fingerprint holds their modification times.
+                if FINGERPRINT in meta:
+                    meta[FINGERPRINT] = "<the files'>"
                 row = (step, m.asset_key.to_user_string(), m.partition, plain(meta, root))
                 rows[repr(row)] += 1
             else:
@@ -295,7 +299,7 @@ def test_the_bad_epoch_is_reported_failed_from_postgres(scenario: Scenario) -> N
     pg = scenario.postgres
     instance, run_id = pg.pipeline.instance, pg.runs[STEPS[2]]
     run = instance.get_run_by_id(run_id)
-    assert run is not None and run.status == DagsterRunStatus.FAILURE
+    assert run is not None and run.status == DagsterRunStatus.SUCCESS  # a data problem
     assert not instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
     check = AssetCheckKey(AssetKey("edge_deltas"), CHECK)
     (latest,) = instance.event_log_storage.get_asset_check_execution_history(
@@ -336,7 +340,10 @@ def test_every_partition_of_a_range_has_its_check_status_on_postgres(scenario: S
             for status, subset in state.subsets.items()
             if not subset.is_empty
         }
-        assert "SKIPPED" not in by_status, (key, by_status)
+        # The bad epoch's changes were refused: only their check ran there (and failed); the
+        # others did not run, and say so.
+        refused = {epoch_key(BAD)} if key.name != "update_triples" else set()
+        assert by_status.get("SKIPPED", set()) <= refused, (key, by_status)
         assert every <= by_status["SUCCEEDED"], (key, by_status)
 
 

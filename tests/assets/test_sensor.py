@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from dagster import build_sensor_context
+from dagster import DagsterInstance, build_sensor_context
 
 from wcoj_assets.definitions import JOB_NAME, build_definitions
 from wcoj_assets.epochs import epoch_key, epoch_number
@@ -26,11 +26,15 @@ def land(root: Path, key: str, name: str = "part.csv", text: str = "a,b\n1,2\n")
 def tick(landing: Path, cursor: str | None = None, start: str = "2020-01-01"):
     defs = build_definitions(landing=str(landing), start=start)
     sensor = defs.resolve_sensor_def("wcoj_landing_sensor")
-    with build_sensor_context(
-        cursor=cursor,
-        definitions=defs,
-        resources={"wcoj": WcojResource(landing=str(landing))},
-    ) as context:  # the resource has a teardown (it stops a Spark session it started)
+    with (
+        DagsterInstance.ephemeral() as instance,
+        build_sensor_context(
+            cursor=cursor,
+            definitions=defs,
+            instance=instance,
+            resources={"wcoj": WcojResource(landing=str(landing))},
+        ) as context,  # the resource has a teardown (it stops a Spark session it started)
+    ):
         return sensor.evaluate_tick(context)
 
 
@@ -106,3 +110,30 @@ def test_folder_listing_separates_good_and_malformed(tmp_path: Path) -> None:
     assert [f.name for f in files.files] == ["part.csv"]
     land(tmp_path, epoch_key(0), name="notes.md")
     assert landed_files(str(tmp_path), "edge", epoch_key(0)).ignored == ("notes.md",)
+
+
+def test_an_epoch_materialized_from_the_same_files_is_not_requested_again(tmp_path: Path) -> None:
+    """Turning the sensor on over epochs already run (a backfill, runs by hand) requests none of
+    them again; a file replaced since is requested."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from wcoj_support import Pipeline, updates
+
+    p = Pipeline(None, tmp_path)
+    history = updates(seed=3, epochs=3)
+    for n, changes in enumerate(history):
+        p.land(n, changes, "csv")
+    assert p.run((0, 1)).success  # a backfill of the first two epochs
+    sensor = p.defs.resolve_sensor_def("wcoj_landing_sensor")
+    with build_sensor_context(
+        instance=p.instance, definitions=p.defs, resources={"wcoj": p.resource}
+    ) as context:
+        first = sensor.evaluate_tick(context)
+    assert [r.partition_key for r in first.run_requests] == [epoch_key(2)]
+    p.land(0, history[0][:-2], "csv")  # epoch 0's file replaced: a correction
+    with build_sensor_context(
+        cursor=first.cursor, instance=p.instance, definitions=p.defs, resources={"wcoj": p.resource}
+    ) as context:
+        again = sensor.evaluate_tick(context)
+    assert [r.partition_key for r in again.run_requests] == [epoch_key(0)]

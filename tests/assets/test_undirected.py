@@ -33,6 +33,8 @@ from wcoj_support import (
     updates,
 )
 
+from wcoj_assets.report import INTERNAL
+
 START = "2024-03-01"
 EPOCHS = 3
 LOOP: Changes = [((4, 4), 1)]
@@ -98,20 +100,20 @@ def test_the_dropped_self_loop_is_reported(scenario: Scenario) -> None:
         for m in materializations(scenario.results[1])
         if m.asset_key.to_user_string() == "edge_deltas"
     ]
-    assert deltas.metadata["self_loops_dropped"].value == 1
+    assert deltas.metadata["self-loops dropped"].value == 1
     for n in (0, 2):
         (deltas,) = [
             m
             for m in materializations(scenario.results[n])
             if m.asset_key.to_user_string() == "edge_deltas"
         ]
-        assert "self_loops_dropped" not in deltas.metadata
+        assert "self-loops dropped" not in deltas.metadata
 
 
 HEAD = ["a", "b", "c", "diff"]
 COLUMNS = {
-    "edge_deltas": ["c0", "c1", "diff"],
-    "edge_snapshot": ["c0", "c1", "diff"],
+    "edge_deltas": ["src", "dst", "diff"],  # as the landed CSV's header names them
+    "edge_snapshot": ["src", "dst", "diff"],
     "edge_forward": ["c0", "c1", "diff"],
     "edge_reverse": ["c1", "c0", "diff"],
     "edge_counts_c0": ["c0", "diff"],
@@ -140,13 +142,15 @@ def test_materializations_carry_dagsters_standard_metadata(scenario: Scenario) -
     expected = set_oracle(p.topology, "triangles", scenario.landed, last)
     assert rows["triangles"] == len(expected)
     assert by_asset["triangles"].metadata["count"].value == sum(expected.values())
-    assert rows["edge_deltas"] == by_asset["edge_deltas"].metadata["rows_out"].value
+    deltas = by_asset["edge_deltas"].metadata
+    assert rows["edge_deltas"] == deltas["edges inserted"].value + deltas["edges deleted"].value
     assert rows["triangles_deltas"] == p.engine.change("triangles", last).num_rows
     edges = set_edges(scenario.landed, last)
     assert rows["edge_snapshot"] == len(edges)  # tuples held as of the epoch, both directions
-    assert rows["edge_forward"] >= len(edges) and by_asset["edge_forward"].metadata["bytes"].value
+    assert rows["edge_forward"] >= len(edges)
+    assert by_asset["edge_forward"].metadata[INTERNAL].value["bytes"]
     # Labels read as words.
-    ran = {by_asset[f"triangles_rule_{i}"].metadata["ran on"].value for i in range(3)}
+    ran = {by_asset[f"triangles_rule_{i}"].metadata[INTERNAL].value["ran on"] for i in range(3)}
     assert ran == {scenario.deployment}
     depths = {c.metadata["depth"] for c in checks(scenario.results[last]) if "depth" in c.metadata}
     assert depths == {"schema and data"}
@@ -165,7 +169,8 @@ def test_a_range_run_gives_each_partition_its_own_figures(scenario: Scenario) ->
             expected = len(set_oracle(p.topology, "triangles", scenario.landed, t))
             assert m.metadata["dagster/row_count"].value == expected, t
         if name == "edge_deltas":
-            assert m.metadata["dagster/row_count"].value == m.metadata["rows_out"].value
+            changed = m.metadata["edges inserted"].value + m.metadata["edges deleted"].value
+            assert m.metadata["dagster/row_count"].value == changed
         if name == "triangles_rule_0":
             if t == 0:  # its later atoms read the edges before epoch 0: nothing to join
                 assert "dagster/uri" not in m.metadata and "not run" in m.metadata

@@ -70,7 +70,10 @@ def test_webserver_runs_the_first_epoch_and_its_checks_pass(
         e["evaluation"] for e in events if e["__typename"] == "AssetCheckEvaluationEvent"
     ]
     evaluated = [("/".join(v["assetKey"]["path"]), v["checkName"]) for v in evaluations]
-    assert sorted(evaluated) == sorted(checks), "every declared check runs once"
+    # Every declared check runs once, but the binary join, which runs on one epoch in 30: it
+    # reports nothing where it did not run (never a pass).
+    due = {c for c in checks if c[1] != "matches_binary_join"}
+    assert sorted(evaluated) == sorted(due), "every check due runs once"
     failed = [v for v in evaluations if not v["success"]]
     assert not failed, f"asset checks failed: {failed}"
     assert {v["partition"] for v in evaluations} <= {PARTITION, None}
