@@ -22,7 +22,7 @@ from urllib.request import url2pathname
 
 import pyarrow as pa
 
-from wcoj_core.arrow import lift_pandas_fence
+from wcoj_core.fence import lift_pandas_fence
 
 lift_pandas_fence()  # Spark work is coming: pyspark's Arrow conversions import pandas
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
