@@ -25,9 +25,9 @@ more: when the run is created it plans one check row per check and partition, an
 result of a range run is stored without a partition, so a planned row that gets nothing else
 ends as SKIPPED in the UI. A partition's own `AssetCheckEvaluation` (``partition=``), aimed at
 that partition's new materialization, is what makes Dagster hold a status for it — and Dagster
-1.13 writes each one on its own (check evaluations cannot be batch-written: about 35 ms each on
-Postgres, a cost that grows with checks times partitions). `CheckReporting` chooses which partitions
-of a range get one:
+1.13 writes each one on its own (check evaluations cannot be batch-written: a cost that grows
+with checks times partitions, measured by ``wcoj-bench backfill``). `CheckReporting` chooses
+which partitions of a range get one:
 
 * ``news`` (the default) — the partitions where the check **failed**, and those where it passed
   but its latest evaluation had **failed** (a recovery: without an evaluation of its own the

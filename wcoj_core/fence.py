@@ -7,8 +7,8 @@ the epoch went on to commit. The engine's own conversions avoid the shim (`wcoj_
 the input readers' and pyarrow's own still reach it. The ``wcoj`` program (`wcoj_core.cli.main`
 reading its own command line) therefore fences pandas off (`fence_pandas`: an import finder that
 refuses it at once, and pyarrow goes on without pandas) until Spark is needed
-(`lift_pandas_fence`, called before pyspark is imported): a fresh ``wcoj apply`` of a small epoch
-took 0.33 s instead of 0.59 s.
+(`lift_pandas_fence`, called before pyspark is imported). What it saves a fresh ``wcoj apply``
+is measured in docs/benchmarks.md (the cold part).
 
 This module imports neither numpy nor pyarrow, so that a command that reads no Arrow data
 (``wcoj status``) pays for neither.

@@ -27,6 +27,8 @@ import pytest
 README = Path(__file__).resolve().parents[2] / "README.md"
 START = "2024-03-01"
 
+pytestmark = pytest.mark.e2e  # the README's quick start, as a project
+
 DEFINITIONS_PY = """\
 from pathlib import Path
 

@@ -62,12 +62,17 @@ def run(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # The command the first argument names, or every command (``--help``, a mistake).
     named = argv[:1] if argv and argv[0] in COMMANDS else COMMANDS
-    if not NO_ARRAYS.issuperset(named):
-        from wcoj_core.memory import keep_freed_memory
+    try:  # the imports: most of a second, where a Ctrl-C is still one line
+        if not NO_ARRAYS.issuperset(named):
+            from wcoj_core.memory import keep_freed_memory
 
-        keep_freed_memory()  # before anything allocates (see `wcoj_core.memory`)
+            keep_freed_memory()  # before anything allocates (see `wcoj_core.memory`)
+        parser = _parser(named)
+    except KeyboardInterrupt:
+        error("interrupted: nothing was applied")
+        return EXIT_INTERRUPTED
     try:
-        args = _parser(named).parse_args(argv)
+        args = parser.parse_args(argv)
         with warnings.catch_warnings():
             # PySpark warns about the pandas version on its first DataFrame; not the user's issue.
             warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
