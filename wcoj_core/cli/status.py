@@ -121,18 +121,18 @@ def lines(doc: dict[str, Any]) -> list[str]:
     for name, q in doc["queries"].items():
         out.append(f"query {name}: {q['text']}")
         out.append(f"  count {q['count']:,} at epoch {doc['epoch']}")
-        rows = [("epoch", "count", "change")]
+        epochs: list[tuple[str, ...]] = [("epoch", "count", "change")]
         previous: int | None = 0
         for entry in q["counts"]:
             t, count = entry["epoch"], entry["count"]
             # At the frontier the epochs before are merged away: its change is not known.
             change = "" if previous is None or t == frontier else f"{count - previous:+,}"
             mark = " (stale)" if t in stale else ""
-            rows.append((f"{t}", f"{count:,}", f"{change}{mark}"))
+            epochs.append((f"{t}", f"{count:,}", f"{change}{mark}"))
             previous = count
-        out.extend(_table(rows, indent="  ", left=0))
+        out.extend(_table(epochs, indent="  ", left=0))
     traces = doc["traces"]
-    rows = [("trace", "rows", "tuples", "bytes", "batches", "segments")]
+    rows: list[tuple[str, ...]] = [("trace", "rows", "tuples", "bytes", "batches", "segments")]
     keys = ("rows", "tuples", "bytes", "batches", "segments")
     for name, t in traces.items():
         rows.append((name, *(f"{t[k]:,}" for k in keys)))
