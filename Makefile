@@ -11,7 +11,7 @@ DAGSTER_ENV = $$($(BIN)/python -m wcoj_assets.instance env)
 # The demo's epochs start on its first landed day (the oldest folder), so the UI counts them only.
 DEMO_START = WCOJ_EPOCH_START=$$(ls $(DEMO)/landing/edge | head -n 1)
 
-.PHONY: demo replay ui postgres postgres-down ui-prod test test-fast benchmarks lint java clean
+.PHONY: demo replay ui postgres postgres-down ui-prod test test-fast test-e2e benchmarks lint java clean
 
 $(STAMP): pyproject.toml setup.py wcoj_core/kernel/_native.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,13 +50,22 @@ ui-prod: postgres java
 	env $(DAGSTER_ENV) DAGSTER_HOME=$(abspath $(PG_DIR)/dagster) \
 		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-## test: the whole suite (unit, oracle property tests, real SNAP graphs, CLI).
-test: $(STAMP) java
-	$(BIN)/pytest
+# Tests run on WORKERS processes (pytest-xdist), one per core by default; the end-to-end tests
+# one after another on one of them (tests/tiers.py). WORKERS=0 runs them all in this process.
+WORKERS ?= 2
+PYTEST  = $(BIN)/pytest -n $(WORKERS) --dist loadgroup
 
-## test-fast: the tests that start no JVM (no Spark, no cluster, nothing marked slow); no Java needed.
+## test: the whole suite, every tier (fast, spark, e2e, slow): what CI runs.
+test: $(STAMP) java
+	$(PYTEST)
+
+## test-fast: the fast tier: no JVM, no server, nothing marked slow; no Java needed.
 test-fast: $(STAMP)
-	$(BIN)/pytest -m "not spark and not cluster and not slow"
+	$(PYTEST) -m "not spark and not e2e and not slow"
+
+## test-e2e: the end-to-end tier alone (Dagster daemon and webserver, Postgres, clusters, ...).
+test-e2e: $(STAMP) java
+	$(PYTEST) -m e2e
 
 ## benchmarks: rerun every benchmark, rewrite docs/benchmarks.md (long: use an idle machine).
 ##   ARGS='--only curve-size' reruns one part; ARGS=--render-only rebuilds the page from docs/bench.

@@ -5,8 +5,6 @@ No Spark here: the kernel's tests (`tests/kernel`) draw from these too.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from hypothesis import strategies as st
 
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
@@ -55,13 +53,3 @@ def updates(arity: int) -> st.SearchStrategy[Updates]:
     tuple_ = st.tuples(*[DOMAIN] * arity)
     diff = st.sampled_from([1, 1, 1, 2, -1, -2])
     return st.lists(st.tuples(tuple_, diff), max_size=10)
-
-
-def signed_difference(after: Counter, before: Counter) -> Counter:
-    """``after - before`` as a signed multiset (zeros dropped)."""
-    diff: Counter = Counter()
-    for k in set(after) | set(before):
-        d = after.get(k, 0) - before.get(k, 0)
-        if d:
-            diff[k] = d
-    return diff

@@ -25,7 +25,7 @@ Five checks, each per epoch partition:
 check evaluated there once, and Dagster gives it the partition. In a run over a range (a
 single-run backfill) Dagster 1.13 plans one check row per check and partition, and only an
 `AssetCheckEvaluation` carrying the partition fills it (a result without one stays SKIPPED);
-Dagster writes those one at a time (about 35 ms each on Postgres). `CheckReporting` chooses:
+Dagster writes those one at a time (see docs/benchmarks.md for the cost). `CheckReporting` chooses:
 
 * ``auto`` (the default) — ``every`` for a range of at most `PER_PARTITION_LIMIT` (100) epochs,
   ``news`` beyond;

@@ -39,7 +39,7 @@ soon as their variables are bound; the head projects (repeated head variables to
 tuples are summed.
 
 **Exact arithmetic.** A binding's weight is the product of its atoms' multiplicities, as in
-`wcoj_core.naive`: int64 while a bound on the magnitudes proves it fits, Python ints otherwise —
+the tests' oracle: int64 while a bound on the magnitudes proves it fits, Python ints otherwise —
 never a wrapped value. Sets, bags and negative multiplicities need nothing special: the stored
 multiplicities are what the query reads.
 

@@ -428,11 +428,7 @@ class Engine:
         """A trace's figures (distinct tuples, count, negative tuples) as of `time` (default:
         the last epoch), from the manifest."""
         trace = self.store.current().trace(name)
-        found = (0, 0, 0)
-        for b in trace.batches if trace is not None else ():
-            if (time is None or b.time <= time) and b.figures is not None:
-                found = b.figures
-        return found
+        return trace.figures_at(time) if trace is not None else (0, 0, 0)
 
     def count(self, query: str | None = None, time: int | None = None) -> int:
         """A query's output count (summed multiplicity) as of `time`, from the manifest."""

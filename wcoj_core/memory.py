@@ -4,10 +4,10 @@ The kernel (`wcoj_core.kernel`) allocates large numpy arrays for every epoch: pr
 bindings, sorted keys. glibc's allocator gives an allocation above its threshold its own
 mapping and returns it to the kernel when it is freed; on a virtual machine that hands freed
 memory back to its host (free page reporting, ballooning) the next allocation's first touch then
-waits for the host, page by page. Measured on this project's 2-core VM: filling 1 GiB of fresh
-memory took 2.6-2.9 s, against 0.08 s for memory the process had already touched; the same
-static count of web-NotreDame varied between 1.0 and 2.1 s from run to run, the difference being
-spent in writing its bindings (see ``docs/benchmarks.md``).
+waits for the host, page by page: on this project's 2-core VM, filling fresh memory was tens of
+times slower than filling memory the process had already touched, and the same static count
+varied twofold from run to run, the difference spent in writing its bindings (figures in
+``docs/benchmarks.md``).
 
 `keep_freed_memory` makes the allocator keep what is freed, as the JVM keeps its heap: large
 blocks come from the process's heap instead of mappings of their own (``M_MMAP_MAX`` 0), the
@@ -20,11 +20,10 @@ It has to run before other threads allocate: a thread that allocated before it k
 heap, which glibc still trims, and later threads may be handed that heap. `wcoj_core.spark.session`
 calls it before starting Spark, and `wcoj_core.deploy.resident` when a process first keeps traces
 (a no-op on the driver by then; first thing in an executor's Python worker). Measured on the
-static count of web-NotreDame, with the setting made only when the driver's index was built, after Arrow's
-threads had read the input: 5,000-16,000 page faults per run and 1.0-1.6 s; made first,
-100-3,000 faults per run and 0.8-1.1 s after the first two runs. The cost is that a process's
-resident memory stays at its peak. Only glibc on Linux has these settings; set
-``WCOJ_KEEP_MEMORY=0`` to leave the allocators as they are.
+static count of web-NotreDame, the setting made after Arrow's threads had read the input left
+several times more page faults per run than the setting made first (``docs/benchmarks.md``).
+The cost is that a process's resident memory stays at its peak. Only glibc on Linux has these
+settings; set ``WCOJ_KEEP_MEMORY=0`` to leave the allocators as they are.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 The correctness check recomputes a query from the relations as of an epoch with no WCOJ machinery
 at all — one self-join per atom, equality conditions for shared variables, constants and repeated
 variables, the filters, and a ``GROUP BY`` of the head summing the product of the atoms'
-multiplicities (bag semantics, exactly as `wcoj_core.naive`) — and compares the result with the
-maintained output as multisets: a full outer join on the head, a mismatch wherever the two
-multiplicities differ.
+multiplicities (bag semantics, as the tests' oracle evaluates it) — and compares the result
+with the maintained output as multisets: a full outer join on the head, a mismatch wherever the
+two multiplicities differ.
 
 >>> from wcoj_core.query.parse import parse_query
 >>> print(reference_sql(parse_query("p(a, c) :- e(a, b), e(b, c), e(c, 7), a < c")))

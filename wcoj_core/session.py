@@ -52,7 +52,7 @@ class SparkStarter:
     def __call__(self, reason: str) -> SparkSession:
         """The session, started now (announced with `reason`) if it is not running yet."""
         if self._session is None:
-            from wcoj_core.arrow import lift_pandas_fence
+            from wcoj_core.fence import lift_pandas_fence
 
             lift_pandas_fence()  # pyspark's Arrow conversions need pandas
             from wcoj_core import spark

@@ -22,7 +22,7 @@ from urllib.request import url2pathname
 
 import pyarrow as pa
 
-from wcoj_core.arrow import lift_pandas_fence
+from wcoj_core.fence import lift_pandas_fence
 
 lift_pandas_fence()  # Spark work is coming: pyspark's Arrow conversions import pandas
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
@@ -149,8 +149,8 @@ def local_parquet_files(df: DataFrame) -> list[str] | None:
     "Nothing but a scan": Spark's optimized plan is one Parquet file relation without partition
     columns, or a selection of its columns (no expression, no filter, no cache), and every file
     is on the local disk. The keyed path then reads the files with pyarrow (`read_local_parquet`)
-    instead of collecting them through Spark's executors and Arrow stream (about 0.5 s for a
-    million-edge graph), and without a job at all.
+    instead of collecting them through Spark's executors and Arrow stream, and without a job
+    at all.
     """
     jdf: Any = getattr(df, "_jdf", None)  # Spark Connect's DataFrames have no JVM twin
     if jdf is None:

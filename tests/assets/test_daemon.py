@@ -51,6 +51,8 @@ EPOCHS = 4
 START = "2024-03-01"
 WAIT_SECONDS = 600
 
+pytestmark = pytest.mark.e2e  # dagster dev: the webserver and the daemon
+
 INSTANCE_YAML = """\
 telemetry:
   enabled: false

@@ -228,7 +228,7 @@ def check_records(side: Side) -> Counter[tuple[str, str, str | None, str, str]]:
 # -- the tests ----------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # a Postgres server
 def test_postgres_stores_what_sqlite_stores(scenario: Scenario) -> None:
     pg, lite = scenario.postgres, scenario.sqlite
     assert type(pg.pipeline.instance.event_log_storage) is PostgresEventLogStorage
@@ -252,7 +252,7 @@ def test_postgres_stores_what_sqlite_stores(scenario: Scenario) -> None:
         assert lite.pipeline.output("triangles", t) == expected, t
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # a Postgres server
 def test_planned_events_name_the_runs_partitions_as_one_subset(scenario: Scenario) -> None:
     assert dagster_env()["DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS"] == "1"
     assets = {
@@ -278,7 +278,7 @@ def test_planned_events_name_the_runs_partitions_as_one_subset(scenario: Scenari
                 assert sorted(p.partitions_subset.get_partition_keys()) == keys, step
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # a Postgres server
 def test_a_range_is_written_to_postgres_in_one_batch_per_asset(scenario: Scenario) -> None:
     pg = scenario.postgres
     size = int(dagster_env()["DAGSTER_EVENT_BATCH_SIZE"])
@@ -294,7 +294,7 @@ def test_a_range_is_written_to_postgres_in_one_batch_per_asset(scenario: Scenari
     assert [len(t) for t in found] == [EPOCHS - 1] * assets
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # a Postgres server
 def test_the_bad_epoch_is_reported_failed_from_postgres(scenario: Scenario) -> None:
     pg = scenario.postgres
     instance, run_id = pg.pipeline.instance, pg.runs[STEPS[2]]
@@ -318,7 +318,7 @@ def test_the_bad_epoch_is_reported_failed_from_postgres(scenario: Scenario) -> N
     assert status == {epoch_key(BAD - 1): AssetPartitionStatus.MATERIALIZED, epoch_key(BAD): None}
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # a Postgres server
 def test_every_partition_of_a_range_has_its_check_status_on_postgres(scenario: Scenario) -> None:
     from dagster._core.storage.asset_check_state import (
         AssetCheckState,
@@ -347,7 +347,7 @@ def test_every_partition_of_a_range_has_its_check_status_on_postgres(scenario: S
         assert every <= by_status["SUCCEEDED"], (key, by_status)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e  # a Postgres server
 def test_a_corrected_epoch_fails_current_history_on_later_partitions_then_a_backfill_clears_it(
     scenario: Scenario,
 ) -> None:

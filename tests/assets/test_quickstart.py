@@ -28,6 +28,7 @@ import pytest
 README = Path(__file__).resolve().parents[2] / "README.md"
 START = "2024-03-01"
 
+pytestmark = pytest.mark.e2e  # the README's quick start, as a project
 
 # Run in the project folder by a fresh interpreter: every epoch's partition, as `dagster job
 # execute` would, then the last epoch again with the binary join asked for.

@@ -10,12 +10,12 @@ from collections import Counter
 
 import pandas as pd
 import pytest
+from oracle import naive_eval
 from pandera.config import config_context
 from pyspark.sql import SparkSession
 from wcoj_support import multiset
 
 from wcoj_assets.schemas import Depth, problems, triples_schema
-from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import BUILTINS
 from wcoj_core.query.parse import parse_query
 from wcoj_core.reference import compare, reference_output

@@ -38,6 +38,8 @@ from pyspark.sql import SparkSession
 
 from wcoj_assets.landing import generate_landing
 
+pytestmark = pytest.mark.e2e  # the Dagster webserver
+
 
 @pytest.mark.skipif(not WEBSERVER.exists(), reason=f"dagster-webserver not found at {WEBSERVER}")
 def test_webserver_runs_the_first_epoch_and_its_checks_pass(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dagster import AssetKey, DagsterEventType, DagsterInstance, ExecuteInProcessResult
+from oracle import naive_eval
 from pyspark.sql import DataFrame, SparkSession
 
 from wcoj_assets.definitions import JOB_NAME, build_definitions
@@ -29,7 +30,6 @@ from wcoj_assets.instance import dagster_settings
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec, Topology
 from wcoj_core.engine import Engine
-from wcoj_core.naive import naive_eval
 
 Changes = list[tuple[tuple[int, int], int]]
 RANGE_START = "dagster/asset_partition_range_start"

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from oracle import naive_eval
 from pyspark.sql import SparkSession
 from spark_support import interpreted
 
 from wcoj_assets.specs import DEFAULT_SPECS, Topology
 from wcoj_bench import backfill as bb
 from wcoj_bench.epochs import make_workload
-from wcoj_core.naive import naive_eval
 from wcoj_core.sources import read_relation
 
 GRAPH = "rmat:scale=7,edges=600,seed=3"

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+from oracle import naive_eval
 from pyspark.sql import DataFrame, SparkSession
 
 from wcoj_bench import cli
@@ -23,7 +24,6 @@ from wcoj_core.cli import workspace
 from wcoj_core.cli.console import EXIT_USAGE
 from wcoj_core.engine import Engine, EpochResult
 from wcoj_core.generate import generate
-from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 
 TRIANGLES = builtin("triangles")

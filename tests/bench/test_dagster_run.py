@@ -24,6 +24,8 @@ from test_quickstart import readme_definitions_py, readme_defs_yaml
 
 from wcoj_bench import cli, dagster_run, page_processes
 
+pytestmark = pytest.mark.e2e  # `dagster job execute` runs, process by process
+
 
 def test_the_project_is_the_readmes_quick_start() -> None:
     assert readme_defs_yaml() == dagster_run.DEFS_YAML

@@ -83,6 +83,7 @@ def test_a_floor_that_writes_other_events_than_the_pipeline_is_refused(tmp_path:
     assert said and "empty bodies" in said[0]
 
 
+@pytest.mark.e2e  # a Postgres server
 def test_the_floor_on_postgres_is_stored_there_and_its_server_stopped(tmp_path: Path) -> None:
     """``--instance postgres``: the floor's runs go to a server of their own, with the Dagster
     settings, and the server and its temporary folder are gone after."""

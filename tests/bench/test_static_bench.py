@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from oracle import naive_eval
 from pyspark.sql import SparkSession
 
 from wcoj_bench import cli
@@ -20,7 +21,6 @@ from wcoj_bench import static as static_bench
 from wcoj_bench.epochs import BenchError
 from wcoj_bench.static import STATIC_METHODS, Runner, StaticInputs, check_methods
 from wcoj_core.generate import generate
-from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.parse import parse_query
 

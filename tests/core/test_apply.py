@@ -40,11 +40,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from oracle import fold_epoch, naive_eval, stored
 
 from wcoj_core import cli
 from wcoj_core.engine import Engine
 from wcoj_core.meaning import relation_specs
-from wcoj_core.naive import fold_epoch, naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.session import SparkStarter
 from wcoj_core.store.store import Store
@@ -141,18 +141,6 @@ def symmetric(edges: Iterable[tuple[int, int]]) -> Graph:
 
 def engine_of(state: Path) -> Engine:
     return Engine(None, str(state), TRIANGLES, relations=SPECS, create=False)
-
-
-def stored(engine: Engine, name: str, time: int | None = None) -> Graph:
-    """A trace's batches up to `time`, summed (read with pyarrow, digests checked)."""
-    trace = engine.store.current().trace(name)
-    total: Graph = Counter()
-    for b in trace.batches if trace is not None else ():
-        if time is None or b.time <= time:
-            layer = engine.read_batch(trace, b)
-            for row, d in zip(layer.rows.tolist(), layer.diff.tolist(), strict=True):
-                total[tuple(row)] += d
-    return Counter({k: v for k, v in total.items() if v})
 
 
 def manifests(state: Path) -> list[str]:

@@ -29,7 +29,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
-from strategies import queries, signed_difference, updates
+from oracle import Oracle
+from strategies import queries, updates
 
 from wcoj_core import audit as auditing
 from wcoj_core import indexes
@@ -39,7 +40,6 @@ from wcoj_core.engine import Engine
 from wcoj_core.errors import StateError
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.meaning import Meaning, RelationSpec, relation_specs
-from wcoj_core.naive import fold_epoch, naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Query
 from wcoj_core.query.parse import parse_query
@@ -55,30 +55,6 @@ CORRUPTIONS = ("drop", "add", "flip")
 def table(arity: int, ups: Ups) -> pa.Table:
     cols = {f"c{i}": pa.array([t[i] for t, _ in ups], pa.int64()) for i in range(arity)}
     return pa.table({**cols, "diff": pa.array([d for _, d in ups], pa.int64())})
-
-
-class Oracle:
-    """The relations after each epoch, folded as sets or bags (`wcoj_core.naive`)."""
-
-    def __init__(self, query: Query, specs: Mapping[str, RelationSpec]) -> None:
-        self.query = query
-        self.specs = specs
-        self.history: list[dict[str, Counter]] = []
-
-    def land(self, changes: Mapping[str, Ups]) -> None:
-        before = self.history[-1] if self.history else {r: Counter() for r in self.specs}
-        self.history.append(
-            {
-                rel: fold_epoch(
-                    before[rel], changes.get(rel, []), as_set=spec.meaning is Meaning.SET
-                )
-                for rel, spec in self.specs.items()
-            }
-        )
-
-    def change(self, t: int) -> Counter:
-        before = naive_eval(self.query, self.history[t - 1]) if t else Counter()
-        return signed_difference(naive_eval(self.query, self.history[t]), before)
 
 
 def draw_run(data: st.DataObject) -> tuple[Query, dict[str, RelationSpec], list[dict[str, Ups]]]:
@@ -112,7 +88,7 @@ def apply_all(
         engine = Engine(None, root, query, relations=specs)  # a fresh process, every epoch
         engine.apply(t, {rel: table(query.relations[rel], ups) for rel, ups in changes.items()})
         if oracle is not None:
-            oracle.land(changes)
+            oracle.land(t, changes)
             check(engine, oracle, t)
     assert engine is not None
     return engine

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracle import naive_eval
 from pyspark.sql import DataFrame, SparkSession
 
 from wcoj_core import cli
@@ -40,7 +41,6 @@ from wcoj_core.cli.inputs import parse_inputs
 from wcoj_core.engine import Engine, evaluate_static
 from wcoj_core.errors import InputError, QueryError, QuerySyntaxError, StateError, WcojError
 from wcoj_core.local_read import check_locally, read_local
-from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Var
 from wcoj_core.query.parse import parse_query, resolve_query

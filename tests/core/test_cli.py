@@ -32,6 +32,7 @@ from typing import Any
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+from oracle import naive_eval
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
@@ -41,7 +42,6 @@ from wcoj_core import replay as replay_module
 from wcoj_core import spark as wspark
 from wcoj_core.cli import workspace
 from wcoj_core.engine import Engine
-from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import BUILTINS, builtin
 from wcoj_core.query.explain import explain
 from wcoj_core.query.plan import plan_query

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from oracle import naive_eval, stored
 from pyspark.sql import SparkSession
 
 from wcoj_core import indexes
@@ -34,11 +35,11 @@ from wcoj_core.deploy.executors import Written
 from wcoj_core.deploy.sharded import Router
 from wcoj_core.engine import Engine, EpochResult
 from wcoj_core.errors import InputError, StateError
-from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.store.store import Store
 
 TRIANGLES = builtin("triangles")
+OUT = "out/triangles"
 Graph = Counter[tuple[int, ...]]
 
 
@@ -93,17 +94,6 @@ def change_of(engine: Engine, result: EpochResult, query: str = "triangles") -> 
         for row, d in zip(rows.tolist(), diff.tolist(), strict=True):
             found[tuple(row)] += d
     return Counter({k: v for k, v in found.items() if v})
-
-
-def stored(engine: Engine, name: str = "out/triangles") -> Graph:
-    """A trace's batches summed (read with pyarrow, digests checked)."""
-    trace = engine.store.current().trace(name)
-    total: Graph = Counter()
-    for b in trace.batches if trace is not None else ():
-        layer = engine.read_batch(trace, b)
-        for row, d in zip(layer.rows.tolist(), layer.diff.tolist(), strict=True):
-            total[tuple(row)] += d
-    return Counter({k: v for k, v in total.items() if v})
 
 
 def folders(root: Path) -> set[str]:
@@ -165,7 +155,7 @@ def test_every_deployment_does_the_same_work(small: SparkSession, tmp_path: Path
         for name, seen in steps.items():
             assert seen == steps["driver"], (name, t)
     for name, engine in ways.items():
-        assert stored(engine) == Counter(after), name
+        assert stored(engine, OUT) == Counter(after), name
         assert stored(engine, "rel/edge") == live(graph), name
 
 
@@ -199,7 +189,7 @@ def test_a_static_evaluation_on_the_executors_is_written_by_the_tasks_unsummed(
         assert change_of(engine, result) == Counter({k: v for k, v in expected.items() if v})
     assert [distinct for distinct, _ in seen] == [frozenset({"out/triangles"}), frozenset()]
     assert [tasks for _, tasks in seen] == [3, 3]
-    assert stored(engine) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
+    assert stored(engine, OUT) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
 
 
 def test_writers_on_both_deployments_follow_each_other_and_the_merges(
@@ -225,7 +215,7 @@ def test_writers_on_both_deployments_follow_each_other_and_the_merges(
         result = engine.apply_epoch(t, {"edge": edge_table(change)})
         assert result.metrics.deployment == ("driver", "executors")[(t // 2) % 2]
         expected = naive_eval(TRIANGLES, {"edge": live(graph)})
-        assert stored(engine) == Counter(expected), f"epoch {t}"
+        assert stored(engine, OUT) == Counter(expected), f"epoch {t}"
         assert result.count("triangles") == sum(expected.values())
         if t:
             assert result.metrics.mapped_bytes > 0 and result.metrics.read_bytes == 0, t
@@ -268,7 +258,7 @@ def test_a_failed_write_applies_nothing(tmp_path: Path, monkeypatch: pytest.Monk
     engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
     graph = Counter(epochs[0])
     graph.update(epochs[1])
-    assert stored(engine) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
+    assert stored(engine, OUT) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
 
 
 def test_a_failed_task_applies_nothing(
@@ -328,7 +318,7 @@ def test_a_failed_task_applies_nothing(
     assert result.metrics.deployment == "executors"
     graph = Counter(epochs[0])
     graph.update(epochs[1])
-    assert stored(engine) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
+    assert stored(engine, OUT) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
 
 
 def test_files_of_abandoned_attempts_are_removed(tmp_path: Path) -> None:
@@ -394,4 +384,4 @@ def test_the_choice_and_its_reason_are_recorded(small: SparkSession, tmp_path: P
     graph: Counter = Counter()
     for change in epochs:
         graph.update(change)
-    assert stored(engine) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
+    assert stored(engine, OUT) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))

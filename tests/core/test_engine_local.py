@@ -23,16 +23,15 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
-from strategies import queries, signed_difference, updates
+from oracle import Oracle, naive_counts, stored
+from strategies import queries, updates
 
 from wcoj_core import indexes
 from wcoj_core.engine import Engine
 from wcoj_core.errors import EpochAlreadyApplied, StateError
 from wcoj_core.meaning import Meaning, RelationSpec, relation_specs
-from wcoj_core.naive import fold_epoch, naive_eval
 from wcoj_core.query.builtins import builtin
-from wcoj_core.query.ir import Const, Query
-from wcoj_core.query.plan import Arrangement, Kind
+from wcoj_core.query.plan import Kind
 from wcoj_core.traces import counts_trace_name, output_trace_name, relation_trace_name
 
 Ups = list[tuple[tuple[int, ...], int]]
@@ -41,18 +40,6 @@ Ups = list[tuple[tuple[int, ...], int]]
 def table(arity: int, ups: Ups) -> pa.Table:
     cols = {f"c{i}": pa.array([t[i] for t, _ in ups], pa.int64()) for i in range(arity)}
     return pa.table({**cols, "diff": pa.array([d for _, d in ups], pa.int64())})
-
-
-def stored(engine: Engine, name: str, time: int | None = None) -> Counter[tuple[int, ...]]:
-    """A trace's batches up to `time`, summed (read with pyarrow, digests checked)."""
-    trace = engine.store.current().trace(name)
-    total: Counter[tuple[int, ...]] = Counter()
-    for b in trace.batches if trace is not None else ():
-        if time is None or b.time <= time:
-            layer = engine.read_batch(trace, b)
-            for row, d in zip(layer.rows.tolist(), layer.diff.tolist(), strict=True):
-                total[tuple(row)] += d
-    return Counter({k: v for k, v in total.items() if v})
 
 
 def as_counter(rows: np.ndarray, diff: np.ndarray) -> Counter[tuple[int, ...]]:
@@ -68,63 +55,6 @@ def figures_of(c: Mapping[tuple[int, ...], int]) -> tuple[int, int, int]:
         sum(c.values()),
         sum(1 for v in c.values() if v < 0),
     )
-
-
-def naive_counts(a: Arrangement, tuples: Mapping[tuple[int, ...], int]) -> Counter:
-    """counts[key] of a view: distinct view tuples per key."""
-    seen: set[tuple[int, ...]] = set()
-    for tup, d in tuples.items():
-        if d == 0:
-            continue
-        first: dict[int, int] = {}
-        ok = True
-        for col, p in enumerate(a.view.pattern):
-            if isinstance(p, Const):
-                ok &= tup[col] == p.value
-            elif p in first:
-                ok &= tup[col] == tup[first[p]]
-            else:
-                first[p] = col
-        if ok:
-            seen.add(tuple(tup[first[j]] for j in range(a.view.arity)))
-    return Counter(tuple(v[k] for k in a.key) for v in seen)
-
-
-class Oracle:
-    """The relations epoch by epoch, folded as sets or bags, and the query over them."""
-
-    def __init__(self, query: Query, specs: Mapping[str, RelationSpec]) -> None:
-        self.query = query
-        self.specs = specs
-        self.history: list[dict[str, Counter]] = []  # state after each epoch
-        self.landed: list[Mapping[str, Ups]] = []
-
-    def state(self, t: int) -> dict[str, Counter]:
-        if t < 0:
-            return {rel: Counter() for rel in self.specs}
-        return self.history[t]
-
-    def land(self, t: int, changes: Mapping[str, Ups]) -> None:
-        """Set (or replace) epoch t's landed changes, and fold every epoch from t on again."""
-        while len(self.landed) <= t:
-            self.landed.append({})
-        self.landed[t] = changes
-        self.history = self.history[:t]
-        for k in range(t, len(self.landed)):
-            before = self.state(k - 1)
-            after = {}
-            for rel, spec in self.specs.items():
-                ups = list(self.landed[k].get(rel, []))
-                if spec.undirected:
-                    ups = [x for (a, b), d in ups if a != b for x in (((a, b), d), ((b, a), d))]
-                after[rel] = fold_epoch(before[rel], ups, as_set=spec.meaning is Meaning.SET)
-            self.history.append(after)
-
-    def output(self, t: int) -> Counter:
-        return naive_eval(self.query, self.state(t))
-
-    def change(self, t: int) -> Counter:
-        return signed_difference(self.output(t), self.output(t - 1))
 
 
 def check_epoch(engine: Engine, oracle: Oracle, t: int, result) -> None:

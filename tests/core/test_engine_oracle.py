@@ -21,16 +21,16 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
+from oracle import naive_counts, naive_eval, signed_difference
 from pyspark.sql import DataFrame, SparkSession
-from strategies import Rel, queries, signed_difference, updates
+from strategies import Rel, queries, updates
 
 from wcoj_core.deploy import Limits
 from wcoj_core.engine import Engine
 from wcoj_core.meaning import Meaning, RelationSpec
-from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import BUILTINS, builtin
-from wcoj_core.query.ir import Const, Query, Var
-from wcoj_core.query.plan import Arrangement, Kind, valid_orders
+from wcoj_core.query.ir import Query, Var
+from wcoj_core.query.plan import Kind, valid_orders
 from wcoj_core.traces import counts_trace_name
 
 
@@ -257,23 +257,3 @@ def test_driver_and_executor_epochs_interleave_and_match_the_oracle(
                 cols = [f"c{k}" for k in a.key]
                 stored = Counter({tuple(r[c] for c in cols): r["diff"] for r in df.collect()})
                 assert stored == naive_counts(a, state[a.view.relation]), f"epoch {t}: {a}"
-
-
-def naive_counts(a: Arrangement, tuples: Rel) -> Counter:
-    """counts[key] of a view, from the relation's tuples: distinct view tuples per key."""
-    seen: set[tuple[int, ...]] = set()
-    for tup, d in tuples.items():
-        if d == 0:
-            continue
-        first: dict[int, int] = {}
-        ok = True
-        for col, p in enumerate(a.view.pattern):
-            if isinstance(p, Const):
-                ok &= tup[col] == p.value
-            elif p in first:
-                ok &= tup[col] == tup[first[p]]
-            else:
-                first[p] = col
-        if ok:
-            seen.add(tuple(tup[first[j]] for j in range(a.view.arity)))
-    return Counter(tuple(v[k] for k in a.key) for v in seen)

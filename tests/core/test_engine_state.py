@@ -35,6 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from oracle import naive_delta, naive_eval, stored
 
 from wcoj_core import epoch as epoch_module
 from wcoj_core import indexes
@@ -42,7 +43,6 @@ from wcoj_core.deploy import cluster
 from wcoj_core.engine import Engine, EpochResult
 from wcoj_core.errors import ConcurrentCommit, EpochAlreadyApplied, StateError
 from wcoj_core.meaning import relation_specs
-from wcoj_core.naive import naive_delta, naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Query
 from wcoj_core.query.plan import Kind
@@ -105,18 +105,6 @@ def specs(queries: Iterable[Query]) -> dict[str, Any]:
     for q in queries:
         arities.update(q.relations)
     return relation_specs(arities)
-
-
-def stored(engine: Engine, name: str, time: int | None = None) -> Graph:
-    """A trace's batches up to `time`, summed (read with pyarrow, digests checked)."""
-    trace = engine.store.current().trace(name)
-    total: Graph = Counter()
-    for b in trace.batches if trace is not None else ():
-        if time is None or b.time <= time:
-            layer = engine.read_batch(trace, b)
-            for row, d in zip(layer.rows.tolist(), layer.diff.tolist(), strict=True):
-                total[tuple(row)] += d
-    return Counter({k: v for k, v in total.items() if v})
 
 
 def change_of(engine: Engine, result: EpochResult, query: str) -> Graph:
@@ -338,7 +326,7 @@ def test_a_failed_epoch_leaves_the_state_intact(
 
 CHILD = """
 import os, signal, sys
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, os.path.dirname({here!r})]  # the test module, the oracle
 from test_engine_state import TRIANGLES, epoch_changes, graph_at, specs, table
 from wcoj_core.engine import Engine
 from wcoj_core.store.store import Store

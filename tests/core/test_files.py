@@ -7,11 +7,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from oracle import naive_eval
 from pyspark.sql import SparkSession
 
 from wcoj_core.engine import Engine
 from wcoj_core.meaning import relation_specs
-from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.store import files
 from wcoj_core.store import store as store_module

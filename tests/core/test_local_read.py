@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from oracle import naive_eval
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from wcoj_core.engine import Engine, evaluate_static
 from wcoj_core.errors import InputError
 from wcoj_core.local_read import read_local
-from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Query
 from wcoj_core.sources import read_relation

@@ -12,9 +12,9 @@ from collections import Counter
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from oracle import Relations, accumulate, fold_epoch, naive_delta, naive_eval
 
 from wcoj_core.errors import QueryError
-from wcoj_core.naive import Relations, accumulate, fold_epoch, naive_delta, naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
 from wcoj_core.query.parse import parse_query

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from oracle import naive_delta, naive_eval
 from pyspark.sql import SparkSession
 
 from wcoj_core.engine import Engine, EpochResult, StepMetrics
 from wcoj_core.meaning import relation_specs
-from wcoj_core.naive import naive_delta, naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.plan import Plan, Version
 

@@ -20,7 +20,8 @@ from contextlib import contextmanager
 import numpy as np
 from hypothesis import given, note
 from hypothesis import strategies as st
-from strategies import Rel, queries, signed_difference, updates
+from oracle import naive_eval, signed_difference
+from strategies import Rel, queries, updates
 
 from wcoj_core.kernel import step
 from wcoj_core.kernel.changes import counts_delta, output_changes, support_delta
@@ -35,7 +36,6 @@ from wcoj_core.kernel.join import (
     weights,
 )
 from wcoj_core.kernel.layer import Layer
-from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Query
 from wcoj_core.query.plan import Kind, Plan, plan_query, valid_orders

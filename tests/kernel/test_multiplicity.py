@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
-from strategies import Rel, queries, signed_difference
+from oracle import naive_eval, signed_difference
+from strategies import Rel, queries
 from test_join import epoch_layers, kernel_change
 
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.join import RuleTally, count_rule
 from wcoj_core.kernel.layer import Layer, enumerate_ranges, lookup_sum, merged
 from wcoj_core.kernel.multiplicity import sums_at, times, total
-from wcoj_core.naive import naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Atom, Query
 from wcoj_core.query.parse import parse_query

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from oracle import fold_epoch, naive_eval
 
 from wcoj_core import cli
 from wcoj_core.deploy.batches import BatchFiles
-from wcoj_core.naive import fold_epoch, naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.segments import open_segment
 from wcoj_core.store import names

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from oracle import naive_eval
 from reliability_support import (
     TRIANGLES,
     committed_epoch,
@@ -34,7 +35,6 @@ from reliability_support import (
 )
 
 from wcoj_bench import cluster
-from wcoj_core.naive import naive_eval
 
 GRAPH = "rmat:scale=10,edges=6000,seed=5"
 

@@ -1,4 +1,5 @@
-"""The ``wcoj`` command line: count a query statically, replay it over epochs, explain its plan.
+"""The ``wcoj`` command line: count a query statically, replay it over epochs, apply an epoch to a
+kept state, verify a state or say what it holds, explain a query's plan.
 
 Commands (one module each)::
 
@@ -10,6 +11,7 @@ Commands (one module each)::
                  [--set REL] [--bag REL] [--replace] [--output FILE [--force]]
                  [--deploy WHERE] [--json]
     wcoj verify  STATE [--repair] [--json]
+    wcoj status  STATE [--json]
     wcoj explain --query Q
     wcoj --version
 
@@ -58,14 +60,15 @@ EXIT_INTERRUPTED = 130
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status.
 
-    The program's modules (numpy, pyarrow, the engine: most of a second) are imported here,
-    where an interruption is still reported on one line. A process that is the command
+    The program is imported here, where an interruption is still reported on one line (and
+    the program imports the modules of the command it runs the same way: numpy, pyarrow, the
+    engine, most of a second on a cold cache). A process that is the command
     (`argv` None: its own command line) keeps pandas out until Spark starts (see
-    `wcoj_core.arrow`).
+    `wcoj_core.fence`).
     """
     try:
         if argv is None:  # the process is the command: pandas stays out until Spark starts
-            from wcoj_core.arrow import fence_pandas
+            from wcoj_core.fence import fence_pandas
 
             fence_pandas()
         from wcoj_core.cli.program import run

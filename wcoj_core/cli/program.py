@@ -1,16 +1,23 @@
 """The ``wcoj`` program: its parser, its commands and how every failure ends (see
-`wcoj_core.cli`, whose `main` imports this module only once it can report an interruption)."""
+`wcoj_core.cli`, whose `main` imports this module only once it can report an interruption).
+
+Each command is a module of `wcoj_core.cli` (`COMMANDS`), imported when the command line names
+it: a command that reads a manifest (``status``) does not pay for the engine's imports (numpy,
+pyarrow, most of a second on a cold cache). Only ``--help`` and a mistake in the command's name
+import them all.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import sys
 import traceback
 import warnings
 from collections.abc import Sequence
 from importlib import metadata
 
-from wcoj_core.cli import apply, count, explain, replay, verify
 from wcoj_core.cli.console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -22,7 +29,6 @@ from wcoj_core.cli.console import (
     spark_message,
 )
 from wcoj_core.errors import WcojError
-from wcoj_core.memory import keep_freed_memory
 
 __all__ = ["run"]
 
@@ -34,21 +40,39 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _parser() -> argparse.ArgumentParser:
+# The commands in the order ``--help`` lists them, each a module with `add_parser`; and those
+# that hold no arrays, which leave the allocator as it is (and so never import pyarrow).
+COMMANDS = ("count", "replay", "apply", "verify", "status", "explain")
+NO_ARRAYS = frozenset({"status", "explain"})
+
+
+def _parser(named: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of the `named` commands."""
     parser = Parser(prog=PROG, description="Incremental worst-case-optimal joins on Spark.")
     parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (count, replay, apply, verify, explain):
-        command.add_parser(commands)
+    for name in named:
+        importlib.import_module(f"wcoj_core.cli.{name}").add_parser(commands)
     return parser
 
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     debug = os.environ.get("WCOJ_DEBUG") == "1"
-    keep_freed_memory()  # before anything allocates (see `wcoj_core.memory`)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The command the first argument names, or every command (``--help``, a mistake).
+    named = argv[:1] if argv and argv[0] in COMMANDS else COMMANDS
+    try:  # the imports: most of a second, where a Ctrl-C is still one line
+        if not NO_ARRAYS.issuperset(named):
+            from wcoj_core.memory import keep_freed_memory
+
+            keep_freed_memory()  # before anything allocates (see `wcoj_core.memory`)
+        parser = _parser(named)
+    except KeyboardInterrupt:
+        error("interrupted: nothing was applied")
+        return EXIT_INTERRUPTED
     try:
-        args = _parser().parse_args(argv)
+        args = parser.parse_args(argv)
         with warnings.catch_warnings():
             # PySpark warns about the pandas version on its first DataFrame; not the user's issue.
             warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")

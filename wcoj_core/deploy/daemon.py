@@ -1,12 +1,12 @@
 """Spark's Python daemon with the kernel already imported, so a new Python worker starts warm.
 
 An executor starts its Python workers by forking them from one daemon process, which lives as
-long as the executor. Spark ends a worker that has been idle for about a minute (hard-coded,
-`../shared/notes/executor_state.md`), so an epoch that arrives later meets a new worker. The
+long as the executor. Spark ends a worker that has been idle for about a minute (a timeout
+hard-coded in its worker factory), so an epoch that arrives later meets a new worker. The
 stock daemon (`pyspark.daemon`) imports almost nothing before it forks: each new worker then
 imports pyspark's worker, numpy, pyarrow, the kernel and (through pyarrow's first conversion to
-numpy) pandas, about half a second on a 2-core machine before its task does any work. This
-daemon does those imports once, before it forks; a new worker inherits them.
+numpy) pandas before its task does any work (docs/benchmarks.md, "Epochs minutes apart on the
+cluster"). This daemon does those imports once, before it forks; a new worker inherits them.
 
 A worker maps the state's arrangement files where the state keeps them (`wcoj_core.indexes`),
 pages the previous worker read still in the page cache; with this daemon, a worker that replaces

@@ -5,7 +5,7 @@ One implementation of the algorithm, deployed by `wcoj_core.deploy` on the drive
 Spark's executors. Its inner loops are C (`_native.c`, built by `pip install`; `native` loads
 it, never stale): sorting and consolidating, lookups, counting, and one pass of propose and
 validate per step, releasing the GIL and running on several threads when asked. The naive
-oracle (`wcoj_core.naive`) and the audit stay the independent checks.
+oracle (`tests/oracle.py`) and the audit stay the independent checks.
 
 * `native` — the compiled module, loaded (or built once into a cache when stale);
 * `keys` — order-preserving search keys (packed integers, or bytes);

@@ -136,6 +136,22 @@ class Trace:
         """Stored rows visible at `time`; 0 means the collection is certainly empty."""
         return sum(b.rows for b in self.visible(time, strict))
 
+    def figures_at(self, time: int | None = None) -> Figures:
+        """The trace's figures as of `time` (default: its last epoch): those of its last batch
+        at or before `time` that carries figures, (0, 0, 0) when none does."""
+        found: Figures = (0, 0, 0)
+        for b in self.batches:
+            if (time is None or b.time <= time) and b.figures is not None:
+                found = b.figures
+        return found
+
+    def bytes(self) -> int:
+        """The size of every file the trace's batches and index segments hold."""
+        size = sum(f.size for b in self.batches for f in b.files)
+        if self.index is not None:
+            size += sum(f.size for s in self.index.segments for f in s.files.values())
+        return size
+
     def with_batch(self, batch: Batch) -> Trace:
         return replace(self, batches=(*self.batches, batch))
 

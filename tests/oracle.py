@@ -1,18 +1,25 @@
-"""The naive oracle: conjunctive queries over in-memory multisets, in pure Python.
+"""The tests' oracle: conjunctive queries over in-memory multisets in pure Python, the relations
+epoch by epoch, and a state's traces read back — what every engine result is checked against.
 
-This is the reference every Spark result is checked against, so it is written to be obviously
-right first and only then reasonably fast. It imports no Spark.
+No Spark and no engine code in the evaluation: it is written to be obviously right first and
+only then reasonably fast. (It lived in the product as ``wcoj_core/naive.py``; only the tests
+used it. The product's own checks — `wcoj_core.audit`, `wcoj_core.reference` — are independent
+evaluations of their own, sized for real data.)
 
-A relation is a mapping from tuples to signed integer multiplicities; tuples with multiplicity
-zero are ignored, and a relation the query uses but that is absent counts as empty. Evaluation
-has exact bag semantics: the multiplicity of a head tuple is the sum, over every binding of the
-body variables that matches every atom (constants equal, repeated variables equal) and passes
-every filter, of the product of the multiplicities of the matched tuples -- one factor per atom,
-so a relation used twice contributes two factors. Results that sum to zero are dropped.
+**Evaluation** (`naive_eval`). A relation is a mapping from tuples to signed integer
+multiplicities; tuples with multiplicity zero are ignored, and a relation the query uses but
+that is absent counts as empty. Evaluation has exact bag semantics: the multiplicity of a head
+tuple is the sum, over every binding of the body variables that matches every atom (constants
+equal, repeated variables equal) and passes every filter, of the product of the multiplicities
+of the matched tuples -- one factor per atom, so a relation used twice contributes two factors.
+Results that sum to zero are dropped. The search backtracks over the atoms in body order. Each
+atom is looked up through a hash index on the positions already bound when it is reached (built
+on first use), and each filter is checked as soon as its last variable is bound.
 
-The search backtracks over the atoms in body order. Each atom is looked up through a hash index
-on the positions already bound when it is reached (built on first use), and each filter is
-checked as soon as its last variable is bound.
+**Epochs** (`fold_epoch`, `Oracle`): a relation after an epoch of landed changes, as a set or a
+bag, and an undirected relation read in both directions without self-loops, as the engine
+reads them. **Arrangements** (`naive_counts`): what a counts arrangement holds. **Stored
+traces** (`stored`): a state's trace summed from its batches, as the engine wrote them.
 
 >>> from wcoj_core.query.parse import parse_query
 >>> q = parse_query("p(a, c) :- e(a, b), e(b, c)")
@@ -25,9 +32,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from wcoj_core.errors import QueryError
+from wcoj_core.meaning import Meaning, RelationSpec
 from wcoj_core.query.ir import Const, Query, Term, Var
+from wcoj_core.query.plan import Arrangement
+
+if TYPE_CHECKING:
+    from wcoj_core.engine import Engine
 
 Relations = Mapping[str, Mapping[tuple[int, ...], int]]
 _Bucket = list[tuple[tuple[int, ...], int]]
@@ -180,14 +193,21 @@ def naive_delta(query: Query, before: Relations, after: Relations) -> Counter[tu
     >>> naive_delta(q, {"e": {(1,): 1, (2,): 1}}, {"e": {(2,): 3, (3,): 1}})
     Counter({(2,): 2, (3,): 1, (1,): -1})
     """
-    old = naive_eval(query, before)
-    new = naive_eval(query, after)
-    delta: Counter[tuple[int, ...]] = Counter()
-    for row in old.keys() | new.keys():
-        change = new.get(row, 0) - old.get(row, 0)
-        if change != 0:
-            delta[row] = change
-    return delta
+    return signed_difference(naive_eval(query, after), naive_eval(query, before))
+
+
+def signed_difference(after: Mapping, before: Mapping) -> Counter:
+    """``after - before`` as a signed multiset (zeros dropped).
+
+    >>> signed_difference({(1,): 2, (2,): 1}, {(2,): 1, (3,): 1})
+    Counter({(1,): 2, (3,): -1})
+    """
+    diff: Counter = Counter()
+    for k in after.keys() | before.keys():
+        d = after.get(k, 0) - before.get(k, 0)
+        if d:
+            diff[k] = d
+    return diff
 
 
 def accumulate(
@@ -238,3 +258,77 @@ def fold_epoch(
         else:
             after[data] += s
     return Counter({k: v for k, v in after.items() if v})
+
+
+Ups = list[tuple[tuple[int, ...], int]]
+
+
+class Oracle:
+    """The relations epoch by epoch, folded as sets or bags (undirected ones read in both
+    directions, self-loops dropped), and the query over them."""
+
+    def __init__(self, query: Query, specs: Mapping[str, RelationSpec]) -> None:
+        self.query = query
+        self.specs = specs
+        self.history: list[dict[str, Counter]] = []  # state after each epoch
+        self.landed: list[Mapping[str, Ups]] = []
+
+    def state(self, t: int) -> dict[str, Counter]:
+        if t < 0:
+            return {rel: Counter() for rel in self.specs}
+        return self.history[t]
+
+    def land(self, t: int, changes: Mapping[str, Ups]) -> None:
+        """Set (or replace) epoch t's landed changes, and fold every epoch from t on again."""
+        while len(self.landed) <= t:
+            self.landed.append({})
+        self.landed[t] = changes
+        self.history = self.history[:t]
+        for k in range(t, len(self.landed)):
+            before = self.state(k - 1)
+            after = {}
+            for rel, spec in self.specs.items():
+                ups = list(self.landed[k].get(rel, []))
+                if spec.undirected:
+                    ups = [x for (a, b), d in ups if a != b for x in (((a, b), d), ((b, a), d))]
+                after[rel] = fold_epoch(before[rel], ups, as_set=spec.meaning is Meaning.SET)
+            self.history.append(after)
+
+    def output(self, t: int) -> Counter:
+        return naive_eval(self.query, self.state(t))
+
+    def change(self, t: int) -> Counter:
+        return signed_difference(self.output(t), self.output(t - 1))
+
+
+def naive_counts(a: Arrangement, tuples: Mapping[tuple[int, ...], int]) -> Counter:
+    """counts[key] of a view, from the relation's tuples: distinct view tuples per key."""
+    seen: set[tuple[int, ...]] = set()
+    for tup, d in tuples.items():
+        if d == 0:
+            continue
+        first: dict[int, int] = {}
+        ok = True
+        for col, p in enumerate(a.view.pattern):
+            if isinstance(p, Const):
+                ok &= tup[col] == p.value
+            elif p in first:
+                ok &= tup[col] == tup[first[p]]
+            else:
+                first[p] = col
+        if ok:
+            seen.add(tuple(tup[first[j]] for j in range(a.view.arity)))
+    return Counter(tuple(v[k] for k in a.key) for v in seen)
+
+
+def stored(engine: Engine, name: str, time: int | None = None) -> Counter[tuple[int, ...]]:
+    """A trace's batches up to `time` (all of them for None), summed: read with pyarrow, their
+    digests checked."""
+    trace = engine.store.current().trace(name)
+    total: Counter[tuple[int, ...]] = Counter()
+    for b in trace.batches if trace is not None else ():
+        if time is None or b.time <= time:
+            layer = engine.read_batch(trace, b)
+            for row, d in zip(layer.rows.tolist(), layer.diff.tolist(), strict=True):
+                total[tuple(row)] += d
+    return Counter({k: v for k, v in total.items() if v})
