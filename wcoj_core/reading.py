@@ -1,57 +1,109 @@
-"""A state's traces as Spark DataFrames: what readers outside the engine see.
+"""A state's traces read back by readers outside the engine: exactly the files the manifest
+lists, checked.
 
-The batches of a trace are Parquet folders of update triples; a trace as of an epoch is the
-sum of its batches up to it. `accumulated` reads them with Spark (for the Dagster IO manager,
-the Spark SQL check and the tests), consolidated: one row per tuple with a non-zero summed
-multiplicity. `changes_at` is one epoch's batch.
+A trace is a list of batches; the manifest lists each batch's files (name, size, sha256), its
+rows and its epoch. A trace as of an epoch is the sum of its batches up to it. Every reader here
+reads **the files the manifest lists and no other** — a file dropped into a batch folder is never
+read (``wcoj verify`` names it) — and checks what it reads before using it:
+
+* `read_table` (a trace as of an epoch, consolidated: one row per tuple with a non-zero summed
+  multiplicity) and `change_table` (one epoch's stored change) read with pyarrow, without a JVM:
+  each file is read whole and checked against its size and digest, and each batch's files
+  against its row count;
+* `accumulated`, `changes_at` and `read_batches` give the same as Spark DataFrames (for the
+  Dagster IO manager, `Engine.output` and `Engine.relation`, the Spark SQL check): Spark is
+  handed the listed files by path, never a folder, after each was checked here — its size
+  always, its digest too on a local disk unless its stamp (inode, modification and change
+  times) shows it is the file written, and its rows (Parquet footers) against the batch's.
+
+Columns are ``c0 .. c{k-1}`` and ``diff``. A damaged file raises `DamagedBatch` naming it and
+what is wrong; an unknown trace, or an epoch before a compaction frontier, `StateError`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pyarrow as pa
+
 from wcoj_core.errors import StateError
+from wcoj_core.store.manifest import Batch, Manifest, Trace
+from wcoj_core.traces import DIFF
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from wcoj_core.engine import Engine
-    from wcoj_core.store.manifest import Batch, Trace
+
+__all__ = ["accumulated", "change_table", "changes_at", "read_batches", "read_table"]
 
 
-def read_batches(engine: Engine, trace: Trace, batches: list[Batch]) -> DataFrame:
-    """The update triples of some batches of a trace (time dropped), unconsolidated."""
-    from wcoj_core.updates import update_schema
-
-    spark = engine.spark("reading stored batches as Spark DataFrames")
-    schema = update_schema(trace.columns)
-    live = [b for b in batches if b.rows > 0]
-    if not live:
-        return spark.createDataFrame([], update_schema(trace.columns, with_time=False))
-    paths = [engine.files.uri(engine.files.full(b.path)) for b in live]
-    return spark.read.schema(schema).parquet(*paths).drop("time")
-
-
-def accumulated(engine: Engine, name: str, time: int | None) -> DataFrame:
-    """A trace as of `time` (default: the last epoch), consolidated."""
-    from wcoj_core.updates import consolidate
-
+def _trace(engine: Engine, name: str) -> tuple[Manifest, Trace]:
     m = engine.store.current()
     trace = m.trace(name)
     if trace is None:
         raise StateError(f"{name!r} is not in the state at {engine.store.root}")
+    return m, trace
+
+
+def _as_of(engine: Engine, name: str, time: int | None) -> tuple[Trace, list[Batch]]:
+    """A trace and its batches as of `time` (default: the last epoch)."""
+    m, trace = _trace(engine, name)
     if time is not None and m.frontier is not None and time < m.frontier:
         raise StateError(
             f"history before epoch {m.frontier} was compacted in {engine.store.root}; "
             f"cannot read {name!r} as of epoch {time}"
         )
-    return consolidate(read_batches(engine, trace, list(trace.visible(time))), trace.columns)
+    return trace, list(trace.visible(time))
+
+
+def _table(columns: tuple[str, ...], rows: np.ndarray, diff: np.ndarray) -> pa.Table:
+    arrays = [pa.array(np.ascontiguousarray(rows[:, j]), pa.int64()) for j in range(len(columns))]
+    return pa.Table.from_arrays([*arrays, pa.array(diff, pa.int64())], names=[*columns, DIFF])
+
+
+def _read(engine: Engine, trace: Trace, batches: list[Batch]) -> pa.Table:
+    """Batches of a trace summed into one table: one row per tuple with a non-zero sum, sorted."""
+    layer = engine.files.read_layer(trace.columns, batches)
+    return _table(trace.columns, np.asarray(layer.rows), np.asarray(layer.diff))
+
+
+def read_table(engine: Engine, name: str, time: int | None = None) -> pa.Table:
+    """A trace as of `time` (default: the last epoch), consolidated, read with pyarrow from
+    exactly the files the manifest lists, each checked (see the module)."""
+    trace, batches = _as_of(engine, name, time)
+    return _read(engine, trace, batches)
+
+
+def change_table(engine: Engine, name: str, epoch: int) -> pa.Table:
+    """A trace's stored change at `epoch` (``c0 ..``, ``diff``; empty when none), read with
+    pyarrow from exactly the files the manifest lists, each checked (see the module)."""
+    _, trace = _trace(engine, name)
+    return _read(engine, trace, [b for b in trace.batches if b.time == epoch])
+
+
+def read_batches(engine: Engine, trace: Trace, batches: list[Batch]) -> DataFrame:
+    """The update triples of some batches of a trace (time dropped), unconsolidated, in Spark:
+    exactly the files they list, each checked before Spark reads it (see the module)."""
+    from wcoj_core.updates import update_schema
+
+    uris = [uri for b in batches for uri in engine.files.checked_uris(b)]
+    spark = engine.spark("reading stored batches as Spark DataFrames")
+    if not uris:
+        return spark.createDataFrame([], update_schema(trace.columns, with_time=False))
+    return spark.read.schema(update_schema(trace.columns)).parquet(*uris).drop("time")
+
+
+def accumulated(engine: Engine, name: str, time: int | None) -> DataFrame:
+    """A trace as of `time` (default: the last epoch), consolidated, in Spark."""
+    from wcoj_core.updates import consolidate
+
+    trace, batches = _as_of(engine, name, time)
+    return consolidate(read_batches(engine, trace, batches), trace.columns)
 
 
 def changes_at(engine: Engine, name: str, epoch: int) -> DataFrame:
-    """A trace's stored change at `epoch` (columns.., diff)."""
-    m = engine.store.current()
-    trace = m.trace(name)
-    if trace is None:
-        raise StateError(f"{name!r} is not in the state at {engine.store.root}")
+    """A trace's stored change at `epoch` (columns.., diff), in Spark."""
+    _, trace = _trace(engine, name)
     return read_batches(engine, trace, [b for b in trace.batches if b.time == epoch])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import threading
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -43,10 +45,27 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def interrupt_once() -> None:
+    """Let the first Ctrl-C interrupt the command and ignore the ones after it: a command
+    being interrupted reports how it stopped on one line, and a second Ctrl-C while it does
+    (or while Python joins a pool's threads at exit) would end in a traceback instead."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def first(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, first)
+
+
 def run(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
+    """Run the command line; return the exit status. A process that is the command (`argv`
+    None) lets only its first Ctrl-C interrupt it (`interrupt_once`)."""
     debug = os.environ.get("WCOJ_DEBUG") == "1"
     keep_freed_memory()  # before anything allocates (see `wcoj_core.memory`)
+    if argv is None:
+        interrupt_once()
     try:
         args = _parser().parse_args(argv)
         with warnings.catch_warnings():
@@ -58,6 +77,15 @@ def run(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         error("interrupted")
         return EXIT_INTERRUPTED
+    except MemoryError as exc:
+        if debug:
+            traceback.print_exc()
+        detail = " ".join(str(exc).split())[:200]
+        error(
+            f"out of memory{f' ({detail})' if detail else ''}: the command stopped; what it had "
+            "committed stays, nothing else was written (give it more memory, or less work at once)"
+        )
+        return EXIT_FAILED
     except WcojError as exc:
         if debug:
             traceback.print_exc()

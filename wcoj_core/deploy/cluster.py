@@ -68,8 +68,8 @@ def run_rules(
         TraceRead(
             name,
             m.traces[name].columns,
-            tuple((b.path, b.rows) for b in m.traces[name].batches if b.time < epoch),
-            ((changes[name].path, changes[name].rows),) if name in changes else (),
+            tuple(b for b in m.traces[name].batches if b.time < epoch),
+            (changes[name],) if name in changes else (),
             trace=None if sharded else m.traces[name],
             keys=engine.views[name],
         )

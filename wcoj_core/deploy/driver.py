@@ -54,7 +54,13 @@ def run_on_driver(work: Work, layers: EpochLayers, *, workers: int = WORKERS) ->
         for job in work.rules:
             prepare(work.plans[job.query], work.rule(job), layers)
         with ThreadPoolExecutor(workers) as pool:
-            made = list(pool.map(lambda i: _lean(run_share(work, layers, i, count)), range(count)))
+            try:
+                made = list(
+                    pool.map(lambda i: _lean(run_share(work, layers, i, count)), range(count))
+                )
+            except BaseException:  # a Ctrl-C, a failed share: no share starts after it
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     else:
         made = [_lean(run_share(work, layers, 0, 1))]
     return _collect(work, made)
