@@ -209,7 +209,9 @@ def run(args: argparse.Namespace) -> int:
         error(f"{out_of_memory(e)} after epoch {args.epoch} was applied")
         return EXIT_FAILED
     except WcojError as e:
-        raise UsageError(f"epoch {args.epoch} was applied, but {e}") from e
+        raise UsageError(
+            f"epoch {args.epoch} was applied (generation {result.generation}), but {e}"
+        ) from e
 
 
 def _stopped(

@@ -169,29 +169,38 @@ def write_tuples(
     `force`, `inputs` and `state` as given to `check_output`, which is checked again here (the
     file may have appeared since).
     """
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
     check_output(str(target), force=force, inputs=inputs, state=state)
     table: pa.Table = rows if isinstance(rows, pa.Table) else _collect(rows)
     table = table.select([c for c in table.column_names if c != TIME])
     scratch = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
-        with os.fdopen(fd, "wb") as sink:
-            if kind is OutputFormat.PARQUET:
-                pq.write_table(table, sink)
-            else:
-                # The header is written here: older pyarrow quotes every column name.
-                sink.write((",".join(table.column_names) + "\n").encode())
-                options = pacsv.WriteOptions(include_header=False, quoting_style="none")
-                pacsv.write_csv(table, sink, write_options=options)
-            sink.flush()
-            os.fsync(sink.fileno())
+        _write(table, scratch, kind)
         _move(scratch, target, force)
+    except OSError as e:  # a full disk, a folder gone meanwhile: one line, nothing left there
+        raise UsageError(
+            f"--output {target}: cannot be written ({e.strerror or e}); nothing was written there"
+        ) from e
     finally:
         scratch.unlink(missing_ok=True)
     return table.num_rows
+
+
+def _write(table: pa.Table, scratch: Path, kind: OutputFormat) -> None:
+    """Write `table` into the new file `scratch`, durably."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    with os.fdopen(fd, "wb") as sink:
+        if kind is OutputFormat.PARQUET:
+            pq.write_table(table, sink)
+        else:
+            # The header is written here: older pyarrow quotes every column name.
+            sink.write((",".join(table.column_names) + "\n").encode())
+            options = pacsv.WriteOptions(include_header=False, quoting_style="none")
+            pacsv.write_csv(table, sink, write_options=options)
+        sink.flush()
+        os.fsync(sink.fileno())
 
 
 def _move(scratch: Path, target: Path, force: bool) -> None:
