@@ -485,3 +485,22 @@ def test_minor_a_state_that_lost_its_marker_says_so(history: History, tmp_path: 
     one_line_error(run_wcoj("verify", state), said)
     (state / "wcoj-state.json").write_text('{"wcoj_state": 2}\n')  # as the message says
     exact(apply_json(history, state, 2), history, 2, state)
+
+
+# -- H1: planning is bounded -------------------------------------------------------------------------
+
+
+def chain_text(n: int) -> str:
+    body = ", ".join(f"e(x{i}, x{i + 1})" for i in range(n))
+    return f"p(x0, x{n}) :- {body}"
+
+
+def test_h1_explain_of_a_chain_is_fast_and_a_huge_one_is_refused_in_one_line() -> None:
+    started = time.monotonic()
+    done = run_wcoj("explain", "--query", chain_text(40))
+    assert done.code == 0 and "rule 39: delta e(x39, x40)#39" in done.out, done.err
+    assert time.monotonic() - started < 20  # 3.1 s of planning before; now milliseconds
+    started = time.monotonic()
+    done = run_wcoj("explain", "--query", chain_text(2000))
+    one_line_error(done, "query p has 2,000 atoms; wcoj plans queries of up to 256 atoms")
+    assert time.monotonic() - started < 30  # did not finish in 120 s before
