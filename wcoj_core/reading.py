@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from wcoj_core.arrow import long_array
 from wcoj_core.errors import StateError
 from wcoj_core.store.manifest import Batch, Manifest, Trace
 from wcoj_core.traces import DIFF
@@ -59,8 +60,8 @@ def _as_of(engine: Engine, name: str, time: int | None) -> tuple[Trace, list[Bat
 
 
 def _table(columns: tuple[str, ...], rows: np.ndarray, diff: np.ndarray) -> pa.Table:
-    arrays = [pa.array(np.ascontiguousarray(rows[:, j]), pa.int64()) for j in range(len(columns))]
-    return pa.Table.from_arrays([*arrays, pa.array(diff, pa.int64())], names=[*columns, DIFF])
+    arrays = [long_array(rows[:, j]) for j in range(len(columns))]
+    return pa.Table.from_arrays([*arrays, long_array(diff)], names=[*columns, DIFF])
 
 
 def _read(engine: Engine, trace: Trace, batches: list[Batch]) -> pa.Table:

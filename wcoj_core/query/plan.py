@@ -44,7 +44,6 @@ from enum import Enum
 from wcoj_core.errors import QueryError
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
 
-
 # The most atoms a query may have: a plan holds one delta rule per atom, each binding every
 # variable, so a plan's size (and the time to make it) grows with the square of its atoms.
 MAX_ATOMS = 256
