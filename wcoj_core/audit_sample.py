@@ -65,6 +65,7 @@ from wcoj_core.audit import (
     _Side,
     _summed,
 )
+from wcoj_core.deploy.batches import check_epoch
 from wcoj_core.errors import DamagedBatch
 from wcoj_core.meaning import Figures
 from wcoj_core.query.ir import Atom, Query, Var
@@ -110,6 +111,7 @@ def stored_chunks(
             raise DamagedBatch(path, "its contents do not match its digest")
         try:
             parquet = pq.ParquetFile(path, filesystem=files.fs)
+            check_epoch(path, parquet, batch.time)
             for part in parquet.iter_batches(CHUNK, columns=[*trace.columns, DIFF]):
                 held += part.num_rows
                 yield [longs(part.column(c)) for c in trace.columns], longs(part.column(DIFF))

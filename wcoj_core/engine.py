@@ -288,8 +288,11 @@ class Engine:
         return deploy.choose(self.limits, local=self.local, held=held, changed=changed)
 
     def read_batch(self, trace: mf.Trace, batch: mf.Batch) -> Layer:
-        """A stored batch read whole, its files checked against their digests."""
-        return self.files.read_verified(batch.path, trace.columns, batch.files, batch.rows)
+        """A stored batch read whole: exactly its listed files, checked against their sizes,
+        digests, the batch's rows and its epoch."""
+        return self.files.read_verified(
+            batch.path, trace.columns, batch.files, batch.rows, batch.time
+        )
 
     # -- epochs ----------------------------------------------------------------------------
     def apply(

@@ -135,7 +135,7 @@ def repair(store: Store, damaged: set[str]) -> list[str]:
             index = rebuilt_index(
                 store.root,
                 trace,
-                lambda t, b: files.read_verified(b.path, t.columns, b.files, b.rows),
+                lambda t, b: files.read_verified(b.path, t.columns, b.files, b.rows, b.time),
                 written,
             )
             traces[name] = dataclasses.replace(trace, index=index)

@@ -30,13 +30,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from wcoj_core.arrow import longs
 from wcoj_core.errors import DamagedBatch, StateError
 from wcoj_core.kernel.changes import changes_layer, changes_table
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.kernel.multiplicity import exact_sum
 from wcoj_core.store.files import check_stamp, verify_ref
 from wcoj_core.store.manifest import Batch, FileRef
-from wcoj_core.traces import DIFF
+from wcoj_core.traces import DIFF, TIME
 
 # A batch written on the driver is one file per this many rows, up to `WRITE_FILES` files
 # written at once (Arrow encodes and compresses without the GIL).
@@ -89,7 +90,9 @@ class BatchFiles:
         """Batches as one consolidated layer: exactly the files each lists, read whole and
         checked (`verified_tables`)."""
         tables = [
-            t for b in batches for t in self.verified_tables(b.path, columns, b.files, b.rows)
+            t
+            for b in batches
+            for t in self.verified_tables(b.path, columns, b.files, b.rows, b.time)
         ]
         return read_tables(columns, tables)
 
@@ -103,6 +106,7 @@ class BatchFiles:
             self.check_size(path, ref)
             try:
                 parquet = pq.ParquetFile(path, filesystem=self.fs)
+                check_epoch(path, parquet, batch.time)
                 for chunk in parquet.iter_batches(columns=[*columns, DIFF]):
                     rows += chunk.num_rows
                     yield chunk
@@ -188,11 +192,12 @@ class BatchFiles:
         columns: Sequence[str],
         refs: Sequence[FileRef],
         rows: int | None = None,
+        time: int | None = None,
     ) -> Layer:
-        """A stored batch whose files must match `refs` (size and digest) and hold `rows` rows
-        (when given): read whole, checked, consolidated. Raises `DamagedBatch` naming the file
-        and what is wrong."""
-        return read_tables(columns, self.verified_tables(rel, columns, refs, rows))
+        """A stored batch whose files must match `refs` (size and digest), hold `rows` rows and
+        rows of epoch `time` only (when given): read whole, checked, consolidated. Raises
+        `DamagedBatch` naming the file and what is wrong."""
+        return read_tables(columns, self.verified_tables(rel, columns, refs, rows, time))
 
     def verified_tables(
         self,
@@ -200,10 +205,12 @@ class BatchFiles:
         columns: Sequence[str],
         refs: Sequence[FileRef],
         rows: int | None = None,
+        time: int | None = None,
     ) -> list[pa.Table]:
         """The files `refs` of the batch folder `rel` (and no other file of it), each read whole
         and checked against its size and digest, as tables of the data `columns` and ``diff``;
-        their rows checked against `rows` (the manifest's count) when given."""
+        their rows checked against `rows` (the manifest's count) and their epochs against
+        `time` (the batch's), when given."""
         tables: list[pa.Table] = []
         for ref in refs:
             path = self.full(f"{rel}/{ref.name}")
@@ -219,6 +226,8 @@ class BatchFiles:
             try:
                 # ParquetFile, not read_table: read_table's dataset layer imports pandas.
                 reader = pq.ParquetFile(pa.BufferReader(data))
+                if time is not None:
+                    check_epoch(path, reader, time)
                 tables.append(reader.read(columns=[*columns, DIFF]))
             except (OSError, pa.ArrowException) as e:
                 raise DamagedBatch(path, f"not a readable batch ({e})") from e
@@ -244,7 +253,9 @@ class BatchFiles:
             else:
                 self.check_size(path, ref)
             try:
-                rows += pq.ParquetFile(path, filesystem=self.fs).metadata.num_rows
+                parquet = pq.ParquetFile(path, filesystem=self.fs)
+                check_epoch(path, parquet, batch.time)
+                rows += parquet.metadata.num_rows
             except (OSError, pa.ArrowException) as e:
                 raise DamagedBatch(path, f"not a readable batch ({e})") from e
             uris.append(self.uri(path))
@@ -294,6 +305,29 @@ class BatchFiles:
         """The names of the files in a folder (relative), none when it is not there."""
         selector = pafs.FileSelector(self.full(rel), allow_not_found=True)
         return [info.base_name for info in self.fs.get_file_info(selector)]
+
+
+def check_epoch(path: str, parquet: pq.ParquetFile, time: int) -> None:
+    """Raise `DamagedBatch` unless every row of a batch file is of epoch `time` (from its
+    row groups' statistics; the column read when a row group has none)."""
+    schema = parquet.schema_arrow
+    j = schema.get_field_index(TIME)
+    if j < 0:
+        raise DamagedBatch(path, f"has no {TIME!r} column: not a batch")
+    meta = parquet.metadata
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        if group.num_rows == 0:
+            continue
+        stats = group.column(j).statistics
+        if stats is not None and stats.has_min_max:
+            low, high = stats.min, stats.max
+        else:
+            times = longs(parquet.read_row_group(g, columns=[TIME]).column(TIME))
+            low, high = int(times.min()), int(times.max())
+        if low != time or high != time:
+            held = f"epoch {low}" if low == high else f"epochs {low}..{high}"
+            raise DamagedBatch(path, f"holds rows of {held}, the manifest says epoch {time}")
 
 
 def _rows_differ(held: int, rows: int) -> str:

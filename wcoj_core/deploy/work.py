@@ -196,7 +196,7 @@ def opened_trace(work: Work, read: TraceRead, resident: Resident) -> Opened:
             trace,
             work.epoch,
             read.keys,
-            lambda t, b: files.read_verified(b.path, t.columns, b.files, b.rows),
+            lambda t, b: files.read_verified(b.path, t.columns, b.files, b.rows, b.time),
         )
     _OPENED[key] = found
     while len(_OPENED) > KEEP_OPENED:

@@ -94,14 +94,16 @@ def verify_state(store: Store, progress: Callable[[str], None] | None = None) ->
             damaged.append(Damage(rel, "", str(e), None, False, (g,), g == current))
     batches: dict[tuple[str, str], _Seen] = {}  # (folder, file name) -> where it is used
     refs: dict[tuple[str, str], FileRef] = {}
-    counted: dict[tuple[str, int], _Seen] = {}  # (folder, rows the manifest says) -> where
+    # (folder, rows, epoch, files a batch entry lists) -> where
+    counted: dict[tuple[str, int, int, tuple[str, ...]], _Seen] = {}
     listed: dict[str, set[str]] = {}  # folder -> the names of the files a manifest lists
     segments: dict[str, _Seen] = {}
     segment_of: dict[str, Segment] = {}
     for m in manifests:
         for t in m.traces.values():
             for b in t.batches:
-                seen = counted.setdefault((b.path, b.rows), _Seen(t.name, b.time, [], False))
+                key = (b.path, b.rows, b.time, tuple(f.name for f in b.files))
+                seen = counted.setdefault(key, _Seen(t.name, b.time, [], False))
                 seen.since = min(seen.since, b.time)
                 seen.generations.append(m.generation)
                 listed.setdefault(b.path, set()).update(f.name for f in b.files)
@@ -131,13 +133,28 @@ def verify_state(store: Store, progress: Callable[[str], None] | None = None) ->
         what = store.files.verify(rel, ref)
         if what is not None:
             damaged.append(_damage(rel, seen, what, current))
-    whole = {folder for folder in listed} - {d.path.rsplit("/", 1)[0] for d in damaged}
-    held = _held_rows(store, {f: refs_of(refs, f) for f in whole})
-    for (folder, rows), seen in sorted(counted.items()):
-        if folder in held and held[folder] != rows:
-            what = f"its files hold {held[folder]:,} rows, the manifest says {rows:,}"
+    bad = {d.path for d in damaged}
+    entries = {
+        (folder, listed_names)
+        for folder, _, _, listed_names in counted
+        if not any(f"{folder}/{n}" in bad for n in listed_names)
+    }
+    held = _held_rows(store, {e: [refs[(e[0], n)] for n in e[1]] for e in entries})
+    for (folder, rows, time, listed_names), seen in sorted(counted.items()):
+        if (folder, listed_names) not in held:
+            continue
+        n, epochs = held[(folder, listed_names)]
+        if n != rows:
+            what = f"its files hold {n:,} rows, the manifest says {rows:,}"
+            damaged.append(_damage(folder, seen, what, current))
+        if epochs and epochs != {time}:
+            found = ", ".join(map(str, sorted(epochs)))
+            what = f"its files hold rows of epoch(s) {found}, the manifest says epoch {time}"
             damaged.append(_damage(folder, seen, what, current))
     damaged += _foreign(store, listed, counted, current)
+    if manifests and manifests[-1].generation == current:
+        broken = {d.path.rsplit("/", 1)[0] for d in damaged} | {d.path for d in damaged}
+        damaged += _figures(store, manifests[-1], broken)
     local = store.local_root
     for path, seen in sorted(segments.items()):
         segment = segment_of[path]
@@ -158,39 +175,80 @@ def verify_state(store: Store, progress: Callable[[str], None] | None = None) ->
     return VerifyReport(current, tuple(gens), files, size, tuple(damaged))
 
 
-def refs_of(refs: dict[tuple[str, str], FileRef], folder: str) -> list[FileRef]:
-    return [ref for (f, _), ref in sorted(refs.items()) if f == folder]
-
-
-def _held_rows(store: Store, folders: dict[str, list[FileRef]]) -> dict[str, int]:
-    """The rows each batch folder's listed files hold, from their Parquet footers (a folder
-    whose footers cannot be read is left out: its files are reported already or next)."""
+def _held_rows(
+    store: Store, folders: dict[tuple[str, tuple[str, ...]], list[FileRef]]
+) -> dict[tuple[str, tuple[str, ...]], tuple[int, set[int]]]:
+    """The rows each batch folder's listed files hold and the epochs of those rows, from their
+    Parquet footers (a folder whose footers cannot be read is left out: its files are reported
+    already or next)."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from wcoj_core.arrow import longs
     from wcoj_core.deploy.batches import BatchFiles
+    from wcoj_core.traces import TIME
 
     files = BatchFiles(store.root)
-    out: dict[str, int] = {}
-    for folder, refs in sorted(folders.items()):
+    out: dict[tuple[str, tuple[str, ...]], tuple[int, set[int]]] = {}
+    for (folder, listed_names), refs in sorted(folders.items()):
+        rows, epochs = 0, set()
         try:
-            out[folder] = sum(
-                pq.ParquetFile(
-                    files.full(f"{folder}/{r.name}"), filesystem=files.fs
-                ).metadata.num_rows
-                for r in refs
-            )
-        except (OSError, pa.ArrowException):
+            for r in refs:
+                parquet = pq.ParquetFile(files.full(f"{folder}/{r.name}"), filesystem=files.fs)
+                rows += parquet.metadata.num_rows
+                if parquet.metadata.num_rows:
+                    times = longs(parquet.read(columns=[TIME]).column(TIME))
+                    epochs |= {int(v) for v in np.unique(times)}
+        except (OSError, pa.ArrowException, KeyError):
             continue
+        out[(folder, listed_names)] = (rows, epochs)
+    return out
+
+
+def _figures(store: Store, manifest: Manifest, broken: set[str]) -> list[Damage]:
+    """Each trace's latest recorded figures (distinct tuples, count, negative tuples) against
+    its batches summed (traces with a damaged batch are left out: that is reported already)."""
+    from wcoj_core.deploy.batches import BatchFiles
+    from wcoj_core.errors import WcojError
+
+    files = BatchFiles(store.root)
+    out = []
+    for name, trace in sorted(manifest.traces.items()):
+        if not name.startswith(("rel/", "counts/", "out/")):
+            continue  # a set's ignored changes and a rule's outputs keep no figures of their own
+        recorded = [b for b in trace.batches if b.figures is not None]
+        if not recorded or any(b.path in broken for b in trace.batches):
+            continue
+        last = recorded[-1]
+        figures = last.figures
+        assert figures is not None
+        try:
+            layer = files.read_layer(trace.columns, list(trace.visible(last.time)))
+        except WcojError:
+            continue
+        diff = layer.diff
+        held = (len(diff), sum(int(x) for x in diff), int((diff < 0).sum()))
+        if held != tuple(figures):
+            what = (
+                f"its figures (rows, count, negative) as of epoch {last.time} are "
+                f"{tuple(figures)}, its batches summed give {held}"
+            )
+            out.append(
+                Damage(last.path, name, what, last.time, False, (manifest.generation,), True)
+            )
     return out
 
 
 def _foreign(
-    store: Store, listed: dict[str, set[str]], counted: dict[tuple[str, int], _Seen], current: int
+    store: Store,
+    listed: dict[str, set[str]],
+    counted: dict[tuple[str, int, int, tuple[str, ...]], _Seen],
+    current: int,
 ) -> list[Damage]:
     """Files inside batch folders that no kept manifest lists (Spark's by-products aside)."""
     where: dict[str, _Seen] = {}
-    for (folder, _), seen in counted.items():
+    for (folder, _, _, _), seen in counted.items():
         where.setdefault(folder, seen)
     out = []
     for folder, names_listed in sorted(listed.items()):
