@@ -77,19 +77,10 @@ def dagster_round(work: Path, edges: Path) -> dict[str, Any]:
         if event.event_type == T.ASSET_CHECK_EVALUATION:
             c = event.event_specific_data
             meta = {k: v.value for k, v in c.metadata.items()}  # type: ignore[union-attr]
+            wanted = ("seconds", "mode", "chance_to_find_a_wrong_tuple", "joined_rows", "figures")
             checks[c.check_name] = {  # type: ignore[union-attr]
                 "passed": c.passed,  # type: ignore[union-attr]
-                **{
-                    k: meta[k]
-                    for k in (
-                        "seconds",
-                        "mode",
-                        "chance_to_find_a_wrong_tuple",
-                        "joined_rows",
-                        "figures",
-                    )
-                    if k in meta
-                },  # fmt: skip
+                **{k: meta[k] for k in wanted if k in meta},
             }
         if event.event_type == T.ASSET_MATERIALIZATION:
             m = event.event_specific_data.materialization  # type: ignore[union-attr]

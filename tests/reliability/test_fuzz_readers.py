@@ -280,7 +280,7 @@ def test_fuzz_damaged_states_through_every_reader(
         (damage_folder if rng.random() < 0.6 else damage_manifest)(state, rng, done)
     note(f"{base.name}: {done.kinds}")
     out = f"out/{builtin(base.query).name}"
-    engine, error = timed(lambda: Engine(None, str(state), builtin(base.query),
+    engine, _ = timed(lambda: Engine(None, str(state), builtin(base.query),
                                          relations=base.specs(), create=False))  # fmt: skip
     if engine is not None:
         for t in range(EPOCHS):
@@ -289,10 +289,10 @@ def test_fuzz_damaged_states_through_every_reader(
                 (lambda t=t: change_table(engine, out, t), base.change(t)),
                 (lambda t=t: read_table(engine, "rel/edge", t), base.graph(t)),
             ):
-                table, error = timed(read)
+                table, _ = timed(read)
                 if table is not None:
                     assert as_counter(table) == nonzero(expected), (done.kinds, t)
-            audit, error = timed(lambda t=t: audit_epoch(engine, builtin(base.query).name, t))
+            audit, _ = timed(lambda t=t: audit_epoch(engine, builtin(base.query).name, t))
             if audit is not None and done.figure == t:
                 assert not audit.passed and audit.figures != "ok", (done.kinds, audit)
             near = done.figure is not None and t in (done.figure, done.figure + 1)
