@@ -166,7 +166,7 @@ def _sharded(
             columns = engine.trace_columns(name)
             read[name.removeprefix("rel/")] = (
                 spark.read.schema(update_schema(columns))
-                .parquet(engine.files.uri(engine.files.full(batch.path)))
+                .parquet(*engine.files.checked_uris(batch))  # its listed files, not the folder
                 .drop("time")
             )
     outputs, observed = rule_frames(spark, work, router, read)
