@@ -6,12 +6,12 @@ Recomputing a whole epoch's change by binary joins (`wcoj_core.audit`, the full 
 the engine avoids: on a first load of a web graph it joins a hundred million rows. So at an epoch
 whose change is large the audit checks, with the same independent joins:
 
-* **stored tuples, sampled** — `STORED_SAMPLE` positions of the stored change drawn at random
+* **stored tuples, sampled** — positions of the stored change drawn at random
   (with replacement: a tuple is drawn with chance ``p = 1 - (1 - 1/n)^s`` of ``n``); each drawn
   tuple's multiplicity is recomputed whole: every delta rule evaluated with the head's variables
   bound to the tuple (`_Rules.run_bound`), so a wrong multiplicity, or a tuple that should not be
   there, is found when drawn;
-* **missing tuples, sampled** — per delta rule, `DELTA_SAMPLE` rows of its relation's change
+* **missing tuples, sampled** — per delta rule, rows of its relation's change
   drawn at random and the rule evaluated from them alone: every output tuple they reach (at most
   `REACHED` of them, drawn at random beyond that) is recomputed whole as above and compared, so a
   tuple the engine left out is found when one of the change rows it grows from is drawn;
@@ -23,6 +23,9 @@ whose change is large the audit checks, with the same independent joins:
   tuple's multiplicity before the epoch is looked up in the output's mapped segments (their order
   checked) and the figures follow.
 
+How many are drawn follows the change (`sample_sizes`: a quarter as many items as the epoch has
+change rows, half stored tuples, half change rows, between floors and caps), so the audit's work
+grows as the engine's does: at most about the engine's own pass at every epoch size.
 `Audit.catch` states the chance that one wrong tuple is found: the least of ``p`` and the chance
 a missing tuple's change row is drawn (times the share of the reached tuples kept). With ``w``
 wrong tuples, all are missed with chance at most ``(1 - catch)^w``. The seed is named in the
@@ -70,17 +73,38 @@ from wcoj_core.errors import DamagedBatch
 from wcoj_core.meaning import Figures
 from wcoj_core.query.ir import Atom, Query, Var
 from wcoj_core.store.manifest import Batch, Manifest, Trace
-from wcoj_core.traces import DIFF, output_trace_name
+from wcoj_core.traces import DIFF, output_trace_name, relation_trace_name
 
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
 
-STORED_SAMPLE = 1 << 15  # stored tuples drawn
-DELTA_SAMPLE = 1 << 13  # change rows drawn per delta rule
-REACHED = 1 << 15  # output tuples reached from them, at most, recomputed
+# The sample follows the change: it holds `SHARE` of as many items as the change has rows (the
+# engine's work grows with them, the audit's with its items), half of them stored tuples, half
+# change rows split over the delta rules, within these bounds.
+SHARE = 0.25
+STORED_SAMPLE = 1 << 16  # stored tuples drawn, at most ...
+STORED_FLOOR = 1 << 11  # ... and at least (all of them when there are fewer)
+DELTA_SAMPLE = 1 << 14  # change rows drawn per delta rule, at most ...
+DELTA_FLOOR = 1 << 9  # ... and at least
+REACHED = 1 << 16  # output tuples reached from them, at most, recomputed
 JOINED = 1 << 22  # rows the joins of one pass may produce
-EXACT_DELTA = 1 << 14  # an epoch with at most this many change rows ...
+EXACT_DELTA = 1 << 12  # an epoch with at most this many change rows ...
 EXACT_STORED = 1 << 20  # ... and at most this many stored tuples is audited in full
+
+
+def sample_sizes(change_rows: int, rules: int) -> tuple[int, int]:
+    """How many stored tuples, and change rows per delta rule, an audit draws for an epoch of
+    `change_rows` change rows over `rules` delta rules (see `SHARE`).
+
+    >>> sample_sizes(2_000_000, 3), sample_sizes(40_000, 3)
+    ((65536, 16384), (5000, 1666))
+    """
+    items = SHARE * change_rows
+    stored = int(min(STORED_SAMPLE, max(STORED_FLOOR, items / 2)))
+    delta = int(min(DELTA_SAMPLE, max(DELTA_FLOOR, items / 2 / max(1, rules))))
+    return min(stored, STORED_SAMPLE), min(delta, DELTA_SAMPLE)
+
+
 CHUNK = 1 << 20  # stored rows read at once
 
 
@@ -361,11 +385,10 @@ class SampledAudit:
     def ran(self) -> list[int]:
         return [i for i, a in enumerate(self.query.atoms) if self.relations[a.relation].changed]
 
-    def reached(self, ran: Sequence[int]) -> tuple[list[np.ndarray], float]:
-        """Output tuples reached from a sample of each rule's change rows, and the chance a
-        given reachable tuple is among them."""
+    def reached(self, ran: Sequence[int], k: int) -> tuple[list[np.ndarray], float]:
+        """Output tuples reached from `k` change rows drawn per rule, and the chance a given
+        reachable tuple is among them."""
         width = len(self.query.head)
-        k = DELTA_SAMPLE
         while True:
             rules = _Rules(self.query, self.relations, budget=JOINED)
             chance = 1.0
@@ -423,13 +446,21 @@ def sampled_audit(
     width = len(q.head)
     audit = SampledAudit(engine, q, epoch, manifest, relations, np.random.default_rng(seed), seed)
     ran = audit.ran()
-    reached, missing_chance = audit.reached(ran)
+    change_rows = sum(
+        b.rows
+        for r in q.relations
+        if (t := manifest.trace(relation_trace_name(r))) is not None
+        for b in t.batches
+        if b.time == epoch
+    )
+    stored_k, delta_k = sample_sizes(change_rows, len(ran))
+    reached, missing_chance = audit.reached(ran, delta_k)
     name = output_trace_name(query)
     trace = manifest.trace(name)
     batch = next((b for b in trace.batches if b.time == epoch), None) if trace else None
     tally = FigureTally(old_state(engine, trace, width, epoch, query), width)
     n = batch.rows if batch is not None else 0
-    picks = _draw(audit.rng, n, STORED_SAMPLE)
+    picks = _draw(audit.rng, n, stored_k)
     drawn_cols: list[list[np.ndarray]] = []
     drawn_diff: list[np.ndarray] = []
     found_at: list[np.ndarray] = []
@@ -446,7 +477,7 @@ def sampled_audit(
             found_at.append(i)
             found_diff.append(diff[j])
             at += len(diff)
-    stored_chance = _chance(n, STORED_SAMPLE)
+    stored_chance = _chance(n, stored_k)
     # The tuples checked: those drawn from the stored change and those reached from its rows.
     drawn = [
         np.concatenate([d[j] for d in drawn_cols]) if drawn_cols else np.zeros(0, I64)
