@@ -898,13 +898,7 @@ def audit_epoch(
         seed = int(np.random.SeedSequence().entropy) % (1 << 32)  # type: ignore[arg-type]
     trace = manifest.trace(output_trace_name(query))
     batch = next((b for b in trace.batches if b.time == epoch), None) if trace else None
-    changed = sum(
-        b.rows
-        for r in q.relations
-        if (t := manifest.trace(relation_trace_name(r))) is not None
-        for b in t.batches
-        if b.time == epoch
-    )
+    changed = sample.change_rows(manifest, q, epoch)
     small = changed <= sample.EXACT_DELTA and (batch.rows if batch else 0) <= sample.EXACT_STORED
     if mode is AuditMode.SAMPLED and q.head and not small:
         return sample.sampled_audit(engine, query, epoch, manifest, relations, seed)

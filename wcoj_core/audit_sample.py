@@ -92,17 +92,29 @@ EXACT_DELTA = 1 << 12  # an epoch with at most this many change rows ...
 EXACT_STORED = 1 << 20  # ... and at most this many stored tuples is audited in full
 
 
-def sample_sizes(change_rows: int, rules: int) -> tuple[int, int]:
+def change_rows(manifest: Manifest, query: Query, epoch: int) -> int:
+    """The rows of the changes of a query's relations at an epoch, as the manifest counts them
+    (what an audit's size is chosen by: a wrong count costs time, not a wrong answer)."""
+    return sum(
+        b.rows
+        for r in query.relations
+        if (t := manifest.trace(relation_trace_name(r))) is not None
+        for b in t.batches
+        if b.time == epoch
+    )
+
+
+def sample_sizes(rows: int, rules: int) -> tuple[int, int]:
     """How many stored tuples, and change rows per delta rule, an audit draws for an epoch of
-    `change_rows` change rows over `rules` delta rules (see `SHARE`).
+    `rows` change rows over `rules` delta rules (see `SHARE`).
 
     >>> sample_sizes(2_000_000, 3), sample_sizes(40_000, 3)
     ((65536, 16384), (5000, 1666))
     """
-    items = SHARE * change_rows
+    items = SHARE * rows
     stored = int(min(STORED_SAMPLE, max(STORED_FLOOR, items / 2)))
     delta = int(min(DELTA_SAMPLE, max(DELTA_FLOOR, items / 2 / max(1, rules))))
-    return min(stored, STORED_SAMPLE), min(delta, DELTA_SAMPLE)
+    return stored, delta
 
 
 CHUNK = 1 << 20  # stored rows read at once
@@ -446,14 +458,7 @@ def sampled_audit(
     width = len(q.head)
     audit = SampledAudit(engine, q, epoch, manifest, relations, np.random.default_rng(seed), seed)
     ran = audit.ran()
-    change_rows = sum(
-        b.rows
-        for r in q.relations
-        if (t := manifest.trace(relation_trace_name(r))) is not None
-        for b in t.batches
-        if b.time == epoch
-    )
-    stored_k, delta_k = sample_sizes(change_rows, len(ran))
+    stored_k, delta_k = sample_sizes(change_rows(manifest, q, epoch), len(ran))
     reached, missing_chance = audit.reached(ran, delta_k)
     name = output_trace_name(query)
     trace = manifest.trace(name)
