@@ -21,7 +21,8 @@ whose change is large the audit checks, with the same independent joins:
   the epoch before plus the change: for an output whose tuples are held once or not at all,
   every change is +1 or -1 and the figures move by its sum; for an indexed output, each changed
   tuple's multiplicity before the epoch is looked up in the output's mapped segments (their order
-  checked) and the figures follow.
+  checked; for an epoch older than the index, in its batches before the epoch) and the figures
+  follow.
 
 How many are drawn follows the change (`sample_sizes`: a quarter as many items as the epoch has
 change rows, half stored tuples, half change rows, between floors and caps), so the audit's work
@@ -543,7 +544,14 @@ def old_state(
     engine: Engine, trace: Trace | None, width: int, epoch: int, query: str
 ) -> _Relation | None:
     """The output's old state as the audit reads it, when its tuples may be held other than
-    once (an indexed output); None otherwise."""
+    once (an indexed output); None otherwise. Read from its mapped segments when its index
+    covers exactly the epochs up to this one (an epoch audited as it is applied); for an older
+    epoch from its batches before the epoch (a scan), so that an epoch's check never depends on
+    the batches after it."""
     if query not in engine.indexed_outputs():
         return None
-    return _Relation(engine, trace, width, epoch)
+    old = _Relation(engine, trace, width, epoch)
+    if old.index is not None and old.index.time > epoch:
+        old.index = None
+        old.notes.add(f"its batches before epoch {epoch} read (its index covers later epochs)")
+    return old
