@@ -12,7 +12,12 @@ Five checks, each per epoch partition:
   relations' history as it is now (`wcoj_assets.provenance`);
 * ``matches_delta_rules`` on each query's change ``<q>_deltas``: the epoch's output change
   recomputed by `wcoj_core.audit` — the epoch's delta rules evaluated by other code, with other
-  joins, over the stored relations, so its cost follows the epoch's change, not the graph;
+  joins, over the stored relations — and the output's figures (distinct tuples, count, negative
+  tuples) checked exactly against the change. Every tuple of a small epoch; of a large one (a
+  bulk load) a random sample of tuples, each recomputed whole, with the chance of finding one
+  wrong tuple in its metadata (`wcoj_core.audit_sample`), so the check costs about what the
+  engine's epoch did at any size. The full audit (every tuple, whatever it costs) is
+  `delta_rules(..., full=True)`;
 * ``matches_binary_join`` on each query's output: the whole output recomputed from the relations
   with a plain Spark SQL binary-join plan (`wcoj_core.reference`) and compared as exact
   multisets — on one epoch in every ``check_every`` (the resource's; 30 by default: on a large
@@ -150,8 +155,10 @@ def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
                 partitions_def=partitions,
                 description="The epoch's output change recomputed by an independent evaluation "
                 "of the query's delta rules (other code, other joins) over the stored "
-                "relations, and compared as exact multisets: a cost that follows the epoch's "
-                "change, not the graph.",
+                "relations, and compared as exact multisets, with the output's figures checked "
+                "exactly: every tuple of a small epoch, a random sample of a large one (each "
+                "sampled tuple recomputed whole; its chance of finding a wrong tuple is in the "
+                "metadata), so its cost stays about the epoch's own.",
             ),
         ]
     for info in graph.of_role(Role.OUTPUT):
@@ -218,10 +225,12 @@ def non_negative(relation: str, result: EpochResult) -> Outcome:
     )
 
 
-def delta_rules(engine: Engine, query: str, epoch: int) -> Outcome:
-    """`wcoj_core.audit.audit_epoch`, when that module exists (else not checked, saying so)."""
+def delta_rules(engine: Engine, query: str, epoch: int, full: bool = False) -> Outcome:
+    """`wcoj_core.audit.audit_epoch` in its default mode (every tuple of a small epoch, a
+    sample of a large one), or with `full` every tuple whatever it costs; when that module
+    exists (else not checked, saying so)."""
     try:
-        from wcoj_core.audit import audit_epoch
+        from wcoj_core.audit import AuditMode, audit_epoch
     except ImportError:
         return Outcome(
             True,
@@ -230,7 +239,7 @@ def delta_rules(engine: Engine, query: str, epoch: int) -> Outcome:
             checked=False,
         )
     try:
-        audit = audit_epoch(engine, query, epoch)
+        audit = audit_epoch(engine, query, epoch, AuditMode.FULL if full else AuditMode.SAMPLED)
     except Exception as e:  # a check that cannot run fails, saying why
         return Outcome(
             False, {"checked": True, "error": f"{type(e).__name__}: {e}"}, f"the audit failed: {e}"
@@ -246,10 +255,19 @@ def delta_rules(engine: Engine, query: str, epoch: int) -> Outcome:
             "joined_rows": int(audit.joined_rows),
             "seconds": round(float(audit.seconds), 4),
             "examples": examples,
+            "mode": audit.mode,
+            "chance_to_find_a_wrong_tuple": round(float(audit.catch), 6),
+            "figures": audit.figures,
+            "method": audit.method,
         },
         None
         if audit.passed
-        else f"{audit.mismatches} tuple(s) differ at epoch {epoch}: " + "; ".join(examples[:5]),
+        else (
+            f"{audit.mismatches} tuple(s) differ at epoch {epoch}"
+            + (f"; {audit.figures}" if audit.figures != "ok" else "")
+            + ": "
+            + "; ".join(examples[:5])
+        ),
     )
 
 

@@ -1,10 +1,16 @@
-"""The default per-epoch check: an epoch's output change recomputed from its input changes.
+"""The per-epoch check: an epoch's output change recomputed from its input changes.
 
-`audit_epoch(engine, query, epoch)` recomputes query `query`'s output change at `epoch` from
-the relations' stored state and compares it, as an exact multiset, with the change the engine
-stored (the ``out/<query>`` batch at the epoch, its files checked against their digests). The
-`Audit` says whether they agree, how many tuples differ (the first few named), how many rows the
-check's joins produced, what it read and how long it took.
+`audit_epoch(engine, query, epoch, mode)` recomputes query `query`'s output change at `epoch`
+from the relations' stored state and compares it, as an exact multiset, with the change the
+engine stored (the ``out/<query>`` batch at the epoch, its files checked against their digests),
+and the output's figures as of the epoch (distinct tuples, count, negative tuples) with its
+figures as of the epoch before moved by that change. `AuditMode.FULL` recomputes every tuple;
+`AuditMode.SAMPLED`, the default, every tuple of a small epoch and otherwise a random sample,
+each sampled tuple recomputed whole, with the figures and the change's sum still exact
+(`wcoj_core.audit_sample`: a bulk load audited in about the time the engine took). The `Audit`
+says whether they agree, how many tuples differ (the first few named), what the figures get
+wrong, how many rows the check's joins produced, what it read, how long it took and the chance
+it had of finding one wrong tuple.
 
 **Independent of the kernel.** Nothing here runs the kernel's GenericJoin, its layer searches or
 the planner's rules. The check evaluates the epoch's *delta rules* by plain binary joins — one
@@ -43,11 +49,16 @@ the tests' oracle: int64 while a bound on the magnitudes proves it fits, Python 
 never a wrapped value. Sets, bags and negative multiplicities need nothing special: the stored
 multiplicities are what the query reads.
 
+**Segments in order.** Every segment the audit maps is checked to be in order (every pair of
+neighbouring rows up to `ORDER_ROWS` rows, else `ORDER_PAIRS` random pairs) before it is
+searched: a segment out of order is read around from the batches, which the engine's answer then
+contradicts.
+
 **What it cannot see.** Whatever both sides read alike: a relation batch that is itself wrong
 (say, a wrong set effect of the landed changes), an index segment that disagrees with the
-batches it was built from, the output's earlier batches, figures and index, and the counts
-arrangements. The full recompute from the batches (`matches_binary_join`) and ``wcoj verify``
-cover those.
+batches it was built from, the output's earlier batches and the figures they record (each epoch's
+audit checks its own step from the one before), and the counts arrangements. The full recompute
+from the batches (`matches_binary_join`) and ``wcoj verify`` cover those.
 """
 
 from __future__ import annotations
@@ -69,13 +80,15 @@ from wcoj_core.traces import output_trace_name, relation_trace_name
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
 
-__all__ = ["Audit", "Change", "audit_epoch", "recompute_change"]
+__all__ = ["Audit", "AuditMode", "Change", "audit_epoch", "recompute_change"]
 
 I64 = np.int64
 LIMIT = 1 << 63  # |value| below this fits in int64
 EXAMPLES = 5  # mismatching tuples an audit names
 SPLIT = 2.0  # split bindings by their cheapest atom when that cuts the rows by this factor
 SMALL = 1 << 13  # recent segments up to this many rows are sorted with the batches, not mapped
+ORDER_ROWS = 1 << 20  # a mapped segment up to this many rows has every pair of rows checked
+ORDER_PAIRS = 4096  # a larger one this many random pairs
 
 Columns = list[np.ndarray]  # rows as one array per column
 Block = tuple[Columns, np.ndarray]  # rows and their diffs (or weights)
@@ -98,6 +111,9 @@ class Audit:
     joined_rows: int
     seconds: float
     method: str
+    mode: str = "full"  # "full" or "exact" (every tuple), or "sampled"
+    figures: str = "ok"  # what the figures as of the epoch get wrong
+    catch: float = 1.0  # the chance one wrong tuple is found (1.0: every tuple checked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +317,30 @@ def _sorted(parts: Sequence[Block], width: int) -> _Source:
     return _Source(tuple(cols), diff)
 
 
+def in_order(cols: Sequence[np.ndarray], rng: np.random.Generator) -> bool:
+    """Whether rows (as columns) are strictly increasing, as a segment's must be: every pair of
+    neighbours when there are at most `ORDER_ROWS`, else `ORDER_PAIRS` random pairs (a segment
+    with a share ``f`` of its pairs out of order is caught with chance ``1 - (1 - f)^4096``).
+
+    >>> rng = np.random.default_rng(0)
+    >>> in_order([np.array([1, 1, 2]), np.array([5, 7, 0])], rng)
+    True
+    >>> in_order([np.array([2, 1]), np.array([0, 0])], rng)
+    False
+    """
+    n = len(cols[0]) if cols else 0
+    if n < 2:
+        return True
+    at = np.arange(n - 1) if n <= ORDER_ROWS else rng.integers(0, n - 1, ORDER_PAIRS)
+    less = np.zeros(len(at), dtype=bool)
+    equal = np.ones(len(at), dtype=bool)
+    for c in cols:
+        a, b = c[at], c[at + 1]
+        less |= equal & (a < b)
+        equal &= a == b
+    return bool(less.all())
+
+
 # -- how an atom reads a relation ------------------------------------------------------------
 
 _Pattern = tuple[int | Const, ...]
@@ -373,6 +413,7 @@ class _Relation:
         for s in self.index.segments if self.index is not None else ():
             self.keys.setdefault((s.view, tuple(s.order)), []).append(s)
         self.notes: set[str] = set()
+        self.rng = np.random.default_rng(epoch)  # which rows of a large segment are checked
         self._read: dict[str, Block] = {}
         self._bases: dict[_Key, tuple[_Source, ...]] = {}
         self._recent: dict[_Key, list[Block]] = {}
@@ -438,12 +479,14 @@ class _Relation:
                         layer = segments.open_segment(self.engine.store.root, s)
                         rows, diff = np.asarray(layer.rows), np.asarray(layer.diff)
                         cols = [rows[:, k] for k in range(rows.shape[1])]
+                        if not in_order(cols, self.rng):
+                            raise DamagedFile(s.path, "its rows are not in order")
                         if s.level is Level.BASE or s.rows > SMALL:
                             bases.append(_Source(tuple(cols), diff, unique=True))
                         else:
                             recent.append(([np.array(c) for c in cols], np.array(diff)))
             except DamagedFile as e:
-                self.notes.add(f"a damaged segment ({e.path}): scanned its batches")
+                self.notes.add(f"a damaged segment ({e.path}: {e.what}): scanned its batches")
                 self.index = None
                 return None
             self._bases[key], self._recent[key] = tuple(bases), recent
@@ -452,9 +495,13 @@ class _Relation:
     def path(self, atom: Atom, side: _Side, bound: set[Var]) -> _Path | None:
         """The sorted path for `atom` whose leading columns are bound the furthest; None when
         only a scan of the batches would do."""
-        if side is _Side.DELTA:
-            src = self.small(side, (None, tuple(range(self.arity))))
-            return _Path(atom.terms, (src,) if src is not None else (), "change")
+        if side is _Side.DELTA:  # sorted here, its known columns first
+            order = _known_first(atom, bound, self.arity)
+            src = self.small(side, (None, order))
+            terms = tuple(atom.terms[j] for j in order)
+            return _Path(terms, (src,) if src is not None else (), "change")
+        if side is _Side.OLD and not any(b.time < self.epoch for b in self.batches):
+            return _Path(atom.terms, (), "nothing before the epoch")
         if self.index is None:
             return None
         pattern, distinct = _pattern(atom), atom.vars
@@ -483,13 +530,23 @@ class _Relation:
 
     def scan(self, atom: Atom, side: _Side, bound: set[Var]) -> _Path:
         """The relation's batches of `side` read whole, sorted with the bound columns first."""
-        fixed = [j for j, t in enumerate(atom.terms) if isinstance(t, Const) or t in bound]
-        order = tuple(fixed + [j for j in range(self.arity) if j not in fixed])
+        order = _known_first(atom, bound, self.arity)
         src = self.small(side, (None, order), scan=True)
-        why = f"no segment led by c{fixed[0]}" if fixed and self.index is not None else "no index"
+        fixed = _keyed(atom, bound)
+        why = f"no segment led by c{order[0]}" if fixed and self.index is not None else "no index"
         self.notes.add(f"scanned its batches ({why})")
         terms = tuple(atom.terms[j] for j in order)
         return _Path(terms, (src,) if src is not None else (), f"batches ({_order(order)})")
+
+
+def _known_first(atom: Atom, bound: set[Var], arity: int) -> tuple[int, ...]:
+    """The atom's columns, those holding a constant or a bound variable first.
+
+    >>> _known_first(Atom("e", (Var("a"), Const(2), Var("b"))), {Var("b")}, 3)
+    (1, 2, 0)
+    """
+    fixed = [j for j, t in enumerate(atom.terms) if isinstance(t, Const) or t in bound]
+    return tuple(fixed + [j for j in range(arity) if j not in fixed])
 
 
 def _order(order: Sequence[int]) -> str:
@@ -633,27 +690,53 @@ def _fetch(b: _Bindings, probe: _Probe) -> _Bindings:
     return _Bindings(values, _times(b.weight[owner], diff))
 
 
-class _Rules:
-    """A query's delta rules at an epoch, evaluated by binary joins (see the module)."""
+class TooMuch(Exception):
+    """The joins of an audit went past their budget of rows (`_Rules.budget`)."""
 
-    def __init__(self, query: Query, relations: dict[str, _Relation]) -> None:
+
+class _Rules:
+    """A query's delta rules at an epoch, evaluated by binary joins (see the module).
+
+    `budget` bounds the rows the joins may produce (None: no bound); past it `TooMuch` stops
+    them, so a caller can do less (a sample) instead."""
+
+    def __init__(
+        self, query: Query, relations: dict[str, _Relation], budget: int | None = None
+    ) -> None:
         self.query, self.relations = query, relations
         self.joined = 0
+        self.budget = budget
         self.hows: dict[str, set[str]] = {}
         self.out: list[Block] = []
         self.sides: list[_Side] = []
 
-    def run(self, delta: int) -> None:
-        """Add rule `delta`'s bindings, projected on the head, to `out`."""
+    def _sides(self, delta: int) -> None:
         n = len(self.query.atoms)
         self.sides = [_Side.NEW if j < delta else _Side.OLD for j in range(n)]
         self.sides[delta] = _Side.DELTA
+
+    def run(self, delta: int, keep: np.ndarray | None = None) -> None:
+        """Add rule `delta`'s bindings, projected on the head, to `out`; with `keep`, only those
+        grown from the delta atom's change rows at the sorted positions `keep` (a sample)."""
+        n = len(self.query.atoms)
+        self._sides(delta)
         atom = self.query.atoms[delta]
         path = self.relations[atom.relation].path(atom, _Side.DELTA, set())
         assert path is not None
+        if keep is not None:
+            picked = tuple(
+                _Source(tuple(c[keep] for c in src.cols), src.diff[keep]) for src in path.sources
+            )
+            path = _Path(path.terms, picked, path.how)
         start = _Bindings({}, np.ones(1, dtype=I64))
         probe = _probe(delta, path, start, self.query.filters)
         self._step(start, probe, [], [j for j in range(n) if j != delta])
+
+    def run_bound(self, delta: int, start: _Bindings) -> None:
+        """Add rule `delta`'s bindings that extend `start` (head variables bound to given
+        tuples), projected on the head, to `out`: what the rule adds to those tuples."""
+        self._sides(delta)
+        self._after(start, [], list(range(len(self.query.atoms))))
 
     def _step(self, b: _Bindings, probe: _Probe, applied: list[Filter], rest: list[int]) -> None:
         """Join one atom, apply the filters now bound, and go on with the other atoms."""
@@ -661,6 +744,12 @@ class _Rules:
         self.hows.setdefault(atom.relation, set()).add(probe.path.how)
         b = _fetch(b, probe)
         self.joined += len(b)
+        if self.budget is not None and self.joined > self.budget:
+            raise TooMuch
+        self._after(b, applied, [j for j in rest if j != probe.atom])
+
+    def _after(self, b: _Bindings, applied: list[Filter], rest: list[int]) -> None:
+        """Apply the filters the bindings now bind, and go on with the atoms `rest`."""
         ready = [f for f in self.query.filters if f not in applied and f.vars <= set(b.values)]
         if ready and len(b):
             keep = np.ones(len(b), dtype=bool)
@@ -668,7 +757,7 @@ class _Rules:
                 keep &= _COMPARE[f.op](b.value(f.left), b.value(f.right))
             b = b.taking(np.flatnonzero(keep))
         if len(b):
-            self._extend(b, applied + ready, [j for j in rest if j != probe.atom])
+            self._extend(b, applied + ready, rest)
 
     def _extend(self, b: _Bindings, applied: list[Filter], rest: list[int]) -> None:
         """Join the cheapest next atom, per group of bindings when they disagree."""
@@ -729,13 +818,22 @@ def _summed(blocks: Sequence[Block], width: int) -> tuple[tuple[np.ndarray, ...]
 # -- the check -------------------------------------------------------------------------------
 
 
+class AuditMode(Enum):
+    """How much of an epoch's change an audit recomputes."""
+
+    FULL = "full"  # every tuple, by binary joins, whatever it costs
+    SAMPLED = "sampled"  # every tuple when the epoch is small, else a sample (the default)
+
+
 def recompute_change(engine: Engine, query: str, epoch: int) -> Change:
     """Query `query`'s output change at `epoch`, recomputed from the relations' stored state by
     the epoch's delta rules (see the module)."""
-    return _recompute(engine, query, epoch, engine.store.current())
+    manifest = engine.store.current()
+    return _recompute(engine, query, epoch, manifest, _relations(engine, query, epoch, manifest))
 
 
-def _recompute(engine: Engine, query: str, epoch: int, manifest: Manifest) -> Change:
+def _relations(engine: Engine, query: str, epoch: int, manifest: Manifest) -> dict[str, _Relation]:
+    """The relations a query reads around an epoch that can be audited (else `StateError`)."""
     q = engine.queries.get(query)
     if q is None:
         raise QueryError(f"unknown query {query!r}; this engine serves {sorted(engine.queries)}")
@@ -747,11 +845,22 @@ def _recompute(engine: Engine, query: str, epoch: int, manifest: Manifest) -> Ch
             f"epoch {epoch} of {engine.store.root} is at or before the compaction frontier "
             f"{manifest.frontier}: its changes are no longer kept apart"
         )
-    relations = {
+    return {
         r: _Relation(engine, manifest.trace(relation_trace_name(r)), arity, epoch)
         for r, arity in q.relations.items()
     }
-    rules = _Rules(q, relations)
+
+
+def _recompute(
+    engine: Engine,
+    query: str,
+    epoch: int,
+    manifest: Manifest,
+    relations: dict[str, _Relation],
+    budget: int | None = None,
+) -> Change:
+    q = engine.queries[query]
+    rules = _Rules(q, relations, budget)
     ran = [i for i, atom in enumerate(q.atoms) if relations[atom.relation].changed]
     for i in ran:
         rules.run(i)
@@ -765,30 +874,60 @@ def _recompute(engine: Engine, query: str, epoch: int, manifest: Manifest) -> Ch
     return Change(columns, weights, rules.joined, method)
 
 
-def audit_epoch(engine: Engine, query: str, epoch: int) -> Audit:
-    """Check query `query`'s stored output change at `epoch` against its recomputation (see
-    the module). A damaged output or relation batch raises `DamagedBatch`."""
+def audit_epoch(
+    engine: Engine,
+    query: str,
+    epoch: int,
+    mode: AuditMode = AuditMode.SAMPLED,
+    seed: int | None = None,
+) -> Audit:
+    """Check query `query`'s stored output change at `epoch` against its recomputation, and its
+    figures as of the epoch against those before it plus the change (see the module).
+
+    `mode` `SAMPLED` (the default per-epoch check) recomputes every tuple when the epoch is
+    small and a random sample of them otherwise (`wcoj_core.audit_sample`, with `seed`, drawn
+    when None); `FULL` every tuple whatever it costs. A damaged output or relation batch raises
+    `DamagedBatch`."""
+    from wcoj_core import audit_sample as sample
+
     started = clock.perf_counter()
     manifest = engine.store.current()
-    expected = _recompute(engine, query, epoch, manifest)
+    relations = _relations(engine, query, epoch, manifest)
+    q = engine.queries[query]
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy) % (1 << 32)  # type: ignore[arg-type]
     trace = manifest.trace(output_trace_name(query))
-    width = len(engine.queries[query].head)
+    batch = next((b for b in trace.batches if b.time == epoch), None) if trace else None
+    changed = sample.change_rows(manifest, q, epoch)
+    small = changed <= sample.EXACT_DELTA and (batch.rows if batch else 0) <= sample.EXACT_STORED
+    if mode is AuditMode.SAMPLED and q.head and not small:
+        return sample.sampled_audit(engine, query, epoch, manifest, relations, seed)
+    budget = sample.JOINED if mode is AuditMode.SAMPLED and q.head else None
+    try:
+        expected = _recompute(engine, query, epoch, manifest, relations, budget)
+    except TooMuch:  # a small change whose joins are not: a sample after all
+        return sample.sampled_audit(engine, query, epoch, manifest, relations, seed)
+    width = len(q.head)
     stored: Block = ([np.zeros(0, I64) for _ in range(width)], np.zeros(0, I64))
-    for b in trace.batches if trace is not None else ():
-        if trace is not None and b.time == epoch and b.rows:
-            layer = engine.read_batch(trace, b)
-            rows = np.asarray(layer.rows)
-            stored = ([rows[:, k] for k in range(width)], np.asarray(layer.diff))
+    if trace is not None and batch is not None:
+        layer = engine.read_batch(trace, batch)
+        rows = np.asarray(layer.rows)
+        stored = ([rows[:, k] for k in range(width)], np.asarray(layer.diff))
     mismatches, examples = _compare((list(expected.columns), expected.weights), stored)
+    tally = sample.FigureTally(sample.old_state(engine, trace, width, epoch, query), width)
+    tally.add(stored[0], stored[1])
+    problems = tally.problems(epoch, *sample.figures_around(trace, epoch))
     return Audit(
-        passed=mismatches == 0,
+        passed=mismatches == 0 and not problems,
         mismatches=mismatches,
-        examples=examples,
+        examples=examples + problems,
         expected_rows=len(expected.weights),
         actual_rows=len(stored[1]),
         joined_rows=expected.joined_rows,
         seconds=clock.perf_counter() - started,
-        method=expected.method,
+        method=expected.method + tally.read(),
+        mode="full" if mode is AuditMode.FULL else "exact",
+        figures="; ".join(problems) or "ok",
     )
 
 

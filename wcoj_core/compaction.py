@@ -44,7 +44,11 @@ def compacted(
     merged batches' folders are added to `written` as they are made."""
     if m.frontier is not None and frontier <= m.frontier:
         return m
-    chain = lineage.chains(m, relations).get(frontier, "")
+    # The chain at the frontier is its last epoch's: the frontier need not be an epoch itself
+    # (epochs 0, 1, 10 compacted to 9 go on from epoch 1's chain).
+    known = lineage.chains(m, relations)
+    held = [e for e in known if e <= frontier]
+    chain = known[max(held)] if held else ""
     traces = dict(m.traces)
     for name, trace in m.traces.items():
         old = [b for b in trace.batches if b.time <= frontier]
@@ -60,13 +64,12 @@ def compacted(
         if not old or (len(old) == 1 and old[0].time == frontier and not name.startswith("rel/")):
             continue
         total = Layer.empty(len(trace.columns))
-        for b in old:
-            if b.rows:
-                layer = read_batch(trace, b)
-                total = Layer.build(
-                    np.concatenate([np.asarray(total.rows), np.asarray(layer.rows)]),
-                    np.concatenate([np.asarray(total.diff), np.asarray(layer.diff)]),
-                )
+        for b in old:  # every batch: its rows are checked as it is read, never trusted to skip it
+            layer = read_batch(trace, b)
+            total = Layer.build(
+                np.concatenate([np.asarray(total.rows), np.asarray(layer.rows)]),
+                np.concatenate([np.asarray(total.diff), np.asarray(layer.diff)]),
+            )
         folder = f"traces/{trace_dir(name)}/b-c-{frontier}-{uuid.uuid4().hex[:12]}"
         written.append(folder)
         refs = files.write(

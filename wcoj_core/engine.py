@@ -288,8 +288,11 @@ class Engine:
         return deploy.choose(self.limits, local=self.local, held=held, changed=changed)
 
     def read_batch(self, trace: mf.Trace, batch: mf.Batch) -> Layer:
-        """A stored batch read whole, its files checked against their digests."""
-        return self.files.read_verified(batch.path, trace.columns, batch.files)
+        """A stored batch read whole: exactly its listed files, checked against their sizes,
+        digests, the batch's rows and its epoch."""
+        return self.files.read_verified(
+            batch.path, trace.columns, batch.files, batch.rows, batch.time
+        )
 
     # -- epochs ----------------------------------------------------------------------------
     def apply(
@@ -435,19 +438,11 @@ class Engine:
         return self.figures(output_trace_name(query or next(iter(self.queries))), time)[1]
 
     def change(self, query: str, epoch: int) -> Any:
-        """A query's stored change at `epoch` as an Arrow table (``c0 ..``, ``diff``)."""
-        import pyarrow as pa
+        """A query's stored change at `epoch` as an Arrow table (``c0 ..``, ``diff``), read
+        from exactly the files the manifest lists (`wcoj_core.reading.change_table`)."""
+        from wcoj_core.reading import change_table
 
-        from wcoj_core.kernel.changes import changes_table
-
-        trace = self.store.current().trace(output_trace_name(query))
-        cols = self.trace_columns(output_trace_name(query))
-        layers = []
-        if trace is not None:
-            layers = [self.read_batch(trace, b) for b in trace.batches if b.time == epoch]
-        layer = layers[0] if layers else Layer.empty(len(cols))
-        table: pa.Table = changes_table(cols, layer.rows, layer.diff, epoch)
-        return table.drop_columns(["time"])
+        return change_table(self, output_trace_name(query), epoch)
 
     def _accumulated(self, name: str, time: int | None) -> DataFrame:
         from wcoj_core.reading import accumulated

@@ -335,7 +335,7 @@ class EpochPass:
         choice = engine.choose(held, changed)
         jobs = self._jobs(m)
         outputs: dict[str, _Out] = {}
-        distinct = self._distinct(m, jobs)
+        distinct = self._distinct(jobs)
         if choice.on_driver or not jobs:
             counted = frozenset(n for n in distinct if self.count_only and n not in self.opened)
             work = Work(
@@ -349,7 +349,8 @@ class EpochPass:
             )
             result = run_on_driver(work, layers)
             for name, (rows, diff) in result.changes.items():
-                outputs[name] = _Out(Layer(rows, diff))
+                # A distinct output comes unsorted: it is sorted only where a layer is needed.
+                outputs[name] = _Out(Layer(rows, diff), ordered=name not in distinct)
             for name, (n, total) in result.counted.items():
                 outputs[name] = _Out(None, None, total, counted=n)
             tallies = dict(result.tallies)
@@ -382,7 +383,11 @@ class EpochPass:
         return choice, outputs, tallies
 
     def _arrays(self, m: Manifest, name: str, out: _Out) -> Layer:
-        """An output's change as a layer (read back when the executors wrote it)."""
+        """An output's change as a layer, sorted (read back when the executors wrote it; sorted
+        now when the rules made it distinct, unsorted)."""
+        if out.layer is not None and not out.ordered:
+            out.layer = Layer.sort(np.asarray(out.layer.rows), np.asarray(out.layer.diff))
+            out.ordered = True
         if out.layer is None:
             assert out.batch is not None
             trace = m.trace(name) or Trace(name, _columns(self.engine, name))
@@ -399,7 +404,7 @@ class EpochPass:
             for rule in plan.rules:
                 if plan.query.atoms[rule.delta].relation not in changed:
                     continue
-                if self._reads_empty(m, plan, rule, changed):
+                if self._reads_empty(plan, rule, changed):
                     continue
                 output = (
                     rule_trace_name(name, rule.delta)
@@ -409,7 +414,7 @@ class EpochPass:
                 jobs.append(RuleJob(name, rule.delta, output))
         return jobs
 
-    def _reads_empty(self, m: Manifest, plan: Plan, rule: DeltaRule, changed: set[str]) -> bool:
+    def _reads_empty(self, plan: Plan, rule: DeltaRule, changed: set[str]) -> bool:
         """Whether an atom of `rule` other than its delta reads a relation holding nothing at
         the version it reads (the rule then derives nothing)."""
         for j, version in enumerate(rule.versions):
@@ -418,12 +423,19 @@ class EpochPass:
             rel = plan.query.atoms[j].relation
             if version is Version.NEW and rel in changed:
                 continue
-            trace = m.trace(relation_trace_name(rel))
-            if trace is None or trace.rows(self.epoch, strict=True) == 0:
+            if self._held_nothing(rel):
                 return True
         return False
 
-    def _distinct(self, m: Manifest, jobs: Sequence[RuleJob]) -> frozenset[str]:
+    def _held_nothing(self, relation: str) -> bool:
+        """Whether a relation held nothing before the epoch: its opened arrangements hold no
+        row (their files' sizes are checked as they are mapped), never a batch's row count
+        alone (that is the manifest's word)."""
+        opened = self.opened[relation_trace_name(relation)]
+        width = self.engine.relations[relation]
+        return not any(len(layer) for layer in opened.at(identity(width)))
+
+    def _distinct(self, jobs: Sequence[RuleJob]) -> frozenset[str]:
         """Outputs the rules make already consolidated, so that summing them would change
         nothing: one rule of a query whose relations held nothing before the epoch (a static
         evaluation), its head keeping every variable. Every layer that rule reads is then one
@@ -434,11 +446,7 @@ class EpochPass:
         out: set[str] = set()
         for name, plan in self.engine.plans.items():
             ran = [j for j in jobs if j.query == name]
-            fresh = all(
-                (tr := m.trace(relation_trace_name(r))) is None
-                or tr.rows(self.epoch, strict=True) == 0
-                for r in plan.query.relations
-            )
+            fresh = all(self._held_nothing(r) for r in plan.query.relations)
             if fresh and len(ran) == 1 and set(plan.query.head) == set(plan.query.vars):
                 out.add(ran[0].output)
         return frozenset(out)
@@ -644,13 +652,18 @@ class EpochPass:
 @dataclass
 class _Out:
     """A trace's change at the epoch: in memory (`layer`), or a batch written elsewhere (the
-    executors) or only counted, with the sum of its diffs; its figures once known."""
+    executors) or only counted, with the sum of its diffs; its figures once known.
+
+    `ordered` False: `layer` holds distinct rows in the order the rules made them (not yet a
+    sorted `Layer`: `EpochPass._distinct`); `EpochPass._arrays` sorts them before any lookup or
+    index reads them, and a batch is written from them as they are."""
 
     layer: Layer | None
     batch: Batch | None = None
     total: int = 0
     figures: Figures | None = None
     counted: int | None = None  # rows of an output only counted (`EpochPass.count_only`)
+    ordered: bool = True
 
     @property
     def rows(self) -> int:

@@ -7,6 +7,28 @@ The core never prints; the CLI turns a `WcojError` into one line on stderr and a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+# Items a message names from a list (column names, say) before it says how many there are.
+NAMED = 8
+
+
+def listed(items: Iterable[object], most: int = NAMED) -> str:
+    """A list as a message shows it: every item when there are few, else the first ones and
+    the last one with how many there are in all (a header of 100,000 columns makes a short
+    line, not a megabyte).
+
+    >>> listed(["a", "b"])
+    "['a', 'b']"
+    >>> listed([f"c{i}" for i in range(100_000)], most=3)
+    "['c0', 'c1', 'c2', ..., 'c99999'] (100,000 in all)"
+    """
+    items = list(items)
+    if len(items) <= most + 1:
+        return repr(items)
+    shown = ", ".join(repr(x) for x in items[:most])
+    return f"[{shown}, ..., {items[-1]!r}] ({len(items):,} in all)"
+
 
 class WcojError(Exception):
     """Base class for every error wcoj reports to a user."""

@@ -233,9 +233,7 @@ def _signed(
 ) -> Layer:
     total = Layer.empty(len(trace.columns))
     for batches, sign in ((plus, 1), (minus, -1)):
-        for b in batches:
-            if b.rows == 0:
-                continue
+        for b in batches:  # every batch, an "empty" one too: a row count is the manifest's word
             layer = opened.read.get(b.path)
             if layer is None:
                 layer = read_batch(trace, b)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from wcoj_core.errors import InputError
+from wcoj_core.errors import InputError, listed
 from wcoj_core.kernel.changes import changes_layer
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.meaning import RelationSpec
@@ -67,7 +67,7 @@ def check_columns(spec: RelationSpec, changes: Changes, epoch: int) -> None:
     if missing or extra:
         raise InputError(
             f"changes must have columns {[*cols, DIFF]} (and optionally {TIME}); "
-            f"missing {missing}, unexpected {extra}",
+            f"missing {listed(missing)}, unexpected {listed(extra)}",
             source=f"relation {spec.name!r} at epoch {epoch}",
         )
 

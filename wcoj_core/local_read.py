@@ -51,7 +51,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from wcoj_core.errors import InputError
+from wcoj_core.errors import InputError, listed
 from wcoj_core.traces import DIFF, TIME, relation_columns
 
 # The pre-flight check reads at most this many (decompressed) bytes of a text or CSV file, and
@@ -1183,14 +1183,15 @@ def assign_roles(
     data = [name for name, role in zip(header, roles, strict=True) if role is Role.DATA]
     if len(data) != arity:
         raise InputError(
-            f"has {len(data)} data columns {data}, expected {arity} (plus an optional 'diff')",
+            f"has {len(data)} data columns {listed(data)}, expected {arity} (plus an optional "
+            "'diff')",
             source,
             line,
         )
     for required in (Role.TIME, Role.DIFF) if with_time else ():
         if required not in roles:
             raise InputError(
-                f"an update file needs a {required.value!r} column; found columns {list(header)}",
+                f"an update file needs a {required.value!r} column; found columns {listed(header)}",
                 source,
                 line,
             )

@@ -51,7 +51,7 @@ from pyspark.sql import functions as F
 
 from wcoj_core import linear
 from wcoj_core.engine import Engine, EpochMetrics, EpochResult
-from wcoj_core.errors import InputError, QueryError, StateError, WcojError
+from wcoj_core.errors import InputError, QueryError, StateError, WcojError, listed
 from wcoj_core.meaning import RelationSpec
 from wcoj_core.query.ir import Query
 from wcoj_core.sources import canonical_undirected
@@ -199,7 +199,7 @@ def _stream_columns(query: Query, rel: str, df: DataFrame) -> list[str]:
     expected = [*cols, TIME, DIFF]
     if sorted(df.columns) != sorted(expected):
         raise InputError(
-            f"an update stream needs the columns {expected}, got {df.columns}",
+            f"an update stream needs the columns {expected}, got {listed(df.columns)}",
             f"relation {rel!r}",
         )
     return cols

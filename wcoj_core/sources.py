@@ -41,7 +41,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from wcoj_core import generate
-from wcoj_core.errors import InputError
+from wcoj_core.errors import InputError, listed
 from wcoj_core.local_read import (
     Format,
     Role,
@@ -129,7 +129,7 @@ def canonical_undirected(df: DataFrame) -> DataFrame:
     """
     if relation_columns(2) != [c for c in df.columns if c != DIFF]:
         raise InputError(
-            f"needs a binary relation (c0, c1, diff), got columns {df.columns}",
+            f"needs a binary relation (c0, c1, diff), got columns {listed(df.columns)}",
             "canonical_undirected",
         )
     c0, c1 = F.col("c0"), F.col("c1")

@@ -36,6 +36,7 @@ from wcoj_core.deploy.sharded import Router
 from wcoj_core.engine import Engine, EpochResult
 from wcoj_core.errors import InputError, StateError
 from wcoj_core.query.builtins import builtin
+from wcoj_core.store.manifest import Batch
 from wcoj_core.store.store import Store
 
 TRIANGLES = builtin("triangles")
@@ -327,7 +328,7 @@ def test_files_of_abandoned_attempts_are_removed(tmp_path: Path) -> None:
     files = BatchFiles(str(tmp_path))
     folder = "traces/out-x/b-x-1-abc"
     rows = np.array([[1, 2, 3]])
-    files.write(folder, ["c0", "c1", "c2"], rows, np.array([1]), 1, part="kept")
+    kept = files.write(folder, ["c0", "c1", "c2"], rows, np.array([1]), 1, part="kept")
     files.write(folder, ["c0", "c1", "c2"], rows, np.array([1]), 1, part="abandoned")
     empty = "traces/out-y/b-x-1-def"
     work = Work(
@@ -337,11 +338,14 @@ def test_files_of_abandoned_attempts_are_removed(tmp_path: Path) -> None:
         (),
         rules=(RuleJob("triangles", 2, "out/x"), RuleJob("triangles", 1, "out/y")),
     )
-    written = Written({"out/x": [f"{folder}/part-kept-000.snappy.parquet"]}, {}, {}, {}, {})
-    written.clean(files, {"out/x": folder, "out/y": empty}, work)
+    written = Written(
+        {"out/x": [f"{folder}/part-kept-000.snappy.parquet"]}, {"out/x": list(kept)}, {}, {}, {}
+    )
+    refs = written.clean(files, {"out/x": folder, "out/y": empty}, work)
     assert sorted(files.listing(folder)) == ["part-kept-000.snappy.parquet"]
-    assert files.read_layer(["c0", "c1", "c2"], [folder]).diff.tolist() == [1]
-    assert len(files.read_layer(["c0", "c1", "c2"], [empty])) == 0  # an empty file of its schema
+    cols = ["c0", "c1", "c2"]
+    assert files.read_layer(cols, [Batch(folder, 1, 1, refs["out/x"])]).diff.tolist() == [1]
+    assert len(files.read_layer(cols, [Batch(empty, 1, 0, refs["out/y"])])) == 0  # an empty file
 
 
 def _plan():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import hashlib
 import io
 import json
@@ -30,11 +31,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pytest
 from oracle import fold_epoch, naive_eval
 
 from wcoj_core import cli
@@ -648,3 +651,44 @@ def edit_manifest(path: Path, edit: Callable[[dict], object], *, redigest: bool)
         value["digest"] = digest_of(value)
     path.chmod(0o644)
     path.write_text(json.dumps(value, sort_keys=True, separators=(",", ":")) + "\n")
+
+
+# -- small file systems ---------------------------------------------------------------------------
+
+
+@contextmanager
+def small_file_system(where: Path, size: str = "64m") -> Iterator[Path]:
+    """A tmpfs mounted at `where` (root only), unmounted afterwards."""
+    where.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(folder: Path, leave: int = 0) -> Path:
+    """Write a file until the file system has `leave` bytes free (or fewer); return it."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        for size in (1 << 20, 1 << 16, 1 << 12):
+            try:
+                while free(folder) - size >= leave:
+                    os.write(fd, b"\0" * size)
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)
+    return filler
+
+
+def free(folder: Path) -> int:
+    st = os.statvfs(folder)
+    return st.f_bavail * st.f_frsize

@@ -13,7 +13,6 @@ oracle.
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import signal
@@ -30,7 +29,9 @@ from reliability_support import (
     History,
     build_state,
     contents,
+    fill,
     fingerprint,
+    free,
     hashes,
     manifest_files,
     new_folders,
@@ -39,6 +40,7 @@ from reliability_support import (
     referenced_files,
     run_wcoj,
     signal_when,
+    small_file_system,
     staged_folders,
     start_wcoj,
     summed,
@@ -243,44 +245,6 @@ def test_two_writers_of_one_epoch_one_wins(world: World, tmp_path: Path, round_:
     assert "committed by another writer" in lines[0] or "already applied" in lines[0], lines
     assert len(manifest_files(state)) == 2
     assert_undisturbed(world, state)
-
-
-@contextmanager
-def small_file_system(where: Path, size: str = "64m") -> Iterator[Path]:
-    """A tmpfs mounted at `where` (root only), unmounted afterwards."""
-    where.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
-        capture_output=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a small file system here: {mounted.stderr.decode().strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(folder: Path, leave: int = 0) -> Path:
-    """Write a file until the file system has `leave` bytes free (or fewer); return it."""
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        for size in (1 << 20, 1 << 16, 1 << 12):
-            try:
-                while free(folder) - size >= leave:
-                    os.write(fd, b"\0" * size)
-            except OSError as e:
-                assert e.errno == errno.ENOSPC, e
-    finally:
-        os.close(fd)
-    return filler
-
-
-def free(folder: Path) -> int:
-    st = os.statvfs(folder)
-    return st.f_bavail * st.f_frsize
 
 
 def full_disk_case(

@@ -150,8 +150,9 @@ def test_3_an_edited_manifest_is_refused_naming_it_and_the_way_back(
 def test_3_an_edited_manifest_with_its_digest_recomputed_still_gives_the_exact_answer(
     history: History, tmp_path: Path, edit: str
 ) -> None:
-    """The same edits made "valid" (digest recomputed): the next epoch is exact (a row count
-    is not what the answer is computed from; an earlier epoch leaves the later one applicable)."""
+    """The same edits made "valid" (digest recomputed): a row count is not what the answer is
+    computed from, so the next epoch is exact; an epoch before the state's batches is a
+    manifest of the wrong shape (issue 27), refused in one line naming the way back."""
     state = tmp_path / "state"
     build_state(history, state, 2)
 
@@ -161,8 +162,18 @@ def test_3_an_edited_manifest_with_its_digest_recomputed_still_gives_the_exact_a
         else:
             m["epoch"] = 1
 
-    edit_manifest(current_manifest(state), change, redigest=True)
-    exact(apply_json(history, state, 3), history, 3, state)
+    path = current_manifest(state)
+    edit_manifest(path, change, redigest=True)
+    if edit == "rows-0":
+        exact(apply_json(history, state, 3), history, 3, state)
+        return
+    before = manifest_files(state)
+    one_line_error(
+        apply_json(history, state, 3),
+        f"{path.name}: damaged manifest: a batch of epoch 2, after the state's epoch 1",
+        "is the way back",
+    )
+    nothing_committed(state, before)
 
 
 ARRANGEMENT_DAMAGE = ["truncated", "flipped", "deleted", "grown", "swapped"]

@@ -28,6 +28,7 @@ from typing import Any
 
 from wcoj_core.cli import workspace
 from wcoj_core.cli.console import (
+    EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     UsageError,
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     changes = parse_changes(args.changes, query)
     specs = relation_meanings(args, dict(query.relations))
     output = (
-        check_output(args.output, force=args.force, inputs=list(changes.values()))
+        check_output(args.output, force=args.force, inputs=list(changes.values()), state=args.state)
         if args.output is not None
         else None
     )
@@ -161,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--keep-epochs must be 0 or more, got {args.keep_epochs}")
     engine: Engine | None = None
     base: Manifest | None = None
+    new = workspace.new_state(args.state)  # a failed first epoch leaves nothing behind there
     try:
         check_files(query, changes)
         starter = workspace.starter(args.master, args.conf)
@@ -177,10 +179,13 @@ def run(args: argparse.Namespace) -> int:
         frames = read_changes(query, changes, starter)
         result = engine.apply(args.epoch, frames, replace=args.replace)
     except KeyboardInterrupt:
-        if engine is None or base is None:  # the state not opened yet: nothing was written
-            error(f"interrupted: epoch {args.epoch} was not applied; the state is as it was")
-            return EXIT_INTERRUPTED
-        return _interrupted(engine, base, args.epoch)
+        return _stopped(engine, base, args.epoch, new, args.state, "interrupted")
+    except MemoryError as e:
+        return _stopped(engine, base, args.epoch, new, args.state, out_of_memory(e))
+    except BaseException:
+        if new is not None:
+            workspace.unmake_state(args.state, new)
+        raise
     rebuilt: list[EpochResult] = []
     if args.replace:
         try:
@@ -200,21 +205,46 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         error(f"interrupted after epoch {args.epoch} was applied")
         return EXIT_INTERRUPTED
+    except MemoryError as e:
+        error(f"{out_of_memory(e)} after epoch {args.epoch} was applied")
+        return EXIT_FAILED
     except WcojError as e:
-        raise UsageError(f"epoch {args.epoch} was applied, but {e}") from e
+        raise UsageError(
+            f"epoch {args.epoch} was applied (generation {result.generation}), but {e}"
+        ) from e
 
 
-def _interrupted(engine: Engine, base: Manifest, epoch: int) -> int:
-    """Say whether an interrupted run committed its epoch (a batch at the epoch that the state
-    did not hold before), and exit 130."""
+def _stopped(
+    engine: Engine | None,
+    base: Manifest | None,
+    epoch: int,
+    new: bool | None,
+    state: str,
+    why: str,
+) -> int:
+    """Say whether a run stopped by `why` (an interruption, memory running out) committed its
+    epoch (a batch at the epoch that the state did not hold before), and exit 130 (interrupted)
+    or 1. A state this run created and left without an epoch is removed."""
+    code = EXIT_INTERRUPTED if why == "interrupted" else EXIT_FAILED
+    if engine is None or base is None:  # the state not opened yet: nothing was written
+        error(f"{why}: epoch {epoch} was not applied; the state is as it was")
+        return code
     after = engine.store.current()
     before = {b.path for t in base.traces.values() for b in t.batches if b.time == epoch}
     now = {b.path for t in after.traces.values() for b in t.batches if b.time == epoch}
     if now - before:
-        error(f"interrupted after epoch {epoch} was applied (generation {after.generation})")
+        error(f"{why} after epoch {epoch} was applied (generation {after.generation})")
     else:
-        error(f"interrupted: epoch {epoch} was not applied; the state is as it was")
-    return EXIT_INTERRUPTED
+        if new is not None:
+            workspace.unmake_state(state, new)
+        error(f"{why}: epoch {epoch} was not applied; the state is as it was")
+    return code
+
+
+def out_of_memory(e: MemoryError) -> str:
+    """What to say when memory ran out (one line, with what numpy or Arrow could not get)."""
+    detail = " ".join(str(e).split())[:200]
+    return "out of memory" + (f" ({detail})" if detail else "")
 
 
 def read_changes(query: Any, changes: dict[str, str], starter: Any) -> dict[str, Any]:
@@ -297,7 +327,9 @@ def _report(
             rows, diff = arrays
             cols = engine.trace_columns(f"out/{query}")
             table = changes_table(cols, rows, diff, args.epoch).drop_columns(["time"])
-        written = write_tuples(table, *output, force=args.force, inputs=list(changes.values()))
+        written = write_tuples(
+            table, *output, force=args.force, inputs=list(changes.values()), state=args.state
+        )
         say(f"output: {written} tuples of the epoch's change written to {output[0]}")
     if args.json:
         emit_json(

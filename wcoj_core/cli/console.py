@@ -62,13 +62,33 @@ def emit_json(payload: dict[str, Any]) -> None:
     say(json.dumps(payload))
 
 
+# The longest error or warning line; a longer message keeps its start and its end.
+LINE = 2000
+
+
+def one_line(message: str, most: int = LINE) -> str:
+    """A message on one line of at most about `most` characters: white space collapsed, and
+    the middle of a longer one left out, saying how much.
+
+    >>> one_line("a   b")
+    'a b'
+    >>> one_line("x" * 30 + "y" * 30, most=20)
+    'xxxxxxxxxx ... (40 characters left out) ... yyyyyyyyyy'
+    """
+    text = " ".join(message.split())
+    if len(text) <= most:
+        return text
+    half = most // 2
+    return f"{text[:half]} ... ({len(text) - 2 * half:,} characters left out) ... {text[-half:]}"
+
+
 def error(message: str, prog: str = PROG) -> None:
-    text = " ".join(message.split()) or "unknown error"
+    text = one_line(message) or "unknown error"
     print(f"{prog}: error: {text}", file=sys.stderr, flush=True)
 
 
 def warn(message: str, prog: str = PROG) -> None:
-    print(f"{prog}: warning: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    print(f"{prog}: warning: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def phases(seconds: dict[str, float]) -> str:

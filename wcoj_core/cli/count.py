@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = parse_inputs(args.input, query)
     specs = relation_meanings(args, dict(query.relations))
     output = (
-        check_output(args.output, force=args.force, inputs=list(inputs.values()))
+        check_output(args.output, force=args.force, inputs=list(inputs.values()), state=args.state)
         if args.output is not None
         else None
     )
@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
                 *output,
                 force=args.force,
                 inputs=list(inputs.values()),
+                state=args.state,
             )
     warn_about(0, result)
     metrics = result.metrics

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Sequence
@@ -56,9 +58,26 @@ def _parser(named: Sequence[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def interrupt_once() -> None:
+    """Let the first Ctrl-C interrupt the command and ignore the ones after it: a command
+    being interrupted reports how it stopped on one line, and a second Ctrl-C while it does
+    (or while Python joins a pool's threads at exit) would end in a traceback instead."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def first(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, first)
+
+
 def run(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
+    """Run the command line; return the exit status. A process that is the command (`argv`
+    None) lets only its first Ctrl-C interrupt it (`interrupt_once`)."""
     debug = os.environ.get("WCOJ_DEBUG") == "1"
+    if argv is None:
+        interrupt_once()
     argv = sys.argv[1:] if argv is None else list(argv)
     # The command the first argument names, or every command (``--help``, a mistake).
     named = argv[:1] if argv and argv[0] in COMMANDS else COMMANDS
@@ -82,6 +101,15 @@ def run(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         error("interrupted")
         return EXIT_INTERRUPTED
+    except MemoryError as exc:
+        if debug:
+            traceback.print_exc()
+        detail = " ".join(str(exc).split())[:200]
+        error(
+            f"out of memory{f' ({detail})' if detail else ''}: the command stopped; what it had "
+            "committed stays, nothing else was written (give it more memory, or less work at once)"
+        )
+        return EXIT_FAILED
     except WcojError as exc:
         if debug:
             traceback.print_exc()

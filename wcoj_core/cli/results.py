@@ -5,7 +5,9 @@ Contract: `add_output_arguments` adds ``--output FILE`` and ``--force`` to a com
 ``.parquet`` or ``.csv`` (any case) whose folder exists and is writable, and which is either new
 or, with ``--force``, an existing regular file; it never accepts one of the command's inputs,
 even with ``--force`` (the same file by ``st_dev``/``st_ino`` or by resolved path, or a path
-inside an input folder). Anything else is a `UsageError` naming the path.
+inside an input folder), nor a path inside a state — the command's ``--state`` or any folder
+holding a state's marker (a state holds what wcoj writes there, and nothing else). Anything
+else is a `UsageError` naming the path.
 
 `write_tuples` writes the data columns ``c0 .. c{k-1}`` and ``diff`` of update triples (a
 ``time`` column is dropped), given as an Arrow table or a Spark DataFrame, into that file:
@@ -60,12 +62,12 @@ def add_output_arguments(p: argparse.ArgumentParser, what: str = "the output's t
 
 
 def check_output(
-    path: str, *, force: bool = False, inputs: Sequence[str] = ()
+    path: str, *, force: bool = False, inputs: Sequence[str] = (), state: str | None = None
 ) -> tuple[Path, OutputFormat]:
     """The ``--output`` path and its format, or a `UsageError` saying what to give instead.
 
     `inputs` are the command's input paths (``--input``, ``--changes``; generator specs and
-    remote URIs are skipped).
+    remote URIs are skipped); `state` the command's ``--state`` (perhaps not created yet).
 
     >>> check_output("tri.CSV")[1]
     <OutputFormat.CSV: '.csv'>
@@ -88,6 +90,7 @@ def check_output(
     if not os.access(folder, os.W_OK):
         raise UsageError(f"--output {path}: the folder {folder} is not writable")
     _check_not_an_input(path, target, existing, inputs)
+    _check_not_in_a_state(path, target, state)
     if existing is not None and not stat.S_ISREG(existing.st_mode):
         raise UsageError(f"--output {path}: exists and is not a regular file; give a file path")
     if existing is not None and not force:
@@ -131,6 +134,27 @@ def _check_not_an_input(
             )
 
 
+def _check_not_in_a_state(path: str, target: Path, state: str | None) -> None:
+    """Refuse a target inside the command's state, or inside any folder holding a state's
+    marker (links resolved)."""
+    from wcoj_core.store.names import MARKER
+
+    resolved = target.resolve()
+    if state is not None and "://" not in state.removeprefix("file://"):
+        root = Path(state.removeprefix("file://")).resolve()
+        if root == resolved or root in resolved.parents:
+            raise UsageError(
+                f"--output {path}: is inside the state {state}; write it outside any state "
+                "(a state holds what wcoj writes there, nothing else)"
+            )
+    for folder in resolved.parents:
+        if (folder / MARKER).is_file():
+            raise UsageError(
+                f"--output {path}: is inside the state {folder}; write it outside any state "
+                "(a state holds what wcoj writes there, nothing else)"
+            )
+
+
 def write_tuples(
     rows: pa.Table | DataFrame,
     target: Path,
@@ -138,35 +162,45 @@ def write_tuples(
     *,
     force: bool = False,
     inputs: Sequence[str] = (),
+    state: str | None = None,
 ) -> int:
     """Write the data columns and ``diff`` of `rows` into `target`; the number of rows.
 
-    `force` and `inputs` as given to `check_output`, which is checked again here (the file
-    may have appeared since).
+    `force`, `inputs` and `state` as given to `check_output`, which is checked again here (the
+    file may have appeared since).
     """
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
-    check_output(str(target), force=force, inputs=inputs)
+    check_output(str(target), force=force, inputs=inputs, state=state)
     table: pa.Table = rows if isinstance(rows, pa.Table) else _collect(rows)
     table = table.select([c for c in table.column_names if c != TIME])
     scratch = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
-        with os.fdopen(fd, "wb") as sink:
-            if kind is OutputFormat.PARQUET:
-                pq.write_table(table, sink)
-            else:
-                # The header is written here: older pyarrow quotes every column name.
-                sink.write((",".join(table.column_names) + "\n").encode())
-                options = pacsv.WriteOptions(include_header=False, quoting_style="none")
-                pacsv.write_csv(table, sink, write_options=options)
-            sink.flush()
-            os.fsync(sink.fileno())
+        _write(table, scratch, kind)
         _move(scratch, target, force)
+    except OSError as e:  # a full disk, a folder gone meanwhile: one line, nothing left there
+        raise UsageError(
+            f"--output {target}: cannot be written ({e.strerror or e}); nothing was written there"
+        ) from e
     finally:
         scratch.unlink(missing_ok=True)
     return table.num_rows
+
+
+def _write(table: pa.Table, scratch: Path, kind: OutputFormat) -> None:
+    """Write `table` into the new file `scratch`, durably."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    with os.fdopen(fd, "wb") as sink:
+        if kind is OutputFormat.PARQUET:
+            pq.write_table(table, sink)
+        else:
+            # The header is written here: older pyarrow quotes every column name.
+            sink.write((",".join(table.column_names) + "\n").encode())
+            options = pacsv.WriteOptions(include_header=False, quoting_style="none")
+            pacsv.write_csv(table, sink, write_options=options)
+        sink.flush()
+        os.fsync(sink.fileno())
 
 
 def _move(scratch: Path, target: Path, force: bool) -> None:

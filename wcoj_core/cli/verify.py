@@ -15,7 +15,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from wcoj_core.cli.console import EXIT_FAILED, EXIT_OK, emit_json, epilog, note, say
+from wcoj_core.cli.console import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    emit_json,
+    epilog,
+    error,
+    note,
+    say,
+)
 from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.indexes import rebuilt_index
 from wcoj_core.store.files import check_stamp, file_ref, verify_ref
@@ -49,6 +58,24 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     store = Store.open(args.state, create=False)
+    before = store.generations()
+    try:
+        return _verify(args, store)
+    except KeyboardInterrupt:
+        after = store.generations()
+        if after and (not before or after[-1] > before[-1]):
+            error(
+                f"interrupted after the repair was committed (generation {after[-1]}): the "
+                "damaged arrangement files were rebuilt; run wcoj verify again to check the state"
+            )
+        elif args.repair:
+            error("interrupted: nothing was repaired; the state is as it was")
+        else:
+            error("interrupted: the state was not read to the end; nothing was changed")
+        return EXIT_INTERRUPTED
+
+
+def _verify(args: argparse.Namespace, store: Store) -> int:
     report = verify_state(store)
     for damage in report.damaged:
         say(f"damaged: {damage.describe()}")
@@ -108,7 +135,7 @@ def repair(store: Store, damaged: set[str]) -> list[str]:
             index = rebuilt_index(
                 store.root,
                 trace,
-                lambda t, b: files.read_verified(b.path, t.columns, b.files),
+                lambda t, b: files.read_verified(b.path, t.columns, b.files, b.rows, b.time),
                 written,
             )
             traces[name] = dataclasses.replace(trace, index=index)

@@ -30,6 +30,10 @@ def prepare_state(path: str | None) -> None:
     if path is None:
         return
     state = Path(path)
+    if state.is_symlink() and not state.exists():
+        from wcoj_core.store.files import dangling
+
+        raise UsageError(f"--state {dangling(path, state)}")
     if state.exists() and not state.is_dir():
         raise UsageError(f"--state {path}: exists and is not a directory")
     if state.is_dir() and any(state.iterdir()):
@@ -40,6 +44,46 @@ def prepare_state(path: str | None) -> None:
         state.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--state {path}: cannot create the directory ({exc.strerror})") from exc
+
+
+def new_state(path: str) -> bool | None:
+    """For a local ``--state`` that holds nothing yet: whether its folder exists (an empty
+    folder) — then `unmake_state` can take back a state a failed first epoch created there;
+    None otherwise (a state, a remote one, anything else)."""
+    if "://" in path.removeprefix("file://"):
+        return None
+    state = Path(path.removeprefix("file://"))
+    if state.is_symlink() or (state.exists() and not state.is_dir()):
+        return None
+    if not state.exists():
+        return False
+    try:
+        return None if any(state.iterdir()) else True
+    except OSError:
+        return None
+
+
+def unmake_state(path: str, existed: bool) -> None:
+    """Remove what a run that committed nothing wrote into a `new_state` folder: its marker and
+    empty folders, and the folder itself when the run created it. Anything else found there (a
+    commit by another run, a user's file) keeps everything as it is."""
+    from wcoj_core.store.names import MARKER
+
+    state = Path(path.removeprefix("file://"))
+    try:
+        found = [p for p in state.rglob("*") if not p.is_dir() or p.is_symlink()]
+        if [p.relative_to(state) for p in found] != [Path(MARKER)]:
+            return
+        if existed:
+            for entry in state.iterdir():
+                if entry.is_dir():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        else:
+            shutil.rmtree(state)
+    except OSError:
+        return
 
 
 @contextmanager

@@ -30,12 +30,14 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from wcoj_core.arrow import longs
 from wcoj_core.errors import DamagedBatch, StateError
 from wcoj_core.kernel.changes import changes_layer, changes_table
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.kernel.multiplicity import exact_sum
-from wcoj_core.store.manifest import FileRef
-from wcoj_core.traces import DIFF
+from wcoj_core.store.files import check_stamp, verify_ref
+from wcoj_core.store.manifest import Batch, FileRef
+from wcoj_core.traces import DIFF, TIME
 
 # A batch written on the driver is one file per this many rows, up to `WRITE_FILES` files
 # written at once (Arrow encodes and compresses without the GIL).
@@ -84,22 +86,34 @@ class BatchFiles:
         prefix = root[: len(root) - len(self.path)] if root.endswith(self.path) else ""
         return prefix + path
 
-    def read_table(self, rel: str, columns: Sequence[str]) -> pa.Table:
-        """The data columns and diffs of one stored batch (every file of its folder)."""
-        # Spark's batches and the driver's differ in nullability only: read each on its own.
-        return _read_folder(self.fs, self.full(rel), [*columns, DIFF])
-
-    def read_layer(self, columns: Sequence[str], paths: Sequence[str]) -> Layer:
-        """Batches (relative folders) as one consolidated layer."""
-        tables = [self.read_table(p, columns) for p in paths]
+    def read_layer(self, columns: Sequence[str], batches: Sequence[Batch]) -> Layer:
+        """Batches as one consolidated layer: exactly the files each lists, read whole and
+        checked (`verified_tables`)."""
+        tables = [
+            t
+            for b in batches
+            for t in self.verified_tables(b.path, columns, b.files, b.rows, b.time)
+        ]
         return read_tables(columns, tables)
 
-    def iter_chunks(self, rel: str, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
-        """The data columns and diffs of a stored batch, a record batch at a time."""
-        for name in sorted(self.listing(rel)):
-            if name.endswith(".parquet"):
-                parquet = pq.ParquetFile(self.full(f"{rel}/{name}"), filesystem=self.fs)
-                yield from parquet.iter_batches(columns=[*columns, DIFF])
+    def iter_chunks(self, batch: Batch, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+        """The data columns and diffs of a stored batch, a record batch at a time: exactly the
+        files it lists, each checked by size before it is read, and their rows against the
+        batch's (a file read in pieces is not hashed)."""
+        rows = 0
+        for ref in batch.files:
+            path = self.full(f"{batch.path}/{ref.name}")
+            self.check_size(path, ref)
+            try:
+                parquet = pq.ParquetFile(path, filesystem=self.fs)
+                check_epoch(path, parquet, batch.time)
+                for chunk in parquet.iter_batches(columns=[*columns, DIFF]):
+                    rows += chunk.num_rows
+                    yield chunk
+            except (OSError, pa.ArrowException) as e:
+                raise DamagedBatch(path, f"not a readable batch ({e})") from e
+        if rows != batch.rows:
+            raise DamagedBatch(self.full(batch.path), _rows_differ(rows, batch.rows))
 
     def read_files(self, columns: Sequence[str], files: Sequence[str]) -> Layer:
         """Parquet files of changes (absolute paths in this file system), consolidated."""
@@ -172,9 +186,31 @@ class BatchFiles:
             out.write(data)
         return FileRef(name, len(memoryview(data)), digest, None)
 
-    def read_verified(self, rel: str, columns: Sequence[str], refs: Sequence[FileRef]) -> Layer:
-        """A stored batch whose files must match `refs` (size and digest): read whole, checked,
-        consolidated. Raises `DamagedBatch` naming the file and what is wrong."""
+    def read_verified(
+        self,
+        rel: str,
+        columns: Sequence[str],
+        refs: Sequence[FileRef],
+        rows: int | None = None,
+        time: int | None = None,
+    ) -> Layer:
+        """A stored batch whose files must match `refs` (size and digest), hold `rows` rows and
+        rows of epoch `time` only (when given): read whole, checked, consolidated. Raises
+        `DamagedBatch` naming the file and what is wrong."""
+        return read_tables(columns, self.verified_tables(rel, columns, refs, rows, time))
+
+    def verified_tables(
+        self,
+        rel: str,
+        columns: Sequence[str],
+        refs: Sequence[FileRef],
+        rows: int | None = None,
+        time: int | None = None,
+    ) -> list[pa.Table]:
+        """The files `refs` of the batch folder `rel` (and no other file of it), each read whole
+        and checked against its size and digest, as tables of the data `columns` and ``diff``;
+        their rows checked against `rows` (the manifest's count) and their epochs against
+        `time` (the batch's), when given."""
         tables: list[pa.Table] = []
         for ref in refs:
             path = self.full(f"{rel}/{ref.name}")
@@ -190,10 +226,55 @@ class BatchFiles:
             try:
                 # ParquetFile, not read_table: read_table's dataset layer imports pandas.
                 reader = pq.ParquetFile(pa.BufferReader(data))
+                if time is not None:
+                    check_epoch(path, reader, time)
                 tables.append(reader.read(columns=[*columns, DIFF]))
             except (OSError, pa.ArrowException) as e:
                 raise DamagedBatch(path, f"not a readable batch ({e})") from e
-        return read_tables(columns, tables)
+        held = sum(t.num_rows for t in tables)
+        if rows is not None and held != rows:
+            raise DamagedBatch(self.full(rel), _rows_differ(held, rows))
+        return tables
+
+    def checked_uris(self, batch: Batch) -> list[str]:
+        """The files a stored batch lists, as URIs for Spark, each checked first: its size
+        always; on a local disk its digest too, unless its stamp says it is the file written
+        (the same inode, modification and change times); the rows of their footers against the
+        batch's. Raises `DamagedBatch` naming the file and what is wrong."""
+        uris = []
+        rows = 0
+        local = isinstance(self.fs, pafs.LocalFileSystem)
+        for ref in batch.files:
+            path = self.full(f"{batch.path}/{ref.name}")
+            if local:
+                what = None if check_stamp(path, ref) else verify_ref(path, ref)
+                if what is not None:
+                    raise DamagedBatch(path, what)
+            else:
+                self.check_size(path, ref)
+            try:
+                parquet = pq.ParquetFile(path, filesystem=self.fs)
+                check_epoch(path, parquet, batch.time)
+                rows += parquet.metadata.num_rows
+            except (OSError, pa.ArrowException) as e:
+                raise DamagedBatch(path, f"not a readable batch ({e})") from e
+            uris.append(self.uri(path))
+        if rows != batch.rows:
+            raise DamagedBatch(self.full(batch.path), _rows_differ(rows, batch.rows))
+        return uris
+
+    def check_size(self, path: str, ref: FileRef) -> None:
+        """Raise `DamagedBatch` unless the file `path` is there with `ref`'s size."""
+        try:
+            info = self.fs.get_file_info(path)
+        except (OSError, pa.ArrowException) as e:
+            raise DamagedBatch(path, f"cannot be read ({e})") from e
+        if info.type == pafs.FileType.NotFound:
+            raise DamagedBatch(path, "missing")
+        if info.type != pafs.FileType.File:
+            raise DamagedBatch(path, "is not a file")
+        if info.size != ref.size:
+            raise DamagedBatch(path, f"is {info.size} bytes, the manifest says {ref.size}")
 
     def write_changes(self, rel: str, table: pa.Table) -> list[str]:
         """Write a table of changes as one Parquet file in the folder `rel`; its full path."""
@@ -226,20 +307,36 @@ class BatchFiles:
         return [info.base_name for info in self.fs.get_file_info(selector)]
 
 
-def _read_folder(fs: pafs.FileSystem, folder: str, columns: Sequence[str]) -> pa.Table:
-    """Every Parquet file of a batch folder, concatenated (without pyarrow's dataset layer,
-    which imports pandas)."""
-    selector = pafs.FileSelector(folder, allow_not_found=True)
-    names = sorted(i.path for i in fs.get_file_info(selector) if i.path.endswith(".parquet"))
-    tables = []
-    for path in names:
-        with fs.open_input_file(path) as f:
-            tables.append(pq.ParquetFile(f).read(columns=list(columns)))
-    if not tables:
-        return pa.Table.from_arrays(
-            [pa.array([], pa.int64()) for _ in columns], names=list(columns)
-        )
-    return pa.concat_tables(tables, promote_options="permissive")
+def check_epoch(path: str, parquet: pq.ParquetFile, time: int) -> None:
+    """Raise `DamagedBatch` unless every row of a batch file is of epoch `time` (from its
+    row groups' statistics; the column read when a row group has none)."""
+    schema = parquet.schema_arrow
+    j = schema.get_field_index(TIME)
+    if j < 0:
+        raise DamagedBatch(path, f"has no {TIME!r} column: not a batch")
+    meta = parquet.metadata
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        if group.num_rows == 0:
+            continue
+        stats = group.column(j).statistics
+        if stats is not None and stats.has_min_max:
+            low, high = stats.min, stats.max
+        else:
+            times = longs(parquet.read_row_group(g, columns=[TIME]).column(TIME))
+            low, high = int(times.min()), int(times.max())
+        if low != time or high != time:
+            held = f"epoch {low}" if low == high else f"epochs {low}..{high}"
+            raise DamagedBatch(path, f"holds rows of {held}, the manifest says epoch {time}")
+
+
+def _rows_differ(held: int, rows: int) -> str:
+    """What is wrong with a batch whose files hold `held` rows and whose manifest says `rows`.
+
+    >>> _rows_differ(5, 0)
+    'its files hold 5 rows, the manifest says 0'
+    """
+    return f"its files hold {held:,} rows, the manifest says {rows:,}"
 
 
 def read_changes_file(fs: pafs.FileSystem, path: str, columns: Sequence[str]) -> pa.Table:

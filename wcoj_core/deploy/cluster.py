@@ -68,8 +68,8 @@ def run_rules(
         TraceRead(
             name,
             m.traces[name].columns,
-            tuple((b.path, b.rows) for b in m.traces[name].batches if b.time < epoch),
-            ((changes[name].path, changes[name].rows),) if name in changes else (),
+            tuple(b for b in m.traces[name].batches if b.time < epoch),
+            (changes[name],) if name in changes else (),
             trace=None if sharded else m.traces[name],
             keys=engine.views[name],
         )
@@ -166,7 +166,7 @@ def _sharded(
             columns = engine.trace_columns(name)
             read[name.removeprefix("rel/")] = (
                 spark.read.schema(update_schema(columns))
-                .parquet(engine.files.uri(engine.files.full(batch.path)))
+                .parquet(*engine.files.checked_uris(batch))  # its listed files, not the folder
                 .drop("time")
             )
     outputs, observed = rule_frames(spark, work, router, read)

@@ -30,6 +30,7 @@ from wcoj_core.kernel.index import TraceIndex, ViewKey
 from wcoj_core.kernel.layer import Layer, view_rows
 from wcoj_core.memory import keep_freed_memory
 from wcoj_core.query.plan import AtomView
+from wcoj_core.store.manifest import Batch
 from wcoj_core.traces import DIFF
 
 # The indexes kept per trace besides the ones built from the files, and the shards kept at once
@@ -37,8 +38,9 @@ from wcoj_core.traces import DIFF
 KEEP = 4
 KEEP_SHARDS = 8
 
-# A batch as a deployment sees it: its folder (relative to the state) and its row count.
-BatchRef = tuple[str, int]
+# A batch as a deployment sees it: the manifest's entry (its folder, rows and listed files:
+# exactly those files are read).
+BatchRef = Batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,14 +94,13 @@ class Resident:
     ) -> Layer:
         """Batches of a trace as one consolidated layer (of a shard, for a `shape`: read a
         record batch at a time, so only the shard is ever held whole)."""
-        live = [path for path, rows in batches if rows > 0]
-        self.reads += len(live)
+        self.reads += len(batches)
         if shape is None:
-            return self.files.read_layer(columns, live)
+            return self.files.read_layer(columns, batches)
         rows: list[np.ndarray] = []
         diffs: list[np.ndarray] = []
-        for path in live:
-            for chunk in self.files.iter_chunks(path, columns):
+        for batch in batches:
+            for chunk in self.files.iter_chunks(batch, columns):
                 cut, picked = shape.cut(data_rows(chunk, columns))
                 rows.append(cut)
                 diffs.append(chunk.column(DIFF).to_numpy(zero_copy_only=False)[picked])
@@ -133,7 +134,7 @@ class Resident:
         batches: Sequence[BatchRef],
         shape: Shape | None,
     ) -> TraceIndex:
-        paths = tuple(path for path, _ in batches)
+        paths = tuple(b.path for b in batches)
         start: TraceIndex | None = None
         for known in self._known(key):
             if known.paths == paths:
@@ -148,7 +149,7 @@ class Resident:
             return built
         index = start
         for ref in batches[len(start.paths) :]:
-            index = index.advanced(self.read(columns, [ref], shape), ref[0])
+            index = index.advanced(self.read(columns, [ref], shape), ref.path)
         self._keep(self._latest, key, index)
         return index
 

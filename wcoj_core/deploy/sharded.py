@@ -146,7 +146,7 @@ class ShardLayers:
         if version is not Version.DELTA:
             index = self.resident.index(name, read.columns, read.old, self._shape(view, order))
             out += index.layers(None, ident)
-        if version is not Version.OLD and any(rows for _, rows in read.delta):
+        if version is not Version.OLD and any(b.rows for b in read.delta):
             out.append(self.delta(name, view, order))
         return out
 

@@ -173,7 +173,7 @@ def open_layers(
             deltas[r.name] = changes_layer(r.columns, r.inline)
         elif r.raw:
             deltas[r.name] = resident.files.read_files(r.columns, r.raw)
-        elif any(rows for _, rows in r.delta):
+        elif any(b.rows for b in r.delta):
             deltas[r.name] = resident.read(r.columns, r.delta)
     layers = EpochLayers(traces, deltas)  # type: ignore[arg-type]
     by_view: dict[AtomView, list[Arrangement]] = {}
@@ -209,7 +209,7 @@ def opened_trace(work: Work, read: TraceRead, resident: Resident) -> Opened:
             trace,
             work.epoch,
             read.keys,
-            lambda t, b: files.read_verified(b.path, t.columns, b.files),
+            lambda t, b: files.read_verified(b.path, t.columns, b.files, b.rows, b.time),
         )
     _OPENED[key] = found
     while len(_OPENED) > KEEP_OPENED:

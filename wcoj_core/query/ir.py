@@ -105,10 +105,16 @@ class Atom:
 
     relation: str
     terms: tuple[Term, ...]
+    _vars: tuple[Var, ...] = field(init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.relation.isidentifier():
             raise QueryError(f"relation name {self.relation!r} is not an identifier")
+        seen: dict[Var, None] = {}
+        for t in self.terms:
+            if isinstance(t, Var):
+                seen.setdefault(t, None)
+        object.__setattr__(self, "_vars", tuple(seen))
 
     @property
     def arity(self) -> int:
@@ -116,12 +122,8 @@ class Atom:
 
     @property
     def vars(self) -> tuple[Var, ...]:
-        """The distinct variables of the atom, in order of first occurrence."""
-        seen: dict[Var, None] = {}
-        for t in self.terms:
-            if isinstance(t, Var):
-                seen.setdefault(t, None)
-        return tuple(seen)
+        """The distinct variables of the atom, in order of first occurrence (found once)."""
+        return self._vars
 
     def __str__(self) -> str:
         return f"{self.relation}({', '.join(map(str, self.terms))})"
@@ -164,6 +166,7 @@ class Query:
     atoms: tuple[Atom, ...]
     filters: tuple[Filter, ...] = ()
     relations: dict[str, int] = field(init=False, compare=False, hash=False, repr=False)
+    _vars: tuple[Var, ...] = field(init=False, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -191,15 +194,16 @@ class Query:
                         f"filter {f} uses variable {v.name!r}, which no atom of the body binds"
                     )
         object.__setattr__(self, "relations", arities)
-
-    @property
-    def vars(self) -> tuple[Var, ...]:
-        """All variables of the body, in order of first occurrence."""
         seen: dict[Var, None] = {}
         for atom in self.atoms:
             for v in atom.vars:
                 seen.setdefault(v, None)
-        return tuple(seen)
+        object.__setattr__(self, "_vars", tuple(seen))
+
+    @property
+    def vars(self) -> tuple[Var, ...]:
+        """All variables of the body, in order of first occurrence (found once)."""
+        return self._vars
 
     def __str__(self) -> str:
         body = [str(a) for a in self.atoms] + [str(f) for f in self.filters]

@@ -18,6 +18,13 @@ Atoms see their relation through an `AtomView`: constants select, a repeated var
 equal columns, and the view's columns are the atom's distinct variables. Atoms with the same view
 share arrangements.
 
+Planning is bounded: ordering a rule's variables costs about its atoms' terms times a logarithm
+(the scores of the variables next to the one just bound are updated, a heap gives the best), so
+a query of `n` atoms plans in about ``n^2 log n`` (a rule per atom, each binding every variable);
+a query of more than `MAX_ATOMS` atoms is refused in one line, and filters implied by
+transitivity are derived only among at most `IMPLIED_VARS` compared variables (they are
+implied: leaving them out changes no result).
+
 >>> from wcoj_core.query.parse import parse_query
 >>> plan = plan_query(parse_query("p(a, b, c) :- e(a, b), e(b, c), e(a, c)"))
 >>> [str(step.var) for step in plan.rules[0].steps]
@@ -28,13 +35,20 @@ share arrangements.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from wcoj_core.errors import QueryError
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
+
+# The most atoms a query may have: a plan holds one delta rule per atom, each binding every
+# variable, so a plan's size (and the time to make it) grows with the square of its atoms.
+MAX_ATOMS = 256
+# Filters implied by transitivity are derived among at most this many compared variables.
+IMPLIED_VARS = 64
 
 
 class Version(Enum):
@@ -179,10 +193,13 @@ class Plan:
     filters: tuple[Filter, ...]
     implied: tuple[Filter, ...]
     rules: tuple[DeltaRule, ...]
+    arrangements: tuple[Arrangement, ...] = field(init=False, compare=False, repr=False)
 
-    @property
-    def arrangements(self) -> tuple[Arrangement, ...]:
-        """Every arrangement the rules read, deduplicated, in a stable order."""
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "arrangements", self._arrangements())
+
+    def _arrangements(self) -> tuple[Arrangement, ...]:
+        """Every arrangement the rules read, deduplicated, in a stable order (found once)."""
         seen: dict[Arrangement, None] = {}
         for view in self.views:
             seen.setdefault(Arrangement(Kind.SELF, view), None)
@@ -203,6 +220,9 @@ def implied_filters(filters: Sequence[Filter]) -> tuple[Filter, ...]:
     """
     # strict[x][y] is True for x < y, False for x <= y; absent when unknown.
     rel: dict[tuple[Var, Var], bool] = {}
+    compared = {t for f in filters for t in (f.left, f.right) if isinstance(t, Var)}
+    if len(compared) > IMPLIED_VARS:  # a closure cubic in them, a result quadratic: skipped
+        return ()
     for f in filters:
         if not (isinstance(f.left, Var) and isinstance(f.right, Var)):
             continue
@@ -236,34 +256,86 @@ def _estimate(atom_size: float, arity: int, bound: int) -> float:
     return max(atom_size, 1.0) ** ((arity - bound) / arity)
 
 
-def _choose_order(
-    query: Query,
-    atom_vars: Sequence[tuple[Var, ...]],
-    start: Sequence[Var],
-    sizes: Mapping[str, int],
-) -> list[Var]:
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What every rule of a query plans from, found once per query: each atom's view, its
+    distinct variables and its relation's size, each variable's position and the atoms holding
+    it (in atom order)."""
+
+    views: tuple[AtomView, ...]
+    atom_vars: tuple[tuple[Var, ...], ...]
+    sizes: tuple[float, ...]
+    position: dict[Var, int]
+    holders: dict[Var, tuple[int, ...]]
+
+    @classmethod
+    def of(cls, query: Query, sizes: Mapping[str, int]) -> _Shape:
+        atom_vars = tuple(a.vars for a in query.atoms)
+        holders: dict[Var, list[int]] = {}
+        for i, vs in enumerate(atom_vars):
+            for v in vs:
+                holders.setdefault(v, []).append(i)
+        return cls(
+            tuple(atom_view(a) for a in query.atoms),
+            atom_vars,
+            tuple(float(sizes.get(a.relation, 1000)) for a in query.atoms),
+            {v: i for i, v in enumerate(query.vars)},
+            {v: tuple(atoms) for v, atoms in holders.items()},
+        )
+
+
+class _Scores:
+    """The variable-order heuristic's score of each unbound variable of a rule, kept up to date
+    as variables are bound: binding a variable rescores only the variables sharing an atom with
+    it, and a heap gives the best one, so ordering a rule costs about its atoms' terms times a
+    logarithm.
+
+    A variable's score is (minus the atoms holding it that already hold a bound variable, the
+    fewest candidates any atom holding it estimates, its position in the query): the least
+    wins (see the module)."""
+
+    def __init__(self, shape: _Shape, start: Sequence[Var]) -> None:
+        self.shape = shape
+        self.bound: set[Var] = set(start)
+        self.held = [sum(u in self.bound for u in vs) for vs in shape.atom_vars]  # per atom
+        self.score: dict[Var, tuple[int, float, int]] = {}
+        self.heap: list[tuple[tuple[int, float, int], Var]] = []
+        for v in shape.position:
+            if v not in self.bound:
+                self._rescore(v)
+
+    def _rescore(self, v: Var) -> None:
+        shape, held = self.shape, self.held
+        atoms = shape.holders[v]
+        linked = sum(held[i] > 0 for i in atoms)
+        est = min(_estimate(shape.sizes[i], len(shape.atom_vars[i]), held[i]) for i in atoms)
+        score = (-linked, est, shape.position[v])
+        self.score[v] = score
+        heapq.heappush(self.heap, (score, v))
+
+    def take(self) -> Var:
+        """The best unbound variable, now bound."""
+        while True:
+            score, v = heapq.heappop(self.heap)
+            if v not in self.bound and self.score[v] == score:
+                break
+        self.bound.add(v)
+        touched: dict[Var, None] = {}
+        for i in self.shape.holders[v]:
+            self.held[i] += 1
+            for u in self.shape.atom_vars[i]:
+                if u not in self.bound:
+                    touched.setdefault(u, None)
+        for u in touched:
+            self._rescore(u)
+        return v
+
+
+def _choose_order(shape: _Shape, start: Sequence[Var]) -> list[Var]:
+    scores = _Scores(shape, start)
     order = list(start)
-    bound = set(start)
-    remaining = [v for v in query.vars if v not in bound]
-    while remaining:
-
-        def score(v: Var) -> tuple[int, float, int]:
-            constraining = [i for i, vs in enumerate(atom_vars) if v in vs]
-            with_bound = [i for i in constraining if any(u in bound for u in atom_vars[i])]
-            est = min(
-                _estimate(
-                    sizes.get(query.atoms[i].relation, 1000),
-                    len(atom_vars[i]),
-                    sum(u in bound for u in atom_vars[i]),
-                )
-                for i in constraining
-            )
-            return (-len(with_bound), est, query.vars.index(v))
-
-        best = min(remaining, key=score)
-        order.append(best)
-        bound.add(best)
-        remaining.remove(best)
+    while len(order) < len(shape.position):
+        order.append(scores.take())
     return order
 
 
@@ -280,14 +352,16 @@ def plan_rule(
     order: Sequence[Var] | None = None,
     sizes: Mapping[str, int] | None = None,
     filters: Sequence[Filter] | None = None,
+    shape: _Shape | None = None,
 ) -> DeltaRule:
-    """Plan the delta rule of atom `delta`, with a given or chosen variable order."""
-    views = [atom_view(a) for a in query.atoms]
-    atom_vars = [a.vars for a in query.atoms]
+    """Plan the delta rule of atom `delta`, with a given or chosen variable order (`shape`:
+    what `plan_query` found once for every rule)."""
+    shape = shape or _Shape.of(query, sizes or {})
+    views, atom_vars = shape.views, shape.atom_vars
     start = atom_vars[delta]
     all_filters = list(query.filters if filters is None else filters)
     if order is None:
-        order = _choose_order(query, atom_vars, start, sizes or {})
+        order = _choose_order(shape, start)
     else:
         order = list(order)
         if tuple(order[: len(start)]) != start or sorted(order, key=str) != sorted(
@@ -304,21 +378,30 @@ def plan_rule(
         for j in range(len(query.atoms))
         if j != delta and set(atom_vars[j]) <= bound
     )
-    pending = [f for f in all_filters if not f.vars <= bound]
-    start_filters = tuple(f for f in all_filters if f.vars <= bound)
+    # Each filter waits for its unbound variables; one is ready at the step binding its last.
+    waiting = [len(f.vars - bound) for f in all_filters]
+    waits_on: dict[Var, list[int]] = {}
+    for k, f in enumerate(all_filters):
+        for v in f.vars - bound:
+            waits_on.setdefault(v, []).append(k)
+    start_filters = tuple(f for f, w in zip(all_filters, waiting, strict=True) if w == 0)
     steps = []
     for var in order[len(start) :]:
         extenders = []
-        for j, vs in enumerate(atom_vars):
-            if j == delta or var not in vs:
+        for j in shape.holders[var]:
+            if j == delta:
                 continue
+            vs = atom_vars[j]
             key = tuple(vs.index(u) for u in vs if u in bound)
             completes = all(u in bound or u == var for u in vs)
             extenders.append(Extender(j, versions[j], views[j], key, vs.index(var), completes))
         bound.add(var)
-        ready = tuple(f for f in pending if f.vars <= bound)
-        pending = [f for f in pending if f not in ready]
-        steps.append(Step(var, tuple(extenders), ready))
+        ready = []
+        for k in waits_on.get(var, ()):
+            waiting[k] -= 1
+            if waiting[k] == 0:
+                ready.append(k)
+        steps.append(Step(var, tuple(extenders), tuple(all_filters[k] for k in sorted(ready))))
     return DeltaRule(delta, versions, start, checks, start_filters, tuple(steps))
 
 
@@ -332,15 +415,22 @@ def plan_query(
     `sizes` (relation -> tuple count) breaks ties between variables; `orders` forces the
     variable order of chosen rules (tests use it to exercise every order).
     """
+    if len(query.atoms) > MAX_ATOMS:
+        raise QueryError(
+            f"query {query.name} has {len(query.atoms):,} atoms; wcoj plans queries of up to "
+            f"{MAX_ATOMS} atoms (one delta rule per atom, each binding every variable)"
+        )
     implied = implied_filters(query.filters)
     filters = (*query.filters, *implied)
+    shape = _Shape.of(query, sizes or {})
     rules = tuple(
-        plan_rule(query, i, (orders or {}).get(i), sizes, filters) for i in range(len(query.atoms))
+        plan_rule(query, i, (orders or {}).get(i), sizes, filters, shape)
+        for i in range(len(query.atoms))
     )
     return Plan(
         query=query,
-        views=tuple(atom_view(a) for a in query.atoms),
-        atom_vars=tuple(a.vars for a in query.atoms),
+        views=shape.views,
+        atom_vars=shape.atom_vars,
         filters=filters,
         implied=implied,
         rules=rules,

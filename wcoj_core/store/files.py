@@ -112,6 +112,22 @@ def local_path(root: str) -> Path:
     return Path(root.removeprefix("file://")).absolute()
 
 
+def dangling(shown: str, link: Path) -> str:
+    """What to say of a state path that is a symbolic link to nothing.
+
+    >>> dangling("s", Path("/nonexistent-link")).split(";")[0]
+    's is a symbolic link to a path that does not exist (cannot be read: ...)'
+    """
+    try:
+        target = f"{os.readlink(link)}, which does not exist"
+    except OSError:
+        target = "a path that does not exist (cannot be read: ...)"
+    return (
+        f"{shown} is a symbolic link to {target}; create it as an empty directory, or pass "
+        "another path"
+    )
+
+
 def _kind_of(mode: int) -> Kind:
     if stat.S_ISLNK(mode):
         return Kind.LINK

@@ -487,7 +487,7 @@ def _batch(v: Any, where: str) -> Batch:
     )
     return Batch(
         path,
-        _int(raw["time"], f"{where}.time"),
+        _int(raw["time"], f"{where}.time", 0),
         _int(raw["rows"], f"{where}.rows", 0),
         files,
         _figures(raw["figures"], f"{where}.figures"),
@@ -605,6 +605,13 @@ def _trace(name: str, v: Any, where: str) -> Trace:
         _batch(b, f"{where}.batches[{i}]")
         for i, b in enumerate(_list(raw["batches"], f"{where}.batches"))
     )
+    for i in range(1, len(batches)):  # one batch per epoch, in order
+        if batches[i].time <= batches[i - 1].time:
+            _bad(
+                f"epoch {batches[i].time} after epoch {batches[i - 1].time}: a trace holds one "
+                "batch per epoch, in order",
+                f"{where}.batches[{i}].time",
+            )
     index: Index | None = None
     if raw["index"] is not None:
         ix = _obj(raw["index"], f"{where}.index", ("time", "segments"))
@@ -684,9 +691,17 @@ def _decode_manifest(text: str, source: str) -> Manifest:
     if "" in traces_raw:
         _bad("a trace without a name", "traces")
     traces = {name: _trace(name, t, f"traces[{name!r}]") for name, t in traces_raw.items()}
+    epoch = _opt_int(raw["epoch"], "epoch")
+    for name, t in traces.items():
+        last = t.batches[-1].time if t.batches else None
+        if last is not None and (epoch is None or last > epoch):
+            _bad(
+                f"a batch of epoch {last}, after the state's epoch {epoch}",
+                f"traces[{name!r}].batches[{len(t.batches) - 1}].time",
+            )
     return Manifest(
         _int(raw["generation"], "generation", 0),
-        _opt_int(raw["epoch"], "epoch"),
+        epoch,
         _opt_int(raw["frontier"], "frontier"),
         _plan(raw["plan"]),
         traces,

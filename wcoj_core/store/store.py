@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
 from wcoj_core.store import names
-from wcoj_core.store.files import Files, Kind, LocalFiles, files_for
+from wcoj_core.store.files import Files, Kind, LocalFiles, dangling, files_for
 from wcoj_core.store.manifest import FORMAT, FileRef, Manifest, referenced
 
 if TYPE_CHECKING:
@@ -100,6 +100,8 @@ class Store:
         files = self.files
         kind = files.kind("")
         if kind is None:
+            if isinstance(files, LocalFiles) and files.path.is_symlink():
+                raise StateError(dangling(shown, files.path))
             if not create:
                 raise StateError(f"no wcoj state at {shown}")
             files.mkdirs("")
@@ -111,6 +113,7 @@ class Store:
         elif files.kind(names.MARKER) is None:
             if files.entries(""):
                 self._refuse_earlier_format()
+                self._refuse_lost_marker(shown)
                 if create:
                     raise StateError(
                         f"{shown} is not a wcoj state (no {names.MARKER}) and is not empty: "
@@ -162,6 +165,19 @@ class Store:
                 f"is not readable by this one (format {FORMAT}); re-create the state (apply "
                 f"its epochs into a new directory)"
             )
+
+    def _refuse_lost_marker(self, shown: str) -> None:
+        """A directory without a marker but with manifests of this format: a state that lost
+        its marker (deleted, or copied without it). Say so, and how to restore it."""
+        gens = self.generations()
+        if not gens:
+            return
+        raise StateError(
+            f"{shown} holds a wcoj state's manifests (generations {gens[0]}..{gens[-1]}) but not "
+            f"its marker {names.MARKER} (deleted, or copied without it); if it is a state, "
+            f"restore the marker: echo '{{\"wcoj_state\": {FORMAT}}}' > {shown}/{names.MARKER}"
+            "; else pass a new or empty directory"
+        )
 
     # -- paths -------------------------------------------------------------------------------
     def uri(self, rel: str) -> str:

@@ -2,11 +2,16 @@
 affects (the primitives of ``wcoj verify``).
 
 `verify_state` reads every kept generation's manifest and every file they name, once each:
-batch files (size and sha256) and segment files (size, ``.npy`` header, sha256). Each damaged
-file is reported with its trace, the first epoch it affects — a batch at time ``t`` every epoch
-from ``t`` on (through the traces and arrangements built from it), a segment every epoch from its
-index's time on — and whether it can be rebuilt: a segment can (from the batches), a batch
-cannot (it is the source of truth).
+batch files (size and sha256, and their rows against the batch's row count) and segment files
+(size, ``.npy`` header, sha256). Each damaged file is reported with its trace, the first epoch
+it affects — a batch at time ``t`` every epoch from ``t`` on (through the traces and
+arrangements built from it), a segment every epoch from its index's time on — and whether it
+can be rebuilt: a segment can (from the batches), a batch cannot (it is the source of truth).
+
+A file inside a batch folder that no kept manifest lists is named too (`Damage.foreign`): no
+reader reads it (they read exactly the files a manifest lists), and wcoj never deletes a file
+it did not write, so it stays until someone moves it out. Spark's own by-products of a batch it
+wrote (``_SUCCESS``, a listed file's ``.crc``) are not named.
 """
 
 from __future__ import annotations
@@ -37,9 +42,12 @@ class Damage:
     rebuildable: bool
     generations: tuple[int, ...]
     current: bool
+    foreign: bool = False  # a file no manifest lists, inside a batch folder
 
     def describe(self) -> str:
         """One line for a person."""
+        if self.foreign:
+            return f"{self.path} (trace {self.trace}): {self.what}"
         affects = f"epochs {self.since} and later" if self.since is not None else "its generation"
         fix = "rebuildable from the batches" if self.rebuildable else "not rebuildable"
         where = f" (trace {self.trace})" if self.trace else ""
@@ -86,11 +94,19 @@ def verify_state(store: Store, progress: Callable[[str], None] | None = None) ->
             damaged.append(Damage(rel, "", str(e), None, False, (g,), g == current))
     batches: dict[tuple[str, str], _Seen] = {}  # (folder, file name) -> where it is used
     refs: dict[tuple[str, str], FileRef] = {}
+    # (folder, rows, epoch, files a batch entry lists) -> where
+    counted: dict[tuple[str, int, int, tuple[str, ...]], _Seen] = {}
+    listed: dict[str, set[str]] = {}  # folder -> the names of the files a manifest lists
     segments: dict[str, _Seen] = {}
     segment_of: dict[str, Segment] = {}
     for m in manifests:
         for t in m.traces.values():
             for b in t.batches:
+                key = (b.path, b.rows, b.time, tuple(f.name for f in b.files))
+                seen = counted.setdefault(key, _Seen(t.name, b.time, [], False))
+                seen.since = min(seen.since, b.time)
+                seen.generations.append(m.generation)
+                listed.setdefault(b.path, set()).update(f.name for f in b.files)
                 for f in b.files:
                     key = (b.path, f.name)
                     seen = batches.setdefault(key, _Seen(t.name, b.time, [], False))
@@ -117,6 +133,28 @@ def verify_state(store: Store, progress: Callable[[str], None] | None = None) ->
         what = store.files.verify(rel, ref)
         if what is not None:
             damaged.append(_damage(rel, seen, what, current))
+    bad = {d.path for d in damaged}
+    entries = {
+        (folder, listed_names)
+        for folder, _, _, listed_names in counted
+        if not any(f"{folder}/{n}" in bad for n in listed_names)
+    }
+    held = _held_rows(store, {e: [refs[(e[0], n)] for n in e[1]] for e in entries})
+    for (folder, rows, time, listed_names), seen in sorted(counted.items()):
+        if (folder, listed_names) not in held:
+            continue
+        n, epochs = held[(folder, listed_names)]
+        if n != rows:
+            what = f"its files hold {n:,} rows, the manifest says {rows:,}"
+            damaged.append(_damage(folder, seen, what, current))
+        if epochs and epochs != {time}:
+            found = ", ".join(map(str, sorted(epochs)))
+            what = f"its files hold rows of epoch(s) {found}, the manifest says epoch {time}"
+            damaged.append(_damage(folder, seen, what, current))
+    damaged += _foreign(store, listed, counted, current)
+    if manifests and manifests[-1].generation == current:
+        broken = {d.path.rsplit("/", 1)[0] for d in damaged} | {d.path for d in damaged}
+        damaged += _figures(store, manifests[-1], broken)
     local = store.local_root
     for path, seen in sorted(segments.items()):
         segment = segment_of[path]
@@ -135,6 +173,120 @@ def verify_state(store: Store, progress: Callable[[str], None] | None = None) ->
                     found.append((rel, what))
         damaged.extend(_damage(rel, seen, what, current) for rel, what in found)
     return VerifyReport(current, tuple(gens), files, size, tuple(damaged))
+
+
+def _held_rows(
+    store: Store, folders: dict[tuple[str, tuple[str, ...]], list[FileRef]]
+) -> dict[tuple[str, tuple[str, ...]], tuple[int, set[int]]]:
+    """The rows each batch folder's listed files hold and the epochs of those rows, from their
+    Parquet footers (a folder whose footers cannot be read is left out: its files are reported
+    already or next)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from wcoj_core.arrow import longs
+    from wcoj_core.deploy.batches import BatchFiles
+    from wcoj_core.traces import TIME
+
+    files = BatchFiles(store.root)
+    out: dict[tuple[str, tuple[str, ...]], tuple[int, set[int]]] = {}
+    for (folder, listed_names), refs in sorted(folders.items()):
+        rows, epochs = 0, set()
+        try:
+            for r in refs:
+                parquet = pq.ParquetFile(files.full(f"{folder}/{r.name}"), filesystem=files.fs)
+                rows += parquet.metadata.num_rows
+                if parquet.metadata.num_rows:
+                    times = longs(parquet.read(columns=[TIME]).column(TIME))
+                    epochs |= {int(v) for v in np.unique(times)}
+        except (OSError, pa.ArrowException, KeyError):
+            continue
+        out[(folder, listed_names)] = (rows, epochs)
+    return out
+
+
+def _figures(store: Store, manifest: Manifest, broken: set[str]) -> list[Damage]:
+    """Each trace's latest recorded figures (distinct tuples, count, negative tuples) against
+    its batches summed (traces with a damaged batch are left out: that is reported already)."""
+    from wcoj_core.deploy.batches import BatchFiles
+    from wcoj_core.errors import WcojError
+
+    files = BatchFiles(store.root)
+    out = []
+    for name, trace in sorted(manifest.traces.items()):
+        if not name.startswith(("rel/", "counts/", "out/")):
+            continue  # a set's ignored changes and a rule's outputs keep no figures of their own
+        recorded = [b for b in trace.batches if b.figures is not None]
+        if not recorded or any(b.path in broken for b in trace.batches):
+            continue
+        last = recorded[-1]
+        figures = last.figures
+        assert figures is not None
+        try:
+            layer = files.read_layer(trace.columns, list(trace.visible(last.time)))
+        except WcojError:
+            continue
+        diff = layer.diff
+        held = (len(diff), sum(int(x) for x in diff), int((diff < 0).sum()))
+        if held != tuple(figures):
+            what = (
+                f"its figures (rows, count, negative) as of epoch {last.time} are "
+                f"{tuple(figures)}, its batches summed give {held}"
+            )
+            out.append(
+                Damage(last.path, name, what, last.time, False, (manifest.generation,), True)
+            )
+    return out
+
+
+def _foreign(
+    store: Store,
+    listed: dict[str, set[str]],
+    counted: dict[tuple[str, int, int, tuple[str, ...]], _Seen],
+    current: int,
+) -> list[Damage]:
+    """Files inside batch folders that no kept manifest lists (Spark's by-products aside)."""
+    where: dict[str, _Seen] = {}
+    for (folder, _, _, _), seen in counted.items():
+        where.setdefault(folder, seen)
+    out = []
+    for folder, names_listed in sorted(listed.items()):
+        for entry in sorted(store.files.entries(folder), key=lambda e: e.name):
+            if entry.name in names_listed or _by_product(entry.name, names_listed):
+                continue
+            seen = where[folder]
+            gens = tuple(sorted(set(seen.generations)))
+            what = (
+                "a file the manifest does not list: no reader reads it, and wcoj never deletes "
+                "a file it did not write; move it out of the state"
+            )
+            out.append(
+                Damage(
+                    f"{folder}/{entry.name}",
+                    seen.trace,
+                    what,
+                    seen.since,
+                    False,
+                    gens,
+                    current in gens,
+                    foreign=True,
+                )
+            )
+    return out
+
+
+def _by_product(name: str, listed: set[str]) -> bool:
+    """Whether a file in a batch folder is what Spark writes beside the files it lists.
+
+    >>> _by_product("_SUCCESS", set()), _by_product(".part-0.parquet.crc", {"part-0.parquet"})
+    (True, True)
+    >>> _by_product(".part-9.parquet.crc", {"part-0.parquet"}), _by_product("x.parquet", set())
+    (False, False)
+    """
+    if name in ("_SUCCESS", "._SUCCESS.crc"):
+        return True
+    return name.startswith(".") and name.endswith(".crc") and name[1:-4] in listed
 
 
 def _damage(rel: str, seen: _Seen, what: str, current: int) -> Damage:
