@@ -15,11 +15,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from oracle import naive_eval
 from wcoj_support import set_oracle, updates, write_landing
 
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import QuerySpec, Topology
-from oracle import naive_eval
 from wcoj_core.query.builtins import BUILTINS
 from wcoj_core.reading import read_table
 from wcoj_core.traces import output_trace_name

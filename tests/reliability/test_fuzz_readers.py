@@ -41,12 +41,12 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from reliability_support import History, small_history, wcoj_here
+from wcoj_core.naive import fold_epoch, naive_eval
 
 from wcoj_core.audit import audit_epoch
 from wcoj_core.engine import Engine
 from wcoj_core.errors import WcojError
 from wcoj_core.meaning import relation_specs
-from wcoj_core.naive import fold_epoch, naive_eval
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.parse import parse_query
 from wcoj_core.reading import change_table, read_table
