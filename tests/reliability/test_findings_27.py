@@ -168,7 +168,7 @@ def test_w2_bag_figures_over_epochs_match_the_oracle(tmp_path: Path) -> None:
     (distinct tuples, count, negative tuples) equal the naive oracle's."""
     import random
 
-    from wcoj_core.naive import naive_eval
+    from oracle import naive_eval
 
     rng = random.Random(5)
     held: Counter[tuple[int, ...]] = Counter()

@@ -40,8 +40,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
+from oracle import fold_epoch, naive_eval
 from reliability_support import History, small_history, wcoj_here
-from wcoj_core.naive import fold_epoch, naive_eval
 
 from wcoj_core.audit import audit_epoch
 from wcoj_core.engine import Engine
