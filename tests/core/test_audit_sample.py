@@ -117,18 +117,23 @@ class _Unsorted(Layer):
 
 
 def test_the_w2_bug_reintroduced_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the fix undone, epoch 1's figures come out as W2 reported them; the audit of
-    epoch 1 fails: the output's segment is out of order (so it is read around from the
-    batches), and the figures then disagree."""
+    """With the fix undone, the output's segment is written out of order: the audit of epoch 1
+    sees it (and reads around it from the batches), and fails whenever the figures the engine
+    recorded from it are wrong."""
     monkeypatch.setattr(epoch, "Layer", _Unsorted)
     engine = two_paths_state(tmp_path / "state")
-    assert engine.figures(output_trace_name("paths2"), 1) == (3, 1, 1)
+    recorded = engine.figures(output_trace_name("paths2"), 1)
     monkeypatch.undo()
-    assert audit_epoch(engine, "paths2", 0).passed  # epoch 0's own figures are right
     for mode in AuditMode:
         audit = audit_epoch(engine, "paths2", 1, mode)
-        assert not audit.passed and "expected (1, 1, 0)" in audit.figures, audit
-        assert "its rows are not in order" in audit.method or audit.mode == "sampled"
+        # The out-of-order segment is seen and read around; figures the engine got wrong from
+        # it (the numpy kernel's (3, 1, 1)) fail the check, right ones (the compiled kernel's
+        # searches happen to find the row here) pass it.
+        assert "its rows are not in order" in audit.method, audit
+        if recorded == (1, 1, 0):
+            assert audit.passed, audit
+        else:
+            assert not audit.passed and "expected (1, 1, 0)" in audit.figures, audit
 
 
 # -- samples smaller than the change ---------------------------------------------------------------

@@ -279,8 +279,8 @@ class Layer:
             first = self.col(0)
             low, high = int(first[0]), int(first[-1])
             span = high - low + 1
-            if span > DIRECTORY_SPAN * len(self) + 1024:
-                return None
+            if span <= 0 or span > DIRECTORY_SPAN * len(self) + 1024:
+                return None  # too sparse (or, out of order, not a layer a search can trust)
             table = np.empty(span + 1, dtype=I64)
             native.directory(first, table, low)
             self._dir = (table, low)
