@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     instance = DagsterInstance.get()
     sensor = defs.resolve_sensor_def(SENSOR)
     with build_sensor_context(instance=instance, resources=defs.resources) as context:
-        requests = sensor(context).run_requests
+        requests = sensor.evaluate_tick(context).run_requests
     job = defs.resolve_job_def(JOB_NAME)
 
     passed = failed = runs_failed = 0

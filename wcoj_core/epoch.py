@@ -428,10 +428,12 @@ class EpochPass:
         return False
 
     def _held_nothing(self, relation: str) -> bool:
-        """Whether a relation held nothing before the epoch: its opened arrangements hold no
-        row (their files' sizes are checked as they are mapped), never a batch's row count
-        alone (that is the manifest's word)."""
+        """Whether a relation held nothing before the epoch: it has no batch before it, or its
+        opened arrangements hold no row (their files' sizes are checked as they are mapped),
+        never a batch's row count alone (that is the manifest's word)."""
         opened = self.opened[relation_trace_name(relation)]
+        if not any(b.time < self.epoch for b in opened.trace.batches):
+            return True  # no batch before the epoch (a correction of the first epoch, say)
         width = self.engine.relations[relation]
         return not any(len(layer) for layer in opened.at(identity(width)))
 

@@ -115,7 +115,7 @@ def test_assets_annotated_arrow_or_pandas_read_the_change_with_no_jvm(tmp_path: 
 
 
 @pytest.mark.slow
-def test_web_notredame_change_reads_as_arrow_in_two_seconds(
+def test_web_notredame_change_reads_as_arrow_without_a_jvm(
     shared_data: Path, tmp_path: Path
 ) -> None:
     from wcoj_assets.resources import WcojResource
@@ -133,7 +133,5 @@ def test_web_notredame_change_reads_as_arrow_in_two_seconds(
     assert out["jvm"] is False
     assert out["rows"] == triangles and out["total"] == triangles
     assert out["columns"] == ["a", "b", "c", "diff"]
-    # The CPU the read costs (every thread's): what the wall time is on an idle machine, and a
-    # bound the other engineers' load on a shared one cannot break. The wall time is printed.
-    assert out["read_cpu_seconds"] <= 2.0, out
+    # What the read costs is printed, never asserted: timings are the benchmarks'.
     print(f"web-NotreDame epoch 0 change as Arrow: {out}; whole process {elapsed:.2f} s")
