@@ -76,6 +76,7 @@ def build_definitions(
     sensor_seconds: int = SENSOR_SECONDS,
     check_every: int | None = None,
     check_reporting: str | CheckReporting | None = None,
+    memory: str | None = None,
     pyspark: Any = None,
     translate: Translate | None = None,
     op_name: str = OP_NAME,
@@ -94,7 +95,8 @@ def build_definitions(
     most every `sensor_seconds`; the binary-join check runs every `check_every` epochs (the
     resource's default, 30, when None); `check_reporting` (``news``, the default, or ``every``)
     picks which partitions of a run over a range get a check evaluation of their own
-    (`wcoj_assets.checks.CheckReporting`). `pyspark` is an optional dagster-pyspark
+    (`wcoj_assets.checks.CheckReporting`). `memory` is the memory budget of the process running
+    a step (``4g``; `wcoj_core.budget`). `pyspark` is an optional dagster-pyspark
     `LazyPySparkResource` whose ``spark_config`` supplies Spark settings. `translate` maps each
     asset's base spec and `wcoj_assets.graph.AssetInfo` to the spec to use (key prefix, group,
     owners, tags, kinds...); `op_name`, `op_tags`, `pool` and `backfill_policy` set the step's.
@@ -129,6 +131,11 @@ def build_definitions(
             resource_values["check_every"] = check_every
         if check_reporting is not None:
             resource_values["check_reporting"] = reporting_of(check_reporting)
+        if memory is not None:
+            from wcoj_core.budget import MemoryBudget
+
+            MemoryBudget.of(memory)  # refused when the definitions load, not at the first run
+            resource_values["memory"] = memory
         if pyspark is not None:
             resource_values["pyspark"] = pyspark
         return assemble(graph, assets, wcoj_resource(**resource_values), sensor_seconds)

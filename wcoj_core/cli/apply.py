@@ -30,8 +30,10 @@ from wcoj_core.cli import workspace
 from wcoj_core.cli.console import (
     EXIT_INTERRUPTED,
     EXIT_OK,
+    ProgressLine,
     UsageError,
     add_deploy_argument,
+    add_memory_argument,
     emit_json,
     epilog,
     epoch_argument,
@@ -104,6 +106,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_output_arguments(app, "the epoch's output change")
     add_deploy_argument(app)
+    add_memory_argument(app)
     workspace.add_spark_arguments(app)
     app.add_argument("--json", action="store_true", help="end with one JSON line of results")
     app.set_defaults(run=run)
@@ -165,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         check_files(query, changes)
         starter = workspace.starter(args.master, args.conf)
         start = clock.perf_counter()
+        line = ProgressLine()
         engine = Engine(
             starter,
             args.state,
@@ -172,10 +176,15 @@ def run(args: argparse.Namespace) -> int:
             relations=specs,
             deployment=args.deploy,
             compact_every=args.keep_epochs,
+            memory=args.memory,
+            progress=line,
         )
         base = engine.store.current()
         frames = read_changes(query, changes, starter)
-        result = engine.apply(args.epoch, frames, replace=args.replace)
+        try:
+            result = engine.apply(args.epoch, frames, replace=args.replace)
+        finally:
+            line.done()
     except KeyboardInterrupt:
         if engine is None or base is None:  # the state not opened yet: nothing was written
             error(f"interrupted: epoch {args.epoch} was not applied; the state is as it was")
@@ -219,10 +228,13 @@ def _interrupted(engine: Engine, base: Manifest, epoch: int) -> int:
 
 def read_changes(query: Any, changes: dict[str, str], starter: Any) -> dict[str, Any]:
     """Each relation's changes: read with pyarrow when every file is local, else by Spark."""
-    from wcoj_core.local_read import read_local
+    from wcoj_core.local_read import read_local_batches
 
     if not needs_spark(changes):
-        return {rel: read_local(path, query.relations[rel], rel) for rel, path in changes.items()}
+        return {
+            rel: read_local_batches(path, query.relations[rel], rel)
+            for rel, path in changes.items()
+        }
     from wcoj_core.sources import read_relation
 
     spark = starter("an input is not a local file")
@@ -278,10 +290,11 @@ def _report(
     metrics = result.metrics
     count = result.count(query)
     landed = sum(r.landed for r in result.relations.values())
+    memory = f"; {metrics.memory.describe()}" if metrics.memory is not None else ""
     say(
         f"epoch {args.epoch}: changes {sum(metrics.changes.values())} (landed {landed}), output "
         f"change rows {metrics.outputs.get(query, 0)}, count {count}, seconds {seconds:.3f} "
-        f"({phases(metrics.seconds)})"
+        f"({phases(metrics.seconds)}{memory})"
     )
     if result.rebuilt or rebuilt:
         done = [r.epoch for r in (*result.rebuilt, *rebuilt)]

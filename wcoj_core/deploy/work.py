@@ -28,6 +28,7 @@ from wcoj_core.indexes import Opened, ViewKey, open_trace
 from wcoj_core.kernel.changes import changes_layer, counts_delta, support_delta
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import (
+    CHUNK_ROWS,
     PROPOSAL_BUDGET,
     Part,
     RuleTally,
@@ -95,6 +96,8 @@ class Work:
     distinct: frozenset[str] = field(default_factory=frozenset)
     # The candidates a step proposes at once (`wcoj_core.kernel.join`): what bounds memory.
     budget: int = PROPOSAL_BUDGET
+    # The delta tuples a rule takes at once.
+    chunk_rows: int = CHUNK_ROWS
 
     def rule(self, job: RuleJob) -> DeltaRule:
         return self.plans[job.query].rules[job.rule]
@@ -222,7 +225,9 @@ def run_share(work: Work, layers: EpochLayers, share: int, count: int) -> Iterat
         if len(d):
             sizes = weights(plan, rule, layers) if len(d) > WEIGH_ROWS else np.ones(len(d), I64)
             lo, hi = shares(sizes, count)[share]
-            for part in run_rule(plan, rule, layers, tally, (lo, hi), budget=work.budget):
+            for part in run_rule(
+                plan, rule, layers, tally, (lo, hi), chunk_rows=work.chunk_rows, budget=work.budget
+            ):
                 yield Bindings(job, part)
         yield Tallied(job, tally)
 
