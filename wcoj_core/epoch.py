@@ -268,6 +268,7 @@ class EpochPass:
         self.spill = Spill(self.scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
         self.memory: MemoryFigures | None = None
         self.started = clock.monotonic()
+        self.distinct: frozenset[str] = frozenset()  # outputs made consolidated (`_distinct`)
         self.timer.stage = self.scratch
 
     # -- the pass -----------------------------------------------------------------------------
@@ -371,7 +372,7 @@ class EpochPass:
         choice = engine.choose(held, changed)
         jobs = self._jobs(m)
         outputs: dict[str, _Out] = {}
-        distinct = self._distinct(m, jobs)
+        distinct = self.distinct = self._distinct(m, jobs)
         if choice.on_driver or not jobs:
             work = Work(
                 engine.store.root,
@@ -382,8 +383,9 @@ class EpochPass:
                 distinct=distinct,
             )
             streams = {name: self._stream(m, name) for name in distinct}
-            # A dry run's distinct outputs are read by no one: counted, never kept.
-            counting = distinct if self.dry else frozenset()
+            # A dry run's distinct outputs are read by no one (unless indexed: their figures
+            # read them): counted, never kept.
+            counting = frozenset(n for n in distinct if self.dry and n not in self.opened)
             self._room(work, layers, counting)
             result = run_on_driver(
                 work,
@@ -510,6 +512,10 @@ class EpochPass:
         straight into the output's batch."""
         if change.arrays is not None:
             rows, diff = change.arrays
+            if name in self.opened and name in self.distinct:
+                # Made unsorted (distinct), but an indexed output is read again in order (its
+                # figures, its arrangement): sorted here, summing nothing.
+                return _Out(Layer.build(rows, diff, what="summing the output change"))
             return _Out(Layer(rows, diff))
         if change.counted is not None:
             return _Out(None, None, change.counted[1], count=change.counted[0])
@@ -608,15 +614,7 @@ class EpochPass:
                 or tr.rows(self.epoch, strict=True) == 0
                 for r in plan.query.relations
             )
-            # An indexed output is read again in order (figures, its arrangement): its change
-            # is summed, which sorts it, even when it needs no summing.
-            indexed = output_trace_name(name) in self.opened
-            if (
-                fresh
-                and len(ran) == 1
-                and set(plan.query.head) == set(plan.query.vars)
-                and not indexed
-            ):
+            if fresh and len(ran) == 1 and set(plan.query.head) == set(plan.query.vars):
                 out.add(ran[0].output)
         return frozenset(out)
 

@@ -292,9 +292,20 @@ def effects(
     inserted = deleted = negative = 0
     ignored_examples: list[tuple[tuple[int, ...], int]] = []
     negative_examples: list[tuple[tuple[int, ...], int]] = []
+    # While every piece's change is the piece itself (a first load: nothing held before, each
+    # tuple once), nothing is written: the change is then the landed layer as it is.
+    same: list[Layer] | None = []
     for piece in chunks(landed, spill.chunk_rows(width)):
         e = effect(spec, piece, before)
-        change.add(np.asarray(e.change.rows), np.asarray(e.change.diff))
+        if same is not None:
+            if len(e.change) == len(piece) and np.array_equal(e.change.diff, piece.diff):
+                same.append(piece)
+            else:
+                for p in same:
+                    change.add(np.asarray(p.rows), np.asarray(p.diff))
+                same = None
+        if same is None:
+            change.add(np.asarray(e.change.rows), np.asarray(e.change.diff))
         ignored.add(np.asarray(e.ignored.rows), np.asarray(e.ignored.diff))
         figures = figures.plus(e.figures, f"relation {spec.name!r}")
         inserted += e.inserted_present
@@ -303,7 +314,7 @@ def effects(
         ignored_examples += e.ignored_examples[: EXAMPLES - len(ignored_examples)]
         negative_examples += e.negative_examples[: EXAMPLES - len(negative_examples)]
     return Effect(
-        change.finish(),
+        landed if same is not None else change.finish(),
         landed,
         ignored.finish(),
         figures,

@@ -575,6 +575,12 @@ class Spill:
     run_bytes: int
     layer_bytes: int
     merge_bytes: int
+    # Large layers arranged so far, by (the layer's id, view pattern, order): the rules and the
+    # arrangements' writing read the same views of an epoch's change (the layer is kept too,
+    # so that its id stays its own).
+    memo: dict[tuple[int, object, tuple[int, ...]], tuple[Layer, Layer]] = field(
+        default_factory=dict
+    )
 
     def big(self, layer: Layer) -> bool:
         """Whether a layer is too large to be rearranged in memory at once."""
@@ -590,6 +596,10 @@ class Spill:
             return arranged_in_memory(layer, view, order)
         if (view is None or view.is_identity) and tuple(order) == tuple(range(layer.width)):
             return layer
+        key = (id(layer), None if view is None or view.is_identity else view.pattern, tuple(order))
+        found = self.memo.get(key)
+        if found is not None and found[0] is layer:
+            return found[1]
         runs: list[Layer] = []
         step = max(1, self.run_bytes // (8 * (layer.width + 2)))
         width = len(order)
@@ -598,7 +608,9 @@ class Spill:
             got = arranged_in_memory(piece, view, order)
             if len(got):
                 runs.append(write_run(self.scratch, got))
-        return merge_into(self.scratch, runs, width, self.layer_bytes, self.merge_bytes)
+        out = merge_into(self.scratch, runs, width, self.layer_bytes, self.merge_bytes)
+        self.memo[key] = (layer, out)
+        return out
 
     def merged(self, layers: Sequence[Layer], width: int, what: str = "merging layers") -> Layer:
         """Sorted, consolidated layers of one width summed into one, in memory when they are

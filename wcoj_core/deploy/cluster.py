@@ -146,7 +146,7 @@ def _budgeted(engine: Engine, work: Work) -> Work:
     width = max((len(p.query.vars) for p in work.plans.values()), default=1)
     worker = Shares.of(MemoryBudget(max(limit, 16 << 20), "an executor's Python worker"))
     budget = max(1 << 10, min(work.budget, worker.proposals(width)))
-    return replace(work, budget=budget, chunk_rows=worker.chunk_rows(width))
+    return replace(work, budget=budget, chunk_rows=worker.chunk_rows(width), memory=limit)
 
 
 def _sharded(
