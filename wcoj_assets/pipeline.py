@@ -188,7 +188,9 @@ class EpochRun:
                     errors[rel][key] = [f"epoch {t} ({key}): {p}" for p in found]
                     continue
                 if read.rows is not None:
-                    changes[t][rel] = read.rows
+                    # Streamed landed files are read again, a batch at a time, as they land.
+                    streamed = hasattr(read.rows, "batches")
+                    changes[t][rel] = read.rows.batches() if streamed else read.rows
                 landed[t][rel] = LandedFigures(
                     read.files, read.bytes, read.count, read.ignored, clock.perf_counter() - start
                 )

@@ -222,27 +222,32 @@ def tree_rss(pid: int) -> int:
 # -- whole processes --------------------------------------------------------------------------
 
 
-def tree_memory(pid: int) -> tuple[int, int, int]:
+def tree_memory(pid: int, pids: Sequence[int] | None = None) -> tuple[int, int, int, int]:
     """A process tree's anonymous resident bytes (``RssAnon`` summed over the process and all
-    its descendants), the largest ``VmHWM`` among them, and the tree's processes: read from
-    ``/proc`` (zeros when the process is gone)."""
+    its descendants, or over `pids` when the caller knows them), the largest ``VmHWM`` among
+    them, their resident bytes (``VmRSS``) and how many were read: from ``/proc`` (zeros when
+    the process is gone)."""
     from wcoj_core.budget import process_memory
 
-    try:
-        import psutil  # pyright: ignore[reportMissingModuleSource]
-
-        root = psutil.Process(pid)
-        pids = [pid, *(c.pid for c in root.children(recursive=True))]
-    except Exception:
-        pids = [pid]
-    anon = high = count = 0
-    for p in pids:
+    anon = high = rss = count = 0
+    for p in pids if pids is not None else tree_pids(pid):
         got = process_memory(p)
         if got:
             count += 1
             anon += got.get("RssAnon", 0)
+            rss += got.get("VmRSS", 0)
             high = max(high, got.get("VmHWM", 0))
-    return anon, high, count
+    return anon, high, rss, count
+
+
+def tree_pids(pid: int) -> list[int]:
+    """A process and its descendants (just the process without psutil)."""
+    try:
+        import psutil  # pyright: ignore[reportMissingModuleSource]
+
+        return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except Exception:
+        return [pid]
 
 
 class MemoryCapExceeded(BenchError):
@@ -320,10 +325,17 @@ def run_process(
     )
 
     def sample() -> None:
+        # The tree's processes are listed every quarter second (a scan of /proc), their
+        # memory read every `interval` (a file each).
+        pids: list[int] = [proc.pid]
+        listed = 0.0
         while not done.wait(interval):
+            now = clock.perf_counter()
+            if now - listed > 0.25:
+                pids, listed = tree_pids(proc.pid), now
             high_water[0] = max(high_water[0], _high_water(proc.pid))
-            peak[0] = max(peak[0], tree_rss(proc.pid))
-            anon, high, count = tree_memory(proc.pid)
+            anon, high, rss, count = tree_memory(proc.pid, pids)
+            peak[0] = max(peak[0], rss)
             anon_peak[0] = max(anon_peak[0], anon)
             tree_high[0] = max(tree_high[0], high)
             most[0] = max(most[0], count)
@@ -520,5 +532,6 @@ __all__ = [
     "run_process",
     "spark_workers",
     "tree_memory",
+    "tree_pids",
     "tree_rss",
 ]

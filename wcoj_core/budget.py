@@ -38,8 +38,9 @@ from wcoj_core.errors import WcojError
 # What the interpreter, numpy, pyarrow and the engine's own objects take before any array: kept
 # out of the stages' shares (a budget smaller than twice this gives the stages half of it).
 RESERVE = 224 << 20
-# The smallest budget a process accepts (a test forcing every stage to spill uses about this).
-MIN_BUDGET = 16 << 20
+# The smallest budget a process accepts: the interpreter, numpy and pyarrow alone take about
+# 60 MiB before any work (a test forcing every stage to spill gives its stages tiny shares).
+MIN_BUDGET = 128 << 20
 # The default budget: this share of the machine's memory, at least `DEFAULT_FLOOR`.
 DEFAULT_SHARE = 4
 DEFAULT_FLOOR = 1 << 30
@@ -116,8 +117,8 @@ class MemoryBudget:
     def __post_init__(self) -> None:
         if self.bytes < MIN_BUDGET:
             raise BudgetError(
-                f"a memory budget of {format_size(self.bytes)} is too small: give at least "
-                f"{format_size(MIN_BUDGET)}"
+                f"a memory budget of {format_size(self.bytes)} is too small: the process itself "
+                f"takes about 60 MiB before any work; give at least {format_size(MIN_BUDGET)}"
             )
 
     @classmethod
@@ -191,12 +192,16 @@ class Shares:
 
     def proposals(self, width: int) -> int:
         """The candidates a kernel step proposes at once for bindings of `width` variables
-        (the kernel's ``budget``): its share in bytes over what a candidate costs.
+        (the kernel's ``budget``): its share in bytes over what a candidate costs. A rule binds
+        its variables depth first, each step's piece of bindings held while the next steps
+        extend it: a piece of ``n`` candidates may be held at every depth, ``n * d`` longs at
+        depth ``d``, about ``n * width**2 / 2`` in all, beside the copies a step makes.
 
         >>> Shares.of(MemoryBudget(1 << 30)).proposals(100) < Shares.of(MemoryBudget(1 << 30)).proposals(3)
         True
         """
-        return max(1 << 10, self.kernel_bytes // (8 * CANDIDATE_COPIES * (width + 2)))
+        per = CANDIDATE_COPIES * (width + 2) + width * width // 2
+        return max(1 << 10, self.kernel_bytes // (8 * per))
 
     def chunk_rows(self, width: int) -> int:
         """The delta tuples a rule takes at once (the kernel's ``chunk_rows``)."""

@@ -512,6 +512,29 @@ class Engine:
         table: pa.Table = changes_table(cols, layer.rows, layer.diff, epoch)
         return table.drop_columns(["time"])
 
+    def change_batches(self, query: str, epoch: int) -> Any:
+        """A query's stored change at `epoch` as a stream of record batches (``c0 ..``,
+        ``diff``), a file of its batch at a time (each checked against its digest): what a
+        caller writing an output of any size reads."""
+        import pyarrow as pa
+
+        from wcoj_core.kernel.changes import batch_schema, changes_table
+
+        name = output_trace_name(query)
+        trace = self.store.current().trace(name)
+        cols = self.trace_columns(name)
+        schema = batch_schema(cols).remove(len(cols))  # without time
+        batches = [b for b in trace.batches if b.time == epoch] if trace is not None else []
+
+        def read() -> Any:
+            for batch in batches:
+                for ref in batch.files:
+                    layer = self.files.read_verified(batch.path, cols, (ref,))
+                    table = changes_table(cols, layer.rows, layer.diff, epoch)
+                    yield from table.drop_columns(["time"]).to_batches()
+
+        return pa.RecordBatchReader.from_batches(schema, read())
+
     def _accumulated(self, name: str, time: int | None) -> DataFrame:
         from wcoj_core.reading import accumulated
 

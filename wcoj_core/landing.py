@@ -36,7 +36,7 @@ from wcoj_core.meaning import RelationSpec
 from wcoj_core.traces import DIFF, TIME, relation_columns
 
 if TYPE_CHECKING:
-    from wcoj_core.spill import Spill
+    from wcoj_core.spill import Sorter, Spill
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -155,18 +155,33 @@ def _streamed(
 
     if spill is None:  # no budget given: one run holds everything (as a table would)
         spill = Spill(Scratch(None, lambda _: None), 1 << 62, 1 << 62, 1 << 30)
-    cols = relation_columns(spec.arity)
     sorter = spill.sorter(spec.arity, "summing the changes")
     loops = spill.sorter(spec.arity, "summing the changes") if spec.undirected else None
     rows_in = 0
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
+    # A reader's batch (a block of a file) is added a slice at a time: at most a quarter of a
+    # sorted run, both directions of an undirected relation included.
+    piece = max(1 << 12, spill.run_bytes // (4 * 8 * (spec.arity + 1) * (2 if loops else 1)))
+    for whole in batches:
+        for at in range(0, whole.num_rows, piece):
+            rows_in = _add(spec, whole.slice(at, piece), sorter, loops, rows_in)
+            if budget is not None and rows_in > budget:
+                return None
+            if progress is not None:
+                progress(rows_in)
+    layer = sorter.layer()
+    dropped = 0 if loops is None else len(loops.layer())
+    return Landed(layer, rows_in, dropped)
+
+
+def _add(
+    spec: RelationSpec, batch: pa.RecordBatch, sorter: Sorter, loops: Sorter | None, rows_in: int
+) -> int:
+    """One slice of landed rows added to the sorter (an undirected relation's both ways, its
+    self-loops apart); the rows landed so far."""
+    cols = relation_columns(spec.arity)
+    if batch.num_rows:
         batch = batch.select([*cols, DIFF])
         _refuse_nulls(batch, spec)
-        rows_in += batch.num_rows
-        if budget is not None and rows_in > budget:
-            return None
         rows = data_rows(batch, cols)
         diff = longs(batch.column(DIFF))
         if loops is None:
@@ -183,11 +198,7 @@ def _streamed(
             both[len(diff) :, 0] = rows[:, 1]
             both[len(diff) :, 1] = rows[:, 0]
             sorter.add(both, np.concatenate([diff, diff]))
-        if progress is not None:
-            progress(rows_in)
-    layer = sorter.layer()
-    dropped = 0 if loops is None else len(loops.layer())
-    return Landed(layer, rows_in, dropped)
+    return rows_in + batch.num_rows
 
 
 def symmetrized(layer: Layer) -> tuple[Layer, int]:

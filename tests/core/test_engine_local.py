@@ -38,7 +38,7 @@ from wcoj_core.traces import counts_trace_name, output_trace_name, relation_trac
 
 Ups = list[tuple[tuple[int, ...], int]]
 # Shares so small that an epoch of a few tuples spills at every stage (`wcoj_core.spill`).
-SPILL_ALL = Shares(MemoryBudget(16 << 20), 8 << 20, 64, 64, 128, 1 << 12, 32, 2)
+SPILL_ALL = Shares(MemoryBudget(128 << 20), 8 << 20, 64, 64, 128, 1 << 12, 32, 2)
 
 
 def table(arity: int, ups: Ups) -> pa.Table:

@@ -38,7 +38,7 @@ DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 # Every share a few kilobytes: whatever an epoch holds beyond a handful of rows is spilled.
 TINY = Shares(
-    MemoryBudget(16 << 20),
+    MemoryBudget(128 << 20),
     8 << 20,
     run_bytes=4096,
     layer_bytes=4096,

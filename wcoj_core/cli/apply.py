@@ -302,8 +302,8 @@ def _report(
     written = None
     if output is not None:
         arrays = result.changes.get(query)
-        if arrays is None:
-            table = engine.change(query, args.epoch)
+        if arrays is None:  # read from its batch, a file at a time
+            table = engine.change_batches(query, args.epoch)
         else:
             from wcoj_core.kernel.changes import changes_table
 

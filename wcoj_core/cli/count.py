@@ -168,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
 def _output_table(engine: Engine, query: str, result: Any) -> Any:
     """The output's tuples (the change of its first epoch) as an Arrow table."""
     arrays = result.changes.get(query)
-    if arrays is None:
-        return engine.change(query, 0)
+    if arrays is None:  # read from its batch, a file at a time
+        return engine.change_batches(query, 0)
     from wcoj_core.kernel.changes import changes_table
 
     rows, diff = arrays

@@ -137,14 +137,14 @@ def _budgeted(engine: Engine, work: Work) -> Work:
     ``spark.executor.pyspark.memory`` sets (unset on a cluster: the kernel's own limits)."""
     from dataclasses import replace
 
-    from wcoj_core.budget import MemoryBudget, Shares
+    from wcoj_core.budget import MIN_BUDGET, MemoryBudget, Shares
 
     spark = engine.spark("the kernel runs in Spark's executors")
     limit = engine.worker_bytes or _bytes(spark.conf.get("spark.executor.pyspark.memory", None))
     if not limit:
         return work
     width = max((len(p.query.vars) for p in work.plans.values()), default=1)
-    worker = Shares.of(MemoryBudget(max(limit, 16 << 20), "an executor's Python worker"))
+    worker = Shares.of(MemoryBudget(max(limit, MIN_BUDGET), "an executor's Python worker"))
     budget = max(1 << 10, min(work.budget, worker.proposals(width)))
     return replace(work, budget=budget, chunk_rows=worker.chunk_rows(width), memory=limit)
 

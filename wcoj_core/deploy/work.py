@@ -248,11 +248,11 @@ def task_spill(work: Work) -> Spill:
     import tempfile
     from pathlib import Path
 
-    from wcoj_core.budget import MemoryBudget, Shares
+    from wcoj_core.budget import MIN_BUDGET, MemoryBudget, Shares
     from wcoj_core.spill import Scratch
 
     local = (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or tempfile.gettempdir()
-    shares = Shares.of(MemoryBudget(max(work.memory or TASK_MEMORY, 16 << 20), "a task"))
+    shares = Shares.of(MemoryBudget(max(work.memory or TASK_MEMORY, MIN_BUDGET), "a task"))
     scratch = Scratch(Path(local) / "wcoj-scratch", lambda _n: None)
     return Spill(scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
 
