@@ -8,6 +8,8 @@ for it, so a probe's process pays for what its work needs and no more.
   graph for the process benchmarks (`wcoj_bench.prepared`): the canonical undirected edges of a
   file (read with pyarrow) or a generator (Spark), the symmetric table a Spark SQL recompute
   keeps (both kept when the folder has them), and K epochs of N changes as CSV files;
+* ``generate --input SPEC --out DIR`` — a generated graph's canonical undirected edges written
+  by Spark as Parquet (what ``prepare`` reads, so that its JVM is gone before the rest);
 * ``open --state DIR --query Q --undirected REL [--bag REL]`` — construct the engine over a
   state and open every trace an epoch reads (what an epoch's ``open`` phase does), timed inside;
 * ``recompute --relation DIR --out-relation DIR --output DIR [--changes CSV] [--query Q]`` —
@@ -350,6 +352,24 @@ def static(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# -- generate -----------------------------------------------------------------------------------
+
+
+def generate_graph(args: argparse.Namespace) -> dict[str, Any]:
+    """A generated graph's canonical undirected edges (``c0 < c1``, each once) written by Spark
+    as Parquet into ``--out`` (a 3 GiB heap: Spark spills its shuffle beyond it)."""
+    from wcoj_core import spark as wspark
+    from wcoj_core.generate import generate
+    from wcoj_core.sources import canonical_undirected
+
+    conf = {"spark.driver.memory": "3g"}
+    spark = wspark.session(args.master, conf, app_name="wcoj-bench-prepare", quiet=True)
+    edges = canonical_undirected(generate(spark, args.input)).select("c0", "c1")
+    edges.write.parquet(f"file://{args.out}")
+    spark.stop()
+    return {"probe": "generate", "input": args.input, "out": args.out}
+
+
 # -- prepare ------------------------------------------------------------------------------------
 
 
@@ -394,6 +414,11 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--query", default="triangles")
     rec.add_argument("--master")
     rec.set_defaults(run=recompute)
+    gen = sub.add_parser("generate")
+    gen.add_argument("--input", required=True)
+    gen.add_argument("--out", required=True)
+    gen.add_argument("--master")
+    gen.set_defaults(run=generate_graph)
     sta = sub.add_parser("static")
     sta.add_argument("--method", choices=("duckdb", "spark-sql"), required=True)
     sta.add_argument("--edges", required=True)

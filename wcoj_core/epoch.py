@@ -49,7 +49,7 @@ from wcoj_core.meaning import (
     landed_digest,
 )
 from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
-from wcoj_core.spill import DISK_RESERVE, Scratch, Spill, chunks, merge, merge_into
+from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
 from wcoj_core.store.manifest import Batch, Manifest, Trace
 from wcoj_core.store.names import trace_dir
 from wcoj_core.traces import (
@@ -443,7 +443,7 @@ class EpochPass:
                 continue
             width = len(_columns(self.engine, name))
             need = rows * width if name in work.distinct else rows * 8 * (width + 1)
-            if need > free - DISK_RESERVE:
+            if need > 0 and need > free - self.scratch.reserve():
                 raise BudgetError(
                     f"epoch {self.epoch}: the output change of {name} is estimated at "
                     f"{rows:,.0f} rows (from a sample of its rules' delta tuples), at least "

@@ -94,25 +94,35 @@ class Scratch:
         self.by_stage[self.stage] = self.by_stage.get(self.stage, 0) + n
         self._on_spill(n)
 
+    def _disk(self) -> tuple[Path, int, int]:
+        """The scratch folder (or where it will be), its file system's free and total bytes."""
+        where = self._folder or self.root or Path(tempfile.gettempdir())
+        found = where
+        while not found.exists():
+            found = found.parent
+        usage = shutil.disk_usage(found)
+        return where, usage.free, usage.total
+
     def free_bytes(self) -> int:
         """Free space on the scratch folder's file system."""
-        where = self._folder or self.root or Path(tempfile.gettempdir())
-        while not where.exists():
-            where = where.parent
-        return shutil.disk_usage(where).free
+        return self._disk()[1]
+
+    def reserve(self) -> int:
+        """What spilling leaves free: `DISK_RESERVE`, or a twentieth of a smaller disk."""
+        return min(DISK_RESERVE, self._disk()[2] // 20)
 
     def check_room(self, more: int = 0) -> None:
-        """Refuse, in one line, to write `more` bytes when they would leave less than
-        `DISK_RESERVE` free on the scratch folder's file system: an epoch stops before it fills
-        the disk (nothing is applied; what it wrote is removed)."""
-        free = self.free_bytes()
-        if free - more < DISK_RESERVE:
+        """Refuse, in one line, to write `more` bytes when they would leave less than the
+        `reserve` free on the scratch folder's file system: an epoch stops before it fills the
+        disk (nothing is applied; what it wrote is removed)."""
+        where, free, total = self._disk()
+        reserve = min(DISK_RESERVE, total // 20)
+        if free - more < reserve:
             from wcoj_core.budget import BudgetError, format_size
 
-            where = self._folder or self.root or Path(tempfile.gettempdir())
             raise BudgetError(
                 f"the epoch's work no longer fits the disk: {format_size(free)} free at {where}, "
-                f"{format_size(DISK_RESERVE)} kept free; nothing was applied (free some space or "
+                f"{format_size(reserve)} kept free; nothing was applied (free some space or "
                 "apply smaller epochs)"
             )
 
