@@ -400,15 +400,22 @@ class Engine:
             return base
         frontier = base.epoch if frontier is None else min(frontier, base.epoch)
         written: list[str] = []
+        from wcoj_core.spill import Scratch, Spill
+
+        scratch = Scratch(self.scratch_root(), lambda _n: None)
+        shares = self.shares
+        spill = Spill(scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
         try:
             relations = [relation_trace_name(r) for r in self.relations]
-            new = compacted(base, frontier, relations, self.files, self.read_batch, written)
+            new = compacted(base, frontier, relations, self.files, self.read_batch, written, spill)
             if new is base:
                 return base
             return self.store.commit(new, expected=base)
         except BaseException:
             self.store.discard(written)
             raise
+        finally:
+            scratch.close()
 
     def compaction_due(self, m: mf.Manifest, epoch: int) -> int | None:
         """The frontier to compact to with epoch `epoch`'s commit, or None."""

@@ -13,6 +13,13 @@
    trace's index advanced to ``t``;
 5. **commit** one manifest generation. A failure anywhere discards what was written: the state
    stays exactly as it was.
+
+Every step keeps to the process's memory budget (`Engine.shares`, `wcoj_core.budget`): what is
+larger than a step's share is spilled into the epoch's scratch folder and read back through
+mapped files (`wcoj_core.spill`; removed when the pass ends), and the pass's metrics say the
+budget, the sampled peak of the process's anonymous memory, its VmHWM and the bytes spilled per
+step (`EpochMetrics.memory`). Before the rules run, an epoch whose output changes cannot fit the
+disk they are written to is refused (`_room`).
 """
 
 from __future__ import annotations
@@ -189,8 +196,9 @@ class RuleReport:
 class EpochResult:
     """The exact change of every query's output at an epoch, and what the epoch did.
 
-    `changes` holds each query's change as (rows, diffs) arrays when the driver computed it
-    (None otherwise: read the batch, `Engine.change`); `totals` the sum of each change's
+    `changes` holds each query's change as (rows, diffs) arrays when the driver computed it in
+    memory (None otherwise — the executors, or a change spilled beyond the memory budget: read
+    the batch, `Engine.change` or `Engine.change_batches`); `totals` the sum of each change's
     multiplicities; `traces` every trace after the epoch; `rules` each rule's output per query.
     """
 
@@ -311,7 +319,13 @@ class EpochPass:
                 with self.timer.phase("compact"):
                     relations = [relation_trace_name(r) for r in engine.specs]
                     new = compacted(
-                        new, frontier, relations, engine.files, engine.read_batch, self.written
+                        new,
+                        frontier,
+                        relations,
+                        engine.files,
+                        engine.read_batch,
+                        self.written,
+                        self.spill,
                     )
             if self.dry:
                 self._discard()  # what the executors wrote, if they ran

@@ -180,10 +180,11 @@ class Effect:
     """What an epoch's landed changes do to a relation.
 
     `change` is the relation's change (its batch at the epoch); `landed` the landed changes as
-    the relation reads them (for a set, each tuple's sign: what a later re-derivation starts
-    from, with `ignored` the part of it that changed nothing); `figures` the change of the
-    relation's figures; `negative` the tuples now held a negative number of times (a bag's), the
-    first `EXAMPLES` with their multiplicities.
+    the relation reads them (for a set, each tuple's sign — or, from `effects` on a large layer,
+    the landed layer itself, whose signs `landed_digest(..., sign=True)` takes: what a later
+    re-derivation starts from, with `ignored` the part of it that changed nothing); `figures`
+    the change of the relation's figures; `negative` the tuples now held a negative number of
+    times (a bag's), the first `EXAMPLES` with their multiplicities.
     """
 
     change: Layer

@@ -240,7 +240,9 @@ def test_every_stage_spills_and_every_epoch_matches_the_oracle(
                     held[edge] = 1 if s > 0 else 0
         else:
             held.update(landed)
-        engine = Engine(None, str(tmp_path / "state"), q, relations=specs, shares=TINY)
+        engine = Engine(
+            None, str(tmp_path / "state"), q, relations=specs, shares=TINY, compact_every=1
+        )  # history compacted as it goes: batches summed through sorted runs too
         result = engine.apply(t, {"edge": table(ups)})
         stages = result.metrics.memory.stages  # type: ignore[union-attr]
         assert stages.get("land", 0) > 0 and stages.get("rules", 0) > 0, stages

@@ -96,7 +96,7 @@ def run_on_driver(
     `counting` are only counted (rows and the sum of their weights)."""
     tuples = sum(len(delta_layer(work.plans[j.query], work.rule(j), layers)) for j in work.rules)
     threads = workers if workers > 1 and tuples >= THREAD_ROWS else 1
-    if threads > 1 or spill is not None:
+    if threads > 1:
         for job in work.rules:
             prepare(work.plans[job.query], work.rule(job), layers)
     tasks = _tasks(work, layers, threads, shares_of)
