@@ -184,6 +184,11 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
         description="The prefix of the names of the job, step, sensors, resource and IO manager "
         "(default: the name of the folder holding this defs.yaml).",
     )
+    memory: str | None = Field(
+        default=None,
+        description="The memory budget of the process running a step, e.g. 4g (default: a "
+        "quarter of the machine's memory): every stage streams within it and spills the rest.",
+    )
     op: OpSpec | None = Field(
         default=None,
         description="The step making every asset: its name (default wcoj_epochs), tags, pool "
@@ -297,6 +302,7 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
             bags=self.bags,
             check_every=self.check_every,
             check_reporting=self.check_reporting,
+            memory=self.memory,
             translate=self.get_asset_spec,
             op_name=op.name if op is not None and op.name else None,
             op_tags=op.tags if op is not None else None,

@@ -132,6 +132,7 @@ def build_definitions(
     check_every: int | None = None,
     check_reporting: str | CheckReporting | None = None,
     empty_epochs: bool | None = None,
+    memory: str | None = None,
     pyspark: Any = None,
     translate: Translate | None = None,
     op_name: str | None = None,
@@ -154,7 +155,8 @@ def build_definitions(
     resource's default, 30, when None); `check_reporting` (``auto``, the default, ``every`` or
     ``news``) picks which partitions of a run over a range get a check evaluation of their own
     (`wcoj_assets.checks.CheckReporting`); `empty_epochs` applies an epoch with nothing landed
-    (by default its ``update_triples`` fails, naming the folder). `pyspark` is an optional
+    (by default its ``update_triples`` fails, naming the folder). `memory` is the memory budget
+    of the process running a step (``4g``; `wcoj_core.budget`). `pyspark` is an optional
     dagster-pyspark `LazyPySparkResource` whose ``spark_config`` supplies Spark settings.
     `translate` maps each asset's base spec and `wcoj_assets.graph.AssetInfo` to the spec to use
     (key prefix, group, owners, tags, kinds...); `op_name`, `op_tags`, `pool` and
@@ -207,6 +209,11 @@ def build_definitions(
             resource_values["check_reporting"] = reporting_of(check_reporting)
         if empty_epochs is not None:
             resource_values["empty_epochs"] = empty_epochs
+        if memory is not None:
+            from wcoj_core.budget import MemoryBudget
+
+            MemoryBudget.of(memory)  # refused when the definitions load, not at the first run
+            resource_values["memory"] = memory
         if pyspark is not None:
             resource_values["pyspark"] = pyspark
         return assemble(graph, assets, wcoj_resource(**resource_values), sensor_seconds, names)

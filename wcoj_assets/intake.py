@@ -16,8 +16,10 @@ first day (`wcoj_assets.epochs.Epochs`); `landed_files` only requires a well-for
 
 `read_epoch` reads one relation's folder at one epoch as the update rows its files hold
 (``c0 .. c{k-1}, diff``, not consolidated): local files with pyarrow (`wcoj_core.local_read`,
-the same rows and the same errors as the Spark reader), without starting Spark; files on remote
-storage, or local ones together bigger than `LOCAL_READ_BYTES`, as a Spark DataFrame
+the same rows and the same errors as the Spark reader), without starting Spark — into one table
+when they are small, else as a stream of record batches read again for each pass (checked, then
+landed: `LocalFiles`), a file of any size within the memory budget; files on remote storage, or
+local ones together bigger than `LOCAL_READ_BYTES`, as a Spark DataFrame
 (`wcoj_core.sources.read_relation`, Spark started through the given starter, which says why).
 What the rows mean — a set's presence, an undirected relation's two directions and its dropped
 self-loops — is the engine's business (`wcoj_core.meaning`, `wcoj_core.landing`): an edge landed
@@ -41,6 +43,10 @@ if TYPE_CHECKING:
 SUFFIXES = (".parquet", ".csv", ".csv.gz", ".txt", ".txt.gz")
 # Local landed files bigger than this together are read by Spark rather than by the driver.
 LOCAL_READ_BYTES = 4 << 30
+# Local landed files that may hold more than this many bytes (decompressed) are streamed a block
+# at a time (`LocalFiles`) rather than read into one table; deflate's largest expansion.
+TABLE_BYTES = 64 << 20
+DEFLATE_RATIO = 1032
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +130,33 @@ def fingerprint(files: Sequence[LandedFile]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class LocalFiles:
+    """Landed local files as a stream of record batches (``c0 ..``, ``diff``), read again each
+    time `batches` is asked: checked a batch at a time, then landed by the engine a batch at a
+    time, never held whole."""
+
+    paths: tuple[str, ...]
+    arity: int
+    relation: str
+
+    def batches(self) -> Any:
+        import pyarrow as pa
+
+        from wcoj_core.local_read import read_local_batches
+        from wcoj_core.traces import DIFF, relation_columns
+
+        names = [*relation_columns(self.arity), DIFF]
+        schema = pa.schema([pa.field(n, pa.int64()) for n in names])
+
+        def every() -> Any:
+            for path in self.paths:
+                for batch in read_local_batches(path, self.arity, self.relation):
+                    yield batch.select(names)
+
+        return pa.RecordBatchReader.from_batches(schema, every())
+
+
+@dataclass(frozen=True, slots=True)
 class Read:
     """One relation's landed rows at one epoch: an Arrow table (read by the driver), a Spark
     DataFrame, or None (no files); the files read, their bytes, names ignored, and rows read
@@ -159,12 +192,19 @@ def read_epoch(
     if size <= local_bytes and all(
         "://" not in f.path or f.path.startswith("file://") for f in files
     ):
-        import pyarrow as pa
+        # At most this many bytes once decompressed (deflate expands at most ~1032 times).
+        bound = sum(f.size * (DEFLATE_RATIO if f.path.endswith(".gz") else 1) for f in files)
+        if bound <= TABLE_BYTES:
+            import pyarrow as pa
 
-        from wcoj_core.local_read import read_local
+            from wcoj_core.local_read import read_local
 
-        table = pa.concat_tables([read_local(f.path, arity, relation) for f in files])
-        return Read(table, len(files), size, found.ignored, table.num_rows, files)
+            table = pa.concat_tables([read_local(f.path, arity, relation) for f in files])
+            return Read(table, len(files), size, found.ignored, table.num_rows, files)
+        # Larger than read at once: streamed, a block of a file at a time, as often as asked
+        # (checked, then landed), within the memory budget.
+        local = LocalFiles(tuple(f.path for f in files), arity, relation)
+        return Read(local, len(files), size, found.ignored, None, files)
     from wcoj_core.sources import read_relation
 
     remote = any("://" in f.path and not f.path.startswith("file://") for f in files)

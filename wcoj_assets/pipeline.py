@@ -212,7 +212,9 @@ class EpochRun:
                     if bad:
                         problems[rel] = bad
                         continue
-                    changes[t][rel] = read.rows
+                    # Streamed landed files are read again, a batch at a time, as they land.
+                    streamed = hasattr(read.rows, "batches")
+                    changes[t][rel] = read.rows.batches() if streamed else read.rows
                 found[rel] = read
                 names = next((landed_columns(f.path) for f in read.paths), ())
                 landed[t][rel] = LandedFigures(

@@ -180,8 +180,14 @@ class WcojResource(ConfigurableResource):
     )
     deployment: str = Field(
         default="auto",
-        description="Where the join kernel runs: auto (the driver when the state is local and "
-        "the epoch fits its limits, else Spark's executors), driver, or executors.",
+        description="Where the join kernel runs: auto (the driver, within the memory budget, "
+        "when the state is local; else Spark's executors), driver, or executors.",
+    )
+    memory: str | None = Field(
+        default=None,
+        description="The memory budget of the process running a step, e.g. 4g: every stage of "
+        "an epoch streams in pieces that fit it and spills the rest to the state's scratch "
+        "folder (default: a quarter of the machine's memory).",
     )
     # A dagster-pyspark `LazyPySparkResource` (or anything with a ``spark_config``). Typed by its
     # base class so that loading the code location imports no pyspark: pandera, for one, imports
@@ -222,6 +228,7 @@ class WcojResource(ConfigurableResource):
             topology.specs,
             tuple(topology.meanings.items()),
             self.deployment,
+            self.memory,
         )
         if key not in self._engines:
             self._engines[key] = Engine(
@@ -233,6 +240,7 @@ class WcojResource(ConfigurableResource):
                 keep_rules=True,
                 deployment=self.deployment,
                 create=create,
+                memory=self.memory,
             )
         return self._engines[key]
 

@@ -167,12 +167,26 @@ def _local_problems(df: pd.DataFrame, schema: Any, depth: Depth) -> list[str]:
     return []
 
 
+# Streamed landed rows are checked this many at a time (a pandas frame each).
+CHECK_ROWS = 1 << 18
+
+
 def landed_problems(rows: Any, columns: Sequence[str], epoch: int) -> list[str]:
     """The full check of an epoch's landed update rows (``c0 ..``, ``diff``), stamped with the
     epoch: pandera's pandas backend for an Arrow table on the driver, pandera.pyspark for a
     Spark DataFrame. One line per error; empty when they are valid."""
     import pyarrow as pa
 
+    if hasattr(rows, "batches"):  # landed files streamed (`wcoj_assets.intake.LocalFiles`)
+        seen = 0
+        for whole in rows.batches():
+            for at in range(0, whole.num_rows, CHECK_ROWS):  # pandera's frame, a slice at a time
+                batch = whole.slice(at, CHECK_ROWS)
+                found = landed_problems(pa.Table.from_batches([batch]), columns, epoch)
+                if found:
+                    return [f"{p} (rows from {seen:,} on)" for p in found]
+                seen += batch.num_rows
+        return []
     if isinstance(rows, pa.Table):
         import numpy as np
 

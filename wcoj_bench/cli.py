@@ -16,6 +16,9 @@ Commands::
                        [--scratch DIR] [--plot PNG] [--json]
     wcoj-bench idle    --input REL=PATH --undirected REL [--epochs K] [--epoch-size N]
                        [--gap SECONDS] [--scratch DIR] [--master URL] [--deploy WHERE] [--json]
+    wcoj-bench scale   [--rmat SPEC] [--memory SIZE] [--build K] [--epochs K] [--epoch-size N]
+                       [--sizes SPEC,..] [--methods spark-sql,duckdb] [--cap SIZE]
+                       [--timeout S] [--scratch DIR] [--save JSON] [--json]
     wcoj-bench dagster-run --input edge=PATH --undirected edge [--epochs K] [--epoch-size N]
                        [--instance sqlite|postgres] [--scratch DIR] [--json]
     wcoj-bench backfill --input REL=PATH --undirected REL --epochs K --epoch-size N [--json]
@@ -53,7 +56,7 @@ from typing import Any
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 
-from wcoj_bench import backfill, cluster, cold, dagster_run, idle, report
+from wcoj_bench import backfill, cluster, cold, dagster_run, idle, report, scale
 from wcoj_bench.curves import (
     CURVE_METHODS,
     DEFAULT_EPOCH_SIZE,
@@ -235,6 +238,61 @@ def _parser() -> argparse.ArgumentParser:
     )
     co.add_argument("--plot", metavar="PNG", help="the plot to write (default cold.png)")
     co.set_defaults(run=_cold)
+
+    sc = commands.add_parser(
+        "scale",
+        help="one memory budget at 20-40 M edges: a one-epoch load, a build in epochs, fresh "
+        "epochs, each a whole process with its tree's peak anonymous memory",
+    )
+    sc.add_argument("--rmat", default=scale.DEFAULT_RMAT, metavar="SPEC", help="the graph")
+    sc.add_argument(
+        "--query", default="triangles", metavar="Q", help="a built-in query (default triangles)"
+    )
+    sc.add_argument(
+        "--memory", default=scale.DEFAULT_MEMORY, metavar="SIZE", help="wcoj's budget (4g)"
+    )
+    sc.add_argument(
+        "--build",
+        type=int,
+        default=scale.DEFAULT_BUILD,
+        metavar="K",
+        help=f"epochs of the build through the driver (default {scale.DEFAULT_BUILD}; 0: none)",
+    )
+    sc.add_argument(
+        "--epochs",
+        type=int,
+        default=scale.DEFAULT_EPOCHS,
+        metavar="K",
+        help=f"fresh 1,000-change epochs on each state (default {scale.DEFAULT_EPOCHS})",
+    )
+    sc.add_argument("--epoch-size", type=int, default=1000, metavar="N", help="changes (1000)")
+    sc.add_argument(
+        "--sizes",
+        default=",".join(scale.DEFAULT_SIZES).replace(",rmat", ";rmat"),
+        metavar="SPEC;..",
+        help="smaller graphs for the growth of a cold epoch, ';'-separated ('none': skip)",
+    )
+    sc.add_argument(
+        "--methods",
+        default=",".join(scale.STATIC_METHODS),
+        metavar="M,..",
+        help="static counts to run beside the load ('none': skip; default spark-sql,duckdb)",
+    )
+    sc.add_argument(
+        "--cap", default=scale.DEFAULT_CAP, metavar="SIZE", help="kill a process tree past this"
+    )
+    sc.add_argument(
+        "--timeout",
+        type=float,
+        default=scale.DEFAULT_TIMEOUT,
+        metavar="S",
+        help=f"stop a process after S seconds (default {scale.DEFAULT_TIMEOUT:g})",
+    )
+    sc.add_argument("--seed", type=int, default=1, metavar="S", help="workload seed (default 1)")
+    sc.add_argument("--scratch", default=scale.DEFAULT_SCRATCH, metavar="DIR", help="work folder")
+    sc.add_argument("--save", metavar="JSON", help="also write the report as JSON")
+    sc.add_argument("--json", action="store_true", help="end with one JSON line")
+    sc.set_defaults(run=_scale)
 
     idl = commands.add_parser(
         "idle",
@@ -599,6 +657,47 @@ def _cold(args: argparse.Namespace) -> int:
     say(f"plot: {plot}")
     if args.json:
         emit_json({**result, "machine": facts})
+    return EXIT_OK
+
+
+def _scale(args: argparse.Namespace) -> int:
+    from wcoj_core.budget import parse_size
+
+    for flag, value in (("--memory", args.memory), ("--cap", args.cap)):
+        try:
+            parse_size(value)
+        except WcojError as e:
+            raise UsageError(f"{flag}: {e}") from e
+    if args.build < 0 or args.epochs < 0:
+        raise UsageError("--build and --epochs must be 0 or more")
+    sizes = [] if args.sizes.strip().lower() == "none" else [x for x in args.sizes.split(";") if x]
+    methods = [] if args.methods.strip().lower() == "none" else args.methods.split(",")
+    result = scale.run_scale(
+        args.rmat,
+        query=args.query,
+        memory=args.memory,
+        build=args.build,
+        epochs=args.epochs,
+        epoch_size=args.epoch_size,
+        sizes=sizes,
+        methods=methods,
+        cap=args.cap,
+        timeout=args.timeout,
+        scratch=Path(args.scratch),
+        seed=args.seed,
+        say=note,
+    )
+    load = result["load"]["apply"]
+    say(
+        f"{args.rmat}: one epoch {load['seconds']:.1f} s, tree {load['tree_anon_bytes'] / 2**30:.2f} "
+        f"GiB anonymous (budget {args.memory}), count {load['count']:,}"
+    )
+    for t in result["targets"]:
+        say(f"target: {t['target']}: {t['measured']} ({'met' if t['met'] else 'not met'})")
+    if args.save:
+        scale.save(result, Path(args.save))
+    if args.json:
+        emit_json({**result, "machine": machine_facts(None)})
     return EXIT_OK
 
 

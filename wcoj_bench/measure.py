@@ -5,8 +5,10 @@
 * `MemoryWatch` — peak resident memory of this process tree and of the largest Spark Python
   worker on the machine, per label;
 * `run_process` — one whole process, exec to exit: wall seconds, its own peak RSS (its
-  ``VmHWM``, read until it exits), the sampled peak of its process tree (a Spark driver's JVM is
-  its child), and its last JSON line;
+  ``VmHWM``, read until it exits), the sampled peaks of its process tree (a Spark driver's JVM is
+  its child): resident memory, anonymous memory (``RssAnon``, what a memory budget bounds) and
+  the largest ``VmHWM``, and its last JSON line; a cap on the tree's anonymous memory kills it
+  before it takes a shared machine's memory;
 * `evict` — ask the kernel to drop the page-cache pages of a folder's files
   (``posix_fadvise(DONTNEED)``: no root needed), so the next process reads them from disk;
 * `compare_changes` — two output changes as exact multisets (consolidated, then compared tuple
@@ -24,7 +26,7 @@ import subprocess
 import threading
 import time as clock
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -220,6 +222,42 @@ def tree_rss(pid: int) -> int:
 # -- whole processes --------------------------------------------------------------------------
 
 
+def tree_memory(pid: int, pids: Sequence[int] | None = None) -> tuple[int, int, int, int]:
+    """A process tree's anonymous resident bytes (``RssAnon`` summed over the process and all
+    its descendants, or over `pids` when the caller knows them), the largest ``VmHWM`` among
+    them, their resident bytes (``VmRSS``) and how many were read: from ``/proc`` (zeros when
+    the process is gone)."""
+    from wcoj_core.budget import process_memory
+
+    anon = high = rss = count = 0
+    for p in pids if pids is not None else tree_pids(pid):
+        got = process_memory(p)
+        if got:
+            count += 1
+            anon += got.get("RssAnon", 0)
+            rss += got.get("VmRSS", 0)
+            high = max(high, got.get("VmHWM", 0))
+    return anon, high, rss, count
+
+
+def tree_pids(pid: int) -> list[int]:
+    """A process and its descendants (just the process without psutil)."""
+    try:
+        import psutil  # pyright: ignore[reportMissingModuleSource]
+
+        return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except Exception:
+        return [pid]
+
+
+class MemoryCapExceeded(BenchError):
+    """A measured process tree grew past the cap it was run under, and was killed."""
+
+
+class TimedOut(BenchError):
+    """A measured process ran past its time-out, and was killed."""
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessRun:
     """One process, exec to exit."""
@@ -230,6 +268,16 @@ class ProcessRun:
     tree_rss_bytes: int  # the sampled peak of its whole process tree
     result: dict[str, Any]  # its last stdout line, a JSON object ({} when there is none)
     stderr: str
+    # The sampled peak of the tree's anonymous memory (RssAnon summed over the tree) and the
+    # largest VmHWM any process of it reached; the most processes seen at once.
+    tree_anon_bytes: int = 0
+    tree_hwm_bytes: int = 0
+    processes: int = 1
+    stdout: str = ""
+    load: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the load average as it ended
+    # CPU seconds (user and system) of the process and the children it waited for: on a
+    # shared machine, what the work took whatever the wall time.
+    cpu_seconds: float = 0.0
 
 
 def run_process(
@@ -238,6 +286,9 @@ def run_process(
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     interval: float = 0.05,
+    cap: int | None = None,
+    check: bool = True,
+    timeout: float | None = None,
 ) -> ProcessRun:
     """Run `argv` to its exit: wall seconds from just before the fork to the reaped exit.
 
@@ -247,11 +298,22 @@ def run_process(
     forked from into it, so every child of a parent that once held 2.5 GB reported 2.5 GB
     (where there is no ``/proc``, ``ru_maxrss`` is all there is).
 
-    A non-zero exit status raises `BenchError` with the end of the process's stderr.
+    The tree's anonymous memory (``RssAnon`` of the process and its descendants, summed) is
+    sampled every `interval` as well; with `cap`, a tree whose anonymous memory passes it is
+    killed (`MemoryCapExceeded`): a measurement never takes a shared machine's memory. With
+    `timeout`, a tree still running after that many seconds is killed (`TimedOut`).
+
+    A non-zero exit status raises `BenchError` with the end of the process's stderr (unless
+    `check` is false).
     """
     done = threading.Event()
     peak = [0]
     high_water = [0]
+    anon_peak = [0]
+    tree_high = [0]
+    most = [1]
+    capped = [0]
+    late = [False]
     start = clock.perf_counter()
     proc = subprocess.Popen(
         list(argv),
@@ -263,9 +325,26 @@ def run_process(
     )
 
     def sample() -> None:
+        # The tree's processes are listed every quarter second (a scan of /proc), their
+        # memory read every `interval` (a file each).
+        pids: list[int] = [proc.pid]
+        listed = 0.0
         while not done.wait(interval):
+            now = clock.perf_counter()
+            if now - listed > 0.25:
+                pids, listed = tree_pids(proc.pid), now
             high_water[0] = max(high_water[0], _high_water(proc.pid))
-            peak[0] = max(peak[0], tree_rss(proc.pid))
+            anon, high, rss, count = tree_memory(proc.pid, pids)
+            peak[0] = max(peak[0], rss)
+            anon_peak[0] = max(anon_peak[0], anon)
+            tree_high[0] = max(tree_high[0], high)
+            most[0] = max(most[0], count)
+            if cap is not None and anon > cap and not capped[0]:
+                capped[0] = anon
+                _kill_tree(proc.pid)
+            if timeout is not None and not late[0] and clock.perf_counter() - start > timeout:
+                late[0] = True
+                _kill_tree(proc.pid)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -287,7 +366,16 @@ def run_process(
     sampler.join()
     stdout = b"".join(out).decode(errors="replace")
     stderr = b"".join(err).decode(errors="replace")
-    if proc.returncode != 0:
+    if late[0] and not capped[0]:
+        raise TimedOut(
+            f"{' '.join(argv[:6])} ... was still running after {timeout:g} s and was stopped"
+        )
+    if capped[0]:
+        raise MemoryCapExceeded(
+            f"{' '.join(argv[:6])} ... was killed: its process tree's anonymous memory reached "
+            f"{capped[0] / 2**30:.2f} GiB, past the cap of {(cap or 0) / 2**30:.2f} GiB"
+        )
+    if proc.returncode != 0 and check:
         tail = " | ".join(stderr.strip().splitlines()[-5:])
         raise BenchError(
             f"{' '.join(argv[:6])} ... exited with status {proc.returncode}: {tail or 'no stderr'}"
@@ -297,7 +385,37 @@ def run_process(
     if lines and lines[-1].lstrip().startswith("{"):
         result = json.loads(lines[-1])
     own = high_water[0] if Path("/proc/self/status").exists() else usage.ru_maxrss * 1024
-    return ProcessRun(tuple(argv), seconds, own, max(peak[0], own), result, stderr)
+    return ProcessRun(
+        tuple(argv),
+        seconds,
+        own,
+        max(peak[0], own),
+        result,
+        stderr,
+        anon_peak[0],
+        max(tree_high[0], own),
+        most[0],
+        stdout,
+        os.getloadavg(),
+        usage.ru_utime + usage.ru_stime,
+    )
+
+
+def _kill_tree(pid: int) -> None:
+    """Kill a process and its descendants (the children first, then the process)."""
+    try:
+        import psutil  # pyright: ignore[reportMissingModuleSource]
+
+        root = psutil.Process(pid)
+        for child in root.children(recursive=True):
+            try:
+                child.kill()
+            except Exception:
+                continue
+        root.kill()
+    except Exception:
+        with suppress(OSError):
+            os.kill(pid, 9)
 
 
 def _high_water(pid: int) -> int:
@@ -401,15 +519,19 @@ def _held(layer: Any, row: np.ndarray) -> int:
 __all__ = [
     "Agreement",
     "BenchError",
+    "MemoryCapExceeded",
     "MemoryWatch",
     "ProcessRun",
     "Sample",
     "SparkMeter",
+    "TimedOut",
     "change_arrays",
     "compare_changes",
     "evict",
     "folder_bytes",
     "run_process",
     "spark_workers",
+    "tree_memory",
+    "tree_pids",
     "tree_rss",
 ]

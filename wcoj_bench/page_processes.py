@@ -1,5 +1,5 @@
-"""The page's regions for the parts that time whole processes: ``cold``, ``dagster-run`` and
-``cluster-idle``.
+"""The page's regions for the parts that time whole processes: ``cold``, ``dagster-run``,
+``cluster-idle`` and ``scale``.
 
 Like `wcoj_bench.page`, pure Python: each renderer reads one saved record (the part's command,
 date, wall time, load average, machine and JSON) and nothing else.
@@ -314,6 +314,86 @@ def render_dagster_run(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _process_row(label: str, r: dict[str, Any], exact: str) -> str:
+    """One whole process as a row: what, wall s, CPU s, the tree's peak RssAnon, VmHWM,
+    exactness, load average."""
+    load = " / ".join(f"{v:g}" for v in r.get("load_average", []))
+    return (
+        f"| {label} | {_s(r['seconds'])} | {_s(r.get('cpu_seconds', 0.0))} | "
+        f"{_bytes(r['tree_anon_bytes'])} | {_bytes(r['tree_hwm_bytes'])} | {exact} | {load} |"
+    )
+
+
+def render_scale(record: dict[str, Any]) -> str:
+    """The scale part: one memory budget at 20-40 M edges, every figure a whole process."""
+    r = record["result"]
+    load = r["load"]
+    lines = _measured(
+        record,
+        f"`{r['input']}` ({r['edges']:,} undirected edges, {r['vertices']:,} vertices), "
+        f"{r['query']} under `--memory {r['memory']}`; every process capped at {r['cap']} of "
+        f"anonymous memory and timed out after {r['timeout']:g} s. Peak anonymous memory is the "
+        "sampled peak of the whole process tree's RssAnon (every 20 ms, JVM and Python workers "
+        "included when there are any); VmHWM the largest in the tree (anonymous and mapped file "
+        "pages). CPU seconds are the process's and its children's: on a loaded machine, what the "
+        "work took whatever the wall time.",
+    )
+    lines += [
+        "",
+        "| process | wall s | CPU s | peak anonymous (tree) | VmHWM | exact | load average |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    a = load["apply"]
+    lines.append(
+        _process_row(
+            f"**one `wcoj apply --epoch 0`** ({_n(a['change_rows'])} rows out, "
+            f"{_n(a['rows_per_second'])} a second)",
+            a,
+            f"{_n(a['count'])} = forward count {_n(load['check']['count'])}",
+        )
+    )
+    lines.append(_process_row("independent forward count (numpy)", load["check"], DASH))
+    for st in load.get("static", []):
+        if st["status"] == "ok":
+            lines.append(
+                _process_row(
+                    f"{st['method']} static count ({_n(st.get('rows_per_second'))} rows a second)",
+                    st,
+                    _n(st["count"]),
+                )
+            )
+        else:
+            lines.append(f"| {st['method']} static count | {st['status']} | | | | {DASH} | |")
+    build = r.get("build")
+    if build:
+        for e in build["epochs"]:
+            lines.append(
+                _process_row(
+                    f"build epoch {e['epoch']} (`--deploy driver`, {_n(e['change_rows'])} rows out)",
+                    e,
+                    _n(e["count"]),
+                )
+            )
+    epochs = r.get("epochs", {})
+    for e in epochs.get("runs", []):
+        lines.append(_process_row(f"fresh 1,000-change epoch {e['epoch']}", e, _n(e["count"])))
+    for size in r.get("growth", {}).get("sizes", []):
+        lines.append(
+            _process_row(
+                f"`{size['input']}` ({_n(size['edges'])} edges): median fresh epoch",
+                {**size["runs"][len(size["runs"]) // 2], "seconds": size["median_seconds"]},
+                DASH,
+            )
+        )
+    lines += ["", "| target (issue 31) | wanted | measured | |", "|---|---:|---:|---|"]
+    for t in r["targets"]:
+        lines.append(
+            f"| {t['target']} | {_wanted(t)} | {_measured_value(t)} | "
+            f"**{'met' if t['met'] else 'not met'}** |"
+        )
+    return "\n".join(lines)
+
+
 def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2] if values else 0.0
 
@@ -321,4 +401,4 @@ def _median(values: list[float]) -> float:
 BEFORE_SECONDS = 50.0  # wcoj_bench.dagster_run's (the page imports nothing but wcoj_bench.page)
 INSTANCE_NAMES = {"sqlite": "SQLite", "postgres": "Postgres"}
 
-__all__ = ["render_cold", "render_dagster_run", "render_idle"]
+__all__ = ["render_cold", "render_dagster_run", "render_idle", "render_scale"]

@@ -8,6 +8,8 @@ for it, so a probe's process pays for what its work needs and no more.
   graph for the process benchmarks (`wcoj_bench.prepared`): the canonical undirected edges of a
   file (read with pyarrow) or a generator (Spark), the symmetric table a Spark SQL recompute
   keeps (both kept when the folder has them), and K epochs of N changes as CSV files;
+* ``generate --input SPEC --out DIR`` — a generated graph's canonical undirected edges written
+  by Spark as Parquet (what ``prepare`` reads, so that its JVM is gone before the rest);
 * ``open --state DIR --query Q --undirected REL [--bag REL]`` — construct the engine over a
   state and open every trace an epoch reads (what an epoch's ``open`` phase does), timed inside;
 * ``recompute --relation DIR --out-relation DIR --output DIR [--changes CSV] [--query Q]`` —
@@ -17,8 +19,11 @@ for it, so a probe's process pays for what its work needs and no more.
   (`wcoj_core.reference`), write the output, and sum it;
 * ``warm --state DIR --first T --changes CSV ... [--bag REL]`` — one process applying epochs one
   after the other, each timed (what an in-process, warm epoch costs);
-* ``triangles --edges PARQUET [--changes CSV ...]`` — the triangles of a graph after some epochs,
-  counted by scipy (``sum((U @ U) ∘ U)``): an independent check of a count.
+* ``static --method duckdb|spark-sql --edges PARQUET --symmetric PARQUET`` — one static
+  triangle count of a prepared graph by DuckDB or Spark SQL (`wcoj_bench.static`'s queries);
+* ``triangles --edges PARQUET [--changes CSV ...] [--method scipy|forward]`` — the triangles of
+  a graph after some epochs, counted by scipy (``sum((U @ U) ∘ U)``) or by the forward algorithm
+  in numpy (`forward_triangles`: for large graphs): an independent check of a count.
 """
 
 from __future__ import annotations
@@ -163,8 +168,83 @@ def warm(args: argparse.Namespace) -> dict[str, Any]:
 # -- triangles ----------------------------------------------------------------------------------
 
 
+def forward_triangles(src: Any, dst: Any, wedges_at_once: int = 1 << 25) -> int:
+    """The triangles of an undirected simple graph (each edge once, any direction, no loops),
+    counted by the *forward* algorithm in numpy, independently of wcoj's kernel: edges are
+    oriented from the lower to the higher (degree, id) rank, and every pair of one vertex's
+    out-neighbours (a wedge) is looked up among the edges. Degree order keeps a vertex's
+    out-degree below ``sqrt(2m)``; wedges are made `wedges_at_once` at a time, so memory stays
+    linear in the edges.
+
+    >>> import numpy as np
+    >>> forward_triangles(np.array([0, 0, 1, 1, 2]), np.array([1, 2, 2, 3, 3]))
+    2
+    """
+    import numpy as np
+
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    ids, index = np.unique(np.concatenate([src, dst]), return_inverse=True)
+    n = len(ids)
+    a, b = index[: len(src)], index[len(src) :]
+    degree = np.bincount(np.concatenate([a, b]), minlength=n)
+    rank = np.empty(n, dtype=np.int64)
+    rank[np.lexsort((np.arange(n), degree))] = np.arange(n)
+    ra, rb = rank[a], rank[b]
+    lo, hi = np.minimum(ra, rb), np.maximum(ra, rb)
+    keys = np.unique(lo * n + hi)  # sorted; duplicates (both directions listed) merged
+    del src, dst, index, a, b, ra, rb, lo, hi
+    tail, head = keys // n, keys % n
+    starts = np.searchsorted(tail, np.arange(n + 1))
+    after = starts[tail + 1] - np.arange(len(keys)) - 1  # out-neighbours after each edge's
+    found = 0
+    edge = 0
+    while edge < len(keys):
+        # Edges edge..stop: their wedges (head of the edge, each later out-neighbour of its tail).
+        total = np.cumsum(after[edge:])
+        stop = edge + max(1, int(np.searchsorted(total, wedges_at_once, "right")))
+        sizes = after[edge:stop]
+        firsts = np.repeat(head[edge:stop], sizes)
+        offsets = np.arange(edge, stop) + 1 - (np.cumsum(sizes) - sizes)
+        seconds = head[np.arange(int(sizes.sum()), dtype=np.int64) + np.repeat(offsets, sizes)]
+        probe = np.minimum(firsts, seconds) * n + np.maximum(firsts, seconds)
+        at = np.minimum(np.searchsorted(keys, probe), len(keys) - 1)
+        found += int(np.count_nonzero(keys[at] == probe))
+        edge = stop
+    return found
+
+
+def count_cliques(edges: Any, k: int) -> int:
+    """The k-cliques of an undirected graph given as edge pairs (loops and repeats ignored),
+    counted independently of wcoj: vertices in (degree, id) order, each one's higher
+    neighbours as a set, cliques grown by intersecting them (pure Python).
+
+    >>> count_cliques([(0, 1), (0, 2), (1, 2), (1, 3), (2, 3), (0, 3)], 4)
+    1
+    >>> count_cliques([(0, 1), (0, 2), (1, 2), (1, 3), (2, 3)], 3)
+    2
+    """
+    adj: dict[int, set[int]] = {}
+    for a, b in edges:
+        if a != b:
+            adj.setdefault(a, set()).add(b)
+            adj.setdefault(b, set()).add(a)
+    rank = {v: i for i, v in enumerate(sorted(adj, key=lambda v: (len(adj[v]), v)))}
+    higher = {v: {w for w in ns if rank[w] > rank[v]} for v, ns in adj.items()}
+
+    def grow(candidates: set[int], left: int) -> int:
+        if left == 1:
+            return len(candidates)
+        return sum(grow(candidates & higher[v], left - 1) for v in candidates)
+
+    return sum(grow(higher[v], k - 1) for v in higher) if k > 1 else len(adj)
+
+
 def triangles(args: argparse.Namespace) -> dict[str, Any]:
-    """scipy's count of the triangles of the graph after the epochs' changes."""
+    """The triangles of the graph after the epochs' changes: scipy's count, or with
+    ``--method forward`` the forward algorithm's (`forward_triangles`: memory linear in the
+    edges, for graphs whose wedges scipy's product cannot hold)."""
+    if args.method == "forward":
+        return _forward(args)
     import numpy as np
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
@@ -192,6 +272,102 @@ def triangles(args: argparse.Namespace) -> dict[str, Any]:
         (np.ones(len(pairs), dtype=np.int64), (index[:, 0], index[:, 1])), shape=(n, n)
     )
     return {"probe": "triangles", "count": int(upper.multiply(upper @ upper).sum())}
+
+
+def _forward(args: argparse.Namespace) -> dict[str, Any]:
+    """`triangles` by the forward algorithm; the epochs' changes applied with numpy."""
+    import numpy as np
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    start = clock.perf_counter()
+    edges = pq.read_table(args.edges, columns=["c0", "c1"])
+    src = edges.column("c0").to_numpy()
+    dst = edges.column("c1").to_numpy()
+    del edges
+    if args.changes:
+        width = int(max(src.max(), dst.max())) + 1
+        for path in args.changes:
+            change = pacsv.read_csv(path)
+            c0, c1, d = (change.column(c).to_numpy() for c in ("c0", "c1", "diff"))
+            width = max(width, int(max(c0.max(), c1.max())) + 1)
+        keys = np.minimum(src, dst) * width + np.maximum(src, dst)
+        for path in args.changes:
+            change = pacsv.read_csv(path)
+            c0, c1, d = (change.column(c).to_numpy() for c in ("c0", "c1", "diff"))
+            changed = np.minimum(c0, c1) * width + np.maximum(c0, c1)
+            keys = keys[~np.isin(keys, changed[d < 0])]
+            keys = np.union1d(keys, changed[d > 0])
+        src, dst = keys // width, keys % width
+    count = forward_triangles(src, dst)
+    return {
+        "probe": "triangles",
+        "method": "forward",
+        "count": count,
+        "seconds": round(clock.perf_counter() - start, 3),
+    }
+
+
+# -- static --------------------------------------------------------------------------------------
+
+
+def static(args: argparse.Namespace) -> dict[str, Any]:
+    """One static triangle count of a prepared graph, as ``wcoj-bench static`` runs the method:
+    DuckDB's SQL over the oriented edges (``--edges``, each edge once, low first), or Spark
+    SQL's binary plan over the symmetric table (``--symmetric``); the query alone timed inside,
+    the process timed outside."""
+    from wcoj_bench.static import TRIANGLES_SQL
+
+    start = clock.perf_counter()
+    if args.method == "duckdb":
+        import duckdb
+
+        con = duckdb.connect()
+        con.execute(
+            f"CREATE TABLE edges AS SELECT c0 AS src, c1 AS dst FROM read_parquet('{args.edges}')"
+        )
+        loaded = clock.perf_counter()
+        row = con.execute(TRIANGLES_SQL).fetchone()
+        count = int(row[0]) if row is not None else 0
+        con.close()
+    else:
+        from wcoj_core import spark as wspark
+        from wcoj_core.query.builtins import builtin
+        from wcoj_core.reference import reference_sql
+        from wcoj_core.updates import total_diff
+
+        spark = wspark.session(args.master, app_name="wcoj-bench-static", quiet=True)
+        frame = spark.read.parquet(f"file://{args.symmetric}")
+        loaded = clock.perf_counter()
+        query = builtin("triangles")
+        count = total_diff(spark.sql(reference_sql(query), None, r_edge=frame))
+        spark.stop()
+    done = clock.perf_counter()
+    return {
+        "probe": "static",
+        "method": args.method,
+        "count": count,
+        "query_seconds": round(done - loaded, 3),
+        "seconds": round(done - start, 3),
+    }
+
+
+# -- generate -----------------------------------------------------------------------------------
+
+
+def generate_graph(args: argparse.Namespace) -> dict[str, Any]:
+    """A generated graph's canonical undirected edges (``c0 < c1``, each once) written by Spark
+    as Parquet into ``--out`` (a 3 GiB heap: Spark spills its shuffle beyond it)."""
+    from wcoj_core import spark as wspark
+    from wcoj_core.generate import generate
+    from wcoj_core.sources import canonical_undirected
+
+    conf = {"spark.driver.memory": "3g"}
+    spark = wspark.session(args.master, conf, app_name="wcoj-bench-prepare", quiet=True)
+    edges = canonical_undirected(generate(spark, args.input)).select("c0", "c1")
+    edges.write.parquet(f"file://{args.out}")
+    spark.stop()
+    return {"probe": "generate", "input": args.input, "out": args.out}
 
 
 # -- prepare ------------------------------------------------------------------------------------
@@ -238,9 +414,21 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--query", default="triangles")
     rec.add_argument("--master")
     rec.set_defaults(run=recompute)
+    gen = sub.add_parser("generate")
+    gen.add_argument("--input", required=True)
+    gen.add_argument("--out", required=True)
+    gen.add_argument("--master")
+    gen.set_defaults(run=generate_graph)
+    sta = sub.add_parser("static")
+    sta.add_argument("--method", choices=("duckdb", "spark-sql"), required=True)
+    sta.add_argument("--edges", required=True)
+    sta.add_argument("--symmetric", required=True)
+    sta.add_argument("--master")
+    sta.set_defaults(run=static)
     tri = sub.add_parser("triangles")
     tri.add_argument("--edges", required=True)
     tri.add_argument("--changes", nargs="*", default=[])
+    tri.add_argument("--method", choices=("scipy", "forward"), default="scipy")
     tri.set_defaults(run=triangles)
     return p
 

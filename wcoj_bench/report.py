@@ -22,6 +22,9 @@ exactly the one that ran:
 * ``dagster-run`` — ``wcoj-bench dagster-run`` (`wcoj_bench.dagster_run`): the README's quick
   start on web-NotreDame, each 1,000-change epoch partition a fresh ``dagster job execute``,
   beside the same job with empty bodies;
+* ``scale`` — ``wcoj-bench scale`` (`wcoj_bench.scale`): the memory budget at 18.6 M edges, a
+  one-epoch load, a build in epochs and fresh epochs, each a whole process with its tree's peak
+  anonymous memory;
 * ``cluster-static``, ``cluster-epochs``, ``cluster-curve-size``, ``cluster-cliques`` — the same
   kinds of runs on a two-worker, one-core-each standalone cluster that the report starts on this
   machine (`wcoj_bench.cluster`) and stops afterwards, with wcoj's kernel on the executors
@@ -69,11 +72,11 @@ from typing import NoReturn
 
 from wcoj_bench.machine import load_average, machine_facts
 from wcoj_bench.page import MACHINE, PAGE, RENDER, render_machine, replace_regions
-from wcoj_bench.page_processes import render_cold, render_dagster_run, render_idle
+from wcoj_bench.page_processes import render_cold, render_dagster_run, render_idle, render_scale
 from wcoj_core.cli.console import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from wcoj_core.errors import WcojError
 
-LOCAL_PARTS = ("epochs", "static", "curve-size", "curve-epoch-size", "cold", "dagster-run")
+LOCAL_PARTS = ("epochs", "static", "curve-size", "curve-epoch-size", "cold", "dagster-run", "scale")
 CLUSTER_PARTS = (
     "cluster-static",
     "cluster-epochs",
@@ -94,6 +97,7 @@ RENDERERS = {
     "cold": render_cold,
     "dagster-run": render_dagster_run,
     "cluster-idle": render_idle,
+    "scale": render_scale,
 }
 DEFAULT_ROOT = "docs"
 DEFAULT_DATA = "../shared/data"
@@ -135,6 +139,9 @@ def commands(
         idle += ["--epoch-size", "20", "--gap", "1"]
         dagster = ["--input", "edge=rmat:scale=9,edges=3000,seed=5", "--epochs", "2"]
         dagster += ["--epoch-size", "20"]
+        scale = ["--rmat", "rmat:scale=9,edges=3000,seed=5", "--build", "2", "--epochs", "2"]
+        scale += ["--epoch-size", "20", "--sizes", "rmat:scale=8,edges=1500,seed=3"]
+        scale += ["--methods", "duckdb", "--memory", "256m", "--timeout", "300"]
     else:
         epochs = ["--input", nd, "--epochs", "4", "--epoch-size", "1000", "--skew", "3000"]
         static = ["--input", nd, "--repeat", "5"]
@@ -150,6 +157,9 @@ def commands(
         idle = ["--input", "edge=rmat:scale=17,edges=2000000,seed=1", "--epochs", "4"]
         idle += ["--epoch-size", "1000", "--gap", "120"]
         dagster = ["--input", nd, "--epochs", "6", "--epoch-size", "1000"]
+        # Issue 31's graph and budget; the static counts stopped after half an hour each.
+        scale = ["--rmat", "rmat:scale=20,edges=20000000,seed=1", "--memory", "4g"]
+        scale += ["--build", "5", "--epochs", "4", "--timeout", "1800"]
     where = ["--scratch", str(scratch)] if scratch is not None else []
     runs = {
         "epochs": ["epochs", *epochs],
@@ -164,6 +174,7 @@ def commands(
     out = {name: [*argv, *tail] for name, argv in runs.items()}
     out["cold"] = [*runs["cold"], "--undirected", "edge", "--json"]  # starts no Spark itself
     out["dagster-run"] = ["dagster-run", *dagster, *where, "--undirected", "edge", "--json"]
+    out["scale"] = ["scale", *scale, *where, "--json"]  # whole processes: starts no Spark itself
     on = ["--master", cluster, "--deploy", "executors", "--undirected", "edge", "--json"]
     three = ["--methods", "wcoj,spark-sql,neighbour-array"]
     out["cluster-static"] = ["static", *static[:2], "--repeat", "3", *three, *on]

@@ -23,13 +23,46 @@ from dataclasses import replace
 import numpy as np
 
 from wcoj_core import lineage
-from wcoj_core.deploy.batches import BatchFiles
+from wcoj_core.deploy.batches import BatchFiles, BatchWriter
 from wcoj_core.errors import StateError
 from wcoj_core.kernel.layer import Layer
-from wcoj_core.store.manifest import Batch, Manifest, Trace
+from wcoj_core.spill import Spill, merge
+from wcoj_core.store.manifest import Batch, FileRef, Manifest, Trace
 from wcoj_core.store.names import trace_dir
 
 ReadBatch = Callable[[Trace, Batch], Layer]
+
+
+def _summed(
+    trace: Trace,
+    batches: list[Batch],
+    files: BatchFiles,
+    folder: str,
+    time: int,
+    spill: Spill,
+) -> tuple[int, tuple[FileRef, ...]]:
+    """Batches summed into one written batch (`BatchWriter`), a file read at a time (each
+    checked against its digest), through sorted runs; its rows and files."""
+    sorter = spill.sorter(len(trace.columns), "compacting a trace's batches")
+    for b in batches:  # every batch and file: the rows read are checked against the manifest's
+        read = 0
+        for ref in b.files:
+            layer = files.read_verified(b.path, trace.columns, (ref,))
+            read += len(layer)
+            sorter.add(np.asarray(layer.rows), np.asarray(layer.diff))
+        if read != b.rows:
+            raise StateError(
+                f"trace {trace.name!r}: batch {b.path} holds {read:,} rows, its manifest says "
+                f"{b.rows:,}; run `wcoj verify --repair`"
+            )
+    out = BatchWriter(files, folder, trace.columns, time)
+    if not sorter.spilled:
+        layer = sorter.layer()
+        out.write(np.asarray(layer.rows), np.asarray(layer.diff))
+    else:
+        for rows, diff, _ in merge(sorter.take_runs(), sorter.width, block_bytes=spill.merge_bytes):
+            out.write(rows, diff)
+    return out.rows, out.close()
 
 
 def compacted(
@@ -39,9 +72,12 @@ def compacted(
     files: BatchFiles,
     read_batch: ReadBatch,
     written: list[str],
+    spill: Spill | None = None,
 ) -> Manifest:
     """`m` with every trace's batches at or before `frontier` merged (see the module); the
-    merged batches' folders are added to `written` as they are made."""
+    merged batches' folders are added to `written` as they are made. With `spill`, batches are
+    read a file at a time and summed through sorted runs, the merged batch written a chunk at a
+    time: a trace of any size is compacted within the memory budget."""
     if m.frontier is not None and frontier <= m.frontier:
         return m
     # The chain at the frontier is its last epoch's: the frontier need not be an epoch itself
@@ -63,28 +99,32 @@ def compacted(
             continue
         if not old or (len(old) == 1 and old[0].time == frontier and not name.startswith("rel/")):
             continue
-        total = Layer.empty(len(trace.columns))
-        for b in old:  # every batch: its rows are checked as it is read, never trusted to skip it
-            layer = read_batch(trace, b)
-            total = Layer.build(
-                np.concatenate([np.asarray(total.rows), np.asarray(layer.rows)]),
-                np.concatenate([np.asarray(total.diff), np.asarray(layer.diff)]),
-            )
         folder = f"traces/{trace_dir(name)}/b-c-{frontier}-{uuid.uuid4().hex[:12]}"
         written.append(folder)
-        refs = files.write(
-            folder,
-            trace.columns,
-            np.asarray(total.rows),
-            np.asarray(total.diff),
-            frontier,
-            threads=True,
-        )
+        if spill is None:
+            total = Layer.empty(len(trace.columns))
+            for b in old:  # every batch: its rows are checked as it is read, never trusted
+                layer = read_batch(trace, b)
+                total = Layer.build(
+                    np.concatenate([np.asarray(total.rows), np.asarray(layer.rows)]),
+                    np.concatenate([np.asarray(total.diff), np.asarray(layer.diff)]),
+                )
+            rows = len(total)
+            refs = files.write(
+                folder,
+                trace.columns,
+                np.asarray(total.rows),
+                np.asarray(total.diff),
+                frontier,
+                threads=True,
+            )
+        else:
+            rows, refs = _summed(trace, old, files, folder, frontier, spill)
         figures = next((b.figures for b in reversed(old) if b.figures is not None), None)
         merged = Batch(
             folder,
             frontier,
-            len(total),
+            rows,
             refs,
             figures,
             inputs=chain,

@@ -22,10 +22,13 @@ remote storage, the executors deployment, reading traces as DataFrames.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import time as clock
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wcoj_core import deploy, lineage
+from wcoj_core.budget import MemoryBudget, Shares, format_size
 from wcoj_core.deploy import Choice, Limits
 from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.deploy.cluster import ONE_TASK_ROWS
@@ -64,9 +67,12 @@ __all__ = [
     "evaluate_static",
 ]
 
-# The most landed rows an epoch takes (they are consolidated on the driver, about 30 bytes a
-# row at once; the rules of a large epoch may still run in the executors, `deploy.choose`).
-LANDING_ROWS = 200_000_000
+# The most landed rows an epoch takes: none (they are summed in sorted runs within the memory
+# budget, `wcoj_core.landing`); a caller may set a limit.
+LANDING_ROWS: int | None = None
+# Progress on a long epoch is reported once it has run this long, then at most this often.
+PROGRESS_AFTER = 2.0
+PROGRESS_EVERY = 1.0
 # The largest epoch number (epochs are days, counters, ...; far below int64).
 MAX_EPOCH = 2**62
 
@@ -79,6 +85,9 @@ class Engine:
     (`relation_specs`) the relations named in `undirected` are undirected sets and the others
     bags. `keep_rules` stores each delta rule's output change as a trace of its own (the
     Dagster pipeline shows them). `deployment` is ``auto``, ``driver`` or ``executors``.
+    `memory` is the process's memory budget (`wcoj_core.budget.MemoryBudget`, bytes, a size
+    such as ``"4g"``; None: the machine's default): every stage of an epoch sizes its pieces
+    by it and spills beyond it. `progress` is told, on one line, how a long epoch goes.
     """
 
     def __init__(
@@ -97,10 +106,23 @@ class Engine:
         driver_epoch_rows: int = deploy.DRIVER_EPOCH_ROWS,
         executor_max_rows: int = deploy.EXECUTOR_MAX_ROWS,
         executor_tasks: int | None = None,
-        landing_rows: int = LANDING_ROWS,
+        landing_rows: int | None = LANDING_ROWS,
         compact_every: int = 0,
         create: bool = True,
+        memory: MemoryBudget | int | str | None = None,
+        progress: Callable[[str], None] | None = None,
+        shares: Shares | None = None,
     ) -> None:
+        from wcoj_core.deploy.driver import WORKERS
+
+        self.budget = MemoryBudget.of(memory) if shares is None else shares.budget
+        # What each stage may hold (`shares` given: tests forcing every stage to spill).
+        self.shares = Shares.of(self.budget, WORKERS) if shares is None else shares
+        self.progress = progress
+        self._reported = 0.0
+        # What an executor's Python worker may hold (0: the kernel's own limits), when Spark
+        # runs in this process tree under the same budget (`_share_with_spark`).
+        self.worker_bytes = 0
         qs = [queries] if isinstance(queries, Query) else list(queries)
         if not qs:
             raise QueryError("an engine needs at least one query")
@@ -177,6 +199,22 @@ class Engine:
             },
         )
         self.check_plan(manifest)
+        if deployment == "executors" or not self.local:
+            self._share_with_spark()
+
+    def _share_with_spark(self) -> None:
+        """Split the budget with Spark, for an engine whose epochs run in the executors: this
+        process keeps its share, the JVM's heap is set to its own (unless ``--conf`` set it),
+        and each executor's Python worker sizes its pieces by its share (`SparkShares`)."""
+        from wcoj_core.deploy.driver import WORKERS
+
+        master = self.starter.master
+        split = Shares.of(self.budget, WORKERS).for_spark(master, _cores(master))
+        self.shares = split.driver
+        self.worker_bytes = split.worker_bytes
+        if not self.starter.started:
+            for key, value in split.conf().items():
+                self.starter.conf.setdefault(key, value)
 
     # -- what the engine serves ------------------------------------------------------------
     def spark(self, reason: str) -> SparkSession:
@@ -193,6 +231,29 @@ class Engine:
     @property
     def local(self) -> bool:
         return "://" not in self.store.root or self.store.root.startswith("file://")
+
+    def scratch_root(self) -> Path | None:
+        """Where an epoch spills: the state's ``scratch/`` folder (None for a state on remote
+        storage: the system's temporary folder)."""
+        if not self.local:
+            return None
+        from wcoj_core.store.names import SCRATCH
+
+        return Path(self.store.root.removeprefix("file://")).absolute() / SCRATCH
+
+    def report(self, what: str, run: Any) -> None:
+        """Tell `progress` how an epoch goes (`what`, the bytes spilled, the memory peak), once
+        the epoch has run `PROGRESS_AFTER` seconds, at most every `PROGRESS_EVERY`."""
+        if self.progress is None:
+            return
+        now = clock.monotonic()
+        if now - run.started < PROGRESS_AFTER or now - self._reported < PROGRESS_EVERY:
+            return
+        self._reported = now
+        self.progress(
+            f"{what}; spilled {format_size(run.scratch.spilled)}, memory "
+            f"{format_size(run.meter.peak)} of {format_size(self.budget.bytes)}"
+        )
 
     @property
     def arrangements(self) -> tuple[Arrangement, ...]:
@@ -342,15 +403,22 @@ class Engine:
             return base
         frontier = base.epoch if frontier is None else min(frontier, base.epoch)
         written: list[str] = []
+        from wcoj_core.spill import Scratch, Spill
+
+        scratch = Scratch(self.scratch_root(), lambda _n: None)
+        shares = self.shares
+        spill = Spill(scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
         try:
             relations = [relation_trace_name(r) for r in self.relations]
-            new = compacted(base, frontier, relations, self.files, self.read_batch, written)
+            new = compacted(base, frontier, relations, self.files, self.read_batch, written, spill)
             if new is base:
                 return base
             return self.store.commit(new, expected=base)
         except BaseException:
             self.store.discard(written)
             raise
+        finally:
+            scratch.close()
 
     def compaction_due(self, m: mf.Manifest, epoch: int) -> int | None:
         """The frontier to compact to with epoch `epoch`'s commit, or None."""
@@ -444,6 +512,29 @@ class Engine:
 
         return change_table(self, output_trace_name(query), epoch)
 
+    def change_batches(self, query: str, epoch: int) -> Any:
+        """A query's stored change at `epoch` as a stream of record batches (``c0 ..``,
+        ``diff``), a file of its batch at a time (each checked against its digest): what a
+        caller writing an output of any size reads."""
+        import pyarrow as pa
+
+        from wcoj_core.kernel.changes import batch_schema, changes_table
+
+        name = output_trace_name(query)
+        trace = self.store.current().trace(name)
+        cols = self.trace_columns(name)
+        schema = batch_schema(cols).remove(len(cols))  # without time
+        batches = [b for b in trace.batches if b.time == epoch] if trace is not None else []
+
+        def read() -> Any:
+            for batch in batches:
+                for ref in batch.files:
+                    layer = self.files.read_verified(batch.path, cols, (ref,))
+                    table = changes_table(cols, layer.rows, layer.diff, epoch)
+                    yield from table.drop_columns(["time"]).to_batches()
+
+        return pa.RecordBatchReader.from_batches(schema, read())
+
     def _accumulated(self, name: str, time: int | None) -> DataFrame:
         from wcoj_core.reading import accumulated
 
@@ -464,6 +555,26 @@ class Engine:
 
     def rule_trace(self, query: str, rule: int) -> str:
         return rule_trace_name(query, rule)
+
+
+def _cores(master: str | None) -> int:
+    """The cores a local master runs tasks on (1 for a cluster's: its executors are not here).
+
+    >>> _cores("local[3]"), _cores("local"), _cores("spark://h:7077")
+    (3, 1, 1)
+    """
+    import os
+
+    if master is None or master in ("local[*]", "local[*, 4]"):
+        return os.cpu_count() or 1
+    if master == "local":
+        return 1
+    if master.startswith("local["):
+        inner = master[6:].split("]")[0].split(",")[0].strip()
+        if inner == "*":
+            return os.cpu_count() or 1
+        return max(1, int(inner)) if inner.isdigit() else 1
+    return 1
 
 
 def _describe(p: mf.RelationPlan) -> str:

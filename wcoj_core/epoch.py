@@ -13,6 +13,13 @@
    trace's index advanced to ``t``;
 5. **commit** one manifest generation. A failure anywhere discards what was written: the state
    stays exactly as it was.
+
+Every step keeps to the process's memory budget (`Engine.shares`, `wcoj_core.budget`): what is
+larger than a step's share is spilled into the epoch's scratch folder and read back through
+mapped files (`wcoj_core.spill`; removed when the pass ends), and the pass's metrics say the
+budget, the sampled peak of the process's anonymous memory, its VmHWM and the bytes spilled per
+step (`EpochMetrics.memory`). Before the rules run, an epoch whose output changes cannot fit the
+disk they are written to is refused (`_room`).
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from wcoj_core import lineage
+from wcoj_core.budget import BudgetError, MemoryFigures, MemoryMeter, format_size
 from wcoj_core.deploy import Choice
-from wcoj_core.deploy.driver import run_on_driver
+from wcoj_core.deploy.batches import BatchWriter
+from wcoj_core.deploy.driver import estimate_rows, run_on_driver
+from wcoj_core.deploy.output import OutputChange
 from wcoj_core.deploy.work import RuleJob, Work
 from wcoj_core.errors import MultiplicityOverflow, StateError
 from wcoj_core.indexes import Opened, advance, identity, open_trace
@@ -37,8 +47,16 @@ from wcoj_core.kernel.join import RuleTally
 from wcoj_core.kernel.layer import Layer, lookup_sum
 from wcoj_core.kernel.multiplicity import exact_sum
 from wcoj_core.landing import Changes, Landed, land
-from wcoj_core.meaning import Effect, Figures, effect, figures_change, landed_digest
+from wcoj_core.meaning import (
+    Effect,
+    Figures,
+    Meaning,
+    effects,
+    figures_change,
+    landed_digest,
+)
 from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
+from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
 from wcoj_core.store.manifest import Batch, Manifest, Trace
 from wcoj_core.store.names import trace_dir
 from wcoj_core.traces import (
@@ -50,6 +68,10 @@ from wcoj_core.traces import (
 
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
+
+# An epoch changing at least this many rows is sampled for the size of its output changes
+# before its rules run (`EpochPass._room`).
+ESTIMATE_ROWS = 50_000
 
 
 def ignored_trace_name(relation: str) -> str:
@@ -88,6 +110,9 @@ class EpochMetrics:
     mapped_bytes: int = 0
     read_bytes: int = 0
     rebuilt: tuple[str, ...] = ()
+    # The memory budget, the process's sampled peak anonymous memory, its VmHWM and the bytes
+    # spilled to scratch files (`wcoj_core.budget.MemoryFigures`).
+    memory: MemoryFigures | None = None
 
     @property
     def proposed(self) -> int:
@@ -117,6 +142,7 @@ class EpochMetrics:
                 "read_bytes": self.read_bytes,
                 "rebuilt": list(self.rebuilt),
             },
+            **({} if self.memory is None else {"memory": self.memory.to_dict()}),
         }
 
 
@@ -173,8 +199,9 @@ class RuleReport:
 class EpochResult:
     """The exact change of every query's output at an epoch, and what the epoch did.
 
-    `changes` holds each query's change as (rows, diffs) arrays when the driver computed it
-    (None otherwise: read the batch, `Engine.change`); `totals` the sum of each change's
+    `changes` holds each query's change as (rows, diffs) arrays when the driver computed it in
+    memory (None otherwise — the executors, or a change spilled beyond the memory budget: read
+    the batch, `Engine.change` or `Engine.change_batches`); `totals` the sum of each change's
     multiplicities; `traces` every trace after the epoch; `rules` each rule's output per query.
     """
 
@@ -206,9 +233,13 @@ class EpochResult:
 class _Timer:
     seconds: dict[str, float] = field(default_factory=dict)
 
+    stage: Any = None  # told each phase's name as it starts (the scratch folder's `stage`)
+
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         start = clock.perf_counter()
+        if self.stage is not None:
+            self.stage.stage = name
         try:
             yield
         finally:
@@ -244,9 +275,32 @@ class EpochPass:
         self.pre: dict[str, Batch] = {}  # changes written before the rules ran (executors)
         self.landed: dict[str, str] = {}  # each relation trace's landed digest
         self.chain = ""  # the epoch's chain (`wcoj_core.lineage`)
+        # The memory budget's meter, and the scratch folder work beyond it spills into.
+        self.meter = MemoryMeter(engine.budget)
+        scratch_root = engine.scratch_root()
+        self.scratch = Scratch(scratch_root, self.meter.add_spilled)
+        shares = engine.shares
+        self.spill = Spill(self.scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
+        self.memory: MemoryFigures | None = None
+        self.started = clock.monotonic()
+        self.distinct: frozenset[str] = frozenset()  # outputs made consolidated (`_distinct`)
+        self.timer.stage = self.scratch
 
     # -- the pass -----------------------------------------------------------------------------
     def run(self) -> EpochResult:
+        self.meter.start()
+        try:
+            return self._run()
+        finally:
+            self.memory = self._figures()
+            self.scratch.close()
+
+    def _figures(self) -> MemoryFigures:
+        figures = self.meter.stop()
+        figures.stages = dict(self.scratch.by_stage)
+        return figures
+
+    def _run(self) -> EpochResult:
         engine, t = self.engine, self.epoch
         m = engine.registered(self.base)
         try:
@@ -272,7 +326,13 @@ class EpochPass:
                 with self.timer.phase("compact"):
                     relations = [relation_trace_name(r) for r in engine.specs]
                     new = compacted(
-                        new, frontier, relations, engine.files, engine.read_batch, self.written
+                        new,
+                        frontier,
+                        relations,
+                        engine.files,
+                        engine.read_batch,
+                        self.written,
+                        self.spill,
                     )
             if self.dry:
                 self._discard()  # what the executors wrote, if they ran
@@ -286,6 +346,7 @@ class EpochPass:
         except BaseException:
             self._discard()
             raise
+        self.memory = self._figures()
         return self._result(committed, choice, outputs, tallies, reports)
 
     def _discard(self) -> None:
@@ -296,7 +357,15 @@ class EpochPass:
         engine = self.engine
         for rel, changes in sorted(self.changes.items()):
             spec = engine.specs[rel]
-            landed = land(spec, changes, engine.landing_rows)
+            landed = land(
+                spec,
+                changes,
+                engine.landing_rows,
+                self.spill,
+                lambda n, rel=rel: engine.report(
+                    f"epoch {self.epoch}: {rel} {n:,} rows landed", self
+                ),
+            )
             if landed is None:
                 raise StateError(
                     f"epoch {self.epoch}: relation {rel!r} changes by more than "
@@ -304,9 +373,9 @@ class EpochPass:
                 )
             name = relation_trace_name(rel)
             before = self.opened[name].at(identity(spec.arity))
-            eff = effect(spec, landed.layer, before)
+            eff = effects(spec, landed.layer, before, self.spill)
             self.effects[rel] = (landed, eff)
-            self.landed[name] = landed_digest(eff.landed)
+            self.landed[name] = landed_digest(landed.layer, sign=spec.meaning is Meaning.SET)
             if len(eff.change):
                 self.deltas[name] = eff.change
         relations = [relation_trace_name(r) for r in engine.specs]
@@ -315,27 +384,16 @@ class EpochPass:
     # -- derive -------------------------------------------------------------------------------
     def _derive(self, m: Manifest) -> tuple[Choice, dict[str, _Out], dict[RuleJob, RuleTally]]:
         """Counts changes (here), then every rule (here, or in the executors); each output
-        trace's change, as arrays or as a batch the executors wrote."""
+        trace's change, as arrays, a layer, or a batch written as it was made."""
         engine = self.engine
-        layers = EpochLayers(self.opened, self.deltas)  # type: ignore[arg-type]
-        by_view: dict[AtomView, list[Any]] = {}
-        for a in engine.arrangements:
-            if a.kind is Kind.COUNTS:
-                by_view.setdefault(a.view, []).append(a)
-        for view, arrangements in by_view.items():
-            if relation_trace_name(view.relation) not in self.deltas:
-                continue
-            support = support_delta(layers, view)
-            for a in arrangements:
-                counts = counts_delta(support, a.key)
-                if len(counts):
-                    self.deltas[counts_trace_name(a)] = counts
+        layers = EpochLayers(self.opened, self.deltas, arrange=self.spill.arranged)  # type: ignore[arg-type]
+        self._counts(layers)
         held = sum(o.trace.rows(self.epoch, strict=True) for o in self.opened.values())
         changed = sum(len(d) for d in self.deltas.values())
         choice = engine.choose(held, changed)
         jobs = self._jobs(m)
         outputs: dict[str, _Out] = {}
-        distinct = self._distinct(jobs)
+        distinct = self.distinct = self._distinct(jobs)
         if choice.on_driver or not jobs:
             counted = frozenset(n for n in distinct if self.count_only and n not in self.opened)
             work = Work(
@@ -347,12 +405,20 @@ class EpochPass:
                 distinct=distinct,
                 counted=counted,
             )
-            result = run_on_driver(work, layers)
-            for name, (rows, diff) in result.changes.items():
-                # A distinct output comes unsorted: it is sorted only where a layer is needed.
-                outputs[name] = _Out(Layer(rows, diff), ordered=name not in distinct)
-            for name, (n, total) in result.counted.items():
-                outputs[name] = _Out(None, None, total, counted=n)
+            streams = {name: self._stream(m, name) for name in distinct}
+            self._room(work, layers, counted)
+            result = run_on_driver(
+                work,
+                layers,
+                shares_of=engine.shares,
+                spill=self.spill,
+                streams=streams,
+                progress=lambda done, total: engine.report(
+                    f"epoch {self.epoch}: rules {done}/{total} tasks", self
+                ),
+            )
+            for name, change in result.changes.items():
+                outputs[name] = self._output(m, name, change, streams.get(name))
             tallies = dict(result.tallies)
         else:
             from wcoj_core.deploy.cluster import run_rules
@@ -377,21 +443,149 @@ class EpochPass:
             width = len(engine.queries[q].head)
             if engine.keep_rules:
                 parts = [self._arrays(m, j.output, outputs[j.output]) for j in jobs if j.query == q]
-                outputs[out] = _Out(_summed(parts, width))
+                outputs[out] = _Out(self.spill.merged(parts, width, "summing the output change"))
             elif out not in outputs:
                 outputs[out] = _Out(Layer.empty(width))
         return choice, outputs, tallies
 
+    def _room(self, work: Work, layers: EpochLayers, counting: frozenset[str]) -> None:
+        """Refuse up front, in one line, an epoch whose output changes cannot fit the disk they
+        are written to (estimated from a sample of each rule's delta: `estimate_rows`): written
+        as Parquet, at least a byte per value; summed through sorted runs, eight per value and
+        the diff. A small epoch is not sampled."""
+        if sum(len(d) for d in self.deltas.values()) < ESTIMATE_ROWS:
+            return
+        estimates = estimate_rows(work, layers, self.engine.shares)
+        free = self.scratch.free_bytes()
+        for name, rows in sorted(estimates.items()):
+            if name in counting:
+                continue
+            width = len(_columns(self.engine, name))
+            need = rows * width if name in work.distinct else rows * 8 * (width + 1)
+            if need > 0 and need > free - self.scratch.reserve():
+                raise BudgetError(
+                    f"epoch {self.epoch}: the output change of {name} is estimated at "
+                    f"{rows:,.0f} rows (from a sample of its rules' delta tuples), at least "
+                    f"{format_size(int(need))} to write; {format_size(free)} are free at "
+                    f"{self.scratch.root or 'the temporary folder'}: nothing was applied"
+                )
+
+    def _counts(self, layers: EpochLayers) -> None:
+        """Every counts change from the relations' changes (a large change a piece at a time:
+        each piece's support changes grouped by key, the pieces' counts summed)."""
+        by_view: dict[AtomView, list[Any]] = {}
+        for a in self.engine.arrangements:
+            if a.kind is Kind.COUNTS:
+                by_view.setdefault(a.view, []).append(a)
+        for view, arrangements in by_view.items():
+            name = relation_trace_name(view.relation)
+            delta = self.deltas.get(name)
+            if delta is None:
+                continue
+            if not self.spill.big(delta):
+                support = support_delta(layers, view)
+                for a in arrangements:
+                    counts = counts_delta(support, a.key)
+                    if len(counts):
+                        self.deltas[counts_trace_name(a)] = counts
+                continue
+            sorters = {
+                a: self.spill.sorter(len(a.key), "summing a counts change") for a in arrangements
+            }
+            for piece in chunks(delta, self.spill.chunk_rows(delta.width)):
+                sub = EpochLayers(self.opened, {name: piece}, arrange=self.spill.arranged)  # type: ignore[arg-type]
+                support = support_delta(sub, view)
+                for a in arrangements:
+                    counts = counts_delta(support, a.key)
+                    sorters[a].add(np.asarray(counts.rows), np.asarray(counts.diff))
+            for a, sorter in sorters.items():
+                counts = sorter.layer()
+                if len(counts):
+                    self.deltas[counts_trace_name(a)] = counts
+
+    def _stream(self, m: Manifest, name: str) -> Any:
+        """A factory of the one stream a distinct output's spilled rows are written into: the
+        output's batch at the epoch (a dry run: a stream that only counts)."""
+        made: list[Any] = []
+
+        def stream() -> Any:
+            if not made:
+                if self.dry:
+                    made.append(_Counting())
+                else:
+                    trace = m.trace(name) or Trace(name, _columns(self.engine, name))
+                    made.append(self._writer(trace))
+            return made[0]
+
+        return stream
+
+    def _writer(self, trace: Trace) -> BatchWriter:
+        folder = f"traces/{trace_dir(trace.name)}/b-k-{self.epoch}-{_hex12()}"
+        self.written.append(folder)
+        return BatchWriter(self.engine.files, folder, trace.columns, self.epoch)
+
+    def _output(self, m: Manifest, name: str, change: OutputChange, stream: Any) -> _Out:
+        """An output's change as the epoch keeps it: in memory; a spilled distinct output's
+        batch (written by the rules); spilled runs merged into a layer when something reads it
+        again (an indexed output, a rule's output summed into its query's), else merged
+        straight into the output's batch."""
+        if change.arrays is not None:
+            rows, diff = change.arrays
+            if name in self.opened and name in self.distinct:
+                # Made unsorted (distinct), but an indexed output is read again in order (its
+                # figures, its arrangement): sorted here, summing nothing.
+                return _Out(Layer.sort(rows, diff))
+            # A distinct output comes unsorted: it is sorted only where a layer is needed.
+            return _Out(Layer(rows, diff), ordered=name not in self.distinct)
+        if change.counted is not None:
+            return _Out(None, None, change.counted[1], count=change.counted[0])
+        if change.written is not None:
+            return self._closed(change.written.stream)
+        runs = change.runs or []
+        trace = m.trace(name) or Trace(name, _columns(self.engine, name))
+        if name in self.opened or self.engine.keep_rules or len(runs) <= 1:
+            layer = merge_into(
+                self.scratch,
+                runs,
+                change.width,
+                self.spill.layer_bytes,
+                self.spill.merge_bytes,
+                "summing the output change",
+            )
+            return _Out(layer)
+        out = _Counting() if self.dry else self._writer(trace)
+        for rows, diff, _ in merge(
+            runs, change.width, block_bytes=self.spill.merge_bytes, what="summing the output change"
+        ):
+            out.write(rows, diff)
+            self.engine.report(f"epoch {self.epoch}: {name}: {out.rows:,} rows summed", self)
+        return self._closed(out)
+
+    def _closed(self, out: Any) -> _Out:
+        """A stream's output as a batch (a dry run's: counted only)."""
+        if isinstance(out, _Counting):
+            return _Out(None, None, out.total, count=out.rows)
+        refs = out.close()
+        return _Out(None, Batch(out.rel, self.epoch, out.rows, refs), out.total)
+
     def _arrays(self, m: Manifest, name: str, out: _Out) -> Layer:
-        """An output's change as a layer, sorted (read back when the executors wrote it; sorted
-        now when the rules made it distinct, unsorted)."""
+        """An output's change as a layer, sorted (read back when the executors or a spilled rule
+        wrote it: a large batch a file at a time, summed through sorted runs; sorted now when
+        the rules made it distinct, unsorted)."""
         if out.layer is not None and not out.ordered:
             out.layer = Layer.sort(np.asarray(out.layer.rows), np.asarray(out.layer.diff))
             out.ordered = True
         if out.layer is None:
             assert out.batch is not None
             trace = m.trace(name) or Trace(name, _columns(self.engine, name))
-            out.layer = self.engine.read_batch(trace, out.batch)
+            if out.batch.rows * 8 * (len(trace.columns) + 2) <= self.spill.run_bytes:
+                out.layer = self.engine.read_batch(trace, out.batch)
+            else:
+                sorter = self.spill.sorter(len(trace.columns), "summing the output change")
+                for ref in out.batch.files:
+                    layer = self.engine.files.read_verified(out.batch.path, trace.columns, (ref,))
+                    sorter.add(np.asarray(layer.rows), np.asarray(layer.diff))
+                out.layer = sorter.layer()
         return out.layer
 
     def _jobs(self, m: Manifest) -> list[RuleJob]:
@@ -484,6 +678,7 @@ class EpochPass:
         reports: dict[str, TraceReport] = {}
         at_epoch = {n for n, tr in m.traces.items() if any(b.time == t for b in tr.batches)}
         for name in sorted(set(staged) | at_epoch | set(self.opened)):
+            engine.report(f"epoch {t}: writing {name}", self)
             trace = traces.get(name) or Trace(name, _columns(engine, name))
             out = staged.get(name)
             kept = tuple(b for b in trace.batches if b.time != t)
@@ -508,6 +703,7 @@ class EpochPass:
                         engine.views[name],
                         self.written,
                         engine.read_batch,
+                        spill=self.spill,
                     )
                 else:
                     index = replace(trace.index, time=t)
@@ -535,7 +731,12 @@ class EpochPass:
 
     def _batch(self, trace: Trace, layer: Layer) -> Batch:
         """Write a layer as the trace's batch at the epoch (figures and provenance added when
-        the manifest is made)."""
+        the manifest is made): a large one a chunk at a time."""
+        if len(layer) * 8 * (layer.width + 2) > self.spill.run_bytes:
+            out = self._writer(trace)
+            for piece in chunks(layer, self.spill.chunk_rows(layer.width)):
+                out.write(np.asarray(piece.rows), np.asarray(piece.diff))
+            return Batch(out.rel, self.epoch, out.rows, out.close())
         folder = f"traces/{trace_dir(trace.name)}/b-k-{self.epoch}-{_hex12()}"
         self.written.append(folder)
         files = self.engine.files.write(
@@ -575,14 +776,17 @@ class EpochPass:
         held once or not at all) its summed diff."""
         opened = self.opened.get(name)
         if opened is None:
-            total = out.total if out.layer is None else exact_sum(np.asarray(out.layer.diff))
+            total = out.sum
             return Figures(total, total, 0)
         layer = self._arrays(m, name, out)
-        if not len(layer):
-            return Figures()
-        rows = np.asarray(layer.rows)
-        before = lookup_sum(opened.at(identity(layer.width)), rows)
-        return figures_change(before, np.asarray(layer.diff), rows, f"trace {name!r}")
+        found = Figures()
+        old = opened.at(identity(layer.width))
+        for piece in chunks(layer, self.spill.chunk_rows(layer.width)):
+            rows = np.asarray(piece.rows)
+            before = lookup_sum(old, rows)
+            change = figures_change(before, np.asarray(piece.diff), rows, f"trace {name!r}")
+            found = found.plus(change, f"trace {name!r}")
+        return found
 
     # -- the result ---------------------------------------------------------------------------
     def _result(
@@ -619,6 +823,7 @@ class EpochPass:
             rebuilt=tuple(
                 f"{n}: {o.rebuilt}" for n, o in self.opened.items() if o.rebuilt and o.damaged
             ),
+            memory=self.memory,
         )
         relations = {
             rel: RelationReport(
@@ -653,8 +858,10 @@ class EpochPass:
 
 @dataclass
 class _Out:
-    """A trace's change at the epoch: in memory (`layer`), or a batch written elsewhere (the
-    executors) or only counted, with the sum of its diffs; its figures once known.
+    """A trace's change at the epoch: in memory or in mapped files (`layer`), or a batch
+    written elsewhere (the executors, a spilled output) with the sum of its diffs (`total`)
+    and, for an output only counted or a dry run's spilled output written nowhere, its rows
+    (`count`); its figures once known.
 
     `ordered` False: `layer` holds distinct rows in the order the rules made them (not yet a
     sorted `Layer`: `EpochPass._distinct`); `EpochPass._arrays` sorts them before any lookup or
@@ -664,40 +871,40 @@ class _Out:
     batch: Batch | None = None
     total: int = 0
     figures: Figures | None = None
-    counted: int | None = None  # rows of an output only counted (`EpochPass.count_only`)
+    count: int = 0
     ordered: bool = True
 
     @property
     def rows(self) -> int:
         if self.layer is not None:
             return len(self.layer)
-        if self.counted is not None:
-            return self.counted
-        return self.batch.rows if self.batch is not None else 0
+        return self.batch.rows if self.batch is not None else self.count
 
     @property
     def sum(self) -> int:
         if self.layer is not None:
-            return exact_sum(np.asarray(self.layer.diff))
+            return sum(exact_sum(np.asarray(p.diff)) for p in chunks(self.layer, 1 << 22))
         return self.total
 
     @property
     def arrays(self) -> tuple[np.ndarray, np.ndarray] | None:
-        if self.layer is None:
+        """The change's rows and diffs, when they are in memory (None: read the batch)."""
+        if self.layer is None or isinstance(self.layer.diff, np.memmap):
             return None
         return np.asarray(self.layer.rows), np.asarray(self.layer.diff)
 
 
-def _summed(parts: Sequence[Layer], width: int) -> Layer:
-    live = [p for p in parts if len(p)]
-    if not live:
-        return Layer.empty(width)
-    if len(live) == 1:
-        return live[0]
-    return Layer.build(
-        np.concatenate([np.asarray(p.rows) for p in live]),
-        np.concatenate([np.asarray(p.diff) for p in live]),
-    )
+class _Counting:
+    """A stream that writes nothing: a dry run's spilled output, counted and summed."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.total = 0
+
+    def write(self, rows: np.ndarray, diff: np.ndarray) -> None:
+        self.rows += len(diff)
+        if len(diff):
+            self.total += exact_sum(diff)
 
 
 def _columns(engine: Engine, name: str) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from wcoj_core.query.plan import AtomView, Kind, Plan, Version
 from wcoj_core.store.manifest import Batch, Index, Level, Segment, Trace
 from wcoj_core.store.names import trace_dir
 from wcoj_core.traces import counts_trace_name
+
+if TYPE_CHECKING:
+    from wcoj_core.spill import Spill
 
 # Recent segments per view key before they are merged into one, and the share of the base's
 # rows (at least `MERGE_MIN_ROWS`) beyond which the merged recent segment joins the base.
@@ -267,45 +271,58 @@ def advance(
     read_batch: ReadBatch,
     *,
     verify_merges: bool = True,
+    spill: Spill | None = None,
 ) -> Index:
     """The trace's index after epoch `time` changed it by `change`: it covers every batch up to
     `time` (see the module). New segment folders are added to `written` as soon as they may
     exist (for the caller to discard on failure).
 
     A merge reads segments whole and checks their digests: a damaged one is not merged but
-    replaced, its view's base rebuilt from the batches (`Opened.rebuilt` says so)."""
+    replaced, its view's base rebuilt from the batches (`Opened.rebuilt` says so). With
+    `spill`, a large change is arranged a run at a time and segments are merged by a k-way
+    merge of their mapped files (`wcoj_core.spill`): never two whole layers in memory."""
     folder = f"arrangements/{trace_dir(opened.name)}"
-    delta = merged(opened.correction, change)
+
+    def arranged(layer: Layer, key: ViewKey) -> Layer:
+        if spill is None:
+            return arrange(layer, key)
+        pattern, order = key
+        return spill.arranged(layer, None if pattern is None else AtomView("", pattern), order)
+
+    def summed(width: int, *layers: Layer) -> Layer:
+        return _sum(width, *layers) if spill is None else spill.merged(layers, width)
+
+    delta = summed(len(opened.trace.columns), opened.correction, change)
     out: list[Segment] = []
     for key in sorted(keys, key=repr):
         if opened.rebuilt or opened.index is None:
             # No index to build on: the whole trace after the epoch becomes the base (an empty
             # base too: the index then says the view is empty, rather than missing).
-            base = _sum(len(key[1]), *opened.at(key), arrange(change, key))
+            base = summed(len(key[1]), *opened.at(key), arranged(change, key))
             out.append(_write(root, folder, base, Level.BASE, key, written))
             continue
         segs = [s for s in opened.index.segments if _segment_key(s) == key]
         base = [s for s in segs if s.level is Level.BASE]
         recent = [s for s in segs if s.level is not Level.BASE]
-        fresh = arrange(delta, key) if len(delta) else None
+        fresh = arranged(delta, key) if len(delta) else None
         try:
             if fresh is not None and len(fresh):
                 if len(recent) + 1 > MAX_RECENT:
                     layers = [segments.open_segment(root, s, verify=verify_merges) for s in recent]
-                    fresh = _sum(len(key[1]), *layers, fresh)
+                    fresh = summed(len(key[1]), *layers, fresh)
                     recent = []
                 base_rows = sum(s.rows for s in base)
                 if len(fresh) > max(MERGE_MIN_ROWS, MERGE_SHARE * base_rows):
                     layers = [
                         segments.open_segment(root, s, verify=verify_merges) for s in base + recent
                     ]
-                    merged_base = _sum(len(key[1]), *layers, fresh)
+                    merged_base = summed(len(key[1]), *layers, fresh)
                     base = [_write(root, folder, merged_base, Level.BASE, key, written)]
                     recent, fresh = [], None
         except segments.DamagedFile as e:
             wanted = [b for b in opened.trace.batches if b.time < opened.before]
             whole = _signed(opened.trace, wanted, (), read_batch, opened)
-            rebuilt = _sum(len(key[1]), arrange(whole, key), arrange(change, key))
+            rebuilt = summed(len(key[1]), arranged(whole, key), arranged(change, key))
             base = [_write(root, folder, rebuilt, Level.BASE, key, written)]
             recent, fresh = [], None
             opened.rebuilt, opened.damaged = str(e), True

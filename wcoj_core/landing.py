@@ -1,11 +1,18 @@
 """An epoch's landed changes, as the engine reads them: consolidated layers on the driver.
 
 A relation's changes at an epoch come as an Arrow table (read from files with pyarrow, or
-already in memory), a Spark DataFrame (a large or remote input, a generator), or a `Layer`
-(consolidated changes the engine stored itself, when it derives a stale epoch again). `land`
-turns any of them into one consolidated `Layer` of the relation's data columns, when it fits
-the driver's budget (a DataFrame is counted before it is collected): an undirected relation's
-changes are read in both directions and self-loops dropped (`symmetrized`).
+already in memory), a stream of Arrow record batches (`pyarrow.RecordBatchReader`: a file
+reader's blocks, `wcoj_core.local_read.read_local_batches`), a Spark DataFrame (a large or
+remote input, a generator), or a `Layer` (consolidated changes the engine stored itself, when
+it derives a stale epoch again). `land` turns any of them into one consolidated `Layer` of the
+relation's data columns: an undirected relation's changes are read in both directions and
+self-loops dropped (`symmetrized`).
+
+Landing streams: record batches are summed into sorted runs of at most the budget's run size
+(`wcoj_core.spill.Sorter`), written to the epoch's scratch folder when there are several and
+merged into a layer in mapped files, so a file of any size lands within the memory budget (its
+rows summed as they come: a file repeating one tuple lands as one row). What the reader
+underneath is does not matter: anything that yields record batches lands the same way.
 
 Only a DataFrame needs Spark, and only when it is not a plain scan of local Parquet files
 (`wcoj_core.spark.local_parquet_files`), which pyarrow reads.
@@ -13,18 +20,23 @@ Only a DataFrame needs Spark, and only when it is not a plain scan of local Parq
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
+from wcoj_core.arrow import longs
 from wcoj_core.errors import InputError, listed
-from wcoj_core.kernel.changes import changes_layer
+from wcoj_core.kernel.changes import changes_layer, data_rows
+from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.meaning import RelationSpec
 from wcoj_core.traces import DIFF, TIME, relation_columns
+
+if TYPE_CHECKING:
+    from wcoj_core.spill import Sorter, Spill
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -34,7 +46,9 @@ if TYPE_CHECKING:
 # than a large limit (a limit gathers its rows through a shuffle to one partition).
 DRIVER_PROBE_ROWS = 250_000
 
-Changes = Any  # pa.Table | DataFrame | Layer
+Changes = Any  # pa.Table | pa.RecordBatchReader | DataFrame | Layer
+# Progress callback: rows landed so far.
+Landing = Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +62,9 @@ class Landed:
 
 
 def is_dataframe(changes: Changes) -> bool:
-    return not isinstance(changes, pa.Table | Layer) and hasattr(changes, "sparkSession")
+    return not isinstance(changes, pa.Table | pa.RecordBatchReader | Layer) and hasattr(
+        changes, "sparkSession"
+    )
 
 
 def check_columns(spec: RelationSpec, changes: Changes, epoch: int) -> None:
@@ -61,7 +77,12 @@ def check_columns(spec: RelationSpec, changes: Changes, epoch: int) -> None:
             )
         return
     cols = relation_columns(spec.arity)
-    names = list(changes.column_names) if isinstance(changes, pa.Table) else list(changes.columns)
+    if isinstance(changes, pa.Table):
+        names = list(changes.column_names)
+    elif isinstance(changes, pa.RecordBatchReader):
+        names = list(changes.schema.names)
+    else:
+        names = list(changes.columns)
     missing = [c for c in (*cols, DIFF) if c not in names]
     extra = [c for c in names if c not in (*cols, DIFF, TIME)]
     if missing or extra:
@@ -72,36 +93,112 @@ def check_columns(spec: RelationSpec, changes: Changes, epoch: int) -> None:
         )
 
 
-def land(spec: RelationSpec, changes: Changes, budget: int) -> Landed | None:
+def land(
+    spec: RelationSpec,
+    changes: Changes,
+    budget: int | None = None,
+    spill: Spill | None = None,
+    progress: Any = None,
+) -> Landed | None:
     """The changes as a consolidated layer on the driver, or None when they hold more than
-    `budget` rows (a DataFrame is not collected then)."""
+    `budget` rows (None: no limit; a DataFrame is not collected then). With `spill`, a table
+    or stream larger than a sorted run is landed in runs (see the module); `progress` is told
+    the rows landed so far."""
     cols = relation_columns(spec.arity)
     if isinstance(changes, Layer):
         layer, rows_in = changes, len(changes)
+        if not spec.undirected:
+            return Landed(layer, rows_in)
+        both, loops = symmetrized(layer)
+        return Landed(both, rows_in, loops)
+    if isinstance(changes, pa.RecordBatchReader):
+        return _streamed(spec, changes, budget, spill, progress)
+    if isinstance(changes, pa.Table):
+        table = changes.select([*cols, DIFF])
     else:
-        if isinstance(changes, pa.Table):
-            table = changes.select([*cols, DIFF])
-        else:
-            collected = _collect(changes.select(*cols, DIFF), budget)
-            if collected is None:
-                return None
-            table = collected
-        if table.num_rows > budget:
+        collected = _collect(changes.select(*cols, DIFF), budget, spill)
+        if collected is None:
             return None
-        nulls = [
-            c for c, col in zip(table.column_names, table.columns, strict=True) if col.null_count
-        ]
-        if nulls:
-            raise InputError(
-                f"changes hold null values in {', '.join(nulls)}; every value must be a whole "
-                "number",
-                source=f"relation {spec.name!r}",
-            )
-        layer, rows_in = changes_layer(cols, table), table.num_rows
+        if isinstance(collected, pa.RecordBatchReader):
+            return _streamed(spec, collected, budget, spill, progress)
+        table = collected
+    if budget is not None and table.num_rows > budget:
+        return None
+    if spill is not None and table.nbytes > spill.run_bytes:
+        return _streamed(spec, table.to_batches(max_chunksize=1 << 20), budget, spill, progress)
+    _refuse_nulls(table, spec)
+    layer, rows_in = changes_layer(cols, table), table.num_rows
     if not spec.undirected:
         return Landed(layer, rows_in)
     both, loops = symmetrized(layer)
     return Landed(both, rows_in, loops)
+
+
+def _refuse_nulls(table: pa.Table | pa.RecordBatch, spec: RelationSpec) -> None:
+    nulls = [c for c, col in zip(table.column_names, table.columns, strict=True) if col.null_count]
+    if nulls:
+        raise InputError(
+            f"changes hold null values in {', '.join(nulls)}; every value must be a whole number",
+            source=f"relation {spec.name!r}",
+        )
+
+
+def _streamed(
+    spec: RelationSpec,
+    batches: Iterable[pa.RecordBatch],
+    budget: int | None,
+    spill: Spill | None,
+    progress: Any,
+) -> Landed | None:
+    """Record batches landed through sorted runs (see the module); None past `budget` rows."""
+    from wcoj_core.spill import Scratch, Spill
+
+    if spill is None:  # no budget given: one run holds everything (as a table would)
+        spill = Spill(Scratch(None, lambda _: None), 1 << 62, 1 << 62, 1 << 30)
+    sorter = spill.sorter(spec.arity, "summing the changes")
+    loops = spill.sorter(spec.arity, "summing the changes") if spec.undirected else None
+    rows_in = 0
+    # A reader's batch (a block of a file) is added a slice at a time: at most a quarter of a
+    # sorted run, both directions of an undirected relation included.
+    piece = max(1 << 12, spill.run_bytes // (4 * 8 * (spec.arity + 1) * (2 if loops else 1)))
+    for whole in batches:
+        for at in range(0, whole.num_rows, piece):
+            rows_in = _add(spec, whole.slice(at, piece), sorter, loops, rows_in)
+            if budget is not None and rows_in > budget:
+                return None
+            if progress is not None:
+                progress(rows_in)
+    layer = sorter.layer()
+    dropped = 0 if loops is None else len(loops.layer())
+    return Landed(layer, rows_in, dropped)
+
+
+def _add(
+    spec: RelationSpec, batch: pa.RecordBatch, sorter: Sorter, loops: Sorter | None, rows_in: int
+) -> int:
+    """One slice of landed rows added to the sorter (an undirected relation's both ways, its
+    self-loops apart); the rows landed so far."""
+    cols = relation_columns(spec.arity)
+    if batch.num_rows:
+        batch = batch.select([*cols, DIFF])
+        _refuse_nulls(batch, spec)
+        rows = data_rows(batch, cols)
+        diff = longs(batch.column(DIFF))
+        if loops is None:
+            sorter.add(rows, diff)
+        else:
+            loop = rows[:, 0] == rows[:, 1]
+            if loop.any():
+                picked = np.flatnonzero(loop)
+                loops.add(rows[picked], diff[picked])
+                kept = np.flatnonzero(~loop)
+                rows, diff = rows[kept], diff[kept]
+            both = np.empty((2 * len(diff), 2), dtype=I64, order="F")
+            both[: len(diff)] = rows
+            both[len(diff) :, 0] = rows[:, 1]
+            both[len(diff) :, 1] = rows[:, 0]
+            sorter.add(both, np.concatenate([diff, diff]))
+    return rows_in + batch.num_rows
 
 
 def symmetrized(layer: Layer) -> tuple[Layer, int]:
@@ -123,29 +220,56 @@ def symmetrized(layer: Layer) -> tuple[Layer, int]:
     return Layer.build(both, np.concatenate([diff, diff])), loops
 
 
-def _collect(rows: DataFrame, budget: int) -> pa.Table | None:
+def _collect(
+    rows: DataFrame, budget: int | None, spill: Spill | None = None
+) -> pa.Table | pa.RecordBatchReader | None:
     """A DataFrame's rows on the driver, or None when it holds more than `budget` rows.
 
     A plain scan of local Parquet files is counted from the footers and read with pyarrow,
-    without a Spark job; any other is collected with a limit of `DRIVER_PROBE_ROWS` first and,
-    when that limit is reached, counted, then collected whole.
+    without a Spark job (a batch at a time when it is larger than a sorted run); any other is
+    collected with a limit of `DRIVER_PROBE_ROWS` first and, when that limit is reached,
+    counted, then collected whole — or, when a `spill` is given, written by Spark as Parquet
+    into the scratch folder and read back a batch at a time.
     """
     from wcoj_core.spark import local_parquet_files, parquet_rows, read_local_parquet
 
     files = local_parquet_files(rows)
     if files is not None:
-        if parquet_rows(files) > budget:
+        n = parquet_rows(files)
+        if budget is not None and n > budget:
             return None
+        if spill is not None and n * 8 * (len(rows.columns) + 1) > spill.run_bytes:
+            return _parquet_stream(files, rows.columns)
         table = read_local_parquet(rows, files)
         if table is not None:
             return table
-    probe = min(budget, DRIVER_PROBE_ROWS)
+    probe = DRIVER_PROBE_ROWS if budget is None else min(budget, DRIVER_PROBE_ROWS)
     table = rows.limit(probe + 1).toArrow()
     if table.num_rows > probe:
-        if rows.count() > budget:
+        if budget is not None and rows.count() > budget:
             return None
+        if spill is not None:
+            folder = spill.scratch.path("frame")
+            rows.write.parquet(f"file://{folder}")
+            found = sorted(str(p) for p in folder.glob("*.parquet"))
+            return _parquet_stream(found, rows.columns)
         table = rows.toArrow()
     return table
+
+
+def _parquet_stream(files: Sequence[str], columns: Sequence[str]) -> pa.RecordBatchReader:
+    """Parquet files' `columns` as int64 record batches, a batch at a time."""
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([pa.field(c, pa.int64()) for c in columns])
+
+    def batches() -> Iterable[pa.RecordBatch]:
+        for f in files:
+            for b in pq.ParquetFile(f).iter_batches(batch_size=1 << 20, columns=list(columns)):
+                if b.num_rows:
+                    yield from pa.Table.from_batches([b]).cast(schema).to_batches()
+
+    return pa.RecordBatchReader.from_batches(schema, iter(batches()))
 
 
 def landed_rows(changes: Sequence[Landed]) -> int:

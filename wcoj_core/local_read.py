@@ -59,6 +59,7 @@ from wcoj_core.traces import DIFF, TIME, relation_columns
 LOCAL_CHECK_BYTES = 4 << 20
 _BLOCK = 16 << 20  # text and CSV are parsed this many bytes of whole lines at a time
 _EXACT_BYTES = 64 << 10  # a piece the fast path does not vouch for is halved down to this
+PARQUET_BATCH_ROWS = 1 << 20  # a Parquet file is read this many rows at a time
 MAX_LINE_BYTES = 64 << 20  # a longer line is refused rather than buffered
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 _FIELD = re.compile(r"[^ \t\r]+")
@@ -381,10 +382,10 @@ def check_text_line(line: str, arity: int) -> tuple[str, int] | None:
     return None
 
 
-def _read_text(lines: _Lines, arity: int) -> list[Rows]:
-    """The rows of a text edge list, block by block."""
-    out: list[Rows] = []
+def _text_rows(lines: _Lines, arity: int) -> Iterator[Rows]:
+    """The rows of a text edge list, block by block, as they are read."""
     for first, block in lines:
+        out: list[Rows] = []
         _by_halves(
             block,
             first,
@@ -392,7 +393,7 @@ def _read_text(lines: _Lines, arity: int) -> list[Rows]:
             lambda b, line: _text_exact(b, line, arity, lines.source),
             out,
         )
-    return out
+        yield from out
 
 
 def _by_halves(
@@ -823,14 +824,15 @@ class _UnivocityLine:
         return self.values
 
 
-def _read_csv(lines: _Lines, arity: int, with_time: bool) -> tuple[list[Role], list[Rows]]:
-    """The roles of a CSV file's columns and its rows (one int64 array per block)."""
+def _csv_rows(lines: _Lines, arity: int, with_time: bool) -> Iterator[tuple[list[Role], Rows]]:
+    """The rows of a CSV file (one int64 array per column and block), each with the roles of
+    the file's columns, as they are read."""
     source = lines.source
     header: list[str] | None = None
     roles: list[Role] = []
     dropped = False  # Spark drops the first non-blank line (the header)
-    out: list[Rows] = []
     for first, block in lines:
+        out: list[Rows] = []
         start, number = 0, first
         while not dropped and start < len(block):
             end = block.find(b"\n", start)
@@ -849,9 +851,10 @@ def _read_csv(lines: _Lines, arity: int, with_time: bool) -> tuple[list[Role], l
             partial(_csv_exact, header=header, roles=roles, source=source),
             out,
         )
+        for rows in out:
+            yield roles, rows
     if header is None and lines.complete:
         raise InputError("has no data rows (the file is empty)", source)
-    return roles, out
 
 
 def _csv_fast(body: bytes, roles: Sequence[Role]) -> Rows | None:
@@ -1000,35 +1003,58 @@ def _read_parquet(
     local: str, arity: int, source: str, with_time: bool, values: bool
 ) -> tuple[list[Role], list[Rows]]:
     """The roles of a Parquet file's columns and (when `values`) its rows, file by file."""
+    roles, rows = _parquet_rows(local, arity, source, with_time)
+    return roles, list(rows) if values else []
+
+
+def _parquet_rows(
+    local: str, arity: int, source: str, with_time: bool
+) -> tuple[list[Role], Iterator[Rows]]:
+    """The roles of a Parquet file's columns (from its footers, at once) and its rows, a
+    record batch of at most `PARQUET_BATCH_ROWS` rows at a time (read as they are asked for)."""
     files = _parquet_files(local, source)
     opened = _parquet_schema(local, files, source)
     names = opened[0].schema_arrow.names
     roles = assign_roles(names, arity, source, with_time, line=None)
     if sum(f.metadata.num_rows for f in opened) == 0:
         raise InputError("has no data rows", source)
-    out: list[Rows] = []
-    for file, parquet in zip(files, opened, strict=True):
-        if not values:
-            break
-        where = source if file == local else f"{source} [{file}]"
-        try:
-            table = parquet.read()
-        except (OSError, ValueError, pa.ArrowException) as exc:
-            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-            raise InputError(f"cannot be read as Parquet: {reason}", where) from None
-        bad = np.zeros(table.num_rows, dtype=bool)
-        for column, role in zip(table.columns, roles, strict=True):
-            bad |= _bad_cells(column, role)
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            for name, column, role in zip(names, table.columns, roles, strict=True):
-                if _bad_cells(column.slice(row, 1), role)[0]:
-                    problem = "is null" if column[row].as_py() is None else "is zero"
-                    if problem == "is zero":
-                        problem += "; a diff must be a non-zero multiplicity"
-                    raise InputError(f"value {problem}", where, row + 1, name)
-        out.append(_rows(table.columns))
-    return roles, out
+
+    def rows() -> Iterator[Rows]:
+        for file, parquet in zip(files, opened, strict=True):
+            where = source if file == local else f"{source} [{file}]"
+            first = 0  # the file's row number of the batch's first row, less one
+            batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS)
+            while True:
+                try:
+                    batch = next(batches, None)
+                except (OSError, ValueError, pa.ArrowException) as exc:
+                    reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+                    raise InputError(f"cannot be read as Parquet: {reason}", where) from None
+                if batch is None:
+                    break
+                table = pa.Table.from_batches([batch])
+                _check_cells(table, names, roles, where, first)
+                first += table.num_rows
+                yield _rows(table.columns)
+
+    return roles, rows()
+
+
+def _check_cells(
+    table: pa.Table, names: Sequence[str], roles: Sequence[Role], where: str, first: int
+) -> None:
+    """Refuse a null value, or a zero diff, naming its row (`first` rows came before)."""
+    bad = np.zeros(table.num_rows, dtype=bool)
+    for column, role in zip(table.columns, roles, strict=True):
+        bad |= _bad_cells(column, role)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        for name, column, role in zip(names, table.columns, roles, strict=True):
+            if _bad_cells(column.slice(row, 1), role)[0]:
+                problem = "is null" if column[row].as_py() is None else "is zero"
+                if problem == "is zero":
+                    problem += "; a diff must be a non-zero multiplicity"
+                raise InputError(f"value {problem}", where, first + row + 1, name)
 
 
 def _bad_cells(column: pa.ChunkedArray, role: Role) -> np.ndarray:
@@ -1074,11 +1100,53 @@ def read_local(path: str, arity: int, name: str, *, with_time: bool = False) -> 
             "a plain-text edge list cannot carry them",
             source,
         )
-    roles, blocks = _read(local, kind, arity, source, with_time, limit=None)
-    assert blocks is not None  # the whole file was read
-    if not any(len(b[0]) for b in blocks):
-        raise InputError("has no data rows", source)
-    return _relation(blocks, roles, arity)
+    batches = list(read_local_batches(path, arity, name, with_time=with_time))
+    return pa.Table.from_batches(batches)
+
+
+def read_local_batches(
+    path: str, arity: int, name: str, *, with_time: bool = False
+) -> pa.RecordBatchReader:
+    """`read_local` as a stream: the same rows, a block of the file at a time, as Arrow record
+    batches ``c0 .. c{arity-1}, [time,] diff`` (int64). Nothing is read before the first batch
+    is asked for but what names the file's columns; a bad line raises when its block is read,
+    an empty file after the last.
+
+    >>> import pathlib, tempfile
+    >>> edges = pathlib.Path(tempfile.mkdtemp()) / "e.txt"
+    >>> _ = edges.write_text("1 2\\n2 3\\n")
+    >>> reader = read_local_batches(str(edges), 2, "edge")
+    >>> reader.schema.names, reader.read_all().num_rows
+    (['c0', 'c1', 'diff'], 2)
+    """
+    local = local_path(path)
+    source = source_name(path, name)
+    if local is None:
+        raise InputError("is not a file on this machine; it is read through Spark", source)
+    check_arity(arity, source)
+    check_input_file(path, name)
+    kind = detect_format(path)
+    if with_time and kind is Format.TEXT:
+        raise InputError(
+            "update files must be CSV or Parquet with 'time' and 'diff' columns; "
+            "a plain-text edge list cannot carry them",
+            source,
+        )
+    names = [*relation_columns(arity), *([TIME] if with_time else []), DIFF]
+    schema = pa.schema([pa.field(n, pa.int64()) for n in names])
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        rows = 0
+        for roles, block in _stream(local, kind, arity, source, with_time):
+            if not len(block[0]):
+                continue
+            rows += len(block[0])
+            table = _relation([block], roles, arity)
+            yield from table.cast(schema).combine_chunks().to_batches()
+        if rows == 0:
+            raise InputError("has no data rows", source)
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
 
 
 def check_locally(path: str, arity: int, name: str, *, window: int = LOCAL_CHECK_BYTES) -> None:
@@ -1133,10 +1201,34 @@ def _read(
     with _decompressed(local, source, what) as handle:
         lines = _Lines(handle, source, what, limit)
         if kind is Format.TEXT:
-            roles, blocks = [Role.DATA] * arity, _read_text(lines, arity)
+            roles, blocks = [Role.DATA] * arity, list(_text_rows(lines, arity))
         else:
-            roles, blocks = _read_csv(lines, arity, with_time)
+            roles, blocks = [Role.DATA] * arity, []
+            for found, rows in _csv_rows(lines, arity, with_time):
+                roles = found
+                blocks.append(rows)
     return roles, blocks if lines.complete else None
+
+
+def _stream(
+    local: str, kind: Format, arity: int, source: str, with_time: bool
+) -> Iterator[tuple[list[Role], Rows]]:
+    """A local file's rows block by block, each with the roles of the file's columns (the
+    file is opened when the first block is asked for and closed after the last)."""
+    if kind is Format.PARQUET:
+        roles, rows = _parquet_rows(local, arity, source, with_time)
+        for block in rows:
+            yield roles, block
+        return
+    what = "text" if kind is Format.TEXT else "CSV"
+    with _decompressed(local, source, what) as handle:
+        lines = _Lines(handle, source, what, None)
+        if kind is Format.TEXT:
+            data = [Role.DATA] * arity
+            for block in _text_rows(lines, arity):
+                yield data, block
+        else:
+            yield from _csv_rows(lines, arity, with_time)
 
 
 def _relation(blocks: Sequence[Rows], roles: Sequence[Role], arity: int) -> pa.Table:

@@ -36,7 +36,7 @@ import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from wcoj_core.errors import MultiplicityOverflow, QueryError
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, lookup_sum
 from wcoj_core.kernel.multiplicity import LIMIT, exact_sum, total
+
+if TYPE_CHECKING:
+    from wcoj_core.spill import Spill
 
 # Tuples named in a warning about ignored changes or negative multiplicities.
 EXAMPLES = 10
@@ -177,10 +180,11 @@ class Effect:
     """What an epoch's landed changes do to a relation.
 
     `change` is the relation's change (its batch at the epoch); `landed` the landed changes as
-    the relation reads them (for a set, each tuple's sign: what a later re-derivation starts
-    from, with `ignored` the part of it that changed nothing); `figures` the change of the
-    relation's figures; `negative` the tuples now held a negative number of times (a bag's), the
-    first `EXAMPLES` with their multiplicities.
+    the relation reads them (for a set, each tuple's sign — or, from `effects` on a large layer,
+    the landed layer itself, whose signs `landed_digest(..., sign=True)` takes: what a later
+    re-derivation starts from, with `ignored` the part of it that changed nothing); `figures`
+    the change of the relation's figures; `negative` the tuples now held a negative number of
+    times (a bag's), the first `EXAMPLES` with their multiplicities.
     """
 
     change: Layer
@@ -250,15 +254,74 @@ def _examples(
     )
 
 
-def landed_digest(landed: Layer) -> str:
-    """A digest of landed changes (consolidated, sorted): equal changes, equal digests.
+def landed_digest(landed: Layer, *, sign: bool = False, rows_at_once: int = 1 << 20) -> str:
+    """A digest of landed changes (consolidated, sorted): equal changes, equal digests. With
+    `sign`, of each tuple's sign rather than its diff (a set's landed changes). Read a piece at
+    a time: a layer of any size is hashed in bounded memory.
 
     >>> a = Layer.build(np.array([[2, 1], [1, 2]]), np.array([1, 1]))
     >>> b = Layer.build(np.array([[1, 2], [2, 1]]), np.array([1, 1]))
     >>> landed_digest(a) == landed_digest(b), landed_digest(a) == landed_digest(Layer.empty(2))
     (True, False)
+    >>> landed_digest(a, sign=True) == landed_digest(a.with_diff(np.array([5, 3])), sign=True)
+    True
     """
-    h = hashlib.sha256(f"{landed.width}:{len(landed)}".encode())
-    h.update(np.ascontiguousarray(landed.rows, dtype=I64).tobytes())
-    h.update(np.ascontiguousarray(landed.diff, dtype=I64).tobytes())
+    n = len(landed)
+    h = hashlib.sha256(f"{landed.width}:{n}".encode())
+    for lo in range(0, n, rows_at_once):
+        h.update(np.ascontiguousarray(landed.rows[lo : lo + rows_at_once], dtype=I64).tobytes())
+    for lo in range(0, n, rows_at_once):
+        diff = np.asarray(landed.diff[lo : lo + rows_at_once], dtype=I64)
+        h.update(np.ascontiguousarray(np.sign(diff) if sign else diff, dtype=I64).tobytes())
     return h.hexdigest()[:32]
+
+
+def effects(
+    spec: RelationSpec, landed: Layer, before: Sequence[Layer], spill: Spill | None
+) -> Effect:
+    """`effect` of landed changes of any size: a large layer a piece at a time, its change
+    and ignored changes written a piece at a time (`wcoj_core.spill.LayerWriter`: in memory
+    while they fit, else into mapped files). The same effect, field for field."""
+    if spill is None or not spill.big(landed):
+        return effect(spec, landed, before)
+    from wcoj_core.spill import LayerWriter, chunks
+
+    width, packing = landed.width, landed.packing
+    change = LayerWriter(spill.scratch, width, packing, spill.layer_bytes)
+    ignored = LayerWriter(spill.scratch, width, packing, spill.layer_bytes)
+    figures = Figures()
+    inserted = deleted = negative = 0
+    ignored_examples: list[tuple[tuple[int, ...], int]] = []
+    negative_examples: list[tuple[tuple[int, ...], int]] = []
+    # While every piece's change is the piece itself (a first load: nothing held before, each
+    # tuple once), nothing is written: the change is then the landed layer as it is.
+    same: list[Layer] | None = []
+    for piece in chunks(landed, spill.chunk_rows(width)):
+        e = effect(spec, piece, before)
+        if same is not None:
+            if len(e.change) == len(piece) and np.array_equal(e.change.diff, piece.diff):
+                same.append(piece)
+            else:
+                for p in same:
+                    change.add(np.asarray(p.rows), np.asarray(p.diff))
+                same = None
+        if same is None:
+            change.add(np.asarray(e.change.rows), np.asarray(e.change.diff))
+        ignored.add(np.asarray(e.ignored.rows), np.asarray(e.ignored.diff))
+        figures = figures.plus(e.figures, f"relation {spec.name!r}")
+        inserted += e.inserted_present
+        deleted += e.deleted_absent
+        negative += e.negative
+        ignored_examples += e.ignored_examples[: EXAMPLES - len(ignored_examples)]
+        negative_examples += e.negative_examples[: EXAMPLES - len(negative_examples)]
+    return Effect(
+        landed if same is not None else change.finish(),
+        landed,
+        ignored.finish(),
+        figures,
+        inserted,
+        deleted,
+        tuple(ignored_examples),
+        negative,
+        tuple(negative_examples),
+    )

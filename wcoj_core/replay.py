@@ -256,12 +256,14 @@ def replay(
     on_epoch: Callable[[EpochReport], None] | None = None,
     deployment: str = "auto",
     specs: Mapping[str, RelationSpec] | None = None,
+    memory: Any = None,
 ) -> ReplayResult:
     """Apply the update streams in `inputs` epoch by epoch ``0 .. epochs - 1`` to a new engine.
 
     `inputs` maps every relation of `query` to update triples ``(c0.., time, diff)`` whose times
     lie in ``[0, epochs)``; updates at other times are never applied. `deployment` says where
-    the kernel runs every epoch (``auto``, ``driver`` or ``executors``; see `wcoj_core.deploy`).
+    the kernel runs every epoch (``auto``, ``driver`` or ``executors``; see `wcoj_core.deploy`);
+    `memory` is the process's memory budget (`wcoj_core.budget.MemoryBudget.of`).
     """
     check_parameters(epochs, 0.0, 0)
     missing = sorted(set(query.relations) - set(inputs))
@@ -272,7 +274,9 @@ def replay(
             f"{sorted(query.relations)}; missing {missing}, not used {unused}"
         )
     root = Path(state_dir)
-    engine = Engine(spark, str(root / "engine"), query, relations=specs, deployment=deployment)
+    engine = Engine(
+        spark, str(root / "engine"), query, relations=specs, deployment=deployment, memory=memory
+    )
     if engine.epoch is not None:
         raise StateError(
             f"{root / 'engine'} already holds epochs up to {engine.epoch}; "

@@ -827,7 +827,7 @@ def test_interrupt_exits_130(
     monkeypatch: pytest.MonkeyPatch,
     edge_file: str,
 ) -> None:
-    monkeypatch.setattr(local_read, "read_local", _interrupt)
+    monkeypatch.setattr(local_read, "read_local_batches", _interrupt)
     code, _, err = run(capsys, *_file_args(edge_file))
     assert code == 130
     assert_one_line_error(err, "interrupted")

@@ -27,6 +27,7 @@ from oracle import Oracle, naive_counts, stored
 from strategies import queries, updates
 
 from wcoj_core import indexes
+from wcoj_core.budget import MemoryBudget, Shares
 from wcoj_core.engine import Engine
 from wcoj_core.errors import EpochAlreadyApplied, StateError
 from wcoj_core.meaning import Meaning, RelationSpec, relation_specs
@@ -35,6 +36,8 @@ from wcoj_core.query.plan import Kind
 from wcoj_core.traces import counts_trace_name, output_trace_name, relation_trace_name
 
 Ups = list[tuple[tuple[int, ...], int]]
+# Shares so small that an epoch of a few tuples spills at every stage (`wcoj_core.spill`).
+SPILL_ALL = Shares(MemoryBudget(128 << 20), 8 << 20, 64, 64, 128, 1 << 12, 32, 2)
 
 
 def table(arity: int, ups: Ups) -> pa.Table:
@@ -60,7 +63,15 @@ def figures_of(c: Mapping[tuple[int, ...], int]) -> tuple[int, int, int]:
 def check_epoch(engine: Engine, oracle: Oracle, t: int, result) -> None:
     query = oracle.query
     expected = oracle.change(t)
-    rows, diff = result.changes[query.name]
+    arrays = result.changes[query.name]
+    if arrays is None:  # spilled: read from its batch
+        change = engine.change(query.name, t)
+        cols = [c for c in change.column_names if c != "diff"]
+        rows = np.zeros((change.num_rows, len(cols)), dtype=np.int64)
+        for j, c in enumerate(cols):
+            rows[:, j] = change.column(c).to_numpy()
+        arrays = rows, change.column("diff").to_numpy()
+    rows, diff = arrays
     assert as_counter(rows, diff) == expected, f"epoch {t}: the output change"
     assert result.total(query.name) == sum(expected.values())
     out = oracle.output(t)
@@ -82,7 +93,7 @@ meanings = st.sampled_from([Meaning.SET, Meaning.BAG])
 
 
 @given(data=st.data())
-def test_fresh_engines_match_the_oracle_epoch_by_epoch(tmp_path_factory, data, monkeypatch) -> None:
+def test_fresh_engines_match_the_oracle_epoch_by_epoch(tmp_path_factory, data) -> None:
     query = data.draw(queries(), label="query")
     specs = {
         rel: RelationSpec(rel, arity, data.draw(meanings, label=f"{rel} meaning"))
@@ -96,22 +107,28 @@ def test_fresh_engines_match_the_oracle_epoch_by_epoch(tmp_path_factory, data, m
         ),
         label="epochs",
     )
-    policy = data.draw(st.sampled_from(["merge-always", "recent-only", "default"]), label="policy")
-    if policy == "merge-always":
-        monkeypatch.setattr(indexes, "MERGE_MIN_ROWS", 0)
-        monkeypatch.setattr(indexes, "MERGE_SHARE", 0.0)
-    elif policy == "recent-only":
-        monkeypatch.setattr(indexes, "MAX_RECENT", 1000)
+    policy = data.draw(
+        st.sampled_from(["merge-always", "recent-only", "default", "spill-everything"]),
+        label="policy",
+    )
     note(f"query: {query}; {specs}")
-    root = str(tmp_path_factory.mktemp("state"))
-    oracle = Oracle(query, specs)
-    for t, changes in enumerate(epochs):
-        oracle.land(t, changes)
-        engine = Engine(None, root, query, relations=specs)  # a fresh process, every epoch
-        given_changes = {rel: table(query.relations[rel], ups) for rel, ups in changes.items()}
-        result = engine.apply(t, given_changes)
-        assert result.metrics.deployment == "driver"
-        check_epoch(engine, oracle, t, result)
+    with pytest.MonkeyPatch.context() as mp:  # this example's policy only
+        if policy == "merge-always":
+            mp.setattr(indexes, "MERGE_MIN_ROWS", 0)
+            mp.setattr(indexes, "MERGE_SHARE", 0.0)
+        elif policy == "recent-only":
+            mp.setattr(indexes, "MAX_RECENT", 1000)
+        elif policy == "spill-everything":  # a budget of a few hundred bytes per stage
+            mp.setattr(Shares, "of", classmethod(lambda cls, budget, threads=1: SPILL_ALL))
+        root = str(tmp_path_factory.mktemp("state"))
+        oracle = Oracle(query, specs)
+        for t, changes in enumerate(epochs):
+            oracle.land(t, changes)
+            engine = Engine(None, root, query, relations=specs)  # a fresh process, every epoch
+            given_changes = {rel: table(query.relations[rel], ups) for rel, ups in changes.items()}
+            result = engine.apply(t, given_changes)
+            assert result.metrics.deployment == "driver"
+            check_epoch(engine, oracle, t, result)
 
 
 @given(data=st.data())

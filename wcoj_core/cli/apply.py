@@ -31,8 +31,10 @@ from wcoj_core.cli.console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    ProgressLine,
     UsageError,
     add_deploy_argument,
+    add_memory_argument,
     emit_json,
     epilog,
     epoch_argument,
@@ -105,6 +107,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_output_arguments(app, "the epoch's output change")
     add_deploy_argument(app)
+    add_memory_argument(app)
     workspace.add_spark_arguments(app)
     app.add_argument("--json", action="store_true", help="end with one JSON line of results")
     app.set_defaults(run=run)
@@ -167,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         check_files(query, changes)
         starter = workspace.starter(args.master, args.conf)
         start = clock.perf_counter()
+        line = ProgressLine()
         engine = Engine(
             starter,
             args.state,
@@ -174,10 +178,15 @@ def run(args: argparse.Namespace) -> int:
             relations=specs,
             deployment=args.deploy,
             compact_every=args.keep_epochs,
+            memory=args.memory,
+            progress=line,
         )
         base = engine.store.current()
         frames = read_changes(query, changes, starter)
-        result = engine.apply(args.epoch, frames, replace=args.replace)
+        try:
+            result = engine.apply(args.epoch, frames, replace=args.replace)
+        finally:
+            line.done()
     except KeyboardInterrupt:
         return _stopped(engine, base, args.epoch, new, args.state, "interrupted")
     except MemoryError as e:
@@ -249,10 +258,13 @@ def out_of_memory(e: MemoryError) -> str:
 
 def read_changes(query: Any, changes: dict[str, str], starter: Any) -> dict[str, Any]:
     """Each relation's changes: read with pyarrow when every file is local, else by Spark."""
-    from wcoj_core.local_read import read_local
+    from wcoj_core.local_read import read_local_batches
 
     if not needs_spark(changes):
-        return {rel: read_local(path, query.relations[rel], rel) for rel, path in changes.items()}
+        return {
+            rel: read_local_batches(path, query.relations[rel], rel)
+            for rel, path in changes.items()
+        }
     from wcoj_core.sources import read_relation
 
     spark = starter("an input is not a local file")
@@ -308,10 +320,11 @@ def _report(
     metrics = result.metrics
     count = result.count(query)
     landed = sum(r.landed for r in result.relations.values())
+    memory = f"; {metrics.memory.describe()}" if metrics.memory is not None else ""
     say(
         f"epoch {args.epoch}: changes {sum(metrics.changes.values())} (landed {landed}), output "
         f"change rows {metrics.outputs.get(query, 0)}, count {count}, seconds {seconds:.3f} "
-        f"({phases(metrics.seconds)})"
+        f"({phases(metrics.seconds)}{memory})"
     )
     if result.rebuilt or rebuilt:
         done = [r.epoch for r in (*result.rebuilt, *rebuilt)]
@@ -319,8 +332,8 @@ def _report(
     written = None
     if output is not None:
         arrays = result.changes.get(query)
-        if arrays is None:
-            table = engine.change(query, args.epoch)
+        if arrays is None:  # read from its batch, a file at a time
+            table = engine.change_batches(query, args.epoch)
         else:
             from wcoj_core.kernel.changes import changes_table
 

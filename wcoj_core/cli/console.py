@@ -155,12 +155,70 @@ def spark_message(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+def add_memory_argument(p: argparse.ArgumentParser) -> None:
+    """``--memory SIZE``: the process's memory budget (`wcoj_core.budget`)."""
+    from wcoj_core.budget import default_description
+
+    p.add_argument(
+        "--memory",
+        metavar="SIZE",
+        type=memory_argument,
+        default=None,
+        help="the memory budget of this process, e.g. 4g or 512m: every stage streams in pieces "
+        "that fit it and spills what does not to the state's scratch folder (anonymous memory, "
+        f"not the page cache of mapped files; {default_description()})",
+    )
+
+
+def memory_argument(text: str) -> Any:
+    """``--memory``: a size, as argparse's ``type=``; a bad one is a `UsageError`.
+
+    >>> memory_argument("2g").bytes
+    2147483648
+    """
+    from wcoj_core.budget import BudgetError, MemoryBudget
+
+    try:
+        return MemoryBudget.of(text)
+    except BudgetError as e:
+        raise UsageError(f"--memory: {e}") from e
+
+
+class ProgressLine:
+    """Progress of a long epoch on one line of stderr: rewritten in place on a terminal, else a
+    line at most every `every` seconds; `done` ends it."""
+
+    def __init__(self, every: float = 30.0) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.every = every
+        self.tty = sys.stderr.isatty()
+        self._shown = False
+        self._last = -every
+
+    def __call__(self, line: str) -> None:
+        if self.tty:
+            print(f"\r\033[K{line}", end="", file=sys.stderr, flush=True)
+            self._shown = True
+            return
+        now = self._clock()
+        if now - self._last >= self.every:
+            self._last = now
+            print(line, file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self._shown:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+            self._shown = False
+
+
 def add_deploy_argument(p: argparse.ArgumentParser) -> None:
     """``--deploy``: where the join kernel runs (see `wcoj_core.deploy`)."""
     p.add_argument(
         "--deploy",
         choices=("auto", "driver", "executors"),
         default="auto",
-        help="where the join kernel runs: auto (the driver when the state is local and the epoch "
-        "fits its limits, else Spark's executors), driver, or executors (default auto)",
+        help="where the join kernel runs: auto (the driver, within --memory, when the state is "
+        "on this machine; else Spark's executors), driver, or executors (default auto)",
     )

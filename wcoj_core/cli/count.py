@@ -21,7 +21,9 @@ from wcoj_core.cli import workspace
 from wcoj_core.cli.apply import add_meaning_arguments, read_changes, relation_meanings, warn_about
 from wcoj_core.cli.console import (
     EXIT_OK,
+    ProgressLine,
     add_deploy_argument,
+    add_memory_argument,
     emit_json,
     epilog,
     say,
@@ -77,6 +79,7 @@ def add_run_arguments(p: argparse.ArgumentParser, query_default: str | None = No
     add_meaning_arguments(p)
     workspace.add_spark_arguments(p)
     add_deploy_argument(p)
+    add_memory_argument(p)
     p.add_argument(
         "--state",
         type=state_argument,
@@ -96,19 +99,37 @@ def run(args: argparse.Namespace) -> int:
         else None
     )
     check_files(query, inputs)
+    new = None if args.state is None else workspace.new_state(args.state)
     workspace.prepare_state(args.state)
     starter = workspace.starter(args.master, args.conf)
     with workspace.state_dir(args.state) as state:
         start = clock.perf_counter()
         relations = read_changes(query, inputs, starter)
         loaded = clock.perf_counter()
-        engine = Engine(starter, state, query, relations=specs, deployment=args.deploy)
+        line = ProgressLine()
+        engine = Engine(
+            starter,
+            state,
+            query,
+            relations=specs,
+            deployment=args.deploy,
+            memory=args.memory,
+            progress=line,
+        )
         engine.persist_index = engine.persist_index and args.state is not None
-        if args.state is None and output is None:
-            # nothing to keep: nothing written, and the output only counted
-            result = engine.evaluate(relations, count_only=True)
-        else:
-            result = engine.apply(0, relations)
+        try:
+            if args.state is None and output is None:
+                # nothing to keep: nothing written, and the output only counted
+                result = engine.evaluate(relations, count_only=True)
+            else:
+                result = engine.apply(0, relations)
+        except BaseException:
+            # Streamed inputs are read as the epoch lands them: a refused one leaves no state.
+            if new is not None and args.state is not None:
+                workspace.unmake_state(args.state, new)
+            raise
+        finally:
+            line.done()
         count = result.count(query.name)
         seconds = clock.perf_counter() - loaded
         written = None
@@ -123,9 +144,10 @@ def run(args: argparse.Namespace) -> int:
     warn_about(0, result)
     metrics = result.metrics
     output_rows = metrics.outputs.get(query.name, 0)
+    memory = f"; {metrics.memory.describe()}" if metrics.memory is not None else ""
     say(
         f"count: {count} (seconds {seconds:.3f}; proposed {metrics.proposed}, "
-        f"validated {metrics.validated}, output rows {output_rows})"
+        f"validated {metrics.validated}, output rows {output_rows}{memory})"
     )
     if output is not None:
         say(f"output: {written} tuples written to {output[0]}")
@@ -154,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
 def _output_table(engine: Engine, query: str, result: Any) -> Any:
     """The output's tuples (the change of its first epoch) as an Arrow table."""
     arrays = result.changes.get(query)
-    if arrays is None:
-        return engine.change(query, 0)
+    if arrays is None:  # read from its batch, a file at a time
+        return engine.change_batches(query, 0)
     from wcoj_core.kernel.changes import changes_table
 
     rows, diff = arrays

@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             on_epoch=_progress,
             deployment=args.deploy,
             specs=specs,
+            memory=args.memory,
         )
     summary = f"final count: {result.final_count}; check: {result.check.value}"
     if result.mismatches:

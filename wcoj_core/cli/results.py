@@ -10,7 +10,8 @@ holding a state's marker (a state holds what wcoj writes there, and nothing else
 else is a `UsageError` naming the path.
 
 `write_tuples` writes the data columns ``c0 .. c{k-1}`` and ``diff`` of update triples (a
-``time`` column is dropped), given as an Arrow table or a Spark DataFrame, into that file:
+``time`` column is dropped), given as an Arrow table, a stream of record batches (written a
+batch at a time: an output of any size) or a Spark DataFrame, into that file:
 Parquet, or CSV with a header row, the format `wcoj_core.sources` reads back. The rows are
 written to a temporary file in the target's folder, created with mode ``0666 & ~umask`` (the
 kernel applies the umask, as for any new file), then moved into place: without ``--force`` by a
@@ -156,7 +157,7 @@ def _check_not_in_a_state(path: str, target: Path, state: str | None) -> None:
 
 
 def write_tuples(
-    rows: pa.Table | DataFrame,
+    rows: pa.Table | pa.RecordBatchReader | DataFrame,
     target: Path,
     kind: OutputFormat,
     *,
@@ -169,12 +170,37 @@ def write_tuples(
     `force`, `inputs` and `state` as given to `check_output`, which is checked again here (the
     file may have appeared since).
     """
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
     check_output(str(target), force=force, inputs=inputs, state=state)
-    table: pa.Table = rows if isinstance(rows, pa.Table) else _collect(rows)
-    table = table.select([c for c in table.column_names if c != TIME])
+    if isinstance(rows, pa.RecordBatchReader):
+        stream: pa.RecordBatchReader = rows
+    else:
+        table: pa.Table = rows if isinstance(rows, pa.Table) else _collect(rows)
+        stream = pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
+    names = [c for c in stream.schema.names if c != TIME]
+    schema = pa.schema([stream.schema.field(c) for c in names])
     scratch = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    written = 0
     try:
-        _write(table, scratch, kind)
+        with os.fdopen(fd, "wb") as sink:
+            if kind is OutputFormat.PARQUET:
+                with pq.ParquetWriter(sink, schema) as out:
+                    for batch in stream:  # a batch at a time: an output of any size
+                        out.write_batch(batch.select(names))
+                        written += batch.num_rows
+            else:
+                # The header is written here: older pyarrow quotes every column name.
+                sink.write((",".join(names) + "\n").encode())
+                options = pacsv.WriteOptions(include_header=False, quoting_style="none")
+                with pacsv.CSVWriter(sink, schema, write_options=options) as out:
+                    for batch in stream:
+                        out.write_batch(batch.select(names))
+                        written += batch.num_rows
+            sink.flush()
+            os.fsync(sink.fileno())
         _move(scratch, target, force)
     except OSError as e:  # a full disk, a folder gone meanwhile: one line, nothing left there
         raise UsageError(
@@ -182,25 +208,7 @@ def write_tuples(
         ) from e
     finally:
         scratch.unlink(missing_ok=True)
-    return table.num_rows
-
-
-def _write(table: pa.Table, scratch: Path, kind: OutputFormat) -> None:
-    """Write `table` into the new file `scratch`, durably."""
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-    with os.fdopen(fd, "wb") as sink:
-        if kind is OutputFormat.PARQUET:
-            pq.write_table(table, sink)
-        else:
-            # The header is written here: older pyarrow quotes every column name.
-            sink.write((",".join(table.column_names) + "\n").encode())
-            options = pacsv.WriteOptions(include_header=False, quoting_style="none")
-            pacsv.write_csv(table, sink, write_options=options)
-        sink.flush()
-        os.fsync(sink.fileno())
+    return written
 
 
 def _move(scratch: Path, target: Path, force: bool) -> None:

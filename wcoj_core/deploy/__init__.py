@@ -10,8 +10,10 @@ The GenericJoin kernel (`wcoj_core.kernel`) is one implementation; an epoch's wo
 
 `choose` is the only place that decides, and says why; the reason is recorded in every epoch's
 metrics. The driver serves a state on this machine's disk whose traces (the epoch's included)
-fit `Limits.driver_max_rows` and an epoch changing at most `Limits.driver_epoch_rows` rows;
-everything else runs on the executors. `Limits.mode` forces either.
+fit `Limits.driver_max_rows` and an epoch changing at most `Limits.driver_epoch_rows` rows —
+by default any: the driver streams and spills every stage within the process's memory budget
+(`wcoj_core.budget`), its arrangements mapped, not held — and everything else runs on the
+executors. `Limits.mode` forces either.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from enum import Enum
 
 from wcoj_core.errors import QueryError
 
-# The driver keeps the traces an epoch reads in memory: about 30 bytes a row per sort order.
-DRIVER_MAX_ROWS = 100_000_000
-DRIVER_EPOCH_ROWS = 10_000_000
+# The driver maps the traces an epoch reads and spills what its memory budget cannot hold: it
+# takes any state and any epoch unless a caller sets limits (tests, to reach the executors).
+DRIVER_MAX_ROWS = 1 << 62
+DRIVER_EPOCH_ROWS = 1 << 62
 # What an executor's Python worker holds replicated: beyond it, arrangements are sharded.
 EXECUTOR_MAX_ROWS = 100_000_000
 

@@ -368,6 +368,78 @@ def read_tables(columns: Sequence[str], tables: Sequence[pa.Table]) -> Layer:
     )
 
 
+class BatchWriter:
+    """A batch folder written a chunk at a time, as its rows are made: Parquet files of at most
+    `file_rows` rows, each chunk a row group, so no more than a chunk is ever held; counts the
+    rows and sums the diffs as they go. `close` gives every file's reference."""
+
+    def __init__(
+        self,
+        files: BatchFiles,
+        rel: str,
+        columns: Sequence[str],
+        time: int,
+        *,
+        file_rows: int = 2 * WRITE_FILE_ROWS,
+        part: str = "0",
+    ) -> None:
+        self.files = files
+        self.rel = rel
+        self.columns = tuple(columns)
+        self.time = time
+        self.file_rows = file_rows
+        self.part = part
+        self.rows = 0
+        self.total = 0
+        self._done: list[FileRef] = []
+        self._current: PartWriter | None = None
+
+    def write(self, rows: np.ndarray, diff: np.ndarray) -> None:
+        at = 0
+        while at < len(diff):
+            if self._current is None or self._current.rows >= self.file_rows:
+                self._next()
+            assert self._current is not None
+            take = min(len(diff) - at, self.file_rows - self._current.rows)
+            self._current.write(rows[at : at + take], diff[at : at + take])
+            at += take
+        self.rows += len(diff)
+        if len(diff):
+            self.total += exact_sum(diff)
+
+    def _next(self) -> None:
+        self._close_current()
+        name = f"part-{self.part}-{len(self._done):03d}.snappy.parquet"
+        self._current = PartWriter(self.files, self.rel, self.columns, self.time, name)
+
+    def _close_current(self) -> None:
+        if self._current is not None:
+            self._current.close()
+            if self._current.ref is not None:
+                self._done.append(self._current.ref)
+            self._current = None
+
+    def close(self) -> tuple[FileRef, ...]:
+        """Finish the last file; every file's reference (an empty batch: one empty file)."""
+        try:
+            self._close_current()
+            if not self._done:
+                return self.files.write(
+                    self.rel,
+                    self.columns,
+                    np.zeros((0, len(self.columns)), dtype=np.int64),
+                    np.zeros(0, dtype=np.int64),
+                    self.time,
+                )
+        except OSError as e:
+            self.files.remove(self.rel)
+            raise StateError(
+                f"state {self.files.root}: cannot write a batch ({e.strerror or e}); nothing "
+                "was applied"
+            ) from e
+        return tuple(self._done)
+
+
 class PartWriter:
     """One Parquet file of a batch folder, written a chunk at a time (opened at the first)."""
 

@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 # A small work (at most this many changed rows) runs in one task: no second stage.
 ONE_TASK_ROWS = 50_000
-# Copies of a candidate's columns a step may hold at once (for `executor_budget`).
-CANDIDATE_COPIES = 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,17 +131,22 @@ def _replicated(
 
 
 def _budgeted(engine: Engine, work: Work) -> Work:
-    """The work with the candidates a step proposes at once sized for an executor's Python
-    worker when ``spark.executor.pyspark.memory`` sets it."""
+    """The work with the candidates a step proposes at once, and the delta tuples a rule takes
+    at once, sized for an executor's Python worker: its share of the engine's budget when
+    Spark runs in this process tree (`Engine.worker_bytes`), else what
+    ``spark.executor.pyspark.memory`` sets (unset on a cluster: the kernel's own limits)."""
     from dataclasses import replace
 
+    from wcoj_core.budget import MIN_BUDGET, MemoryBudget, Shares
+
     spark = engine.spark("the kernel runs in Spark's executors")
-    limit = _bytes(spark.conf.get("spark.executor.pyspark.memory", None))
-    if limit is None:
+    limit = engine.worker_bytes or _bytes(spark.conf.get("spark.executor.pyspark.memory", None))
+    if not limit:
         return work
     width = max((len(p.query.vars) for p in work.plans.values()), default=1)
-    budget = max(1 << 14, min(work.budget, limit // (8 * CANDIDATE_COPIES * (width + 2))))
-    return replace(work, budget=budget)
+    worker = Shares.of(MemoryBudget(max(limit, MIN_BUDGET), "an executor's Python worker"))
+    budget = max(1 << 10, min(work.budget, worker.proposals(width)))
+    return replace(work, budget=budget, chunk_rows=worker.chunk_rows(width), memory=limit)
 
 
 def _sharded(

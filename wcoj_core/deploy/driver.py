@@ -1,38 +1,45 @@
 """The driver deployment: the kernel on this process, over traces it keeps in memory.
 
-The epoch's work (`wcoj_core.deploy.work`) runs here, against a `Resident` of the state's
-traces: an epoch that touches a few thousand keys costs lookups of those keys, not a pass over
-the arrangements. A work of many delta tuples runs the kernel's compiled loops on up to
+The epoch's work (`wcoj_core.deploy.work`) runs here, against the state's traces as the epoch
+opened them: an epoch that touches a few thousand keys costs lookups of those keys, not a pass
+over the arrangements. Each rule's delta tuples are cut into *tasks* (consecutive ranges, run
+one after another: what progress reports): a small delta is one task, a larger one ranges of
+the rule's chunk size. A work of many delta tuples runs the kernel's compiled loops on up to
 `WORKERS` threads (each loop cuts its prefixes into chunks and puts the chunks' bindings back
 in order: the bindings, their order and every count are those of one thread); a small one
 stays on this thread, keeping its latency.
 
-What it computes comes back as arrays; the caller writes the batches (`BatchFiles.write`).
+Memory is bounded by the budget's shares (`wcoj_core.budget.Shares`), passed to the kernel as
+its parameters: the candidates a step proposes at once and the delta tuples a rule takes at once
+are sized for the rule's width. Each part of full bindings is projected on the head and handed
+to the output's collector at once (`wcoj_core.deploy.output`): small outputs are summed in
+memory, large ones spilled. An output only counted (`Work.counted`: a static count keeping
+nothing) has its rules' bindings counted and their weights summed, nothing written.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from wcoj_core.deploy.work import (
-    Bindings,
-    Counted,
-    Emitted,
-    Made,
-    RuleJob,
-    Tallied,
-    Work,
-    run_share,
-)
-from wcoj_core.kernel.changes import output_changes
+from wcoj_core.budget import Shares
+from wcoj_core.deploy.output import Collector, OutputChange, Stream, gather
+from wcoj_core.deploy.work import RuleJob, Work, project
 from wcoj_core.kernel.index import EpochLayers
-from wcoj_core.kernel.join import Part, RuleTally, bindings, delta_layer, prepare
+from wcoj_core.kernel.join import (
+    CHUNK_ROWS,
+    RuleTally,
+    count_rule,
+    delta_layer,
+    prepare,
+    run_rule,
+)
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.step import Prefixes
+from wcoj_core.spill import Spill
 
 
 def _cores() -> int:
@@ -46,65 +53,163 @@ def _cores() -> int:
 # (a small epoch keeps its latency).
 WORKERS = max(1, min(4, _cores()))
 THREAD_ROWS = 50_000
+# What a deployment reports as tasks end: (tasks done, tasks).
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True, slots=True)
 class DriverResult:
-    """Every output's change (consolidated rows and diffs), or for an output only counted
-    (`Work.counted`) its rows and the sum of their diffs; and what each rule did."""
+    """Every output's change and what each rule did."""
 
-    changes: Mapping[str, tuple[np.ndarray, np.ndarray]]
+    changes: Mapping[str, OutputChange]
     tallies: Mapping[RuleJob, RuleTally]
-    counted: Mapping[str, tuple[int, int]]
 
 
-def run_on_driver(work: Work, layers: EpochLayers, *, workers: int = WORKERS) -> DriverResult:
-    """Run a work on this process (see the module)."""
+@dataclass(frozen=True, slots=True)
+class _Task:
+    index: int
+    job: RuleJob
+    lo: int
+    hi: int
+
+
+def run_on_driver(
+    work: Work,
+    layers: EpochLayers,
+    *,
+    workers: int = WORKERS,
+    shares_of: Shares | None = None,
+    spill: Spill | None = None,
+    streams: Mapping[str, Callable[[], Stream]] | None = None,
+    progress: Progress | None = None,
+) -> DriverResult:
+    """Run a work on this process (see the module). Without `shares_of` and `spill` every
+    output is kept in memory, the kernel's own limits bound its steps."""
     tuples = sum(len(delta_layer(work.plans[j.query], work.rule(j), layers)) for j in work.rules)
-    threads = workers if tuples >= THREAD_ROWS else 1
+    threads = workers if workers > 1 and tuples >= THREAD_ROWS else 1
     if threads > 1:
         for job in work.rules:
             prepare(work.plans[job.query], work.rule(job), layers)
-    # Every binding is kept here until the outputs are summed: each rule's chunk is one part.
-    return _collect(work, [list(run_share(work, layers, 0, 1, threads, whole=True))])
-
-
-def _collect(work: Work, shares: list[list[Made]]) -> DriverResult:
-    """The shares' results, in share order, summed per output."""
+    tasks = _tasks(work, layers, shares_of)
     columns = work.columns()
-    emitted: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    parts: dict[RuleJob, list[Part]] = {job: [] for job in work.rules}
-    tallies: dict[RuleJob, RuleTally] = {}
-    counted: dict[str, tuple[int, int]] = {}
-    for share in shares:
-        for item in share:
-            match item:
-                case Counted(job, rows, total):
-                    before = counted.get(job.output, (0, 0))
-                    counted[job.output] = (before[0] + rows, before[1] + total)
-                case Emitted(name, rows, diff, _):
-                    emitted[name] = (rows, diff)
-                case Bindings(job, part):
-                    parts[job].append(part)
-                case Tallied(job, tally):
-                    tallies[job] = tally if job not in tallies else tallies[job].plus(tally)
-        share.clear()  # the parts are now only referenced by `parts`
-    per_output: dict[str, list[Prefixes]] = {}
-    for job in work.rules:
-        if job.output in counted:
-            continue
-        plan = work.plans[job.query]
-        found = parts.pop(job)
-        if found:
-            per_output.setdefault(job.output, []).append(bindings(plan, work.rule(job), found))
-        else:
-            per_output.setdefault(job.output, [])
-    changes = dict(emitted)
-    for name, prefixes in per_output.items():
-        head = work.plans[next(j.query for j in work.rules if j.output == name)].query.head
-        if prefixes:
-            changes[name] = output_changes(prefixes, head, name in work.distinct)
-        else:
+    streams = streams or {}
+    limit = shares_of.sink_bytes if shares_of is not None else 1 << 62
+    collectors = {
+        name: Collector(
+            len(columns[name]),
+            name in work.distinct,
+            limit,
+            spill,
+            streams.get(name),
+            threading.Lock(),
+        )
+        for name in columns
+        if name not in work.emit
+    }
+    per_job: dict[RuleJob, RuleTally] = {}
+    for done, task in enumerate(tasks, 1):
+        plan = work.plans[task.job.query]
+        rule = work.rule(task.job)
+        tally = RuleTally.of(rule)
+        out = collectors[task.job.output]
+        if task.hi > task.lo:
+            width = len(plan.query.vars)
+            budget = work.budget if shares_of is None else shares_of.proposals(width)
+            chunk = CHUNK_ROWS if shares_of is None else shares_of.chunk_rows(width)
+            span = (task.lo, task.hi)
+            if task.job.output in work.counted:
+                got = count_rule(
+                    plan,
+                    rule,
+                    layers,
+                    tally,
+                    span,
+                    chunk_rows=chunk,
+                    budget=budget,
+                    threads=threads,
+                )
+                out.count(got.rows, got.total)
+            else:
+                for part in run_rule(
+                    plan,
+                    rule,
+                    layers,
+                    tally,
+                    span,
+                    chunk_rows=chunk,
+                    budget=budget,
+                    threads=threads,
+                ):
+                    rows, weight = project(part, plan.query.head)
+                    del part
+                    out.add(task.index, rows, weight)
+        got = per_job.get(task.job)
+        per_job[task.job] = tally if got is None else got.plus(tally)
+        if progress is not None:
+            progress(done, len(tasks))
+    changes: dict[str, OutputChange] = {}
+    for name in columns:
+        if name in work.emit:
+            layer = layers.deltas.get(name)
             width = len(columns[name])
-            changes[name] = (np.zeros((0, width), dtype=I64), np.zeros(0, dtype=I64))
-    return DriverResult(changes, tallies, counted)
+            arrays = (
+                (np.asarray(layer.rows), np.asarray(layer.diff))
+                if layer is not None
+                else (np.zeros((0, width), dtype=I64), np.zeros(0, dtype=I64))
+            )
+            changes[name] = OutputChange(width, arrays)
+            continue
+        changes[name] = gather(
+            [collectors[name]],
+            len(columns[name]),
+            name in work.distinct,
+            streams.get(name),
+            name in work.counted,
+        )
+    return DriverResult(changes, per_job)
+
+
+def estimate_rows(
+    work: Work, layers: EpochLayers, shares_of: Shares, samples: int = 16, each: int = 8
+) -> dict[str, float]:
+    """Each output's rows before summing, estimated from `samples` ranges of `each` delta
+    tuples spread over each rule's delta (their full bindings counted, nothing kept): what
+    an epoch checks against the disk before it starts writing an output that cannot fit."""
+    out: dict[str, float] = {}
+    for job in work.rules:
+        plan = work.plans[job.query]
+        rule = work.rule(job)
+        n = len(delta_layer(plan, rule, layers))
+        if n == 0:
+            continue
+        width = len(plan.query.vars)
+        found = seen = 0
+        for lo in np.unique(np.linspace(0, max(n - each, 0), min(samples, n)).astype(np.int64)):
+            hi = min(int(lo) + each, n)
+            for part in run_rule(
+                plan,
+                rule,
+                layers,
+                RuleTally.of(rule),
+                (int(lo), hi),
+                chunk_rows=shares_of.chunk_rows(width),
+                budget=shares_of.proposals(width),
+            ):
+                prefixes, kept = part
+                found += len(prefixes) if kept is None else len(kept)
+            seen += hi - int(lo)
+        out[job.output] = out.get(job.output, 0.0) + found * n / max(seen, 1)
+    return out
+
+
+def _tasks(work: Work, layers: EpochLayers, shares_of: Shares | None) -> list[_Task]:
+    """Every rule's delta cut into tasks (see the module); a rule with no delta tuples is one
+    empty task (its tally says it ran)."""
+    out: list[_Task] = []
+    for job in work.rules:
+        plan = work.plans[job.query]
+        n = len(delta_layer(plan, work.rule(job), layers))
+        step = CHUNK_ROWS if shares_of is None else shares_of.chunk_rows(len(plan.query.vars))
+        ranges = [(lo, min(lo + step, n)) for lo in range(0, n, step)] or [(0, 0)]
+        out += [_Task(len(out) + i, job, lo, hi) for i, (lo, hi) in enumerate(ranges)]
+    return out

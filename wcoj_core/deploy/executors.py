@@ -20,7 +20,9 @@ Results leave the tasks as batch files, written where the state keeps them:
   summed and written by the task owning them.
 
 Tasks stream: bindings are projected and written (or sent on) a part at a time, so a task holds
-one part of its proposals, never its whole output. Every file written and every rule's counts
+one part of its proposals, never its whole output; what a task sums (stage 2, or one task's
+outputs) goes through sorted runs spilled to the executor's local directories beyond the
+task's budget (`Work.memory`, its share of the process tree's budget in local mode). Every file written and every rule's counts
 come back as small records, collected by the driver; the files of a task attempt Spark gave up
 on are never named by one, and are deleted (`Written.clean`).
 """
@@ -47,12 +49,13 @@ from wcoj_core.deploy.work import (
     open_layers,
     project,
     run_share,
+    task_spill,
 )
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.join import RuleTally
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer
 from wcoj_core.kernel.step import StepCounts
+from wcoj_core.spill import Sorter, Spill, merge
 from wcoj_core.store.manifest import FileRef
 from wcoj_core.traces import DIFF
 
@@ -155,7 +158,8 @@ def _kernel_task(
     tag = {n: i for i, n in enumerate(names)}
     out = _Sender(width)
     writers: dict[str, PartWriter] = {}
-    kept: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}  # summed here (one task)
+    spill = task_spill(work)
+    kept: dict[str, Sorter] = {}  # summed here (one task), in sorted runs beyond its budget
     jobs = {job: i for i, job in enumerate(work.rules)}
 
     def writer(name: str, share: int) -> PartWriter:
@@ -166,31 +170,43 @@ def _kernel_task(
             )
         return writers[name]
 
-    for share in shares:
-        for item in run_share(work, layers, share, total):
-            match item:
-                case Emitted(name, rows, diff, _):
-                    writer(name, share).write(rows, diff)
-                case Bindings(job, part):
-                    rows, diff = project(part, work.plans[job.query].query.head)
-                    if job.output not in summed:
-                        writer(job.output, share).write(rows, diff)
-                    elif total == 1:
-                        kept.setdefault(job.output, []).append((rows, diff))
-                    else:
-                        yield from out.rows(tag[job.output], rows, diff)
-                case Tallied(job, tally):
-                    yield from out.metrics(jobs[job], tally)
-    for name, parts in kept.items():
-        layer = Layer.build(
-            np.concatenate([r for r, _ in parts]), np.concatenate([d for _, d in parts])
-        )
-        writer(name, shares[0]).write(layer.rows, layer.diff)
+    try:
+        for share in shares:
+            for item in run_share(work, layers, share, total):
+                match item:
+                    case Emitted(name, rows, diff, _):
+                        writer(name, share).write(rows, diff)
+                    case Bindings(job, part):
+                        rows, diff = project(part, work.plans[job.query].query.head)
+                        if job.output not in summed:
+                            writer(job.output, share).write(rows, diff)
+                        elif total == 1:
+                            if job.output not in kept:
+                                kept[job.output] = spill.sorter(len(columns[job.output]))
+                            kept[job.output].add(rows, diff)
+                        else:
+                            yield from out.rows(tag[job.output], rows, diff)
+                    case Tallied(job, tally):
+                        yield from out.metrics(jobs[job], tally)
+        for name, sorter in kept.items():
+            _write_summed(writer(name, shares[0]), sorter, spill)
+    finally:
+        spill.scratch.close()
     for name, w in writers.items():
         w.close()
         if w.rows:
             yield from out.file(tag[name], w)
     yield from out.flush()
+
+
+def _write_summed(w: PartWriter, sorter: Sorter, spill: Spill) -> None:
+    """What a sorter summed, written a merged chunk at a time."""
+    if not sorter.spilled:
+        layer = sorter.layer()
+        w.write(np.asarray(layer.rows), np.asarray(layer.diff))
+        return
+    for rows, diff, _ in merge(sorter.take_runs(), sorter.width, block_bytes=spill.merge_bytes):
+        w.write(rows, diff)
 
 
 def _sum_task(
@@ -208,39 +224,44 @@ def _sum_task(
     part = ctx.partitionId() if ctx else 0
     attempt = f"{run_id}-s{ctx.stageId()}-a{ctx.attemptNumber()}" if ctx else run_id
     columns = work.columns()
-    rows: dict[int, list[pa.RecordBatch]] = {}
-    for b in batches:
-        kind = b.column("kind").to_numpy()
-        if (kind != ROW).any():
-            yield b.filter(pa.array(kind != ROW))
-        if (kind == ROW).any():
+    spill = task_spill(work)
+    sorters: dict[int, Sorter] = {}  # per output: its rows summed, in runs beyond the budget
+    try:
+        for b in batches:
+            kind = b.column("kind").to_numpy()
+            if (kind != ROW).any():
+                yield b.filter(pa.array(kind != ROW))
+            if not (kind == ROW).any():
+                continue
             data = b.filter(pa.array(kind == ROW))
-            for t in np.unique(data.column("tag").to_numpy()):
-                rows.setdefault(int(t), []).append(
-                    data.filter(pa.array(data.column("tag").to_numpy() == t))
-                )
-    files = resident_for(work.root).files
-    out = _Sender(width)
-    for t, parts in rows.items():
-        name = names[t]
-        arity = len(columns[name])
-        table = pa.Table.from_batches(parts)
-        cols = np.empty((table.num_rows, arity), dtype=I64, order="F")
-        for i in range(arity):
-            cols[:, i] = table.column(f"c{i}").to_numpy()
-        layer = Layer.build(cols, table.column(DIFF).to_numpy())
-        w = PartWriter(
-            files,
-            folders[name],
-            columns[name],
-            work.epoch,
-            f"part-{attempt}-q{part}.snappy.parquet",
-        )
-        w.write(layer.rows, layer.diff)
-        w.close()
-        if w.rows:
-            yield from out.file(t, w)
-    yield from out.flush()
+            tags = data.column("tag").to_numpy()
+            for t in np.unique(tags):
+                mine = data.filter(pa.array(tags == t))
+                arity = len(columns[names[int(t)]])
+                cols = np.empty((mine.num_rows, arity), dtype=I64, order="F")
+                for i in range(arity):
+                    cols[:, i] = mine.column(f"c{i}").to_numpy()
+                if int(t) not in sorters:
+                    sorters[int(t)] = spill.sorter(arity, "summing the output change")
+                sorters[int(t)].add(cols, mine.column(DIFF).to_numpy())
+        files = resident_for(work.root).files
+        out = _Sender(width)
+        for t, sorter in sorters.items():
+            name = names[t]
+            w = PartWriter(
+                files,
+                folders[name],
+                columns[name],
+                work.epoch,
+                f"part-{attempt}-q{part}.snappy.parquet",
+            )
+            _write_summed(w, sorter, spill)
+            w.close()
+            if w.rows:
+                yield from out.file(t, w)
+        yield from out.flush()
+    finally:
+        spill.scratch.close()
 
 
 class _Sender:

@@ -28,6 +28,7 @@ from wcoj_core.indexes import Opened, ViewKey, open_trace
 from wcoj_core.kernel.changes import changes_layer, counts_delta, support_delta
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import (
+    CHUNK_ROWS,
     PROPOSAL_BUDGET,
     Part,
     RuleTally,
@@ -41,6 +42,7 @@ from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.query.ir import Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Plan
+from wcoj_core.spill import Spill
 from wcoj_core.store.manifest import Trace
 from wcoj_core.traces import counts_trace_name, relation_columns, relation_trace_name
 
@@ -99,6 +101,11 @@ class Work:
     counted: frozenset[str] = field(default_factory=frozenset)
     # The candidates a step proposes at once (`wcoj_core.kernel.join`): what bounds memory.
     budget: int = PROPOSAL_BUDGET
+    # The delta tuples a rule takes at once.
+    chunk_rows: int = CHUNK_ROWS
+    # The memory budget of a task's process (an executor's Python worker), bytes (0: a default),
+    # for what it sums and spills beyond it (`task_spill`).
+    memory: int = 0
 
     def rule(self, job: RuleJob) -> DeltaRule:
         return self.plans[job.query].rules[job.rule]
@@ -249,7 +256,14 @@ def run_share(
                 lo, hi = shares(sizes, count)[share]
             if job.output in work.counted:
                 got = count_rule(
-                    plan, rule, layers, tally, (lo, hi), budget=work.budget, threads=threads
+                    plan,
+                    rule,
+                    layers,
+                    tally,
+                    (lo, hi),
+                    chunk_rows=work.chunk_rows,
+                    budget=work.budget,
+                    threads=threads,
                 )
                 yield Counted(job, got.rows, got.total)
                 yield Tallied(job, tally)
@@ -260,6 +274,7 @@ def run_share(
                 layers,
                 tally,
                 (lo, hi),
+                chunk_rows=work.chunk_rows,
                 budget=work.budget,
                 threads=threads,
                 whole=whole,
@@ -267,6 +282,27 @@ def run_share(
             for part in made:
                 yield Bindings(job, part)
         yield Tallied(job, tally)
+
+
+# A task's budget when the work names none (an executor's Python worker on a cluster).
+TASK_MEMORY = 1 << 30
+
+
+def task_spill(work: Work) -> Spill:
+    """Where a task of `work` spills what it sums beyond its budget: a scratch folder in the
+    executor's local directories (``SPARK_LOCAL_DIRS``, else the system's temporary folder),
+    removed by the caller (``spill.scratch.close()``)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from wcoj_core.budget import MIN_BUDGET, MemoryBudget, Shares
+    from wcoj_core.spill import Scratch
+
+    local = (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or tempfile.gettempdir()
+    shares = Shares.of(MemoryBudget(max(work.memory or TASK_MEMORY, MIN_BUDGET), "a task"))
+    scratch = Scratch(Path(local) / "wcoj-scratch", lambda _n: None)
+    return Spill(scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
 
 
 def project(part: Part, head: Sequence[Var]) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,7 @@ every rule of every query reading the same view shares one sorted copy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -88,7 +88,9 @@ class Layers(Protocol):
 class EpochLayers:
     """What one epoch's join reads: every trace as of the old state, plus the epoch's changes.
 
-    A trace missing from `deltas` did not change at the epoch.
+    A trace missing from `deltas` did not change at the epoch. `arrange` makes a delta's view
+    in a column order (`arranged`; a deployment bounding its memory passes one that sorts a
+    large delta a run at a time, `wcoj_core.spill`).
     """
 
     traces: Mapping[str, TraceIndex]
@@ -96,6 +98,7 @@ class EpochLayers:
     _derived: dict[tuple[str, AtomView | None, tuple[int, ...]], Layer] = field(
         default_factory=dict
     )
+    arrange: Callable[[Layer, AtomView | None, tuple[int, ...]], Layer] = arranged
 
     def delta(self, name: str, view: AtomView | None, order: tuple[int, ...]) -> Layer:
         """The epoch's changes of a trace through `view`, columns in `order` (may be empty)."""
@@ -104,7 +107,7 @@ class EpochLayers:
             raw = self.deltas.get(name)
             if raw is None:
                 return Layer.empty(len(order))
-            self._derived[key] = arranged(raw, view, order)
+            self._derived[key] = self.arrange(raw, view, order)
         return self._derived[key]
 
     def layers(
