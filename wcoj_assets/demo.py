@@ -92,7 +92,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     instance = DagsterInstance.get()
     sensor = defs.resolve_sensor_def(SENSOR)
-    with build_sensor_context(instance=instance, resources=defs.resources) as context:
+    # The sensor as the daemon evaluates it: its definitions (to resolve the partitioned job its
+    # requests name) and their resources.
+    with build_sensor_context(
+        instance=instance, definitions=defs, resources=defs.resources
+    ) as context:
         requests = sensor.evaluate_tick(context).run_requests
     job = defs.resolve_job_def(JOB_NAME)
 

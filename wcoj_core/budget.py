@@ -142,9 +142,37 @@ class MemoryBudget:
         return f"{format_size(self.bytes)} ({self.source})"
 
 
+def process_limit() -> tuple[int, str] | None:
+    """The smallest memory limit set on this process, and what set it: its control group's
+    ``memory.max`` (cgroup v2) or its address-space limit (``RLIMIT_AS``); None when neither."""
+    found: list[tuple[int, str]] = []
+    try:
+        with open("/sys/fs/cgroup/memory.max", "rb") as f:
+            text = f.read().strip()
+        if text.isdigit():
+            found.append((int(text), "its control group's memory.max"))
+    except OSError:
+        pass
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            found.append((int(soft), "its address-space limit"))
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
 def default_budget() -> MemoryBudget:
-    """A quarter of this machine's memory, at least 1 GiB (what ``--help`` states)."""
+    """A quarter of this machine's memory, at least 1 GiB; a quarter of the process's own
+    limit (its control group's, or its address space's) when that is smaller (what ``--help``
+    states)."""
     total = machine_memory()
+    limit = process_limit()
+    if limit is not None and (total is None or limit[0] < total):
+        size = max(MIN_BUDGET, limit[0] // DEFAULT_SHARE)
+        return MemoryBudget(size, f"default: a quarter of {limit[1]}, {format_size(limit[0])}")
     if total is None:
         return MemoryBudget(DEFAULT_FLOOR, "default: this machine's memory is unknown")
     size = max(DEFAULT_FLOOR, total // DEFAULT_SHARE)
@@ -153,7 +181,10 @@ def default_budget() -> MemoryBudget:
 
 def default_description() -> str:
     """The default budget as ``--help`` states it."""
-    return f"default: a quarter of this machine's memory, now {format_size(default_budget().bytes)}"
+    return (
+        "default: a quarter of this machine's memory (or of the process's own limit when "
+        f"smaller), now {format_size(default_budget().bytes)}"
+    )
 
 
 @dataclass(frozen=True, slots=True)

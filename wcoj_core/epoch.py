@@ -564,7 +564,7 @@ class EpochPass:
     def _closed(self, out: Any) -> _Out:
         """A stream's output as a batch (a dry run's: counted only)."""
         if isinstance(out, _Counting):
-            return _Out(None, None, out.total, count=out.rows)
+            return _Out(None, None, out.total, count=out.rows, negative=out.negative)
         refs = out.close()
         return _Out(None, Batch(out.rel, self.epoch, out.rows, refs), out.total)
 
@@ -778,6 +778,10 @@ class EpochPass:
         if opened is None:
             total = out.sum
             return Figures(total, total, 0)
+        if out.layer is None and out.batch is None:
+            # Only counted (a dry run's distinct output, spilled): the rules made it distinct
+            # on a state that held nothing, so no tuple was held before.
+            return Figures(out.count, out.total, out.negative)
         layer = self._arrays(m, name, out)
         found = Figures()
         old = opened.at(identity(layer.width))
@@ -872,6 +876,7 @@ class _Out:
     total: int = 0
     figures: Figures | None = None
     count: int = 0
+    negative: int = 0  # of an output only counted: its tuples of a negative weight
     ordered: bool = True
 
     @property
@@ -900,11 +905,13 @@ class _Counting:
     def __init__(self) -> None:
         self.rows = 0
         self.total = 0
+        self.negative = 0
 
     def write(self, rows: np.ndarray, diff: np.ndarray) -> None:
         self.rows += len(diff)
         if len(diff):
             self.total += exact_sum(diff)
+            self.negative += int(np.count_nonzero(diff < 0))
 
 
 def _columns(engine: Engine, name: str) -> tuple[str, ...]:

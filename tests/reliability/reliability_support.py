@@ -26,6 +26,7 @@ import io
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -277,11 +278,18 @@ def errors(text: str) -> list[str]:
     ]
 
 
+# A progress line of a long epoch (`wcoj_core.cli.console.ProgressLine`), e.g.
+# ``epoch 0: rules 1/1 tasks; spilled 0 B, memory 83.2 MiB of 256.0 MiB``.
+PROGRESS = re.compile(r"^epoch \d+: .*; spilled [\d.]+ \w*B, memory [\d.]+ \w*B of [\d.]+ \w*B$")
+
+
 def one_line_error(done: Done, *fragments: str, code: int = 2) -> str:
     """Assert `done` failed with exit status `code`, one line on stderr naming every fragment
-    and no traceback; the line."""
+    and no traceback (beside the progress lines a long epoch prints); the line."""
     assert done.code == code, (done.code, done.out[-2000:], done.err[-3000:])
-    lines = [line for line in done.err.splitlines() if line.strip()]
+    lines = [
+        line for line in done.err.splitlines() if line.strip() and not PROGRESS.match(line.strip())
+    ]
     assert "Traceback" not in done.err, done.err[-3000:]
     assert len(lines) == 1 and lines[0].startswith("wcoj: error: "), done.err[-3000:]
     for fragment in fragments:

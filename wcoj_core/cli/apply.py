@@ -23,6 +23,7 @@ one JSON line. An interruption says whether the epoch was applied.
 from __future__ import annotations
 
 import argparse
+import errno
 import time as clock
 from typing import Any
 
@@ -189,9 +190,9 @@ def run(args: argparse.Namespace) -> int:
             line.done()
     except KeyboardInterrupt:
         return _stopped(engine, base, args.epoch, new, args.state, "interrupted")
-    except MemoryError as e:
-        return _stopped(engine, base, args.epoch, new, args.state, out_of_memory(e))
-    except BaseException:
+    except BaseException as e:
+        if is_out_of_memory(e):
+            return _stopped(engine, base, args.epoch, new, args.state, out_of_memory(e))
         if new is not None:
             workspace.unmake_state(args.state, new)
         raise
@@ -214,7 +215,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         error(f"interrupted after epoch {args.epoch} was applied")
         return EXIT_INTERRUPTED
-    except MemoryError as e:
+    except (MemoryError, OSError) as e:
+        if not is_out_of_memory(e):
+            raise
         error(f"{out_of_memory(e)} after epoch {args.epoch} was applied")
         return EXIT_FAILED
     except WcojError as e:
@@ -250,7 +253,13 @@ def _stopped(
     return code
 
 
-def out_of_memory(e: MemoryError) -> str:
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether `e` says memory ran out: a `MemoryError`, or an `OSError` ENOMEM (a mapping
+    refused under an address-space limit, say)."""
+    return isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.ENOMEM)
+
+
+def out_of_memory(e: BaseException) -> str:
     """What to say when memory ran out (one line, with what numpy or Arrow could not get)."""
     detail = " ".join(str(e).split())[:200]
     return "out of memory" + (f" ({detail})" if detail else "")

@@ -10,6 +10,7 @@ import them all.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import signal
@@ -101,7 +102,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         error("interrupted")
         return EXIT_INTERRUPTED
-    except MemoryError as exc:
+    except (MemoryError, OSError) as exc:
+        if not (isinstance(exc, MemoryError) or exc.errno == errno.ENOMEM):
+            raise
         if debug:
             traceback.print_exc()
         detail = " ".join(str(exc).split())[:200]
