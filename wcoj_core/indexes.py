@@ -231,12 +231,16 @@ class KeptSegments:
         return layer
 
     def folded(self, segs: Sequence[Segment], layers: Sequence[Layer]) -> list[Layer]:
-        """One view key's layers with its recent segments' summed into one (a lookup then
-        searches the base and one recent layer, not up to `MAX_RECENT` of them): made once
-        per list of recent layers, from the last sum when the list only grew."""
+        """One view key's layers with its recent segments summed into one (a lookup then
+        searches the base and one or two recent layers, not up to `MAX_RECENT` of them): made
+        once per list of recent layers, from the last sum when the list only grew."""
         base = [x for s, x in zip(segs, layers, strict=True) if s.level is Level.BASE]
         recent = [x for s, x in zip(segs, layers, strict=True) if s.level is not Level.BASE]
         recent = [x for x in recent if len(x)]
+        if len(recent) > 2 and len(recent[0]) > sum(len(x) for x in recent[1:]):
+            # The first recent segment is earlier ones merged, larger than the rest together:
+            # kept apart, so that each epoch sums only the small ones (a sort of a few rows).
+            base.append(recent.pop(0))
         if len(recent) < 2:
             return [*base, *recent]
         ids = tuple(id(x) for x in recent)
