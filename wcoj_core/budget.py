@@ -342,43 +342,44 @@ class MemoryFigures:
         )
 
 
-@dataclass
+@dataclass(eq=False)
 class MemoryMeter:
     """Samples this process's ``RssAnon`` while running (`start` / `stop`) and counts the bytes
-    spilled (`spilled`); `figures` gives what was seen."""
+    spilled (`spilled`); `figures` gives what was seen.
+
+    The samples between `start` and `stop` are taken by one thread per process (`_Sampler`),
+    started by the first meter and kept: a small epoch starts no thread of its own (starting
+    one waits for it to be scheduled, milliseconds on a loaded machine) and reads
+    ``/proc/self/status`` twice, at its start and its end."""
 
     budget: MemoryBudget
     interval: float = SAMPLE_SECONDS
     peak: int = 0
     spilled: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    high_water: int = 0
+    _running: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sample(self) -> int:
-        anon = process_memory().get("RssAnon", 0)
-        if anon > self.peak:
-            self.peak = anon
+        found = process_memory()
+        anon = found.get("RssAnon", 0)
+        with self._lock:
+            self.peak = max(self.peak, anon)
+            self.high_water = max(self.high_water, found.get("VmHWM", 0))
         return anon
 
     def start(self) -> MemoryMeter:
         self.sample()
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="wcoj-meter", daemon=True)
-            self._thread.start()
+        if not self._running:
+            self._running = True
+            _SAMPLER.add(self)
         return self
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
-
     def stop(self) -> MemoryFigures:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-        self.sample()
+        if self._running:
+            _SAMPLER.remove(self)
+            self._running = False
+            self.sample()
         return self.figures()
 
     def add_spilled(self, n: int) -> None:
@@ -386,13 +387,50 @@ class MemoryMeter:
             self.spilled += n
 
     def figures(self) -> MemoryFigures:
+        high_water = self.high_water or process_memory().get("VmHWM", 0)
         return MemoryFigures(
-            self.budget.bytes,
-            self.peak,
-            process_memory().get("VmHWM", 0),
-            self.spilled,
-            self.budget.source,
+            self.budget.bytes, self.peak, high_water, self.spilled, self.budget.source
         )
+
+
+class _Sampler:
+    """The thread that samples for every running `MemoryMeter` of the process: it waits while
+    none runs, and samples every `SAMPLE_SECONDS` (the shortest interval of those running)
+    while any does."""
+
+    def __init__(self) -> None:
+        self._meters: set[MemoryMeter] = set()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, meter: MemoryMeter) -> None:
+        with self._wake:
+            self._meters.add(meter)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="wcoj-meter", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def remove(self, meter: MemoryMeter) -> None:
+        with self._wake:
+            self._meters.discard(meter)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._meters:
+                    self._wake.wait()
+                interval = min(m.interval for m in self._meters)
+                self._wake.wait(interval)
+                meters = list(self._meters)
+            if meters:
+                found = process_memory()
+                for m in meters:
+                    with m._lock:
+                        m.peak = max(m.peak, found.get("RssAnon", 0))
+
+
+_SAMPLER = _Sampler()
 
 
 __all__ = [

@@ -40,7 +40,7 @@ from wcoj_core.deploy.driver import estimate_rows, run_on_driver
 from wcoj_core.deploy.output import OutputChange
 from wcoj_core.deploy.work import RuleJob, Work
 from wcoj_core.errors import MultiplicityOverflow, StateError
-from wcoj_core.indexes import Opened, advance, identity, open_trace
+from wcoj_core.indexes import KEPT, Opened, advance, identity, open_trace
 from wcoj_core.kernel.changes import counts_delta, support_delta
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import RuleTally
@@ -113,6 +113,9 @@ class EpochMetrics:
     # The memory budget, the process's sampled peak anonymous memory, its VmHWM and the bytes
     # spilled to scratch files (`wcoj_core.budget.MemoryFigures`).
     memory: MemoryFigures | None = None
+    # CPU seconds of the process (every thread, user and system) per phase: beside the wall
+    # seconds, what a phase cost on a machine others load.
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def proposed(self) -> int:
@@ -134,6 +137,7 @@ class EpochMetrics:
             "proposed": self.proposed,
             "validated": self.validated,
             "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
+            "cpu_seconds": {k: round(v, 4) for k, v in self.cpu_seconds.items()},
             "deployment": self.deployment,
             "reason": self.reason,
             "hydration": {
@@ -232,18 +236,20 @@ class EpochResult:
 @dataclass
 class _Timer:
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
 
     stage: Any = None  # told each phase's name as it starts (the scratch folder's `stage`)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        start = clock.perf_counter()
+        start, cpu = clock.perf_counter(), clock.process_time()
         if self.stage is not None:
             self.stage.stage = name
         try:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + clock.perf_counter() - start
+            self.cpu[name] = self.cpu.get(name, 0.0) + clock.process_time() - cpu
 
 
 class EpochPass:
@@ -312,7 +318,9 @@ class EpochPass:
                         t,
                         engine.views[name],
                         engine.read_batch,
+                        kept=KEPT,
                     )
+                KEPT.keep_only(engine.store.root, _segment_paths(m))
             with self.timer.phase("land"):
                 self._land()
             with self.timer.phase("rules"):
@@ -375,11 +383,15 @@ class EpochPass:
             before = self.opened[name].at(identity(spec.arity))
             eff = effects(spec, landed.layer, before, self.spill)
             self.effects[rel] = (landed, eff)
-            self.landed[name] = landed_digest(landed.layer, sign=spec.meaning is Meaning.SET)
+            if not self.dry:  # provenance of the batches written (a dry run writes none)
+                self.landed[name] = landed_digest(landed.layer, sign=spec.meaning is Meaning.SET)
             if len(eff.change):
                 self.deltas[name] = eff.change
-        relations = [relation_trace_name(r) for r in engine.specs]
-        self.chain = lineage.next_chain(self._previous_chain(), self.epoch, self.landed, relations)
+        if not self.dry:
+            relations = [relation_trace_name(r) for r in engine.specs]
+            self.chain = lineage.next_chain(
+                self._previous_chain(), self.epoch, self.landed, relations
+            )
 
     # -- derive -------------------------------------------------------------------------------
     def _derive(self, m: Manifest) -> tuple[Choice, dict[str, _Out], dict[RuleJob, RuleTally]]:
@@ -828,6 +840,7 @@ class EpochPass:
                 f"{n}: {o.rebuilt}" for n, o in self.opened.items() if o.rebuilt and o.damaged
             ),
             memory=self.memory,
+            cpu_seconds=self.timer.cpu,
         )
         relations = {
             rel: RelationReport(
@@ -916,6 +929,11 @@ class _Counting:
 
 def _columns(engine: Engine, name: str) -> tuple[str, ...]:
     return tuple(engine.trace_columns(name))
+
+
+def _segment_paths(m: Manifest) -> set[str]:
+    """Every segment folder a manifest's indexes name."""
+    return {s.path for tr in m.traces.values() if tr.index is not None for s in tr.index.segments}
 
 
 def _segments(trace: Trace) -> tuple[SegmentReport, ...]:

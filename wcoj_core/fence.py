@@ -17,12 +17,12 @@ This module imports neither numpy nor pyarrow, so that a command that reads no A
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import sys
 
 
-class _PandasFence(importlib.abc.MetaPathFinder):
-    """Refuses ``import pandas`` (and its submodules), remembering that it did."""
+class _PandasFence:
+    """Refuses ``import pandas`` (and its submodules), remembering that it did (a meta path
+    finder: ``find_spec`` is all it needs; `importlib.abc` would cost its imports)."""
 
     refused = False
 

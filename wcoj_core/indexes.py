@@ -19,11 +19,20 @@ once they outgrow `MERGE_SHARE` of it (LSM style): files stay few, and an epoch 
 changed.
 
 `plan_views` says which view keys the plans read, per trace: the ones persisted.
+
+A process applying epoch after epoch (a warm engine, a bench, a Dagster code server) keeps its
+segments mapped between them (`KEPT`): a segment opened again, its files' stamps unchanged
+since they were checked, is the same layer — its pages already mapped, and a directory of its
+first column built on this second use, so a key's rows are found in one step rather than by a
+binary search of millions of rows. A fresh process pays for neither.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -36,6 +45,7 @@ from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, arranged, merged
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView, Kind, Plan, Version
+from wcoj_core.store.files import stamp_of
 from wcoj_core.store.manifest import Batch, Index, Level, Segment, Trace
 from wcoj_core.store.names import trace_dir
 from wcoj_core.traces import counts_trace_name
@@ -180,6 +190,106 @@ class Opened:
         return total
 
 
+class KeptSegments:
+    """Segments this process mapped, kept for its next epochs (see the module).
+
+    `open` gives the layer mapped before when the segment is the same record (its files'
+    sizes and digests) and each file's stamp (inode, mtime, ctime) is the one seen when it was
+    opened and checked; anything else is opened and checked again (`segments.open_segment`).
+    A file rewritten in place changes its stamp, so what a fresh open would catch is caught
+    here too. `keep_only` forgets a state's segments that its current manifest no longer
+    names (their files are pruned: no mapping holds them on disk); at most `most` are kept.
+    """
+
+    def __init__(self, most: int = 512) -> None:
+        self.most = most
+        self._held: OrderedDict[tuple[str, str], tuple[Segment, tuple[object, ...], Layer]] = (
+            OrderedDict()
+        )
+        self._folds: OrderedDict[tuple[tuple[int, ...], tuple[Layer, ...]], Layer] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def open(self, root: str, segment: Segment) -> Layer:
+        if segment.rows == 0:
+            return segments.open_segment(root, segment)
+        paths = segments.segment_paths(root, segment)
+        key = (os.fspath(root), segment.path)
+        with self._lock:
+            found = self._held.get(key)
+        if found is not None and found[0] == segment and found[1] == _stamps(paths.values()):
+            with self._lock:
+                self._held.move_to_end(key)
+            layer = found[2]
+            layer.directory()  # opened again: worth a directory (built once, None if sparse)
+            return layer
+        layer = segments.open_segment(root, segment)
+        stamps = _stamps(paths.values())
+        with self._lock:
+            self._held[key] = (segment, stamps, layer)
+            while len(self._held) > self.most:
+                self._held.popitem(last=False)
+        return layer
+
+    def folded(self, segs: Sequence[Segment], layers: Sequence[Layer]) -> list[Layer]:
+        """One view key's layers with its recent segments summed into one (a lookup then
+        searches the base and one or two recent layers, not up to `MAX_RECENT` of them): made
+        once per list of recent layers, from the last sum when the list only grew."""
+        base = [x for s, x in zip(segs, layers, strict=True) if s.level is Level.BASE]
+        recent = [x for s, x in zip(segs, layers, strict=True) if s.level is not Level.BASE]
+        recent = [x for x in recent if len(x)]
+        if len(recent) > 2 and len(recent[0]) > sum(len(x) for x in recent[1:]):
+            # The first recent segment is earlier ones merged, larger than the rest together:
+            # kept apart, so that each epoch sums only the small ones (a sort of a few rows).
+            base.append(recent.pop(0))
+        if len(recent) < 2:
+            return [*base, *recent]
+        ids = tuple(id(x) for x in recent)
+        with self._lock:
+            known = list(self._folds.items())
+        total: Layer | None = None
+        for (held, _), found in reversed(known):
+            if ids == held:
+                total = found
+                break
+            if held == ids[: len(held)]:
+                total = _sum(recent[0].width, found, *recent[len(held) :])
+                break
+        if total is None:
+            total = _sum(recent[0].width, *recent)
+        with self._lock:
+            # Held with the layers it sums, so that their ids stay theirs while it is kept.
+            self._folds[(ids, tuple(recent))] = total
+            while len(self._folds) > 64:
+                self._folds.popitem(last=False)
+        return [*base, total]
+
+    def keep_only(self, root: str, used: Iterable[str]) -> None:
+        """Forget the segments of the state `root` whose folders are not in `used`."""
+        root, keep = os.fspath(root), set(used)
+        with self._lock:
+            for key in [k for k in self._held if k[0] == root and k[1] not in keep]:
+                del self._held[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+            self._folds.clear()
+
+
+def _stamps(paths: Iterable[os.PathLike[str] | str]) -> tuple[object, ...]:
+    out: list[object] = []
+    for p in paths:
+        try:
+            out.append(stamp_of(os.stat(p)))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+# The driver's kept segments (`EpochPass` opens traces through it).
+KEPT = KeptSegments()
+
+
 def open_trace(
     root: str,
     trace: Trace,
@@ -188,9 +298,11 @@ def open_trace(
     read_batch: ReadBatch,
     *,
     verify: bool = False,
+    kept: KeptSegments | None = None,
 ) -> Opened:
     """The trace as of just before epoch `before`, through every view key in `keys` (see the
-    module). A damaged or missing index is rebuilt from the batches; a damaged batch raises."""
+    module). A damaged or missing index is rebuilt from the batches; a damaged batch raises.
+    With `kept` (and not `verify`), segments mapped by an earlier epoch are reused."""
     wanted = [b for b in trace.batches if b.time < before]
     index = trace.index
     keys = set(keys)
@@ -206,11 +318,16 @@ def open_trace(
         )
         found.damaged = True
         return found
+
+    def opener(s: Segment) -> Layer:
+        if kept is None or verify:
+            return segments.open_segment(root, s, verify=verify)
+        return kept.open(root, s)
+
     try:
-        mapped = {
-            k: [segments.open_segment(root, s, verify=verify) for s in segs]
-            for k, segs in held.items()
-        }
+        mapped = {k: [opener(s) for s in segs] for k, segs in held.items()}
+        if kept is not None and not verify:
+            mapped = {k: kept.folded(held[k], layers) for k, layers in mapped.items()}
     except segments.DamagedFile as e:
         found = _rebuild(trace, before, wanted, keys, read_batch, str(e))
         found.damaged = True

@@ -161,15 +161,79 @@ def _streamed(
     # A reader's batch (a block of a file) is added a slice at a time: at most a quarter of a
     # sorted run, both directions of an undirected relation included.
     piece = max(1 << 12, spill.run_bytes // (4 * 8 * (spec.arity + 1) * (2 if loops else 1)))
+    # An undirected relation's slices are held as read while both their directions fit one
+    # sorted run (`_both_ways` then makes them once, as one sort's columns); past that, they
+    # go through the sorter like any other.
+    held: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = [] if loops else None
+    held_bytes = 0
     for whole in batches:
         for at in range(0, whole.num_rows, piece):
-            rows_in = _add(spec, whole.slice(at, piece), sorter, loops, rows_in)
+            part = whole.slice(at, piece)
+            if held is not None and part.num_rows:
+                a, b, diff = _columns(spec, part)
+                held.append((a, b, diff))
+                held_bytes += 2 * 8 * 3 * len(diff)
+                rows_in += part.num_rows
+                if held_bytes > spill.run_bytes:
+                    assert loops is not None
+                    for a, b, diff in held:
+                        _add_both(a, b, diff, sorter, loops)
+                    held = None
+            else:
+                rows_in = _add(spec, part, sorter, loops, rows_in)
             if budget is not None and rows_in > budget:
                 return None
             if progress is not None:
                 progress(rows_in)
+    if held is not None:
+        return _both_ways(held, rows_in)
     layer = sorter.layer()
     dropped = 0 if loops is None else len(loops.layer())
+    return Landed(layer, rows_in, dropped)
+
+
+def _columns(
+    spec: RelationSpec, batch: pa.RecordBatch
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A binary relation's slice of landed rows as its two columns and diffs (views of the
+    batch's buffers where they are longs)."""
+    batch = batch.select([*relation_columns(spec.arity), DIFF])
+    _refuse_nulls(batch, spec)
+    return longs(batch.column(0)), longs(batch.column(1)), longs(batch.column(DIFF))
+
+
+def _both_ways(held: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_in: int) -> Landed:
+    """An undirected relation's landed slices (columns and diffs, as read) summed into one
+    layer of both directions, self-loops dropped: each column of the sort made once, with
+    no row array and no second pass (as the sorter would give them)."""
+    kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    loops: list[tuple[np.ndarray, np.ndarray]] = []
+    for a, b, diff in held:
+        loop = a == b
+        if loop.any():
+            loops.append((a[loop], diff[loop]))
+            keep = ~loop
+            a, b, diff = a[keep], b[keep], diff[keep]
+        kept.append((a, b, diff))
+    m = sum(len(d) for _, _, d in kept)
+    first, second, diffs = (np.empty(2 * m, dtype=I64) for _ in range(3))
+    at = 0
+    for a, b, diff in kept:
+        k = len(diff)
+        first[at : at + k], first[m + at : m + at + k] = a, b
+        second[at : at + k], second[m + at : m + at + k] = b, a
+        diffs[at : at + k], diffs[m + at : m + at + k] = diff, diff
+        at += k
+    del kept
+    layer = Layer.build([first, second], diffs, what="summing the changes")
+    dropped = 0
+    if loops:  # the self-loop tuples whose multiplicities do not sum to 0, as the sorter counts
+        looped = np.concatenate([v for v, _ in loops])
+        dropped = len(
+            Layer.build(
+                [looped, looped], np.concatenate([d for _, d in loops]), what="summing the changes"
+            )
+        )
     return Landed(layer, rows_in, dropped)
 
 
@@ -187,18 +251,24 @@ def _add(
         if loops is None:
             sorter.add(rows, diff)
         else:
-            loop = rows[:, 0] == rows[:, 1]
-            if loop.any():
-                picked = np.flatnonzero(loop)
-                loops.add(rows[picked], diff[picked])
-                kept = np.flatnonzero(~loop)
-                rows, diff = rows[kept], diff[kept]
-            both = np.empty((2 * len(diff), 2), dtype=I64, order="F")
-            both[: len(diff)] = rows
-            both[len(diff) :, 0] = rows[:, 1]
-            both[len(diff) :, 1] = rows[:, 0]
-            sorter.add(both, np.concatenate([diff, diff]))
+            _add_both(rows[:, 0], rows[:, 1], diff, sorter, loops)
     return rows_in + batch.num_rows
+
+
+def _add_both(
+    a: np.ndarray, b: np.ndarray, diff: np.ndarray, sorter: Sorter, loops: Sorter
+) -> None:
+    """An undirected relation's rows (columns `a`, `b`) added both ways, self-loops apart."""
+    loop = a == b
+    if loop.any():
+        picked = np.flatnonzero(loop)
+        loops.add(np.stack([a[picked], b[picked]], axis=1), diff[picked])
+        kept = np.flatnonzero(~loop)
+        a, b, diff = a[kept], b[kept], diff[kept]
+    both = np.empty((2 * len(diff), 2), dtype=I64, order="F")
+    both[: len(diff), 0], both[: len(diff), 1] = a, b
+    both[len(diff) :, 0], both[len(diff) :, 1] = b, a
+    sorter.add(both, np.concatenate([diff, diff]))
 
 
 def symmetrized(layer: Layer) -> tuple[Layer, int]:

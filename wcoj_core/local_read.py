@@ -43,16 +43,19 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import Enum
 from functools import partial
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
+from wcoj_core.arrow import long_array
 from wcoj_core.errors import InputError, listed
 from wcoj_core.traces import DIFF, TIME, relation_columns
+
+if TYPE_CHECKING:  # imported where used: pyarrow.compute and .parquet take ~0.1 s each
+    import pyarrow.parquet as pq
 
 # The pre-flight check reads at most this many (decompressed) bytes of a text or CSV file, and
 # reads a Parquet file's values only when the files are at most this big.
@@ -77,6 +80,8 @@ def _rows(columns: Sequence[np.ndarray | pa.ChunkedArray]) -> Rows:
     for column in columns:
         if isinstance(column, np.ndarray):
             out.append(pa.chunked_array([column], pa.int64()))
+        elif column.type == pa.int64():  # a cast would import pyarrow.compute for nothing
+            out.append(column)
         else:
             out.append(column.cast(pa.int64()))
     return out
@@ -485,6 +490,8 @@ def _split_whitespace(block: bytes, arity: int) -> Rows | None:
     lines = _arrow_lines(block)
     if lines is None:
         return None
+    import pyarrow.compute as pc
+
     fields = pc.call_function("utf8_split_whitespace", [lines])
     counts = pc.call_function("list_value_length", [fields]).to_numpy(zero_copy_only=False)
     if not np.isin(counts, (0, arity)).all():
@@ -989,6 +996,8 @@ def _parquet_schema(local: str, files: Sequence[str], source: str) -> list[pq.Pa
 
 
 def _parquet_file(file: str, where: str) -> pq.ParquetFile:
+    import pyarrow.parquet as pq
+
     with _open_regular(file, where) as handle:
         size = os.fstat(handle.fileno()).st_size
         try:
@@ -1142,7 +1151,9 @@ def read_local_batches(
                 continue
             rows += len(block[0])
             table = _relation([block], roles, arity)
-            yield from table.cast(schema).combine_chunks().to_batches()
+            if not table.schema.equals(schema):
+                table = table.cast(schema)
+            yield from table.combine_chunks().to_batches()
         if rows == 0:
             raise InputError("has no data rows", source)
 
@@ -1245,7 +1256,9 @@ def _relation(blocks: Sequence[Rows], roles: Sequence[Role], arity: int) -> pa.T
     if Role.DIFF in roles:
         diff = column(roles.index(Role.DIFF))
     else:
-        diff = pa.chunked_array([np.ones(sum(len(b[0]) for b in blocks), dtype=np.int64)])
+        diff = pa.chunked_array(
+            [long_array(np.ones(sum(len(b[0]) for b in blocks), dtype=np.int64))]
+        )
     return pa.table([*data, diff], names=[*names, DIFF])
 
 

@@ -200,6 +200,13 @@ class Effect:
 
 def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect:
     """The effect of consolidated landed changes on a relation held as the sum of `before`."""
+    first = spec.meaning is Meaning.SET and len(landed) and not any(len(b) for b in before)
+    if first and bool((np.asarray(landed.diff) > 0).all()):
+        # A set's first load, every tuple inserted: each enters once (no lookup, no array of
+        # old multiplicities), as the general case below would find.
+        n = len(landed)
+        ones = landed if landed.unit else landed.with_diff(np.ones(n, dtype=I64))
+        return Effect(ones, ones, Layer.empty(landed.width), Figures(n, n, 0))
     held = lookup_sum(before, landed.rows) if len(landed) else np.zeros(0, dtype=I64)
     if spec.meaning is Meaning.BAG:
         what = f"relation {spec.name!r}"

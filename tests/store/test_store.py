@@ -15,6 +15,7 @@ import pytest
 from store_support import HOUR, age, epoch, local, snapshot, stage_batch
 
 from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
+from wcoj_core.store import files as files_module
 from wcoj_core.store import names
 from wcoj_core.store.manifest import Manifest, Trace
 from wcoj_core.store.store import KEEP_MANIFESTS, Store
@@ -165,10 +166,18 @@ def test_each_new_folder_is_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("WCOJ_SYNCFS", raising=False)
     store = Store.open(tmp_path, create=True)
     m1 = epoch(store, 0)
-    synced: list[str] = []
-    monkeypatch.setattr(store.files, "sync", synced.append)
+    synced: list[Path] = []
+    monkeypatch.setattr(files_module, "_fsync_path", synced.append)
     m2 = epoch(store, 1)
-    assert sorted(synced) == sorted(m2.paths() - m1.paths())
+    new = sorted(m2.paths() - m1.paths())
+    assert new
+    want: set[Path] = set()
+    for rel in new:  # every file and folder in it, and every folder up to the root
+        top = tmp_path / rel
+        want |= {top, *top.rglob("*")}
+        want |= {p for p in top.parents if p == tmp_path or tmp_path in p.parents}
+    assert len(synced) == len(set(synced))  # each once
+    assert set(synced) == want
 
 
 def test_files_honour_the_umask(tmp_path: Path) -> None:

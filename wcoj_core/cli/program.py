@@ -19,7 +19,7 @@ import threading
 import traceback
 import warnings
 from collections.abc import Sequence
-from importlib import metadata
+from typing import Any
 
 from wcoj_core.cli.console import (
     EXIT_FAILED,
@@ -37,10 +37,26 @@ __all__ = ["run"]
 
 
 def _version() -> str:
+    from importlib import metadata  # only for --version: its imports take tens of ms
+
     try:
         return metadata.version("wcoj")
     except metadata.PackageNotFoundError:
         return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: argparse's, with the version looked up only when asked for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show program's version number and exit")
+        super().__init__(
+            option_strings, argparse.SUPPRESS, nargs=0, default=argparse.SUPPRESS, **kwargs
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        parser._print_message(f"{PROG} {_version()}\n", sys.stdout)
+        parser.exit()
 
 
 # The commands in the order ``--help`` lists them, each a module with `add_parser`; and those
@@ -52,7 +68,7 @@ NO_ARRAYS = frozenset({"status", "explain"})
 def _parser(named: Sequence[str]) -> argparse.ArgumentParser:
     """The parser of the `named` commands."""
     parser = Parser(prog=PROG, description="Incremental worst-case-optimal joins on Spark.")
-    parser.add_argument("--version", action="version", version=f"{PROG} {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in named:
         importlib.import_module(f"wcoj_core.cli.{name}").add_parser(commands)

@@ -184,7 +184,9 @@ def estimate_rows(
             continue
         width = len(plan.query.vars)
         found = seen = 0
-        for lo in np.unique(np.linspace(0, max(n - each, 0), min(samples, n)).astype(np.int64)):
+        # Distinct starts, in order (a set, not np.unique: that imports numpy.ma, ~30 ms).
+        starts = np.linspace(0, max(n - each, 0), min(samples, n)).astype(np.int64).tolist()
+        for lo in sorted(set(starts)):
             hi = min(int(lo) + each, n)
             for part in run_rule(
                 plan,

@@ -78,7 +78,12 @@ def support_delta(layers: EpochLayers, view: AtomView) -> Layer:
     name = relation_trace_name(view.relation)
     order = tuple(range(view.arity))
     delta = layers.delta(name, view, order)
-    old = lookup_sum(layers.layers(name, view, order, Version.OLD), delta.rows)
+    before = layers.layers(name, view, order, Version.OLD)
+    if not any(len(layer) for layer in before):
+        # Nothing held before (a first load): every tuple of the consolidated delta (no zero)
+        # enters the support, and no array of old multiplicities is made.
+        return delta if delta.unit else delta.with_diff(np.ones(len(delta), dtype=I64))
+    old = lookup_sum(before, delta.rows)
     namer = row_namer(columns_of(delta.rows))
     new = total([old.copy(), delta.diff], namer, "summing a tuple's multiplicity and change")
     change = (new != 0).astype(I64) - (old != 0).astype(I64)

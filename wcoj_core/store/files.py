@@ -237,8 +237,36 @@ class LocalFiles:
             return
         if os.environ.get("WCOJ_SYNCFS") == "1" and _syncfs(self.path):
             return
-        with ThreadPoolExecutor(min(SYNC_THREADS, len(rels))) as pool:
-            list(pool.map(self.sync, rels))
+        files, folders = self._durable(rels)
+        # Every file and every folder once (folders share their parents), all at once.
+        list(_sync_pool().map(_fsync_path, [*files, *sorted(folders)]))
+
+    def _durable(self, rels: Sequence[str]) -> tuple[list[Path], set[Path]]:
+        """What `sync` of each of `rels` fsyncs: the files in them, and the folders in them
+        with every folder up to the root (each once)."""
+        files: list[Path] = []
+        folders: set[Path] = set()
+        for rel in rels:
+            top = self.path / rel
+            try:
+                mode = os.lstat(top).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(mode):
+                files.append(top)
+            elif stat.S_ISDIR(mode):
+                for folder, _, names in os.walk(top):
+                    folders.add(Path(folder))
+                    for name in names:
+                        p = Path(folder, name)
+                        if stat.S_ISREG(os.lstat(p).st_mode):
+                            files.append(p)
+            parent = top.parent
+            folders.add(parent)
+            while parent != self.path and self.path in parent.parents:
+                parent = parent.parent
+                folders.add(parent)
+        return files, folders
 
     def ref(self, rel: str) -> FileRef:
         return file_ref(self.path / rel, stamped=False)
@@ -519,6 +547,30 @@ def _libc() -> Any:
     except (OSError, AttributeError):
         return None
     return libc
+
+
+@functools.cache
+def _sync_pools() -> dict[int, ThreadPoolExecutor]:
+    return {}
+
+
+def _sync_pool() -> ThreadPoolExecutor:
+    """The threads that sync a commit's files, made once per process (a forked child makes
+    its own)."""
+    pools = _sync_pools()
+    pid = os.getpid()
+    if pid not in pools:
+        pools.clear()
+        pools[pid] = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="wcoj-sync")
+    return pools[pid]
+
+
+def _fsync_path(path: Path) -> None:
+    """fsync a file, or a folder's entries."""
+    if path.is_dir():
+        fsync_dir(path)
+    else:
+        _fsync_file(path)
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

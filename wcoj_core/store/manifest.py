@@ -217,7 +217,14 @@ class Manifest:
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no spaces, one line) with its ``digest``."""
         body = _encode_manifest(self)
-        body["digest"] = digest_of(body)
+        body.pop("digest", None)
+        rest = canonical(body)
+        digest = hashlib.sha256(rest.encode()).hexdigest()
+        if min(body, default="~") > "digest":
+            # "digest" sorts first: the whole body's canonical JSON is the rest's with it put
+            # in front (the manifest encoded once, not twice).
+            return '{"digest":"' + digest + '"' + ("," if body else "") + rest[1:] + "\n"
+        body["digest"] = digest
         return canonical(body) + "\n"
 
     @staticmethod

@@ -13,7 +13,8 @@ none of them references, under three rules that keep a user's files safe:
   the manifests name (and ``scratch/``, ``manifests/``), never through a symbolic link;
 * a folder referenced by a dropped manifest only (retired by a compaction or a merge) goes at
   once; anything else unreferenced (staged by a writer that failed, or is still at work) only
-  once it is older than `ORPHAN_AGE`;
+  once it is older than `ORPHAN_AGE` (looked for by a store's first commit, then at most every
+  `SWEEP_SECONDS`);
 * when any manifest cannot be read, nothing is deleted.
 """
 
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 KEEP_MANIFESTS = 8
 ORPHAN_AGE = 3600.0
+# A store's commits look for orphans (`ORPHAN_AGE`) at its first commit, then at most this often.
+SWEEP_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class Store:
         self.files = files
         self.root = files.root
         self._parsed: dict[int, Manifest] = {}  # generations read (a file is never rewritten)
+        self._swept: float | None = None  # when a commit's pruning last looked for orphans
 
     # -- opening -----------------------------------------------------------------------------
     @classmethod
@@ -281,7 +285,11 @@ class Store:
         # The commit stands whatever pruning meets (the next commit prunes again): nothing may
         # raise now, or a caller would take its committed folders for staged ones.
         with contextlib.suppress(Exception):
-            self.prune()
+            now = time.time()
+            sweep = self._swept is None or now - self._swept >= SWEEP_SECONDS
+            self.prune(now, orphans=sweep)
+            if sweep:
+                self._swept = now
         return new
 
     # -- pruning -----------------------------------------------------------------------------
@@ -299,9 +307,12 @@ class Store:
         rel = self._manifest_rel(generation)
         return referenced(self.files.read_text(rel), self.uri(rel))
 
-    def prune(self, now: float | None = None) -> Pruned:
+    def prune(self, now: float | None = None, *, orphans: bool = True) -> Pruned:
         """Drop manifests beyond the last `KEEP_MANIFESTS` and what no kept one references
-        (see the module's rules)."""
+        (see the module's rules). With `orphans` False, only what dropped manifests retired
+        goes: the folders and files older than `ORPHAN_AGE` are not looked for (a commit
+        looks at most every `SWEEP_SECONDS`: listing every trace folder each epoch of a warm
+        process would find nothing that old)."""
         now = time.time() if now is None else now
         gens = self.generations()
         kept, dropped = gens[-KEEP_MANIFESTS:], gens[:-KEEP_MANIFESTS]
@@ -328,6 +339,8 @@ class Store:
         for path in sorted(retired):  # paths wcoj made (checked when the manifest was read)
             if self._real_dir(path) and self._remove_own(path):
                 out_folders.append(path)
+        if not orphans:
+            return Pruned(tuple(out_manifests), tuple(out_folders))
         for area, own in (
             (names.TRACES, names.is_own_batch),
             (names.ARRANGEMENTS, names.is_own_segment),
