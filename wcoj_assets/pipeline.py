@@ -12,11 +12,14 @@ applies whole epochs and reports every asset it made (those not selected as
 
 1. **reads** each relation's landing folder (`wcoj_assets.intake`: pyarrow for local files,
    Spark only for remote or very large ones) and checks every landed row (the reader, then
-   pandera). An epoch whose files hold bad rows — or with nothing landed, unless the resource
-   declares empty epochs normal — fails ``update_triples`` for that epoch, listing every bad
-   row (up to `wcoj_assets.checks.BAD_ROWS`) with file, line and column, and neither it nor the
-   epochs after it in the run are applied; the run itself ends without an error (a data
-   problem, not a failure of the step: no stack trace, no other check failed);
+   `wcoj_assets.schemas.landed_problems`). Files too big to read at once are streamed and read
+   once: each batch is checked as the engine lands it (`LocalFiles.checked`), and a refused one
+   stops that epoch's apply before anything of it is committed (`Refused`). An epoch whose
+   files hold bad rows — or with nothing landed, unless the resource declares empty epochs
+   normal — fails ``update_triples`` for that epoch, listing every bad row (up to
+   `wcoj_assets.checks.BAD_ROWS`) with file, line and column, and neither it nor the epochs
+   after it in the run are applied; the run itself ends without an error (a data problem, not
+   a failure of the step: no stack trace, no other check failed);
 2. **applies** each epoch before it with ``Engine.apply(t, changes, replace=True)``: one pass
    and one manifest commit per epoch, replacing what the epoch held (a re-run, a correction);
    stale epochs before it are derived again first, and reported materialized too;
@@ -54,7 +57,7 @@ from wcoj_assets import checks as ck
 from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
-from wcoj_assets.intake import landed_files
+from wcoj_assets.intake import LocalFiles, Refused, landed_files
 from wcoj_assets.report import LandedFigures, epoch_metadata
 from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
@@ -148,6 +151,10 @@ class EpochRun:
             for key, t in applied:
                 try:
                     result = engine.apply(t, changes[t], replace=True)
+                except Refused as e:  # streamed rows refused as they were landed
+                    self._refused(pairs, key, t, {e.relation: e.lines})
+                    refused = (key, t)
+                    break
                 except Exception as e:
                     if self.lines:
                         context.log.info("\n".join(self.lines))
@@ -162,11 +169,13 @@ class EpochRun:
                     yield from self._rebuilt(engine, rebuilt)
                 self._epoch(engine, key, result, landed.get(t))
                 done.append((key, t))
-            self._later(engine, applied)
+            if done:
+                self._later(engine, done)
             if self.lines:
                 context.log.info("\n".join(self.lines))
             yield from self._reported(done, whole=len(done) == len(pairs))
-            self._binary_joins(engine, applied)
+            if done:
+                self._binary_joins(engine, done)
         if refused is not None:
             key, t = refused
             later = [k for k, n in pairs if n > t]
@@ -188,7 +197,7 @@ class EpochRun:
         each relation's ``update_triples`` outcome at each epoch read; the first refused epoch
         as ``(key, t)`` (None when none was)."""
         from wcoj_assets.intake import bad_rows, fingerprint, landed_columns, read_epoch
-        from wcoj_assets.schemas import landed_problems
+        from wcoj_assets.schemas import arrow_problems, landed_problems
         from wcoj_core.traces import relation_columns
 
         graph, landing = self.graph, self.wcoj.landing_path()
@@ -207,14 +216,22 @@ class EpochRun:
                     rows = [r for f in files for r in bad_rows(f, arity, rel, ck.BAD_ROWS)]
                     problems[rel] = rows[: ck.BAD_ROWS] or [str(e)]
                     continue
-                if read.rows is not None:
-                    bad = landed_problems(read.rows, relation_columns(arity), t)
+                columns = relation_columns(arity)
+                if isinstance(read.rows, LocalFiles):
+                    # Streamed: checked a batch at a time as the engine lands it, the files read
+                    # once; a refusal then stops the apply (`Refused`) before anything commits.
+                    changes[t][rel] = read.rows.checked(
+                        lambda batch, seen, t=t, columns=columns: arrow_problems(
+                            batch, columns, t, seen
+                        ),
+                        ck.BAD_ROWS,
+                    )
+                elif read.rows is not None:
+                    bad = landed_problems(read.rows, columns, t)
                     if bad:
                         problems[rel] = bad
                         continue
-                    # Streamed landed files are read again, a batch at a time, as they land.
-                    streamed = hasattr(read.rows, "batches")
-                    changes[t][rel] = read.rows.batches() if streamed else read.rows
+                    changes[t][rel] = read.rows
                 found[rel] = read
                 names = next((landed_columns(f.path) for f in read.paths), ())
                 landed[t][rel] = LandedFigures(
@@ -239,26 +256,43 @@ class EpochRun:
                     ]
                     for rel in graph.topology.relations
                 }
-            for info in graph.of_role(Role.CHANGES):
-                rel = info.relation or ""
-                check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
-                lines = [f"epoch {t} ({key}): {line}" for line in problems.get(rel, [])]
-                metadata: dict[str, Any] = {
-                    "epoch": t,
-                    "depth": "schema and data",
-                    "problems found": len(lines),
-                }
-                if lines:
-                    metadata["errors"] = MetadataValue.json(lines[: ck.BAD_ROWS])
-                summary = (
-                    f"{len(lines)} problem(s), nothing applied: " + "; ".join(lines[:3])
-                    if lines
-                    else None
-                )
-                self.book.add(check, key, ck.Outcome(not lines, metadata, summary))
+            self._input_checks(key, t, problems)
             if problems:
                 return changes, landed, (key, t)
         return changes, landed, None
+
+    def _input_checks(self, key: str, t: int, problems: dict[str, list[str]]) -> None:
+        """Each relation's ``update_triples`` outcome at epoch `t`: passed, or its problems."""
+        graph = self.graph
+        for info in graph.of_role(Role.CHANGES):
+            rel = info.relation or ""
+            check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
+            lines = [f"epoch {t} ({key}): {line}" for line in problems.get(rel, [])]
+            metadata: dict[str, Any] = {
+                "epoch": t,
+                "depth": "schema and data",
+                "problems found": len(lines),
+            }
+            if lines:
+                metadata["errors"] = MetadataValue.json(lines[: ck.BAD_ROWS])
+            summary = (
+                f"{len(lines)} problem(s), nothing applied: " + "; ".join(lines[:3])
+                if lines
+                else None
+            )
+            self.book.add(check, key, ck.Outcome(not lines, metadata, summary))
+
+    def _refused(
+        self, pairs: Sequence[tuple[str, int]], key: str, t: int, problems: dict[str, list[str]]
+    ) -> None:
+        """Epoch `t`'s streamed rows refused while it was applied (nothing of it committed): its
+        ``update_triples`` fails as a refusal found when reading does, and the later epochs of
+        the run, not applied, report no check."""
+        later = {k for k, n in pairs if n > t}
+        for outcomes in self.book.outcomes.values():
+            for k in later:
+                outcomes.pop(k, None)
+        self._input_checks(key, t, problems)
 
     # -- after each epoch ----------------------------------------------------------------------
     def _epoch(self, engine: Any, key: str, result: Any, landed: Any) -> None:
