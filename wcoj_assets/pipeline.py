@@ -38,6 +38,8 @@ component may wrap it.
 
 import time as clock
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from dagster import (
@@ -136,6 +138,7 @@ class EpochRun:
         # One log line per epoch, written at the end as ONE event: an event per epoch would be a
         # write per epoch to the event log (the materializations carry the same figures).
         self.lines: list[str] = []
+        self.later_audits: list[tuple[AssetCheckKey, str, str, int]] = []
 
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
@@ -167,13 +170,16 @@ class EpochRun:
                     ) from e
                 for rebuilt in result.rebuilt:
                     yield from self._rebuilt(engine, rebuilt)
-                self._epoch(engine, key, result, landed.get(t))
+                # The run's last epoch is audited while its events are written (below).
+                last = (key, t) == applied[-1]
+                self._epoch(engine, key, result, landed.get(t), audit_later=last)
                 done.append((key, t))
             if done:
                 self._later(engine, done)
             if self.lines:
                 context.log.info("\n".join(self.lines))
-            yield from self._reported(done, whole=len(done) == len(pairs))
+            with self._audit_meanwhile(engine):
+                yield from self._reported(done, whole=len(done) == len(pairs))
             if done:
                 self._binary_joins(engine, done)
         if refused is not None:
@@ -295,11 +301,14 @@ class EpochRun:
         self._input_checks(key, t, problems)
 
     # -- after each epoch ----------------------------------------------------------------------
-    def _epoch(self, engine: Any, key: str, result: Any, landed: Any) -> None:
-        """Record an applied epoch: its assets' metadata and its per-epoch checks."""
+    def _epoch(
+        self, engine: Any, key: str, result: Any, landed: Any, audit_later: bool = False
+    ) -> None:
+        """Record an applied epoch: its assets' metadata and its per-epoch checks (with
+        `audit_later`, its audit started in a thread of its own: `_settle`)."""
         graph, t = self.graph, result.epoch
         self.metadata[key] = epoch_metadata(graph, engine, result, landed)
-        self._epoch_checks(engine, key, result, rebuilt=False)
+        self._epoch_checks(engine, key, result, rebuilt=False, audit_later=audit_later)
         out = ", ".join(
             f"{q} {result.count(q):,} ({result.total(q):+,})" for q in graph.topology.plans
         )
@@ -309,7 +318,9 @@ class EpochRun:
             f"{result.metrics.total_seconds:.3f} s on the {result.metrics.deployment}"
         )
 
-    def _epoch_checks(self, engine: Any, key: str, result: Any, rebuilt: bool) -> None:
+    def _epoch_checks(
+        self, engine: Any, key: str, result: Any, rebuilt: bool, audit_later: bool = False
+    ) -> None:
         graph, t = self.graph, result.epoch
         for info in graph.of_role(Role.SNAPSHOT):
             check = AssetCheckKey(graph.key(info.name), ck.NON_NEGATIVE)
@@ -317,14 +328,36 @@ class EpochRun:
         for info in graph.of_role(Role.QUERY_CHANGES):
             asset = graph.key(info.name)
             self.book.add(AssetCheckKey(asset, ck.CURRENT), key, provenance.current(t, rebuilt))
-            outcome = ck.delta_rules(engine, info.query or "", t)
-            self.book.add(AssetCheckKey(asset, ck.DELTA_RULES), key, outcome)
+            check = AssetCheckKey(asset, ck.DELTA_RULES)
+            if audit_later:
+                self.later_audits.append((check, key, info.query or "", t))
+            else:
+                self.book.add(check, key, ck.delta_rules(engine, info.query or "", t))
         if rebuilt:
             for info in graph.of_role(Role.CHANGES):
                 check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
                 self.book.add(
                     check, key, ck.Outcome(True, {"rederived": "from the stored changes"})
                 )
+
+    @contextmanager
+    def _audit_meanwhile(self, engine: Any) -> Iterator[None]:
+        """The run's last epoch's audits (`_epoch` with `audit_later`), run in a thread of
+        their own while the caller writes the run's materializations — no epoch is applied after
+        it, and the audit's work (numpy, mostly outside the GIL) overlaps Dagster's writes of
+        its events — then their outcomes in the book."""
+        if not self.later_audits:
+            yield
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="wcoj-audit") as pool:
+            futures = [
+                (check, key, pool.submit(ck.delta_rules, engine, query, t))
+                for check, key, query, t in self.later_audits
+            ]
+            yield
+            for check, key, future in futures:
+                self.book.add(check, key, future.result())
+        self.later_audits.clear()
 
     def _rebuilt(self, engine: Any, result: Any) -> Iterator[AssetMaterialization]:
         """A stale epoch the engine derived again before the run's: its materializations."""
