@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 from dagster import Failure, InputContext, IOManager, OutputContext, io_manager
 
@@ -106,8 +105,9 @@ def stored_change(engine: Engine, name: str, epoch: int) -> pa.Table:
     per tuple, non-zero ``diff``, sorted; read from exactly the files the manifest lists, each
     checked against its size, digest and rows) without sorting it again: the engine writes a
     change's batch in that order, so its files, concatenated, are the table once one pass over
-    its columns confirms it (`in_order`). A batch that is not (none is written so) is read by
-    `change_table`."""
+    its columns confirms it (`wcoj_core.arrow.consolidated`). A batch that is not (none is
+    written so) is read by `change_table`."""
+    from wcoj_core.arrow import consolidated
     from wcoj_core.reading import change_table
 
     trace = engine.store.current().trace(name)
@@ -119,52 +119,10 @@ def stored_change(engine: Engine, name: str, epoch: int) -> pa.Table:
         batch.path, trace.columns, batch.files, batch.rows, batch.time
     )
     names = [*trace.columns, DIFF]
-    if not tables or any(t.schema.names != names for t in tables):
+    if not tables or not consolidated(tables, trace.columns):
         return change_table(engine, name, epoch)
-    table = pa.concat_tables(tables)
-    if not in_order(table, trace.columns):
-        return change_table(engine, name, epoch)
-    return table.cast(pa.schema([pa.field(n, pa.int64()) for n in names]))  # as change_table's
-
-
-def in_order(table: pa.Table, columns: Sequence[str]) -> bool:
-    """Whether `table`'s rows are 64-bit integers without nulls, strictly increasing by
-    `columns` (each tuple once, sorted), with a non-zero ``diff``: a consolidated change.
-
-    >>> import pyarrow as pa
-    >>> in_order(pa.table({"c0": [1, 1, 2], "c1": [1, 3, 0], "diff": [1, -1, 2]}), ["c0", "c1"])
-    True
-    >>> in_order(pa.table({"c0": [1, 1], "c1": [3, 3], "diff": [1, 1]}), ["c0", "c1"])
-    False
-    >>> in_order(pa.table({"c0": [2, 1], "c1": [0, 3], "diff": [1, 1]}), ["c0", "c1"])
-    False
-    """
-    from wcoj_core.arrow import longs
-
-    names = [*columns, DIFF]
-    for n in names:
-        col = table.column(n)
-        if col.type != pa.int64() or col.null_count:
-            return False
-    last: list[int] | None = None
-    for part in table.to_batches():
-        if not part.num_rows:
-            continue
-        cols = [longs(part.column(c)) for c in columns]  # views: no pandas, no copy
-        if not longs(part.column(DIFF)).all():
-            return False
-        first = [int(c[0]) for c in cols]
-        if last is not None and not last < first:
-            return False
-        undecided = np.ones(len(cols[0]) - 1, dtype=bool)
-        for c in cols:  # lexicographically: a later column decides where the earlier are equal
-            if (undecided & (c[1:] < c[:-1])).any():
-                return False
-            undecided &= c[1:] == c[:-1]
-        if undecided.any():  # a tuple twice
-            return False
-        last = [int(c[-1]) for c in cols]
-    return True
+    schema = pa.schema([pa.field(n, pa.int64()) for n in names])  # as change_table's
+    return pa.concat_tables([t.select(names).cast(schema) for t in tables])
 
 
 class _Outputs(IOManager):

@@ -189,6 +189,8 @@ def test_a_change_not_in_order_is_read_through_the_sorting_reader(
     """A stored change the fast reader cannot confirm in order (none is written so) is read
     by `change_table`, which sorts and consolidates it: the same rows either way."""
     from wcoj_assets import outputs
+    from wcoj_core import arrow
+    from wcoj_core.arrow import consolidated
     from wcoj_core.reading import change_table
     from wcoj_core.traces import output_trace_name
 
@@ -197,8 +199,8 @@ def test_a_change_not_in_order_is_read_through_the_sorting_reader(
     for epoch in range(len(history)):
         fast = outputs.stored_change(engine, name, epoch)
         assert fast.equals(change_table(engine, name, epoch))
-        assert outputs.in_order(fast, ["c0", "c1", "c2"])  # what the engine writes
-        monkeypatch.setattr(outputs, "in_order", lambda table, columns: False)
+        assert consolidated([fast], ["c0", "c1", "c2"])  # what the engine writes
+        monkeypatch.setattr(arrow, "consolidated", lambda tables, columns: False)
         assert outputs.stored_change(engine, name, epoch).equals(fast)
         monkeypatch.undo()
 
