@@ -139,6 +139,8 @@ class EpochRun:
         # write per epoch to the event log (the materializations carry the same figures).
         self.lines: list[str] = []
         self.later_audits: list[tuple[AssetCheckKey, str, str, int]] = []
+        # Epoch -> relation -> its streamed landed files and their check (`_read`).
+        self.streamed: dict[int, dict[str, tuple[LocalFiles, Any]]] = {}
 
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
@@ -153,6 +155,7 @@ class EpochRun:
             engine = self.wcoj.engine(graph.topology)
             for key, t in applied:
                 try:
+                    self._check_before_rebuilds(engine, t, changes[t])
                     result = engine.apply(t, changes[t], replace=True)
                 except Refused as e:  # streamed rows refused as they were landed
                     self._refused(pairs, key, t, {e.relation: e.lines})
@@ -226,12 +229,11 @@ class EpochRun:
                 if isinstance(read.rows, LocalFiles):
                     # Streamed: checked a batch at a time as the engine lands it, the files read
                     # once; a refusal then stops the apply (`Refused`) before anything commits.
-                    changes[t][rel] = read.rows.checked(
-                        lambda batch, seen, t=t, columns=columns: arrow_problems(
-                            batch, columns, t, seen
-                        ),
-                        ck.BAD_ROWS,
-                    )
+                    def check(batch: Any, seen: int, t: int = t, columns: Any = columns) -> Any:
+                        return arrow_problems(batch, columns, t, seen)
+
+                    self.streamed.setdefault(t, {})[rel] = (read.rows, check)
+                    changes[t][rel] = read.rows.checked(check, ck.BAD_ROWS)
                 elif read.rows is not None:
                     bad = landed_problems(read.rows, columns, t)
                     if bad:
@@ -266,6 +268,18 @@ class EpochRun:
             if problems:
                 return changes, landed, (key, t)
         return changes, landed, None
+
+    def _check_before_rebuilds(self, engine: Any, t: int, changes: dict[str, Any]) -> None:
+        """When stale epochs before `t` will be derived again (and committed) before `t` is
+        applied, `t`'s streamed rows are checked first, in a pass of their own (`Refused`), so
+        that a refusal leaves the state as it was; their stream is then read anew."""
+        streams = self.streamed.get(t, {})
+        if not streams or not any(s < t for s in engine.stale()):
+            return
+        for rel, (local, check) in streams.items():
+            for _ in local.checked(check, ck.BAD_ROWS):
+                pass
+            changes[rel] = local.checked(check, ck.BAD_ROWS)
 
     def _input_checks(self, key: str, t: int, problems: dict[str, list[str]]) -> None:
         """Each relation's ``update_triples`` outcome at epoch `t`: passed, or its problems."""

@@ -212,3 +212,35 @@ def test_arrow_checks_agree_with_pandera(table: pa.Table, epoch: int) -> None:
     expected = problems(frame, triples_schema(COLUMNS, epoch=epoch, local=True), Depth.FULL)
     found = arrow_problems(table, COLUMNS, epoch)
     assert bool(found) == bool(expected), (found, expected)
+
+
+def test_a_refused_streamed_epoch_after_a_correction_rebuilds_nothing(
+    tmp_path: Path, reads: list[str]
+) -> None:
+    """A correction leaves a later epoch stale; the next epoch's run would derive it again (and
+    commit it) before landing its own rows: those rows are checked first, so a refusal leaves
+    the state exactly as it was, and good rows give the exact answer."""
+    p = Pipeline(None, tmp_path)
+    history = updates(seed=13, epochs=4)
+    for n in range(3):
+        p.land(n, history[n], "csv")
+        assert p.run(n).success
+    history[1] = [c for c in history[1] if c[1] > 0]  # corrected (no deletions): 2 is stale
+    p.land(1, history[1], "csv")
+    assert p.run(1).success
+    assert p.engine.stale() == [2]
+    bad = p.land(3, history[3], "csv")
+    bad.write_text(bad.read_text() + "1,x,1\n")
+    generation = p.generation()
+    result = p.run(3)
+    assert result.success and failures(result) == []
+    (check,) = checks(result)
+    assert (check.name, check.passed) == ("update_triples", False)
+    assert p.generation() == generation and p.engine.stale() == [2]
+    p.land(3, history[3], "csv")
+    before = len(reads)
+    result = p.run(3)
+    assert result.success, failures(result)
+    assert reads[before:] == ["part.csv", "part.csv"]  # checked first, then landed
+    for n in (2, 3):
+        assert triangles(p, n) == oracle(p.topology, "triangles", history, n)
