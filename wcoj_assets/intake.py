@@ -17,8 +17,8 @@ first day (`wcoj_assets.epochs.Epochs`); `landed_files` only requires a well-for
 `read_epoch` reads one relation's folder at one epoch as the update rows its files hold
 (``c0 .. c{k-1}, diff``, not consolidated): local files with pyarrow (`wcoj_core.local_read`,
 the same rows and the same errors as the Spark reader), without starting Spark — into one table
-when they are small, else as a stream of record batches read again for each pass (checked, then
-landed: `LocalFiles`), a file of any size within the memory budget; files on remote storage, or
+when they are small, else as a stream of record batches (`LocalFiles`: checked as the engine
+lands them, the files read once), a file of any size within the memory budget; files on remote storage, or
 local ones together bigger than `LOCAL_READ_BYTES`, as a Spark DataFrame
 (`wcoj_core.sources.read_relation`, Spark started through the given starter, which says why).
 What the rows mean — a set's presence, an undirected relation's two directions and its dropped
@@ -29,7 +29,7 @@ in both directions, or twice, is landed once in a set.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +38,7 @@ from upath import UPath
 from wcoj_assets.epochs import DEFAULT_EPOCHS, Epochs, date_of_key
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 SUFFIXES = (".parquet", ".csv", ".csv.gz", ".txt", ".txt.gz")
@@ -131,9 +132,9 @@ def fingerprint(files: Sequence[LandedFile]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class LocalFiles:
-    """Landed local files as a stream of record batches (``c0 ..``, ``diff``), read again each
-    time `batches` is asked: checked a batch at a time, then landed by the engine a batch at a
-    time, never held whole."""
+    """Landed local files as a stream of record batches (``c0 ..``, ``diff``), read anew each
+    time `batches` (or `checked`) is asked, never held whole: the step checks each batch as the
+    engine lands it (`checked`), one pass over the files."""
 
     paths: tuple[str, ...]
     arity: int
@@ -142,18 +143,67 @@ class LocalFiles:
     def batches(self) -> Any:
         import pyarrow as pa
 
-        from wcoj_core.local_read import read_local_batches
+        return pa.RecordBatchReader.from_batches(self._schema(), self._every())
+
+    def _schema(self) -> pa.Schema:
+        import pyarrow as pa
+
         from wcoj_core.traces import DIFF, relation_columns
 
         names = [*relation_columns(self.arity), DIFF]
-        schema = pa.schema([pa.field(n, pa.int64()) for n in names])
+        return pa.schema([pa.field(n, pa.int64()) for n in names])
 
-        def every() -> Any:
-            for path in self.paths:
-                for batch in read_local_batches(path, self.arity, self.relation):
-                    yield batch.select(names)
+    def _every(self) -> Iterator[pa.RecordBatch]:
+        from wcoj_core.local_read import read_local_batches
 
-        return pa.RecordBatchReader.from_batches(schema, every())
+        names = self._schema().names
+        for path in self.paths:
+            for batch in read_local_batches(path, self.arity, self.relation):
+                yield batch.select(names)
+
+    def checked(
+        self, check: Callable[[Any, int], list[str]], bad_rows_limit: int
+    ) -> pa.RecordBatchReader:
+        """`batches`, each given to ``check(batch, rows before it)`` before it goes on: what the
+        engine lands in the same pass as the rows are checked, the files read once. A batch
+        with problems, or a file the reader refuses, raises `Refused` (with every bad row of a
+        text or CSV file, up to `bad_rows_limit`: `bad_rows`) before anything is committed."""
+        import pyarrow as pa
+
+        from wcoj_core.errors import InputError
+
+        batches = self._every()
+
+        def every() -> Iterator[pa.RecordBatch]:
+            seen = 0
+            while True:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                except InputError as e:
+                    rows = [
+                        r
+                        for path in self.paths
+                        for r in bad_rows(path, self.arity, self.relation, bad_rows_limit)
+                    ]
+                    raise Refused(self.relation, rows[:bad_rows_limit] or [str(e)]) from e
+                found = check(batch, seen)
+                if found:
+                    raise Refused(self.relation, found)
+                seen += batch.num_rows
+                yield batch
+
+        return pa.RecordBatchReader.from_batches(self._schema(), every())
+
+
+class Refused(Exception):
+    """Landed rows of `relation` refused while they were being landed (`LocalFiles.checked`):
+    the problems, one line each."""
+
+    def __init__(self, relation: str, lines: Sequence[str]) -> None:
+        self.relation, self.lines = relation, list(lines)
+        super().__init__(f"{relation}: " + "; ".join(self.lines[:3]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +251,8 @@ def read_epoch(
 
             table = pa.concat_tables([read_local(f.path, arity, relation) for f in files])
             return Read(table, len(files), size, found.ignored, table.num_rows, files)
-        # Larger than read at once: streamed, a block of a file at a time, as often as asked
-        # (checked, then landed), within the memory budget.
+        # Larger than read at once: streamed, a block of a file at a time (checked as it is
+        # landed), within the memory budget.
         local = LocalFiles(tuple(f.path for f in files), arity, relation)
         return Read(local, len(files), size, found.ignored, None, files)
     from wcoj_core.sources import read_relation

@@ -29,10 +29,12 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 from dagster import Failure, InputContext, IOManager, OutputContext, io_manager
 
 from wcoj_assets.graph import OUTPUTS_IO_MANAGER, AssetInfo, EpochGraph, Role
 from wcoj_assets.specs import head_columns
+from wcoj_core.traces import DIFF
 
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
@@ -73,7 +75,7 @@ def read_output(
 ) -> Any:
     """`query`'s output as of `epoch` (or with `change`, its change at `epoch`), with the
     query's head variables as column names, then ``diff``, in `form`."""
-    from wcoj_core.traces import DIFF, output_trace_name, relation_columns
+    from wcoj_core.traces import output_trace_name, relation_columns
 
     stored = relation_columns(len(query.head))
     names = head_columns(query)
@@ -85,9 +87,9 @@ def read_output(
 
         df = changes_at(engine, trace, epoch) if change else engine.output(query.name, epoch)
         return df.select(*[F.col(c).alias(n) for c, n in zip(stored, names, strict=True)], DIFF)
-    from wcoj_core.reading import change_table, read_table
+    from wcoj_core.reading import read_table
 
-    table = change_table(engine, trace, epoch) if change else read_table(engine, trace, epoch)
+    table = stored_change(engine, trace, epoch) if change else read_table(engine, trace, epoch)
     table = table.rename_columns([*names, DIFF])
     if form is Form.PANDAS:
         return table.to_pandas()
@@ -96,6 +98,31 @@ def read_output(
 
         return pl.from_arrow(table)
     return table
+
+
+def stored_change(engine: Engine, name: str, epoch: int) -> pa.Table:
+    """A trace's stored change at `epoch`, as `wcoj_core.reading.change_table` gives it (one row
+    per tuple, non-zero ``diff``, sorted; read from exactly the files the manifest lists, each
+    checked against its size, digest and rows) without sorting it again: the engine writes a
+    change's batch in that order, so its files, concatenated, are the table once one pass over
+    its columns confirms it (`wcoj_core.arrow.consolidated`). A batch that is not (none is
+    written so) is read by `change_table`."""
+    from wcoj_core.arrow import consolidated
+    from wcoj_core.reading import change_table
+
+    trace = engine.store.current().trace(name)
+    batches = [b for b in trace.batches if b.time == epoch] if trace is not None else []
+    if trace is None or len(batches) != 1:
+        return change_table(engine, name, epoch)
+    (batch,) = batches
+    tables = engine.files.verified_tables(
+        batch.path, trace.columns, batch.files, batch.rows, batch.time
+    )
+    names = [*trace.columns, DIFF]
+    if not tables or not consolidated(tables, trace.columns):
+        return change_table(engine, name, epoch)
+    schema = pa.schema([pa.field(n, pa.int64()) for n in names])  # as change_table's
+    return pa.concat_tables([t.select(names).cast(schema) for t in tables])
 
 
 class _Outputs(IOManager):

@@ -12,11 +12,14 @@ applies whole epochs and reports every asset it made (those not selected as
 
 1. **reads** each relation's landing folder (`wcoj_assets.intake`: pyarrow for local files,
    Spark only for remote or very large ones) and checks every landed row (the reader, then
-   pandera). An epoch whose files hold bad rows — or with nothing landed, unless the resource
-   declares empty epochs normal — fails ``update_triples`` for that epoch, listing every bad
-   row (up to `wcoj_assets.checks.BAD_ROWS`) with file, line and column, and neither it nor the
-   epochs after it in the run are applied; the run itself ends without an error (a data
-   problem, not a failure of the step: no stack trace, no other check failed);
+   `wcoj_assets.schemas.landed_problems`). Files too big to read at once are streamed and read
+   once: each batch is checked as the engine lands it (`LocalFiles.checked`), and a refused one
+   stops that epoch's apply before anything of it is committed (`Refused`). An epoch whose
+   files hold bad rows — or with nothing landed, unless the resource declares empty epochs
+   normal — fails ``update_triples`` for that epoch, listing every bad row (up to
+   `wcoj_assets.checks.BAD_ROWS`) with file, line and column, and neither it nor the epochs
+   after it in the run are applied; the run itself ends without an error (a data problem, not
+   a failure of the step: no stack trace, no other check failed);
 2. **applies** each epoch before it with ``Engine.apply(t, changes, replace=True)``: one pass
    and one manifest commit per epoch, replacing what the epoch held (a re-run, a correction);
    stale epochs before it are derived again first, and reported materialized too;
@@ -35,6 +38,8 @@ component may wrap it.
 
 import time as clock
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from dagster import (
@@ -54,7 +59,7 @@ from wcoj_assets import checks as ck
 from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
-from wcoj_assets.intake import landed_files
+from wcoj_assets.intake import LocalFiles, Refused, landed_files
 from wcoj_assets.report import LandedFigures, epoch_metadata
 from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
@@ -133,6 +138,9 @@ class EpochRun:
         # One log line per epoch, written at the end as ONE event: an event per epoch would be a
         # write per epoch to the event log (the materializations carry the same figures).
         self.lines: list[str] = []
+        self.later_audits: list[tuple[AssetCheckKey, str, str, int]] = []
+        # Epoch -> relation -> its streamed landed files and their check (`_read`).
+        self.streamed: dict[int, dict[str, tuple[LocalFiles, Any]]] = {}
 
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
@@ -147,7 +155,12 @@ class EpochRun:
             engine = self.wcoj.engine(graph.topology)
             for key, t in applied:
                 try:
+                    self._check_before_rebuilds(engine, t, changes[t])
                     result = engine.apply(t, changes[t], replace=True)
+                except Refused as e:  # streamed rows refused as they were landed
+                    self._refused(pairs, key, t, {e.relation: e.lines})
+                    refused = (key, t)
+                    break
                 except Exception as e:
                     if self.lines:
                         context.log.info("\n".join(self.lines))
@@ -160,13 +173,18 @@ class EpochRun:
                     ) from e
                 for rebuilt in result.rebuilt:
                     yield from self._rebuilt(engine, rebuilt)
-                self._epoch(engine, key, result, landed.get(t))
+                # The run's last epoch is audited while its events are written (below).
+                last = (key, t) == applied[-1]
+                self._epoch(engine, key, result, landed.get(t), audit_later=last)
                 done.append((key, t))
-            self._later(engine, applied)
+            if done:
+                self._later(engine, done)
             if self.lines:
                 context.log.info("\n".join(self.lines))
-            yield from self._reported(done, whole=len(done) == len(pairs))
-            self._binary_joins(engine, applied)
+            with self._audit_meanwhile(engine):
+                yield from self._reported(done, whole=len(done) == len(pairs))
+            if done:
+                self._binary_joins(engine, done)
         if refused is not None:
             key, t = refused
             later = [k for k, n in pairs if n > t]
@@ -188,7 +206,7 @@ class EpochRun:
         each relation's ``update_triples`` outcome at each epoch read; the first refused epoch
         as ``(key, t)`` (None when none was)."""
         from wcoj_assets.intake import bad_rows, fingerprint, landed_columns, read_epoch
-        from wcoj_assets.schemas import landed_problems
+        from wcoj_assets.schemas import arrow_problems, landed_problems
         from wcoj_core.traces import relation_columns
 
         graph, landing = self.graph, self.wcoj.landing_path()
@@ -207,14 +225,21 @@ class EpochRun:
                     rows = [r for f in files for r in bad_rows(f, arity, rel, ck.BAD_ROWS)]
                     problems[rel] = rows[: ck.BAD_ROWS] or [str(e)]
                     continue
-                if read.rows is not None:
-                    bad = landed_problems(read.rows, relation_columns(arity), t)
+                columns = relation_columns(arity)
+                if isinstance(read.rows, LocalFiles):
+                    # Streamed: checked a batch at a time as the engine lands it, the files read
+                    # once; a refusal then stops the apply (`Refused`) before anything commits.
+                    def check(batch: Any, seen: int, t: int = t, columns: Any = columns) -> Any:
+                        return arrow_problems(batch, columns, t, seen)
+
+                    self.streamed.setdefault(t, {})[rel] = (read.rows, check)
+                    changes[t][rel] = read.rows.checked(check, ck.BAD_ROWS)
+                elif read.rows is not None:
+                    bad = landed_problems(read.rows, columns, t)
                     if bad:
                         problems[rel] = bad
                         continue
-                    # Streamed landed files are read again, a batch at a time, as they land.
-                    streamed = hasattr(read.rows, "batches")
-                    changes[t][rel] = read.rows.batches() if streamed else read.rows
+                    changes[t][rel] = read.rows
                 found[rel] = read
                 names = next((landed_columns(f.path) for f in read.paths), ())
                 landed[t][rel] = LandedFigures(
@@ -239,33 +264,65 @@ class EpochRun:
                     ]
                     for rel in graph.topology.relations
                 }
-            for info in graph.of_role(Role.CHANGES):
-                rel = info.relation or ""
-                check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
-                lines = [f"epoch {t} ({key}): {line}" for line in problems.get(rel, [])]
-                metadata: dict[str, Any] = {
-                    "epoch": t,
-                    "depth": "schema and data",
-                    "problems found": len(lines),
-                }
-                if lines:
-                    metadata["errors"] = MetadataValue.json(lines[: ck.BAD_ROWS])
-                summary = (
-                    f"{len(lines)} problem(s), nothing applied: " + "; ".join(lines[:3])
-                    if lines
-                    else None
-                )
-                self.book.add(check, key, ck.Outcome(not lines, metadata, summary))
+            self._input_checks(key, t, problems)
             if problems:
                 return changes, landed, (key, t)
         return changes, landed, None
 
+    def _check_before_rebuilds(self, engine: Any, t: int, changes: dict[str, Any]) -> None:
+        """When stale epochs before `t` will be derived again (and committed) before `t` is
+        applied, `t`'s streamed rows are checked first, in a pass of their own (`Refused`), so
+        that a refusal leaves the state as it was; their stream is then read anew."""
+        streams = self.streamed.get(t, {})
+        if not streams or not any(s < t for s in engine.stale()):
+            return
+        for rel, (local, check) in streams.items():
+            for _ in local.checked(check, ck.BAD_ROWS):
+                pass
+            changes[rel] = local.checked(check, ck.BAD_ROWS)
+
+    def _input_checks(self, key: str, t: int, problems: dict[str, list[str]]) -> None:
+        """Each relation's ``update_triples`` outcome at epoch `t`: passed, or its problems."""
+        graph = self.graph
+        for info in graph.of_role(Role.CHANGES):
+            rel = info.relation or ""
+            check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
+            lines = [f"epoch {t} ({key}): {line}" for line in problems.get(rel, [])]
+            metadata: dict[str, Any] = {
+                "epoch": t,
+                "depth": "schema and data",
+                "problems found": len(lines),
+            }
+            if lines:
+                metadata["errors"] = MetadataValue.json(lines[: ck.BAD_ROWS])
+            summary = (
+                f"{len(lines)} problem(s), nothing applied: " + "; ".join(lines[:3])
+                if lines
+                else None
+            )
+            self.book.add(check, key, ck.Outcome(not lines, metadata, summary))
+
+    def _refused(
+        self, pairs: Sequence[tuple[str, int]], key: str, t: int, problems: dict[str, list[str]]
+    ) -> None:
+        """Epoch `t`'s streamed rows refused while it was applied (nothing of it committed): its
+        ``update_triples`` fails as a refusal found when reading does, and the later epochs of
+        the run, not applied, report no check."""
+        later = {k for k, n in pairs if n > t}
+        for outcomes in self.book.outcomes.values():
+            for k in later:
+                outcomes.pop(k, None)
+        self._input_checks(key, t, problems)
+
     # -- after each epoch ----------------------------------------------------------------------
-    def _epoch(self, engine: Any, key: str, result: Any, landed: Any) -> None:
-        """Record an applied epoch: its assets' metadata and its per-epoch checks."""
+    def _epoch(
+        self, engine: Any, key: str, result: Any, landed: Any, audit_later: bool = False
+    ) -> None:
+        """Record an applied epoch: its assets' metadata and its per-epoch checks (with
+        `audit_later`, its audit started in a thread of its own: `_settle`)."""
         graph, t = self.graph, result.epoch
         self.metadata[key] = epoch_metadata(graph, engine, result, landed)
-        self._epoch_checks(engine, key, result, rebuilt=False)
+        self._epoch_checks(engine, key, result, rebuilt=False, audit_later=audit_later)
         out = ", ".join(
             f"{q} {result.count(q):,} ({result.total(q):+,})" for q in graph.topology.plans
         )
@@ -275,7 +332,9 @@ class EpochRun:
             f"{result.metrics.total_seconds:.3f} s on the {result.metrics.deployment}"
         )
 
-    def _epoch_checks(self, engine: Any, key: str, result: Any, rebuilt: bool) -> None:
+    def _epoch_checks(
+        self, engine: Any, key: str, result: Any, rebuilt: bool, audit_later: bool = False
+    ) -> None:
         graph, t = self.graph, result.epoch
         for info in graph.of_role(Role.SNAPSHOT):
             check = AssetCheckKey(graph.key(info.name), ck.NON_NEGATIVE)
@@ -283,14 +342,36 @@ class EpochRun:
         for info in graph.of_role(Role.QUERY_CHANGES):
             asset = graph.key(info.name)
             self.book.add(AssetCheckKey(asset, ck.CURRENT), key, provenance.current(t, rebuilt))
-            outcome = ck.delta_rules(engine, info.query or "", t)
-            self.book.add(AssetCheckKey(asset, ck.DELTA_RULES), key, outcome)
+            check = AssetCheckKey(asset, ck.DELTA_RULES)
+            if audit_later:
+                self.later_audits.append((check, key, info.query or "", t))
+            else:
+                self.book.add(check, key, ck.delta_rules(engine, info.query or "", t))
         if rebuilt:
             for info in graph.of_role(Role.CHANGES):
                 check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
                 self.book.add(
                     check, key, ck.Outcome(True, {"rederived": "from the stored changes"})
                 )
+
+    @contextmanager
+    def _audit_meanwhile(self, engine: Any) -> Iterator[None]:
+        """The run's last epoch's audits (`_epoch` with `audit_later`), run in a thread of
+        their own while the caller writes the run's materializations — no epoch is applied after
+        it, and the audit's work (numpy, mostly outside the GIL) overlaps Dagster's writes of
+        its events — then their outcomes in the book."""
+        if not self.later_audits:
+            yield
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="wcoj-audit") as pool:
+            futures = [
+                (check, key, pool.submit(ck.delta_rules, engine, query, t))
+                for check, key, query, t in self.later_audits
+            ]
+            yield
+            for check, key, future in futures:
+                self.book.add(check, key, future.result())
+        self.later_audits.clear()
 
     def _rebuilt(self, engine: Any, result: Any) -> Iterator[AssetMaterialization]:
         """A stale epoch the engine derived again before the run's: its materializations."""

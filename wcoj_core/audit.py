@@ -70,12 +70,15 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 
 from wcoj_core import segments
+from wcoj_core.arrow import consolidated, longs
+from wcoj_core.deploy.batches import read_tables
 from wcoj_core.errors import DamagedFile, QueryError, StateError
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Term, Var
 from wcoj_core.store.manifest import Batch, Level, Manifest, Segment, Trace
-from wcoj_core.traces import output_trace_name, relation_trace_name
+from wcoj_core.traces import DIFF, output_trace_name, relation_trace_name
 
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
@@ -317,6 +320,14 @@ def _sorted(parts: Sequence[Block], width: int) -> _Source:
     return _Source(tuple(cols), diff)
 
 
+def _longs(tables: Sequence[pa.Table], name: str) -> np.ndarray:
+    """A long column of tables taken in order (a view for one table of one chunk)."""
+    parts = [longs(t.column(name)) for t in tables]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, I64)
+
+
 def in_order(cols: Sequence[np.ndarray], rng: np.random.Generator) -> bool:
     """Whether rows (as columns) are strictly increasing, as a segment's must be: every pair of
     neighbours when there are at most `ORDER_ROWS`, else `ORDER_PAIRS` random pairs (a segment
@@ -427,13 +438,22 @@ class _Relation:
         return sum(b.rows for b in self.batches if b.time <= self.epoch)
 
     def _batch(self, b: Batch) -> Block:
-        """A batch read whole (its digests checked), as columns and diffs."""
+        """A batch read whole (its files' sizes, digests, rows and epoch checked), as columns
+        and diffs, consolidated and sorted: as its files hold it when one pass over them
+        confirms it (what the engine writes), else sorted by the engine's reader."""
         if b.path not in self._read:
             assert self.trace is not None
-            layer = self.engine.read_batch(self.trace, b)
-            rows = np.asarray(layer.rows)
-            cols = [np.ascontiguousarray(rows[:, j]) for j in range(self.arity)]
-            self._read[b.path] = (cols, np.asarray(layer.diff))
+            columns = self.trace.columns
+            tables = self.engine.files.verified_tables(b.path, columns, b.files, b.rows, b.time)
+            if consolidated(tables, columns):
+                cols = [_longs(tables, c) for c in columns]
+                diff = _longs(tables, DIFF)
+            else:
+                layer = read_tables(columns, tables)
+                rows = np.asarray(layer.rows)
+                cols = [np.ascontiguousarray(rows[:, j]) for j in range(self.arity)]
+                diff = np.asarray(layer.diff)
+            self._read[b.path] = (cols, diff)
         return self._read[b.path]
 
     def _signed(self, side: _Side, scan: bool) -> list[tuple[Batch, int]]:

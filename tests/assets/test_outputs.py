@@ -12,6 +12,7 @@ without a JVM.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -50,7 +51,18 @@ def as_arrow(triangles_deltas: pa.Table) -> None:
 def as_pandas(triangles_deltas: pd.DataFrame) -> None:
     seen["pandas"] = (type(triangles_deltas).__name__, triangles_deltas.to_dict("records"))
 
-defs = dg.Definitions.merge(pipeline, dg.Definitions(assets=[as_arrow, as_pandas]))
+readers = [as_arrow, as_pandas]
+try:  # polars is an optional dependency (the polars extra): tested where it is installed
+    import polars as pl
+
+    @dg.asset(partitions_def=epochs)
+    def as_polars(triangles_deltas: pl.DataFrame) -> None:
+        seen["polars"] = (type(triangles_deltas).__name__, triangles_deltas.to_dicts())
+
+    readers.append(as_polars)
+except ImportError:
+    pass
+defs = dg.Definitions.merge(pipeline, dg.Definitions(assets=readers))
 job = defs.resolve_job_def("wcoj_epoch_job")
 with dg.DagsterInstance.ephemeral() as instance:
     for key in ("2024-03-01", "2024-03-02"):
@@ -59,7 +71,7 @@ with dg.DagsterInstance.ephemeral() as instance:
     result = mine.execute_in_process(
         partition_key="2024-03-02",
         instance=instance,
-        asset_selection=[dg.AssetKey("as_arrow"), dg.AssetKey("as_pandas")],
+        asset_selection=[a.key for a in readers],
     )
     assert result.success
 print(json.dumps({"seen": seen, "jvm": SparkContext._gateway is not None}))
@@ -107,11 +119,90 @@ def test_assets_annotated_arrow_or_pandas_read_the_change_with_no_jvm(tmp_path: 
     change.subtract(before)
     expected = {k: v for k, v in change.items() if v}
     assert expected, "the epoch changes the triangles"
-    for form, name in (("arrow", "Table"), ("pandas", "DataFrame")):
+    forms = [("arrow", "Table"), ("pandas", "DataFrame")]
+    if importlib.util.find_spec("polars") is not None:
+        forms.append(("polars", "DataFrame"))
+    assert sorted(out["seen"]) == sorted(f for f, _ in forms)
+    for form, name in forms:
         kind, rows = out["seen"][form]
         assert kind == name
         got = {(r["a"], r["b"], r["c"]): r["diff"] for r in rows}
         assert got == expected, form
+
+
+def small_state(tmp_path: Path, seed: int = 3) -> tuple:
+    """An engine over a small undirected graph's state after three epochs; its history."""
+    import pyarrow as pa
+
+    from wcoj_assets.resources import WcojResource
+
+    history = updates(seed=seed, epochs=3, nodes=10, inserts=14, deletes=4)
+    topology = Topology.of(DEFAULT_SPECS, undirected=["edge"])
+    engine = WcojResource(storage=str(tmp_path / "state")).engine(topology)
+    for n, changes in enumerate(history):
+        table = pa.table(
+            {
+                "c0": [a for (a, _), _ in changes],
+                "c1": [b for (_, b), _ in changes],
+                "diff": [d for _, d in changes],
+            }
+        )
+        engine.apply(n, {"edge": table}, replace=True)
+    return engine, topology, history
+
+
+@pytest.mark.parametrize("form", ["arrow", "pandas", "polars"])
+def test_read_output_gives_each_form_the_oracles_change_and_output(
+    tmp_path: Path, form: str
+) -> None:
+    from wcoj_assets.outputs import Form, read_output
+
+    if form == "polars":
+        pytest.importorskip("polars", reason="polars is optional (the polars extra)")
+    engine, topology, history = small_state(tmp_path)
+    query = topology.query("triangles")
+    wanted = {"arrow": Form.ARROW, "pandas": Form.PANDAS, "polars": Form.POLARS}[form]
+    for epoch in range(len(history)):
+        before = set_oracle(topology, "triangles", history, epoch - 1) if epoch else Counter()
+        after = set_oracle(topology, "triangles", history, epoch)
+        change = Counter(after)
+        change.subtract(before)
+        changed = {k: v for k, v in change.items() if v}
+        for is_change, expected in ((True, changed), (False, dict(after))):
+            got = read_output(engine, query, epoch, change=is_change, form=wanted)
+            if form == "arrow":
+                rows = got.to_pylist()
+            elif form == "pandas":
+                rows = got.to_dict("records")
+            else:
+                rows = got.to_dicts()
+            assert type(got).__module__.split(".")[0] == {"arrow": "pyarrow"}.get(form, form)
+            assert rows and list(rows[0]) == ["a", "b", "c", "diff"]
+            got_rows = {(r["a"], r["b"], r["c"]): r["diff"] for r in rows}
+            assert len(got_rows) == len(rows)  # one row per tuple
+            assert got_rows == expected, (epoch, is_change)
+
+
+def test_a_change_not_in_order_is_read_through_the_sorting_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored change the fast reader cannot confirm in order (none is written so) is read
+    by `change_table`, which sorts and consolidates it: the same rows either way."""
+    from wcoj_assets import outputs
+    from wcoj_core import arrow
+    from wcoj_core.arrow import consolidated
+    from wcoj_core.reading import change_table
+    from wcoj_core.traces import output_trace_name
+
+    engine, _, history = small_state(tmp_path, seed=7)
+    name = output_trace_name("triangles")
+    for epoch in range(len(history)):
+        fast = outputs.stored_change(engine, name, epoch)
+        assert fast.equals(change_table(engine, name, epoch))
+        assert consolidated([fast], ["c0", "c1", "c2"])  # what the engine writes
+        monkeypatch.setattr(arrow, "consolidated", lambda tables, columns: False)
+        assert outputs.stored_change(engine, name, epoch).equals(fast)
+        monkeypatch.undo()
 
 
 @pytest.mark.slow

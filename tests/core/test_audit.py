@@ -236,13 +236,15 @@ def test_the_usual_epoch_reads_only_the_batches_at_the_epoch(tmp_path: Path) -> 
     engine = Engine(None, root, query, relations=specs)
     engine.apply(2, {"edge": table(2, [((0, 3), 1), ((10, 13), 1), ((20, 21), -1)])})
     read: list[tuple[str, int]] = []
-    real = engine.read_batch
+    m = engine.store.current()
+    where = {b.path: (t.name, b.time) for t in m.traces.values() for b in t.batches}
+    real = engine.files.verified_tables
 
-    def spy(trace, batch):
-        read.append((trace.name, batch.time))
-        return real(trace, batch)
+    def spy(rel, *args, **kwargs):
+        read.append(where[rel])
+        return real(rel, *args, **kwargs)
 
-    engine.read_batch = spy  # type: ignore[method-assign]
+    engine.files.verified_tables = spy  # type: ignore[method-assign]
     audit = audit_epoch(engine, query.name, 2)
     assert audit.passed and audit.actual_rows > 0
     assert sorted(read) == [("out/triangles", 2), ("rel/edge", 2)]
