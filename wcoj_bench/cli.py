@@ -100,8 +100,8 @@ from wcoj_core.cli.console import (
 from wcoj_core.cli.count import add_run_arguments
 from wcoj_core.cli.inputs import check_files, check_undirected, parse_inputs, read_inputs
 from wcoj_core.errors import WcojError
+from wcoj_core.query.builtins import resolve_query
 from wcoj_core.query.ir import Query
-from wcoj_core.query.parse import resolve_query
 
 PROG = "wcoj-bench"
 

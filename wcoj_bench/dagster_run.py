@@ -249,7 +249,7 @@ def _change(state: Path, epoch: int) -> Any:
     from wcoj_bench.measure import change_arrays
     from wcoj_core.engine import Engine
     from wcoj_core.meaning import relation_specs
-    from wcoj_core.query.parse import resolve_query
+    from wcoj_core.query.builtins import resolve_query
 
     q = resolve_query(QUERY)
     specs = relation_specs(dict(q.relations), undirected=[RELATION])

@@ -103,7 +103,7 @@ def run_idle(
 ) -> dict[str, Any]:
     """The part (see the module) on a prepared graph and its state: its JSON report."""
     from wcoj_core.local_read import read_local
-    from wcoj_core.query.parse import resolve_query
+    from wcoj_core.query.builtins import resolve_query
 
     if gap < 0:
         raise BenchError(f"--gap must be at least 0 seconds, got {gap:g}")

@@ -54,7 +54,7 @@ def open_state(args: argparse.Namespace) -> dict[str, Any]:
     start = clock.perf_counter()
     from wcoj_core.engine import Engine
     from wcoj_core.indexes import open_trace
-    from wcoj_core.query.parse import resolve_query
+    from wcoj_core.query.builtins import resolve_query
 
     imported = clock.perf_counter()
     query = resolve_query(args.query)
@@ -99,7 +99,7 @@ def recompute(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from wcoj_core import spark as wspark
-    from wcoj_core.query.parse import resolve_query
+    from wcoj_core.query.builtins import resolve_query
     from wcoj_core.reference import reference_sql
     from wcoj_core.updates import consolidate
 
@@ -139,7 +139,7 @@ def warm(args: argparse.Namespace) -> dict[str, Any]:
     """Epochs applied one after the other in this process, each timed (its files read first)."""
     from wcoj_core.engine import Engine
     from wcoj_core.local_read import read_local
-    from wcoj_core.query.parse import resolve_query
+    from wcoj_core.query.builtins import resolve_query
 
     query = resolve_query(args.query)
     (rel,) = query.relations
