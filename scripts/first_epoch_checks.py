@@ -3,10 +3,10 @@ against a fresh ``wcoj apply --epoch 0`` of the same file (issue 31's target: at
 
 Usage: ``python scripts/first_epoch_checks.py EDGE_FILE SCRATCH [--rounds N]``, e.g. with
 ``../shared/data/web-NotreDame.txt.gz``. Each round, alternating which runs first: the README's
-quick start (`wcoj_bench.dagster_run`'s project files) with only epoch 0 landed, run by one fresh
+quick start (`wcoj_bench.parts.dagster_run`'s project files) with only epoch 0 landed, run by one fresh
 ``dagster job execute`` on a new SQLite instance; and a fresh ``wcoj apply --epoch 0 --changes
 edge=FILE --undirected edge`` into a new state. Both timed exec to exit with their peak memory
-(`wcoj_bench.measure.run_process`). From the Dagster run: its step's seconds, the engine's
+(`wcoj_bench.infra.measure.run_process`). From the Dagster run: its step's seconds, the engine's
 (``triangles``' metadata) and every check's (``matches_delta_rules``: its seconds, mode, chance to
 find a wrong tuple). Prints one JSON object with the load average before and after.
 
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from wcoj_bench.dagster_run import (
+from wcoj_bench.parts.dagster_run import (
     DEFINITIONS_PY,
     DEFS_YAML,
     DG_TOML,
@@ -33,7 +33,7 @@ from wcoj_bench.dagster_run import (
     START,
     dagster_command,
 )
-from wcoj_bench.measure import run_process
+from wcoj_bench.infra.measure import run_process
 
 
 def project(root: Path, edges: Path) -> None:
