@@ -3,11 +3,11 @@ against a fresh ``wcoj apply --epoch 0`` of the same file (issue 31's target: at
 
 Usage: ``python scripts/first_epoch_checks.py EDGE_FILE SCRATCH [--rounds N] [--baseline
 PYTHON]``, e.g. with ``../shared/data/web-NotreDame.txt.gz``. Each round, in an order rotating
-from round to round: the README's quick start (`wcoj_bench.dagster_run`'s project files) with
+from round to round: the README's quick start (`wcoj_bench.parts.dagster_run`'s project files) with
 only epoch 0 landed and its instance made as the quick start makes it (``python -m
 wcoj_assets.instance init``: ``.dagster/`` with its storage, untimed), run by one fresh ``dagster
 job execute``; and a fresh ``wcoj apply --epoch 0 --changes edge=FILE --undirected edge`` into a
-new state. Both timed exec to exit with their peak memory (`wcoj_bench.measure.run_process`).
+new state. Both timed exec to exit with their peak memory (`wcoj_bench.infra.measure.run_process`).
 With ``--baseline PYTHON`` (another checkout's venv, e.g. main's ``.venv/bin/python``) the same
 two commands of that install run in the same rounds, interleaved, so that both sides see the
 same load.
@@ -33,7 +33,8 @@ import time as clock
 from pathlib import Path
 from typing import Any
 
-from wcoj_bench.dagster_run import (
+from wcoj_bench.infra.measure import run_process
+from wcoj_bench.parts.dagster_run import (
     DEFINITIONS_PY,
     DEFS_YAML,
     DG_TOML,
@@ -41,7 +42,6 @@ from wcoj_bench.dagster_run import (
     RELATION,
     START,
 )
-from wcoj_bench.measure import run_process
 
 
 def project(root: Path, edges: Path) -> Path:

@@ -27,8 +27,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=11)
     args = parser.parse_args()
     if args.mode == "off":
-        import wcoj_core.segments as segments
         import wcoj_core.store.manifest as manifest
+        import wcoj_core.store.segments as segments
 
         segments._check = lambda path, ref, expect, *, digest: len(segments._header(expect))
         manifest.digest_of = lambda body: body.get("digest", "0" * 64)

@@ -226,11 +226,12 @@ def non_negative(relation: str, result: EpochResult) -> Outcome:
 
 
 def delta_rules(engine: Engine, query: str, epoch: int, full: bool = False) -> Outcome:
-    """`wcoj_core.audit.audit_epoch` in its default mode (every tuple of a small epoch, a
+    """`wcoj_core.audit_sample.audit_epoch` in its default mode (every tuple of a small epoch, a
     sample of a large one), or with `full` every tuple whatever it costs; when that module
     exists (else not checked, saying so)."""
     try:
-        from wcoj_core.audit import AuditMode, audit_epoch
+        from wcoj_core.audit import AuditMode
+        from wcoj_core.audit_sample import audit_epoch
     except ImportError:
         return Outcome(
             True,

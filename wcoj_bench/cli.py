@@ -29,12 +29,12 @@ Commands::
 
 ``epochs``, ``static`` and ``curve`` take ``--undirected REL``, ``--master URL`` and
 ``--state DIR`` as ``wcoj count`` does, and check their arguments and input files before Spark
-starts (`wcoj_core.cli.inputs`). ``cold`` (`wcoj_bench.cold`) times whole processes and starts no
-Spark itself (its recompute processes do); ``idle`` (`wcoj_bench.idle`) applies epochs back to
-back, then ``--gap`` seconds apart; ``dagster-run`` (`wcoj_bench.dagster_run`) times one epoch
+starts (`wcoj_core.cli.inputs`). ``cold`` (`wcoj_bench.parts.cold`) times whole processes and starts no
+Spark itself (its recompute processes do); ``idle`` (`wcoj_bench.parts.idle`) applies epochs back to
+back, then ``--gap`` seconds apart; ``dagster-run`` (`wcoj_bench.parts.dagster_run`) times one epoch
 partition of the README's quick start per fresh ``dagster job execute`` beside the same job with
 empty bodies. They keep their prepared graphs and built states under
-``--scratch`` (default ``.wcoj/bench``), reused by later runs. ``backfill`` and ``report`` are `wcoj_bench.backfill.main` and
+``--scratch`` (default ``.wcoj/bench``), reused by later runs. ``backfill`` and ``report`` are `wcoj_bench.parts.backfill.main` and
 `wcoj_bench.report.main`, handed the arguments after their name.
 
 Contract: results go to stdout, progress to stderr; with ``--json`` the last line on stdout is one
@@ -56,8 +56,12 @@ from typing import Any
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 
-from wcoj_bench import backfill, cluster, cold, dagster_run, idle, report, scale
-from wcoj_bench.curves import (
+from wcoj_bench import report
+from wcoj_bench.infra import cluster
+from wcoj_bench.infra.machine import machine_facts, machine_label
+from wcoj_bench.infra.measure import Sample
+from wcoj_bench.parts import backfill, cold, dagster_run, idle, scale
+from wcoj_bench.parts.curves import (
     CURVE_METHODS,
     DEFAULT_EPOCH_SIZE,
     DEFAULT_EPOCH_SIZES,
@@ -73,10 +77,8 @@ from wcoj_bench.curves import (
     save_curve,
     sized_spec,
 )
-from wcoj_bench.epochs import METHODS, bench, make_workload
-from wcoj_bench.machine import machine_facts, machine_label
-from wcoj_bench.measure import Sample
-from wcoj_bench.static import (
+from wcoj_bench.parts.epochs import METHODS, bench, make_workload
+from wcoj_bench.parts.static import (
     STATIC_DEFAULT,
     CountCommand,
     StaticRun,
@@ -100,8 +102,8 @@ from wcoj_core.cli.console import (
 from wcoj_core.cli.count import add_run_arguments
 from wcoj_core.cli.inputs import check_files, check_undirected, parse_inputs, read_inputs
 from wcoj_core.errors import WcojError
+from wcoj_core.query.builtins import resolve_query
 from wcoj_core.query.ir import Query
-from wcoj_core.query.parse import resolve_query
 
 PROG = "wcoj-bench"
 

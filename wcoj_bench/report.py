@@ -15,24 +15,24 @@ exactly the one that ran:
 * ``epochs`` — ``wcoj-bench epochs`` on web-NotreDame, 1,000-change epochs and a skew epoch, all three
   methods;
 * ``static`` — ``wcoj-bench static`` on web-NotreDame, every static method;
-* ``curve-size`` and ``curve-epoch-size`` — ``wcoj-bench curve`` (`wcoj_bench.curves`);
-* ``cold`` — ``wcoj-bench cold`` (`wcoj_bench.cold`): whole processes, exec to exit, on
+* ``curve-size`` and ``curve-epoch-size`` — ``wcoj-bench curve`` (`wcoj_bench.parts.curves`);
+* ``cold`` — ``wcoj-bench cold`` (`wcoj_bench.parts.cold`): whole processes, exec to exit, on
   web-NotreDame (a fresh ``wcoj apply`` per epoch against a fresh Spark SQL recompute, opening
   the state, the warm epoch as a set and as a bag) and on R-MAT graphs of 0.2 M to 20 M edges;
-* ``dagster-run`` — ``wcoj-bench dagster-run`` (`wcoj_bench.dagster_run`): the README's quick
+* ``dagster-run`` — ``wcoj-bench dagster-run`` (`wcoj_bench.parts.dagster_run`): the README's quick
   start on web-NotreDame, each 1,000-change epoch partition a fresh ``dagster job execute``,
   beside the same job with empty bodies;
-* ``scale`` — ``wcoj-bench scale`` (`wcoj_bench.scale`): the memory budget at 18.6 M edges, a
+* ``scale`` — ``wcoj-bench scale`` (`wcoj_bench.parts.scale`): the memory budget at 18.6 M edges, a
   one-epoch load, a build in epochs and fresh epochs, each a whole process with its tree's peak
   anonymous memory;
 * ``cluster-static``, ``cluster-epochs``, ``cluster-curve-size``, ``cluster-cliques`` — the same
   kinds of runs on a two-worker, one-core-each standalone cluster that the report starts on this
-  machine (`wcoj_bench.cluster`) and stops afterwards, with wcoj's kernel on the executors
+  machine (`wcoj_bench.infra.cluster`) and stops afterwards, with wcoj's kernel on the executors
   (``--deploy executors``): web-NotreDame counted against Spark SQL and the neighbour array;
   its 1,000-change epochs against recompute; R-MAT graphs up to 20 M edges with a 1 GiB driver;
   4-cliques of the densest shared graphs (facebook_combined: the highest mean degree;
   email-Eu-core: the highest edge density) with 1 GiB executors, their Python workers held to
-  1 GiB; ``cluster-idle`` (`wcoj_bench.idle`): 1,000-change epochs of the 2 M-edge R-MAT graph
+  1 GiB; ``cluster-idle`` (`wcoj_bench.parts.idle`): 1,000-change epochs of the 2 M-edge R-MAT graph
   back to back, then two minutes apart (20 M edges, issue 21's size, once the state of that
   graph can be built within the machine's memory).
 
@@ -41,7 +41,7 @@ The process parts (``cold``, ``dagster-run``, ``cluster-idle``) keep their prepa
 ``wcoj apply``, and reused by later runs until `wcoj_core`'s source changes.
 
 Each part's JSON line, with its command, date, wall time, load average and the machine
-(`wcoj_bench.machine`), is saved as ``<root>/bench/<part>.json``; a curve's plot goes to
+(`wcoj_bench.infra.machine`), is saved as ``<root>/bench/<part>.json``; a curve's plot goes to
 ``<root>/img/<part>.png``. After every part the page is rendered again from every saved JSON:
 the region of each part, and ``machine`` (machine, versions, dates and the exact commands). A
 region without a saved JSON is left as it is; the text outside the regions is never touched.
@@ -70,9 +70,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-from wcoj_bench.machine import load_average, machine_facts
-from wcoj_bench.page import MACHINE, PAGE, RENDER, render_machine, replace_regions
-from wcoj_bench.page_processes import render_cold, render_dagster_run, render_idle, render_scale
+from wcoj_bench.infra.machine import load_average, machine_facts
+from wcoj_bench.page import MACHINE, PAGE, RENDERERS, render_machine, replace_regions
 from wcoj_core.cli.console import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from wcoj_core.errors import WcojError
 
@@ -92,13 +91,6 @@ GENERATED_ONLY = ("curve-size", "cluster-curve-size", "cluster-idle")
 CLUSTER = {"workers": 2, "cores": 1, "memory": "2g"}
 ONE_GIB = ["--conf", "spark.executor.memory=1g", "--conf", "spark.executor.pyspark.memory=1g"]
 NOTRE_DAME = "web-NotreDame.txt.gz"
-RENDERERS = {
-    **RENDER,
-    "cold": render_cold,
-    "dagster-run": render_dagster_run,
-    "cluster-idle": render_idle,
-    "scale": render_scale,
-}
 DEFAULT_ROOT = "docs"
 DEFAULT_DATA = "../shared/data"
 REPO_PAGE = Path(__file__).resolve().parents[1] / "docs" / PAGE
@@ -242,7 +234,7 @@ def run_part(name: str, argv: list[str], bench_dir: Path, say: Callable[[str], N
 def local_cluster(root: Path, say: Callable[[str], None]) -> Iterator[str]:
     """A standalone cluster on this machine for the cluster parts: its master URL; stopped
     after, whatever happens."""
-    from wcoj_bench import cluster
+    from wcoj_bench.infra import cluster
 
     where = root / "cluster"
     say(f"report: starting a cluster ({CLUSTER}) under {where}")

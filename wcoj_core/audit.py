@@ -1,16 +1,16 @@
 """The per-epoch check: an epoch's output change recomputed from its input changes.
 
-`audit_epoch(engine, query, epoch, mode)` recomputes query `query`'s output change at `epoch`
-from the relations' stored state and compares it, as an exact multiset, with the change the
-engine stored (the ``out/<query>`` batch at the epoch, its files checked against their digests),
-and the output's figures as of the epoch (distinct tuples, count, negative tuples) with its
-figures as of the epoch before moved by that change. `AuditMode.FULL` recomputes every tuple;
-`AuditMode.SAMPLED`, the default, every tuple of a small epoch and otherwise a random sample,
-each sampled tuple recomputed whole, with the figures and the change's sum still exact
-(`wcoj_core.audit_sample`: a bulk load audited in about the time the engine took). The `Audit`
-says whether they agree, how many tuples differ (the first few named), what the figures get
-wrong, how many rows the check's joins produced, what it read, how long it took and the chance
-it had of finding one wrong tuple.
+`audit_epoch(engine, query, epoch, mode)` (in `wcoj_core.audit_sample`, above this module)
+recomputes query `query`'s output change at `epoch` from the relations' stored state and
+compares it, as an exact multiset, with the change the engine stored (the ``out/<query>`` batch
+at the epoch, its files checked against their digests), and the output's figures as of the
+epoch (distinct tuples, count, negative tuples) with its figures as of the epoch before moved by
+that change. `AuditMode.FULL` recomputes every tuple; `AuditMode.SAMPLED`, the default, every
+tuple of a small epoch and otherwise a random sample, each sampled tuple recomputed whole, with
+the figures and the change's sum still exact (`wcoj_core.audit_sample`: a bulk load audited in
+about the time the engine took). The `Audit` says whether they agree, how many tuples differ
+(the first few named), what the figures get wrong, how many rows the check's joins produced,
+what it read, how long it took and the chance it had of finding one wrong tuple.
 
 **Independent of the kernel.** Nothing here runs the kernel's GenericJoin, its layer searches or
 the planner's rules. The check evaluates the epoch's *delta rules* by plain binary joins — one
@@ -63,7 +63,6 @@ from the batches (`matches_binary_join`) and ``wcoj verify`` cover those.
 
 from __future__ import annotations
 
-import time as clock
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -72,18 +71,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from wcoj_core import segments
 from wcoj_core.arrow import consolidated, longs
 from wcoj_core.deploy.batches import read_tables
 from wcoj_core.errors import DamagedFile, QueryError, StateError
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Term, Var
+from wcoj_core.store import segments
 from wcoj_core.store.manifest import Batch, Level, Manifest, Segment, Trace
-from wcoj_core.traces import DIFF, output_trace_name, relation_trace_name
+from wcoj_core.traces import DIFF, relation_trace_name
 
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
 
-__all__ = ["Audit", "AuditMode", "Change", "audit_epoch", "recompute_change"]
+__all__ = ["Audit", "AuditMode", "Change", "recompute_change"]
 
 I64 = np.int64
 LIMIT = 1 << 63  # |value| below this fits in int64
@@ -892,63 +891,6 @@ def _recompute(
     if epoch in engine.stale(manifest):
         method += f"; epoch {epoch} is stale (derived from changes corrected since)"
     return Change(columns, weights, rules.joined, method)
-
-
-def audit_epoch(
-    engine: Engine,
-    query: str,
-    epoch: int,
-    mode: AuditMode = AuditMode.SAMPLED,
-    seed: int | None = None,
-) -> Audit:
-    """Check query `query`'s stored output change at `epoch` against its recomputation, and its
-    figures as of the epoch against those before it plus the change (see the module).
-
-    `mode` `SAMPLED` (the default per-epoch check) recomputes every tuple when the epoch is
-    small and a random sample of them otherwise (`wcoj_core.audit_sample`, with `seed`, drawn
-    when None); `FULL` every tuple whatever it costs. A damaged output or relation batch raises
-    `DamagedBatch`."""
-    from wcoj_core import audit_sample as sample
-
-    started = clock.perf_counter()
-    manifest = engine.store.current()
-    relations = _relations(engine, query, epoch, manifest)
-    q = engine.queries[query]
-    if seed is None:
-        seed = int(np.random.SeedSequence().entropy) % (1 << 32)  # type: ignore[arg-type]
-    trace = manifest.trace(output_trace_name(query))
-    batch = next((b for b in trace.batches if b.time == epoch), None) if trace else None
-    changed = sample.change_rows(manifest, q, epoch)
-    small = changed <= sample.EXACT_DELTA and (batch.rows if batch else 0) <= sample.EXACT_STORED
-    if mode is AuditMode.SAMPLED and q.head and not small:
-        return sample.sampled_audit(engine, query, epoch, manifest, relations, seed)
-    budget = sample.JOINED if mode is AuditMode.SAMPLED and q.head else None
-    try:
-        expected = _recompute(engine, query, epoch, manifest, relations, budget)
-    except TooMuch:  # a small change whose joins are not: a sample after all
-        return sample.sampled_audit(engine, query, epoch, manifest, relations, seed)
-    width = len(q.head)
-    stored: Block = ([np.zeros(0, I64) for _ in range(width)], np.zeros(0, I64))
-    if trace is not None and batch is not None:
-        layer = engine.read_batch(trace, batch)
-        rows = np.asarray(layer.rows)
-        stored = ([rows[:, k] for k in range(width)], np.asarray(layer.diff))
-    mismatches, examples = _compare((list(expected.columns), expected.weights), stored)
-    tally = sample.FigureTally(sample.old_state(engine, trace, width, epoch, query), width)
-    tally.add(stored[0], stored[1])
-    problems = tally.problems(epoch, *sample.figures_around(trace, epoch))
-    return Audit(
-        passed=mismatches == 0 and not problems,
-        mismatches=mismatches,
-        examples=examples + problems,
-        expected_rows=len(expected.weights),
-        actual_rows=len(stored[1]),
-        joined_rows=expected.joined_rows,
-        seconds=clock.perf_counter() - started,
-        method=expected.method + tally.read(),
-        mode="full" if mode is AuditMode.FULL else "exact",
-        figures="; ".join(problems) or "ok",
-    )
 
 
 def _compare(expected: Block, stored: Block) -> tuple[int, list[str]]:

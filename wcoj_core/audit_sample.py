@@ -1,6 +1,7 @@
-"""The per-epoch audit at any epoch size: a random sample of the output change checked tuple by
-tuple, and what is cheap to check exactly checked exactly (`wcoj_core.audit.audit_epoch`'s
-default).
+"""The per-epoch audit at any epoch size (`audit_epoch`): a random sample of the output change
+checked tuple by tuple, and what is cheap to check exactly checked exactly (its default mode);
+every tuple of a small epoch, or of any epoch asked for in full, recomputed by the binary joins
+of `wcoj_core.audit`.
 
 Recomputing a whole epoch's change by binary joins (`wcoj_core.audit`, the full audit) is what
 the engine avoids: on a first load of a web graph it joins a hundred million rows. So at an epoch
@@ -55,6 +56,7 @@ from wcoj_core.audit import (
     I64,
     LIMIT,
     Audit,
+    AuditMode,
     Block,
     TooMuch,
     _Bindings,
@@ -64,7 +66,9 @@ from wcoj_core.audit import (
     _magnitude,
     _positions,
     _probe,
+    _recompute,
     _Relation,
+    _relations,
     _Rules,
     _Side,
     _summed,
@@ -555,3 +559,58 @@ def old_state(
         old.index = None
         old.notes.add(f"its batches before epoch {epoch} read (its index covers later epochs)")
     return old
+
+
+def audit_epoch(
+    engine: Engine,
+    query: str,
+    epoch: int,
+    mode: AuditMode = AuditMode.SAMPLED,
+    seed: int | None = None,
+) -> Audit:
+    """Check query `query`'s stored output change at `epoch` against its recomputation, and its
+    figures as of the epoch against those before it plus the change (see the module).
+
+    `mode` `SAMPLED` (the default per-epoch check) recomputes every tuple when the epoch is
+    small and a random sample of them otherwise (`wcoj_core.audit_sample`, with `seed`, drawn
+    when None); `FULL` every tuple whatever it costs. A damaged output or relation batch raises
+    `DamagedBatch`."""
+    started = clock.perf_counter()
+    manifest = engine.store.current()
+    relations = _relations(engine, query, epoch, manifest)
+    q = engine.queries[query]
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy) % (1 << 32)  # type: ignore[arg-type]
+    trace = manifest.trace(output_trace_name(query))
+    batch = next((b for b in trace.batches if b.time == epoch), None) if trace else None
+    changed = change_rows(manifest, q, epoch)
+    small = changed <= EXACT_DELTA and (batch.rows if batch else 0) <= EXACT_STORED
+    if mode is AuditMode.SAMPLED and q.head and not small:
+        return sampled_audit(engine, query, epoch, manifest, relations, seed)
+    budget = JOINED if mode is AuditMode.SAMPLED and q.head else None
+    try:
+        expected = _recompute(engine, query, epoch, manifest, relations, budget)
+    except TooMuch:  # a small change whose joins are not: a sample after all
+        return sampled_audit(engine, query, epoch, manifest, relations, seed)
+    width = len(q.head)
+    stored: Block = ([np.zeros(0, I64) for _ in range(width)], np.zeros(0, I64))
+    if trace is not None and batch is not None:
+        layer = engine.read_batch(trace, batch)
+        rows = np.asarray(layer.rows)
+        stored = ([rows[:, k] for k in range(width)], np.asarray(layer.diff))
+    mismatches, examples = _compare((list(expected.columns), expected.weights), stored)
+    tally = FigureTally(old_state(engine, trace, width, epoch, query), width)
+    tally.add(stored[0], stored[1])
+    problems = tally.problems(epoch, *figures_around(trace, epoch))
+    return Audit(
+        passed=mismatches == 0 and not problems,
+        mismatches=mismatches,
+        examples=examples + problems,
+        expected_rows=len(expected.weights),
+        actual_rows=len(stored[1]),
+        joined_rows=expected.joined_rows,
+        seconds=clock.perf_counter() - started,
+        method=expected.method + tally.read(),
+        mode="full" if mode is AuditMode.FULL else "exact",
+        figures="; ".join(problems) or "ok",
+    )

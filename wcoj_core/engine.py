@@ -17,21 +17,23 @@ Spark is optional: an engine over a local state reads and writes with pyarrow an
 runs the kernel on this process. Spark is started (through the `SparkStarter` given) only for
 what needs it: changes given as a DataFrame that is not a plain local Parquet scan, a state on
 remote storage, the executors deployment, reading traces as DataFrames.
+
+The engine is a façade over two parts (`wcoj_core.served`): what it serves, planned once and
+frozen (`Served`), and the state it serves it from (`StateAccess`). An epoch
+(`wcoj_core.epoch.EpochPass`), the executors' Spark job and the readers of a state are handed
+those, never the engine: nothing in `wcoj_core` below this module imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time as clock
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wcoj_core import deploy, lineage
-from wcoj_core.budget import MemoryBudget, Shares, format_size
+from wcoj_core.budget import MemoryBudget, Shares
 from wcoj_core.deploy import Choice, Limits
 from wcoj_core.deploy.batches import BatchFiles
-from wcoj_core.deploy.cluster import ONE_TASK_ROWS
 from wcoj_core.epoch import (
     EpochMetrics,
     EpochPass,
@@ -40,21 +42,17 @@ from wcoj_core.epoch import (
     ignored_trace_name,
 )
 from wcoj_core.errors import EpochAlreadyApplied, QueryError, StateError
-from wcoj_core.indexes import ViewKey, counts_names, plan_views
+from wcoj_core.indexes import ViewKey
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.landing import Changes, check_columns, is_dataframe
-from wcoj_core.meaning import Meaning, RelationSpec, relation_specs
+from wcoj_core.meaning import Meaning, RelationSpec
 from wcoj_core.query.ir import Query, Var
-from wcoj_core.query.plan import Arrangement, Plan, plan_query
+from wcoj_core.query.plan import Arrangement, Plan
+from wcoj_core.served import Served, StateAccess, served_specs
 from wcoj_core.session import SparkStarter, starter_of
 from wcoj_core.store import manifest as mf
 from wcoj_core.store.store import Store
-from wcoj_core.traces import (
-    output_trace_name,
-    relation_columns,
-    relation_trace_name,
-    rule_trace_name,
-)
+from wcoj_core.traces import output_trace_name, relation_trace_name, rule_trace_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -70,9 +68,6 @@ __all__ = [
 # The most landed rows an epoch takes: none (they are summed in sorted runs within the memory
 # budget, `wcoj_core.landing`); a caller may set a limit.
 LANDING_ROWS: int | None = None
-# Progress on a long epoch is reported once it has run this long, then at most this often.
-PROGRESS_AFTER = 2.0
-PROGRESS_EVERY = 1.0
 # The largest epoch number (epochs are days, counters, ...; far below int64).
 MAX_EPOCH = 2**62
 
@@ -115,234 +110,162 @@ class Engine:
     ) -> None:
         from wcoj_core.deploy.driver import WORKERS
 
-        self.budget = MemoryBudget.of(memory) if shares is None else shares.budget
-        # What each stage may hold (`shares` given: tests forcing every stage to spill).
-        self.shares = Shares.of(self.budget, WORKERS) if shares is None else shares
-        self.progress = progress
-        self._reported = 0.0
-        # What an executor's Python worker may hold (0: the kernel's own limits), when Spark
-        # runs in this process tree under the same budget (`_share_with_spark`).
-        self.worker_bytes = 0
+        budget = MemoryBudget.of(memory) if shares is None else shares.budget
         qs = [queries] if isinstance(queries, Query) else list(queries)
-        if not qs:
-            raise QueryError("an engine needs at least one query")
-        if len({q.name for q in qs}) != len(qs):
-            raise QueryError("two queries share a name; give each query its own name")
-        self.queries: dict[str, Query] = {q.name: q for q in qs}
-        arities: dict[str, int] = {}
-        for q in qs:
-            for rel, arity in q.relations.items():
-                if arities.setdefault(rel, arity) != arity:
-                    raise QueryError(
-                        f"relation {rel!r} has arity {arities[rel]} in one query and {arity} in "
-                        f"{q.name!r}"
-                    )
-        self.specs: dict[str, RelationSpec] = (
-            dict(relations)
-            if relations is not None
-            else relation_specs(arities, undirected=undirected)
+        specs = served_specs(qs, relations, undirected)
+        starter = starter_of(spark)
+        self.access = StateAccess.open(
+            state_dir, starter, create=create, executor_tasks=executor_tasks
         )
-        missing = sorted(set(arities) - set(self.specs))
-        if missing:
-            raise QueryError(f"no relation spec for {', '.join(missing)}")
-        self.specs = {r: self.specs[r] for r in sorted(arities)}
-        for rel, spec in self.specs.items():
-            if spec.arity != arities[rel]:
-                raise QueryError(
-                    f"relation {rel!r} is declared with arity {spec.arity}, the queries use "
-                    f"{arities[rel]}"
-                )
-        self.starter = starter_of(spark)
-        self.store = Store.open(
-            state_dir,
-            create=create,
-            spark_factory=lambda: self.spark("the state is on remote storage"),
-        )
-        self.relations = arities
         manifest = self.store.current()
         if sizes is None:
             sizes = {
                 rel: trace.rows()
-                for rel in arities
+                for rel in specs
                 if (trace := manifest.trace(relation_trace_name(rel))) is not None
             }
-        self.plans: dict[str, Plan] = {
-            q.name: plan_query(q, sizes, (orders or {}).get(q.name)) for q in qs
-        }
-        self.keep_rules = keep_rules
-        self.limits = Limits(deployment, driver_max_rows, driver_epoch_rows, executor_max_rows)
-        self.executor_tasks = executor_tasks
-        self.landing_rows = landing_rows
-        # Keep the last `compact_every` epochs re-runnable and compact what is older, once a
-        # trace holds twice that many batches (0: never; see `wcoj_core.compaction`).
-        self.compact_every = compact_every
-        # A small executors' work (changed rows) runs in one task once the executors are warm.
-        self.one_task_rows = ONE_TASK_ROWS
-        self.executors_warm = False
-        # Arrangement files are kept for a state on this machine's file system (or one every
-        # executor mounts at the same path); a state on remote storage keeps batches only.
-        self.persist_index = self.local
-        self._files: BatchFiles | None = None
-        self.counts_traces = counts_names(self.plans.values())
-        widths = {relation_trace_name(r): a for r, a in self.relations.items()}
-        widths |= {name: len(cols) for name, cols in self.counts_traces.items()}
-        widths |= {output_trace_name(q): len(self.queries[q].head) for q in self.indexed_outputs()}
-        self.views: dict[str, frozenset[ViewKey]] = plan_views(self.plans.values(), widths)
-        self.plan_record = mf.StatePlan(
-            {
-                rel: mf.RelationPlan(spec.arity, mf.Meaning(spec.meaning.value), spec.undirected)
-                for rel, spec in self.specs.items()
-            },
-            {
-                name: mf.QueryPlan(str(q), tuple(sorted(q.relations)))
-                for name, q in sorted(self.queries.items())
-            },
+        # What each stage may hold (`shares` given: tests forcing every stage to spill).
+        shares = Shares.of(budget, WORKERS) if shares is None else shares
+        worker_bytes = 0
+        split = None
+        if deployment == "executors" or not self.access.local:
+            # The epochs run in the executors: the budget is split with Spark (`_split`).
+            split = Shares.of(budget, WORKERS).for_spark(starter.master, _cores(starter.master))
+            shares, worker_bytes = split.driver, split.worker_bytes
+        limits = Limits(deployment, driver_max_rows, driver_epoch_rows, executor_max_rows)
+        self.served = Served.plan(
+            qs,
+            specs,
+            sizes,
+            orders,
+            limits=limits,
+            shares=shares,
+            budget=budget,
+            keep_rules=keep_rules,
+            landing_rows=landing_rows,
+            compact_every=compact_every,
+            worker_bytes=worker_bytes,
         )
+        self.progress = progress
         self.check_plan(manifest)
-        if deployment == "executors" or not self.local:
-            self._share_with_spark()
-
-    def _share_with_spark(self) -> None:
-        """Split the budget with Spark, for an engine whose epochs run in the executors: this
-        process keeps its share, the JVM's heap is set to its own (unless ``--conf`` set it),
-        and each executor's Python worker sizes its pieces by its share (`SparkShares`)."""
-        from wcoj_core.deploy.driver import WORKERS
-
-        master = self.starter.master
-        split = Shares.of(self.budget, WORKERS).for_spark(master, _cores(master))
-        self.shares = split.driver
-        self.worker_bytes = split.worker_bytes
-        if not self.starter.started:
+        if split is not None and not starter.started:
+            # This process keeps its share, the JVM's heap is set to its own (unless ``--conf``
+            # set it), and each executor's Python worker sizes its pieces by its share.
             for key, value in split.conf().items():
-                self.starter.conf.setdefault(key, value)
+                starter.conf.setdefault(key, value)
 
-    # -- what the engine serves ------------------------------------------------------------
-    def spark(self, reason: str) -> SparkSession:
-        """The Spark session, started now (announced with `reason`) if it is not running."""
-        return self.starter(reason)
+    # -- what the engine serves (`Served`) and the state it serves it from (`StateAccess`) --
+    @property
+    def queries(self) -> dict[str, Query]:
+        return self.served.queries
 
     @property
-    def files(self) -> BatchFiles:
-        """The state's batches through pyarrow."""
-        if self._files is None:
-            self._files = BatchFiles(self.store.root)
-        return self._files
+    def specs(self) -> dict[str, RelationSpec]:
+        return self.served.specs
 
     @property
-    def local(self) -> bool:
-        return "://" not in self.store.root or self.store.root.startswith("file://")
+    def relations(self) -> dict[str, int]:
+        """Each relation's arity."""
+        return self.served.relations
 
-    def scratch_root(self) -> Path | None:
-        """Where an epoch spills: the state's ``scratch/`` folder (None for a state on remote
-        storage: the system's temporary folder)."""
-        if not self.local:
-            return None
-        from wcoj_core.store.names import SCRATCH
+    @property
+    def plans(self) -> dict[str, Plan]:
+        return self.served.plans
 
-        return Path(self.store.root.removeprefix("file://")).absolute() / SCRATCH
+    @property
+    def views(self) -> dict[str, frozenset[ViewKey]]:
+        return self.served.views
 
-    def report(self, what: str, run: Any) -> None:
-        """Tell `progress` how an epoch goes (`what`, the bytes spilled, the memory peak), once
-        the epoch has run `PROGRESS_AFTER` seconds, at most every `PROGRESS_EVERY`."""
-        if self.progress is None:
-            return
-        now = clock.monotonic()
-        if now - run.started < PROGRESS_AFTER or now - self._reported < PROGRESS_EVERY:
-            return
-        self._reported = now
-        self.progress(
-            f"{what}; spilled {format_size(run.scratch.spilled)}, memory "
-            f"{format_size(run.meter.peak)} of {format_size(self.budget.bytes)}"
-        )
+    @property
+    def counts_traces(self) -> dict[str, tuple[str, ...]]:
+        return self.served.counts_traces
+
+    @property
+    def plan_record(self) -> mf.StatePlan:
+        return self.served.record
+
+    @property
+    def keep_rules(self) -> bool:
+        return self.served.keep_rules
+
+    @property
+    def budget(self) -> MemoryBudget:
+        return self.served.budget
+
+    @property
+    def shares(self) -> Shares:
+        return self.served.shares
+
+    @property
+    def limits(self) -> Limits:
+        return self.served.limits
+
+    @limits.setter
+    def limits(self, limits: Limits) -> None:
+        self.served = dataclasses.replace(self.served, limits=limits)
 
     @property
     def arrangements(self) -> tuple[Arrangement, ...]:
         """Every arrangement any plan reads, each once."""
-        seen: dict[Arrangement, None] = {}
-        for plan in self.plans.values():
-            for a in plan.arrangements:
-                seen.setdefault(a, None)
-        return tuple(seen)
+        return self.served.arrangements
 
     def indexed_outputs(self) -> list[str]:
-        """The queries whose output is indexed: those whose output tuples may be held other
-        than once (a bag relation read, or a head dropping a variable), whose figures then need
-        lookups. An output over sets with every variable in its head holds each tuple once."""
-        out = []
-        for name, q in sorted(self.queries.items()):
-            sets = all(self.specs[r].meaning is Meaning.SET for r in q.relations)
-            if not (sets and set(q.head) == set(q.vars)):
-                out.append(name)
-        return out
+        """The queries whose output is indexed (`Served.indexed_outputs`)."""
+        return self.served.indexed_outputs()
 
     def indexed(self) -> list[str]:
         """Every trace an epoch opens: relations, counts, indexed outputs."""
-        return sorted(self.views)
+        return self.served.indexed()
 
     def trace_columns(self, name: str) -> list[str]:
-        kind, _, rest = name.partition("/")
-        if kind in ("rel", "ignored"):
-            return relation_columns(self.relations[rest])
-        if kind == "counts":
-            return list(self.counts_traces[name])
-        if kind == "out":
-            return relation_columns(len(self.queries[rest].head))
-        if kind == "rule":
-            return relation_columns(len(self.queries[rest.rsplit("/", 1)[0]].head))
-        raise StateError(f"unknown trace {name!r}")
+        return self.served.trace_columns(name)
 
     def check_plan(self, manifest: mf.Manifest) -> None:
         """Refuse a state that serves something else than this engine (see the module)."""
-        held = manifest.plan
-        if held is None:
-            if manifest.epoch is not None:
-                raise StateError(f"state {self.store.root} records no plan; it cannot be checked")
-            return
-        mine = self.plan_record
-        for rel, spec in mine.relations.items():
-            theirs = held.relations.get(rel)
-            if theirs is not None and theirs != spec:
-                raise StateError(
-                    f"state {self.store.root} holds relation {rel!r} as {_describe(theirs)}; "
-                    f"this run declares it {_describe(spec)}: use the same declaration, or a "
-                    "new state"
-                )
-        for name, q in held.queries.items():
-            ours = mine.queries.get(name)
-            if ours is None:
-                raise StateError(
-                    f"state {self.store.root} also maintains query {name!r} ({q.text}); an "
-                    f"engine applying epochs to it must serve every query it holds (serving: "
-                    f"{', '.join(mine.queries)})"
-                )
-            if ours.text != q.text:
-                raise StateError(
-                    f"state {self.store.root} maintains query {name!r} as `{q.text}`; this run "
-                    f"gives `{ours.text}`: a state serves the query it was made for — use a new "
-                    "state (or another query name in a new state)"
-                )
-        new = sorted(set(mine.queries) - set(held.queries))
-        if new and manifest.epoch is not None:
-            raise StateError(
-                f"state {self.store.root} holds epochs up to {manifest.epoch} for "
-                f"{', '.join(held.queries)}; query {', '.join(new)} cannot join it midway: "
-                "use a new state"
-            )
+        self.served.check(manifest, self.store.root)
 
-    def registered(self, manifest: mf.Manifest) -> mf.Manifest:
-        """The manifest with every trace this engine keeps (new ones empty)."""
-        m = manifest
-        names = [relation_trace_name(r) for r in self.relations]
-        names += list(self.counts_traces) + [output_trace_name(q) for q in self.queries]
-        for name in names:
-            if m.trace(name) is None:
-                m = m.with_trace(mf.Trace(name, tuple(self.trace_columns(name))))
-        return m
+    @property
+    def store(self) -> Store:
+        return self.access.store
+
+    @property
+    def starter(self) -> SparkStarter:
+        return self.access.starter
+
+    @property
+    def files(self) -> BatchFiles:
+        """The state's batches through pyarrow."""
+        return self.access.files
+
+    @property
+    def local(self) -> bool:
+        return self.access.local
+
+    @property
+    def persist_index(self) -> bool:
+        """Arrangement files are kept (`StateAccess.persist_index`)."""
+        return self.access.persist_index
+
+    @persist_index.setter
+    def persist_index(self, keep: bool) -> None:
+        self.access.persist_index = keep
+
+    @property
+    def one_task_rows(self) -> int:
+        """A small executors' work runs in one task (`StateAccess.one_task_rows`)."""
+        return self.access.one_task_rows
+
+    @one_task_rows.setter
+    def one_task_rows(self, rows: int) -> None:
+        self.access.one_task_rows = rows
+
+    def spark(self, reason: str) -> SparkSession:
+        """The Spark session, started now (announced with `reason`) if it is not running."""
+        return self.access.spark(reason)
 
     def tasks(self) -> int:
         """The tasks an epoch's work runs in on the executors."""
-        spark = self.spark("the kernel runs in Spark's executors")
-        return self.executor_tasks or max(1, spark.sparkContext.defaultParallelism)
+        return self.access.tasks()
 
     def choose(self, held: int, changed: int) -> Choice:
         """Where an epoch's kernel work runs (see `deploy.choose`)."""
@@ -351,8 +274,26 @@ class Engine:
     def read_batch(self, trace: mf.Trace, batch: mf.Batch) -> Layer:
         """A stored batch read whole: exactly its listed files, checked against their sizes,
         digests, the batch's rows and its epoch."""
-        return self.files.read_verified(
-            batch.path, trace.columns, batch.files, batch.rows, batch.time
+        return self.access.read_batch(trace, batch)
+
+    def _pass(
+        self,
+        base: mf.Manifest,
+        epoch: int,
+        changes: Mapping[str, Changes],
+        *,
+        dry: bool = False,
+        count_only: bool = False,
+    ) -> EpochPass:
+        return EpochPass(
+            self.served,
+            self.access,
+            base,
+            epoch,
+            changes,
+            dry=dry,
+            count_only=count_only,
+            progress=self.progress,
         )
 
     # -- epochs ----------------------------------------------------------------------------
@@ -388,9 +329,9 @@ class Engine:
         for stale in self.stale(base):
             if stale >= epoch:
                 break
-            rebuilt.append(EpochPass(self, base, stale, self.stored_changes(base, stale)).run())
+            rebuilt.append(self._pass(base, stale, self.stored_changes(base, stale)).run())
             base = self.store.current()
-        result = EpochPass(self, base, epoch, changes).run()
+        result = self._pass(base, epoch, changes).run()
         return dataclasses.replace(result, rebuilt=tuple(rebuilt)) if rebuilt else result
 
     def compact(self, frontier: int | None = None) -> mf.Manifest:
@@ -405,7 +346,7 @@ class Engine:
         written: list[str] = []
         from wcoj_core.spill import Scratch, Spill
 
-        scratch = Scratch(self.scratch_root(), lambda _n: None)
+        scratch = Scratch(self.access.scratch_root(), lambda _n: None)
         shares = self.shares
         spill = Spill(scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
         try:
@@ -420,16 +361,6 @@ class Engine:
         finally:
             scratch.close()
 
-    def compaction_due(self, m: mf.Manifest, epoch: int) -> int | None:
-        """The frontier to compact to with epoch `epoch`'s commit, or None."""
-        n = self.compact_every
-        if n <= 0 or (m.epoch is not None and epoch < m.epoch):
-            return None
-        if max((len(t.batches) for t in m.traces.values()), default=0) <= 2 * n:
-            return None
-        frontier = epoch - n
-        return frontier if m.frontier is None or frontier > m.frontier else None
-
     def evaluate(self, changes: Mapping[str, Changes], *, count_only: bool = False) -> EpochResult:
         """The epoch after the state's last (0 for a new state) computed from `changes` and
         written nowhere: a static evaluation when the state is new (`wcoj count`). With
@@ -442,7 +373,7 @@ class Engine:
                 raise QueryError(f"changes given for relation {rel!r}, which no query uses")
             check_columns(self.specs[rel], df, 0)
         epoch = 0 if base.epoch is None else base.epoch + 1
-        return EpochPass(self, base, epoch, changes, dry=True, count_only=count_only).run()
+        return self._pass(base, epoch, changes, dry=True, count_only=count_only).run()
 
     def refresh(self) -> list[EpochResult]:
         """Derive every stale epoch again, oldest first (after a correction, to bring the
@@ -450,7 +381,7 @@ class Engine:
         done: list[EpochResult] = []
         base = self.store.current()
         for stale in self.stale(base):
-            done.append(EpochPass(self, base, stale, self.stored_changes(base, stale)).run())
+            done.append(self._pass(base, stale, self.stored_changes(base, stale)).run())
             base = self.store.current()
         return done
 
@@ -510,7 +441,7 @@ class Engine:
         from exactly the files the manifest lists (`wcoj_core.reading.change_table`)."""
         from wcoj_core.reading import change_table
 
-        return change_table(self, output_trace_name(query), epoch)
+        return change_table(self.access, output_trace_name(query), epoch)
 
     def change_batches(self, query: str, epoch: int) -> Any:
         """A query's stored change at `epoch` as a stream of record batches (``c0 ..``,
@@ -538,7 +469,7 @@ class Engine:
     def _accumulated(self, name: str, time: int | None) -> DataFrame:
         from wcoj_core.reading import accumulated
 
-        return accumulated(self, name, time)
+        return accumulated(self.access, name, time)
 
     def output(self, query: str | None = None, time: int | None = None) -> DataFrame:
         """A query's accumulated output as of `time` (default: the last epoch), in Spark."""
@@ -575,10 +506,6 @@ def _cores(master: str | None) -> int:
             return os.cpu_count() or 1
         return max(1, int(inner)) if inner.isdigit() else 1
     return 1
-
-
-def _describe(p: mf.RelationPlan) -> str:
-    return f"{'an undirected ' if p.undirected else 'a '}{p.meaning.value} of arity {p.arity}"
 
 
 def evaluate_static(

@@ -1,7 +1,8 @@
 """One epoch: one pass over the traces it touches, one commit (see docs/state.md).
 
-`EpochPass(engine, base, epoch, changes).run()` applies epoch ``t`` — new, or in place of what
-``t`` held — to the manifest `base`:
+`EpochPass(served, access, base, epoch, changes).run()` applies epoch ``t`` — new, or in place of
+what ``t`` held — to the manifest `base`, for what an engine serves (`wcoj_core.served.Served`)
+over the state it reaches (`StateAccess`):
 
 1. **open** every trace the epoch reads as of just before ``t`` (`wcoj_core.indexes`: mapped
    segments, corrected by the batches the index lacks or holds beyond ``t - 1``);
@@ -14,7 +15,7 @@
 5. **commit** one manifest generation. A failure anywhere discards what was written: the state
    stays exactly as it was.
 
-Every step keeps to the process's memory budget (`Engine.shares`, `wcoj_core.budget`): what is
+Every step keeps to the process's memory budget (`Served.shares`, `wcoj_core.budget`): what is
 larger than a step's share is spilled into the epoch's scratch folder and read back through
 mapped files (`wcoj_core.spill`; removed when the pass ends), and the pass's metrics say the
 budget, the sampled peak of the process's anonymous memory, its VmHWM and the bytes spilled per
@@ -25,14 +26,14 @@ disk they are written to is refused (`_room`).
 from __future__ import annotations
 
 import time as clock
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from wcoj_core import lineage
+from wcoj_core import deploy, lineage
 from wcoj_core.budget import BudgetError, MemoryFigures, MemoryMeter, format_size
 from wcoj_core.deploy import Choice
 from wcoj_core.deploy.batches import BatchWriter
@@ -56,6 +57,7 @@ from wcoj_core.meaning import (
     landed_digest,
 )
 from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
+from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
 from wcoj_core.store.manifest import Batch, Manifest, Trace
 from wcoj_core.store.names import trace_dir
@@ -66,9 +68,9 @@ from wcoj_core.traces import (
     rule_trace_name,
 )
 
-if TYPE_CHECKING:
-    from wcoj_core.engine import Engine
-
+# Progress on a long epoch is reported once it has run this long, then at most this often.
+PROGRESS_AFTER = 2.0
+PROGRESS_EVERY = 1.0
 # An epoch changing at least this many rows is sampled for the size of its output changes
 # before its rules run (`EpochPass._room`).
 ESTIMATE_ROWS = 50_000
@@ -257,15 +259,21 @@ class EpochPass:
 
     def __init__(
         self,
-        engine: Engine,
+        served: Served,
+        access: StateAccess,
         base: Manifest,
         epoch: int,
         changes: Mapping[str, Changes],
         *,
         dry: bool = False,
         count_only: bool = False,
+        progress: Callable[[str], None] | None = None,
     ) -> None:
-        self.engine = engine
+        self.served = served
+        self.access = access
+        # Told, on one line, how a long pass goes (`_report`).
+        self.progress = progress
+        self._reported = 0.0
         # A dry pass whose outputs are only counted (`wcoj count` keeping nothing): a distinct
         # output no lookup reads is counted by the kernel, never made (`Work.counted`).
         self.count_only = dry and count_only
@@ -282,15 +290,29 @@ class EpochPass:
         self.landed: dict[str, str] = {}  # each relation trace's landed digest
         self.chain = ""  # the epoch's chain (`wcoj_core.lineage`)
         # The memory budget's meter, and the scratch folder work beyond it spills into.
-        self.meter = MemoryMeter(engine.budget)
-        scratch_root = engine.scratch_root()
+        self.meter = MemoryMeter(served.budget)
+        scratch_root = access.scratch_root()
         self.scratch = Scratch(scratch_root, self.meter.add_spilled)
-        shares = engine.shares
+        shares = served.shares
         self.spill = Spill(self.scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
         self.memory: MemoryFigures | None = None
         self.started = clock.monotonic()
         self.distinct: frozenset[str] = frozenset()  # outputs made consolidated (`_distinct`)
         self.timer.stage = self.scratch
+
+    def _report(self, what: str) -> None:
+        """Tell `progress` how the pass goes (`what`, the bytes spilled, the memory peak), once
+        it has run `PROGRESS_AFTER` seconds, at most every `PROGRESS_EVERY`."""
+        if self.progress is None:
+            return
+        now = clock.monotonic()
+        if now - self.started < PROGRESS_AFTER or now - self._reported < PROGRESS_EVERY:
+            return
+        self._reported = now
+        self.progress(
+            f"{what}; spilled {format_size(self.scratch.spilled)}, memory "
+            f"{format_size(self.meter.peak)} of {format_size(self.served.budget.bytes)}"
+        )
 
     # -- the pass -----------------------------------------------------------------------------
     def run(self) -> EpochResult:
@@ -307,38 +329,38 @@ class EpochPass:
         return figures
 
     def _run(self) -> EpochResult:
-        engine, t = self.engine, self.epoch
-        m = engine.registered(self.base)
+        served, access, t = self.served, self.access, self.epoch
+        m = served.registered(self.base)
         try:
             with self.timer.phase("open"):
-                for name in engine.indexed():
+                for name in served.indexed():
                     self.opened[name] = open_trace(
-                        engine.store.root,
+                        access.store.root,
                         m.traces[name],
                         t,
-                        engine.views[name],
-                        engine.read_batch,
+                        served.views[name],
+                        access.read_batch,
                         kept=KEPT,
                     )
-                KEPT.keep_only(engine.store.root, _segment_paths(m))
+                KEPT.keep_only(access.store.root, _segment_paths(m))
             with self.timer.phase("land"):
                 self._land()
             with self.timer.phase("rules"):
                 choice, outputs, tallies = self._derive(m)
             with self.timer.phase("write"):
                 new, reports = self._write(m, outputs)
-            frontier = None if self.dry else engine.compaction_due(new, t)
+            frontier = None if self.dry else served.compaction_due(new, t)
             if frontier is not None:
                 from wcoj_core.compaction import compacted
 
                 with self.timer.phase("compact"):
-                    relations = [relation_trace_name(r) for r in engine.specs]
+                    relations = [relation_trace_name(r) for r in served.specs]
                     new = compacted(
                         new,
                         frontier,
                         relations,
-                        engine.files,
-                        engine.read_batch,
+                        access.files,
+                        access.read_batch,
                         self.written,
                         self.spill,
                     )
@@ -347,7 +369,7 @@ class EpochPass:
                 committed = new
             else:
                 with self.timer.phase("commit"):
-                    committed = engine.store.commit(new, expected=self.base)
+                    committed = access.store.commit(new, expected=self.base)
         except MultiplicityOverflow as e:
             self._discard()
             raise e.with_epoch(t) from None
@@ -358,26 +380,24 @@ class EpochPass:
         return self._result(committed, choice, outputs, tallies, reports)
 
     def _discard(self) -> None:
-        self.engine.store.discard(self.written)
+        self.access.store.discard(self.written)
 
     # -- land ---------------------------------------------------------------------------------
     def _land(self) -> None:
-        engine = self.engine
+        served = self.served
         for rel, changes in sorted(self.changes.items()):
-            spec = engine.specs[rel]
+            spec = served.specs[rel]
             landed = land(
                 spec,
                 changes,
-                engine.landing_rows,
+                served.landing_rows,
                 self.spill,
-                lambda n, rel=rel: engine.report(
-                    f"epoch {self.epoch}: {rel} {n:,} rows landed", self
-                ),
+                lambda n, rel=rel: self._report(f"epoch {self.epoch}: {rel} {n:,} rows landed"),
             )
             if landed is None:
                 raise StateError(
                     f"epoch {self.epoch}: relation {rel!r} changes by more than "
-                    f"{engine.landing_rows:,} rows; apply it in smaller epochs"
+                    f"{served.landing_rows:,} rows; apply it in smaller epochs"
                 )
             name = relation_trace_name(rel)
             before = self.opened[name].at(identity(spec.arity))
@@ -388,7 +408,7 @@ class EpochPass:
             if len(eff.change):
                 self.deltas[name] = eff.change
         if not self.dry:
-            relations = [relation_trace_name(r) for r in engine.specs]
+            relations = [relation_trace_name(r) for r in served.specs]
             self.chain = lineage.next_chain(
                 self._previous_chain(), self.epoch, self.landed, relations
             )
@@ -397,21 +417,21 @@ class EpochPass:
     def _derive(self, m: Manifest) -> tuple[Choice, dict[str, _Out], dict[RuleJob, RuleTally]]:
         """Counts changes (here), then every rule (here, or in the executors); each output
         trace's change, as arrays, a layer, or a batch written as it was made."""
-        engine = self.engine
+        served, access = self.served, self.access
         layers = EpochLayers(self.opened, self.deltas, arrange=self.spill.arranged)  # type: ignore[arg-type]
         self._counts(layers)
         held = sum(o.trace.rows(self.epoch, strict=True) for o in self.opened.values())
         changed = sum(len(d) for d in self.deltas.values())
-        choice = engine.choose(held, changed)
+        choice = deploy.choose(served.limits, local=self.access.local, held=held, changed=changed)
         jobs = self._jobs(m)
         outputs: dict[str, _Out] = {}
         distinct = self.distinct = self._distinct(jobs)
         if choice.on_driver or not jobs:
             counted = frozenset(n for n in distinct if self.count_only and n not in self.opened)
             work = Work(
-                engine.store.root,
+                access.store.root,
                 self.epoch,
-                engine.plans,
+                served.plans,
                 (),
                 rules=tuple(jobs),
                 distinct=distinct,
@@ -422,23 +442,24 @@ class EpochPass:
             result = run_on_driver(
                 work,
                 layers,
-                shares_of=engine.shares,
+                shares_of=served.shares,
                 spill=self.spill,
                 streams=streams,
-                progress=lambda done, total: engine.report(
-                    f"epoch {self.epoch}: rules {done}/{total} tasks", self
+                progress=lambda done, total: self._report(
+                    f"epoch {self.epoch}: rules {done}/{total} tasks"
                 ),
             )
             for name, change in result.changes.items():
                 outputs[name] = self._output(m, name, change, streams.get(name))
             tallies = dict(result.tallies)
         else:
-            from wcoj_core.deploy.cluster import run_rules
+            from wcoj_core.deploy.spark_job import run_rules
 
             for name, layer in self.deltas.items():
                 self.pre[name] = self._batch(m.traces[name], layer)
             outcome = run_rules(
-                engine,
+                served,
+                self.access,
                 m,
                 self.epoch,
                 choice,
@@ -450,10 +471,10 @@ class EpochPass:
             for name, batch in outcome.batches.items():
                 outputs[name] = _Out(None, batch, outcome.totals.get(name, 0))
             tallies = dict(outcome.tallies)
-        for q in engine.queries:
+        for q in served.queries:
             out = output_trace_name(q)
-            width = len(engine.queries[q].head)
-            if engine.keep_rules:
+            width = len(served.queries[q].head)
+            if served.keep_rules:
                 parts = [self._arrays(m, j.output, outputs[j.output]) for j in jobs if j.query == q]
                 outputs[out] = _Out(self.spill.merged(parts, width, "summing the output change"))
             elif out not in outputs:
@@ -467,12 +488,12 @@ class EpochPass:
         the diff. A small epoch is not sampled."""
         if sum(len(d) for d in self.deltas.values()) < ESTIMATE_ROWS:
             return
-        estimates = estimate_rows(work, layers, self.engine.shares)
+        estimates = estimate_rows(work, layers, self.served.shares)
         free = self.scratch.free_bytes()
         for name, rows in sorted(estimates.items()):
             if name in counting:
                 continue
-            width = len(_columns(self.engine, name))
+            width = len(_columns(self.served, name))
             need = rows * width if name in work.distinct else rows * 8 * (width + 1)
             if need > 0 and need > free - self.scratch.reserve():
                 raise BudgetError(
@@ -486,7 +507,7 @@ class EpochPass:
         """Every counts change from the relations' changes (a large change a piece at a time:
         each piece's support changes grouped by key, the pieces' counts summed)."""
         by_view: dict[AtomView, list[Any]] = {}
-        for a in self.engine.arrangements:
+        for a in self.served.arrangements:
             if a.kind is Kind.COUNTS:
                 by_view.setdefault(a.view, []).append(a)
         for view, arrangements in by_view.items():
@@ -525,7 +546,7 @@ class EpochPass:
                 if self.dry:
                     made.append(_Counting())
                 else:
-                    trace = m.trace(name) or Trace(name, _columns(self.engine, name))
+                    trace = m.trace(name) or Trace(name, _columns(self.served, name))
                     made.append(self._writer(trace))
             return made[0]
 
@@ -534,7 +555,7 @@ class EpochPass:
     def _writer(self, trace: Trace) -> BatchWriter:
         folder = f"traces/{trace_dir(trace.name)}/b-k-{self.epoch}-{_hex12()}"
         self.written.append(folder)
-        return BatchWriter(self.engine.files, folder, trace.columns, self.epoch)
+        return BatchWriter(self.access.files, folder, trace.columns, self.epoch)
 
     def _output(self, m: Manifest, name: str, change: OutputChange, stream: Any) -> _Out:
         """An output's change as the epoch keeps it: in memory; a spilled distinct output's
@@ -554,8 +575,8 @@ class EpochPass:
         if change.written is not None:
             return self._closed(change.written.stream)
         runs = change.runs or []
-        trace = m.trace(name) or Trace(name, _columns(self.engine, name))
-        if name in self.opened or self.engine.keep_rules or len(runs) <= 1:
+        trace = m.trace(name) or Trace(name, _columns(self.served, name))
+        if name in self.opened or self.served.keep_rules or len(runs) <= 1:
             layer = merge_into(
                 self.scratch,
                 runs,
@@ -570,7 +591,7 @@ class EpochPass:
             runs, change.width, block_bytes=self.spill.merge_bytes, what="summing the output change"
         ):
             out.write(rows, diff)
-            self.engine.report(f"epoch {self.epoch}: {name}: {out.rows:,} rows summed", self)
+            self._report(f"epoch {self.epoch}: {name}: {out.rows:,} rows summed")
         return self._closed(out)
 
     def _closed(self, out: Any) -> _Out:
@@ -589,13 +610,13 @@ class EpochPass:
             out.ordered = True
         if out.layer is None:
             assert out.batch is not None
-            trace = m.trace(name) or Trace(name, _columns(self.engine, name))
+            trace = m.trace(name) or Trace(name, _columns(self.served, name))
             if out.batch.rows * 8 * (len(trace.columns) + 2) <= self.spill.run_bytes:
-                out.layer = self.engine.read_batch(trace, out.batch)
+                out.layer = self.access.read_batch(trace, out.batch)
             else:
                 sorter = self.spill.sorter(len(trace.columns), "summing the output change")
                 for ref in out.batch.files:
-                    layer = self.engine.files.read_verified(out.batch.path, trace.columns, (ref,))
+                    layer = self.access.files.read_verified(out.batch.path, trace.columns, (ref,))
                     sorter.add(np.asarray(layer.rows), np.asarray(layer.diff))
                 out.layer = sorter.layer()
         return out.layer
@@ -603,10 +624,10 @@ class EpochPass:
     def _jobs(self, m: Manifest) -> list[RuleJob]:
         """The rules to run: those whose delta relation changed and whose other atoms all read
         something (on a new state only each query's last rule reads no empty old state)."""
-        engine = self.engine
-        changed = {r for r in engine.specs if relation_trace_name(r) in self.deltas}
+        served = self.served
+        changed = {r for r in served.specs if relation_trace_name(r) in self.deltas}
         jobs: list[RuleJob] = []
-        for name, plan in engine.plans.items():
+        for name, plan in served.plans.items():
             for rule in plan.rules:
                 if plan.query.atoms[rule.delta].relation not in changed:
                     continue
@@ -614,7 +635,7 @@ class EpochPass:
                     continue
                 output = (
                     rule_trace_name(name, rule.delta)
-                    if engine.keep_rules
+                    if served.keep_rules
                     else output_trace_name(name)
                 )
                 jobs.append(RuleJob(name, rule.delta, output))
@@ -640,7 +661,7 @@ class EpochPass:
         opened = self.opened[relation_trace_name(relation)]
         if not any(b.time < self.epoch for b in opened.trace.batches):
             return True  # no batch before the epoch (a correction of the first epoch, say)
-        width = self.engine.relations[relation]
+        width = self.served.relations[relation]
         return not any(len(layer) for layer in opened.at(identity(width)))
 
     def _distinct(self, jobs: Sequence[RuleJob]) -> frozenset[str]:
@@ -652,7 +673,7 @@ class EpochPass:
         every variable maps distinct bindings to distinct tuples. Skipping the sum spares
         sorting the whole output (8.9 M triangles for web-NotreDame)."""
         out: set[str] = set()
-        for name, plan in self.engine.plans.items():
+        for name, plan in self.served.plans.items():
             ran = [j for j in jobs if j.query == name]
             fresh = all(self._held_nothing(r) for r in plan.query.relations)
             if fresh and len(ran) == 1 and set(plan.query.head) == set(plan.query.vars):
@@ -665,7 +686,7 @@ class EpochPass:
     ) -> tuple[Manifest, dict[str, TraceReport]]:
         """The manifest after the epoch: a batch per changed trace at the epoch (replacing what
         it held), figures as of the epoch, every opened trace's index advanced to it."""
-        engine, t = self.engine, self.epoch
+        served, access, t = self.served, self.access, self.epoch
         staged: dict[str, _Out] = {}
         for rel, (_, eff) in self.effects.items():
             name = relation_trace_name(rel)
@@ -690,8 +711,8 @@ class EpochPass:
         reports: dict[str, TraceReport] = {}
         at_epoch = {n for n, tr in m.traces.items() if any(b.time == t for b in tr.batches)}
         for name in sorted(set(staged) | at_epoch | set(self.opened)):
-            engine.report(f"epoch {t}: writing {name}", self)
-            trace = traces.get(name) or Trace(name, _columns(engine, name))
+            self._report(f"epoch {t}: writing {name}")
+            trace = traces.get(name) or Trace(name, _columns(served, name))
             out = staged.get(name)
             kept = tuple(b for b in trace.batches if b.time != t)
             batch: Batch | None = None
@@ -699,7 +720,7 @@ class EpochPass:
                 batch = self._stamped(trace, out)
                 kept = tuple(sorted((*kept, batch), key=lambda b: b.time))
             trace = replace(trace, batches=kept)
-            if name in self.opened and engine.persist_index and not self.dry:
+            if name in self.opened and access.persist_index and not self.dry:
                 opened = self.opened[name]
                 change = (
                     self._arrays(m, name, out)
@@ -708,13 +729,13 @@ class EpochPass:
                 )
                 if len(change) or len(opened.correction) or opened.rebuilt or trace.index is None:
                     index = advance(
-                        engine.store.root,
+                        access.store.root,
                         opened,
                         change,
                         t,
-                        engine.views[name],
+                        served.views[name],
                         self.written,
-                        engine.read_batch,
+                        access.read_batch,
                         spill=self.spill,
                     )
                 else:
@@ -728,7 +749,7 @@ class EpochPass:
             )
             reports[name] = TraceReport(name, batch, figures, _segments(trace))
         epoch = t if m.epoch is None else max(m.epoch, t)
-        return replace(m, epoch=epoch, traces=traces, plan=engine.plan_record), reports
+        return replace(m, epoch=epoch, traces=traces, plan=served.record), reports
 
     def _stamped(self, trace: Trace, out: _Out) -> Batch:
         """The trace's batch at the epoch (written now unless the executors or the derive step
@@ -751,7 +772,7 @@ class EpochPass:
             return Batch(out.rel, self.epoch, out.rows, out.close())
         folder = f"traces/{trace_dir(trace.name)}/b-k-{self.epoch}-{_hex12()}"
         self.written.append(folder)
-        files = self.engine.files.write(
+        files = self.access.files.write(
             folder,
             trace.columns,
             np.asarray(layer.rows),
@@ -762,7 +783,7 @@ class EpochPass:
         return Batch(folder, self.epoch, len(layer), files)
 
     def _previous_chain(self) -> str:
-        relations = [relation_trace_name(r) for r in self.engine.specs]
+        relations = [relation_trace_name(r) for r in self.served.specs]
         chains = lineage.chains(self.base, relations)
         earlier = [e for e in chains if e < self.epoch]
         return chains[max(earlier)] if earlier else ""
@@ -813,22 +834,22 @@ class EpochPass:
         tallies: Mapping[RuleJob, RuleTally],
         reports: dict[str, TraceReport],
     ) -> EpochResult:
-        engine = self.engine
+        served = self.served
         steps = tuple(
             StepMetrics(job.query, job.rule, s.var, s.prefixes, s.min_sum, s.proposed, s.validated)
             for job, tally in tallies.items()
             for s in tally.steps
         )
-        rules: dict[str, dict[int, RuleReport]] = {q: {} for q in engine.queries}
+        rules: dict[str, dict[int, RuleReport]] = {q: {} for q in served.queries}
         for job, tally in tallies.items():
-            rows = outputs[job.output].rows if engine.keep_rules else 0
+            rows = outputs[job.output].rows if served.keep_rules else 0
             rules[job.query][job.rule] = RuleReport(
                 rows, sum(s.proposed for s in tally.steps), sum(s.validated for s in tally.steps)
             )
         metrics = EpochMetrics(
             epoch=self.epoch,
             changes={rel: len(eff.change) for rel, (_, eff) in sorted(self.effects.items())},
-            outputs={q: outputs[output_trace_name(q)].rows for q in engine.queries},
+            outputs={q: outputs[output_trace_name(q)].rows for q in served.queries},
             steps=steps,
             seconds=self.timer.seconds,
             deployment=choice.deployment.value,
@@ -857,9 +878,9 @@ class EpochPass:
             )
             for rel, (landed, eff) in sorted(self.effects.items())
         }
-        totals = {q: outputs[output_trace_name(q)].sum for q in engine.queries}
+        totals = {q: outputs[output_trace_name(q)].sum for q in served.queries}
         changes: dict[str, tuple[np.ndarray, np.ndarray] | None] = {
-            q: outputs[output_trace_name(q)].arrays for q in engine.queries
+            q: outputs[output_trace_name(q)].arrays for q in served.queries
         }
         return EpochResult(
             self.epoch,
@@ -927,8 +948,8 @@ class _Counting:
             self.negative += int(np.count_nonzero(diff < 0))
 
 
-def _columns(engine: Engine, name: str) -> tuple[str, ...]:
-    return tuple(engine.trace_columns(name))
+def _columns(served: Served, name: str) -> tuple[str, ...]:
+    return tuple(served.trace_columns(name))
 
 
 def _segment_paths(m: Manifest) -> set[str]:

@@ -3,7 +3,7 @@
 A trace's index (`wcoj_core.store.manifest.Index`) covers exactly its batches up to the
 index's time: per *view key* — the atom view the kernel reads through (None: the trace as
 stored) and the column order it searches — a base segment and a few recent ones, each a sorted
-layer in files a process maps (`wcoj_core.segments`). `open_trace` gives the trace as of just
+layer in files a process maps (`wcoj_core.store.segments`). `open_trace` gives the trace as of just
 before an epoch: the mapped segments, plus a *correction* layer holding the batches the epoch's
 old state has and the index lacks (added) or the index has and the old state lacks (subtracted:
 a re-run or a corrected epoch), read from their Parquet files. The usual epoch — the next one
@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from wcoj_core import segments
 from wcoj_core.kernel.join import prepare
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, arranged, merged
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView, Kind, Plan, Version
+from wcoj_core.store import segments
 from wcoj_core.store.files import stamp_of
 from wcoj_core.store.manifest import Batch, Index, Level, Segment, Trace
 from wcoj_core.store.names import trace_dir

@@ -1,18 +1,23 @@
-"""Reading relations from local files without Spark, by the rules the Spark reader follows.
+"""The project's input format and its one reader: integer edge lists, CSV, Parquet.
 
 Contract: `read_local` reads a local text edge list, CSV or Parquet file (or folder) with
-pyarrow and numpy into an Arrow table ``c0 .. c{arity-1}, diff`` (int64, no nulls) holding the
-same rows, as a multiset, as `wcoj_core.sources.read_relation` gives, and refuses a bad file
-with the same `InputError` (file, line, column), as one line. The formats, by extension (a local
-folder is Parquet):
+pyarrow and numpy into an Arrow table ``c0 .. c{arity-1}, diff`` (int64, no nulls), a multiset
+(two equal lines give two rows), and refuses a bad file with one `InputError` naming the file,
+the line and the column. `read_file_bytes` is the same reader over one file's bytes: what Spark's
+tasks run (`wcoj_core.sources`), so a file reads the same on the driver and in Spark. The
+dialect, by extension (a local folder is Parquet):
 
 * text (``.txt``, ``.tsv``, no extension, ... and their ``.gz``): lines whose first non-blank
   character is ``#`` and blank lines are skipped; fields are separated by runs of spaces or tabs;
   ``\\r\\n`` and a lone ``\\r`` end a line; every data line carries exactly ``arity`` signed
-  64-bit integers, each with multiplicity 1.
-* CSV with a header row (``.csv``, ``.csv.gz``): columns in file order apart from the one named
-  ``diff``; each line is parsed as Spark's CSV parser (univocity, Spark's options) parses it.
-* Parquet: signed integer columns (and the unsigned ones Spark widens), ``diff`` optional.
+  64-bit integers (ASCII digits, an optional sign), each with multiplicity 1.
+* CSV with a header row (``.csv``, ``.csv.gz``): the first non-blank line names the columns;
+  columns in file order apart from the one named ``diff`` (and ``time`` for updates). Fields
+  are separated by ``,`` and may be quoted with ``"``, a quote enclosing a whole field;
+  blanks around a value are dropped; a data line holds exactly one integer per column
+  (`csv_fields`); lines of nothing but blanks and control characters are skipped.
+* Parquet: integer columns that fit a signed 64-bit value (int8 .. int64, uint8 .. uint32),
+  no nulls, ``diff`` optional and never zero; a folder's files (not ``_*`` or ``.*``) alike.
 
 Only a file on this machine is local (`is_local_input`): a generator spec (``rmat:...``) or a
 URI with a scheme other than ``file`` needs Spark. Nothing is read that is not a regular file (a
@@ -26,7 +31,6 @@ nothing to interpret); a block the fast path does not vouch for is halved, and p
 first bad line. A line longer than `MAX_LINE_BYTES` is refused rather than buffered.
 `check_locally` is the pre-flight check: the same reading over at most the first
 `LOCAL_CHECK_BYTES` decompressed bytes (a Parquet file's footers, and its values when small).
-The checks both readers share (`check_text_line`, `check_csv_line`, `assign_roles`) live here.
 """
 
 from __future__ import annotations
@@ -220,7 +224,7 @@ def _stat(local: str, source: str) -> os.stat_result:
 
 
 def _parquet_files(local: str, source: str) -> list[str]:
-    """The data files of a Parquet file or folder, as Spark lists them (no ``_`` or ``.``)."""
+    """The data files of a Parquet file or folder (not those named ``_*`` or ``.*``)."""
     if not os.path.isdir(local):
         return [local]
     found: list[str] = []
@@ -267,7 +271,7 @@ def _decompressed(local: str, source: str, what: str) -> Iterator[io.BufferedIOB
 
 @contextmanager
 def _unreadable(source: str, what: str) -> Iterator[None]:
-    """A damaged compressed file, refused as Spark refuses it (``cannot be read as ...``)."""
+    """A damaged compressed file, refused (``cannot be read as ...``)."""
     try:
         yield
     except gzip.BadGzipFile:
@@ -286,7 +290,7 @@ def _unreadable(source: str, what: str) -> Iterator[None]:
 class _Lines:
     """The whole lines of a byte stream, a block at a time.
 
-    A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (as Spark and Python split lines); each
+    A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (as Python splits lines); each
     block is rewritten so that only ``\\n`` or ``\\r\\n`` end its lines, and a byte order mark
     at the start of the stream is dropped. With `limit`, only the lines wholly within the first
     `limit` bytes are given; `complete` then says whether that was the whole stream.
@@ -350,7 +354,7 @@ def _normalize(block: bytes) -> bytes:
 
 
 def _text_lines(block: bytes) -> list[str]:
-    """The lines of a block as Spark decodes them: UTF-8 (bad bytes replaced), no line end."""
+    """The lines of a block: UTF-8 (bad bytes replaced), no line end."""
     lines = block.decode("utf-8", "replace").split("\n")
     if lines[-1] == "":
         lines.pop()
@@ -497,7 +501,7 @@ def _split_whitespace(block: bytes, arity: int) -> Rows | None:
     if not np.isin(counts, (0, arity)).all():
         return None
     flat = pc.call_function("list_flatten", [fields])
-    if b"+" in block:  # Spark reads "+5"; pyarrow's cast does not: drop one leading sign
+    if b"+" in block:  # "+5" is 5; pyarrow's cast refuses it: drop one leading sign
         flat = pc.call_function(
             "replace_substring_regex", [flat], pc.ReplaceSubstringOptions(r"^\+([0-9])", r"\1")
         )
@@ -541,7 +545,7 @@ def _text_exact(block: bytes, first: int, arity: int, source: str) -> Rows:
 
 
 def blank_csv_line(text: str) -> bool:
-    """Whether Spark's CSV reader skips the line `text`: nothing but spaces and control characters.
+    """Whether the CSV line `text` is skipped: nothing but spaces and control characters.
 
     >>> blank_csv_line(" \\t\\x0c"), blank_csv_line("\\xa0"), blank_csv_line(",")
     (True, False, False)
@@ -573,12 +577,10 @@ class _LineProblem(Exception):
 def check_csv_line(
     text: str, header: Sequence[str], roles: Sequence[Role]
 ) -> tuple[str, int | None] | None:
-    """The problem Spark finds with CSV data line `text`, as ``(message, column)``, or None.
+    """The problem with CSV data line `text` (see `csv_fields`), as ``(message, column)``, or
+    None when it holds one integer per header column.
 
-    Spark decides (`spark_csv_fields`); the message describes the line as Python's strict CSV
-    parser sees it, which points at broken quoting, and otherwise at the field Spark refuses.
-
-    >>> check_csv_line('"1" ,2', ["a", "b"], [Role.DATA] * 2) is None  # Spark reads this
+    >>> check_csv_line('"1", 2', ["a", "b"], [Role.DATA] * 2) is None
     True
     >>> check_csv_line('1,"2"3', ["a", "b"], [Role.DATA] * 2)
     ('has malformed quoting (\\',\\' expected after \\'"\\'); quote a whole field, on one line', 6)
@@ -590,52 +592,42 @@ def check_csv_line(
     return None
 
 
+def csv_fields(line: str) -> list[str]:
+    """The fields of one CSV line, in the project's dialect: separated by ``,``; a field may
+    be quoted with ``"`` (``""`` inside it is one quote), the quotes then enclosing the whole
+    field; no line break inside a field. Blanks (spaces, tabs) around a value are not part of
+    it, and are dropped when the field is read as an integer. Raises `csv.Error` for broken
+    quoting (a closing quote followed by anything but ``,`` or the line's end, a quote left
+    open).
+
+    >>> csv_fields('1,"2", 3'), csv_fields('""')
+    (['1', '2', ' 3'], [''])
+    """
+    return next(csv.reader([line], strict=True), [])
+
+
 def _csv_values(text: str, header: Sequence[str], roles: Sequence[Role]) -> list[int]:
     """The values of an accepted CSV data line, in file order; else `_LineProblem`."""
-    fields = spark_csv_fields(text)
-    width = len(header)
-    values: list[int] = []
-    ok = len(fields) <= width or fields[width] is None
-    for value, role in zip(fields + [None] * (width - len(fields)), roles, strict=False):
-        trimmed = None if value is None else value.strip(" \t")
-        if trimmed is None or integer_problem(trimmed) is not None:
-            ok = False
-            break
-        number = int(trimmed)
-        if role is Role.DIFF and number == 0:
-            ok = False
-            break
-        values.append(number)
-    if ok:
-        return values
-    raise _csv_problem(text, fields, header, roles)
-
-
-def _csv_problem(
-    text: str, fields: list[str | None], header: Sequence[str], roles: Sequence[Role]
-) -> _LineProblem:
-    """Why Spark refuses a CSV line, told as the strict Python parse sees the line."""
     try:
-        row: list[str | None] = list(next(csv.reader([text], strict=True)))
+        cells = csv_fields(text)
     except csv.Error as exc:
-        return _LineProblem(
+        raise _LineProblem(
             f"has malformed quoting ({exc}); quote a whole field, on one line",
             _quoting_column(text),
-        )
-    for cells in (row, fields):  # Python's view first; Spark's when Python sees nothing wrong
-        width = len(header)
-        if len(cells) < width or (len(cells) > width and cells[width] not in (None, "")):
-            column = len(cells) + 1 if len(cells) < width else width + 1
-            return _LineProblem(f"has {len(cells)} fields but the header has {width}", column)
-        for index, (cell, name, role) in enumerate(
-            zip(cells[:width], header, roles, strict=True), 1
-        ):
-            problem = integer_problem((cell or "").strip(" \t"))
-            if problem is None and role is Role.DIFF and int(cell or "0") == 0:
-                problem = "is zero; a diff must be a non-zero multiplicity"
-            if problem is not None:
-                return _LineProblem(f"value in column {name!r} {problem}", index)
-    return _LineProblem("is not a row Spark can read", None)
+        ) from None
+    width = len(header)
+    if len(cells) != width:
+        column = len(cells) + 1 if len(cells) < width else width + 1
+        raise _LineProblem(f"has {len(cells)} fields but the header has {width}", column)
+    values: list[int] = []
+    for index, (cell, name, role) in enumerate(zip(cells, header, roles, strict=True), 1):
+        problem = integer_problem(cell.strip(" \t"))
+        if problem is None and role is Role.DIFF and int(cell) == 0:
+            problem = "is zero; a diff must be a non-zero multiplicity"
+        if problem is not None:
+            raise _LineProblem(f"value in column {name!r} {problem}", index)
+        values.append(int(cell))
+    return values
 
 
 def _quoting_column(text: str, limit: int = 4096) -> int | None:
@@ -656,188 +648,13 @@ def _quoting_column(text: str, limit: int = 4096) -> int | None:
     return text.rfind(',"') + 2 if text.rfind(',"') >= 0 else text.find('"') + 1
 
 
-def spark_csv_fields(line: str) -> list[str | None]:
-    """The fields Spark's CSV reader gives for one line (None for an empty field).
-
-    Spark parses each line with univocity (quote ``"``, escape ``\\``, unescaped quotes kept
-    up to the next delimiter, whitespace after a closing quote dropped). This follows that
-    parser's steps for a single line; a test compares it with Spark on thousands of lines.
-
-    >>> spark_csv_fields('1,"2" ,"3'), spark_csv_fields('"1"2,,'), spark_csv_fields('""')
-    (['1', '2', '3'], ['"1"2', None, None], [None])
-    """
-    return _UnivocityLine(line).fields()
-
-
-class _EndOfLine(Exception):
-    pass
-
-
-class _UnivocityLine:
-    """univocity's ``CsvParser.parseSingleDelimiterRecord`` on one line, Spark's settings."""
-
-    QUOTE, ESCAPE, DELIMITER = '"', "\\", ","
-
-    def __init__(self, line: str) -> None:
-        self.line, self.pos = line, 0
-        self.ch, self.prev, self.unescaped = "", "\0", False
-        self.values: list[str | None] = []
-        self.chars: list[str] = []
-
-    def next(self) -> str:
-        if self.pos >= len(self.line):
-            raise _EndOfLine
-        self.pos += 1
-        return self.line[self.pos - 1]
-
-    def parsed(self, value: str | None = None) -> None:
-        if value is None:
-            value = "".join(self.chars)
-            self.chars.clear()
-        self.values.append(value or None)
-
-    def until(self, ch: str, stops: str) -> str:
-        while ch not in stops:
-            self.chars.append(ch)
-            ch = self.next()
-        return ch
-
-    def fields(self) -> list[str | None]:
-        try:
-            self.ch = self.next()
-            while True:
-                if self.ch == self.DELIMITER:
-                    self.parsed("")
-                else:
-                    self.unescaped, self.prev = False, "\0"
-                    if self.ch == self.QUOTE:
-                        simple = self._simple_quoted()
-                        if simple is not None:
-                            if not simple:
-                                return self.values  # the line ends in the quoted field
-                            continue
-                        self._quoted()
-                    else:
-                        self.ch = self.until(self.ch, self.DELIMITER)
-                    self.parsed()
-                self.ch = self.next()
-        except _EndOfLine:
-            return self._at_end()
-
-    def _simple_quoted(self) -> bool | None:
-        """univocity's ``getQuotedString``: ``"..."`` then a delimiter, with no escapes.
-
-        None when the field is not that simple; else whether the line goes on after it.
-        """
-        line, start = self.line, self.pos
-        for i in range(start, len(line)):
-            if line[i] == self.QUOTE:
-                if line[i - 1] == self.ESCAPE or line[i + 1 : i + 2] != self.DELIMITER:
-                    return None
-                self.parsed(line[start:i])
-                self.pos = i + 2  # past the delimiter
-                if self.pos >= len(line):
-                    self.parsed("")
-                    return False
-                self.ch = self.next()
-                return True
-            if line[i] == self.ESCAPE and line[i + 1 : i + 2] in (self.QUOTE, self.ESCAPE):
-                return None
-        return None
-
-    def _quoted(self) -> None:
-        """univocity's ``parseQuotedValue`` (``STOP_AT_DELIMITER``)."""
-        if self.prev != "\0":
-            self.chars.insert(0, self.QUOTE)
-            self.ch = self.next()
-            self.ch = self.until(self.ch, self.DELIMITER)
-            return
-        self.ch = self.next()
-        while True:
-            ch, prev = self.ch, self.prev
-            if prev == self.QUOTE and ("\0" < ch <= " " or ch == self.DELIMITER):
-                break
-            if ch not in (self.QUOTE, self.ESCAPE):
-                if prev == self.QUOTE:  # an unescaped quote inside the value
-                    self.unescaped = True
-                    self.chars += [self.QUOTE, ch]
-                    self.prev = ch
-                    self._quoted()
-                    return
-                if prev == self.ESCAPE:
-                    self.chars.append(self.ESCAPE)
-                self.ch = self.until(ch, self.QUOTE + self.ESCAPE)
-                self.prev = self.ch
-                self.ch = self.next()
-            else:
-                self._escape()
-                self.prev = self.ch
-                self.ch = self.next()
-                if self.unescaped and self.ch == self.DELIMITER:
-                    return
-        if self.ch != self.DELIMITER:  # blanks after the closing quote
-            blanks = []
-            while "\0" < self.ch <= " ":
-                blanks.append(self.ch)
-                self.ch = self.next()
-            if self.ch != self.DELIMITER:
-                self.chars += [self.QUOTE, *blanks, self.ch]
-                self.prev = self.ch
-                self._quoted()
-
-    def _escape(self) -> None:
-        """univocity's ``processQuoteEscape``."""
-        ch, prev = self.ch, self.prev
-        if ch == self.ESCAPE and prev == self.ESCAPE:
-            self.chars.append(self.ESCAPE)
-            self.ch = "\0"
-        elif prev == self.ESCAPE:
-            self.chars.append(self.QUOTE if ch == self.QUOTE else prev)
-            if ch == self.QUOTE:
-                self.ch = "\0"
-        elif ch == self.QUOTE and prev == self.QUOTE:
-            self.chars.append(self.QUOTE)
-        elif prev == self.QUOTE:
-            self._unescaped_in_value()
-
-    def _unescaped_in_value(self) -> None:
-        """univocity's ``parseValueProcessingEscape`` after an unescaped quote."""
-        self.chars.append(self.QUOTE)
-        self.prev = self.ch
-        while self.ch != self.DELIMITER:
-            if self.ch not in (self.QUOTE, self.ESCAPE):
-                if self.prev == self.QUOTE:
-                    self._unescaped_in_value()
-                    return
-                self.chars.append(self.ch)
-            else:
-                self._escape()
-            self.prev = self.ch
-            self.ch = self.next()
-
-    def _at_end(self) -> list[str | None]:
-        """univocity's ``handleEOF`` with ``consumeValueOnEOF``."""
-        ch, prev = self.ch, self.prev
-        if ch == self.QUOTE and prev == self.QUOTE:
-            consume = True
-        else:
-            if ch == self.QUOTE and not self.unescaped:
-                self.chars.append(self.QUOTE)
-            consume = prev != "\0" and ch != self.DELIMITER
-        if self.values and not (self.chars or consume):
-            self.parsed("")
-        else:
-            self.parsed()
-        return self.values
-
-
 def _csv_rows(lines: _Lines, arity: int, with_time: bool) -> Iterator[tuple[list[Role], Rows]]:
     """The rows of a CSV file (one int64 array per column and block), each with the roles of
     the file's columns, as they are read."""
     source = lines.source
     header: list[str] | None = None
     roles: list[Role] = []
-    dropped = False  # Spark drops the first non-blank line (the header)
+    dropped = False  # the first non-blank line is the header
     for first, block in lines:
         out: list[Rows] = []
         start, number = 0, first
@@ -865,7 +682,7 @@ def _csv_rows(lines: _Lines, arity: int, with_time: bool) -> Iterator[tuple[list
 
 
 def _csv_fast(body: bytes, roles: Sequence[Role]) -> Rows | None:
-    """The rows of a block of CSV lines when pyarrow reads them as Spark does; else None."""
+    """The rows of a block of CSV lines when pyarrow reads them as `csv_fields` does; else None."""
     if body.translate(None, _CSV_BYTES):
         return None
     quoted = b'"' in body
@@ -881,7 +698,7 @@ def _csv_fast(body: bytes, roles: Sequence[Role]) -> Rows | None:
 
 def _whole_fields_quoted(body: bytes) -> bool:
     """Whether every quote of a block of CSV lines opens or closes a whole field, with no
-    delimiter or line end inside: then pyarrow and Spark agree on what the fields hold."""
+    delimiter or line end inside: then pyarrow and `csv_fields` agree on what the fields hold."""
     buffer = np.frombuffer(body, dtype=np.uint8)
     quotes = np.flatnonzero(buffer == ord('"'))
     if len(quotes) % 2:
@@ -912,59 +729,34 @@ def _csv_exact(
 
 # --- Parquet ------------------------------------------------------------------------------------
 
-_SPARK_INTEGERS = {
-    pa.int8(): "tinyint",
-    pa.int16(): "smallint",
-    pa.int32(): "int",
-    pa.int64(): "bigint",
-    pa.uint8(): "smallint",
-    pa.uint16(): "int",
-    pa.uint32(): "bigint",
-    pa.null(): "int",  # Parquet stores an all-null column as int32
-}
+# The Parquet column types a relation takes: the integers that fit a signed 64-bit value (an
+# all-null column, stored as int32, is refused row by row: "value is null").
+_INTEGERS = frozenset(
+    [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.null()]
+)
 
 
-def spark_type_name(kind: pa.DataType) -> str:
-    """The name Spark gives the type it reads a Parquet column of Arrow type `kind` as.
+def type_name(kind: pa.DataType) -> str:
+    """How a message names a Parquet column's type: Arrow's name (a dictionary's values').
 
-    >>> spark_type_name(pa.uint64()), spark_type_name(pa.list_(pa.int32()))
-    ('decimal(20,0)', 'array<int>')
+    >>> type_name(pa.uint64()), type_name(pa.list_(pa.int32())), type_name(pa.dictionary(pa.int8(), pa.string()))
+    ('uint64', 'list<item: int32>', 'string')
     """
-    if kind in _SPARK_INTEGERS:
-        return _SPARK_INTEGERS[kind]
     if pa.types.is_dictionary(kind):
-        return spark_type_name(kind.value_type)
-    if pa.types.is_timestamp(kind):
-        return "timestamp" if kind.tz is not None else "timestamp_ntz"
-    if pa.types.is_decimal(kind):
-        return f"decimal({kind.precision},{kind.scale})"
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-        return f"array<{spark_type_name(kind.value_type)}>"
-    if pa.types.is_map(kind):
-        return f"map<{spark_type_name(kind.key_type)},{spark_type_name(kind.item_type)}>"
-    if pa.types.is_struct(kind):
-        inner = ",".join(f"{f.name}:{spark_type_name(f.type)}" for f in kind)
-        return f"struct<{inner}>"
-    for test, name in (
-        (pa.types.is_uint64, "decimal(20,0)"),
-        (pa.types.is_boolean, "boolean"),
-        (pa.types.is_float32, "float"),
-        (pa.types.is_float64, "double"),
-        (pa.types.is_string, "string"),
-        (pa.types.is_large_string, "string"),
-        (pa.types.is_binary, "binary"),
-        (pa.types.is_large_binary, "binary"),
-        (pa.types.is_fixed_size_binary, "binary"),
-        (pa.types.is_date, "date"),
-    ):
-        if test(kind):
-            return name
+        return type_name(kind.value_type)
     return str(kind)
 
 
 def _parquet_schema(local: str, files: Sequence[str], source: str) -> list[pq.ParquetFile]:
-    """The files opened (their footers read), refused unless Spark would read them as one."""
+    """The files opened (their footers read), refused unless they read as one relation."""
     opened = [_parquet_file(f, source if f == local else f"{source} [{f}]") for f in files]
+    return _checked_schema(opened, files, source)
+
+
+def _checked_schema(
+    opened: list[pq.ParquetFile], files: Sequence[str], source: str
+) -> list[pq.ParquetFile]:
+    """`opened` (the Parquet `files`, footers read), refused unless they read as one relation."""
     if not opened:
         raise InputError("cannot be read as Parquet: the folder holds no Parquet files", source)
     schema = opened[0].schema_arrow
@@ -985,9 +777,9 @@ def _parquet_schema(local: str, files: Sequence[str], source: str) -> list[pq.Pa
             )
         seen[name.lower()] = name
     for field in schema:
-        if field.type not in _SPARK_INTEGERS:
+        if field.type not in _INTEGERS:
             raise InputError(
-                f"column {field.name!r} has type {spark_type_name(field.type)}; "
+                f"column {field.name!r} has type {type_name(field.type)}; "
                 "relation columns must be integers (int8 .. int64)",
                 source,
                 column=field.name,
@@ -996,16 +788,21 @@ def _parquet_schema(local: str, files: Sequence[str], source: str) -> list[pq.Pa
 
 
 def _parquet_file(file: str, where: str) -> pq.ParquetFile:
-    import pyarrow.parquet as pq
 
     with _open_regular(file, where) as handle:
         size = os.fstat(handle.fileno()).st_size
-        try:
-            view = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) if size else b""
-            return pq.ParquetFile(pa.BufferReader(pa.py_buffer(view)))
-        except (OSError, ValueError, pa.ArrowException) as exc:
-            reason = " ".join(str(exc).split())[:300] or type(exc).__name__
-            raise InputError(f"cannot be read as Parquet: {reason}", where) from None
+        view = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+        return _parquet_buffer(pa.py_buffer(view), where)
+
+
+def _parquet_buffer(content: pa.Buffer, where: str) -> pq.ParquetFile:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(pa.BufferReader(content))
+    except (OSError, ValueError, pa.ArrowException) as exc:
+        reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise InputError(f"cannot be read as Parquet: {reason}", where) from None
 
 
 def _read_parquet(
@@ -1023,14 +820,28 @@ def _parquet_rows(
     record batch of at most `PARQUET_BATCH_ROWS` rows at a time (read as they are asked for)."""
     files = _parquet_files(local, source)
     opened = _parquet_schema(local, files, source)
+    wheres = [source if file == local else f"{source} [{file}]" for file in files]
+    return _parquet_blocks(opened, wheres, arity, source, with_time)
+
+
+def _parquet_blocks(
+    opened: Sequence[pq.ParquetFile],
+    wheres: Sequence[str],
+    arity: int,
+    source: str,
+    with_time: bool,
+    *,
+    require_rows: bool = True,
+) -> tuple[list[Role], Iterator[Rows]]:
+    """The roles of opened Parquet files' columns and their rows (`wheres`: how messages name
+    each file; `require_rows`: refuse files that hold no row between them)."""
     names = opened[0].schema_arrow.names
     roles = assign_roles(names, arity, source, with_time, line=None)
-    if sum(f.metadata.num_rows for f in opened) == 0:
+    if require_rows and sum(f.metadata.num_rows for f in opened) == 0:
         raise InputError("has no data rows", source)
 
     def rows() -> Iterator[Rows]:
-        for file, parquet in zip(files, opened, strict=True):
-            where = source if file == local else f"{source} [{file}]"
+        for where, parquet in zip(wheres, opened, strict=True):
             first = 0  # the file's row number of the batch's first row, less one
             batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS)
             while True:
@@ -1084,11 +895,11 @@ def _numbers(column: pa.ChunkedArray) -> np.ndarray:
 def read_local(path: str, arity: int, name: str, *, with_time: bool = False) -> pa.Table:
     """Relation `name` of the given arity from local `path`, without Spark.
 
-    Returns the rows `wcoj_core.sources.read_relation` reads (a multiset, not consolidated) as
-    int64 columns ``c0 .. c{arity-1}, diff``; with `with_time` (CSV and Parquet update files)
-    ``c0 .. c{arity-1}, time, diff``, as `read_updates` reads. Raises the `InputError` the Spark
-    read raises for a bad file; for one that does not decompress or whose Parquet does not read,
-    ``cannot be read as <format>: <why>`` (pyarrow's and Python's reasons, not Java's).
+    Returns the rows of the file (a multiset, not consolidated) as int64 columns
+    ``c0 .. c{arity-1}, diff``; with `with_time` (CSV and Parquet update files)
+    ``c0 .. c{arity-1}, time, diff``. Raises an `InputError` for a bad file naming its line and
+    column; for one that does not decompress or whose Parquet does not read,
+    ``cannot be read as <format>: <why>``.
 
     >>> import pathlib, tempfile
     >>> edges = pathlib.Path(tempfile.mkdtemp()) / "e.txt"
@@ -1233,13 +1044,53 @@ def _stream(
         return
     what = "text" if kind is Format.TEXT else "CSV"
     with _decompressed(local, source, what) as handle:
-        lines = _Lines(handle, source, what, None)
-        if kind is Format.TEXT:
-            data = [Role.DATA] * arity
-            for block in _text_rows(lines, arity):
-                yield data, block
-        else:
-            yield from _csv_rows(lines, arity, with_time)
+        yield from _line_blocks(handle, kind, arity, source, with_time)
+
+
+def _line_blocks(
+    handle: io.BufferedIOBase | pa.BufferReader,
+    kind: Format,
+    arity: int,
+    source: str,
+    with_time: bool,
+) -> Iterator[tuple[list[Role], Rows]]:
+    """A text or CSV file's rows block by block, from its (decompressed) bytes."""
+    lines = _Lines(handle, source, "text" if kind is Format.TEXT else "CSV", None)  # type: ignore[arg-type]
+    if kind is Format.TEXT:
+        data = [Role.DATA] * arity
+        for block in _text_rows(lines, arity):
+            yield data, block
+    else:
+        yield from _csv_rows(lines, arity, with_time)
+
+
+def read_file_bytes(
+    content: pa.Buffer, file: str, arity: int, source: str, *, with_time: bool = False
+) -> Iterator[pa.RecordBatch]:
+    """One file's rows from its bytes, as `read_local_batches` reads them from disk: what a
+    Spark task is handed (`wcoj_core.sources` reads files Spark reaches through it). `file`
+    names the file (its extension tells the format, ``.gz`` the compression); `source` is how
+    messages name it. A bad line raises the `InputError` the local read raises; a file with no
+    data row gives no batch (the caller tells a relation with none)."""
+    kind = detect_format(file)
+    names = [*relation_columns(arity), *([TIME] if with_time else []), DIFF]
+    schema = pa.schema([pa.field(n, pa.int64()) for n in names])
+    if kind is Format.PARQUET:
+        opened = _checked_schema([_parquet_buffer(content, source)], [file], source)
+        roles, rows = _parquet_blocks(
+            opened, [source], arity, source, with_time, require_rows=False
+        )
+        blocks: Iterator[tuple[list[Role], Rows]] = ((roles, block) for block in rows)
+    else:
+        what = "text" if kind is Format.TEXT else "CSV"
+        raw = pa.BufferReader(content)
+        with _unreadable(source, what):
+            handle = gzip.GzipFile(fileobj=raw, mode="rb") if file.lower().endswith(".gz") else raw
+        blocks = _line_blocks(handle, kind, arity, source, with_time)  # type: ignore[arg-type]
+    for roles, block in blocks:
+        if len(block[0]):
+            table = _relation([block], roles, arity)
+            yield from table.cast(schema).combine_chunks().to_batches()
 
 
 def _relation(blocks: Sequence[Rows], roles: Sequence[Role], arity: int) -> pa.Table:
@@ -1331,32 +1182,12 @@ def check_arity(arity: int, source: str) -> None:
 # --- undirected relations and signed multiplicities ---------------------------------------------
 
 
-def symmetrize_local(table: pa.Table) -> tuple[pa.Table, int]:
-    """Each row ``(a, b, ...)`` of a binary relation as ``(a, b, ...)`` and ``(b, a, ...)``,
-    rows with ``a == b`` dropped; with the number of such self-loop rows.
-
-    What `wcoj_core.linear.symmetrize` does to a DataFrame (other columns, ``time`` and
-    ``diff``, are kept as they are), on an Arrow table.
-
-    >>> out, loops = symmetrize_local(pa.table({"c0": [1, 3], "c1": [2, 3], "diff": [2, 1]}))
-    >>> out.to_pydict(), loops
-    ({'c0': [1, 2], 'c1': [2, 1], 'diff': [2, 2]}, 1)
-    """
-    edges = table.filter(pa.array(_ends(table, "c0") != _ends(table, "c1")))
-    first, second = edges.schema.get_field_index("c0"), edges.schema.get_field_index("c1")
-    flipped = edges.set_column(first, "c0", edges.column("c1")).set_column(
-        second, "c1", edges.column("c0")
-    )
-    both = pa.concat_tables([edges, flipped]).combine_chunks()
-    return both, table.num_rows - edges.num_rows
-
-
 def canonical_undirected_local(table: pa.Table) -> tuple[pa.Table, int]:
     """The set of undirected edges of a binary relation, each ``(least, greatest)`` with diff 1;
     with the number of self-loop rows dropped.
 
-    What `wcoj_core.sources.canonical_undirected` does to a DataFrame: an edge is kept when its
-    multiplicity summed over both directions is positive.
+    An edge is kept when its multiplicity summed over both directions is positive (on a
+    DataFrame, `wcoj_core.sources.canonical_undirected` runs this in Spark's tasks).
 
     >>> t = pa.table({"c0": [2, 1, 3, 6, 7], "c1": [1, 2, 3, 7, 6], "diff": [1, 1, 1, 1, -1]})
     >>> out, loops = canonical_undirected_local(t)
@@ -1385,14 +1216,23 @@ def negative_tuples_local(
     """The tuples of `table` (``c0 .. c{k-1}, [time,] diff``) whose summed multiplicity is
     negative: how many, and the first `limit` in tuple order with their multiplicities.
 
-    What `wcoj_core.sources.negative_tuples` gives for a DataFrame.
-
     >>> negative_tuples_local(pa.table({"c0": [5, 1, 1], "diff": [-2, 1, -1]}))
     (1, [((5,), -2)])
     """
+    negative = negative_rows(table)
+    cols = negative.column_names[:-1]
+    first = negative.slice(0, limit).to_pylist()
+    return negative.num_rows, [(tuple(r[c] for c in cols), r[DIFF]) for r in first]
+
+
+def negative_rows(table: pa.Table) -> pa.Table:
+    """The tuples of `table` (``c0 .. c{k-1}, [time,] diff``) whose summed multiplicity is
+    negative, with it (``c0 .. c{k-1}, diff``), in tuple order (on a DataFrame,
+    `wcoj_core.sources.negative_tuples` runs this in Spark's tasks)."""
     cols = [c for c in table.column_names if c not in (TIME, DIFF)]
     summed = table.select([*cols, DIFF]).group_by(cols).aggregate([(DIFF, "sum")])
     negative = summed.filter(pa.array(_ends(summed, f"{DIFF}_sum") < 0))
     negative = negative.sort_by([(c, "ascending") for c in cols])
-    first = negative.slice(0, limit).to_pylist()
-    return negative.num_rows, [(tuple(r[c] for c in cols), r[f"{DIFF}_sum"]) for r in first]
+    return pa.table(
+        [*(negative.column(c) for c in cols), negative.column(f"{DIFF}_sum")], [*cols, DIFF]
+    )

@@ -35,7 +35,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,19 +43,13 @@ from wcoj_core.errors import MultiplicityOverflow, QueryError
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, lookup_sum
 from wcoj_core.kernel.multiplicity import LIMIT, exact_sum, total
+from wcoj_core.store.manifest import Meaning
 
 if TYPE_CHECKING:
     from wcoj_core.spill import Spill
 
 # Tuples named in a warning about ignored changes or negative multiplicities.
 EXAMPLES = 10
-
-
-class Meaning(Enum):
-    """What a relation's multiplicities mean."""
-
-    SET = "set"
-    BAG = "bag"
 
 
 @dataclass(frozen=True, slots=True)

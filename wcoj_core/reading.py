@@ -16,13 +16,14 @@ read (``wcoj verify`` names it) — and checks what it reads before using it:
   always, its digest too on a local disk unless its stamp (inode, modification and change
   times) shows it is the file written, and its rows (Parquet footers) against the batch's.
 
+Each takes what reaches the state (`Reach`): an `Engine`, or the `StateAccess` it holds.
 Columns are ``c0 .. c{k-1}`` and ``diff``. A damaged file raises `DamagedBatch` naming it and
 what is wrong; an unknown trace, or an epoch before a compaction frontier, `StateError`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -33,27 +34,41 @@ from wcoj_core.store.manifest import Batch, Manifest, Trace
 from wcoj_core.traces import DIFF
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
-    from wcoj_core.engine import Engine
+    from wcoj_core.deploy.batches import BatchFiles
+    from wcoj_core.store.store import Store
 
-__all__ = ["accumulated", "change_table", "changes_at", "read_batches", "read_table"]
+__all__ = ["Reach", "accumulated", "change_table", "changes_at", "read_batches", "read_table"]
 
 
-def _trace(engine: Engine, name: str) -> tuple[Manifest, Trace]:
-    m = engine.store.current()
+class Reach(Protocol):
+    """What the readers use to reach a state: its store, its files, Spark when asked for
+    (`wcoj_core.served.StateAccess`, or an engine)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def files(self) -> BatchFiles: ...
+
+    def spark(self, reason: str) -> SparkSession: ...
+
+
+def _trace(state: Reach, name: str) -> tuple[Manifest, Trace]:
+    m = state.store.current()
     trace = m.trace(name)
     if trace is None:
-        raise StateError(f"{name!r} is not in the state at {engine.store.root}")
+        raise StateError(f"{name!r} is not in the state at {state.store.root}")
     return m, trace
 
 
-def _as_of(engine: Engine, name: str, time: int | None) -> tuple[Trace, list[Batch]]:
+def _as_of(state: Reach, name: str, time: int | None) -> tuple[Trace, list[Batch]]:
     """A trace and its batches as of `time` (default: the last epoch)."""
-    m, trace = _trace(engine, name)
+    m, trace = _trace(state, name)
     if time is not None and m.frontier is not None and time < m.frontier:
         raise StateError(
-            f"history before epoch {m.frontier} was compacted in {engine.store.root}; "
+            f"history before epoch {m.frontier} was compacted in {state.store.root}; "
             f"cannot read {name!r} as of epoch {time}"
         )
     return trace, list(trace.visible(time))
@@ -64,47 +79,47 @@ def _table(columns: tuple[str, ...], rows: np.ndarray, diff: np.ndarray) -> pa.T
     return pa.Table.from_arrays([*arrays, long_array(diff)], names=[*columns, DIFF])
 
 
-def _read(engine: Engine, trace: Trace, batches: list[Batch]) -> pa.Table:
+def _read(state: Reach, trace: Trace, batches: list[Batch]) -> pa.Table:
     """Batches of a trace summed into one table: one row per tuple with a non-zero sum, sorted."""
-    layer = engine.files.read_layer(trace.columns, batches)
+    layer = state.files.read_layer(trace.columns, batches)
     return _table(trace.columns, np.asarray(layer.rows), np.asarray(layer.diff))
 
 
-def read_table(engine: Engine, name: str, time: int | None = None) -> pa.Table:
+def read_table(state: Reach, name: str, time: int | None = None) -> pa.Table:
     """A trace as of `time` (default: the last epoch), consolidated, read with pyarrow from
     exactly the files the manifest lists, each checked (see the module)."""
-    trace, batches = _as_of(engine, name, time)
-    return _read(engine, trace, batches)
+    trace, batches = _as_of(state, name, time)
+    return _read(state, trace, batches)
 
 
-def change_table(engine: Engine, name: str, epoch: int) -> pa.Table:
+def change_table(state: Reach, name: str, epoch: int) -> pa.Table:
     """A trace's stored change at `epoch` (``c0 ..``, ``diff``; empty when none), read with
     pyarrow from exactly the files the manifest lists, each checked (see the module)."""
-    _, trace = _trace(engine, name)
-    return _read(engine, trace, [b for b in trace.batches if b.time == epoch])
+    _, trace = _trace(state, name)
+    return _read(state, trace, [b for b in trace.batches if b.time == epoch])
 
 
-def read_batches(engine: Engine, trace: Trace, batches: list[Batch]) -> DataFrame:
+def read_batches(state: Reach, trace: Trace, batches: list[Batch]) -> DataFrame:
     """The update triples of some batches of a trace (time dropped), unconsolidated, in Spark:
     exactly the files they list, each checked before Spark reads it (see the module)."""
     from wcoj_core.updates import update_schema
 
-    uris = [uri for b in batches for uri in engine.files.checked_uris(b)]
-    spark = engine.spark("reading stored batches as Spark DataFrames")
+    uris = [uri for b in batches for uri in state.files.checked_uris(b)]
+    spark = state.spark("reading stored batches as Spark DataFrames")
     if not uris:
         return spark.createDataFrame([], update_schema(trace.columns, with_time=False))
     return spark.read.schema(update_schema(trace.columns)).parquet(*uris).drop("time")
 
 
-def accumulated(engine: Engine, name: str, time: int | None) -> DataFrame:
+def accumulated(state: Reach, name: str, time: int | None) -> DataFrame:
     """A trace as of `time` (default: the last epoch), consolidated, in Spark."""
     from wcoj_core.updates import consolidate
 
-    trace, batches = _as_of(engine, name, time)
-    return consolidate(read_batches(engine, trace, batches), trace.columns)
+    trace, batches = _as_of(state, name, time)
+    return consolidate(read_batches(state, trace, batches), trace.columns)
 
 
-def changes_at(engine: Engine, name: str, epoch: int) -> DataFrame:
+def changes_at(state: Reach, name: str, epoch: int) -> DataFrame:
     """A trace's stored change at `epoch` (columns.., diff), in Spark."""
-    _, trace = _trace(engine, name)
-    return read_batches(engine, trace, [b for b in trace.batches if b.time == epoch])
+    _, trace = _trace(state, name)
+    return read_batches(state, trace, [b for b in trace.batches if b.time == epoch])

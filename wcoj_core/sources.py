@@ -1,39 +1,33 @@
-"""Reading relations and update streams from files into Spark.
+"""Reading relations and update streams from files into Spark: the one reader, in Spark's tasks.
 
 Contract: a relation is a DataFrame with data columns ``c0 .. c{k-1}`` and a ``diff`` column, all
 ``LongType`` and non-null, where ``diff`` is a non-zero signed multiplicity. A file is a multiset:
 two equal lines give two rows, and consolidating them is the engine's job, not the reader's.
 An update stream has the same shape with a ``time`` column between the data and ``diff``.
 
-The formats, and what makes a file bad, are those of `wcoj_core.local_read`, which reads a local
-file the same way without Spark (`read_local`); this module reads any path Spark can reach:
+The formats, and what makes a file bad, are those of `wcoj_core.local_read`, and so is the
+parsing: Spark lists the files under a path (``binaryFile``: any file system Spark reaches) and
+each task parses the files it is handed with `wcoj_core.local_read.read_file_bytes`, the reader
+that reads a local file without Spark (`read_local`). The two readers cannot disagree: they are
+one. A path may also be ``rmat:key=value,...``: not a file but a generated graph (see
+`wcoj_core.generate`). A local path that is not a regular file (a named pipe, a device; a folder
+other than Parquet's) is refused before Spark opens it (`check_input_file`), so that no read
+hangs. A file is handed to a task whole (at most 2 GiB, Spark's limit for a binary value).
 
-* ``.parquet`` or a directory: Parquet. Integer columns only (int8 .. int64).
-* ``.csv`` or ``.csv.gz``: CSV with a header row. Header names are free; columns are taken in file
-  order, apart from the ones named ``diff`` (and ``time`` for updates).
-* anything else (``.txt``, ``.txt.gz``, ``.tsv``, ``.el``, no extension, ...): whitespace-separated
-  text in the SNAP edge-list style. Lines whose first non-blank character is ``#`` and blank lines
-  are skipped; fields are separated by runs of spaces or tabs; CRLF endings are fine; every data
-  line carries exactly ``arity`` integers, each with multiplicity 1.
-* ``rmat:key=value,...``: not a file but a generated graph (see `wcoj_core.generate`).
-
-Gzip works for every file format (Spark reads ``.gz`` natively). A local path that is not a
-regular file (a named pipe, a device; a folder other than Parquet's) is refused before Spark
-opens it (`check_input_file`), so that no read hangs.
-
-Validation runs in Spark: one aggregate over the parsed rows tells whether any row is bad and
-whether there is any data at all. Only when something is wrong is a local file read again by
-`read_local`, whose `InputError` names the file, the 1-based line (for Parquet: the 1-based row)
-and the column: for text the 1-based character column where the offending field starts, for CSV
-the 1-based column index, for Parquet the column name. Spark and Py4J exceptions raised while
-reading a bad file are turned into `InputError` as well.
+Validation is one Spark action: the rows counted, and the first bad file's `InputError` (its
+file, 1-based line — for Parquet the row — and column, as the local reader names them) raised
+on the driver. Spark and Py4J exceptions are turned into `InputError` as well.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 
+import pyarrow as pa
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -44,22 +38,22 @@ from wcoj_core import generate
 from wcoj_core.errors import InputError, listed
 from wcoj_core.local_read import (
     Format,
-    Role,
-    assign_roles,
+    _parquet_files,
+    _parquet_schema,
+    canonical_undirected_local,
     check_arity,
     check_input_file,
     check_locally,
-    csv_header,
     detect_format,
     local_path,
+    negative_rows,
+    read_file_bytes,
     read_local,
     source_name,
 )
-from wcoj_core.updates import DIFF, consolidate, relation_columns
+from wcoj_core.updates import DIFF, relation_columns
 
-INT_PATTERN = "^[+-]?[0-9]+$"
-_EDGE_BLANKS = r"^[ \t\r]+|[ \t\r]+$"
-_INTEGER_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+_ERROR = "_error"  # the column a Spark task reports a bad file in (`_parse_files`)
 
 __all__ = [  # the readers' names callers have always imported from here
     "Format",
@@ -87,13 +81,7 @@ def read_relation(spark: SparkSession, path: str, arity: int, name: str) -> Data
     source = source_name(path, name)
     check_arity(arity, source)
     check_input_file(path, name)
-    match detect_format(path):
-        case Format.TEXT:
-            return _read_text(spark, path, arity, name)
-        case Format.CSV:
-            return _read_csv(spark, path, arity, name, with_time=False)
-        case Format.PARQUET:
-            return _read_parquet(spark, path, arity, name, with_time=False)
+    return _read_files(spark, path, arity, name, with_time=False)
 
 
 def read_updates(spark: SparkSession, path: str, arity: int, name: str) -> DataFrame:
@@ -107,17 +95,13 @@ def read_updates(spark: SparkSession, path: str, arity: int, name: str) -> DataF
         raise InputError("a generator spec gives a relation, not a stream of updates", source)
     check_arity(arity, source)
     check_input_file(path, name)
-    match detect_format(path):
-        case Format.TEXT:
-            raise InputError(
-                "update files must be CSV or Parquet with 'time' and 'diff' columns; "
-                "a plain-text edge list cannot carry them",
-                source,
-            )
-        case Format.CSV:
-            return _read_csv(spark, path, arity, name, with_time=True)
-        case Format.PARQUET:
-            return _read_parquet(spark, path, arity, name, with_time=True)
+    if detect_format(path) is Format.TEXT:
+        raise InputError(
+            "update files must be CSV or Parquet with 'time' and 'diff' columns; "
+            "a plain-text edge list cannot carry them",
+            source,
+        )
+    return _read_files(spark, path, arity, name, with_time=True)
 
 
 def canonical_undirected(df: DataFrame) -> DataFrame:
@@ -125,7 +109,9 @@ def canonical_undirected(df: DataFrame) -> DataFrame:
 
     Self-loops are dropped and each edge becomes ``(least, greatest)``. An edge is kept when its
     summed multiplicity over both directions is positive, so for an ordinary file (every diff
-    positive) the result is exactly the distinct set of undirected edges.
+    positive) the result is exactly the distinct set of undirected edges. The rows are shuffled
+    by edge and each task applies `wcoj_core.local_read.canonical_undirected_local`: the one
+    implementation, on the driver or in Spark's tasks.
     """
     if relation_columns(2) != [c for c in df.columns if c != DIFF]:
         raise InputError(
@@ -133,12 +119,12 @@ def canonical_undirected(df: DataFrame) -> DataFrame:
             "canonical_undirected",
         )
     c0, c1 = F.col("c0"), F.col("c1")
-    diff = F.col(DIFF) if DIFF in df.columns else F.lit(1).cast("long")
-    edges = df.where(c0 != c1).select(
-        F.least(c0, c1).alias("c0"), F.greatest(c0, c1).alias("c1"), diff.alias(DIFF)
+    diff = F.col(DIFF) if DIFF in df.columns else F.lit(1)
+    edges = df.select(c0.cast("long"), c1.cast("long"), diff.cast("long").alias(DIFF))
+    by_edge = edges.repartition(F.least(c0, c1), F.greatest(c0, c1))
+    return by_edge.mapInArrow(
+        partial(_per_task, _canonical, ["c0", "c1", DIFF]), _longs(["c0", "c1", DIFF])
     )
-    present = edges.groupBy("c0", "c1").agg(F.sum(DIFF).alias("net")).where(F.col("net") > 0)
-    return present.select("c0", "c1", F.lit(1).cast("long").alias(DIFF))
 
 
 def negative_tuples(
@@ -148,148 +134,124 @@ def negative_tuples(
 
     Such a tuple is a deletion of something absent. A file may carry one (a diff is a signed
     multiplicity), so it is not an `InputError`; callers report these tuples instead. Returns
-    ``(how many, the first `limit` of them in tuple order with their multiplicities)``, in one
-    Spark job (two when more than `limit` are negative).
+    ``(how many, the first `limit` of them in tuple order with their multiplicities)``: the rows
+    shuffled by tuple, each task applying `wcoj_core.local_read.negative_rows`.
     """
     cols = [c for c in df.columns if c not in ("time", DIFF)]
-    negative = consolidate(df.select(*cols, DIFF), cols).where(F.col(DIFF) < 0)
+    by_tuple = df.select(*[F.col(c).cast("long") for c in cols], F.col(DIFF).cast("long"))
+    negative = by_tuple.repartition(*cols).mapInArrow(
+        partial(_per_task, negative_rows, [*cols, DIFF]), _longs([*cols, DIFF])
+    )
     rows = negative.orderBy(*cols).limit(limit + 1).collect()
     count = len(rows) if len(rows) <= limit else negative.count()
     return count, [(tuple(r[c] for c in cols), r[DIFF]) for r in rows[:limit]]
 
 
-# --- text ---------------------------------------------------------------------------------------
+def _per_task(
+    op: Callable[[pa.Table], pa.Table], names: list[str], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """In a Spark task: `op` applied to the task's rows (all of one key's rows are in it)."""
+    parts = list(batches)
+    if parts:
+        yield from op(pa.Table.from_batches(parts)).select(names).to_batches()
 
 
-def _read_text(spark: SparkSession, path: str, arity: int, name: str) -> DataFrame:
-    source = source_name(path, name)
-    with _spark_errors(source, "text"):
-        lines = spark.read.text(path)
-    stripped = F.regexp_replace(F.col("value"), _EDGE_BLANKS, "")
-    fields = F.split(stripped, "[ \t]+")
-    values = [F.try_element_at(fields, F.lit(i + 1)) for i in range(arity)]
-    parsed = [_try_long(v) for v in values]
-    bad = F.size(fields) != arity
-    for value, number in zip(values, parsed, strict=True):
-        bad = bad | ~value.rlike(INT_PATTERN) | number.isNull()
-    rows = lines.where((stripped != "") & ~stripped.startswith("#")).select(
-        *[_non_null(p).alias(c) for p, c in zip(parsed, relation_columns(arity), strict=True)],
-        bad.alias("_bad"),
-    )
-    _validate(rows, path, source, "text", lambda: read_local(path, arity, name))
-    return rows.select(*relation_columns(arity), F.lit(1).cast("long").alias(DIFF))
+def _canonical(table: pa.Table) -> pa.Table:
+    return canonical_undirected_local(table)[0]
 
 
-# --- CSV ----------------------------------------------------------------------------------------
+def _longs(names: list[str]) -> T.StructType:
+    return T.StructType([T.StructField(n, T.LongType()) for n in names])
 
 
-def _read_csv(
+# --- the one reader, in Spark's tasks -----------------------------------------------------------
+
+
+def _read_files(
     spark: SparkSession, path: str, arity: int, name: str, *, with_time: bool
 ) -> DataFrame:
+    """The rows of every file under `path`, each file parsed inside a Spark task by the reader
+    the driver uses (`wcoj_core.local_read.read_file_bytes`), then checked in one Spark action:
+    a bad file's first `InputError`, or no data rows at all, is raised here."""
     source = source_name(path, name)
-    # The header is parsed here rather than by Spark, which renames duplicate column names.
-    with _spark_errors(source, "CSV"):
-        first = spark.read.text(path).where(F.col("value") != "").first()
-    if first is None:
-        raise InputError("has no data rows (the file is empty)", source)
-    header, roles = csv_header(first["value"], arity, source, with_time)
-    # One column more than the header catches rows with too many fields.
-    names = [f"_f{i}" for i in range(len(header) + 1)]
-    schema = T.StructType([T.StructField(n, T.StringType()) for n in names])
-    with _spark_errors(source, "CSV"):
-        raw = spark.read.option("header", True).schema(schema).csv(path)
-    texts = [F.regexp_replace(F.col(n), "^[ \t]+|[ \t]+$", "") for n in names[:-1]]
-    parsed = [_try_long(t) for t in texts]
-    bad = F.col(names[-1]).isNotNull()
-    for text, number, role in zip(texts, parsed, roles, strict=True):
-        bad = bad | text.isNull() | ~text.rlike(INT_PATTERN) | number.isNull()
-        if role is Role.DIFF:
-            bad = bad | (number == 0)
-    rows = raw.select(
-        *_output_columns(parsed, roles, arity, with_time),
-        bad.alias("_bad"),
+    kind = detect_format(path)
+    what = {Format.TEXT: "text", Format.CSV: "CSV", Format.PARQUET: "Parquet"}[kind]
+    local = local_path(path)
+    folder = local is not None and os.path.isdir(local)
+    if folder and kind is Format.PARQUET:
+        assert local is not None
+        _parquet_schema(local, _parquet_files(local, source), source)  # footers: one relation
+    names = [*relation_columns(arity), *(["time"] if with_time else []), DIFF]
+    schema = T.StructType(
+        [*(T.StructField(n, T.LongType()) for n in names), T.StructField(_ERROR, T.StringType())]
     )
-    _validate(rows, path, source, "CSV", lambda: read_local(path, arity, name, with_time=with_time))
-    return rows.drop("_bad")
-
-
-# --- Parquet ------------------------------------------------------------------------------------
-
-
-def _read_parquet(
-    spark: SparkSession, path: str, arity: int, name: str, *, with_time: bool
-) -> DataFrame:
-    source = source_name(path, name)
-    with _spark_errors(source, "Parquet"):
-        raw = spark.read.parquet(path)
-        fields = raw.schema.fields
-    for field in fields:
-        if not isinstance(field.dataType, _INTEGER_TYPES):
-            raise InputError(
-                f"column {field.name!r} has type {field.dataType.simpleString()}; "
-                "relation columns must be integers (int8 .. int64)",
-                source,
-                column=field.name,
-            )
-    header = [f.name for f in fields]
-    roles = assign_roles(header, arity, source, with_time, line=None)
-    positional = raw.toDF(*[f"_f{i}" for i in range(len(header))])
-    columns = [F.col(c).cast("long") for c in positional.columns]
-    bad = F.lit(False)
-    for column, role in zip(columns, roles, strict=True):
-        bad = bad | column.isNull()
-        if role is Role.DIFF:
-            bad = bad | (column == 0)
-    rows = positional.select(
-        *_output_columns(columns, roles, arity, with_time),
-        bad.alias("_bad"),
+    parse = partial(
+        _parse_files,
+        arity=arity,
+        source=source,
+        folder=local if folder else None,
+        with_time=with_time,
     )
-    _validate(
-        rows, path, source, "Parquet", lambda: read_local(path, arity, name, with_time=with_time)
-    )
-    return rows.drop("_bad")
-
-
-# --- shared -------------------------------------------------------------------------------------
-
-
-def _output_columns(
-    values: list[Column], roles: list[Role], arity: int, with_time: bool
-) -> list[Column]:
-    data = [v for v, r in zip(values, roles, strict=True) if r is Role.DATA]
-    out = [_non_null(v).alias(c) for v, c in zip(data, relation_columns(arity), strict=True)]
-    if with_time:
-        out.append(_non_null(values[roles.index(Role.TIME)]).alias("time"))
-    diff = values[roles.index(Role.DIFF)] if Role.DIFF in roles else F.lit(1).cast("long")
-    out.append(_non_null(diff).alias(DIFF))
-    return out
-
-
-def _validate(
-    rows: DataFrame, path: str, source: str, what: str, reread: Callable[[], object]
-) -> None:
-    """One Spark action: is there a bad row, and is there any row at all?
-
-    When there is a bad row, a local file is read again without Spark (`reread`, which raises
-    the first bad row's `InputError`) to say where it is.
-    """
     with _spark_errors(source, what):
-        summary = rows.agg(F.count(F.lit(1)).alias("n"), F.bool_or("_bad").alias("bad")).first()
+        files = spark.read.format("binaryFile").load(path).select("path", "content")
+        rows = files.mapInArrow(parse, schema)
+        summary = rows.agg(
+            F.count(F.when(F.col(_ERROR).isNull(), 1)).alias("n"),
+            F.min(_ERROR).alias("error"),
+        ).first()
     assert summary is not None
-    if summary["bad"]:
-        if local_path(path) is not None:
-            reread()
-        raise InputError("has a malformed row (its position could not be located)", source)
+    if summary["error"] is not None:
+        message, where, line, column = json.loads(summary["error"])[1:]
+        raise InputError(message, where, line, column)
     if summary["n"] == 0:
+        if local is not None:  # Spark lists no empty file: the reader says what it holds
+            read_local(path, arity, name, with_time=with_time)
         raise InputError("has no data rows", source)
+    return rows.where(F.col(_ERROR).isNull()).select(*[_non_null(F.col(n)).alias(n) for n in names])
 
 
-def _try_long(text: Column) -> Column:
-    return text.try_cast("bigint")
+def _parse_files(
+    batches: Iterator[pa.RecordBatch],
+    *,
+    arity: int,
+    source: str,
+    folder: str | None,
+    with_time: bool,
+) -> Iterator[pa.RecordBatch]:
+    """In a Spark task: each file of `batches` (``path``, ``content``) parsed; a bad file gives
+    one row holding its `InputError` (the file's path first, so that the first file's error
+    wins), as JSON."""
+    names = [*relation_columns(arity), *(["time"] if with_time else []), DIFF]
+    for batch in batches:
+        for uri, content in zip(batch.column("path"), batch.column("content"), strict=True):
+            file = str(uri.as_py())
+            where = source
+            if folder is not None:  # named as the local reader names a file of the folder
+                inside = os.path.relpath(local_path(file) or file, os.path.abspath(folder))
+                where = f"{source} [{os.path.join(folder, inside)}]"
+            try:
+                for rows in read_file_bytes(
+                    content.as_buffer(), file, arity, where, with_time=with_time
+                ):
+                    yield rows.append_column(_ERROR, pa.nulls(rows.num_rows, pa.string()))
+            except InputError as error:
+                message = str(error).removeprefix(_where(error)).removeprefix(": ")
+                text = json.dumps([file, message, error.source, error.line, error.column])
+                columns = [pa.nulls(1, pa.int64()) for _ in names]
+                yield pa.RecordBatch.from_arrays([*columns, pa.array([text])], [*names, _ERROR])
+
+
+def _where(error: InputError) -> str:
+    where = error.source
+    if error.line is not None:
+        where += f", line {error.line}"
+    if error.column is not None:
+        where += f", column {error.column}"
+    return where
 
 
 def _non_null(value: Column) -> Column:
-    # Validation has already rejected nulls; the coalesce only records that in the schema.
+    # Every row was checked; the coalesce only records that in the schema.
     return F.coalesce(value.cast("long"), F.lit(0).cast("long"))
 
 

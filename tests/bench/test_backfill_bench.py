@@ -22,8 +22,9 @@ from pyspark.sql import SparkSession
 from spark_support import interpreted
 
 from wcoj_assets.specs import DEFAULT_SPECS, Topology
-from wcoj_bench import backfill as bb
-from wcoj_bench.epochs import make_workload
+from wcoj_bench.parts import backfill as bb
+from wcoj_bench.parts import backfill_sides
+from wcoj_bench.parts.epochs import make_workload
 from wcoj_core.sources import read_relation
 
 GRAPH = "rmat:scale=7,edges=600,seed=3"
@@ -62,17 +63,17 @@ def run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 
 def test_doctests() -> None:
-    result = doctest.testmod(bb)
+    result = doctest.testmod(backfill_sides)
     assert result.failed == 0 and result.attempted > 0
 
 
 def test_a_different_tuple_or_multiplicity_names_its_epoch() -> None:
     same = Counter({(1, 2, 3): 1, (2, 3, 4): -1})
-    assert bb.compare_changes(7, same, Counter(same)) == 2
+    assert backfill_sides.compare_changes(7, same, Counter(same)) == 2
     with pytest.raises(bb.BackfillError, match=r"^epoch 7: 1 output tuple\(s\) differ.*engine 2"):
-        bb.compare_changes(7, same, Counter({(1, 2, 3): 2, (2, 3, 4): -1}))
+        backfill_sides.compare_changes(7, same, Counter({(1, 2, 3): 2, (2, 3, 4): -1}))
     with pytest.raises(bb.BackfillError, match=r"^epoch 7: .*\(2, 3, 4\): pipeline -1, engine 0"):
-        bb.compare_changes(7, same, Counter({(1, 2, 3): 1}))
+        backfill_sides.compare_changes(7, same, Counter({(1, 2, 3): 1}))
     with pytest.raises(bb.BackfillError, match=r"^epoch 2: the engine has an output change"):
         bb.check_changes({1: same}, {1: same, 2: Counter()})
 

@@ -17,8 +17,9 @@ import pytest
 from oracle import naive_eval
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_bench import cli, epochs
-from wcoj_bench.epochs import BenchError, BinaryDelta, Workload, bench, make_workload
+from wcoj_bench import cli
+from wcoj_bench.parts import epochs
+from wcoj_bench.parts.epochs import BenchError, BinaryDelta, Workload, bench, make_workload
 from wcoj_core.engine import Engine
 from wcoj_core.generate import generate
 from wcoj_core.query.builtins import builtin

@@ -20,8 +20,11 @@ import numpy as np
 import pytest
 from pyspark.sql import SparkSession
 
-from wcoj_bench import cli, cold, page_processes, prepared
-from wcoj_bench.measure import BenchError, compare_changes
+from wcoj_bench import cli
+from wcoj_bench.infra import prepared
+from wcoj_bench.infra.measure import BenchError, compare_changes
+from wcoj_bench.page import processes as page_processes
+from wcoj_bench.parts import cold
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -19,7 +19,7 @@ from oracle import naive_eval
 from pyspark.sql import DataFrame, SparkSession
 
 from wcoj_bench import cli
-from wcoj_bench.epochs import bench, make_workload
+from wcoj_bench.parts.epochs import bench, make_workload
 from wcoj_core.cli import workspace
 from wcoj_core.cli.console import EXIT_USAGE
 from wcoj_core.engine import Engine, EpochResult

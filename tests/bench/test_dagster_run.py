@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "assets"))
 from test_cold import tiny_graph
 from test_quickstart import readme_definitions_py, readme_defs_yaml
 
-from wcoj_bench import cli, dagster_run, page_processes
+from wcoj_bench import cli
+from wcoj_bench.page import processes as page_processes
+from wcoj_bench.parts import dagster_run
 
 pytestmark = pytest.mark.e2e  # `dagster job execute` runs, process by process
 
@@ -81,7 +83,7 @@ def test_the_region_renders_from_the_json(part: dict) -> None:
     }
     text = page_processes.render_dagster_run(record)
     assert "| **the quick start's `wcoj_epoch_job`** |" in text
-    assert "| the same job with empty bodies (`wcoj_bench.hollow`) |" in text
+    assert "| the same job with empty bodies (`wcoj_bench.infra.hollow`) |" in text
     assert "| target (issue 22) |" in text and "Over the empty bodies:" in text
 
 

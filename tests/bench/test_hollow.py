@@ -16,8 +16,8 @@ from dagster import AssetsDefinition, BetaWarning, Definitions, PreviewWarning
 from wcoj_assets.definitions import build_definitions
 from wcoj_assets.instance import dagster_env
 from wcoj_assets.specs import QuerySpec
-from wcoj_bench import backfill as bb
-from wcoj_bench import hollow
+from wcoj_bench.infra import hollow
+from wcoj_bench.parts import backfill_sides as bb
 from wcoj_core.query.builtins import BUILTINS
 
 

@@ -18,9 +18,9 @@ from oracle import naive_eval
 from pyspark.sql import SparkSession
 
 from wcoj_bench import cli
-from wcoj_bench import static as static_bench
-from wcoj_bench.epochs import BenchError
-from wcoj_bench.static import STATIC_METHODS, Runner, StaticInputs, check_methods
+from wcoj_bench.parts import static as static_bench
+from wcoj_bench.parts.epochs import BenchError
+from wcoj_bench.parts.static import STATIC_METHODS, Runner, StaticInputs, check_methods
 from wcoj_core.generate import generate
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.parse import parse_query

@@ -34,7 +34,8 @@ from strategies import queries, updates
 
 from wcoj_core import audit as auditing
 from wcoj_core import indexes
-from wcoj_core.audit import audit_epoch, recompute_change
+from wcoj_core.audit import recompute_change
+from wcoj_core.audit_sample import audit_epoch
 from wcoj_core.deploy.batches import batch_path
 from wcoj_core.engine import Engine
 from wcoj_core.errors import StateError
@@ -374,7 +375,7 @@ COLD = """
 import json, sys
 if sys.argv[3] == "warm-reader":
     import pyarrow.dataset
-from wcoj_core.audit import audit_epoch
+from wcoj_core.audit_sample import audit_epoch
 from wcoj_core.engine import Engine
 from wcoj_core.meaning import relation_specs
 from wcoj_core.query.builtins import builtin

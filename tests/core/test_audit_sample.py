@@ -31,7 +31,8 @@ from test_audit import (
 )
 
 from wcoj_core import audit_sample, epoch
-from wcoj_core.audit import AuditMode, audit_epoch
+from wcoj_core.audit import AuditMode
+from wcoj_core.audit_sample import audit_epoch
 from wcoj_core.engine import Engine
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.meaning import relation_specs

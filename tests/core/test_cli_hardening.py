@@ -33,13 +33,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from wcoj_core.cli.console import MAX_EPOCH, Parser, UsageError, epoch_argument, state_argument
-from wcoj_core.cli.inputs import (
-    needs_spark,
-    parse_changes,
-    parse_inputs,
-    read_local_changes,
-    read_local_relations,
-)
+from wcoj_core.cli.inputs import needs_spark, parse_changes, parse_inputs
 from wcoj_core.cli.results import OutputFormat, add_output_arguments, check_output, write_tuples
 from wcoj_core.errors import InputError
 from wcoj_core.local_read import (
@@ -49,7 +43,6 @@ from wcoj_core.local_read import (
     is_local_input,
     negative_tuples_local,
     read_local,
-    symmetrize_local,
 )
 from wcoj_core.query.builtins import builtin
 
@@ -233,39 +226,10 @@ def test_an_endless_line_is_refused_not_buffered(tmp_path: Path) -> None:
 # --- reading without Spark, as the commands do --------------------------------------------------
 
 
-def test_inputs_read_as_count_reads_them(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    edges = tmp_path / "e.csv"
-    edges.write_text("a,b,diff\n1,2,1\n2,1,1\n3,3,1\n2,3,2\n7,8,-1\n")
-    query = builtin("triangles")
-    negative: dict[str, int] = {}
-    relations = read_local_relations(query, {"edge": str(edges)}, {"edge"}, negative)
-    assert rows(relations["edge"]) == Counter(
-        {(1, 2, 1): 1, (2, 1, 1): 1, (2, 3, 1): 1, (3, 2, 1): 1}
-    )
-    assert negative == {"edge": 1}
-    assert "1 tuple(s) have a negative multiplicity" in capsys.readouterr().err
-
-
-def test_changes_read_as_apply_applies_them(tmp_path: Path) -> None:
-    changes = tmp_path / "c.csv"
-    changes.write_text("a,b,diff\n1,2,1\n1,2,1\n4,4,-1\n5,6,-2\n")
-    tables = read_local_changes(builtin("triangles"), {"edge": str(changes)}, {"edge"})
-    assert rows(tables["edge"]) == Counter(
-        {(1, 2, 1): 2, (2, 1, 1): 2, (5, 6, -2): 1, (6, 5, -2): 1}
-    )
-
-
-def test_symmetrize_and_negative_tuples_without_spark() -> None:
-    table = pa.table({"c0": [1, 3, 4], "c1": [2, 3, 5], "time": [0, 0, 1], "diff": [1, 1, -1]})
-    both, loops = symmetrize_local(table)
-    assert loops == 1
-    assert both.column_names == table.column_names
-    assert rows(both) == Counter(
-        {(1, 2, 0, 1): 1, (2, 1, 0, 1): 1, (4, 5, 1, -1): 1, (5, 4, 1, -1): 1}
-    )
-    assert negative_tuples_local(both, limit=1) == (2, [((4, 5), -1)])
+def test_negative_tuples_without_spark() -> None:
+    table = pa.table({"c0": [1, 3, 4, 5], "c1": [2, 3, 5, 4], "time": [0, 0, 1, 1]})
+    table = table.append_column("diff", pa.array([1, 1, -1, -2]))
+    assert negative_tuples_local(table, limit=1) == (2, [((4, 5), -1)])
 
 
 def test_web_notredame_reads_in_well_under_a_second(shared_data: Path) -> None:

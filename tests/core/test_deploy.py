@@ -29,7 +29,7 @@ from oracle import naive_eval, stored
 from pyspark.sql import SparkSession
 
 from wcoj_core import indexes
-from wcoj_core.deploy import Limits, cluster
+from wcoj_core.deploy import Limits, spark_job
 from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.deploy.executors import Written
 from wcoj_core.deploy.sharded import Router
@@ -291,21 +291,20 @@ def test_a_failed_task_applies_nothing(
         engine.apply_epoch(1, {"edge": small.read.parquet(str(bad))})
     assert engine.store.current() == before and folders(state) == on_disk
 
-    real = cluster.run_rules
+    real = spark_job.run_rules
     truncated: list[str] = []
 
-    def truncating(
-        eng: Engine, m: Any, epoch: int, choice: Any, jobs: Any, pre: Any, written: Any, **kw: Any
-    ):
+    def truncating(served: Any, access: Any, m: Any, epoch: int, *rest: Any, **kw: Any):
+        choice, jobs, pre, written = rest
         batch = pre["rel/edge"]
         path = state / batch.path / batch.files[0].name
         path.chmod(0o644)
         path.write_bytes(path.read_bytes()[:20])
         truncated.append(str(path))
-        return real(eng, m, epoch, choice, jobs, pre, written, **kw)
+        return real(served, access, m, epoch, choice, jobs, pre, written, **kw)
 
     with monkeypatch.context() as patch:
-        patch.setattr(cluster, "run_rules", truncating)
+        patch.setattr(spark_job, "run_rules", truncating)
         with pytest.raises(Exception) as failed:
             engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
     assert truncated, "the tasks ran"

@@ -39,7 +39,7 @@ from oracle import naive_delta, naive_eval, stored
 
 from wcoj_core import epoch as epoch_module
 from wcoj_core import indexes
-from wcoj_core.deploy import cluster
+from wcoj_core.deploy import spark_job
 from wcoj_core.engine import Engine, EpochResult
 from wcoj_core.errors import ConcurrentCommit, EpochAlreadyApplied, StateError
 from wcoj_core.meaning import relation_specs
@@ -273,12 +273,12 @@ def failing(
         (epoch_module, "advance", "driver", True, Injected("driver, writing")),
         pytest.param(
             # On the executors, once the tasks wrote every output batch.
-            cluster, "run_rules", "executors", True, Injected("executors, after the tasks"),
+            spark_job, "run_rules", "executors", True, Injected("executors, after the tasks"),
             marks=pytest.mark.spark,
         ),
         pytest.param(
             # Sharded, once Spark wrote an output batch (hashed next).
-            cluster, "_hashed", "sharded", True, Injected("sharded, after an output"),
+            spark_job, "_hashed", "sharded", True, Injected("sharded, after an output"),
             marks=pytest.mark.spark,
         ),
         # Instead of writing the manifest, as an interrupt would (the engine catches it too).

@@ -1,7 +1,7 @@
 """Hub bursts within a memory budget: cliques maintained, then one epoch joining a new vertex
 to every vertex of the graph (every (k-1)-clique becomes a k-clique), each epoch a whole
 ``wcoj apply --memory 1g`` process whose tree's peak anonymous memory stays within 1.1 GB,
-its counts exact against an independent clique count (`wcoj_bench.probes.count_cliques`)."""
+its counts exact against an independent clique count (`wcoj_bench.infra.probes.count_cliques`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from wcoj_bench.measure import run_process
-from wcoj_bench.prepared import wcoj_command
-from wcoj_bench.probes import count_cliques
+from wcoj_bench.infra.measure import run_process
+from wcoj_bench.infra.prepared import wcoj_command
+from wcoj_bench.infra.probes import count_cliques
 
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 BUDGET = "1g"

@@ -1,102 +1,60 @@
-"""CSV lines as Spark reads them, without Spark: `spark_csv_fields` and `check_csv_line`.
+"""CSV lines in the project's dialect (`wcoj_core.local_read.csv_fields`): what a data line may
+hold and what each refusal says, without Spark.
 
-Spark parses each CSV line with univocity (quote ``"``, escape ``\\``, an unescaped quote kept
-up to the next delimiter, blanks after a closing quote dropped, an unclosed quote running to the
-end of the line). `wcoj_core.local_read.spark_csv_fields` follows that parser; the cases below
-are Spark's own fields for lines drawn at random (the first three fields, as a schema of three
-string columns reads them), and the ``spark`` test compares it with Spark on fresh random lines.
+The dialect is the project's own (it once followed Spark's univocity parser, quirks included;
+the one reader now runs in Spark's tasks too, so there is nothing left to follow): fields
+separated by ``,``, a quote enclosing a whole field, blanks around a value dropped, exactly one
+field per header column. The last test checks that the block reader (its pyarrow fast path and
+its line-by-line rules) reads every random line as `check_csv_line` judges it.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
-from pyspark.sql import SparkSession
 
-from wcoj_core.local_read import Role, check_csv_line, spark_csv_fields
+from wcoj_core.errors import InputError
+from wcoj_core.local_read import Role, check_csv_line, csv_fields, read_local
 
-# (line, Spark's first three fields), recorded from Spark 4 reading a file of such lines.
-SPARK_FIELDS: list[tuple[str, list[str | None]]] = [
-    ('" -,,"2-', ['" -,,"2-', None, None]),
-    ('\t"\t0+x22"2\t', ['\t"\t0+x22"2\t', None, None]),
-    ('-"x', ['-"x', None, None]),
-    ('"\\"\\', ['"', None, None]),
-    ('x,2222"221\tx"\\', ["x", '2222"221\tx"\\', None]),
-    ('"-,2"1x,', ['"-,2"1x', None, None]),
-    (' x\\"', [' x\\"', None, None]),
-    ('1"\\x2 ,2"', ['1"\\x2 ', '2"', None]),
-    ('\\ 12,"x\t', ["\\ 12", "x\t", None]),
-    (',,\t,10"-x\\', [None, None, "\t"]),
-    ('-1\t\\\\ \\\t"x0\\0', ['-1\t\\\\ \\\t"x0\\0', None, None]),
-    ('" +x"2,""-"2-', ['" +x"2', '""-"2-', None]),
-    ('x,"x', ["x", "x", None]),
-    (',22"x"12', [None, '22"x"12', None]),
-    ('\t\t+,10+,\t"', ["\t\t+", "10+", '\t"']),
-    ('1,x"', ["1", 'x"', None]),
-    (' \t,1""2\\', [" \t", '1""2\\', None]),
-    ('11,"0202"+",x', ["11", '"0202"+"', "x"]),
-    ('0\t+""0,\t,-\\,', ['0\t+""0', "\t", "-\\"]),
-    ('x"","22', ['x""', "22", None]),
-    ('\tx\t"x\t\txx02', ['\tx\t"x\t\txx02', None, None]),
-    ('x"\\" ,1', ['x"\\" ', "1", None]),
-    ('\t"\t\\', ['\t"\t\\', None, None]),
-    (', " 12 ,\\', [None, ' " 12 ', "\\"]),
-    (' x1 20\\\\-"  ,', [' x1 20\\\\-"  ', None, None]),
-    (',"""2', [None, '"""2', None]),
-    ('x1\tx\\2" ', ['x1\tx\\2" ', None, None]),
-    ('"1,', ["1,", None, None]),
-    (',x"', [None, 'x"', None]),
-    ('"\t 2x ,', ["\t 2x ,", None, None]),
-    ('"\t\tx ', ["\t\tx ", None, None]),
-    ('212"2,', ['212"2', None, None]),
-    ('"\\11,,', ["\\11,,", None, None]),
-    ('+,2\t\\-2""1x', ["+", '2\t\\-2""1x', None]),
-    ('1x22-""2\\2', ['1x22-""2\\2', None, None]),
-    (' x"x2,', [' x"x2', None, None]),
-    ('"1" ,2', ["1", "2", None]),
-    ('1,"2', ["1", "2", None]),
-    ('1,2,,"x', ["1", "2", None]),
-    ('""', [None, None, None]),
-    ('"', ['"', None, None]),
-    ('"1\\', ["1", None, None]),
-]
+QUOTING = "has malformed quoting ({}); quote a whole field, on one line"
 
 
-def first_three(line: str) -> list[str | None]:
-    return (spark_csv_fields(line) + [None] * 3)[:3]
-
-
-@pytest.mark.parametrize(("line", "fields"), SPARK_FIELDS)
-def test_fields_as_spark_reads_them(line: str, fields: list[str | None]) -> None:
-    assert first_three(line) == fields
+@pytest.mark.parametrize(
+    ("line", "fields"),
+    [
+        ("1,2", ["1", "2"]),
+        ('"1","2"', ["1", "2"]),
+        (' 1 ,\t"2"', [" 1 ", '\t"2"']),  # a quote after a blank is part of the value
+        ('"1,2",3', ["1,2", "3"]),
+        ('"a""b",c', ['a"b', "c"]),
+        ("1,2,", ["1", "2", ""]),
+        ("", []),
+    ],
+)
+def test_fields(line: str, fields: list[str]) -> None:
+    assert csv_fields(line) == fields
 
 
 @pytest.mark.parametrize(
     ("line", "problem"),
     [
         ("1,2", None),
-        ('"1" ,2', None),
-        ('1,"2', None),
-        ("1,2,", None),
-        ('1,2,""', None),
+        (" 1 ,\t2\t", None),
+        ('"1","-2"', None),
+        ('" 1",+2', None),
         ("1,x", ("value in column 'b' is not an integer: 'x'", 2)),
         ("1", ("has 1 fields but the header has 2", 2)),
         ("1,2,3", ("has 3 fields but the header has 2", 3)),
-        (
-            '1,2,"3',
-            ("has malformed quoting (unexpected end of data); quote a whole field, on one line", 5),
-        ),
-        (
-            '"1"2,3',
-            (
-                "has malformed quoting (',' expected after '\"'); quote a whole field, on one line",
-                4,
-            ),
-        ),
-        (" 1 ,\t2\t", None),
+        ("1,2,", ("has 3 fields but the header has 2", 3)),  # Spark dropped it; no longer
+        ('1,2,"3', (QUOTING.format("unexpected end of data"), 5)),
+        ('1,"2', (QUOTING.format("unexpected end of data"), 3)),  # Spark read 2; no longer
+        ('"1" ,2', (QUOTING.format("',' expected after '\"'"), 4)),  # Spark read 1; no longer
+        ('"1"2,3', (QUOTING.format("',' expected after '\"'"), 4)),
         ("1,", ("value in column 'b' is empty", 2)),
+        ('1,"2"', None),
     ],
 )
 def test_the_problem_with_a_line(line: str, problem: tuple[str, int] | None) -> None:
@@ -112,21 +70,40 @@ def test_a_zero_diff_is_a_problem() -> None:
     assert check_csv_line("4,-3", ["a", "diff"], roles) is None
 
 
-def test_random_lines_against_spark(spark: SparkSession, tmp_path: Path) -> None:
-    """Thousands of random lines of digits, signs, quotes, commas, blanks and backslashes:
-    Spark's fields, read through a schema of three string columns, and the model's agree."""
+def test_random_lines_read_as_each_is_judged(tmp_path: Path) -> None:
+    """Random lines: well-formed ones (integers, some quoted, some with blanks) and thousands
+    of random strings of digits, signs, quotes, commas and blanks. A file of the lines
+    `check_csv_line` accepts reads as exactly their values (through the fast path and the exact
+    rules alike), and a file ending in a refused line is refused at that line, as judged."""
     rng = random.Random(2024)
-    alphabet = ["1", "2", '"', ",", " ", "\\", "x", "\t", "-", "+", '"', ","]
-    lines = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))) for _ in range(3000)}
-    lines = sorted(line for line in lines if not all(c <= " " for c in line))
-    path = tmp_path / "lines.csv"
-    path.write_text("a,b\n" + "".join(f"{line}\n" for line in lines))
-    schema = "_f0 string, _f1 string, _f2 string"
-    spark_rows = spark.read.option("header", True).schema(schema).csv(str(path)).collect()
-    assert len(spark_rows) == len(lines)
-    differ = [
-        (line, list(row), first_three(line))
-        for line, row in zip(lines, spark_rows, strict=True)
-        if list(row) != first_three(line)
-    ]
-    assert differ == []
+
+    def value() -> str:
+        blank = rng.choice(["", "", " ", "\t"])
+        number = (
+            str(rng.randint(-(2**63), 2**63 - 1))
+            if rng.random() < 0.1
+            else str(rng.randint(-9, 99))
+        )
+        quote = '"' if rng.random() < 0.3 else ""
+        return f"{quote}{blank}{number}{blank}{quote}" if quote else f"{blank}{number}{blank}"
+
+    made = [f"{value()},{value()}" for _ in range(2000)]
+    alphabet = ["1", "2", '"', ",", " ", "x", "\t", "-", "+", '"', ","]
+    drawn = {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))) for _ in range(3000)}
+    lines = made + sorted(line for line in drawn if not all(c <= " " for c in line))
+    header, roles = ["a", "b"], [Role.DATA, Role.DATA]
+    good = [line for line in lines if check_csv_line(line, header, roles) is None]
+    bad = [line for line in lines if check_csv_line(line, header, roles) is not None]
+    assert len(good) >= 2000 and len(bad) > 1000
+    path = tmp_path / "good.csv"
+    path.write_text("a,b\n" + "".join(f"{line}\n" for line in good))
+    table = read_local(str(path), 2, "e")
+    expected = Counter((*(int(f) for f in csv_fields(line)), 1) for line in good)
+    assert Counter(zip(*(c.to_pylist() for c in table.columns), strict=True)) == expected
+    for line in bad[:: len(bad) // 40]:
+        path.write_text("a,b\n" + "".join(f"{g}\n" for g in good[:20]) + f"{line}\n")
+        with pytest.raises(InputError) as refused:
+            read_local(str(path), 2, "e")
+        message, column = check_csv_line(line, header, roles) or ("", None)
+        assert (refused.value.line, refused.value.column) == (22, column), line
+        assert str(refused.value).endswith(message), line

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wcoj_core.errors import QueryError, QuerySyntaxError, WcojError
-from wcoj_core.query.builtins import BUILTINS, builtin
+from wcoj_core.query.builtins import BUILTINS, builtin, resolve_query
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
-from wcoj_core.query.parse import parse_query, resolve_query
+from wcoj_core.query.parse import parse_query
 
 SAMPLES = [
     "p(a, c) :- e(a, b), e(b, c)",

@@ -44,9 +44,9 @@ from oracle import fold_epoch, naive_eval
 from wcoj_core import cli
 from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.query.builtins import builtin
-from wcoj_core.segments import open_segment
 from wcoj_core.store import names
 from wcoj_core.store.manifest import digest_of
+from wcoj_core.store.segments import open_segment
 from wcoj_core.store.store import Store
 
 WCOJ = Path(sys.executable).with_name("wcoj")

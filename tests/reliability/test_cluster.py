@@ -34,7 +34,7 @@ from reliability_support import (
     wait_for,
 )
 
-from wcoj_bench import cluster
+from wcoj_bench.infra import cluster
 
 GRAPH = "rmat:scale=10,edges=6000,seed=5"
 

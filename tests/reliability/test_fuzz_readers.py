@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 from oracle import fold_epoch, naive_eval
 from reliability_support import History, small_history, wcoj_here
 
-from wcoj_core.audit import audit_epoch
+from wcoj_core.audit_sample import audit_epoch
 from wcoj_core.engine import Engine
 from wcoj_core.errors import WcojError
 from wcoj_core.meaning import relation_specs

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from wcoj_core.kernel.layer import Layer
-from wcoj_core.segments import write_segment
 from wcoj_core.store import names
 from wcoj_core.store.manifest import Batch, Index, Level, Manifest, Segment, Trace
+from wcoj_core.store.segments import write_segment
 from wcoj_core.store.store import Store
 
 HOUR = 3600.0

@@ -16,15 +16,15 @@ import pytest
 
 from wcoj_core.errors import DamagedFile
 from wcoj_core.kernel.layer import Bound, Layer, find
-from wcoj_core.segments import (
+from wcoj_core.store import names
+from wcoj_core.store.manifest import Index, Level, Manifest, Segment, Trace
+from wcoj_core.store.segments import (
     SegmentCopies,
     open_segment,
     segment_bytes,
     segment_paths,
     write_segment,
 )
-from wcoj_core.store import names
-from wcoj_core.store.manifest import Index, Level, Manifest, Segment, Trace
 
 TRACE = "rel/edge"
 

@@ -51,7 +51,7 @@ from wcoj_core.engine import Engine
 from wcoj_core.epoch import EpochResult
 from wcoj_core.errors import StateError, WcojError
 from wcoj_core.meaning import RelationSpec
-from wcoj_core.query.parse import resolve_query
+from wcoj_core.query.builtins import resolve_query
 from wcoj_core.store.manifest import Manifest
 
 EXAMPLES = (

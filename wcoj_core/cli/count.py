@@ -32,7 +32,7 @@ from wcoj_core.cli.console import (
 from wcoj_core.cli.inputs import check_files, parse_inputs
 from wcoj_core.cli.results import add_output_arguments, check_output, write_tuples
 from wcoj_core.engine import Engine
-from wcoj_core.query.parse import resolve_query
+from wcoj_core.query.builtins import resolve_query
 
 EXAMPLES = (
     "wcoj count --query triangles --input edge=graph.txt.gz --undirected edge",

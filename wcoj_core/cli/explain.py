@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from wcoj_core.cli.console import EXIT_OK, epilog
+from wcoj_core.query.builtins import resolve_query
 from wcoj_core.query.explain import explain
-from wcoj_core.query.parse import resolve_query
 from wcoj_core.query.plan import plan_query
 
 EXAMPLES = (

@@ -14,13 +14,11 @@ Contract, in the order a command uses it, everything before `read_*` without Spa
   (`wcoj_core.local_read.check_locally`: at most the first 4 MiB of a text or CSV file, Parquet
   footers) and raises the `InputError` the full read would raise, with the file, line and
   column, so that bad input is refused before anything long starts.
-* Without Spark, when `needs_spark` is false (every input a local file): `read_local_relations`
-  reads the inputs as ``count`` evaluates them, `read_local_changes` the changes as ``apply``
-  applies them, both as Arrow tables (`wcoj_core.local_read.read_local`).
-* With Spark: `read_inputs` reads every input as it is (the benchmarks normalize inputs
-  themselves); `read_relations` reads them as ``count`` does (undirected relations symmetric
-  and loop-free); `read_flagged` reads one and warns about tuples whose summed multiplicity is
-  negative.
+* Reading: without Spark when `needs_spark` is false (every input a local file), the commands
+  stream each file (`wcoj_core.local_read.read_local_batches`) and the engine lands it as the
+  relation's meaning says; with Spark, `read_inputs` reads every input as it is (the benchmarks
+  normalize inputs themselves) and `read_flagged` reads one and warns about tuples whose summed
+  multiplicity is negative.
 
 Every error is a `WcojError` (`UsageError` for the syntax of an argument).
 """
@@ -30,21 +28,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from wcoj_core.cli.console import UsageError, warn
 from wcoj_core.errors import InputError, QueryError
 from wcoj_core.local_read import (
     Format,
-    canonical_undirected_local,
     check_input_file,
     check_locally,
     detect_format,
     is_generator_spec,
     is_local_input,
-    negative_tuples_local,
-    read_local,
-    symmetrize_local,
 )
 from wcoj_core.query.ir import Query
 
@@ -150,40 +142,6 @@ def check_files(query: Query, inputs: Mapping[str, str]) -> None:
         check_locally(path, query.relations[rel], rel)
 
 
-def read_local_relations(
-    query: Query,
-    inputs: Mapping[str, str],
-    undirected: set[str],
-    negative: dict[str, int],
-) -> dict[str, pa.Table]:
-    """Every input as ``count`` evaluates it, read without Spark: undirected relations the
-    symmetric, loop-free set of their edges (diff 1). Tuples of a CSV or Parquet input whose
-    summed multiplicity is negative are warned about and counted in `negative`, as by
-    `read_flagged`. Every input must be local (`needs_spark` false)."""
-    relations = {}
-    for rel, path in sorted(inputs.items()):
-        table = read_local(path, query.relations[rel], rel)
-        if detect_format(path) is not Format.TEXT:
-            _warn_negative(rel, path, *negative_tuples_local(table), negative)
-        if rel in undirected:
-            table = symmetrize_local(canonical_undirected_local(table)[0])[0]
-        relations[rel] = table
-    return relations
-
-
-def read_local_changes(
-    query: Query, changes: Mapping[str, str], undirected: set[str]
-) -> dict[str, pa.Table]:
-    """Every ``--changes`` file as ``apply`` applies it, read without Spark: each change
-    ``(a, b)`` of an undirected relation also as ``(b, a)``, self-loops dropped (unconsolidated,
-    as `wcoj_core.linear.symmetrize` does)."""
-    tables = {}
-    for rel, path in sorted(changes.items()):
-        table = read_local(path, query.relations[rel], rel)
-        tables[rel] = symmetrize_local(table)[0] if rel in undirected else table
-    return tables
-
-
 def read_inputs(
     spark: SparkSession, query: Query, inputs: Mapping[str, str]
 ) -> dict[str, DataFrame]:
@@ -194,26 +152,6 @@ def read_inputs(
         rel: read_relation(spark, path, query.relations[rel], rel)
         for rel, path in sorted(inputs.items())
     }
-
-
-def read_relations(
-    spark: SparkSession,
-    query: Query,
-    inputs: Mapping[str, str],
-    undirected: set[str],
-    negative: dict[str, int],
-) -> dict[str, DataFrame]:
-    """Every input as ``count`` evaluates it: undirected relations symmetric and loop-free."""
-    from wcoj_core import linear
-    from wcoj_core.sources import canonical_undirected
-
-    relations = {}
-    for rel, path in sorted(inputs.items()):
-        df = read_flagged(spark, rel, path, query.relations[rel], negative)
-        if rel in undirected:
-            df = linear.symmetrize().apply(canonical_undirected(df))
-        relations[rel] = df
-    return relations
 
 
 def read_flagged(

@@ -28,7 +28,7 @@ from wcoj_core.cli.console import (
 )
 from wcoj_core.cli.count import add_run_arguments
 from wcoj_core.cli.inputs import check_files, parse_inputs, read_flagged
-from wcoj_core.query.parse import resolve_query
+from wcoj_core.query.builtins import resolve_query
 
 _MIN_LONG, _MAX_LONG = -(2**63), 2**63 - 1
 

@@ -29,6 +29,9 @@ DRIVER_MAX_ROWS = 1 << 62
 DRIVER_EPOCH_ROWS = 1 << 62
 # What an executor's Python worker holds replicated: beyond it, arrangements are sharded.
 EXECUTOR_MAX_ROWS = 100_000_000
+# A small work (at most this many changed rows) runs in one task on warm executors: no second
+# stage (`wcoj_core.deploy.spark_job`).
+ONE_TASK_ROWS = 50_000
 
 
 class Deployment(Enum):

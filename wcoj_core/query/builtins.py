@@ -1,7 +1,7 @@
 """Built-in queries over a binary ``edge`` relation, by name.
 
 `BUILTINS` maps a name (what a user types, e.g. ``--query 3-cycles``) to query text; `builtin`
-parses one. The names may hold hyphens and start with digits; the query names inside the texts
+parses one; `resolve_query` takes a name or query text (what ``--query`` takes). The names may hold hyphens and start with digits; the query names inside the texts
 are identifiers. Symmetry-breaking filters make each pattern appear once where noted.
 
 >>> list(BUILTINS)[:2]
@@ -11,6 +11,8 @@ are identifiers. Symmetry-breaking filters make each pattern appear once where n
 """
 
 from __future__ import annotations
+
+import re
 
 from wcoj_core.errors import QueryError
 from wcoj_core.query.ir import Query
@@ -38,6 +40,9 @@ BUILTINS: dict[str, str] = {
     "2-paths": "paths2(a, b, c) :- edge(a, b), edge(b, c)",
 }
 
+# What a name given to `resolve_query` looks like: no parentheses, no ':-', no spaces.
+_NAME_LIKE = re.compile(r"[A-Za-z0-9_-]+")
+
 
 def builtin(name: str) -> Query:
     """Parse the built-in query called `name`.
@@ -55,3 +60,26 @@ def builtin(name: str) -> Query:
             f"unknown built-in query {name!r}; the built-in queries are {', '.join(BUILTINS)}"
         )
     return parse_query(text)
+
+
+def resolve_query(spec: str) -> Query:
+    """A built-in query when `spec` names one, else `spec` parsed as query text.
+
+    >>> resolve_query("2-paths").name
+    'paths2'
+    >>> resolve_query("p(b) :- e(a, b)").head
+    (Var(name='b'),)
+    >>> resolve_query("triangle")
+    Traceback (most recent call last):
+      ...
+    wcoj_core.errors.QueryError: unknown built-in query 'triangle'; the built-in queries are triangles, directed-triangles, 3-cycles, 4-cycles, 4-cliques, 2-paths; or pass query text such as 'p(a, b) :- edge(a, b)'
+    """
+    name = spec.strip()
+    if name in BUILTINS:
+        return builtin(name)
+    if _NAME_LIKE.fullmatch(name):
+        raise QueryError(
+            f"unknown built-in query {name!r}; the built-in queries are "
+            f"{', '.join(BUILTINS)}; or pass query text such as 'p(a, b) :- edge(a, b)'"
+        )
+    return parse_query(spec)

@@ -22,7 +22,7 @@ Contract:
   `QueryError` whose message starts with the line and column of the offending part;
 * anything else yields a `Query`, and ``parse_query(str(q)) == q`` for every parsed ``q``.
 
-`resolve_query` additionally accepts the name of a built-in query (see `builtins`).
+`wcoj_core.query.builtins.resolve_query` also accepts the name of a built-in query.
 
 >>> q = parse_query("p(a, c) :- e(a, b), e(b, c), a < c.")
 >>> str(q)
@@ -35,7 +35,6 @@ wcoj_core.errors.QuerySyntaxError: query line 1, column 13: expected ',' or ')' 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import Enum
 from typing import NoReturn
@@ -65,8 +64,6 @@ _OPERATORS: tuple[tuple[str, CmpOp], ...] = (
     ("=", CmpOp.EQ),
 )
 _PUNCTUATION = {"(": "LPAREN", ")": "RPAREN", ",": "COMMA", ".": "DOT"}
-# What a name given to `resolve_query` looks like: no parentheses, no ':-', no spaces.
-_NAME_LIKE = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class _Kind(Enum):
@@ -107,32 +104,6 @@ def parse_query(text: str) -> Query:
     wcoj_core.errors.QuerySyntaxError: query line 1, column 14: integer literal 99999999999999999999 does not fit in 64 bits; use a value between -9223372036854775808 and 9223372036854775807
     """
     return _Parser(text).parse()
-
-
-def resolve_query(spec: str) -> Query:
-    """A built-in query when `spec` names one, else `spec` parsed as query text.
-
-    >>> resolve_query("2-paths").name
-    'paths2'
-    >>> resolve_query("p(b) :- e(a, b)").head
-    (Var(name='b'),)
-    >>> resolve_query("triangle")
-    Traceback (most recent call last):
-      ...
-    wcoj_core.errors.QueryError: unknown built-in query 'triangle'; the built-in queries are triangles, directed-triangles, 3-cycles, 4-cycles, 4-cliques, 2-paths; or pass query text such as 'p(a, b) :- edge(a, b)'
-    """
-    # Imported here because `builtins` parses its texts with this module.
-    from wcoj_core.query.builtins import BUILTINS, builtin
-
-    name = spec.strip()
-    if name in BUILTINS:
-        return builtin(name)
-    if _NAME_LIKE.fullmatch(name):
-        raise QueryError(
-            f"unknown built-in query {name!r}; the built-in queries are "
-            f"{', '.join(BUILTINS)}; or pass query text such as 'p(a, b) :- edge(a, b)'"
-        )
-    return parse_query(spec)
 
 
 def _located(token: _Token, message: str) -> QueryError:

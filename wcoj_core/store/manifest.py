@@ -39,7 +39,8 @@ class Level(Enum):
 
 
 class Meaning(Enum):
-    """What a relation's tuples mean: present or not (set), or counted (bag)."""
+    """What a relation's tuples mean: present or not (set), or counted (bag) — recorded in the
+    manifest, honoured by `wcoj_core.meaning`."""
 
     SET = "set"
     BAG = "bag"
@@ -78,7 +79,7 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One persisted layer of a trace's index (see `wcoj_core.segments`).
+    """One persisted layer of a trace's index (see `wcoj_core.store.segments`).
 
     `view` is the pattern of the `AtomView` the layer is seen through (None: the trace as
     stored), `order` its columns' order, `path` its folder relative to the state and `files` its

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wcoj_core.errors import StateError
-from wcoj_core.segments import check_segment, segment_bytes
 from wcoj_core.store import names
 from wcoj_core.store.manifest import FileRef, Manifest, Segment
+from wcoj_core.store.segments import check_segment, segment_bytes
 from wcoj_core.store.store import Store
 
 

@@ -7,7 +7,7 @@ check passed the way the pipeline reports it (`wcoj_assets.checks.report`: one r
 and in a run over a range an evaluation of its own for each partition the reporting picks —
 failures and recoveries by default, or every evaluated one —, aimed at that partition's
 materialization; the binary-join recomputation once at most, at the range's last due epoch). A run of the hollow job over a range of epochs therefore writes the same events as
-the real pipeline's run over that range and does no wcoj work at all. `wcoj_bench.backfill` times it beside the real run:
+the real pipeline's run over that range and does no wcoj work at all. `wcoj_bench.parts.backfill` times it beside the real run:
 the floor under any per-epoch figure a pipeline of this asset model can reach on the instance
 used.
 

@@ -1,7 +1,7 @@
 """The page's regions for the parts that time whole processes: ``cold``, ``dagster-run``,
 ``cluster-idle`` and ``scale``.
 
-Like `wcoj_bench.page`, pure Python: each renderer reads one saved record (the part's command,
+Like `wcoj_bench.page.markup`, pure Python: each renderer reads one saved record (the part's command,
 date, wall time, load average, machine and JSON) and nothing else.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from wcoj_bench.page import DASH, _bold, _bullets, _bytes, _measured, _n, _option, _runs, _s
+from wcoj_bench.page.markup import DASH, _bold, _bullets, _bytes, _measured, _n, _option, _runs, _s
 
 
 def _phases(phases: dict[str, float]) -> str:
@@ -279,7 +279,7 @@ def render_dagster_run(record: dict[str, Any]) -> str:
     ]
     for label, s, on in (
         ("**the quick start's `wcoj_epoch_job`**", real, True),
-        ("the same job with empty bodies (`wcoj_bench.hollow`)", hollow, False),
+        ("the same job with empty bodies (`wcoj_bench.infra.hollow`)", hollow, False),
     ):
         ph = s["median_phases"]
         lines.append(
@@ -398,7 +398,9 @@ def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2] if values else 0.0
 
 
-BEFORE_SECONDS = 50.0  # wcoj_bench.dagster_run's (the page imports nothing but wcoj_bench.page)
+BEFORE_SECONDS = (
+    50.0  # wcoj_bench.parts.dagster_run's (the page imports nothing but wcoj_bench.page)
+)
 INSTANCE_NAMES = {"sqlite": "SQLite", "postgres": "Postgres"}
 
 __all__ = ["render_cold", "render_dagster_run", "render_idle", "render_scale"]

@@ -1,4 +1,5 @@
-"""An epoch's rules in Spark's executors: what the driver hands over and what comes back.
+"""An epoch's rules in one Spark job in the executors: what the driver hands over and what comes
+back.
 
 The driver does everything an epoch needs but the rules (`wcoj_core.epoch`): it maps the old
 state, lands the changes, computes the counts changes. When the rules run in the executors,
@@ -29,10 +30,8 @@ from wcoj_core.store.manifest import Batch, FileRef, Manifest
 from wcoj_core.store.names import trace_dir
 
 if TYPE_CHECKING:
-    from wcoj_core.engine import Engine
-
-# A small work (at most this many changed rows) runs in one task: no second stage.
-ONE_TASK_ROWS = 50_000
+    from wcoj_core.deploy.batches import BatchFiles
+    from wcoj_core.served import Served, StateAccess
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +45,8 @@ class Outcome:
 
 
 def run_rules(
-    engine: Engine,
+    served: Served,
+    state: StateAccess,
     m: Manifest,
     epoch: int,
     choice: Choice,
@@ -56,11 +56,12 @@ def run_rules(
     distinct: frozenset[str] = frozenset(),
 ) -> Outcome:
     """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (the
-    changed traces' batches at the epoch, already written); staged folders go to `written`.
+    changed traces' batches at the epoch, already written), for what `served` serves over the
+    state `state` reaches; staged folders go to `written`.
     Outputs in `distinct` are made already consolidated (`EpochPass._distinct`): each task
     writes its own, with no stage summing them."""
-    engine.spark(f"the kernel runs in Spark's executors ({choice.reason})")  # started, and why
-    names = [*(f"rel/{r}" for r in engine.relations), *engine.counts_traces]
+    state.spark(f"the kernel runs in Spark's executors ({choice.reason})")  # started, and why
+    names = [*(f"rel/{r}" for r in served.relations), *served.counts_traces]
     sharded = choice.shards > 1
     reads = tuple(
         TraceRead(
@@ -69,16 +70,16 @@ def run_rules(
             tuple(b for b in m.traces[name].batches if b.time < epoch),
             (changes[name],) if name in changes else (),
             trace=None if sharded else m.traces[name],
-            keys=engine.views[name],
+            keys=served.views[name],
         )
         for name in names
     )
-    work = Work(engine.store.root, epoch, engine.plans, reads, rules=tuple(jobs), distinct=distinct)
-    work = _budgeted(engine, work)
+    work = Work(state.store.root, epoch, served.plans, reads, rules=tuple(jobs), distinct=distinct)
+    work = _budgeted(served, state, work)
     try:
         if sharded:
-            return _sharded(engine, work, choice.shards, changes, written)
-        return _replicated(engine, work, epoch, changes, written)
+            return _sharded(served, state, work, choice.shards, changes, written)
+        return _replicated(state, work, epoch, changes, written)
     except Exception as e:
         overflow = overflow_in(e)
         if overflow is not None:
@@ -107,7 +108,7 @@ _TASK_OVERFLOW = re.compile(
 
 
 def _replicated(
-    engine: Engine,
+    state: StateAccess,
     work: Work,
     epoch: int,
     changes: Mapping[str, Batch],
@@ -115,14 +116,14 @@ def _replicated(
 ) -> Outcome:
     from wcoj_core.deploy.executors import run_on_executors
 
-    spark = engine.spark("the kernel runs in Spark's executors")
+    spark = state.spark("the kernel runs in Spark's executors")
     folders = {name: f"traces/{trace_dir(name)}/b-x-{epoch}-{_hex12()}" for name in work.columns()}
     written += folders.values()
     rows = sum(b.rows for b in changes.values())
-    tasks = 1 if rows <= engine.one_task_rows and engine.executors_warm else engine.tasks()
+    tasks = 1 if rows <= state.one_task_rows and state.executors_warm else state.tasks()
     result = run_on_executors(spark, work, folders, tasks)
-    engine.executors_warm = True
-    refs = result.clean(engine.files, folders, work)
+    state.executors_warm = True
+    refs = result.clean(state.files, folders, work)
     batches = {
         name: Batch(folder, epoch, result.rows[name], refs[name])
         for name, folder in folders.items()
@@ -130,17 +131,17 @@ def _replicated(
     return Outcome(batches, dict(result.totals), dict(result.tallies))
 
 
-def _budgeted(engine: Engine, work: Work) -> Work:
+def _budgeted(served: Served, state: StateAccess, work: Work) -> Work:
     """The work with the candidates a step proposes at once, and the delta tuples a rule takes
     at once, sized for an executor's Python worker: its share of the engine's budget when
-    Spark runs in this process tree (`Engine.worker_bytes`), else what
+    Spark runs in this process tree (`Served.worker_bytes`), else what
     ``spark.executor.pyspark.memory`` sets (unset on a cluster: the kernel's own limits)."""
     from dataclasses import replace
 
     from wcoj_core.budget import MIN_BUDGET, MemoryBudget, Shares
 
-    spark = engine.spark("the kernel runs in Spark's executors")
-    limit = engine.worker_bytes or _bytes(spark.conf.get("spark.executor.pyspark.memory", None))
+    spark = state.spark("the kernel runs in Spark's executors")
+    limit = served.worker_bytes or _bytes(spark.conf.get("spark.executor.pyspark.memory", None))
     if not limit:
         return work
     width = max((len(p.query.vars) for p in work.plans.values()), default=1)
@@ -150,7 +151,8 @@ def _budgeted(engine: Engine, work: Work) -> Work:
 
 
 def _sharded(
-    engine: Engine,
+    served: Served,
+    state: StateAccess,
     work: Work,
     shards: int,
     changes: Mapping[str, Batch],
@@ -161,15 +163,15 @@ def _sharded(
     from wcoj_core.deploy.sharded import Router, rule_frames, tallies_of
     from wcoj_core.updates import update_schema
 
-    spark = engine.spark("the kernel runs sharded in Spark's executors")
-    router = Router.of(shards, max(2, -(-engine.tasks() // shards)))
+    spark = state.spark("the kernel runs sharded in Spark's executors")
+    router = Router.of(shards, max(2, -(-state.tasks() // shards)))
     read = {}
     for name, batch in changes.items():
         if name.startswith("rel/") and batch.rows:
-            columns = engine.trace_columns(name)
+            columns = served.trace_columns(name)
             read[name.removeprefix("rel/")] = (
                 spark.read.schema(update_schema(columns))
-                .parquet(*engine.files.checked_uris(batch))  # its listed files, not the folder
+                .parquet(*state.files.checked_uris(batch))  # its listed files, not the folder
                 .drop("time")
             )
     outputs, observed = rule_frames(spark, work, router, read)
@@ -189,18 +191,17 @@ def _sharded(
             F.col("diff").cast("long"),
         )
         out.coalesce(2).write.mode("errorifexists").parquet(
-            engine.files.uri(engine.files.full(folder))
+            state.files.uri(state.files.full(folder))
         )
-        refs = _hashed(engine, folder)
-        rows, total = _footer_figures(engine, folder, refs)
+        refs = _hashed(state.files, folder)
+        rows, total = _footer_figures(state.files, folder, refs)
         batches[name] = Batch(folder, work.epoch, rows, refs)
         totals[name] = total
     return Outcome(batches, totals, tallies_of(work, observed))
 
 
-def _hashed(engine: Engine, folder: str) -> tuple[FileRef, ...]:
+def _hashed(files: BatchFiles, folder: str) -> tuple[FileRef, ...]:
     """The Parquet files Spark wrote into a batch folder, each with its size and digest."""
-    files = engine.files
     out = []
     for name in sorted(files.listing(folder)):
         if not name.endswith(".parquet"):
@@ -215,7 +216,7 @@ def _hashed(engine: Engine, folder: str) -> tuple[FileRef, ...]:
     return tuple(out)
 
 
-def _footer_figures(engine: Engine, folder: str, refs: Sequence[FileRef]) -> tuple[int, int]:
+def _footer_figures(files: BatchFiles, folder: str, refs: Sequence[FileRef]) -> tuple[int, int]:
     """Rows and summed diff of a batch Spark wrote."""
     import pyarrow.parquet as pq
 
@@ -224,8 +225,8 @@ def _footer_figures(engine: Engine, folder: str, refs: Sequence[FileRef]) -> tup
 
     rows = total = 0
     for ref in refs:
-        path = engine.files.full(f"{folder}/{ref.name}")
-        table = pq.ParquetFile(path, filesystem=engine.files.fs).read(columns=["diff"])
+        path = files.full(f"{folder}/{ref.name}")
+        table = pq.ParquetFile(path, filesystem=files.fs).read(columns=["diff"])
         rows += table.num_rows
         total += exact_sum(longs(table.column("diff")))
     return rows, total

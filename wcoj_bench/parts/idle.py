@@ -3,9 +3,9 @@
 Spark ends a Python worker that has been idle for a minute (hard-coded in PySpark's worker
 factory). A worker that keeps wcoj's arrangements in its memory loses them then; one that maps
 them from files finds them again. This part measures what that costs an epoch: on one prepared
-graph (`wcoj_bench.prepared`, by default a 20 M-edge R-MAT graph, built once by ``wcoj apply``
+graph (`wcoj_bench.infra.prepared`, by default a 20 M-edge R-MAT graph, built once by ``wcoj apply``
 and cached), one engine in this process with the deployment asked for (``--deploy executors``
-on a cluster: `wcoj_bench.cluster`) applies
+on a cluster: `wcoj_bench.infra.cluster`) applies
 
 1. one warm-up epoch (the executors' first: their workers start and copy the arrangement files
    to executor-local disk), reported, not counted;
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wcoj_bench.measure import BenchError, change_arrays, compare_changes, spark_workers
-from wcoj_bench.prepared import (
+from wcoj_bench.infra.measure import BenchError, change_arrays, compare_changes, spark_workers
+from wcoj_bench.infra.prepared import (
     BuiltState,
     PreparedGraph,
     base_state,
@@ -103,7 +103,7 @@ def run_idle(
 ) -> dict[str, Any]:
     """The part (see the module) on a prepared graph and its state: its JSON report."""
     from wcoj_core.local_read import read_local
-    from wcoj_core.query.parse import resolve_query
+    from wcoj_core.query.builtins import resolve_query
 
     if gap < 0:
         raise BenchError(f"--gap must be at least 0 seconds, got {gap:g}")

@@ -1,6 +1,6 @@
 """``wcoj-bench scale``: one memory budget at 20-40 M edges, whole processes exec to exit.
 
-Every figure here is a whole process (`wcoj_bench.measure.run_process`): its wall time from
+Every figure here is a whole process (`wcoj_bench.infra.measure.run_process`): its wall time from
 exec to exit, the sampled peak of its whole process tree's *anonymous* memory (``RssAnon``
 summed over the process and its descendants, every 20 ms from ``/proc/PID/status``: what a
 memory budget bounds, the JVM and Python workers included when there are any), the largest
@@ -12,8 +12,8 @@ result, said as such.
 On one generated graph (default the 18.6 M-edge R-MAT ``rmat:scale=20,edges=20000000,seed=1``):
 
 1. **load** — the whole graph as *one* ``wcoj apply --epoch 0 --memory M`` from its Parquet
-   file (the prepared graph's canonical edges, `wcoj_bench.prepared`), its count checked
-   against an independent count (`wcoj_bench.probes.forward_triangles`, numpy, no wcoj code);
+   file (the prepared graph's canonical edges, `wcoj_bench.infra.prepared`), its count checked
+   against an independent count (`wcoj_bench.infra.probes.forward_triangles`, numpy, no wcoj code);
    output rows per second beside Spark SQL's and DuckDB's static count of the same graph
    (``wcoj-bench static``, each a process of its own, capped and timed out like the rest);
 2. **build** — the same graph through ``wcoj apply --deploy driver --memory M`` in `--build`
@@ -43,8 +43,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from wcoj_bench.measure import BenchError, MemoryCapExceeded, ProcessRun, TimedOut, run_process
-from wcoj_bench.prepared import PreparedGraph, prepare_graph, probe_command, wcoj_command
+from wcoj_bench.infra.measure import (
+    BenchError,
+    MemoryCapExceeded,
+    ProcessRun,
+    TimedOut,
+    run_process,
+)
+from wcoj_bench.infra.prepared import PreparedGraph, prepare_graph, probe_command, wcoj_command
 from wcoj_core.budget import parse_size
 
 DEFAULT_RMAT = "rmat:scale=20,edges=20000000,seed=1"

@@ -24,7 +24,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from wcoj_bench.measure import BenchError
+from wcoj_bench.infra.measure import BenchError
 from wcoj_core.query.ir import Query
 from wcoj_core.sources import canonical_undirected
 from wcoj_core.updates import DIFF, consolidate, relation_columns, update_schema

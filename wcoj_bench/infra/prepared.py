@@ -14,10 +14,10 @@ ones, each edge named once in a random direction and in no other epoch. An inser
 a wedge (``a - b - c`` with ``a c`` absent: a friend of a friend), so inserts make triangles as
 deletions remove them; a graph with too few wedges gets random absent pairs for the rest.
 
-`write_graph` makes one (run as ``python -m wcoj_bench.probes prepare``: a generator needs
+`write_graph` makes one (run as ``python -m wcoj_bench.infra.probes prepare``: a generator needs
 Spark, a file is read with pyarrow). A **base state** (`base_state`) is a state directory holding
 a prepared graph as its first epochs, built by the real command line, ``wcoj apply``, in epochs of
-at most `wcoj_bench.epochs.LOAD_ROWS` edges each (``wcoj apply`` refuses larger ones). Both are
+at most `wcoj_bench.parts.epochs.LOAD_ROWS` edges each (``wcoj apply`` refuses larger ones). Both are
 cached under a scratch directory by a key of everything they depend on (for a state: the graph's
 edges, the meaning and the source of `wcoj_core`, so a changed engine builds afresh; not the
 epochs, so the parts that run other epochs on the same graph share its state). A benchmark never
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from wcoj_bench.measure import BenchError, ProcessRun, run_process
+from wcoj_bench.infra.measure import BenchError, ProcessRun, run_process
 
 # Bumped when what `write_graph` writes changes: cached graphs of another version are remade.
 GRAPH_VERSION = 1
@@ -54,7 +54,7 @@ def wcoj_command() -> list[str]:
 
 
 def probe_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "wcoj_bench.probes", *args]
+    return [sys.executable, "-m", "wcoj_bench.infra.probes", *args]
 
 
 # -- a prepared graph -----------------------------------------------------------------------------
@@ -324,7 +324,7 @@ def base_state(
     ``wcoj apply`` first when it is not there (see the module)."""
     import pyarrow.parquet as pq
 
-    from wcoj_bench.epochs import LOAD_ROWS
+    from wcoj_bench.parts.epochs import LOAD_ROWS
 
     rows = load_rows or LOAD_ROWS
     of = _key(graph.folder.name, query, relation, meaning, rows)

@@ -1,11 +1,11 @@
-"""The small programs the process benchmarks run as fresh processes: ``python -m wcoj_bench.probes``.
+"""The small programs the process benchmarks run as fresh processes: ``python -m wcoj_bench.infra.probes``.
 
 Each subcommand does one thing and ends with one JSON line on stdout; the benchmark times the
-whole process (`wcoj_bench.measure.run_process`). Nothing is imported before a subcommand asks
+whole process (`wcoj_bench.infra.measure.run_process`). Nothing is imported before a subcommand asks
 for it, so a probe's process pays for what its work needs and no more.
 
 * ``prepare --input SPEC --out DIR --epochs-out DIR --epochs K --epoch-size N --seed S`` — a
-  graph for the process benchmarks (`wcoj_bench.prepared`): the canonical undirected edges of a
+  graph for the process benchmarks (`wcoj_bench.infra.prepared`): the canonical undirected edges of a
   file (read with pyarrow) or a generator (Spark), the symmetric table a Spark SQL recompute
   keeps (both kept when the folder has them), and K epochs of N changes as CSV files;
 * ``generate --input SPEC --out DIR`` — a generated graph's canonical undirected edges written
@@ -20,7 +20,7 @@ for it, so a probe's process pays for what its work needs and no more.
 * ``warm --state DIR --first T --changes CSV ... [--bag REL]`` — one process applying epochs one
   after the other, each timed (what an in-process, warm epoch costs);
 * ``static --method duckdb|spark-sql --edges PARQUET --symmetric PARQUET`` — one static
-  triangle count of a prepared graph by DuckDB or Spark SQL (`wcoj_bench.static`'s queries);
+  triangle count of a prepared graph by DuckDB or Spark SQL (`wcoj_bench.parts.static`'s queries);
 * ``triangles --edges PARQUET [--changes CSV ...] [--method scipy|forward]`` — the triangles of
   a graph after some epochs, counted by scipy (``sum((U @ U) ∘ U)``) or by the forward algorithm
   in numpy (`forward_triangles`: for large graphs): an independent check of a count.
@@ -54,7 +54,7 @@ def open_state(args: argparse.Namespace) -> dict[str, Any]:
     start = clock.perf_counter()
     from wcoj_core.engine import Engine
     from wcoj_core.indexes import open_trace
-    from wcoj_core.query.parse import resolve_query
+    from wcoj_core.query.builtins import resolve_query
 
     imported = clock.perf_counter()
     query = resolve_query(args.query)
@@ -99,7 +99,7 @@ def recompute(args: argparse.Namespace) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     from wcoj_core import spark as wspark
-    from wcoj_core.query.parse import resolve_query
+    from wcoj_core.query.builtins import resolve_query
     from wcoj_core.reference import reference_sql
     from wcoj_core.updates import consolidate
 
@@ -139,7 +139,7 @@ def warm(args: argparse.Namespace) -> dict[str, Any]:
     """Epochs applied one after the other in this process, each timed (its files read first)."""
     from wcoj_core.engine import Engine
     from wcoj_core.local_read import read_local
-    from wcoj_core.query.parse import resolve_query
+    from wcoj_core.query.builtins import resolve_query
 
     query = resolve_query(args.query)
     (rel,) = query.relations
@@ -316,7 +316,7 @@ def static(args: argparse.Namespace) -> dict[str, Any]:
     DuckDB's SQL over the oriented edges (``--edges``, each edge once, low first), or Spark
     SQL's binary plan over the symmetric table (``--symmetric``); the query alone timed inside,
     the process timed outside."""
-    from wcoj_bench.static import TRIANGLES_SQL
+    from wcoj_bench.parts.static import TRIANGLES_SQL
 
     start = clock.perf_counter()
     if args.method == "duckdb":
@@ -374,7 +374,7 @@ def generate_graph(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def prepare(args: argparse.Namespace) -> dict[str, Any]:
-    from wcoj_bench.prepared import write_graph
+    from wcoj_bench.infra.prepared import write_graph
 
     return write_graph(
         args.input, args.out, args.epochs_out, args.epochs, args.epoch_size, args.seed, args.master
@@ -385,7 +385,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m wcoj_bench.probes")
+    p = argparse.ArgumentParser(prog="python -m wcoj_bench.infra.probes")
     sub = p.add_subparsers(dest="probe", required=True)
     pre = sub.add_parser("prepare")
     pre.add_argument("--input", required=True)

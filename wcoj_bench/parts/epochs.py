@@ -1,6 +1,6 @@
 """`wcoj-bench epochs`: the same epochs through recompute, binary-delta and wcoj — checked, then timed.
 
-The workload (`wcoj_bench.workload`): the input split into an initial state and epochs that each
+The workload (`wcoj_bench.infra.workload`): the input split into an initial state and epochs that each
 insert half of their changes (tuples held back from the initial state) and delete the other half,
 and optionally a skew epoch (a new hub vertex).
 
@@ -26,7 +26,7 @@ epoch's changes to having written its output change and its state for the next e
 * **wcoj** (and **wcoj-bag**) — `Engine.apply`, the changes given as Arrow tables.
 
 Before any time is reported every epoch's output changes are compared as exact multisets (on the
-driver, `wcoj_bench.measure.compare_changes`); one difference stops the benchmark with the
+driver, `wcoj_bench.infra.measure.compare_changes`); one difference stops the benchmark with the
 differing tuples (`BenchError`).
 
 Measured per method and epoch: wall-clock seconds, intermediate rows (the rows every join
@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from wcoj_bench.measure import (
+from wcoj_bench.infra.measure import (
     BenchError,
     MemoryWatch,
     Sample,
@@ -67,7 +67,7 @@ from wcoj_bench.measure import (
     compare_changes,
     folder_bytes,
 )
-from wcoj_bench.workload import Workload, make_workload
+from wcoj_bench.infra.workload import Workload, make_workload
 from wcoj_core.engine import Engine
 from wcoj_core.meaning import Meaning, RelationSpec, relation_specs
 from wcoj_core.query.ir import Query

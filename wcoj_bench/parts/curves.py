@@ -1,6 +1,6 @@
 """Scale curves: seconds per epoch against graph size and against epoch size, checked point by point.
 
-Two curves, each a series of `wcoj_bench.epochs` runs (one per point, each in its own state folder,
+Two curves, each a series of `wcoj_bench.parts.epochs` runs (one per point, each in its own state folder,
 removed once the point is measured), each point checked and timed exactly as ``wcoj-bench epochs`` does:
 every epoch's output changes must be identical across the methods before a figure is kept, and
 a point's figure is the median seconds per epoch after the warm-up epoch.
@@ -17,7 +17,7 @@ a point's figure is the median seconds per epoch after the warm-up epoch.
 Loading. Every point loads its graph as epoch 0 (untimed) and times the epochs after it. wcoj's
 load computes its whole initial output too (the engine has no way to load a state without
 deriving it; the curves used to skip it), on the driver, in epochs of at most
-`wcoj_bench.epochs.LOAD_ROWS` edges; binary-delta's load writes its tables only; recompute's load
+`wcoj_bench.parts.epochs.LOAD_ROWS` edges; binary-delta's load writes its tables only; recompute's load
 computes a whole output, one more reason why the curves leave it out unless asked
 (`CURVE_METHODS`).
 
@@ -42,9 +42,9 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_bench.epochs import METHODS, bench, make_workload
-from wcoj_bench.machine import machine_facts, machine_label
-from wcoj_bench.measure import BenchError, Sample
+from wcoj_bench.infra.machine import machine_facts, machine_label
+from wcoj_bench.infra.measure import BenchError, Sample
+from wcoj_bench.parts.epochs import METHODS, bench, make_workload
 from wcoj_core import generate
 from wcoj_core.query.ir import Query
 from wcoj_core.sources import canonical_undirected, read_relation
@@ -80,7 +80,7 @@ def parse_curve(text: str) -> Curve:
     >>> parse_curve("sizes")
     Traceback (most recent call last):
       ...
-    wcoj_bench.measure.BenchError: unknown curve 'sizes'; choose size or epoch-size
+    wcoj_bench.infra.measure.BenchError: unknown curve 'sizes'; choose size or epoch-size
     """
     try:
         return Curve(text)
@@ -98,11 +98,11 @@ def parse_points(text: str, option: str) -> tuple[int, ...]:
     >>> parse_points("10,1e3", "--sizes")
     Traceback (most recent call last):
       ...
-    wcoj_bench.measure.BenchError: --sizes: '1e3' is not a positive integer; give a list such as 10,100,1000
+    wcoj_bench.infra.measure.BenchError: --sizes: '1e3' is not a positive integer; give a list such as 10,100,1000
     >>> parse_points("100", "--sizes")
     Traceback (most recent call last):
       ...
-    wcoj_bench.measure.BenchError: --sizes needs at least two different values to draw a curve, got 100
+    wcoj_bench.infra.measure.BenchError: --sizes needs at least two different values to draw a curve, got 100
     """
     points: set[int] = set()
     for item in text.split(","):
@@ -137,7 +137,7 @@ def sized_spec(template: str, edges: int) -> str:
     >>> sized_spec("rmat:scale=10", 1000)
     Traceback (most recent call last):
       ...
-    wcoj_bench.measure.BenchError: curve size sets each graph's scale and edges from --sizes; drop scale from rmat:scale=10
+    wcoj_bench.infra.measure.BenchError: curve size sets each graph's scale and edges from --sizes; drop scale from rmat:scale=10
     """
     if not generate.is_generator_spec(template):
         raise BenchError(
@@ -174,7 +174,7 @@ def check_points(curve: Curve, points: Sequence[int], *, epochs: int, epoch_size
     >>> check_points(Curve.SIZE, [1000, 10_000], epochs=4, epoch_size=1000)
     Traceback (most recent call last):
       ...
-    wcoj_bench.measure.BenchError: --sizes 1000: 4 epochs of 1000 changes need a graph of at least 4000 edges
+    wcoj_bench.infra.measure.BenchError: --sizes 1000: 4 epochs of 1000 changes need a graph of at least 4000 edges
     """
     if epochs < 2:
         raise BenchError(

@@ -8,18 +8,18 @@ quick start runs it, beside the same job with empty bodies:
    ``dg.toml``, ``src/edges/definitions.py`` (``@dg.definitions`` loading the defs folder) and the
    ``WcojComponent`` ``defs.yaml`` of README.md (`DEFS_YAML`; a test holds it equal to the
    README's). Beside it ``src/edges/hollow.py``: the same code location through
-   `wcoj_bench.hollow`, also a ``@dg.definitions`` function, so that Dagster loads both the same
+   `wcoj_bench.infra.hollow`, also a ``@dg.definitions`` function, so that Dagster loads both the same
    way (``dagster job execute`` calls such a function several times per run).
 2. **Landing** — epoch 0 is the input as given (a SNAP edge list is copied as it is; a generated
    graph lands as the prepared graph's Parquet file); epochs ``1..K`` are the 1,000-change CSV
-   files of `wcoj_bench.prepared` (half deleting present edges, half inserting absent ones, each
+   files of `wcoj_bench.infra.prepared` (half deleting present edges, half inserting absent ones, each
    edge named once in a random direction).
 3. **Epoch 0**, the bulk load, in its own ``dagster job execute``, untimed (it also runs the
    hollow job's epoch 0, so that both instances hold the same history).
 4. **Timed** — for each epoch ``t = 1..K`` a fresh ``dagster job execute -m edges.definitions -j
    wcoj_epoch_job --tags '{"dagster/partition": "<day t>"}'`` and the same for the hollow job, the
    order alternating from one epoch to the next, each timed from exec to exit
-   (`wcoj_bench.measure.run_process`), with its peak memory. Each job has its own SQLite
+   (`wcoj_bench.infra.measure.run_process`), with its peak memory. Each job has its own SQLite
    instance (``--instance postgres``: a Postgres server of its own each, started in a temporary
    folder and stopped after), and every process has `wcoj_assets.instance.dagster_env`'s
    settings. From each run's event log: seconds before the run started (Python, Dagster and
@@ -28,7 +28,7 @@ quick start runs it, beside the same job with empty bodies:
 5. **Checks before any figure is kept** — every run succeeded and every check it evaluated
    passed; the hollow run wrote as many materializations and check evaluations as the real one;
    and the pipeline agrees with the command line: the same graph, built by ``wcoj apply``
-   (`wcoj_bench.prepared.base_state`, cached and copied), then the same epoch files applied by a
+   (`wcoj_bench.infra.prepared.base_state`, cached and copied), then the same epoch files applied by a
    fresh ``wcoj apply`` each — at every epoch the ``triangles`` count the run reported equals the
    command's, and the pipeline's output change (read from its state) equals the command's as an
    exact multiset.
@@ -52,8 +52,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from wcoj_bench.measure import BenchError, compare_changes, run_process
-from wcoj_bench.prepared import (
+from wcoj_bench.infra.measure import BenchError, compare_changes, run_process
+from wcoj_bench.infra.prepared import (
     PreparedGraph,
     base_state,
     prepare_graph,
@@ -102,7 +102,7 @@ HOLLOW_PY = """\
 import dagster as dg
 
 import edges.definitions
-from wcoj_bench.hollow import hollow_definitions
+from wcoj_bench.infra.hollow import hollow_definitions
 
 
 @dg.definitions
@@ -246,10 +246,10 @@ class Runner:
 
 def _change(state: Path, epoch: int) -> Any:
     """The output change of `QUERY` at `epoch` in a state, as (rows, diffs)."""
-    from wcoj_bench.measure import change_arrays
+    from wcoj_bench.infra.measure import change_arrays
     from wcoj_core.engine import Engine
     from wcoj_core.meaning import relation_specs
-    from wcoj_core.query.parse import resolve_query
+    from wcoj_core.query.builtins import resolve_query
 
     q = resolve_query(QUERY)
     specs = relation_specs(dict(q.relations), undirected=[RELATION])

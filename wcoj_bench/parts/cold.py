@@ -2,23 +2,23 @@
 
 A user who applies one epoch a day runs a new process each time: ``wcoj apply``, a scheduled
 Dagster run, a Spark job. This part times such processes side by side, on the same epochs of the
-same graph (`wcoj_bench.prepared`: the graph's undirected edges as epoch 0, then epochs of
+same graph (`wcoj_bench.infra.prepared`: the graph's undirected edges as epoch 0, then epochs of
 1,000 changes, half deleting present edges, half inserting absent ones, each edge named once in a
 random direction, as CSV files):
 
 * **apply** — ``wcoj apply --epoch T`` (the installed console script, as a user runs it) on a
   working copy of the graph's state, one fresh process per epoch: its wall time and peak resident
-  memory (its high-water mark, `wcoj_bench.measure.run_process`), and what it reports of itself
+  memory (its high-water mark, `wcoj_bench.infra.measure.run_process`), and what it reports of itself
   with ``--json`` (its seconds, its phases, hydration: seconds to open the state, bytes mapped
   and read, whether Spark started);
 * **apply, state evicted** — the same on a second copy whose files' pages were dropped from the
-  page cache just before (`wcoj_bench.measure.evict`): a process that finds nothing cached;
+  page cache just before (`wcoj_bench.infra.measure.evict`): a process that finds nothing cached;
 * **recompute** — a fresh process recomputing the query from scratch with plain Spark SQL: the
   relation's Parquet table updated with the epoch's changes and written, the binary-join plan of
   the ``recompute`` method (`wcoj_core.reference`) run and its output written
-  (``python -m wcoj_bench.probes recompute``);
+  (``python -m wcoj_bench.infra.probes recompute``);
 * **open** — a fresh process that constructs the engine over the state and opens every trace an
-  epoch reads (``python -m wcoj_bench.probes open``): the process's wall time and, timed inside,
+  epoch reads (``python -m wcoj_bench.infra.probes open``): the process's wall time and, timed inside,
   the open itself; also after eviction;
 * **sizes** — the cold apply (and open) on R-MAT graphs of growing size (by default about 0.2 M,
   2 M and 20 M edges, `wcoj_core.generate`), each built once and cached: growth per 10x of edges;
@@ -44,8 +44,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from wcoj_bench.measure import BenchError, compare_changes, evict, run_process
-from wcoj_bench.prepared import (
+from wcoj_bench.infra.measure import BenchError, compare_changes, evict, run_process
+from wcoj_bench.infra.prepared import (
     BuiltState,
     PreparedGraph,
     base_state,
@@ -166,10 +166,10 @@ class ColdRun:
 
     # -- checks ---------------------------------------------------------------------------------
     def wcoj_change(self, state: Path, epoch: int) -> Any:
-        from wcoj_bench.measure import change_arrays
+        from wcoj_bench.infra.measure import change_arrays
         from wcoj_core.engine import Engine
         from wcoj_core.meaning import relation_specs
-        from wcoj_core.query.parse import resolve_query
+        from wcoj_core.query.builtins import resolve_query
 
         q = resolve_query(self.query)
         specs = relation_specs(dict(q.relations), undirected=[self.relation])
@@ -181,7 +181,7 @@ class ColdRun:
         import numpy as np
         import pyarrow.parquet as pq
 
-        from wcoj_bench.measure import change_arrays
+        from wcoj_bench.infra.measure import change_arrays
 
         new = pq.read_table(self.work / "recompute" / f"out-{t}")
         old = pq.read_table(self.work / "recompute" / f"out-{t - 1}")
@@ -445,7 +445,7 @@ def run_cold(
     say: Say = lambda _line: None,
 ) -> dict[str, Any]:
     """The whole part (see the module): its JSON report, without the plot."""
-    from wcoj_bench.curves import growth_per_decade, sized_spec
+    from wcoj_bench.parts.curves import growth_per_decade, sized_spec
 
     if epochs < 1:
         raise BenchError(f"--epochs must be at least 1, got {epochs}")
@@ -559,7 +559,7 @@ def plot_cold(report: dict[str, Any], path: Path, machine: str = "") -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter
 
-    from wcoj_bench.curves import _tick
+    from wcoj_bench.parts.curves import _tick
 
     fig = Figure(figsize=(8, 5), dpi=120)
     FigureCanvasAgg(fig)

@@ -70,8 +70,8 @@ import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from wcoj_bench.epochs import specs_for
-from wcoj_bench.measure import BenchError, MemoryWatch, SparkMeter
+from wcoj_bench.infra.measure import BenchError, MemoryWatch, SparkMeter
+from wcoj_bench.parts.epochs import specs_for
 from wcoj_core import linear
 from wcoj_core.engine import Engine
 from wcoj_core.meaning import Meaning
