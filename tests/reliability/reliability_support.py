@@ -148,6 +148,22 @@ def wait_for(
         time.sleep(poll)
 
 
+def command_started(pid: int) -> bool:
+    """Whether the process `pid` runs the command's own code: it has mapped an extension module
+    (``lib-dynload``, ``site-packages``). Before that the interpreter is still starting (its
+    ``site`` import: the ``.pth`` files), where a Ctrl-C is the interpreter's, not the command's:
+    neither the interpreter's start-up nor ``import wcoj_core.cli`` maps one, and the first the
+    command maps is imported inside `wcoj_core.cli.main`, which reports an interruption."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:  # ended already
+        return True
+    return any(
+        line.endswith(".so") and ("/lib-dynload/" in line or "/site-packages/" in line)
+        for line in (entry.rstrip().split(" ")[-1] for entry in maps.splitlines())
+    )
+
+
 class Watcher:
     """Names created in some folders, reported by the kernel as they appear (inotify), so that
     a test can act within microseconds of a file or folder appearing."""
