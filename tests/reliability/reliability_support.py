@@ -26,6 +26,7 @@ import io
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -293,11 +294,21 @@ def errors(text: str) -> list[str]:
     ]
 
 
+# An epoch's progress line (`wcoj_core.engine.Engine.report`): printed to a stderr that is not a
+# terminal once the epoch has run a few seconds, which a loaded machine reaches.
+PROGRESS = re.compile(r"epoch \d+: .+; spilled .+, memory .+ of .+")
+
+
+def stderr_lines(text: str) -> list[str]:
+    """The non-blank lines of a command's stderr but its progress lines (`PROGRESS`)."""
+    return [line for line in text.splitlines() if line.strip() and not PROGRESS.fullmatch(line)]
+
+
 def one_line_error(done: Done, *fragments: str, code: int = 2) -> str:
     """Assert `done` failed with exit status `code`, one line on stderr naming every fragment
-    and no traceback; the line."""
+    (besides progress lines) and no traceback; the line."""
     assert done.code == code, (done.code, done.out[-2000:], done.err[-3000:])
-    lines = [line for line in done.err.splitlines() if line.strip()]
+    lines = stderr_lines(done.err)
     assert "Traceback" not in done.err, done.err[-3000:]
     assert len(lines) == 1 and lines[0].startswith("wcoj: error: "), done.err[-3000:]
     for fragment in fragments:

@@ -36,6 +36,7 @@ from reliability_support import (
     run_wcoj,
     signal_when,
     start_wcoj,
+    stderr_lines,
     summed,
     wait_for,
     write_changes,
@@ -151,7 +152,7 @@ def test_6_ctrl_c_says_whether_the_epoch_was_applied(tmp_path: Path, moment: str
     snapshot = hashes(state)
     proc, out, err = signal_when(state, history.apply_args(state, 1), moment, signal.SIGINT)
     applied = len(manifest_files(state)) > len(before)
-    lines = [line for line in err.splitlines() if line.strip()]
+    lines = stderr_lines(err)
     assert "Traceback" not in err, err[-3000:]
     if not applied:
         assert moment != "manifest-committed"
@@ -195,7 +196,7 @@ def test_6_ctrl_c_while_reading_the_changes_says_nothing_was_applied(tmp_path: P
     _, err = proc.communicate(timeout=300)
     assert met, f"the command ended before it made its state: {proc.returncode} {err}"
     assert proc.returncode == 130, (proc.returncode, err)
-    assert err.splitlines() == [
+    assert stderr_lines(err) == [
         "wcoj: error: interrupted: epoch 0 was not applied; the state is as it was"
     ]
     assert manifest_files(state) == {}
@@ -221,7 +222,7 @@ def test_6_ctrl_c_at_start_up_is_one_line(history: History, tmp_path: Path, dela
     committed = manifest_files(state) if state.exists() else {}
     assert "Traceback" not in err, err[-2000:]
     if proc.returncode == 130:
-        assert len(err.splitlines()) == 1, err
+        assert len(stderr_lines(err)) == 1, err
         assert ("after epoch 0 was applied" in err) == bool(committed), (err, committed)
     else:  # a fresh apply takes a third of a second: the signal came after it had reported
         assert proc.returncode in (0, -signal.SIGINT), (proc.returncode, err)
@@ -304,5 +305,5 @@ def test_6_output_appearing_meanwhile_says_the_epoch_was_applied(
     _, err = proc.communicate(timeout=300)
     assert target.read_text() == "mine\n"
     assert committed_epoch(state) == 0
-    (line,) = err.splitlines()
+    (line,) = stderr_lines(err)
     assert "epoch 0 was applied" in line, (proc.returncode, line)
