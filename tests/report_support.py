@@ -1,4 +1,4 @@
-"""The benchmark report's quick run, shared (`tests/bench/conftest.py` makes it once a session).
+"""The benchmark report's quick run, shared (the `quick` fixture of `tests/conftest.py`, once a session).
 
 ``wcoj-bench report --quick`` runs every part as its own process on tiny generated graphs: most of
 a quarter of an hour. `test_report.py` checks the report itself (each part's JSON, the page, the
