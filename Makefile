@@ -54,9 +54,10 @@ ui-prod: postgres java
 		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # Tests run on WORKERS processes (pytest-xdist), one per core by default; the end-to-end tests
-# one after another on one of them (tests/tiers.py). WORKERS=0 runs them all in this process.
+# of one folder one after another on one of them, the longest groups first, in the order
+# tests/tiers.py gives (--no-loadscope-reorder keeps it). WORKERS=0 runs them all in this process.
 WORKERS ?= 2
-PYTEST  = $(BIN)/pytest -n $(WORKERS) --dist loadgroup
+PYTEST  = $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 ## test: the whole suite, every tier (fast, spark, e2e, slow): what CI runs.
 test: $(STAMP) java

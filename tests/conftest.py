@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 from pyspark.sql import SparkSession
+from report_support import QuickRun
 from spark_support import interpreted
 from tiers import pytest_collection_modifyitems  # noqa: F401 (the tiers' hook)
 
@@ -51,6 +52,25 @@ def small(spark: SparkSession) -> Iterator[SparkSession]:
     """The session, tuned for tiny data: interpreted expressions beat compiling code per plan."""
     with interpreted(spark):
         yield spark
+
+
+@pytest.fixture(scope="session")
+def quick(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuickRun]:
+    """``wcoj-bench report --quick`` into a temporary root that starts as a copy of the
+    repository's page, once a session (`report_support`; an end-to-end fixture:
+    `tiers.CLUSTER_FIXTURES`)."""
+    import shutil
+
+    from wcoj_bench import report
+
+    root = tmp_path_factory.mktemp("report")
+    shutil.copyfile(report.REPO_PAGE, root / "benchmarks.md")
+    before = (root / "benchmarks.md").read_text()
+    progress: list[str] = []
+    with interpreted(spark):
+        status = report.main(["--quick", "--root", str(root)], say=progress.append)
+    assert status == 0, progress
+    yield QuickRun(root, before, (root / "benchmarks.md").read_text(), progress)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@
 A throwaway suite run by pytest with the `tiers` plugin: a test using a fixture named ``spark``
 is in the ``spark`` tier; a ``cluster`` test and a module marked ``e2e`` are ``e2e``; the rest
 are fast. Run on two pytest-xdist workers (``--dist loadgroup``, as ``make test`` runs), the
-end-to-end tests all run on one worker, a module-scoped fixture is made once, and a parametrized
+end-to-end tests of one folder run on one worker, a module-scoped fixture is made once, and a parametrized
 one once per value — which fails as soon as pytest-xdist stops honouring the groups (it did with
 pytest 9.2).
 """
@@ -107,6 +107,16 @@ def test_on_a_cluster():
 def test_beside_it():
     pass
 """,
+    "bench/test_report.py": """\
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_report(i):
+    pass
+""",
 }
 
 
@@ -126,6 +136,7 @@ def pytest_run(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture()
 def suite(tmp_path: Path) -> Path:
     for name, text in SUITE.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
     return tmp_path
 
@@ -139,14 +150,19 @@ def selected(root: Path, marks: str) -> set[str]:
 def test_a_test_falls_into_its_tier_by_what_it_uses(suite: Path) -> None:
     assert selected(suite, "spark") == {"test_spark"}
     e2e = {"test_server[0]", "test_server[1]", "test_server[2]", "test_on_a_cluster"}
+    e2e |= {f"test_report[{i}]" for i in range(3)}
     assert selected(suite, "e2e") == e2e
     fast = selected(suite, "not spark and not e2e and not slow")
     assert "test_beside_it" in fast and "test_fast[0]" in fast and not fast & e2e
 
 
 def test_two_workers_keep_the_groups_together(suite: Path) -> None:
-    done = pytest_run(suite, "-n", "2", "--dist", "loadgroup")
+    done = pytest_run(suite, "-n", "2", "--dist", "loadgroup", "-v")
     assert done.returncode == 0, done.stdout + done.stderr
+    # One group per folder's end-to-end tests.
+    assert "test_system.py::test_server[0]@e2e:." in done.stdout, done.stdout
+    assert "test_cluster.py::test_on_a_cluster@e2e:." in done.stdout, done.stdout
+    assert "bench/test_report.py::test_report[0]@e2e:bench" in done.stdout, done.stdout
     workers: dict[str, set[str]] = defaultdict(set)
     made: list[str] = []
     for line in (suite / "log").read_text().splitlines():
@@ -158,5 +174,6 @@ def test_two_workers_keep_the_groups_together(suite: Path) -> None:
     assert sorted(made) == ["made side left", "made side right", "made world"]
     assert len(set().union(*(workers[f"test_server[{i}]"] for i in range(3)))) == 1
     assert workers["test_on_a_cluster"] == workers["test_server[0]"]
+    assert len(set().union(*(workers[f"test_report[{i}]"] for i in range(3)))) == 1
     assert len(set().union(*(workers[f"test_world[{i}]"] for i in range(4)))) == 1
     assert len(set().union(*workers.values())) == 2, "both workers ran tests"

@@ -19,8 +19,13 @@ process per core). Each worker process has its own session fixtures — its own 
 JVM — and its own ``tmp_path`` folders; servers and clusters pick free ports. Two kinds of group
 keep what must stay together on one worker, one test after another (`xdist_group`, set here):
 
-* ``e2e``: every end-to-end test, so that no two systems race each other (they start JVMs,
-  servers and clusters of their own, and wait on them with timeouts);
+* ``e2e:FOLDER``: the end-to-end tests of one folder (``e2e:tests/assets``: the Dagster
+  daemon, webserver, Postgres and the quick starts; ``e2e:tests/bench``: the benchmark report's
+  quick run and the ``dagster job execute`` runs; ``e2e:tests/reliability``: the standalone
+  cluster), one after another, so that no two systems of one kind race each other (they start
+  JVMs, servers and clusters of their own, and wait on them with timeouts). Two folders' groups
+  may run at once, on two workers: the report's quick run alone takes most of a quarter of an
+  hour, and one group of every end-to-end test was the whole suite's critical path;
 * a module's tests that share a module-scoped fixture (one group per value of a parametrized
   one), so that the fixture is made once, not once per worker.
 
@@ -30,6 +35,8 @@ fails if the groups are lost).
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 
@@ -55,13 +62,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             group = group_of(item)
             if group is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
+    # The longest work first: the end-to-end groups (largest first), then the rest as collected
+    # (``make test`` keeps this order: ``--no-loadscope-reorder``).
+    sizes = Counter(e2e_group(item) for item in items)
+    items.sort(key=lambda item: -sizes[e2e_group(item)] if e2e_group(item) else 0)
+
+
+def e2e_group(item: pytest.Item) -> str | None:
+    """The end-to-end group of a test, None if it has none."""
+    marker = item.get_closest_marker("xdist_group")
+    if marker is None:
+        return None
+    name = marker.args[0] if marker.args else marker.kwargs.get("name", "")
+    return name if name.startswith(f"{E2E}:") else None
 
 
 def group_of(item: pytest.Item) -> str | None:
-    """``e2e`` for an end-to-end test; for a test using module-scoped fixtures, its module (and
-    the fixtures' parameters); None for any other test."""
+    """``e2e:FOLDER`` for an end-to-end test (its module's folder); for a test using
+    module-scoped fixtures, its module (and the fixtures' parameters); None for any other test."""
     if item.get_closest_marker("e2e") is not None:
-        return E2E
+        folder = item.nodeid.split("::")[0].rpartition("/")[0] or "."
+        return f"{E2E}:{folder}"
     info = getattr(item, "_fixtureinfo", None)
     if info is None:  # a doctest
         return None

@@ -38,7 +38,6 @@ from __future__ import annotations
 import csv
 import gzip
 import io
-import mmap
 import os
 import re
 import stat
@@ -462,12 +461,26 @@ def _drop_comments(block: bytes) -> bytes | None:
     return None
 
 
+def arrow_owned(data: bytes) -> pa.Buffer:
+    """`data` copied into memory Arrow owns, for Arrow's threaded readers.
+
+    A buffer over Python's memory (``pa.py_buffer``) takes the GIL when it is released, and a
+    threaded reader's last reference may be dropped by one of Arrow's threads after the read
+    returned: when the interpreter is exiting by then (a command refusing its input right after
+    reading it), that thread is ended inside the buffer's destructor and the process aborts
+    (``terminate called without an active exception``, exit status -6).
+    """
+    buffer = pa.allocate_buffer(len(data))
+    memoryview(buffer).cast("B")[:] = data
+    return buffer
+
+
 def _arrow_csv(body: bytes, width: int, delimiter: str, *, quoted: bool) -> pa.Table | None:
     """`body` parsed by pyarrow as `width` int64 columns; None where it refuses anything."""
     names = [f"_f{i}" for i in range(width)]
     try:
         return pacsv.read_csv(
-            pa.py_buffer(body),
+            arrow_owned(body),
             read_options=pacsv.ReadOptions(column_names=names),
             parse_options=pacsv.ParseOptions(
                 delimiter=delimiter,
@@ -516,7 +529,7 @@ def _split_whitespace(block: bytes, arity: int) -> Rows | None:
 def _arrow_lines(block: bytes) -> pa.ChunkedArray | None:
     try:
         table = pacsv.read_csv(
-            pa.py_buffer(block),
+            arrow_owned(block),
             read_options=pacsv.ReadOptions(column_names=["line"]),
             parse_options=pacsv.ParseOptions(delimiter="\x01", quote_char=False),
             convert_options=pacsv.ConvertOptions(
@@ -791,15 +804,20 @@ def _parquet_file(file: str, where: str) -> pq.ParquetFile:
 
     with _open_regular(file, where) as handle:
         size = os.fstat(handle.fileno()).st_size
-        view = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) if size else b""
-        return _parquet_buffer(pa.py_buffer(view), where)
+        if not size:
+            return _parquet_buffer(pa.allocate_buffer(0), where)
+        # Mapped by Arrow, not Python (see `arrow_owned`).
+        return _parquet_buffer(pa.memory_map(file), where)
 
 
-def _parquet_buffer(content: pa.Buffer, where: str) -> pq.ParquetFile:
+def _parquet_buffer(content: pa.Buffer | pa.NativeFile, where: str) -> pq.ParquetFile:
+    """A Parquet file over Arrow-owned bytes or an Arrow file (never a buffer over Python
+    memory: see `arrow_owned`)."""
     import pyarrow.parquet as pq
 
     try:
-        return pq.ParquetFile(pa.BufferReader(content))
+        source = content if isinstance(content, pa.NativeFile) else pa.BufferReader(content)
+        return pq.ParquetFile(source)
     except (OSError, ValueError, pa.ArrowException) as exc:
         reason = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise InputError(f"cannot be read as Parquet: {reason}", where) from None

@@ -30,6 +30,8 @@ import pytest
 from dagster_http import Webserver, failures, run_events, running_webserver
 from test_quickstart import readme_files
 
+pytestmark = pytest.mark.e2e  # `dg dev`: the Dagster webserver and daemon, in a fresh venv
+
 SITE = Path(sys.executable).parents[1] / "lib" / "python3.11" / "site-packages"
 WAIT_SECONDS = 600
 GRAPH = [(1, 2), (2, 3), (1, 3), (3, 4), (2, 4), (4, 5), (5, 6), (4, 6), (6, 7), (7, 9), (9, 6)]

@@ -3,22 +3,21 @@
 Timings are not asserted. What is: the epochs a prepared graph gets delete present edges and
 insert absent ones, each edge named once; the cold part runs end to end on a tiny graph (a fresh
 ``wcoj apply``, a fresh Spark SQL recompute and a fresh open per epoch, the warm set and bag
-processes), every process agreeing, its JSON carrying what the page renders, its plot a PNG; a
-disagreement stops it; the idle part applies its epochs on the executors, back to back and
-apart, each checked against the driver. The R-MAT sizes run in the report's quick mode
-(`test_report.py`).
+processes, the R-MAT sizes), every process agreeing, its JSON carrying what the page renders, its
+plot a PNG; a disagreement stops it; the idle part applies its epochs on the executors, back to
+back and apart, each checked against the driver. The cold part's run is the report's quick run's
+(`report_support`: the same command, run once a session).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from pyspark.sql import SparkSession
+from report_support import QuickRun
 
 from wcoj_bench import cli
 from wcoj_bench.infra import prepared
@@ -77,19 +76,12 @@ def test_disagreements_stop_the_part() -> None:
     assert not compare_changes(same, (np.array([[1, 2, 3]]), np.array([2]))).equal
 
 
-@pytest.fixture(scope="module")
-def cold_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    root = tmp_path_factory.mktemp("cold")
-    graph = tiny_graph(root / "g.txt")
-    argv = ["cold", "--input", f"edge={graph}", "--undirected", "edge", "--epochs", "2"]
-    argv += ["--warm-epochs", "3", "--epoch-size", "20", "--sizes", "none"]
-    argv += ["--scratch", str(root / "scratch"), "--plot", str(root / "cold.png"), "--json"]
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = cli.main(argv)
-    assert status == 0, out.getvalue()
-    lines = [line for line in out.getvalue().splitlines() if line.strip()]
-    return json.loads(lines[-1]), root
+@pytest.fixture()
+def cold_run(quick: QuickRun) -> tuple[dict, Path]:
+    """The cold part of the report's quick run (`report_support`): an R-MAT graph of 2,180
+    edges, 2 epochs of 20 changes, 3 warm epochs, the R-MAT sizes 1,000 and 3,000; its JSON line
+    and the report's root (``img/cold.png``, ``scratch/``)."""
+    return quick.part("cold"), quick.root
 
 
 @pytest.mark.spark  # the cold part's recompute processes start JVMs
@@ -119,10 +111,11 @@ def test_the_cold_part_runs_every_process_and_they_agree(cold_run: tuple[dict, P
         "speedup_vs_recompute",
         "open_seconds",
         "apply_rss_bytes",
+        "growth_per_decade",  # the R-MAT sizes ran
         "set_over_bag",
     }
     assert report["machine"]["java"], "the recompute processes' JVM"
-    assert (root / "cold.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert (root / "img" / "cold.png").read_bytes().startswith(PNG_SIGNATURE)
     assert not (root / "scratch" / "cold").exists(), "working copies are removed"
     assert any((root / "scratch" / "cache" / "states").iterdir()), "built states are kept"
 
@@ -148,9 +141,13 @@ def test_the_cold_region_renders_from_the_json(cold_run: tuple[dict, Path]) -> N
 
 @pytest.mark.spark  # the cold part's recompute processes start JVMs
 def test_a_cached_state_is_reused(cold_run: tuple[dict, Path]) -> None:
-    _, root = cold_run
+    report, root = cold_run
     cache = root / "scratch" / "cache"
-    (folder,) = (cache / "graphs").iterdir()
+    (folder,) = [
+        f
+        for f in (cache / "graphs").iterdir()
+        if json.loads((f / "graph.json").read_text())["input"] == report["graph"]["input"]
+    ]
     graph = prepared.PreparedGraph(folder, json.loads((folder / "graph.json").read_text()))
     built = prepared.base_state(graph, cache, say=lambda _l: pytest.fail("built again"))
     assert built.count > 100 and built.last_epoch == 0

@@ -1,17 +1,16 @@
 """`wcoj-bench dagster-run`: the README's quick start, one epoch per fresh `dagster job execute`.
 
 Timings are not asserted. What is: the project the part writes is the README's quick start; on a
-tiny graph the part runs end to end (epoch 0 untimed, then each epoch a fresh run of the real job
-and of the hollow job), every run succeeding with the same materializations and check
-evaluations on both jobs and the same counts as a fresh ``wcoj apply``; its JSON carries what the
-page renders; a query other than the quick start's is refused in one line. No JVM starts.
+tiny graph the part runs end to end (the run of the report's quick mode, `report_support`: epoch
+0 untimed, then each epoch a fresh run of the real job and of the hollow job), every run
+succeeding with the same materializations and check evaluations on both jobs and the same counts
+as a fresh ``wcoj apply``, its project and instances removed after; its JSON carries what the
+page renders; a query other than the quick start's is refused in one line. The part starts no
+JVM.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "assets"))
 
+from report_support import QuickRun
 from test_cold import tiny_graph
 from test_quickstart import readme_definitions_py, readme_defs_yaml
 
@@ -34,20 +34,14 @@ def test_the_project_is_the_readmes_quick_start() -> None:
     assert readme_definitions_py() == dagster_run.DEFINITIONS_PY
 
 
-@pytest.fixture(scope="module")
-def part(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    root = tmp_path_factory.mktemp("dagster-run")
-    graph = tiny_graph(root / "g.txt")
-    argv = ["dagster-run", "--input", f"edge={graph}", "--undirected", "edge", "--epochs", "2"]
-    argv += ["--epoch-size", "20", "--scratch", "scratch", "--json"]  # relative, as by default
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.chdir(root):
-        status = cli.main(argv)
-    assert status == 0, out.getvalue()
-    lines = [line for line in out.getvalue().splitlines() if line.strip()]
-    report = json.loads(lines[-1])
-    assert not (root / "scratch" / "dagster-run").exists(), "the project and instances are removed"
-    return report
+@pytest.fixture()
+def part(quick: QuickRun) -> dict:
+    """The dagster-run part of the report's quick run (`report_support`): an R-MAT graph of
+    2,180 edges, 2 epochs of 20 changes; its JSON line."""
+    assert not (quick.root / "scratch" / "dagster-run").exists(), (
+        "the project and instances are removed"
+    )
+    return quick.part("dagster-run")
 
 
 def test_every_epoch_runs_both_jobs_fresh_and_agrees_with_wcoj_apply(part: dict) -> None:

@@ -1,7 +1,7 @@
 """`wcoj-bench report`: the quick mode end to end, rendering, and its argument errors.
 
-One quick run (tiny generated graphs, no SNAP file) writes into a temporary root that starts as a
-copy of the repository's ``docs/benchmarks.md``. Asserted: every part's JSON is saved with its
+One quick run (tiny generated graphs, no SNAP file: the session's `quick`, `report_support`)
+writes into a temporary root that starts as a copy of the repository's ``docs/benchmarks.md``. Asserted: every part's JSON is saved with its
 command and machine; both plots are valid PNG files; every curve point was checked (its methods
 agreed); every generated region of the page is rewritten while every byte outside the regions
 stays as it was; ``--render-only`` rebuilds exactly the same page from the JSON; mistakes are
@@ -11,15 +11,11 @@ refused in one line. Timings are not asserted.
 from __future__ import annotations
 
 import json
-import shutil
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from matplotlib import image
-from pyspark.sql import SparkSession
-from spark_support import interpreted
+from report_support import QuickRun
 
 from wcoj_bench import page, report
 
@@ -27,29 +23,9 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 REGIONS = ("machine", *report.PARTS)
 
 
-@dataclass(frozen=True)
-class QuickRun:
-    root: Path
-    before: str  # the page before the run
-    after: str  # the page after it
-    progress: list[str]
-
-
 def outside_regions(text: str) -> str:
     """The page with every region's body emptied: what the report must never change."""
     return page.replace_regions(text, dict.fromkeys(page.regions(text), ""))
-
-
-@pytest.fixture(scope="module")
-def quick(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuickRun]:
-    root = tmp_path_factory.mktemp("report")
-    shutil.copyfile(report.REPO_PAGE, root / "benchmarks.md")
-    before = (root / "benchmarks.md").read_text()
-    progress: list[str] = []
-    with interpreted(spark):
-        status = report.main(["--quick", "--root", str(root)], say=progress.append)
-    assert status == 0, progress
-    yield QuickRun(root, before, (root / "benchmarks.md").read_text(), progress)
 
 
 def test_the_repository_page_has_every_region_once() -> None:

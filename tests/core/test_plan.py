@@ -443,12 +443,14 @@ def chain(n: int, filters: bool = False) -> Query:
 def test_a_chain_of_hundreds_of_atoms_plans_in_bounded_time(n: int) -> None:
     """Issue 27's H1: a chain of 40 atoms took 3.1 s to explain, 100 atoms 66 s. Now a rule is
     ordered in about its terms times a logarithm: 256 atoms (with a filter per atom, whose
-    implied pairs are not derived past `IMPLIED_VARS`) within seconds, even on a busy machine."""
+    implied pairs are not derived past `IMPLIED_VARS`) within seconds. Seconds of this thread's
+    CPU, not of the clock: at load 25 the clock gave 13 s for 100 atoms (2.2x the bound) while
+    the planning itself took what it takes on an idle machine."""
     from wcoj_core.query.plan import IMPLIED_VARS
 
-    start = time.perf_counter()
+    start = time.thread_time()
     plan = plan_query(chain(n, filters=True))
-    assert time.perf_counter() - start < 4.0 * (n / 100) ** 2 + 2.0
+    assert time.thread_time() - start < 4.0 * (n / 100) ** 2 + 2.0
     assert len(plan.rules) == n and (plan.implied == ()) == (n + 1 > IMPLIED_VARS)
     assert [str(v) for v in plan.rules[0].order[:3]] == ["x0", "x1", "x2"]
 
@@ -457,7 +459,7 @@ def test_a_query_beyond_the_limit_is_refused_in_one_line() -> None:
     from wcoj_core.query.plan import MAX_ATOMS
 
     plan_query(chain(MAX_ATOMS))
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU, not the clock (see the test above)
     with pytest.raises(QueryError, match=r"has 2,000 atoms; wcoj plans queries of up to 256"):
         plan_query(chain(2000))
-    assert time.perf_counter() - start < 1.0
+    assert time.thread_time() - start < 1.0

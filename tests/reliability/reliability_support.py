@@ -149,6 +149,22 @@ def wait_for(
         time.sleep(poll)
 
 
+def command_started(pid: int) -> bool:
+    """Whether the process `pid` runs the command's own code: it has mapped an extension module
+    (``lib-dynload``, ``site-packages``). Before that the interpreter is still starting (its
+    ``site`` import: the ``.pth`` files), where a Ctrl-C is the interpreter's, not the command's:
+    neither the interpreter's start-up nor ``import wcoj_core.cli`` maps one, and the first the
+    command maps is imported inside `wcoj_core.cli.main`, which reports an interruption."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:  # ended already
+        return True
+    return any(
+        line.endswith(".so") and ("/lib-dynload/" in line or "/site-packages/" in line)
+        for line in (entry.rstrip().split(" ")[-1] for entry in maps.splitlines())
+    )
+
+
 class Watcher:
     """Names created in some folders, reported by the kernel as they appear (inotify), so that
     a test can act within microseconds of a file or folder appearing."""
@@ -278,18 +294,21 @@ def errors(text: str) -> list[str]:
     ]
 
 
-# A progress line of a long epoch (`wcoj_core.cli.console.ProgressLine`), e.g.
-# ``epoch 0: rules 1/1 tasks; spilled 0 B, memory 83.2 MiB of 256.0 MiB``.
-PROGRESS = re.compile(r"^epoch \d+: .*; spilled [\d.]+ \w*B, memory [\d.]+ \w*B of [\d.]+ \w*B$")
+# An epoch's progress line (`wcoj_core.engine.Engine.report`): printed to a stderr that is not a
+# terminal once the epoch has run a few seconds, which a loaded machine reaches.
+PROGRESS = re.compile(r"epoch \d+: .+; spilled .+, memory .+ of .+")
+
+
+def stderr_lines(text: str) -> list[str]:
+    """The non-blank lines of a command's stderr but its progress lines (`PROGRESS`)."""
+    return [line for line in text.splitlines() if line.strip() and not PROGRESS.fullmatch(line)]
 
 
 def one_line_error(done: Done, *fragments: str, code: int = 2) -> str:
     """Assert `done` failed with exit status `code`, one line on stderr naming every fragment
-    and no traceback (beside the progress lines a long epoch prints); the line."""
+    (besides progress lines) and no traceback; the line."""
     assert done.code == code, (done.code, done.out[-2000:], done.err[-3000:])
-    lines = [
-        line for line in done.err.splitlines() if line.strip() and not PROGRESS.match(line.strip())
-    ]
+    lines = stderr_lines(done.err)
     assert "Traceback" not in done.err, done.err[-3000:]
     assert len(lines) == 1 and lines[0].startswith("wcoj: error: "), done.err[-3000:]
     for fragment in fragments:

@@ -43,6 +43,7 @@ from reliability_support import (
     small_file_system,
     staged_folders,
     start_wcoj,
+    stderr_lines,
     summed,
     wcoj_here,
     write_changes,
@@ -240,26 +241,37 @@ def test_two_writers_of_one_epoch_one_wins(world: World, tmp_path: Path, round_:
     codes = sorted(p.returncode for p, _, _ in results)
     assert codes == [0, 2], [(p.returncode, err[-2000:]) for p, _, err in results]
     ((loser_err),) = [err for p, _, err in results if p.returncode == 2]
-    lines = [line for line in loser_err.splitlines() if line.strip()]
+    lines = stderr_lines(loser_err)
     assert len(lines) == 1 and "Traceback" not in loser_err, loser_err
     assert "committed by another writer" in lines[0] or "already applied" in lines[0], lines
     assert len(manifest_files(state)) == 2
     assert_undisturbed(world, state)
 
 
-def full_disk_case(
-    world: World, tmp_path: Path, leave: Callable[[int, int], int], what: str = ""
-) -> None:
-    """Apply epoch 1 to a state on a tmpfs that has `leave(footprint, manifest)` bytes free:
-    `footprint` is what the epoch takes on that file system (measured by an undisturbed run
-    there), `manifest` what its manifest takes."""
-    with small_file_system(tmp_path / "disk") as disk:
+@pytest.fixture(scope="module")
+def footprint(world: World, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, int]:
+    """What epoch 1 takes on a small tmpfs, and what its manifest takes there (bytes), measured
+    by an undisturbed run: once for every full-disk case."""
+    with small_file_system(tmp_path_factory.mktemp("footprint") / "disk") as disk:
         trial = fresh_copy(world, disk / "trial")
         start = free(disk)
         assert run_wcoj(*world.apply_args(trial)).code == 0
         used = start - free(disk)
         manifest = max((trial / names.MANIFESTS).glob("*.json")).stat().st_blocks * 512
-        shutil.rmtree(trial.parent)
+    return used, manifest
+
+
+def full_disk_case(
+    world: World,
+    footprint: tuple[int, int],
+    tmp_path: Path,
+    leave: Callable[[int, int], int],
+    what: str = "",
+) -> None:
+    """Apply epoch 1 to a state on a tmpfs that has `leave(*footprint)` bytes free: what the
+    epoch takes on such a file system, and what its manifest takes (`footprint`)."""
+    used, manifest = footprint
+    with small_file_system(tmp_path / "disk") as disk:
         state = fresh_copy(world, disk)
         before = manifest_files(state)
         files = referenced_files(state)
@@ -273,23 +285,29 @@ def full_disk_case(
         assert_undisturbed(world, state)
 
 
-def test_a_full_disk_is_a_clear_error_and_the_state_stays(world: World, tmp_path: Path) -> None:
+def test_a_full_disk_is_a_clear_error_and_the_state_stays(
+    world: World, footprint: tuple[int, int], tmp_path: Path
+) -> None:
     """The state on a full tmpfs: the epoch's first batch does not fit; one line, the state as
     before; after freeing space the re-run gives the undisturbed state."""
-    full_disk_case(world, tmp_path, lambda total, manifest: 0, "cannot write a batch")
+    full_disk_case(world, footprint, tmp_path, lambda total, manifest: 0, "cannot write a batch")
 
 
-def test_a_disk_full_at_the_commit_is_a_clear_error(world: World, tmp_path: Path) -> None:
+def test_a_disk_full_at_the_commit_is_a_clear_error(
+    world: World, footprint: tuple[int, int], tmp_path: Path
+) -> None:
     """Room for every batch and segment of the epoch but not for its manifest."""
-    full_disk_case(world, tmp_path, lambda total, manifest: total - manifest, "cannot commit")
+    full_disk_case(
+        world, footprint, tmp_path, lambda total, manifest: total - manifest, "cannot commit"
+    )
 
 
 @pytest.mark.parametrize("share", [0.3, 0.6, 0.9])
 def test_a_disk_full_while_writing_arrangements_is_a_clear_error(
-    world: World, tmp_path: Path, share: float
+    world: World, footprint: tuple[int, int], tmp_path: Path, share: float
 ) -> None:
     """Room for the epoch's batches, not for all of its segments."""
-    full_disk_case(world, tmp_path, lambda total, manifest: int(share * total))
+    full_disk_case(world, footprint, tmp_path, lambda total, manifest: int(share * total))
 
 
 @contextmanager

@@ -20,9 +20,11 @@ import pytest
 from reliability_support import (
     WCOJ,
     History,
+    Watcher,
     apply_json,
     batch_file,
     build_state,
+    command_started,
     committed_epoch,
     contents,
     current_manifest,
@@ -33,6 +35,8 @@ from reliability_support import (
     one_line_error,
     run_wcoj,
     signal_when,
+    start_wcoj,
+    stderr_lines,
     summed,
     wait_for,
     write_changes,
@@ -148,7 +152,7 @@ def test_6_ctrl_c_says_whether_the_epoch_was_applied(tmp_path: Path, moment: str
     snapshot = hashes(state)
     proc, out, err = signal_when(state, history.apply_args(state, 1), moment, signal.SIGINT)
     applied = len(manifest_files(state)) > len(before)
-    lines = [line for line in err.splitlines() if line.strip()]
+    lines = stderr_lines(err)
     assert "Traceback" not in err, err[-3000:]
     if not applied:
         assert moment != "manifest-committed"
@@ -170,32 +174,47 @@ def test_6_ctrl_c_says_whether_the_epoch_was_applied(tmp_path: Path, moment: str
 
 
 def test_6_ctrl_c_while_reading_the_changes_says_nothing_was_applied(tmp_path: Path) -> None:
-    history = big_history(tmp_path)
+    """SIGINT as soon as the new state's folder appears (inotify: microseconds, however loaded
+    the machine), while the command opens the state and reads its 400,000 changes: a second
+    or more before it could commit, so the signal never comes after the epoch."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    edges = rng.integers(0, 1_000_000, (400_000, 2))
+    edges = edges[edges[:, 0] != edges[:, 1]]
+    changes = write_changes(tmp_path / "changes.csv", ((a, b, 1) for a, b in edges.tolist()))
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [str(WCOJ), *history.apply_args(state, 0)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for(lambda: (state / names.MARKER).exists() or proc.poll() is not None, "the state", 300)
-    proc.send_signal(signal.SIGINT)
+    argv = ["apply", "--query", "triangles", "--state", state, "--epoch", "0"]
+    watcher = Watcher([tmp_path])
+    try:
+        proc = start_wcoj(*argv, "--changes", f"edge={changes}", "--undirected", "edge")
+        met = watcher.wait(lambda created: state in created, lambda: proc.poll() is not None, 300)
+        if met:
+            proc.send_signal(signal.SIGINT)
+    finally:
+        watcher.close()
     _, err = proc.communicate(timeout=300)
-    assert manifest_files(state) == {}
-    assert proc.returncode == 130
-    assert err.splitlines() == [
+    assert met, f"the command ended before it made its state: {proc.returncode} {err}"
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert stderr_lines(err) == [
         "wcoj: error: interrupted: epoch 0 was not applied; the state is as it was"
     ]
+    assert manifest_files(state) == {}
 
 
 @pytest.mark.parametrize("delay", [0.05, 0.25])
 def test_6_ctrl_c_at_start_up_is_one_line(history: History, tmp_path: Path, delay: float) -> None:
+    """SIGINT `delay` seconds into the command's start-up (its imports: numpy, pyarrow, the
+    engine), counted from its first extension module (`command_started`): a signal while the
+    interpreter itself still starts (its ``site`` import, tens of milliseconds, longer under
+    load) ends in the interpreter's traceback, which no program can catch."""
     proc = subprocess.Popen(
         [str(WCOJ), *history.apply_args(tmp_path / "state", 0)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    wait_for(lambda: command_started(proc.pid), "the command's imports", 120)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
@@ -203,7 +222,7 @@ def test_6_ctrl_c_at_start_up_is_one_line(history: History, tmp_path: Path, dela
     committed = manifest_files(state) if state.exists() else {}
     assert "Traceback" not in err, err[-2000:]
     if proc.returncode == 130:
-        assert len(err.splitlines()) == 1, err
+        assert len(stderr_lines(err)) == 1, err
         assert ("after epoch 0 was applied" in err) == bool(committed), (err, committed)
     else:  # a fresh apply takes a third of a second: the signal came after it had reported
         assert proc.returncode in (0, -signal.SIGINT), (proc.returncode, err)
@@ -286,5 +305,5 @@ def test_6_output_appearing_meanwhile_says_the_epoch_was_applied(
     _, err = proc.communicate(timeout=300)
     assert target.read_text() == "mine\n"
     assert committed_epoch(state) == 0
-    (line,) = err.splitlines()
+    (line,) = stderr_lines(err)
     assert "epoch 0 was applied" in line, (proc.returncode, line)
