@@ -387,16 +387,22 @@ def test_u1_verify_repair_interrupted_after_its_commit_says_so(
 def test_u1_verify_repair_interrupted_before_its_commit_says_nothing_was_repaired(
     history: History, tmp_path: Path
 ) -> None:
-    state = tmp_path / "state"
-    build_state(history, state, 2)
-    flip(segment_file(state, "rel/edge", "keys", level="base"), 130, 0x01)
-    before = manifest_files(state)
-    proc, _, err = signal_when(
-        state, ["verify", str(state), "--repair"], "first-segment-staged", signal.SIGINT
-    )
-    one_line_error(Done(proc.returncode, "", err), code=130)
-    assert "interrupted: nothing was repaired; the state is as it was" in err
-    assert manifest_files(state) == before
+    # The signal goes when the first repaired segment is staged; on a loaded machine the repair
+    # may commit before it lands (then the after-commit test's case): tried on fresh states.
+    for attempt in range(5):
+        state = tmp_path / f"state-{attempt}"
+        build_state(history, state, 2)
+        flip(segment_file(state, "rel/edge", "keys", level="base"), 130, 0x01)
+        before = manifest_files(state)
+        proc, _, err = signal_when(
+            state, ["verify", str(state), "--repair"], "first-segment-staged", signal.SIGINT
+        )
+        if proc.returncode == 130 and manifest_files(state) == before:
+            one_line_error(Done(proc.returncode, "", err), code=130)
+            assert "interrupted: nothing was repaired; the state is as it was" in err
+            return
+        assert proc.returncode in (0, 130), err  # committed first: exact, or said so
+    pytest.fail("the repair committed before the signal landed, five times")
 
 
 def test_u2_sparse_epochs_with_keep_epochs_derive_nothing_again(tmp_path: Path) -> None:
