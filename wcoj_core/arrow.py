@@ -26,8 +26,7 @@ I64 = np.int64
 
 def long_array(values: np.ndarray) -> pa.Array:
     """A numpy array of longs as an Arrow int64 array (no copy when it is contiguous)."""
-    data = np.ascontiguousarray(values, dtype=I64)
-    return pa.Array.from_buffers(pa.int64(), len(data), [None, pa.py_buffer(data)])
+    return pa.array(np.ascontiguousarray(values, dtype=I64), type=pa.int64())
 
 
 def longs(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
