@@ -925,21 +925,7 @@ def read_local(path: str, arity: int, name: str, *, with_time: bool = False) -> 
     >>> read_local(str(edges), 2, "edge").to_pydict()
     {'c0': [1, 2], 'c1': [2, 3], 'diff': [1, 1]}
     """
-    local = local_path(path)
-    source = source_name(path, name)
-    if local is None:
-        raise InputError("is not a file on this machine; it is read through Spark", source)
-    check_arity(arity, source)
-    check_input_file(path, name)
-    kind = detect_format(path)
-    if with_time and kind is Format.TEXT:
-        raise InputError(
-            "update files must be CSV or Parquet with 'time' and 'diff' columns; "
-            "a plain-text edge list cannot carry them",
-            source,
-        )
-    batches = list(read_local_batches(path, arity, name, with_time=with_time))
-    return pa.Table.from_batches(batches)
+    return read_local_batches(path, arity, name, with_time=with_time).read_all()
 
 
 def read_local_batches(
