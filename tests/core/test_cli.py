@@ -1179,3 +1179,20 @@ def test_console_script_refuses_a_bad_csv_before_starting_spark(tmp_path: Path) 
         "integer: 'x'"
     ]
     assert seconds < 60, f"took {seconds:.1f} s"
+
+
+def test_a_command_that_ended_ignores_ctrl_c_while_the_process_exits() -> None:
+    """Python gives a handled signal its default action back while the process exits; a
+    Ctrl-C landing then killed a process that had reported success (exit -2, no message).
+    Once the command has ended, SIGINT is ignored, which stays so through the exit."""
+    probe = (
+        "import signal, sys\n"
+        "from wcoj_core.cli import main\n"
+        "sys.argv = ['wcoj', '--version']\n"
+        "code = main()\n"
+        "print(code, signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "0 True", done.stdout + done.stderr

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -364,3 +365,29 @@ def test_batch_files_lists_data_files_with_digests(tmp_path: Path) -> None:
     assert b.files[0].sha256 == hashlib.sha256(b"abc4").hexdigest()
     assert local(store) == tmp_path
     assert Trace("rel/edge", ("c0",)).with_batch(b).rows() == 1
+
+
+def test_syncs_run_on_daemon_threads_and_their_failures_reach_the_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed fsync is raised by `sync_many` (after the others ran); the threads are
+    daemons, which an interrupted process never waits for at exit."""
+    monkeypatch.delenv("WCOJ_SYNCFS", raising=False)
+    store = Store.open(tmp_path, create=True)
+    (tmp_path / "a").write_bytes(b"a")
+    (tmp_path / "b").write_bytes(b"b")
+    synced: list[Path] = []
+    real = files_module._fsync_path
+
+    def failing(path: Path) -> None:
+        if path.name == "b":
+            raise OSError(5, "Input/output error", str(path))
+        real(path)
+        synced.append(path)
+
+    monkeypatch.setattr(files_module, "_fsync_path", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        store.files.sync_many(["a", "b"])
+    assert tmp_path / "a" in synced
+    threads = [t for t in threading.enumerate() if t.name.startswith("wcoj-sync")]
+    assert threads and all(t.daemon for t in threads)

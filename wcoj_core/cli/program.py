@@ -91,11 +91,22 @@ def interrupt_once() -> None:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status. A process that is the command (`argv`
-    None) lets only its first Ctrl-C interrupt it (`interrupt_once`)."""
+    None) lets only its first Ctrl-C interrupt it (`interrupt_once`), and none once the
+    command has ended: Python gives a handled signal its default action back while the
+    process exits, and a Ctrl-C landing then would kill a process that reported success
+    (an ignored signal stays ignored)."""
+    if argv is not None:
+        return _run(list(argv))
+    interrupt_once()
+    try:
+        return _run(sys.argv[1:])
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run(argv: list[str]) -> int:
     debug = os.environ.get("WCOJ_DEBUG") == "1"
-    if argv is None:
-        interrupt_once()
-    argv = sys.argv[1:] if argv is None else list(argv)
     # The command the first argument names, or every command (``--help``, a mistake).
     named = argv[:1] if argv and argv[0] in COMMANDS else COMMANDS
     try:  # the imports: most of a second, where a Ctrl-C is still one line

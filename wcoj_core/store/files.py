@@ -26,11 +26,12 @@ import ctypes.util
 import functools
 import hashlib
 import os
+import queue
 import shutil
 import stat
 import sys
+import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -239,7 +240,7 @@ class LocalFiles:
             return
         files, folders = self._durable(rels)
         # Every file and every folder once (folders share their parents), all at once.
-        list(_sync_pool().map(_fsync_path, [*files, *sorted(folders)]))
+        _syncers().sync([*files, *sorted(folders)])
 
     def _durable(self, rels: Sequence[str]) -> tuple[list[Path], set[Path]]:
         """What `sync` of each of `rels` fsyncs: the files in them, and the folders in them
@@ -549,20 +550,49 @@ def _libc() -> Any:
     return libc
 
 
-@functools.cache
-def _sync_pools() -> dict[int, ThreadPoolExecutor]:
-    return {}
+class _Syncers:
+    """Daemon threads that fsync paths for `sync_many`. Daemons, not a thread pool: Python
+    joins a pool's threads at exit, and a Ctrl-C that lands while the pool's locks are held
+    (inside ``submit``) leaves the process waiting on them at exit forever. A daemon is never
+    waited for; an interrupted caller leaves at most a few fsyncs running, which are harmless."""
+
+    def __init__(self, threads: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Path, queue.SimpleQueue[BaseException | None]]] = (
+            queue.SimpleQueue()
+        )
+        for i in range(threads):
+            threading.Thread(target=self._work, name=f"wcoj-sync-{i}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            path, done = self._jobs.get()
+            try:
+                _fsync_path(path)
+            except BaseException as exc:  # handed to the caller, which raises it
+                done.put(exc)
+            else:
+                done.put(None)
+
+    def sync(self, paths: Sequence[Path]) -> None:
+        """fsync every one of `paths` on the threads; raise the first failure after all ran."""
+        done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        for path in paths:
+            self._jobs.put((path, done))
+        failures = [exc for exc in (done.get() for _ in paths) if exc is not None]
+        if failures:
+            raise failures[0]
 
 
-def _sync_pool() -> ThreadPoolExecutor:
-    """The threads that sync a commit's files, made once per process (a forked child makes
-    its own)."""
-    pools = _sync_pools()
+_SYNCERS: dict[int, _Syncers] = {}
+
+
+def _syncers() -> _Syncers:
+    """The sync threads, started once per process (a forked child starts its own)."""
     pid = os.getpid()
-    if pid not in pools:
-        pools.clear()
-        pools[pid] = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="wcoj-sync")
-    return pools[pid]
+    if pid not in _SYNCERS:
+        _SYNCERS.clear()
+        _SYNCERS[pid] = _Syncers(SYNC_THREADS)
+    return _SYNCERS[pid]
 
 
 def _fsync_path(path: Path) -> None:
