@@ -314,7 +314,10 @@ def test_t2_three_ctrl_c_in_the_threaded_rules_phase_are_one_line(tmp_path: Path
         if proc.returncode == 0:
             continue  # the signals came after the report: nothing to check
         line = one_line_error(Done(proc.returncode, out, err), code=130)
-        assert "interrupted" in line and "epoch 0" in line, line
+        # On a loaded machine the signals may land while Python still imports (before the
+        # epoch is named): still one line, saying nothing was applied.
+        assert "interrupted" in line, line
+        assert "epoch 0" in line or "nothing was applied" in line, line
         if "was not applied" in line:
             assert not state.exists(), "a new state left behind by an interrupted first epoch"
 
