@@ -1,7 +1,9 @@
 """``wcoj verify``: read a whole state back against its manifests; name every damaged file.
 
 Contract: every kept generation's manifest and every file they name is read whole, once: batch
-files (size and sha256) and arrangement files (size, header, sha256). Each damaged file is
+files (size and sha256) and arrangement files (size, header, sha256), within the process's
+memory budget (``--memory``: files a record batch at a time, a trace's batches summed for its
+figures through sorted runs in the state's scratch folder). Each damaged file is
 printed on one line with its trace, the epochs it affects and whether it can be rebuilt; the
 exit status is 0 when nothing is damaged, 1 otherwise. With ``--repair`` the damaged
 arrangement files of the current generation are rebuilt from the batches (and arrangement files
@@ -19,6 +21,7 @@ from wcoj_core.cli.console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    add_memory_argument,
     emit_json,
     epilog,
     error,
@@ -52,6 +55,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="rebuild damaged arrangement files from the batches (one new generation)",
     )
+    add_memory_argument(p)
     p.add_argument("--json", action="store_true", help="end with one JSON line of results")
     p.set_defaults(run=run)
 
@@ -76,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace, store: Store) -> int:
-    report = verify_state(store)
+    report = verify_state(store, memory=args.memory)
     for damage in report.damaged:
         say(f"damaged: {damage.describe()}")
     repaired: list[str] = []
@@ -91,7 +95,7 @@ def _verify(args: argparse.Namespace, store: Store) -> int:
             else:
                 note(f"rebuilt the arrangements of {name} from its batches")
         if repaired:
-            report = verify_state(store)
+            report = verify_state(store, memory=args.memory)
     verdict = "ok" if report.ok else f"{len(report.damaged)} damaged"
     say(
         f"verify: {verdict} ({report.files} files, {report.bytes:,} bytes, generations "
