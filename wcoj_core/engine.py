@@ -43,8 +43,8 @@ from wcoj_core.epoch import (
 )
 from wcoj_core.errors import EpochAlreadyApplied, QueryError, StateError
 from wcoj_core.indexes import ViewKey
+from wcoj_core.input_land import Changes, check_columns, is_dataframe
 from wcoj_core.kernel.layer import Layer
-from wcoj_core.landing import Changes, check_columns, is_dataframe
 from wcoj_core.meaning import Meaning, RelationSpec
 from wcoj_core.query.ir import Query, Var
 from wcoj_core.query.plan import Arrangement, Plan
@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 # The most landed rows an epoch takes: none (they are summed in sorted runs within the memory
-# budget, `wcoj_core.landing`); a caller may set a limit.
+# budget, `wcoj_core.input_land`); a caller may set a limit.
 LANDING_ROWS: int | None = None
 # The largest epoch number (epochs are days, counters, ...; far below int64).
 MAX_EPOCH = 2**62
@@ -438,8 +438,8 @@ class Engine:
 
     def change(self, query: str, epoch: int) -> Any:
         """A query's stored change at `epoch` as an Arrow table (``c0 ..``, ``diff``), read
-        from exactly the files the manifest lists (`wcoj_core.reading.change_table`)."""
-        from wcoj_core.reading import change_table
+        from exactly the files the manifest lists (`wcoj_core.state_read.change_table`)."""
+        from wcoj_core.state_read import change_table
 
         return change_table(self.access, output_trace_name(query), epoch)
 
@@ -467,7 +467,7 @@ class Engine:
         return pa.RecordBatchReader.from_batches(schema, read())
 
     def _accumulated(self, name: str, time: int | None) -> DataFrame:
-        from wcoj_core.reading import accumulated
+        from wcoj_core.state_read import accumulated
 
         return accumulated(self.access, name, time)
 

@@ -6,7 +6,7 @@ over the state it reaches (`StateAccess`):
 
 1. **open** every trace the epoch reads as of just before ``t`` (`wcoj_core.indexes`: mapped
    segments, corrected by the batches the index lacks or holds beyond ``t - 1``);
-2. **land** each relation's changes (`wcoj_core.landing`) and turn them into the relation's
+2. **land** each relation's changes (`wcoj_core.input_land`) and turn them into the relation's
    change (`wcoj_core.meaning.effect`: a set's presence, a bag's multiplicities);
 3. **derive** every counts change and every delta rule of every query, on the driver or in
    Spark's executors (`wcoj_core.deploy`), each query's change the sum of its rules';
@@ -42,12 +42,12 @@ from wcoj_core.deploy.output import OutputChange
 from wcoj_core.deploy.work import RuleJob, Work
 from wcoj_core.errors import MultiplicityOverflow, StateError
 from wcoj_core.indexes import KEPT, Opened, advance, identity, open_trace
+from wcoj_core.input_land import Changes, Landed, land
 from wcoj_core.kernel.changes import counts_delta, support_delta
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import RuleTally
 from wcoj_core.kernel.layer import Layer, lookup_sum
 from wcoj_core.kernel.multiplicity import exact_sum
-from wcoj_core.landing import Changes, Landed, land
 from wcoj_core.meaning import (
     Effect,
     Figures,

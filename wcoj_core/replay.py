@@ -52,9 +52,9 @@ from pyspark.sql import functions as F
 from wcoj_core import linear
 from wcoj_core.engine import Engine, EpochMetrics, EpochResult
 from wcoj_core.errors import InputError, QueryError, StateError, WcojError, listed
+from wcoj_core.input_spark import canonical_undirected
 from wcoj_core.meaning import RelationSpec
 from wcoj_core.query.ir import Query
-from wcoj_core.sources import canonical_undirected
 from wcoj_core.updates import (
     DIFF,
     TIME,

@@ -36,7 +36,7 @@ from wcoj_core.cli.console import MAX_EPOCH, Parser, UsageError, epoch_argument,
 from wcoj_core.cli.inputs import needs_spark, parse_changes, parse_inputs
 from wcoj_core.cli.results import OutputFormat, add_output_arguments, check_output, write_tuples
 from wcoj_core.errors import InputError
-from wcoj_core.local_read import (
+from wcoj_core.input_read import (
     MAX_LINE_BYTES,
     check_input_file,
     check_locally,
@@ -106,7 +106,7 @@ def test_every_local_check_refuses_a_named_pipe_within_a_second(fifo: Path) -> N
         f"""
         import time
         from wcoj_core.errors import InputError
-        from wcoj_core.local_read import check_input_file, check_locally, read_local
+        from wcoj_core.input_read import check_input_file, check_locally, read_local
         for check in (
             lambda: check_input_file({str(fifo)!r}, "edge"),
             lambda: check_locally({str(fifo)!r}, 2, "edge"),

@@ -103,7 +103,7 @@ def land(spark: SparkSession, workload: Workload, landing: Path) -> list[str]:
     """Publish epoch 0 (the initial relations) and every epoch's changes as landing folders."""
     from pyspark.sql import functions as F
 
-    from wcoj_assets.landing import write_epochs
+    from wcoj_assets.landing_write import write_epochs
     from wcoj_core.updates import TIME
 
     keys: set[str] = set()
@@ -121,10 +121,10 @@ def read_landed(
     spark: SparkSession, landing: Path, relations: Mapping[str, int], t: int
 ) -> dict[str, DataFrame | pa.Table]:
     """Every relation's landed changes at epoch `t`, read as the pipeline reads them
-    (`wcoj_assets.intake.read_epoch`: local files by pyarrow, Spark only for remote or very
+    (`wcoj_assets.landing_read.read_epoch`: local files by pyarrow, Spark only for remote or very
     large ones)."""
     from wcoj_assets.epochs import epoch_key
-    from wcoj_assets.intake import read_epoch
+    from wcoj_assets.landing_read import read_epoch
 
     frames: dict[str, DataFrame | pa.Table] = {}
     for rel, arity in relations.items():

@@ -46,8 +46,8 @@ from wcoj_bench.infra.machine import machine_facts, machine_label
 from wcoj_bench.infra.measure import BenchError, Sample
 from wcoj_bench.parts.epochs import METHODS, bench, make_workload
 from wcoj_core import generate
+from wcoj_core.input_spark import canonical_undirected, read_relation
 from wcoj_core.query.ir import Query
-from wcoj_core.sources import canonical_undirected, read_relation
 from wcoj_core.updates import consolidate, relation_columns
 
 

@@ -74,11 +74,11 @@ from wcoj_bench.infra.measure import BenchError, MemoryWatch, SparkMeter
 from wcoj_bench.parts.epochs import specs_for
 from wcoj_core import linear
 from wcoj_core.engine import Engine
+from wcoj_core.input_spark import canonical_undirected
 from wcoj_core.meaning import Meaning
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Atom, Filter, Query, Term, Var
 from wcoj_core.reference import reference_sql
-from wcoj_core.sources import canonical_undirected
 from wcoj_core.updates import total_diff
 
 

@@ -216,7 +216,7 @@ class BatchFiles:
             path = self.full(f"{rel}/{ref.name}")
             try:
                 with self.fs.open_input_file(path) as f:
-                    data = f.read_buffer()  # Arrow's memory (see local_read.arrow_owned)
+                    data = f.read_buffer()  # Arrow's memory (see input_read.arrow_owned)
             except (OSError, pa.ArrowException) as e:
                 raise DamagedBatch(path, f"cannot be read ({e})") from e
             if len(data) != ref.size:

@@ -6,7 +6,7 @@ Contract: `write_epochs` takes update triples ``(c0 .. c{k-1}, time, diff)`` and
 exactly one plain file holding that epoch's updates as the columns ``c0 .. c{k-1}, diff`` (long
 integers; the time is the folder's epoch, so the file carries none). ``fmt="csv"`` writes CSV
 with the header row ``c0,...,diff``; the default is Parquet. Both read back with
-`wcoj_core.sources.read_relation`. Epochs without updates get no folder.
+`wcoj_core.input_spark.read_relation`. Epochs without updates get no folder.
 
 Publishing is atomic, so a sensor watching the landing zone never sees half an epoch. Spark
 writes the whole stream once, partitioned by time, into a hidden staging directory under
