@@ -52,7 +52,7 @@ from wcoj_core.served import Served, StateAccess, served_specs
 from wcoj_core.session import SparkStarter, starter_of
 from wcoj_core.store import manifest as mf
 from wcoj_core.store.store import Store
-from wcoj_core.traces import output_trace_name, relation_trace_name, rule_trace_name
+from wcoj_core.traces import output_trace_name, relation_trace_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -179,10 +179,6 @@ class Engine:
     @property
     def counts_traces(self) -> dict[str, tuple[str, ...]]:
         return self.served.counts_traces
-
-    @property
-    def plan_record(self) -> mf.StatePlan:
-        return self.served.record
 
     @property
     def keep_rules(self) -> bool:
@@ -483,9 +479,6 @@ class Engine:
         if name not in self.relations:
             raise QueryError(f"unknown relation {name!r}; known: {sorted(self.relations)}")
         return self._accumulated(relation_trace_name(name), time)
-
-    def rule_trace(self, query: str, rule: int) -> str:
-        return rule_trace_name(query, rule)
 
 
 def _cores(master: str | None) -> int:

@@ -60,7 +60,7 @@ from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
 from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
 from wcoj_core.store.manifest import Batch, Manifest, Trace
-from wcoj_core.store.names import trace_dir
+from wcoj_core.store.names import new_batch_path
 from wcoj_core.traces import (
     counts_trace_name,
     output_trace_name,
@@ -553,7 +553,7 @@ class EpochPass:
         return stream
 
     def _writer(self, trace: Trace) -> BatchWriter:
-        folder = f"traces/{trace_dir(trace.name)}/b-k-{self.epoch}-{_hex12()}"
+        folder = new_batch_path(trace.name, self.epoch, "k")
         self.written.append(folder)
         return BatchWriter(self.access.files, folder, trace.columns, self.epoch)
 
@@ -770,7 +770,7 @@ class EpochPass:
             for piece in chunks(layer, self.spill.chunk_rows(layer.width)):
                 out.write(np.asarray(piece.rows), np.asarray(piece.diff))
             return Batch(out.rel, self.epoch, out.rows, out.close())
-        folder = f"traces/{trace_dir(trace.name)}/b-k-{self.epoch}-{_hex12()}"
+        folder = new_batch_path(trace.name, self.epoch, "k")
         self.written.append(folder)
         files = self.access.files.write(
             folder,
@@ -971,9 +971,3 @@ def _segments(trace: Trace) -> tuple[SegmentReport, ...]:
         )
         for s in trace.index.segments
     )
-
-
-def _hex12() -> str:
-    import uuid
-
-    return uuid.uuid4().hex[:12]

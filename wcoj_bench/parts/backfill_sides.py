@@ -142,13 +142,6 @@ def spark_jobs(spark: SparkSession) -> int:
     return max(spark.sparkContext.statusTracker().getJobIdsForGroup(), default=-1)
 
 
-def heap_used(spark: SparkSession) -> int:
-    """Bytes of the driver JVM's heap in use (local mode: the executors' too)."""
-    jvm: Any = spark.sparkContext._jvm
-    runtime = jvm.java.lang.Runtime.getRuntime()
-    return int(runtime.totalMemory()) - int(runtime.freeMemory())
-
-
 def generation(storage: Path) -> int:
     """The state's manifest generation: each commit adds one (0 before the state exists)."""
     from wcoj_core.store.store import Store
