@@ -38,7 +38,8 @@ from wcoj_assets.epochs import EPOCH_START, Epochs
 from wcoj_core.errors import WcojError
 from wcoj_core.generate import generate
 from wcoj_core.replay import epoch_stream
-from wcoj_core.updates import DIFF, TIME, data_columns, relation_columns
+from wcoj_core.traces import DIFF, TIME, relation_columns
+from wcoj_core.updates import data_columns
 
 FILE_STEM = "part-0"
 

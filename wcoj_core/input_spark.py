@@ -43,7 +43,6 @@ from wcoj_core.input_read import (
     canonical_undirected_local,
     check_arity,
     check_input_file,
-    check_locally,
     detect_format,
     local_path,
     negative_rows,
@@ -51,19 +50,9 @@ from wcoj_core.input_read import (
     read_local,
     source_name,
 )
-from wcoj_core.updates import DIFF, relation_columns
+from wcoj_core.traces import DIFF, relation_columns
 
 _ERROR = "_error"  # the column a Spark task reports a bad file in (`_parse_files`)
-
-__all__ = [  # the readers' names callers have always imported from here
-    "Format",
-    "canonical_undirected",
-    "check_locally",
-    "detect_format",
-    "negative_tuples",
-    "read_relation",
-    "read_updates",
-]
 
 
 def read_relation(spark: SparkSession, path: str, arity: int, name: str) -> DataFrame:

@@ -54,13 +54,8 @@ from wcoj_core.errors import InputError, QueryError, StateError, WcojError, list
 from wcoj_core.input_spark import canonical_undirected
 from wcoj_core.meaning import RelationSpec
 from wcoj_core.query.ir import Query
-from wcoj_core.updates import (
-    DIFF,
-    TIME,
-    consolidate,
-    relation_columns,
-    update_schema,
-)
+from wcoj_core.traces import DIFF, TIME, relation_columns
+from wcoj_core.updates import consolidate, update_schema
 
 # Salts keep the three draws about one tuple independent of each other.
 _INSERT_SALT, _DELETE_SALT, _REMOVAL_SALT = 1, 2, 3

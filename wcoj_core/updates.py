@@ -16,7 +16,6 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from wcoj_core.traces import DIFF, TIME
-from wcoj_core.traces import relation_columns as relation_columns  # part of this contract too
 
 
 def data_columns(df: DataFrame) -> list[str]:

@@ -104,7 +104,7 @@ def land(spark: SparkSession, workload: Workload, landing: Path) -> list[str]:
     from pyspark.sql import functions as F
 
     from wcoj_assets.landing_write import write_epochs
-    from wcoj_core.updates import TIME
+    from wcoj_core.traces import TIME
 
     keys: set[str] = set()
     for rel, initial in workload.initial.items():
