@@ -48,11 +48,6 @@ class Depth(Enum):
     FULL = "SCHEMA_AND_DATA"
     SCHEMA = "SCHEMA_ONLY"
 
-    @property
-    def words(self) -> str:
-        """The depth as metadata shows it: ``schema and data`` or ``schema only``."""
-        return self.value.lower().replace("_", " ")
-
 
 def triples_schema(
     columns: Sequence[str],

@@ -340,7 +340,3 @@ def _parquet_stream(files: Sequence[str], columns: Sequence[str]) -> pa.RecordBa
                     yield from pa.Table.from_batches([b]).cast(schema).to_batches()
 
     return pa.RecordBatchReader.from_batches(schema, iter(batches()))
-
-
-def landed_rows(changes: Sequence[Landed]) -> int:
-    return sum(len(c.layer) for c in changes)
