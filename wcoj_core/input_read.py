@@ -1214,21 +1214,6 @@ def _ends(table: pa.Table, column: str) -> np.ndarray:
     return _numbers(table.column(column))
 
 
-def negative_tuples_local(
-    table: pa.Table, limit: int = 20
-) -> tuple[int, list[tuple[tuple[int, ...], int]]]:
-    """The tuples of `table` (``c0 .. c{k-1}, [time,] diff``) whose summed multiplicity is
-    negative: how many, and the first `limit` in tuple order with their multiplicities.
-
-    >>> negative_tuples_local(pa.table({"c0": [5, 1, 1], "diff": [-2, 1, -1]}))
-    (1, [((5,), -2)])
-    """
-    negative = negative_rows(table)
-    cols = negative.column_names[:-1]
-    first = negative.slice(0, limit).to_pylist()
-    return negative.num_rows, [(tuple(r[c] for c in cols), r[DIFF]) for r in first]
-
-
 def negative_rows(table: pa.Table) -> pa.Table:
     """The tuples of `table` (``c0 .. c{k-1}, [time,] diff``) whose summed multiplicity is
     negative, with it (``c0 .. c{k-1}, diff``), in tuple order (on a DataFrame,
