@@ -45,7 +45,7 @@ print(json.dumps({
 def build(state: Path, edges: Path) -> int:
     from wcoj_assets.resources import WcojResource
     from wcoj_assets.specs import DEFAULT_SPECS, Topology
-    from wcoj_core.local_read import read_local_batches
+    from wcoj_core.input_read import read_local_batches
 
     topology = Topology.of(DEFAULT_SPECS, undirected=["edge"])
     engine = WcojResource(storage=str(state)).engine(topology)

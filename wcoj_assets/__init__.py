@@ -13,9 +13,9 @@
   correction left stale; `schemas` — pandera schemas;
 * `outputs` — a query's output or change for downstream assets, in the type they annotate
   (Arrow, pandas, polars with no JVM; Spark);
-* `intake` — finding and reading landing folders; `sensors` — the landing sensor;
-* `resources` — `WcojResource` (state, landing, Spark when needed); `landing` and `demo` —
-  writing a landing zone and running the demo; `instance` — the SQLite and Postgres instances,
+* `landing_read` — finding and reading landing folders; `sensors` — the landing sensor;
+* `resources` — `WcojResource` (state, landing, Spark when needed); `landing_write` and
+  `demo` — writing a landing zone and running the demo; `instance` — the SQLite and Postgres instances,
   and the Dagster settings every process creating or executing runs needs.
 
 Importing this package does no I/O, reads no environment and starts no Spark.

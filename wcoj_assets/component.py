@@ -277,7 +277,7 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
     def first_day(self) -> str:
         """`start`, or the oldest epoch folder landed (read when the code location loads),
         or today (UTC)."""
-        from wcoj_assets.intake import landed_epochs
+        from wcoj_assets.landing_read import landed_epochs
         from wcoj_assets.resources import DEFAULT_LANDING
 
         if self.start:

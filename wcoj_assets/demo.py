@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dagster import DagsterEventType, DagsterInstance, build_sensor_context
 
     from wcoj_assets.definitions import JOB_NAME, build_definitions
-    from wcoj_assets.landing import generate_landing
+    from wcoj_assets.landing_write import generate_landing
     from wcoj_core.spark import session
 
     spark = session(args.master, quiet=True)

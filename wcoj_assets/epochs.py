@@ -127,8 +127,3 @@ def epoch_key(n: int, start: str = EPOCH_START) -> str:
 def epoch_number(key: str, start: str = EPOCH_START) -> int:
     """`Epochs.number` of the epochs starting on `start`."""
     return Epochs(start).number(key)
-
-
-def is_epoch_key(key: str, start: str = EPOCH_START) -> bool:
-    """`Epochs.is_key` of the epochs starting on `start`."""
-    return Epochs(start).is_key(key)

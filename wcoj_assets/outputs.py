@@ -83,11 +83,11 @@ def read_output(
     if form is Form.SPARK:
         from pyspark.sql import functions as F
 
-        from wcoj_core.reading import changes_at
+        from wcoj_core.state_read import changes_at
 
         df = changes_at(engine, trace, epoch) if change else engine.output(query.name, epoch)
         return df.select(*[F.col(c).alias(n) for c, n in zip(stored, names, strict=True)], DIFF)
-    from wcoj_core.reading import read_table
+    from wcoj_core.state_read import read_table
 
     table = stored_change(engine, trace, epoch) if change else read_table(engine, trace, epoch)
     table = table.rename_columns([*names, DIFF])
@@ -101,14 +101,14 @@ def read_output(
 
 
 def stored_change(engine: Engine, name: str, epoch: int) -> pa.Table:
-    """A trace's stored change at `epoch`, as `wcoj_core.reading.change_table` gives it (one row
+    """A trace's stored change at `epoch`, as `wcoj_core.state_read.change_table` gives it (one row
     per tuple, non-zero ``diff``, sorted; read from exactly the files the manifest lists, each
     checked against its size, digest and rows) without sorting it again: the engine writes a
     change's batch in that order, so its files, concatenated, are the table once one pass over
     its columns confirms it (`wcoj_core.arrow.consolidated`). A batch that is not (none is
     written so) is read by `change_table`."""
     from wcoj_core.arrow import consolidated
-    from wcoj_core.reading import change_table
+    from wcoj_core.state_read import change_table
 
     trace = engine.store.current().trace(name)
     batches = [b for b in trace.batches if b.time == epoch] if trace is not None else []

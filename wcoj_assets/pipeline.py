@@ -10,7 +10,7 @@ but the engine advances every arrangement of an epoch together: whatever the sel
 applies whole epochs and reports every asset it made (those not selected as
 ``AssetMaterialization`` events). For the run's epochs, oldest first, the step:
 
-1. **reads** each relation's landing folder (`wcoj_assets.intake`: pyarrow for local files,
+1. **reads** each relation's landing folder (`wcoj_assets.landing_read`: pyarrow for local files,
    Spark only for remote or very large ones) and checks every landed row (the reader, then
    `wcoj_assets.schemas.landed_problems`). Files too big to read at once are streamed and read
    once: each batch is checked as the engine lands it (`LocalFiles.checked`), and a refused one
@@ -59,7 +59,7 @@ from wcoj_assets import checks as ck
 from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
-from wcoj_assets.intake import LocalFiles, Refused, landed_files
+from wcoj_assets.landing_read import LocalFiles, Refused, landed_files
 from wcoj_assets.report import LandedFigures, epoch_metadata
 from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
@@ -205,7 +205,7 @@ class EpochRun:
         """Every relation's landed rows at every epoch up to the first refused one, checked;
         each relation's ``update_triples`` outcome at each epoch read; the first refused epoch
         as ``(key, t)`` (None when none was)."""
-        from wcoj_assets.intake import bad_rows, fingerprint, landed_columns, read_epoch
+        from wcoj_assets.landing_read import bad_rows, fingerprint, landed_columns, read_epoch
         from wcoj_assets.schemas import arrow_problems, landed_problems
         from wcoj_core.traces import relation_columns
 

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 EXAMPLES = 10
 INTERNAL = "engine (internal)"
-# The entry of a relation's changes naming the landed files' fingerprint (`intake.fingerprint`):
+# The entry of a relation's changes naming the landed files' fingerprint (`landing_read.fingerprint`):
 # the landing sensor does not request an epoch materialized from the same files again.
 FINGERPRINT = "landed fingerprint"
 

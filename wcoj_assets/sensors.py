@@ -48,7 +48,7 @@ from dagster import (
 )
 
 from wcoj_assets.graph import EpochGraph, Role
-from wcoj_assets.intake import epoch_folders, fingerprint, landed_files
+from wcoj_assets.landing_read import epoch_folders, fingerprint, landed_files
 from wcoj_assets.report import FINGERPRINT
 
 SERIAL_TAG = "wcoj/serial"

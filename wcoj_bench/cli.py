@@ -51,7 +51,7 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
@@ -105,6 +105,9 @@ from wcoj_core.errors import WcojError
 from wcoj_core.query.builtins import resolve_query
 from wcoj_core.query.ir import Query
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 PROG = "wcoj-bench"
 
 # Commands with a parser of their own: the arguments after the name are handed to it.
@@ -119,6 +122,30 @@ DELEGATED: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
 
 def _add_inputs(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p, query_default="triangles")
+
+
+def _number(p: argparse.ArgumentParser, flag: str, default: float, metavar: str, text: str) -> None:
+    """An option of `default`'s type (int or float), its help ending with the default."""
+    shown = f"{default:g}" if isinstance(default, float) else str(default)
+    p.add_argument(
+        flag, type=type(default), default=default, metavar=metavar, help=f"{text} (default {shown})"
+    )
+
+
+def _seed(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=1, metavar="S", help="workload seed (default 1)")
+
+
+def _methods_option(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
+    p.add_argument(
+        "--methods",
+        metavar="M,..",
+        help=f"methods to run, wcoj always among them (default {','.join(default)})",
+    )
+
+
+def _json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="end with one JSON line")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -136,12 +163,8 @@ def _parser() -> argparse.ArgumentParser:
     ep.add_argument(
         "--skew", type=int, metavar="D", help="add an epoch in which a new vertex gains D edges"
     )
-    ep.add_argument("--seed", type=int, default=1, metavar="S", help="workload seed (default 1)")
-    ep.add_argument(
-        "--methods",
-        metavar="M,..",
-        help=f"methods to run, wcoj always among them (default {','.join(METHODS)})",
-    )
+    _seed(ep)
+    _methods_option(ep, METHODS)
     ep.set_defaults(run=_epochs)
 
     st = commands.add_parser(
@@ -151,11 +174,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_inputs(st)
     st.add_argument("--repeat", type=int, default=3, metavar="R", help="timed runs per method")
-    st.add_argument(
-        "--methods",
-        metavar="M,..",
-        help=f"methods to run, wcoj always among them (default {','.join(STATIC_DEFAULT)})",
-    )
+    _methods_option(st, STATIC_DEFAULT)
     st.add_argument(
         "--baseline-wcoj",
         metavar="CMD",
@@ -178,12 +197,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"curve size: changes per epoch (default {DEFAULT_EPOCH_SIZE})",
     )
-    cu.add_argument("--seed", type=int, default=1, metavar="S", help="workload seed (default 1)")
-    cu.add_argument(
-        "--methods",
-        metavar="M,..",
-        help=f"methods to run, wcoj always among them (default {','.join(CURVE_METHODS)})",
-    )
+    _seed(cu)
+    _methods_option(cu, CURVE_METHODS)
     cu.add_argument(
         "--sizes",
         metavar="E,..",
@@ -205,13 +220,7 @@ def _parser() -> argparse.ArgumentParser:
         "state, on a graph and on R-MAT graphs of growing size",
     )
     _add_process_inputs(co)
-    co.add_argument(
-        "--epochs",
-        type=int,
-        default=cold.DEFAULT_EPOCHS,
-        metavar="K",
-        help=f"epochs, each a fresh process of each kind (default {cold.DEFAULT_EPOCHS})",
-    )
+    _number(co, "--epochs", cold.DEFAULT_EPOCHS, "K", "epochs, each a fresh process of each kind")
     co.add_argument(
         "--warm-epochs",
         type=int,
@@ -260,13 +269,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="K",
         help=f"epochs of the build through the driver (default {scale.DEFAULT_BUILD}; 0: none)",
     )
-    sc.add_argument(
-        "--epochs",
-        type=int,
-        default=scale.DEFAULT_EPOCHS,
-        metavar="K",
-        help=f"fresh 1,000-change epochs on each state (default {scale.DEFAULT_EPOCHS})",
-    )
+    _number(sc, "--epochs", scale.DEFAULT_EPOCHS, "K", "fresh 1,000-change epochs on each state")
     sc.add_argument("--epoch-size", type=int, default=1000, metavar="N", help="changes (1000)")
     sc.add_argument(
         "--sizes",
@@ -283,17 +286,11 @@ def _parser() -> argparse.ArgumentParser:
     sc.add_argument(
         "--cap", default=scale.DEFAULT_CAP, metavar="SIZE", help="kill a process tree past this"
     )
-    sc.add_argument(
-        "--timeout",
-        type=float,
-        default=scale.DEFAULT_TIMEOUT,
-        metavar="S",
-        help=f"stop a process after S seconds (default {scale.DEFAULT_TIMEOUT:g})",
-    )
-    sc.add_argument("--seed", type=int, default=1, metavar="S", help="workload seed (default 1)")
+    _number(sc, "--timeout", scale.DEFAULT_TIMEOUT, "S", "stop a process after S seconds")
+    _seed(sc)
     sc.add_argument("--scratch", default=scale.DEFAULT_SCRATCH, metavar="DIR", help="work folder")
     sc.add_argument("--save", metavar="JSON", help="also write the report as JSON")
-    sc.add_argument("--json", action="store_true", help="end with one JSON line")
+    _json(sc)
     sc.set_defaults(run=_scale)
 
     idl = commands.add_parser(
@@ -302,20 +299,8 @@ def _parser() -> argparse.ArgumentParser:
         "after a minute)",
     )
     _add_process_inputs(idl)
-    idl.add_argument(
-        "--epochs",
-        type=int,
-        default=idle.DEFAULT_EPOCHS,
-        metavar="K",
-        help=f"epochs back to back, and as many apart (default {idle.DEFAULT_EPOCHS})",
-    )
-    idl.add_argument(
-        "--gap",
-        type=float,
-        default=idle.DEFAULT_GAP,
-        metavar="SECONDS",
-        help=f"the pause before each epoch apart (default {idle.DEFAULT_GAP:g})",
-    )
+    _number(idl, "--epochs", idle.DEFAULT_EPOCHS, "K", "epochs back to back, and as many apart")
+    _number(idl, "--gap", idle.DEFAULT_GAP, "SECONDS", "the pause before each epoch apart")
     workspace.add_spark_arguments(idl)
     idl.add_argument(
         "--deploy",
@@ -331,12 +316,12 @@ def _parser() -> argparse.ArgumentParser:
         "beside the same job with empty bodies",
     )
     _add_process_inputs(dr)
-    dr.add_argument(
+    _number(
+        dr,
         "--epochs",
-        type=int,
-        default=dagster_run.DEFAULT_EPOCHS,
-        metavar="K",
-        help=f"timed epochs, each a fresh run of each job (default {dagster_run.DEFAULT_EPOCHS})",
+        dagster_run.DEFAULT_EPOCHS,
+        "K",
+        "timed epochs, each a fresh run of each job",
     )
     dr.add_argument(
         "--instance",
@@ -354,10 +339,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     actions = clu.add_subparsers(dest="action", required=True, metavar="ACTION")
     up = actions.add_parser("up", help="start a master and workers; print the master URL")
-    up.add_argument("--workers", type=int, default=2, metavar="N", help="workers (default 2)")
-    up.add_argument(
-        "--cores", type=int, default=1, metavar="C", help="cores per worker (default 1)"
-    )
+    _number(up, "--workers", 2, "N", "workers")
+    _number(up, "--cores", 1, "C", "cores per worker")
     up.add_argument(
         "--memory", default="2g", metavar="M", help="memory per worker, e.g. 2g (default 2g)"
     )
@@ -380,7 +363,7 @@ def _parser() -> argparse.ArgumentParser:
             metavar="DIR",
             help=f"where the cluster's record and logs live (default {cluster.DEFAULT_DIR})",
         )
-        sub.add_argument("--json", action="store_true", help="end with one JSON line")
+        _json(sub)
     clu.set_defaults(run=_cluster)
     return parser
 
@@ -402,7 +385,7 @@ def _add_process_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--epoch-size", type=int, default=1_000, metavar="N", help="changes per epoch (1000)"
     )
-    p.add_argument("--seed", type=int, default=1, metavar="S", help="workload seed (default 1)")
+    _seed(p)
     p.add_argument(
         "--scratch",
         default=cold.DEFAULT_SCRATCH,
@@ -433,6 +416,32 @@ def _graph_input(args: argparse.Namespace) -> tuple[Query, str, str]:
 
 def _methods(given: str | None, default: Sequence[str]) -> list[str]:
     return [m.strip() for m in (given or ",".join(default)).split(",") if m.strip()]
+
+
+def _png(given: str | None, default: str) -> Path:
+    """The plot to write: `given`, else `default`; a PNG."""
+    plot = Path(given or default)
+    if plot.suffix.lower() != ".png":
+        raise UsageError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
+    return plot
+
+
+def _say_targets(result: dict[str, Any]) -> None:
+    for t in result["targets"]:
+        say(f"target: {t['target']}: {t['measured']} ({'met' if t['met'] else 'not met'})")
+
+
+def _finish(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    spark: SparkSession | None = None,
+    facts: dict[str, Any] | None = None,
+) -> int:
+    """Success; with ``--json``, after one JSON line: `result` and the machine's facts (`facts`,
+    else those `machine_facts` finds, Spark's included when it ran)."""
+    if args.json:
+        emit_json({**result, "machine": machine_facts(spark) if facts is None else facts})
+    return EXIT_OK
 
 
 def _checked_inputs(args: argparse.Namespace) -> tuple[Query, dict[str, str], set[str]]:
@@ -485,9 +494,7 @@ def _epochs(args: argparse.Namespace) -> int:
         )
     ratios = [k for k in summary if k.endswith(("_vs_recompute", "_vs_binary_delta"))]
     say("; ".join(f"{k} {summary[k]}" for k in ratios))
-    if args.json:
-        emit_json({**summary, "machine": machine_facts(spark)})
-    return EXIT_OK
+    return _finish(args, summary, spark)
 
 
 def _epoch_progress(t: int, epochs: int, samples: dict[str, Sample], changes: int) -> None:
@@ -537,9 +544,7 @@ def _static(args: argparse.Namespace) -> int:
         )
     ratios = [k for k in summary if k.startswith("speedup_vs_")]
     say("; ".join(f"{k} {summary[k]}" for k in ratios))
-    if args.json:
-        emit_json({**summary, "machine": machine_facts(spark)})
-    return EXIT_OK
+    return _finish(args, summary, spark)
 
 
 def _static_progress(run: StaticRun) -> None:
@@ -574,9 +579,7 @@ def _curve(args: argparse.Namespace) -> int:
     epoch_size = DEFAULT_EPOCH_SIZE if args.epoch_size is None else args.epoch_size
     check_points(curve, points, epochs=epochs, epoch_size=epoch_size)
     methods = check_curve_methods((args.methods or ",".join(CURVE_METHODS)).split(","))
-    plot = Path(args.plot or f"curve-{curve.value}.png")
-    if plot.suffix.lower() != ".png":
-        raise UsageError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
+    plot = _png(args.plot, f"curve-{curve.value}.png")
     workspace.prepare_state(args.state)
     spark = workspace.start_spark(args.master, args.conf)
     with workspace.state_dir(args.state) as state:
@@ -610,9 +613,7 @@ def _curve(args: argparse.Namespace) -> int:
         )
     )
     say(f"plot: {plot}" + (f"; points: {args.save}" if args.save else ""))
-    if args.json:
-        emit_json({**summary, "machine": machine_facts(spark)})
-    return EXIT_OK
+    return _finish(args, summary, spark)
 
 
 # --- cold and idle ------------------------------------------------------------------------------
@@ -622,9 +623,7 @@ def _cold(args: argparse.Namespace) -> int:
     query, rel, source = _graph_input(args)
     text = args.sizes.strip().lower()
     sizes = () if text == "none" else parse_points(args.sizes, "--sizes")
-    plot = Path(args.plot or "cold.png")
-    if plot.suffix.lower() != ".png":
-        raise UsageError(f"--plot {plot}: the plot is a PNG; give a path ending in .png")
+    plot = _png(args.plot, "cold.png")
     if sizes:
         sized_spec(args.rmat, sizes[0])
     result = cold.run_cold(
@@ -654,12 +653,9 @@ def _cold(args: argparse.Namespace) -> int:
         f"{g['open']['median_open_seconds']:.4f} s inside a {g['open']['median_seconds']:.2f} s "
         "process"
     )
-    for t in result["targets"]:
-        say(f"target: {t['target']}: {t['measured']} ({'met' if t['met'] else 'not met'})")
+    _say_targets(result)
     say(f"plot: {plot}")
-    if args.json:
-        emit_json({**result, "machine": facts})
-    return EXIT_OK
+    return _finish(args, result, facts=facts)
 
 
 def _scale(args: argparse.Namespace) -> int:
@@ -694,13 +690,10 @@ def _scale(args: argparse.Namespace) -> int:
         f"{args.rmat}: one epoch {load['seconds']:.1f} s, tree {load['tree_anon_bytes'] / 2**30:.2f} "
         f"GiB anonymous (budget {args.memory}), count {load['count']:,}"
     )
-    for t in result["targets"]:
-        say(f"target: {t['target']}: {t['measured']} ({'met' if t['met'] else 'not met'})")
+    _say_targets(result)
     if args.save:
         scale.save(result, Path(args.save))
-    if args.json:
-        emit_json({**result, "machine": machine_facts(None)})
-    return EXIT_OK
+    return _finish(args, result)
 
 
 def _idle(args: argparse.Namespace) -> int:
@@ -737,9 +730,7 @@ def _idle(args: argparse.Namespace) -> int:
         f"{args.gap:g} s apart {result['median_apart_seconds']:.3f} s: "
         f"x{result['apart_over_back_to_back']}"
     )
-    if args.json:
-        emit_json({**result, "machine": machine_facts(spark)})
-    return EXIT_OK
+    return _finish(args, result, spark)
 
 
 def _dagster_run(args: argparse.Namespace) -> int:
@@ -762,11 +753,8 @@ def _dagster_run(args: argparse.Namespace) -> int:
         f"empty bodies {result['hollow']['median_seconds']:.2f} s, wcoj apply "
         f"{result['apply']['median_seconds']:.2f} s"
     )
-    for t in result["targets"]:
-        say(f"target: {t['target']}: {t['measured']} ({'met' if t['met'] else 'not met'})")
-    if args.json:
-        emit_json({**result, "machine": machine_facts(None)})
-    return EXIT_OK
+    _say_targets(result)
+    return _finish(args, result)
 
 
 # --- cluster ------------------------------------------------------------------------------------

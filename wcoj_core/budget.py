@@ -242,18 +242,13 @@ class Shares:
         """How a process tree that runs Spark splits this budget (`SparkShares`)."""
         return SparkShares.of(self.budget, master, cores, self.threads)
 
-    def rows_of(self, share: int, width: int) -> int:
-        """How many rows of `width` longs (and a diff) fit in `share` bytes, at least 1,024."""
-        return max(1 << 10, share // (8 * (width + 1)))
-
 
 # The shares of a process tree running Spark in local mode: this process's own work, the JVM's
-# heap (its overhead beyond the heap, metaspace and buffers, is about `JVM_OVERHEAD` more), and
+# heap (its overhead beyond the heap, metaspace and buffers, is about 384 MiB more), and
 # the executors' Python workers together. On a cluster only the driver's JVM is in the tree.
 DRIVER_SHARE = 0.4
 JVM_SHARE = 0.2
 WORKERS_SHARE = 0.25
-JVM_OVERHEAD = 384 << 20
 MIN_HEAP = 512 << 20
 
 

@@ -16,7 +16,6 @@ reads them whole (checked against their digests).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -28,7 +27,7 @@ from wcoj_core.errors import StateError
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.spill import Spill, merge
 from wcoj_core.store.manifest import Batch, FileRef, Manifest, Trace
-from wcoj_core.store.names import trace_dir
+from wcoj_core.store.names import new_batch_path
 
 ReadBatch = Callable[[Trace, Batch], Layer]
 
@@ -99,7 +98,7 @@ def compacted(
             continue
         if not old or (len(old) == 1 and old[0].time == frontier and not name.startswith("rel/")):
             continue
-        folder = f"traces/{trace_dir(name)}/b-c-{frontier}-{uuid.uuid4().hex[:12]}"
+        folder = new_batch_path(name, frontier, "c")
         written.append(folder)
         if spill is None:
             total = Layer.empty(len(trace.columns))

@@ -43,8 +43,8 @@ from wcoj_core.epoch import (
 )
 from wcoj_core.errors import EpochAlreadyApplied, QueryError, StateError
 from wcoj_core.indexes import ViewKey
+from wcoj_core.input_land import Changes, check_columns, is_dataframe
 from wcoj_core.kernel.layer import Layer
-from wcoj_core.landing import Changes, check_columns, is_dataframe
 from wcoj_core.meaning import Meaning, RelationSpec
 from wcoj_core.query.ir import Query, Var
 from wcoj_core.query.plan import Arrangement, Plan
@@ -52,7 +52,7 @@ from wcoj_core.served import Served, StateAccess, served_specs
 from wcoj_core.session import SparkStarter, starter_of
 from wcoj_core.store import manifest as mf
 from wcoj_core.store.store import Store
-from wcoj_core.traces import output_trace_name, relation_trace_name, rule_trace_name
+from wcoj_core.traces import output_trace_name, relation_trace_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 # The most landed rows an epoch takes: none (they are summed in sorted runs within the memory
-# budget, `wcoj_core.landing`); a caller may set a limit.
+# budget, `wcoj_core.input_land`); a caller may set a limit.
 LANDING_ROWS: int | None = None
 # The largest epoch number (epochs are days, counters, ...; far below int64).
 MAX_EPOCH = 2**62
@@ -179,10 +179,6 @@ class Engine:
     @property
     def counts_traces(self) -> dict[str, tuple[str, ...]]:
         return self.served.counts_traces
-
-    @property
-    def plan_record(self) -> mf.StatePlan:
-        return self.served.record
 
     @property
     def keep_rules(self) -> bool:
@@ -438,8 +434,8 @@ class Engine:
 
     def change(self, query: str, epoch: int) -> Any:
         """A query's stored change at `epoch` as an Arrow table (``c0 ..``, ``diff``), read
-        from exactly the files the manifest lists (`wcoj_core.reading.change_table`)."""
-        from wcoj_core.reading import change_table
+        from exactly the files the manifest lists (`wcoj_core.state_read.change_table`)."""
+        from wcoj_core.state_read import change_table
 
         return change_table(self.access, output_trace_name(query), epoch)
 
@@ -467,7 +463,7 @@ class Engine:
         return pa.RecordBatchReader.from_batches(schema, read())
 
     def _accumulated(self, name: str, time: int | None) -> DataFrame:
-        from wcoj_core.reading import accumulated
+        from wcoj_core.state_read import accumulated
 
         return accumulated(self.access, name, time)
 
@@ -483,9 +479,6 @@ class Engine:
         if name not in self.relations:
             raise QueryError(f"unknown relation {name!r}; known: {sorted(self.relations)}")
         return self._accumulated(relation_trace_name(name), time)
-
-    def rule_trace(self, query: str, rule: int) -> str:
-        return rule_trace_name(query, rule)
 
 
 def _cores(master: str | None) -> int:

@@ -6,7 +6,7 @@ over the state it reaches (`StateAccess`):
 
 1. **open** every trace the epoch reads as of just before ``t`` (`wcoj_core.indexes`: mapped
    segments, corrected by the batches the index lacks or holds beyond ``t - 1``);
-2. **land** each relation's changes (`wcoj_core.landing`) and turn them into the relation's
+2. **land** each relation's changes (`wcoj_core.input_land`) and turn them into the relation's
    change (`wcoj_core.meaning.effect`: a set's presence, a bag's multiplicities);
 3. **derive** every counts change and every delta rule of every query, on the driver or in
    Spark's executors (`wcoj_core.deploy`), each query's change the sum of its rules';
@@ -42,12 +42,12 @@ from wcoj_core.deploy.output import OutputChange
 from wcoj_core.deploy.work import RuleJob, Work
 from wcoj_core.errors import MultiplicityOverflow, StateError
 from wcoj_core.indexes import KEPT, Opened, advance, identity, open_trace
+from wcoj_core.input_land import Changes, Landed, land
 from wcoj_core.kernel.changes import counts_delta, support_delta
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import RuleTally
 from wcoj_core.kernel.layer import Layer, lookup_sum
 from wcoj_core.kernel.multiplicity import exact_sum
-from wcoj_core.landing import Changes, Landed, land
 from wcoj_core.meaning import (
     Effect,
     Figures,
@@ -60,7 +60,7 @@ from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
 from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
 from wcoj_core.store.manifest import Batch, Manifest, Trace
-from wcoj_core.store.names import trace_dir
+from wcoj_core.store.names import new_batch_path
 from wcoj_core.traces import (
     counts_trace_name,
     output_trace_name,
@@ -553,7 +553,7 @@ class EpochPass:
         return stream
 
     def _writer(self, trace: Trace) -> BatchWriter:
-        folder = f"traces/{trace_dir(trace.name)}/b-k-{self.epoch}-{_hex12()}"
+        folder = new_batch_path(trace.name, self.epoch, "k")
         self.written.append(folder)
         return BatchWriter(self.access.files, folder, trace.columns, self.epoch)
 
@@ -770,7 +770,7 @@ class EpochPass:
             for piece in chunks(layer, self.spill.chunk_rows(layer.width)):
                 out.write(np.asarray(piece.rows), np.asarray(piece.diff))
             return Batch(out.rel, self.epoch, out.rows, out.close())
-        folder = f"traces/{trace_dir(trace.name)}/b-k-{self.epoch}-{_hex12()}"
+        folder = new_batch_path(trace.name, self.epoch, "k")
         self.written.append(folder)
         files = self.access.files.write(
             folder,
@@ -971,9 +971,3 @@ def _segments(trace: Trace) -> tuple[SegmentReport, ...]:
         )
         for s in trace.index.segments
     )
-
-
-def _hex12() -> str:
-    import uuid
-
-    return uuid.uuid4().hex[:12]

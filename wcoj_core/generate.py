@@ -2,7 +2,7 @@
 
 Contract: `rmat_edges` returns a binary relation ``c0, c1, diff`` (all non-null longs, diff 1) of
 exactly `edges` directed edges over the vertices ``0 .. 2**scale - 1``. Like a raw edge list it is
-a multiset: duplicate edges and self-loops are kept (`wcoj_core.sources.canonical_undirected`
+a multiset: duplicate edges and self-loops are kept (`wcoj_core.input_spark.canonical_undirected`
 normalizes). Every row is a pure function of ``(seed, scale, a, b, c, row id)``, so the same
 parameters give the same rows under any master, partition count or shuffle setting.
 

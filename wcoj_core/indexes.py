@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +46,7 @@ from wcoj_core.query.plan import AtomView, Kind, Plan, Version
 from wcoj_core.store import segments
 from wcoj_core.store.files import stamp_of
 from wcoj_core.store.manifest import Batch, Index, Level, Segment, Trace
-from wcoj_core.store.names import trace_dir
+from wcoj_core.store.names import segment_name, trace_dir
 from wcoj_core.traces import counts_trace_name
 
 if TYPE_CHECKING:
@@ -465,7 +464,7 @@ def _sum(width: int, *layers: Layer) -> Layer:
 def _write(
     root: str, folder: str, layer: Layer, level: Level, key: ViewKey, written: list[str]
 ) -> Segment:
-    rel = f"{folder}/s-{uuid.uuid4().hex[:16]}"
+    rel = f"{folder}/{segment_name()}"
     written.append(rel)
     pattern, order = key
     return segments.write_segment(root, rel, layer, level=level, view=pattern, order=order)

@@ -49,19 +49,13 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from wcoj_core import linear
 from wcoj_core.engine import Engine, EpochMetrics, EpochResult
 from wcoj_core.errors import InputError, QueryError, StateError, WcojError, listed
+from wcoj_core.input_spark import canonical_undirected
 from wcoj_core.meaning import RelationSpec
 from wcoj_core.query.ir import Query
-from wcoj_core.sources import canonical_undirected
-from wcoj_core.updates import (
-    DIFF,
-    TIME,
-    consolidate,
-    relation_columns,
-    update_schema,
-)
+from wcoj_core.traces import DIFF, TIME, relation_columns
+from wcoj_core.updates import consolidate, update_schema
 
 # Salts keep the three draws about one tuple independent of each other.
 _INSERT_SALT, _DELETE_SALT, _REMOVAL_SALT = 1, 2, 3
@@ -149,34 +143,6 @@ def _below(hashed: Column, bound: Column) -> Column:
     return F.pmod(hashed, bound.cast("long")).cast("long")
 
 
-def epoch_split(epochs: int, delete_fraction: float, seed: int) -> linear.Linear:
-    """The linear operator placing each tuple's insert (and maybe its deletion) at an epoch.
-
-    It expects updates at time 0; every time it assigns is at or after 0, so the operator's
-    ``max(time, time2)`` is the assigned epoch itself.
-    """
-    check_parameters(epochs, delete_fraction, seed)
-
-    def emit(row: linear.Row) -> list[linear.Emission]:
-        data = list(row.values())
-        inserted = _below(_draw(seed, _INSERT_SALT, data), F.lit(epochs))
-        emissions = [linear.Emission(dict(row), time=inserted)]
-        if epochs > 1 and delete_fraction > 0:
-            later = F.lit(epochs - 1) - inserted  # epochs strictly after the insert
-            unit = F.shiftrightunsigned(_draw(seed, _DELETE_SALT, data), 11).cast("double") / _U53
-            chosen = (unit < F.lit(float(delete_fraction))) & (later > 0)
-            # greatest(.., 1) keeps pmod away from zero on rows that are not chosen anyway.
-            removed = (
-                inserted + 1 + _below(_draw(seed, _REMOVAL_SALT, data), F.greatest(later, F.lit(1)))
-            )
-            emissions.append(
-                linear.Emission(dict(row), when=chosen, time=removed, diff=F.lit(-1).cast("long"))
-            )
-        return emissions
-
-    return linear.Linear(emit, "epoch_split")
-
-
 def epoch_stream(
     relation: DataFrame,
     epochs: int,
@@ -185,13 +151,33 @@ def epoch_stream(
     *,
     undirected: bool = False,
 ) -> DataFrame:
-    """The relation as update triples spread over `epochs` epochs (see the module contract)."""
+    """The relation as update triples spread over `epochs` epochs (see the module contract):
+    one Spark projection, each tuple's insert and (maybe) its later deletion inlined from an
+    array of two rows, the deletion null where it is not drawn."""
     check_parameters(epochs, delete_fraction, seed)
     base = canonical_undirected(relation) if undirected else relation
     cols = [c for c in base.columns if c not in (TIME, DIFF)]
     distinct = consolidate(base.select(*cols, DIFF), cols)
-    split = epoch_split(epochs, delete_fraction, seed)
-    return split.apply(distinct.select(*cols, F.lit(0).cast("long").alias(TIME), DIFF))
+    data = [F.col(c) for c in cols]
+    inserted = _below(_draw(seed, _INSERT_SALT, data), F.lit(epochs))
+
+    def row(time: Column, diff: Column) -> list[Column]:
+        longs = [*data, time, diff]
+        return [c.cast("long").alias(n) for c, n in zip(longs, [*cols, TIME, DIFF], strict=True)]
+
+    insert = row(inserted, F.col(DIFF))
+    if epochs == 1 or delete_fraction == 0:
+        return distinct.select(*insert)
+    later = F.lit(epochs - 1) - inserted  # epochs strictly after the insert
+    unit = F.shiftrightunsigned(_draw(seed, _DELETE_SALT, data), 11).cast("double") / _U53
+    chosen = (unit < F.lit(float(delete_fraction))) & (later > 0)
+    # greatest(.., 1) keeps pmod away from zero on rows that are not chosen anyway.
+    removed = inserted + 1 + _below(_draw(seed, _REMOVAL_SALT, data), F.greatest(later, F.lit(1)))
+    deletion = row(removed, F.col(DIFF) * F.lit(-1).cast("long"))
+    both = F.array(F.when(F.lit(True), F.struct(*insert)), F.when(chosen, F.struct(*deletion)))
+    return distinct.select(F.inline(F.filter(both, lambda s: s.isNotNull()))).select(
+        *cols, TIME, DIFF
+    )
 
 
 def _stream_columns(query: Query, rel: str, df: DataFrame) -> list[str]:

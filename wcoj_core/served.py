@@ -9,7 +9,7 @@ remember between epochs (`executors_warm`).
 
 `wcoj_core.engine.Engine` is a façade over one of each. The modules below it take these two,
 never the engine: one epoch (`wcoj_core.epoch`), the executors' Spark job
-(`wcoj_core.deploy.spark_job`), the readers of a state (`wcoj_core.reading`).
+(`wcoj_core.deploy.spark_job`), the readers of a state (`wcoj_core.state_read`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from wcoj_core.kernel.layer import Layer
 from wcoj_core.kernel.layer import arranged as arranged_in_memory
 from wcoj_core.kernel.multiplicity import sums_at
 from wcoj_core.query.plan import AtomView
+from wcoj_core.store.names import scratch_name
 
 # A merge reads each run this many rows at a time at most (fewer when many runs share its bytes).
 MERGE_BLOCK_ROWS = 1 << 20
@@ -73,7 +74,7 @@ class Scratch:
     @property
     def folder(self) -> Path:
         if self._folder is None:
-            name = uuid.uuid4().hex
+            name = scratch_name()
             if self.root is None:
                 self._folder = Path(tempfile.mkdtemp(prefix="wcoj-scratch-"))
             else:
@@ -664,9 +665,3 @@ def chunks(layer: Layer, rows: int) -> Iterator[Layer]:
         return
     for lo in range(0, n, rows):
         yield slice_layer(layer, lo, min(lo + rows, n))
-
-
-def layer_chunks(layer: Layer, rows: int) -> Iterable[Chunk]:
-    """A layer's rows and diffs, `rows` at a time."""
-    for piece in chunks(layer, rows):
-        yield np.asarray(piece.rows), np.asarray(piece.diff)

@@ -191,7 +191,7 @@ def test_a_change_not_in_order_is_read_through_the_sorting_reader(
     from wcoj_assets import outputs
     from wcoj_core import arrow
     from wcoj_core.arrow import consolidated
-    from wcoj_core.reading import change_table
+    from wcoj_core.state_read import change_table
     from wcoj_core.traces import output_trace_name
 
     engine, _, history = small_state(tmp_path, seed=7)
@@ -210,7 +210,7 @@ def test_web_notredame_change_reads_as_arrow_without_a_jvm(
     shared_data: Path, tmp_path: Path
 ) -> None:
     from wcoj_assets.resources import WcojResource
-    from wcoj_core.local_read import read_local
+    from wcoj_core.input_read import read_local
 
     topology = Topology.of(DEFAULT_SPECS, undirected=["edge"])
     engine = WcojResource(storage=str(tmp_path / "state")).engine(topology)

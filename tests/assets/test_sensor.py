@@ -10,7 +10,7 @@ from dagster import DagsterInstance, build_sensor_context
 
 from wcoj_assets.definitions import JOB_NAME, build_definitions
 from wcoj_assets.epochs import epoch_key, epoch_number
-from wcoj_assets.intake import epoch_folders, landed_files
+from wcoj_assets.landing_read import epoch_folders, landed_files
 from wcoj_assets.resources import WcojResource
 from wcoj_core.errors import InputError
 

@@ -1,7 +1,7 @@
 """Landed files too big to read at once are streamed: checked a batch at a time as the engine
 lands them, each file read once; a bad one is refused exactly as a small one is.
 
-Every test streams every landed file (`wcoj_assets.intake.TABLE_BYTES` set to 0, as for a file
+Every test streams every landed file (`wcoj_assets.landing_read.TABLE_BYTES` set to 0, as for a file
 that may decompress past it) and counts the reader's passes over each file. No Spark: the step
 reads local files with pyarrow.
 """
@@ -21,27 +21,27 @@ from hypothesis import strategies as st
 from test_bad_input_assets import BAD_LANDINGS, FIRST, files_under
 from wcoj_support import Pipeline, checks, failures, materializations, oracle, updates
 
-from wcoj_assets import intake
+from wcoj_assets import landing_read
 from wcoj_assets.epochs import epoch_key
-from wcoj_assets.intake import LocalFiles, Refused
+from wcoj_assets.landing_read import LocalFiles, Refused
 from wcoj_assets.schemas import Depth, arrow_problems, problems, triples_schema
-from wcoj_core import local_read
-from wcoj_core.reading import read_table
+from wcoj_core import input_read
+from wcoj_core.state_read import read_table
 from wcoj_core.traces import output_trace_name
 
 
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every landed file streamed; the files the reader was asked for, one entry per pass."""
-    monkeypatch.setattr(intake, "TABLE_BYTES", 0)
+    monkeypatch.setattr(landing_read, "TABLE_BYTES", 0)
     passes: list[str] = []
-    real = local_read.read_local_batches
+    real = input_read.read_local_batches
 
     def counted(path: str, *args, **kwargs):  # type: ignore[no-untyped-def]
         passes.append(Path(path).name)
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(local_read, "read_local_batches", counted)
+    monkeypatch.setattr(input_read, "read_local_batches", counted)
     return passes
 
 
@@ -58,7 +58,7 @@ def test_streamed_epochs_are_read_once_and_exact(tmp_path: Path, reads: list[str
     history = updates(seed=5, epochs=4)
     for n, fmt in enumerate(["txt", "csv", "parquet", "csv"]):
         p.land(n, history[n], fmt)
-    streamed = intake.read_epoch(str(p.landing), "edge", 2, epoch_key(0), lambda _: None)  # type: ignore[arg-type]
+    streamed = landing_read.read_epoch(str(p.landing), "edge", 2, epoch_key(0), lambda _: None)  # type: ignore[arg-type]
     assert isinstance(streamed.rows, LocalFiles)
     for n in (0, 1):
         before = len(reads)

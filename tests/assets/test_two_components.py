@@ -21,7 +21,7 @@ from wcoj_support import set_oracle, updates, write_landing
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import QuerySpec, Topology
 from wcoj_core.query.builtins import BUILTINS
-from wcoj_core.reading import read_table
+from wcoj_core.state_read import read_table
 from wcoj_core.traces import output_trace_name
 
 DG = Path(sys.executable).with_name("dg")

@@ -26,7 +26,7 @@ MODULES = [
     "wcoj_assets.graph",
     "wcoj_assets.report",
     "wcoj_assets.checks",
-    "wcoj_assets.intake",
+    "wcoj_assets.landing_read",
     "wcoj_assets.demo",
     "wcoj_core.reference",
     "wcoj_assets.resources",
@@ -223,7 +223,7 @@ def test_landed_files_are_read_by_the_driver_and_by_spark_alike(
 ) -> None:
     """`read_epoch` reads local files with pyarrow, starting nothing; past its byte limit (or
     for remote files) with Spark, through the starter, saying why."""
-    from wcoj_assets.intake import read_epoch
+    from wcoj_assets.landing_read import read_epoch
 
     folder = tmp_path / "edge" / "2020-01-02"
     folder.mkdir(parents=True)

@@ -36,7 +36,7 @@ from dagster_http import (
 )
 from pyspark.sql import SparkSession
 
-from wcoj_assets.landing import generate_landing
+from wcoj_assets.landing_write import generate_landing
 
 pytestmark = pytest.mark.e2e  # the Dagster webserver
 

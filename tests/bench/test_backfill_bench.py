@@ -25,7 +25,7 @@ from wcoj_assets.specs import DEFAULT_SPECS, Topology
 from wcoj_bench.parts import backfill as bb
 from wcoj_bench.parts import backfill_sides
 from wcoj_bench.parts.epochs import make_workload
-from wcoj_core.sources import read_relation
+from wcoj_core.input_spark import read_relation
 
 GRAPH = "rmat:scale=7,edges=600,seed=3"
 EPOCHS, SIZE, SEED = 2, 4, 1

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from wcoj_core.local_read import check_locally, read_local
+from wcoj_core.input_read import check_locally, read_local
 
 ROWS = [(1, 2, 1), (2, 3, 1), (1, 3, 2), (3, 4, -1), (2, 4, 1)]
 

@@ -36,7 +36,6 @@ from wcoj_core import audit as auditing
 from wcoj_core import indexes
 from wcoj_core.audit import recompute_change
 from wcoj_core.audit_sample import audit_epoch
-from wcoj_core.deploy.batches import batch_path
 from wcoj_core.engine import Engine
 from wcoj_core.errors import StateError
 from wcoj_core.kernel.layer import Layer
@@ -45,7 +44,7 @@ from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Query
 from wcoj_core.query.parse import parse_query
 from wcoj_core.store.manifest import Batch
-from wcoj_core.store.names import trace_dir
+from wcoj_core.store.names import new_batch_path
 from wcoj_core.traces import output_trace_name, relation_trace_name
 
 Ups = list[tuple[tuple[int, ...], int]]
@@ -146,7 +145,7 @@ def replace_output(engine: Engine, query: str, t: int, rows: np.ndarray, diff: n
     current = engine.store.current()
     trace = current.trace(name)
     assert trace is not None
-    folder = batch_path(trace_dir(name), t, "x")
+    folder = new_batch_path(name, t, "x")
     files = engine.files.write(folder, trace.columns, rows, diff, t)
     old = [b for b in trace.batches if b.time == t]
     if old:

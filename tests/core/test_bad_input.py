@@ -40,11 +40,11 @@ from wcoj_core.cli import workspace
 from wcoj_core.cli.inputs import parse_inputs
 from wcoj_core.engine import Engine, evaluate_static
 from wcoj_core.errors import InputError, QueryError, QuerySyntaxError, StateError, WcojError
-from wcoj_core.local_read import check_locally, read_local
+from wcoj_core.input_read import check_locally, read_local
+from wcoj_core.input_spark import negative_tuples, read_relation, read_updates
 from wcoj_core.query.builtins import builtin, resolve_query
 from wcoj_core.query.ir import Var
 from wcoj_core.query.parse import parse_query
-from wcoj_core.sources import negative_tuples, read_relation, read_updates
 
 # Examples per fuzz test. The readers start Spark jobs (a few tenths of a second each), so they
 # get fewer than the pure-Python query checks.

@@ -37,17 +37,17 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_core import cli, local_read
+from wcoj_core import cli, input_read
 from wcoj_core import replay as replay_module
 from wcoj_core import spark as wspark
 from wcoj_core.cli import workspace
 from wcoj_core.engine import Engine
+from wcoj_core.input_spark import read_relation
 from wcoj_core.query.builtins import BUILTINS, builtin
 from wcoj_core.query.explain import explain
 from wcoj_core.query.plan import plan_query
 from wcoj_core.replay import CheckOutcome, ReplayError, ReplayResult, check_parameters, epoch_stream
 from wcoj_core.session import SparkStarter
-from wcoj_core.sources import read_relation
 from wcoj_core.store.store import Store
 
 # A small directed multigraph: a duplicate line (multiplicity 2), a self-loop and both
@@ -827,7 +827,7 @@ def test_interrupt_exits_130(
     monkeypatch: pytest.MonkeyPatch,
     edge_file: str,
 ) -> None:
-    monkeypatch.setattr(local_read, "read_local_batches", _interrupt)
+    monkeypatch.setattr(input_read, "read_local_batches", _interrupt)
     code, _, err = run(capsys, *_file_args(edge_file))
     assert code == 130
     assert_one_line_error(err, "interrupted")

@@ -36,12 +36,12 @@ from wcoj_core.cli.console import MAX_EPOCH, Parser, UsageError, epoch_argument,
 from wcoj_core.cli.inputs import needs_spark, parse_changes, parse_inputs
 from wcoj_core.cli.results import OutputFormat, add_output_arguments, check_output, write_tuples
 from wcoj_core.errors import InputError
-from wcoj_core.local_read import (
+from wcoj_core.input_read import (
     MAX_LINE_BYTES,
     check_input_file,
     check_locally,
     is_local_input,
-    negative_tuples_local,
+    negative_rows,
     read_local,
 )
 from wcoj_core.query.builtins import builtin
@@ -106,7 +106,7 @@ def test_every_local_check_refuses_a_named_pipe_within_a_second(fifo: Path) -> N
         f"""
         import time
         from wcoj_core.errors import InputError
-        from wcoj_core.local_read import check_input_file, check_locally, read_local
+        from wcoj_core.input_read import check_input_file, check_locally, read_local
         for check in (
             lambda: check_input_file({str(fifo)!r}, "edge"),
             lambda: check_locally({str(fifo)!r}, 2, "edge"),
@@ -229,7 +229,8 @@ def test_an_endless_line_is_refused_not_buffered(tmp_path: Path) -> None:
 def test_negative_tuples_without_spark() -> None:
     table = pa.table({"c0": [1, 3, 4, 5], "c1": [2, 3, 5, 4], "time": [0, 0, 1, 1]})
     table = table.append_column("diff", pa.array([1, 1, -1, -2]))
-    assert negative_tuples_local(table, limit=1) == (2, [((4, 5), -1)])
+    got = negative_rows(table)  # what Spark's tasks run too (`negative_tuples`)
+    assert got.to_pydict() == {"c0": [4, 5], "c1": [5, 4], "diff": [-1, -2]}
 
 
 def test_web_notredame_reads_in_well_under_a_second(shared_data: Path) -> None:

@@ -1,4 +1,4 @@
-"""Landing an epoch's changes (`wcoj_core.landing.land`) against a naive sum, on random rows.
+"""Landing an epoch's changes (`wcoj_core.input_land.land`) against a naive sum, on random rows.
 
 Every way changes arrive — an Arrow table, a stream of record batches held whole (an
 undirected relation's both directions made at once, `_both_ways`), a stream larger than a
@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from wcoj_core.input_land import land
 from wcoj_core.kernel.layer import Layer
-from wcoj_core.landing import land
 from wcoj_core.meaning import relation_specs
 from wcoj_core.spill import Scratch, Spill
 

@@ -1,4 +1,4 @@
-"""CSV lines in the project's dialect (`wcoj_core.local_read.csv_fields`): what a data line may
+"""CSV lines in the project's dialect (`wcoj_core.input_read.csv_fields`): what a data line may
 hold and what each refusal says, without Spark.
 
 The dialect is the project's own (it once followed Spark's univocity parser, quirks included;
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from wcoj_core.errors import InputError
-from wcoj_core.local_read import Role, check_csv_line, csv_fields, read_local
+from wcoj_core.input_read import Role, check_csv_line, csv_fields, read_local
 
 QUOTING = "has malformed quoting ({}); quote a whole field, on one line"
 

@@ -27,6 +27,7 @@ from wcoj_core.kernel import step
 from wcoj_core.kernel.changes import counts_delta, output_changes, support_delta
 from wcoj_core.kernel.index import EpochLayers, TraceIndex
 from wcoj_core.kernel.join import (
+    Pace,
     RuleTally,
     bindings,
     count_rule,
@@ -102,20 +103,12 @@ def kernel_change(
         d = delta_layer(plan, rule, layers)
         for lo, hi in shares(weights(plan, rule, layers), parts) if len(d) else []:
             with threaded(threads[1]):
-                got = list(
-                    run_rule(
-                        plan,
-                        rule,
-                        layers,
-                        tally,
-                        (lo, hi),
-                        chunk_rows=chunk,
-                        budget=budget,
-                        threads=threads[0],
-                    )
-                )
+                pace = Pace(chunk, budget, threads[0])
+                got = list(run_rule(plan, rule, layers, tally, (lo, hi), pace=pace))
             # Counted, not written (`wcoj count`): the same bindings and weights.
-            counted = count_rule(plan, rule, layers, RuleTally.of(rule), (lo, hi), budget=budget)
+            counted = count_rule(
+                plan, rule, layers, RuleTally.of(rule), (lo, hi), pace=Pace(budget=budget)
+            )
             made = [p.weight if k is None else p.weight[k] for p, k in got]
             assert counted.rows == sum(len(w) for w in made)
             assert counted.total == sum(int(w) for ws in made for w in ws.tolist())

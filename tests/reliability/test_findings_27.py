@@ -50,7 +50,7 @@ from reliability_support import (
 from wcoj_core.engine import Engine
 from wcoj_core.errors import DamagedBatch
 from wcoj_core.query.builtins import builtin
-from wcoj_core.reading import change_table, read_table
+from wcoj_core.state_read import change_table, read_table
 
 TRIANGLES = builtin("triangles")
 
@@ -120,7 +120,7 @@ def test_w1_spark_readers_read_only_listed_files_checked(
     """`Engine.output`, `Engine.relation`, `changes_at` and the Dagster IO manager's
     `read_output`: a copied file is not read; a flipped byte is refused naming the file."""
     from wcoj_assets.outputs import read_output
-    from wcoj_core.reading import changes_at
+    from wcoj_core.state_read import changes_at
 
     state = tmp_path / "state"
     build_state(history, state, 2)

@@ -49,7 +49,7 @@ from wcoj_core.errors import WcojError
 from wcoj_core.meaning import relation_specs
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.parse import parse_query
-from wcoj_core.reading import change_table, read_table
+from wcoj_core.state_read import change_table, read_table
 from wcoj_core.store.manifest import digest_of
 from wcoj_core.store.store import Store
 from wcoj_core.store.verify import verify_state

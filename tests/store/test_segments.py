@@ -1,11 +1,9 @@
 """Segments: layers written once as .npy files and mapped on open — identical lookups, every kind
-of damage caught and named, opening in milliseconds without reading the data, and executors'
-local copies made once per digest."""
+of damage caught and named, opening in milliseconds without reading the data."""
 
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import os
 import time
 import tracemalloc
@@ -19,7 +17,6 @@ from wcoj_core.kernel.layer import Bound, Layer, find
 from wcoj_core.store import names
 from wcoj_core.store.manifest import Index, Level, Manifest, Segment, Trace
 from wcoj_core.store.segments import (
-    SegmentCopies,
     open_segment,
     segment_bytes,
     segment_paths,
@@ -278,66 +275,3 @@ def test_a_mapped_layer_of_byte_keys_is_searched_in_place(tmp_path: Path) -> Non
     opened = open_segment(tmp_path, segment)
     assert opened.packing is None  # known from the keys: no pass over the rows to find out
     searched_in_place(opened, n, segment_bytes(segment))
-
-
-# -- executors' copies -------------------------------------------------------------------------
-
-
-def _worker(cache: str, root: str, segment: Segment, barrier, out) -> None:
-    barrier.wait()
-    copies = SegmentCopies(cache)
-    layer = copies.open(root, segment)
-    out.put(
-        (
-            copies.copied,
-            int(layer.diff.sum()),
-            sorted(str(p) for p in copies.local(root, segment).values()),
-        )
-    )
-
-
-def test_copies_are_made_once_per_digest_across_workers(tmp_path: Path) -> None:
-    layer = random_layer(np.random.default_rng(3), 20000, 3, True, True)
-    segment = write(tmp_path / "state", layer)
-    ctx = multiprocessing.get_context("fork")
-    barrier, out = ctx.Barrier(2), ctx.Queue()
-    workers = [
-        ctx.Process(
-            target=_worker,
-            args=(str(tmp_path / "cache"), str(tmp_path / "state"), segment, barrier, out),
-        )
-        for _ in range(2)
-    ]
-    for w in workers:
-        w.start()
-    results = [out.get(timeout=60) for _ in workers]
-    for w in workers:
-        w.join(timeout=60)
-        assert w.exitcode == 0
-    assert sum(copied for copied, _, _ in results) == len(segment.files)
-    assert {total for _, total, _ in results} == {int(layer.diff.sum())}
-    paths = {tuple(p) for _, _, p in results}
-    assert len(paths) == 1
-    assert sorted(Path(p).name for p in next(iter(paths))) == sorted(
-        f"{ref.sha256}.npy" for ref in segment.files.values()
-    )
-    # A later worker maps what is there, copying nothing.
-    later = SegmentCopies(tmp_path / "cache")
-    same_lookups(layer, later.open(tmp_path / "state", segment), np.random.default_rng(0))
-    assert later.copied == 0
-
-
-def test_a_damaged_source_is_never_copied(tmp_path: Path) -> None:
-    layer = random_layer(np.random.default_rng(4), 3000, 2, False, False)
-    segment = write(tmp_path / "state", layer)
-    path = segment_paths(tmp_path / "state", segment)["rows"]
-    rewrite(path, lambda d: d.__setitem__(len(d) - 1, d[-1] ^ 1))
-    copies = SegmentCopies(tmp_path / "cache")
-    with pytest.raises(DamagedFile) as e:
-        copies.local(tmp_path / "state", segment)
-    assert str(e.value).startswith(f"{path}: its copy to an executor has")
-    assert not list((tmp_path / "cache").glob(f"{segment.files['rows'].sha256}.*npy"))
-    assert not list((tmp_path / "cache").glob("*.tmp"))
-    path.unlink()
-    with pytest.raises(DamagedFile, match="missing"):
-        copies.local(tmp_path / "state", segment)

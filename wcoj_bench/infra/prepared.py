@@ -86,7 +86,7 @@ class PreparedGraph:
 
 def _canonical(source: str, master: str | None) -> tuple[np.ndarray, np.ndarray]:
     """The undirected edges of a file or generator, each once as ``(low, high)``, sorted."""
-    from wcoj_core.local_read import is_generator_spec
+    from wcoj_core.input_read import is_generator_spec
 
     if is_generator_spec(source):
         import tempfile
@@ -101,7 +101,7 @@ def _canonical(source: str, master: str | None) -> tuple[np.ndarray, np.ndarray]
             run_process([*argv, *(["--master", master] if master else [])])
             table = pq.read_table(f"{folder}/edges")
     else:
-        from wcoj_core.local_read import canonical_undirected_local, read_local
+        from wcoj_core.input_read import canonical_undirected_local, read_local
 
         table, _ = canonical_undirected_local(read_local(source, 2, "edge"))
     src = table.column("c0").to_numpy().astype(np.int64)
@@ -239,7 +239,7 @@ def write_graph(
 
 
 def _input_key(source: str) -> dict[str, Any]:
-    from wcoj_core.local_read import is_generator_spec
+    from wcoj_core.input_read import is_generator_spec
 
     if is_generator_spec(source):
         return {"spec": source}

@@ -138,7 +138,7 @@ def recompute(args: argparse.Namespace) -> dict[str, Any]:
 def warm(args: argparse.Namespace) -> dict[str, Any]:
     """Epochs applied one after the other in this process, each timed (its files read first)."""
     from wcoj_core.engine import Engine
-    from wcoj_core.local_read import read_local
+    from wcoj_core.input_read import read_local
     from wcoj_core.query.builtins import resolve_query
 
     query = resolve_query(args.query)
@@ -360,7 +360,7 @@ def generate_graph(args: argparse.Namespace) -> dict[str, Any]:
     as Parquet into ``--out`` (a 3 GiB heap: Spark spills its shuffle beyond it)."""
     from wcoj_core import spark as wspark
     from wcoj_core.generate import generate
-    from wcoj_core.sources import canonical_undirected
+    from wcoj_core.input_spark import canonical_undirected
 
     conf = {"spark.driver.memory": "3g"}
     spark = wspark.session(args.master, conf, app_name="wcoj-bench-prepare", quiet=True)

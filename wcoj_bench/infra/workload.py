@@ -25,9 +25,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from wcoj_bench.infra.measure import BenchError
+from wcoj_core.input_spark import canonical_undirected
 from wcoj_core.query.ir import Query
-from wcoj_core.sources import canonical_undirected
-from wcoj_core.updates import DIFF, consolidate, relation_columns, update_schema
+from wcoj_core.traces import DIFF, relation_columns
+from wcoj_core.updates import consolidate, update_schema
 
 __all__ = ["Workload", "make_workload"]
 

@@ -9,8 +9,8 @@ the CLI's", side by side in one process and one SparkSession:
    input's initial state is epoch 0, and each epoch ``1..K`` inserts ``N // 2`` held-back tuples and
    deletes the rest of its ``N`` (an undirected edge counts once and lands in both directions).
    Every epoch is landed as ``<root>/landing/<rel>/<epoch key>/part-0.parquet`` with
-   `wcoj_assets.landing.write_epochs` before anything is timed. Both sides read these files with the
-   pipeline's own reader (`wcoj_assets.intake.read_epoch`: local files by pyarrow) and declare the
+   `wcoj_assets.landing_write.write_epochs` before anything is timed. Both sides read these files with the
+   pipeline's own reader (`wcoj_assets.landing_read.read_epoch`: local files by pyarrow) and declare the
    relations alike (the undirected ones undirected sets, the others bags).
 2. **Dagster** — the code location of `build_definitions` (the default spec, ``triangles`` over
    ``edge``) over a fresh state, on a real `DagsterInstance`: with ``--instance sqlite`` (the

@@ -103,8 +103,8 @@ def land(spark: SparkSession, workload: Workload, landing: Path) -> list[str]:
     """Publish epoch 0 (the initial relations) and every epoch's changes as landing folders."""
     from pyspark.sql import functions as F
 
-    from wcoj_assets.landing import write_epochs
-    from wcoj_core.updates import TIME
+    from wcoj_assets.landing_write import write_epochs
+    from wcoj_core.traces import TIME
 
     keys: set[str] = set()
     for rel, initial in workload.initial.items():
@@ -121,10 +121,10 @@ def read_landed(
     spark: SparkSession, landing: Path, relations: Mapping[str, int], t: int
 ) -> dict[str, DataFrame | pa.Table]:
     """Every relation's landed changes at epoch `t`, read as the pipeline reads them
-    (`wcoj_assets.intake.read_epoch`: local files by pyarrow, Spark only for remote or very
+    (`wcoj_assets.landing_read.read_epoch`: local files by pyarrow, Spark only for remote or very
     large ones)."""
     from wcoj_assets.epochs import epoch_key
-    from wcoj_assets.intake import read_epoch
+    from wcoj_assets.landing_read import read_epoch
 
     frames: dict[str, DataFrame | pa.Table] = {}
     for rel, arity in relations.items():
@@ -140,13 +140,6 @@ def read_landed(
 def spark_jobs(spark: SparkSession) -> int:
     """The highest Spark job id so far (ids are sequential: a difference counts jobs)."""
     return max(spark.sparkContext.statusTracker().getJobIdsForGroup(), default=-1)
-
-
-def heap_used(spark: SparkSession) -> int:
-    """Bytes of the driver JVM's heap in use (local mode: the executors' too)."""
-    jvm: Any = spark.sparkContext._jvm
-    runtime = jvm.java.lang.Runtime.getRuntime()
-    return int(runtime.totalMemory()) - int(runtime.freeMemory())
 
 
 def generation(storage: Path) -> int:

@@ -44,11 +44,12 @@ from pyspark.sql import DataFrame, SparkSession
 
 from wcoj_bench.infra.machine import machine_facts, machine_label
 from wcoj_bench.infra.measure import BenchError, Sample
-from wcoj_bench.parts.epochs import METHODS, bench, make_workload
+from wcoj_bench.parts.epochs import bench, check_methods, make_workload
 from wcoj_core import generate
+from wcoj_core.input_spark import canonical_undirected, read_relation
 from wcoj_core.query.ir import Query
-from wcoj_core.sources import canonical_undirected, read_relation
-from wcoj_core.updates import consolidate, relation_columns
+from wcoj_core.traces import relation_columns
+from wcoj_core.updates import consolidate
 
 
 class Curve(Enum):
@@ -159,13 +160,7 @@ def sized_spec(template: str, edges: int) -> str:
 
 def check_curve_methods(methods: Sequence[str]) -> tuple[str, ...]:
     """The methods to run, in order, wcoj among them."""
-    chosen = tuple(dict.fromkeys(m.strip() for m in methods if m.strip()))
-    unknown = [m for m in chosen if m not in METHODS]
-    if unknown:
-        raise BenchError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
-    if "wcoj" not in chosen:
-        raise BenchError("a curve compares the other methods with wcoj; include it")
-    return chosen
+    return check_methods(methods, "a curve")
 
 
 def check_points(curve: Curve, points: Sequence[int], *, epochs: int, epoch_size: int) -> None:

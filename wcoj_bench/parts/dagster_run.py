@@ -122,7 +122,7 @@ def dagster_command() -> list[str]:
 def write_project(root: Path, graph: PreparedGraph, source: str, epochs: int) -> list[str]:
     """The quick start's project at `root`, epoch 0 and epochs ``1..epochs`` landed; their keys."""
     from wcoj_assets.epochs import Epochs
-    from wcoj_core.local_read import is_generator_spec
+    from wcoj_core.input_read import is_generator_spec
 
     package = root / "src" / "edges"
     (package / "defs" / "triangles").mkdir(parents=True)

@@ -72,8 +72,8 @@ from wcoj_core.engine import Engine
 from wcoj_core.meaning import Meaning, RelationSpec, relation_specs
 from wcoj_core.query.ir import Query
 from wcoj_core.reference import reference_sql
-from wcoj_core.traces import output_trace_name
-from wcoj_core.updates import DIFF, consolidate, relation_columns, update_schema
+from wcoj_core.traces import DIFF, output_trace_name, relation_columns
+from wcoj_core.updates import consolidate, update_schema
 
 METHODS = ("recompute", "binary-delta", "wcoj", "wcoj-bag")
 # The most tuples wcoj loads in one epoch (an undirected edge counts once, changes twice): the
@@ -428,14 +428,14 @@ CLASSES: dict[str, type[Method]] = {
 }
 
 
-def check_methods(methods: Sequence[str]) -> tuple[str, ...]:
-    """The methods to run, in order, wcoj among them."""
+def check_methods(methods: Sequence[str], what: str = "the benchmark") -> tuple[str, ...]:
+    """The methods to run, in order, wcoj among them (`what` compares them with it)."""
     chosen = tuple(dict.fromkeys(m.strip() for m in methods if m.strip()))
     unknown = [m for m in chosen if m not in METHODS]
     if unknown:
         raise BenchError(f"unknown methods {unknown}; choose from {', '.join(METHODS)}")
     if "wcoj" not in chosen:
-        raise BenchError("the benchmark compares the other methods with wcoj; include it")
+        raise BenchError(f"{what} compares the other methods with wcoj; include it")
     return chosen
 
 

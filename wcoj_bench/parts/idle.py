@@ -102,7 +102,7 @@ def run_idle(
     say: Say = lambda _line: None,
 ) -> dict[str, Any]:
     """The part (see the module) on a prepared graph and its state: its JSON report."""
-    from wcoj_core.local_read import read_local
+    from wcoj_core.input_read import read_local
     from wcoj_core.query.builtins import resolve_query
 
     if gap < 0:

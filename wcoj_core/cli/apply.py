@@ -267,14 +267,14 @@ def out_of_memory(e: BaseException) -> str:
 
 def read_changes(query: Any, changes: dict[str, str], starter: Any) -> dict[str, Any]:
     """Each relation's changes: read with pyarrow when every file is local, else by Spark."""
-    from wcoj_core.local_read import read_local_batches
+    from wcoj_core.input_read import read_local_batches
 
     if not needs_spark(changes):
         return {
             rel: read_local_batches(path, query.relations[rel], rel)
             for rel, path in changes.items()
         }
-    from wcoj_core.sources import read_relation
+    from wcoj_core.input_spark import read_relation
 
     spark = starter("an input is not a local file")
     return {

@@ -11,11 +11,11 @@ Contract, in the order a command uses it, everything before `read_*` without Spa
   A local path must be a regular file (a folder only for Parquet): a named pipe or a device
   is refused from ``os.stat``, never opened.
 * `check_files` reads what is cheap to read of every local file without a JVM
-  (`wcoj_core.local_read.check_locally`: at most the first 4 MiB of a text or CSV file, Parquet
+  (`wcoj_core.input_read.check_locally`: at most the first 4 MiB of a text or CSV file, Parquet
   footers) and raises the `InputError` the full read would raise, with the file, line and
   column, so that bad input is refused before anything long starts.
 * Reading: without Spark when `needs_spark` is false (every input a local file), the commands
-  stream each file (`wcoj_core.local_read.read_local_batches`) and the engine lands it as the
+  stream each file (`wcoj_core.input_read.read_local_batches`) and the engine lands it as the
   relation's meaning says; with Spark, `read_inputs` reads every input as it is (the benchmarks
   normalize inputs themselves) and `read_flagged` reads one and warns about tuples whose summed
   multiplicity is negative.
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from wcoj_core.cli.console import UsageError, warn
 from wcoj_core.errors import InputError, QueryError
-from wcoj_core.local_read import (
+from wcoj_core.input_read import (
     Format,
     check_input_file,
     check_locally,
@@ -146,7 +146,7 @@ def read_inputs(
     spark: SparkSession, query: Query, inputs: Mapping[str, str]
 ) -> dict[str, DataFrame]:
     """Every input, as read (callers such as the benchmarks normalize them themselves)."""
-    from wcoj_core.sources import read_relation
+    from wcoj_core.input_spark import read_relation
 
     return {
         rel: read_relation(spark, path, query.relations[rel], rel)
@@ -162,7 +162,7 @@ def read_flagged(
     Such tuples (deletions of absent tuples) are kept as signed multiplicities; their number goes
     into `negative`. Only CSV and Parquet can carry a ``diff`` column, so only they are checked.
     """
-    from wcoj_core.sources import negative_tuples, read_relation
+    from wcoj_core.input_spark import negative_tuples, read_relation
 
     df = read_relation(spark, path, arity, rel)
     if is_generator_spec(path) or detect_format(path) is Format.TEXT:

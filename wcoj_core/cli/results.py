@@ -12,7 +12,7 @@ else is a `UsageError` naming the path.
 `write_tuples` writes the data columns ``c0 .. c{k-1}`` and ``diff`` of update triples (a
 ``time`` column is dropped), given as an Arrow table, a stream of record batches (written a
 batch at a time: an output of any size) or a Spark DataFrame, into that file:
-Parquet, or CSV with a header row, the format `wcoj_core.sources` reads back. The rows are
+Parquet, or CSV with a header row, the format `wcoj_core.input_spark` reads back. The rows are
 written to a temporary file in the target's folder, created with mode ``0666 & ~umask`` (the
 kernel applies the umask, as for any new file), then moved into place: without ``--force`` by a
 hard link that fails if the target appeared meanwhile, with it by a rename. A failed write
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from wcoj_core.cli.console import UsageError
-from wcoj_core.local_read import local_path
+from wcoj_core.input_read import local_path
 from wcoj_core.traces import TIME
 
 if TYPE_CHECKING:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -61,11 +60,6 @@ def file_system(root: str) -> tuple[pafs.FileSystem, str]:
     except (pa.ArrowException, OSError) as e:
         raise StateError(f"state {root}: pyarrow cannot reach it ({e})") from e
     return fs, path.rstrip("/")
-
-
-def batch_path(trace_dir: str, time: int, kind: str) -> str:
-    """A fresh batch folder (relative to the state) for a trace at `time`, written by `kind`."""
-    return f"traces/{trace_dir}/b-{kind}-{time}-{uuid.uuid4().hex[:12]}"
 
 
 class BatchFiles:
@@ -216,7 +210,7 @@ class BatchFiles:
             path = self.full(f"{rel}/{ref.name}")
             try:
                 with self.fs.open_input_file(path) as f:
-                    data = f.read_buffer()  # Arrow's memory (see local_read.arrow_owned)
+                    data = f.read_buffer()  # Arrow's memory (see input_read.arrow_owned)
             except (OSError, pa.ArrowException) as e:
                 raise DamagedBatch(path, f"cannot be read ({e})") from e
             if len(data) != ref.size:
@@ -275,15 +269,6 @@ class BatchFiles:
             raise DamagedBatch(path, "is not a file")
         if info.size != ref.size:
             raise DamagedBatch(path, f"is {info.size} bytes, the manifest says {ref.size}")
-
-    def write_changes(self, rel: str, table: pa.Table) -> list[str]:
-        """Write a table of changes as one Parquet file in the folder `rel`; its full path."""
-        folder = self.full(rel)
-        self.fs.create_dir(folder, recursive=True)
-        path = f"{folder}/part-0.parquet"
-        with self.fs.open_output_stream(path) as out:
-            pq.write_table(table, out)
-        return [path]
 
     def file_rows(self, files: Sequence[str]) -> int:
         """The rows of Parquet files (absolute paths in this file system), from their footers."""

@@ -32,6 +32,7 @@ from wcoj_core.deploy.work import RuleJob, Work, project
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import (
     CHUNK_ROWS,
+    Pace,
     RuleTally,
     count_rule,
     delta_layer,
@@ -114,32 +115,17 @@ def run_on_driver(
         out = collectors[task.job.output]
         if task.hi > task.lo:
             width = len(plan.query.vars)
-            budget = work.budget if shares_of is None else shares_of.proposals(width)
-            chunk = CHUNK_ROWS if shares_of is None else shares_of.chunk_rows(width)
+            pace = (
+                Pace(CHUNK_ROWS, work.budget, threads)
+                if shares_of is None
+                else _pace(shares_of, width, threads)
+            )
             span = (task.lo, task.hi)
             if task.job.output in work.counted:
-                got = count_rule(
-                    plan,
-                    rule,
-                    layers,
-                    tally,
-                    span,
-                    chunk_rows=chunk,
-                    budget=budget,
-                    threads=threads,
-                )
+                got = count_rule(plan, rule, layers, tally, span, pace=pace)
                 out.count(got.rows, got.total)
             else:
-                for part in run_rule(
-                    plan,
-                    rule,
-                    layers,
-                    tally,
-                    span,
-                    chunk_rows=chunk,
-                    budget=budget,
-                    threads=threads,
-                ):
+                for part in run_rule(plan, rule, layers, tally, span, pace=pace):
                     rows, weight = project(part, plan.query.head)
                     del part
                     out.add(task.index, rows, weight)
@@ -182,26 +168,23 @@ def estimate_rows(
         n = len(delta_layer(plan, rule, layers))
         if n == 0:
             continue
-        width = len(plan.query.vars)
+        pace = _pace(shares_of, len(plan.query.vars))
         found = seen = 0
         # Distinct starts, in order (a set, not np.unique: that imports numpy.ma, ~30 ms).
         starts = np.linspace(0, max(n - each, 0), min(samples, n)).astype(np.int64).tolist()
         for lo in sorted(set(starts)):
             hi = min(int(lo) + each, n)
-            for part in run_rule(
-                plan,
-                rule,
-                layers,
-                RuleTally.of(rule),
-                (int(lo), hi),
-                chunk_rows=shares_of.chunk_rows(width),
-                budget=shares_of.proposals(width),
-            ):
+            for part in run_rule(plan, rule, layers, RuleTally.of(rule), (int(lo), hi), pace=pace):
                 prefixes, kept = part
                 found += len(prefixes) if kept is None else len(kept)
             seen += hi - int(lo)
         out[job.output] = out.get(job.output, 0.0) + found * n / max(seen, 1)
     return out
+
+
+def _pace(shares_of: Shares, width: int, threads: int = 1) -> Pace:
+    """The pace of a rule binding `width` variables within the driver's shares."""
+    return Pace(shares_of.chunk_rows(width), shares_of.proposals(width), threads)
 
 
 def _tasks(work: Work, layers: EpochLayers, shares_of: Shares | None) -> list[_Task]:

@@ -30,7 +30,6 @@ import numpy as np
 
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer
-from wcoj_core.kernel.multiplicity import exact_sum
 from wcoj_core.spill import Sorter, Spill
 
 
@@ -170,9 +169,3 @@ def gather(
         return OutputChange(width, (rows, diff))
     layer = Layer.build(rows, diff, what="summing the output change")
     return OutputChange(width, (np.asarray(layer.rows), np.asarray(layer.diff)))
-
-
-def total_of(change: OutputChange) -> int:
-    """The sum of an in-memory change's diffs."""
-    assert change.arrays is not None
-    return exact_sum(change.arrays[1])

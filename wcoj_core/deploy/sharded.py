@@ -23,7 +23,7 @@ written.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -38,7 +38,7 @@ from wcoj_core.deploy.work import RuleJob, Work
 from wcoj_core.kernel.changes import data_rows
 from wcoj_core.kernel.join import RuleTally, check_overflow
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer, lookup_sum, lookup_sum_of
+from wcoj_core.kernel.layer import Layer, lookup_sum_of
 from wcoj_core.kernel.step import (
     Prefixes,
     StepCounts,
@@ -51,7 +51,7 @@ from wcoj_core.kernel.step import (
 )
 from wcoj_core.query.ir import Var
 from wcoj_core.query.plan import AtomView, DeltaRule, Plan, Version
-from wcoj_core.traces import DIFF, counts_trace_name, relation_trace_name
+from wcoj_core.traces import DIFF, relation_trace_name
 
 
 def murmur3_long(value: int, seed: int = 42) -> int:
@@ -501,98 +501,3 @@ def tallies_of(
                 s.validated += int(got.get("rows") or 0)
         out[job] = tally
     return out
-
-
-def support_frame(work: Work, router: Router, view: AtomView, changes: DataFrame) -> DataFrame:
-    """View tuples entering (+1) or leaving (-1) the non-zero support at the epoch (c0.., diff),
-    each changed tuple's old multiplicity looked up in its shard."""
-    width = view.arity
-    cols = [f"c{i}" for i in range(width)]
-    schema = ", ".join(["route long", *(f"{c} long" for c in cols), "diff long"])
-    routed = changes.mapInArrow(partial(_view_task, view, router, len(view.pattern)), schema)
-    support = routed.repartition(router.partitions, "route").mapInArrow(
-        partial(_support_task, work, view, router),
-        ", ".join([*(f"{c} long" for c in cols), "diff long"]),
-    )
-    return support
-
-
-def _view_task(
-    view: AtomView, router: Router, arity: int, batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    from wcoj_core.kernel.layer import view_rows
-
-    for b in batches:
-        rows = data_rows(b, [f"c{i}" for i in range(arity)])
-        got, picked = view_rows(view, rows)
-        diff = b.column(DIFF).to_numpy()[picked]
-        keys = got[:, 0] if view.arity else None
-        route = router.route(
-            keys,
-            _salt(
-                Prefixes({Var(f"c{i}"): got[:, i] for i in range(view.arity)}, diff),
-                [Var(f"c{i}") for i in range(view.arity)],
-            ),
-        )
-        arrays = [
-            pa.array(route),
-            *(pa.array(np.ascontiguousarray(got[:, i])) for i in range(view.arity)),
-            pa.array(diff.astype(I64)),
-        ]
-        yield pa.RecordBatch.from_arrays(
-            arrays, names=["route", *(f"c{i}" for i in range(view.arity)), DIFF]
-        )
-
-
-def _support_task(
-    work: Work, view: AtomView, router: Router, batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    shard = router.shard(ctx.partitionId() if ctx else 0)
-    layers = ShardLayers(work, resident_for(work.root), shard, router.shards)
-    name = relation_trace_name(view.relation)
-    order = tuple(range(view.arity))
-    old_layers = layers.layers(name, view, order, Version.OLD)
-    for b in batches:
-        rows = data_rows(b, [f"c{i}" for i in range(view.arity)])
-        diff = b.column(DIFF).to_numpy()
-        old = lookup_sum(old_layers, rows)
-        change = (old + diff != 0).astype(I64) - (old != 0).astype(I64)
-        keep = np.flatnonzero(change)
-        arrays = [pa.array(np.ascontiguousarray(rows[keep, i])) for i in range(view.arity)]
-        arrays.append(pa.array(change[keep]))
-        yield pa.RecordBatch.from_arrays(
-            arrays, names=[*(f"c{i}" for i in range(view.arity)), DIFF]
-        )
-
-
-def counts_frames(
-    work: Work, router: Router, read: Mapping[str, DataFrame]
-) -> dict[str, DataFrame]:
-    """Every counts change of a work (c<k>.., diff), lazily: the support changes per view,
-    grouped by each arrangement's key."""
-    by_view: dict[AtomView, list] = {}
-    for a in work.counts:
-        by_view.setdefault(a.view, []).append(a)
-    out: dict[str, DataFrame] = {}
-    for view, arrangements in by_view.items():
-        if view.relation not in read:
-            continue
-        support = support_frame(work, router, view, read[view.relation])
-        for a in arrangements:
-            cols = [f"c{k}" for k in a.key]
-            grouped = support.groupBy(*cols) if cols else support.groupBy()
-            summed = grouped.agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
-            out[counts_trace_name(a)] = summed  # named as the trace's columns: c<k>
-    return out
-
-
-def with_deltas(work: Work, deltas: Mapping[str, tuple[tuple[str, int], ...]]) -> Work:
-    """The work reading the given stored changes at the epoch (for traces it read otherwise)."""
-    reads = tuple(
-        replace(r, delta=deltas[r.name], raw=(), inline=None) if r.name in deltas else r
-        for r in work.reads
-    )
-    return replace(work, reads=reads)

@@ -27,7 +27,7 @@ from wcoj_core.deploy.work import RuleJob, TraceRead, Work
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.join import RuleTally
 from wcoj_core.store.manifest import Batch, FileRef, Manifest
-from wcoj_core.store.names import trace_dir
+from wcoj_core.store.names import new_batch_path
 
 if TYPE_CHECKING:
     from wcoj_core.deploy.batches import BatchFiles
@@ -117,7 +117,7 @@ def _replicated(
     from wcoj_core.deploy.executors import run_on_executors
 
     spark = state.spark("the kernel runs in Spark's executors")
-    folders = {name: f"traces/{trace_dir(name)}/b-x-{epoch}-{_hex12()}" for name in work.columns()}
+    folders = {name: new_batch_path(name, epoch, "x") for name in work.columns()}
     written += folders.values()
     rows = sum(b.rows for b in changes.values())
     tasks = 1 if rows <= state.one_task_rows and state.executors_warm else state.tasks()
@@ -180,7 +180,7 @@ def _sharded(
     from pyspark.sql import functions as F
 
     for name, columns in work.columns().items():
-        folder = f"traces/{trace_dir(name)}/b-s-{work.epoch}-{_hex12()}"
+        folder = new_batch_path(name, work.epoch, "s")
         written.append(folder)
         df = outputs.get(name)
         if df is None:
@@ -245,9 +245,3 @@ def _bytes(size: str | None) -> int | None:
     if text and text[-1] in units:
         return int(float(text[:-1]) * units[text[-1]])
     return int(text)
-
-
-def _hex12() -> str:
-    import uuid
-
-    return uuid.uuid4().hex[:12]

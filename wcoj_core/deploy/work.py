@@ -30,6 +30,7 @@ from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import (
     CHUNK_ROWS,
     PROPOSAL_BUDGET,
+    Pace,
     Part,
     RuleTally,
     count_rule,
@@ -254,32 +255,13 @@ def run_share(
                 big = len(d) > WEIGH_ROWS
                 sizes = weights(plan, rule, layers) if big else np.ones(len(d), I64)
                 lo, hi = shares(sizes, count)[share]
+            pace = Pace(work.chunk_rows, work.budget, threads)
             if job.output in work.counted:
-                got = count_rule(
-                    plan,
-                    rule,
-                    layers,
-                    tally,
-                    (lo, hi),
-                    chunk_rows=work.chunk_rows,
-                    budget=work.budget,
-                    threads=threads,
-                )
+                got = count_rule(plan, rule, layers, tally, (lo, hi), pace=pace)
                 yield Counted(job, got.rows, got.total)
                 yield Tallied(job, tally)
                 continue
-            made = run_rule(
-                plan,
-                rule,
-                layers,
-                tally,
-                (lo, hi),
-                chunk_rows=work.chunk_rows,
-                budget=work.budget,
-                threads=threads,
-                whole=whole,
-            )
-            for part in made:
+            for part in run_rule(plan, rule, layers, tally, (lo, hi), pace=pace, whole=whole):
                 yield Bindings(job, part)
         yield Tallied(job, tally)
 

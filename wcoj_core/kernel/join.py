@@ -107,6 +107,16 @@ def part_rows(part: Part) -> int:
     return len(part[0]) if part[1] is None else len(part[1])
 
 
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """How a rule takes its work: delta tuples a chunk, candidates a piece (the proposal
+    budget, what bounds its memory), and the threads its compiled loops may use."""
+
+    chunk_rows: int = CHUNK_ROWS
+    budget: int = PROPOSAL_BUDGET
+    threads: int = 1
+
+
 def run_rule(
     plan: Plan,
     rule: DeltaRule,
@@ -114,23 +124,21 @@ def run_rule(
     tally: RuleTally,
     rows: tuple[int, int] | None = None,
     *,
-    chunk_rows: int = CHUNK_ROWS,
-    budget: int = PROPOSAL_BUDGET,
-    threads: int = 1,
+    pace: Pace = Pace(),
     whole: bool = False,
 ) -> Iterator[Part]:
     """The full bindings of one delta rule, in parts, as they are made (see the module).
 
     `rows` restricts the rule to the delta tuples at those positions (a deployment's share of
-    the work); `tally` is added what every step did; `threads` is how many threads the
-    compiled loops may use. The last step writes the head's columns as one column-major
+    the work); `tally` is added what every step did; `pace` sets the chunks, the pieces and
+    the compiled loops' threads. The last step writes the head's columns as one column-major
     block (`head_block`), what the output change is made of: with `whole`, each chunk's
     bindings as one part (for a deployment that keeps every binding anyway: no part is
-    copied into place later), else a piece of at most `budget` candidates at a time (for one
-    that sends each part on as it comes).
+    copied into place later), else a piece of at most ``pace.budget`` candidates at a time
+    (for one that sends each part on as it comes).
     """
-    limits = Limits(budget, threads, whole, counting=False)
-    for made in _chunks(plan, rule, layers, tally, rows, chunk_rows, limits):
+    limits = Limits(pace.budget, pace.threads, whole, counting=False)
+    for made in _chunks(plan, rule, layers, tally, rows, pace.chunk_rows, limits):
         assert not isinstance(made, Counted)
         yield made
 
@@ -142,16 +150,14 @@ def count_rule(
     tally: RuleTally,
     rows: tuple[int, int] | None = None,
     *,
-    chunk_rows: int = CHUNK_ROWS,
-    budget: int = PROPOSAL_BUDGET,
-    threads: int = 1,
+    pace: Pace = Pace(),
 ) -> Counted:
     """`run_rule`'s full bindings counted, not written: how many, and their weights' exact sum
     (a binding whose weight leaves int64 raises as in `run_rule`). What an output whose
     bindings are all distinct tuples needs when only its count is asked for (`wcoj count`)."""
     found = Counted(0, 0)
-    limits = Limits(budget, threads, True, counting=True)
-    for made in _chunks(plan, rule, layers, tally, rows, chunk_rows, limits):
+    limits = Limits(pace.budget, pace.threads, True, counting=True)
+    for made in _chunks(plan, rule, layers, tally, rows, pace.chunk_rows, limits):
         assert isinstance(made, Counted)
         found = Counted(found.rows + made.rows, found.total + made.total)
     return found

@@ -67,10 +67,6 @@ class Packing:
         bits = tuple((h - lo).bit_length() for lo, h in zip(lows, highs, strict=True))
         return cls(lows, highs, bits) if sum(bits) <= 64 else None
 
-    def shift(self, p: int) -> int:
-        """How far a packed row is shifted right to leave its first `p` columns."""
-        return sum(self.bits[p:])
-
     def pack(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The first ``rows.shape[1]`` columns packed, and which rows lie inside the box."""
         return self.pack_columns([rows[:, j] for j in range(rows.shape[1])], len(rows))

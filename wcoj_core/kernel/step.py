@@ -373,36 +373,6 @@ def validate(
     return present(source, cols, len(part))
 
 
-def bounds_of(var: Var, filters: Sequence[Filter], p: Prefixes) -> tuple[list[Any], list[Filter]]:
-    """The step's filters that compare the new variable with a bound term, as range bounds
-    (`wcoj_core.kernel.layer.Bound`), and the filters left over: those a range cannot apply
-    (``!=``, or not on the new variable). Every proposal made within the bounds satisfies the
-    others."""
-    from wcoj_core.kernel.layer import Bound
-
-    sides = {CmpOp.GT: (True, False), CmpOp.GE: (True, True)}
-    sides |= {CmpOp.LT: (False, False), CmpOp.LE: (False, True)}
-    out: list[Any] = []
-    rest: list[Filter] = []
-    for f in filters:
-        if f.left == var and f.right != var:
-            op, other = f.op, f.right
-        elif f.right == var and f.left != var:
-            op, other = f.op.flipped(), f.left
-        else:
-            rest.append(f)
-            continue
-        if op not in sides and op is not CmpOp.EQ:
-            rest.append(f)  # != cannot narrow a range
-            continue
-        values = np.asarray(
-            p.cols[other] if isinstance(other, Var) else np.full(len(p), other.value), dtype=I64
-        )
-        for lower, inclusive in [(True, True), (False, True)] if op is CmpOp.EQ else [sides[op]]:
-            out.append(Bound(values, lower, inclusive))
-    return out, rest
-
-
 def _filter_mask(p: Prefixes, filters: Sequence[Filter]) -> np.ndarray:
     keep = np.ones(len(p), dtype=bool)
     for f in filters:

@@ -9,7 +9,7 @@ put into a state never matches, so it is never touched. The layout (docs/state.m
     manifests/.0000000007.json.<hex32>.tmp          temp_name(...) while committing
     traces/<trace_dir>/b-<kind>-<time>-<hex12>/     new_batch_path(...)
     arrangements/<trace_dir>/s-<hex16>/             new_segment_path(...)
-    scratch/<hex32>/                                new_scratch_path()
+    scratch/<hex32>/                                scratch_name()
 """
 
 from __future__ import annotations
@@ -109,8 +109,8 @@ def batch_name(time: int, kind: str) -> str:
     the kernel on the driver, ``x`` executors, ...).
 
     >>> name = batch_name(12, "s")
-    >>> name.startswith("b-s-12-"), is_own_batch(name), batch_time(name)
-    (True, True, 12)
+    >>> name.startswith("b-s-12-"), is_own_batch(name)
+    (True, True)
     """
     if re.fullmatch(r"[a-z]", kind) is None:
         raise ValueError(f"a batch kind is one lowercase letter, got {kind!r}")
@@ -124,12 +124,6 @@ def is_own_batch(name: str) -> bool:
     (True, False, False)
     """
     return _BATCH.fullmatch(name) is not None
-
-
-def batch_time(name: str) -> int | None:
-    """The time in a batch folder name, None for a name that is not one."""
-    found = _BATCH.fullmatch(name)
-    return int(found.group(2)) if found else None
 
 
 def segment_name() -> str:
@@ -209,15 +203,6 @@ def new_segment_path(trace: str) -> str:
     True
     """
     return f"{ARRANGEMENTS}/{trace_dir(trace)}/{segment_name()}"
-
-
-def new_scratch_path() -> str:
-    """A fresh scratch folder, relative to the state.
-
-    >>> new_scratch_path().startswith("scratch/")
-    True
-    """
-    return f"{SCRATCH}/{scratch_name()}"
 
 
 def is_batch_path(path: str) -> bool:

@@ -13,14 +13,10 @@ manifest first — present, the recorded size, a header that agrees with the seg
 stamp — and reads a file whole to check its digest only when the stamp differs (the file was
 rewritten in place, copied or restored) or when asked. Any mismatch raises `DamagedFile` naming
 the file: the caller rebuilds the segment from the trace's batches and warns.
-
-`SegmentCopies` is for executors: each file is copied once per digest into a local directory
-(every later worker of the same executor maps that copy), checked against its digest on the way.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import io
 import math
@@ -30,7 +26,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +37,6 @@ from wcoj_core.store import names
 from wcoj_core.store.files import (
     CHUNK,
     HashingWriter,
-    has_scheme,
     local_path,
     sha256_file,
     stamp_of,
@@ -252,85 +247,3 @@ def check_segment(root: str | os.PathLike[str], segment: Segment) -> list[Damage
 def segment_bytes(segment: Segment) -> int:
     """The bytes of a segment's files."""
     return sum(ref.size for ref in segment.files.values())
-
-
-# -- executors: one local copy per digest ------------------------------------------------------
-
-
-def _open_source(root: str, rel: str) -> BinaryIO:
-    """A file of the state for reading: local, or through pyarrow for another URI."""
-    if not has_scheme(root):
-        return open(local_path(root) / rel, "rb")
-    import pyarrow.fs as pafs
-
-    uri = "s3://" + root.removeprefix("s3a://") if root.startswith("s3a://") else root
-    fs, base = pafs.FileSystem.from_uri(uri)
-    stream: Any = fs.open_input_stream(f"{base.rstrip('/')}/{rel}")
-    return stream
-
-
-class SegmentCopies:
-    """Local copies of segment files, one per sha256, shared by the workers of an executor.
-
-    The first worker to need a file copies it (under ``fcntl.flock`` on ``<sha>.lock``, to
-    ``<sha>.<pid>.tmp`` hashed on the way, then renamed to ``<sha>.npy``); workers arriving
-    meanwhile wait, then map the copy. A file whose bytes differ from its digest is never
-    renamed into place: `DamagedFile` names the state's file.
-    """
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.copied = 0  # files this process copied
-
-    def local(self, root: str | os.PathLike[str], segment: Segment) -> dict[str, Path]:
-        """The local copy of each file of a segment, by role (copied now if not there yet)."""
-        return {
-            role: self._copy(os.fspath(root), f"{segment.path}/{ref.name}", ref)
-            for role, ref in segment.files.items()
-        }
-
-    def open(self, root: str | os.PathLike[str], segment: Segment) -> Layer:
-        """The layer of a segment, mapped from the local copies."""
-        if segment.rows == 0:
-            return Layer.empty(segment.width)
-        return _open_files(segment, self.local(root, segment), digest=False)
-
-    def _copy(self, root: str, rel: str, ref: FileRef) -> Path:
-        target = self.directory / f"{ref.sha256}.npy"
-        if _has_size(target, ref.size):
-            return target
-        with open(self.directory / f"{ref.sha256}.lock", "a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            if _has_size(target, ref.size):
-                return target
-            tmp = self.directory / f"{ref.sha256}.{os.getpid()}.tmp"
-            try:
-                with _open_source(root, rel) as src, open(tmp, "wb") as raw:
-                    out = HashingWriter(raw)
-                    while chunk := src.read(CHUNK):
-                        out.write(chunk)
-                if out.size != ref.size or out.sha256 != ref.sha256:
-                    raise DamagedFile(
-                        f"{root.rstrip('/')}/{rel}",
-                        f"its copy to an executor has {out.size} bytes and sha256 "
-                        f"{out.sha256[:12]}..., the manifest says {ref.size} bytes and "
-                        f"{ref.sha256[:12]}...",
-                    )
-                os.chmod(tmp, stat.S_IMODE(os.stat(tmp).st_mode) & ~0o222)
-                os.replace(tmp, target)
-            except FileNotFoundError:
-                raise DamagedFile(
-                    f"{root.rstrip('/')}/{rel}", "missing (the manifest names it)"
-                ) from None
-            finally:
-                tmp.unlink(missing_ok=True)
-            self.copied += 1
-        return target
-
-
-def _has_size(path: Path, size: int) -> bool:
-    try:
-        return os.stat(path).st_size == size
-    except FileNotFoundError:
-        return False

@@ -2,7 +2,7 @@
 
 A relation's changes at an epoch come as an Arrow table (read from files with pyarrow, or
 already in memory), a stream of Arrow record batches (`pyarrow.RecordBatchReader`: a file
-reader's blocks, `wcoj_core.local_read.read_local_batches`), a Spark DataFrame (a large or
+reader's blocks, `wcoj_core.input_read.read_local_batches`), a Spark DataFrame (a large or
 remote input, a generator), or a `Layer` (consolidated changes the engine stored itself, when
 it derives a stale epoch again). `land` turns any of them into one consolidated `Layer` of the
 relation's data columns: an undirected relation's changes are read in both directions and
@@ -340,7 +340,3 @@ def _parquet_stream(files: Sequence[str], columns: Sequence[str]) -> pa.RecordBa
                     yield from pa.Table.from_batches([b]).cast(schema).to_batches()
 
     return pa.RecordBatchReader.from_batches(schema, iter(batches()))
-
-
-def landed_rows(changes: Sequence[Landed]) -> int:
-    return sum(len(c.layer) for c in changes)

@@ -3,7 +3,7 @@
 `local_parquet_files` must recognise exactly the plans whose rows are the files' rows (a plain
 scan, or some of its columns), and `read_local_parquet` must give exactly Spark's rows and types
 or nothing. The engine's results must not depend on which way its input was read. A relation
-file read by the driver (`wcoj_core.local_read.read_local`) gives Spark's rows, or Spark's error.
+file read by the driver (`wcoj_core.input_read.read_local`) gives Spark's rows, or Spark's error.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pyspark.sql import functions as F
 
 from wcoj_core.engine import Engine, evaluate_static
 from wcoj_core.errors import InputError
-from wcoj_core.local_read import read_local
+from wcoj_core.input_read import read_local
+from wcoj_core.input_spark import read_relation
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Query
-from wcoj_core.sources import read_relation
 from wcoj_core.spark import local_parquet_files, parquet_rows, read_local_parquet
 
 ROWS = [(1, 2, 1), (2, 3, 1), (1, 3, 2), (3, 4, -1), (2, 4, 1)]

@@ -4,7 +4,7 @@ Contract: `read_local` reads a local text edge list, CSV or Parquet file (or fol
 pyarrow and numpy into an Arrow table ``c0 .. c{arity-1}, diff`` (int64, no nulls), a multiset
 (two equal lines give two rows), and refuses a bad file with one `InputError` naming the file,
 the line and the column. `read_file_bytes` is the same reader over one file's bytes: what Spark's
-tasks run (`wcoj_core.sources`), so a file reads the same on the driver and in Spark. The
+tasks run (`wcoj_core.input_spark`), so a file reads the same on the driver and in Spark. The
 dialect, by extension (a local folder is Parquet):
 
 * text (``.txt``, ``.tsv``, no extension, ... and their ``.gz``): lines whose first non-blank
@@ -1072,7 +1072,7 @@ def read_file_bytes(
     content: pa.Buffer, file: str, arity: int, source: str, *, with_time: bool = False
 ) -> Iterator[pa.RecordBatch]:
     """One file's rows from its bytes, as `read_local_batches` reads them from disk: what a
-    Spark task is handed (`wcoj_core.sources` reads files Spark reaches through it). `file`
+    Spark task is handed (`wcoj_core.input_spark` reads files Spark reaches through it). `file`
     names the file (its extension tells the format, ``.gz`` the compression); `source` is how
     messages name it. A bad line raises the `InputError` the local read raises; a file with no
     data row gives no batch (the caller tells a relation with none)."""
@@ -1191,7 +1191,7 @@ def canonical_undirected_local(table: pa.Table) -> tuple[pa.Table, int]:
     with the number of self-loop rows dropped.
 
     An edge is kept when its multiplicity summed over both directions is positive (on a
-    DataFrame, `wcoj_core.sources.canonical_undirected` runs this in Spark's tasks).
+    DataFrame, `wcoj_core.input_spark.canonical_undirected` runs this in Spark's tasks).
 
     >>> t = pa.table({"c0": [2, 1, 3, 6, 7], "c1": [1, 2, 3, 7, 6], "diff": [1, 1, 1, 1, -1]})
     >>> out, loops = canonical_undirected_local(t)
@@ -1214,25 +1214,10 @@ def _ends(table: pa.Table, column: str) -> np.ndarray:
     return _numbers(table.column(column))
 
 
-def negative_tuples_local(
-    table: pa.Table, limit: int = 20
-) -> tuple[int, list[tuple[tuple[int, ...], int]]]:
-    """The tuples of `table` (``c0 .. c{k-1}, [time,] diff``) whose summed multiplicity is
-    negative: how many, and the first `limit` in tuple order with their multiplicities.
-
-    >>> negative_tuples_local(pa.table({"c0": [5, 1, 1], "diff": [-2, 1, -1]}))
-    (1, [((5,), -2)])
-    """
-    negative = negative_rows(table)
-    cols = negative.column_names[:-1]
-    first = negative.slice(0, limit).to_pylist()
-    return negative.num_rows, [(tuple(r[c] for c in cols), r[DIFF]) for r in first]
-
-
 def negative_rows(table: pa.Table) -> pa.Table:
     """The tuples of `table` (``c0 .. c{k-1}, [time,] diff``) whose summed multiplicity is
     negative, with it (``c0 .. c{k-1}, diff``), in tuple order (on a DataFrame,
-    `wcoj_core.sources.negative_tuples` runs this in Spark's tasks)."""
+    `wcoj_core.input_spark.negative_tuples` runs this in Spark's tasks)."""
     cols = [c for c in table.column_names if c not in (TIME, DIFF)]
     summed = table.select([*cols, DIFF]).group_by(cols).aggregate([(DIFF, "sum")])
     negative = summed.filter(pa.array(_ends(summed, f"{DIFF}_sum") < 0))

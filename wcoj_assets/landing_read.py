@@ -4,7 +4,7 @@ Layout: ``<landing>/<relation>/<epoch key>/`` holds one or more files — ``*.pa
 a Spark output directory), ``*.csv`` / ``*.csv.gz`` with a header, ``*.txt`` / ``*.txt.gz`` SNAP
 edge lists. Names starting with ``_`` or ``.`` are ignored (``_SUCCESS``, ``.crc``, files still
 being written under a hidden name); anything else is listed as *ignored* so that a misnamed file
-is visible rather than silently dropped. Each file is read with `wcoj_core.sources.read_relation`
+is visible rather than silently dropped. Each file is read with `wcoj_core.input_spark.read_relation`
 (data columns in file order, then an optional ``diff``) and the files are unioned: the update
 triples of the epoch.
 
@@ -15,14 +15,14 @@ sensor runs in a process that has no JVM). Which folders are epochs depends on t
 first day (`wcoj_assets.epochs.Epochs`); `landed_files` only requires a well-formed date.
 
 `read_epoch` reads one relation's folder at one epoch as the update rows its files hold
-(``c0 .. c{k-1}, diff``, not consolidated): local files with pyarrow (`wcoj_core.local_read`,
+(``c0 .. c{k-1}, diff``, not consolidated): local files with pyarrow (`wcoj_core.input_read`,
 the same rows and the same errors as the Spark reader), without starting Spark — into one table
 when they are small, else as a stream of record batches (`LocalFiles`: checked as the engine
 lands them, the files read once), a file of any size within the memory budget; files on remote storage, or
 local ones together bigger than `LOCAL_READ_BYTES`, as a Spark DataFrame
-(`wcoj_core.sources.read_relation`, Spark started through the given starter, which says why).
+(`wcoj_core.input_spark.read_relation`, Spark started through the given starter, which says why).
 What the rows mean — a set's presence, an undirected relation's two directions and its dropped
-self-loops — is the engine's business (`wcoj_core.meaning`, `wcoj_core.landing`): an edge landed
+self-loops — is the engine's business (`wcoj_core.meaning`, `wcoj_core.input_land`): an edge landed
 in both directions, or twice, is landed once in a set.
 """
 
@@ -154,7 +154,7 @@ class LocalFiles:
         return pa.schema([pa.field(n, pa.int64()) for n in names])
 
     def _every(self) -> Iterator[pa.RecordBatch]:
-        from wcoj_core.local_read import read_local_batches
+        from wcoj_core.input_read import read_local_batches
 
         names = self._schema().names
         for path in self.paths:
@@ -247,7 +247,7 @@ def read_epoch(
         if bound <= TABLE_BYTES:
             import pyarrow as pa
 
-            from wcoj_core.local_read import read_local
+            from wcoj_core.input_read import read_local
 
             table = pa.concat_tables([read_local(f.path, arity, relation) for f in files])
             return Read(table, len(files), size, found.ignored, table.num_rows, files)
@@ -255,7 +255,7 @@ def read_epoch(
         # landed), within the memory budget.
         local = LocalFiles(tuple(f.path for f in files), arity, relation)
         return Read(local, len(files), size, found.ignored, None, files)
-    from wcoj_core.sources import read_relation
+    from wcoj_core.input_spark import read_relation
 
     remote = any("://" in f.path and not f.path.startswith("file://") for f in files)
     why = "landed files on remote storage" if remote else f"landed files of {size:,} bytes"
@@ -283,7 +283,7 @@ def bad_rows(path: str, arity: int, relation: str, limit: int) -> list[str]:
     import gzip
 
     from wcoj_core.errors import InputError
-    from wcoj_core.local_read import (
+    from wcoj_core.input_read import (
         Format,
         blank_csv_line,
         check_csv_line,

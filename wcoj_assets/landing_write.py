@@ -6,7 +6,7 @@ Contract: `write_epochs` takes update triples ``(c0 .. c{k-1}, time, diff)`` and
 exactly one plain file holding that epoch's updates as the columns ``c0 .. c{k-1}, diff`` (long
 integers; the time is the folder's epoch, so the file carries none). ``fmt="csv"`` writes CSV
 with the header row ``c0,...,diff``; the default is Parquet. Both read back with
-`wcoj_core.sources.read_relation`. Epochs without updates get no folder.
+`wcoj_core.input_spark.read_relation`. Epochs without updates get no folder.
 
 Publishing is atomic, so a sensor watching the landing zone never sees half an epoch. Spark
 writes the whole stream once, partitioned by time, into a hidden staging directory under
@@ -38,7 +38,8 @@ from wcoj_assets.epochs import EPOCH_START, Epochs
 from wcoj_core.errors import WcojError
 from wcoj_core.generate import generate
 from wcoj_core.replay import epoch_stream
-from wcoj_core.updates import DIFF, TIME, data_columns, relation_columns
+from wcoj_core.traces import DIFF, TIME, relation_columns
+from wcoj_core.updates import data_columns
 
 FILE_STEM = "part-0"
 

@@ -10,10 +10,10 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from wcoj_assets.epochs import epoch_key
-from wcoj_assets.landing import LandingError, generate_landing, write_epochs
+from wcoj_assets.landing_write import LandingError, generate_landing, write_epochs
 from wcoj_core.generate import generate
+from wcoj_core.input_spark import read_relation
 from wcoj_core.replay import epoch_stream
-from wcoj_core.sources import read_relation
 from wcoj_core.updates import update_schema
 
 SMALL = {"scale": 6, "edges": 300, "seed": 11, "epochs": 4, "delete_fraction": 0.3}

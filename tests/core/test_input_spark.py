@@ -1,7 +1,7 @@
 """Reading relations (text, CSV, Parquet, generator specs) and the errors bad files raise.
 
 Every file test runs against both readers: ``spark`` (`read_relation`, `read_updates`; marked
-``spark``) and ``local`` (`wcoj_core.local_read.read_local`, no JVM). Both must give the same
+``spark``) and ``local`` (`wcoj_core.input_read.read_local`, no JVM). Both must give the same
 rows and the same error.
 """
 
@@ -21,8 +21,8 @@ from pyspark.sql import types as T
 
 from wcoj_core import generate
 from wcoj_core.errors import InputError
-from wcoj_core.local_read import canonical_undirected_local, read_local
-from wcoj_core.sources import canonical_undirected, read_relation, read_updates
+from wcoj_core.input_read import canonical_undirected_local, read_local
+from wcoj_core.input_spark import canonical_undirected, read_relation, read_updates
 
 
 def write(tmp_path: Path, name: str, content: str | bytes) -> str:
@@ -155,7 +155,7 @@ def test_csv_with_diff_in_the_middle(reader: Reader, tmp_path: Path) -> None:
     ],
 )
 def test_csv_quoting(reader: Reader, tmp_path: Path, line: str, row: tuple[int, int]) -> None:
-    """The dialect (`wcoj_core.local_read.csv_fields`): a quote encloses a whole field."""
+    """The dialect (`wcoj_core.input_read.csv_fields`): a quote encloses a whole field."""
     path = write(tmp_path, "e.csv", f"a,b\n{line}\n")
     assert reader.read(path, 2) == Counter({(*row, 1): 1})
 

@@ -5,9 +5,9 @@ Contract: a relation is a DataFrame with data columns ``c0 .. c{k-1}`` and a ``d
 two equal lines give two rows, and consolidating them is the engine's job, not the reader's.
 An update stream has the same shape with a ``time`` column between the data and ``diff``.
 
-The formats, and what makes a file bad, are those of `wcoj_core.local_read`, and so is the
+The formats, and what makes a file bad, are those of `wcoj_core.input_read`, and so is the
 parsing: Spark lists the files under a path (``binaryFile``: any file system Spark reaches) and
-each task parses the files it is handed with `wcoj_core.local_read.read_file_bytes`, the reader
+each task parses the files it is handed with `wcoj_core.input_read.read_file_bytes`, the reader
 that reads a local file without Spark (`read_local`). The two readers cannot disagree: they are
 one. A path may also be ``rmat:key=value,...``: not a file but a generated graph (see
 `wcoj_core.generate`). A local path that is not a regular file (a named pipe, a device; a folder
@@ -36,14 +36,13 @@ from pyspark.sql import types as T
 
 from wcoj_core import generate
 from wcoj_core.errors import InputError, listed
-from wcoj_core.local_read import (
+from wcoj_core.input_read import (
     Format,
     _parquet_files,
     _parquet_schema,
     canonical_undirected_local,
     check_arity,
     check_input_file,
-    check_locally,
     detect_format,
     local_path,
     negative_rows,
@@ -51,19 +50,9 @@ from wcoj_core.local_read import (
     read_local,
     source_name,
 )
-from wcoj_core.updates import DIFF, relation_columns
+from wcoj_core.traces import DIFF, relation_columns
 
 _ERROR = "_error"  # the column a Spark task reports a bad file in (`_parse_files`)
-
-__all__ = [  # the readers' names callers have always imported from here
-    "Format",
-    "canonical_undirected",
-    "check_locally",
-    "detect_format",
-    "negative_tuples",
-    "read_relation",
-    "read_updates",
-]
 
 
 def read_relation(spark: SparkSession, path: str, arity: int, name: str) -> DataFrame:
@@ -110,7 +99,7 @@ def canonical_undirected(df: DataFrame) -> DataFrame:
     Self-loops are dropped and each edge becomes ``(least, greatest)``. An edge is kept when its
     summed multiplicity over both directions is positive, so for an ordinary file (every diff
     positive) the result is exactly the distinct set of undirected edges. The rows are shuffled
-    by edge and each task applies `wcoj_core.local_read.canonical_undirected_local`: the one
+    by edge and each task applies `wcoj_core.input_read.canonical_undirected_local`: the one
     implementation, on the driver or in Spark's tasks.
     """
     if relation_columns(2) != [c for c in df.columns if c != DIFF]:
@@ -135,7 +124,7 @@ def negative_tuples(
     Such a tuple is a deletion of something absent. A file may carry one (a diff is a signed
     multiplicity), so it is not an `InputError`; callers report these tuples instead. Returns
     ``(how many, the first `limit` of them in tuple order with their multiplicities)``: the rows
-    shuffled by tuple, each task applying `wcoj_core.local_read.negative_rows`.
+    shuffled by tuple, each task applying `wcoj_core.input_read.negative_rows`.
     """
     cols = [c for c in df.columns if c not in ("time", DIFF)]
     by_tuple = df.select(*[F.col(c).cast("long") for c in cols], F.col(DIFF).cast("long"))
@@ -171,7 +160,7 @@ def _read_files(
     spark: SparkSession, path: str, arity: int, name: str, *, with_time: bool
 ) -> DataFrame:
     """The rows of every file under `path`, each file parsed inside a Spark task by the reader
-    the driver uses (`wcoj_core.local_read.read_file_bytes`), then checked in one Spark action:
+    the driver uses (`wcoj_core.input_read.read_file_bytes`), then checked in one Spark action:
     a bad file's first `InputError`, or no data rows at all, is raised here."""
     source = source_name(path, name)
     kind = detect_format(path)
