@@ -516,7 +516,9 @@ class EpochPass:
             if delta is None:
                 continue
             if not self.spill.big(delta):
-                support = support_delta(layers, view)
+                _, eff = self.effects[view.relation]
+                known = None if eff.held is None else (eff.change, eff.held)
+                support = support_delta(layers, view, known)
                 for a in arrangements:
                     counts = counts_delta(support, a.key)
                     if len(counts):

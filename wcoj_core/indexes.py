@@ -211,18 +211,18 @@ class KeptSegments:
     def open(self, root: str, segment: Segment) -> Layer:
         if segment.rows == 0:
             return segments.open_segment(root, segment)
-        paths = segments.segment_paths(root, segment)
+        paths = segments.segment_files(root, segment)
         key = (os.fspath(root), segment.path)
         with self._lock:
             found = self._held.get(key)
-        if found is not None and found[0] == segment and found[1] == _stamps(paths.values()):
+        if found is not None and found[0] == segment and found[1] == _stamps(paths):
             with self._lock:
                 self._held.move_to_end(key)
             layer = found[2]
             layer.directory()  # opened again: worth a directory (built once, None if sparse)
             return layer
         layer = segments.open_segment(root, segment)
-        stamps = _stamps(paths.values())
+        stamps = _stamps(paths)
         with self._lock:
             self._held[key] = (segment, stamps, layer)
             while len(self._held) > self.most:

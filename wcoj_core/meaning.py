@@ -189,6 +189,10 @@ class Effect:
     ignored_examples: tuple[tuple[tuple[int, ...], int], ...] = ()
     negative: int = 0
     negative_examples: tuple[tuple[tuple[int, ...], int], ...] = field(default=())
+    # The multiplicities `change`'s tuples held before the epoch, in its row order, when the
+    # lookup made them (None: not kept, e.g. a large change made a piece at a time): what the
+    # counts' support change reads again (`wcoj_core.kernel.changes.support_delta`).
+    held: np.ndarray | None = None
 
 
 def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect:
@@ -213,6 +217,7 @@ def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect
             figures,
             negative=len(negative),
             negative_examples=_examples(landed.rows, after, negative),
+            held=held,
         )
     sign = np.sign(landed.diff).astype(I64)
     if len(held) and not bool(((held == 0) | (held == 1)).all()):
@@ -227,14 +232,16 @@ def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect
     deleted_absent = int(np.count_nonzero((sign < 0) & (held == 0)))
     kept = np.flatnonzero(~moved)
     normalized = landed.with_diff(sign)
+    picked = np.flatnonzero(moved)
     return Effect(
-        _subset(landed, np.flatnonzero(moved), change),
+        _subset(landed, picked, change),
         normalized,
         _subset(landed, kept, sign),
         Figures(exact_sum(change), exact_sum(change), 0),
         inserted_present,
         deleted_absent,
         _examples(landed.rows, sign, kept),
+        held=held if len(picked) == len(held) else held[picked],
     )
 
 

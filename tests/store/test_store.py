@@ -4,12 +4,14 @@ next to a state are never deleted (the findings of the security review, reproduc
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -76,7 +78,8 @@ def test_creates_in_a_new_or_empty_directory_then_reopens(tmp_path: Path) -> Non
     for root in (tmp_path / "new" / "deeper", tmp_path / "empty"):
         store = Store.open(root, create=True)
         marker = json.loads((root / names.MARKER).read_text())
-        assert marker["wcoj_state"] == 2 and marker["by"].startswith("wcoj")
+        assert marker["wcoj_state"] == 2
+        assert marker["by"] == f"wcoj {importlib.metadata.version('wcoj')}"  # the package's own
         assert store.current() == Manifest()
         epoch(store, 0)
         again = Store.open(str(root), create=False)
@@ -158,9 +161,18 @@ def test_a_commit_syncs_the_new_folders_only(
     store = Store.open(tmp_path, create=True)
     m1 = epoch(store, 0)
     synced: list[str] = []
-    monkeypatch.setattr(store.files, "sync_many", synced.extend)
+    known: list[str] = []
+
+    def sync_many(rels: list[str], durable: Collection[str] = ()) -> None:
+        synced.extend(rels)
+        known.extend(durable)
+
+    monkeypatch.setattr(store.files, "sync_many", sync_many)
     m2 = epoch(store, 1)
     assert sorted(synced) == sorted(m2.paths() - m1.paths())
+    # Durable already: every folder above what the committed generation names.
+    above = {p.rsplit("/", 1)[0] for p in m1.paths()}
+    assert sorted(known) == sorted(above | {p.split("/", 1)[0] for p in above})
 
 
 def test_each_new_folder_is_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,13 +184,19 @@ def test_each_new_folder_is_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     m2 = epoch(store, 1)
     new = sorted(m2.paths() - m1.paths())
     assert new
+    held = {tmp_path / p for p in m1.paths()}
+    durable = {p for h in held for p in h.parents if tmp_path in p.parents}
     want: set[Path] = set()
-    for rel in new:  # every file and folder in it, and every folder up to the root
+    for rel in new:  # every file and folder in it, and every folder up to the root...
         top = tmp_path / rel
         want |= {top, *top.rglob("*")}
-        want |= {p for p in top.parents if p == tmp_path or tmp_path in p.parents}
+        for p in top.parents:
+            want.add(p)
+            if p == tmp_path or p in durable:  # ...or to one whose entry is durable already
+                break
     assert len(synced) == len(set(synced))  # each once
     assert set(synced) == want
+    assert tmp_path not in want  # the root's entries did not change
 
 
 def test_files_honour_the_umask(tmp_path: Path) -> None:

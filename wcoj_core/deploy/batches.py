@@ -148,7 +148,7 @@ class BatchFiles:
             return self.put(f"{folder}/{name}", sink.getvalue())
 
         try:
-            self.fs.create_dir(folder, recursive=True)
+            self._create_dir(folder)
             if files == 1:
                 written = [write_file(0)]
             else:
@@ -160,6 +160,19 @@ class BatchFiles:
                 f"state {self.root}: cannot write a batch ({e.strerror or e}); nothing was applied"
             ) from e
         return tuple(written)
+
+    def _create_dir(self, folder: str) -> None:
+        """Make a batch's folder (and its trace's, when new): on a local disk one ``mkdir``
+        when the trace's folder is there already."""
+        if isinstance(self.fs, pafs.LocalFileSystem):
+            try:
+                os.mkdir(folder)
+            except FileNotFoundError:
+                os.makedirs(folder, exist_ok=True)
+            except FileExistsError:
+                pass
+            return
+        self.fs.create_dir(folder, recursive=True)
 
     def put(self, path: str, data: pa.Buffer | bytes) -> FileRef:
         """Write a whole file (a full path of this file system); its reference (with its stamp

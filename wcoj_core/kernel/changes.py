@@ -73,8 +73,13 @@ def changes_table(
     return pa.Table.from_arrays(arrays, schema=batch_schema(columns))
 
 
-def support_delta(layers: EpochLayers, view: AtomView) -> Layer:
-    """View tuples entering (+1) or leaving (-1) the non-zero support at this epoch."""
+def support_delta(
+    layers: EpochLayers, view: AtomView, known: tuple[Layer, np.ndarray] | None = None
+) -> Layer:
+    """View tuples entering (+1) or leaving (-1) the non-zero support at this epoch. `known`:
+    a layer of changes and the multiplicities its tuples held before (the relation's change
+    and the lookup that made it, `wcoj_core.meaning.Effect.held`), read instead of looking
+    them up again when the view's delta is that very layer."""
     name = relation_trace_name(view.relation)
     order = tuple(range(view.arity))
     delta = layers.delta(name, view, order)
@@ -83,7 +88,10 @@ def support_delta(layers: EpochLayers, view: AtomView) -> Layer:
         # Nothing held before (a first load): every tuple of the consolidated delta (no zero)
         # enters the support, and no array of old multiplicities is made.
         return delta if delta.unit else delta.with_diff(np.ones(len(delta), dtype=I64))
-    old = lookup_sum(before, delta.rows)
+    if known is not None and known[0] is delta and len(known[1]) == len(delta):
+        old = known[1]
+    else:
+        old = lookup_sum(before, delta.rows)
     namer = row_namer(columns_of(delta.rows))
     new = total([old.copy(), delta.diff], namer, "summing a tuple's multiplicity and change")
     change = (new != 0).astype(I64) - (old != 0).astype(I64)

@@ -13,9 +13,9 @@ reads, creates exclusively, syncs and deletes them through the `Files` interface
 
 And what format 2 needs of local files: a `FileRef` of a written file (size, sha256, stamp),
 the cheap check that a file is still the one written (`check_stamp`), the full one
-(`verify_ref`), files written sealed (`write_sealed`: hashed while written, fsynced, read-only,
-renamed into place) and `sync_tree` for folders written by others (pyarrow, Spark) before the
-manifest naming them is committed. Every file created here honours the umask.
+(`verify_ref`), files written sealed (`write_sealed`: hashed while written, read-only, in a
+folder nothing reads before the commit) and `sync_tree` for folders written by others (pyarrow,
+Spark) before the manifest naming them is committed. Every file created here honours the umask.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import shutil
 import stat
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -83,7 +83,7 @@ class Files(Protocol):
 
     def sync(self, rel: str) -> None: ...
 
-    def sync_many(self, rels: Sequence[str]) -> None: ...
+    def sync_many(self, rels: Sequence[str], durable: Collection[str] = ()) -> None: ...
 
     def remove_dir(self, rel: str) -> bool: ...
 
@@ -228,27 +228,33 @@ class LocalFiles:
             parent = parent.parent
             fsync_dir(parent)
 
-    def sync_many(self, rels: Sequence[str]) -> None:
+    def sync_many(self, rels: Sequence[str], durable: Collection[str] = ()) -> None:
         """Make files and folders durable, with their entries: each of them, on a few threads
         (the file system batches concurrent syncs into few journal commits, where one after
-        another each waits for its own). With ``WCOJ_SYNCFS=1`` one
+        another each waits for its own). `durable` names folders (relative) whose own entries
+        are durable already (they held what a committed generation names): a new entry in one
+        is synced with it, but its parents are not. With ``WCOJ_SYNCFS=1`` one
         ``syncfs`` of the whole file system instead (fewer calls, but it also waits for every
         other process's dirty pages)."""
         if not rels:
             return
         if os.environ.get("WCOJ_SYNCFS") == "1" and _syncfs(self.path):
             return
-        files, folders = self._durable(rels)
+        files, folders = self._durable(rels, durable)
         # Every file and every folder once (folders share their parents), all at once.
         _syncers().sync([*files, *sorted(folders)])
 
-    def _durable(self, rels: Sequence[str]) -> tuple[list[Path], set[Path]]:
+    def _durable(
+        self, rels: Sequence[str], durable: Collection[str] = ()
+    ) -> tuple[list[Path], set[Path]]:
         """What `sync` of each of `rels` fsyncs: the files in them, and the folders in them
-        with every folder up to the root (each once)."""
-        files: list[Path] = []
-        folders: set[Path] = set()
+        with every folder up to the root, each once; the climb stops at a folder of `durable`
+        (synced for its new entry, its own entry durable already). Paths made as strings."""
+        root = self.root
+        files: list[str] = []
+        folders: set[str] = set()
         for rel in rels:
-            top = self.path / rel
+            top = f"{root}/{rel}"
             try:
                 mode = os.lstat(top).st_mode
             except FileNotFoundError:
@@ -257,17 +263,18 @@ class LocalFiles:
                 files.append(top)
             elif stat.S_ISDIR(mode):
                 for folder, _, names in os.walk(top):
-                    folders.add(Path(folder))
+                    folders.add(folder)
                     for name in names:
-                        p = Path(folder, name)
+                        p = f"{folder}/{name}"
                         if stat.S_ISREG(os.lstat(p).st_mode):
                             files.append(p)
-            parent = top.parent
-            folders.add(parent)
-            while parent != self.path and self.path in parent.parents:
-                parent = parent.parent
-                folders.add(parent)
-        return files, folders
+            parent = rel.rpartition("/")[0]
+            while True:
+                folders.add(f"{root}/{parent}" if parent else root)
+                if not parent or parent in durable:
+                    break
+                parent = parent.rpartition("/")[0]
+        return [Path(f) for f in files], {Path(f) for f in folders}
 
     def ref(self, rel: str) -> FileRef:
         return file_ref(self.path / rel, stamped=False)
@@ -362,7 +369,7 @@ class HadoopFiles:
     def sync(self, rel: str) -> None:
         """Nothing to do: a Hadoop file is durable once its writer closed it."""
 
-    def sync_many(self, rels: Sequence[str]) -> None:
+    def sync_many(self, rels: Sequence[str], durable: Collection[str] = ()) -> None:
         """Nothing to do (see `sync`)."""
 
     def ref(self, rel: str) -> FileRef:
@@ -494,15 +501,17 @@ def write_sealed(
 ) -> FileRef:
     """Write a new file that is never changed again, and its `FileRef` (stamp included).
 
-    `write` writes the content to a temporary name in the same folder (hashed as it goes: the
-    file is not read back); the file is made read-only and linked as `path`, which must not
-    exist. The stamp is read last. It is not made durable here (unless `sync`): the commit
-    that names it does that for everything the epoch wrote at once (`Files.sync_many`).
+    `path` must not exist (it is created exclusively) and lie in a folder this writer has just
+    made, which nothing reads before a manifest names it: `write` writes the content straight
+    there (hashed as it goes: the file is not read back), then the file is made read-only and
+    its stamp read last. A failure removes the file; a crash leaves a folder no manifest names
+    (the pruning's orphan, `wcoj_core.store.store`), so no temporary name and no link are
+    needed. It is not made durable here (unless `sync`): the commit that names it does that
+    for everything the epoch wrote at once (`Files.sync_many`).
     """
-    target = Path(path)
-    tmp = target.with_name(temp_name(target.name))
+    target = os.fspath(path)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask
         with os.fdopen(fd, "wb") as raw:
             out = HashingWriter(raw)
             write(out)
@@ -510,11 +519,12 @@ def write_sealed(
             if sync:
                 os.fsync(raw.fileno())
             os.fchmod(raw.fileno(), stat.S_IMODE(os.fstat(raw.fileno()).st_mode) & ~0o222)
-        os.link(tmp, target)  # refuses an existing target
-    finally:
-        tmp.unlink(missing_ok=True)
-    st = os.stat(target)  # after the link and the unlink, which both change the ctime
-    return FileRef(target.name, out.size, out.sha256, stamp_of(st))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)
+        raise
+    st = os.stat(target)  # after the chmod, which changes the ctime
+    return FileRef(os.path.basename(target), out.size, out.sha256, stamp_of(st))
 
 
 # Threads syncing files at once where `syncfs` is missing.

@@ -14,6 +14,7 @@ put into a state never matches, so it is never touched. The layout (docs/state.m
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import uuid
@@ -40,6 +41,7 @@ _TRACE_DIR = re.compile(r"(?:[^\W_]|-){0,40}-[0-9a-f]{10}")
 _BATCH_FILE = re.compile(r"\.?(part-[\w.-]+|_SUCCESS)(\.crc)?|_temporary")
 
 
+@functools.lru_cache(maxsize=4096)
 def trace_dir(name: str) -> str:
     """A directory name for a trace: a readable prefix plus a hash of the full name.
 

@@ -46,10 +46,15 @@ from wcoj_core.store.manifest import FileRef, Level, Pattern, Segment
 
 
 def _write_npy(out: HashingWriter, array: np.ndarray) -> None:
-    """An array as a version 1.0 ``.npy`` file, its bytes written straight from the array."""
-    header = np.lib.format.header_data_from_array_1_0(array)
-    np.lib.format.write_array_header_1_0(out, header)
-    data = array.T if header["fortran_order"] else np.ascontiguousarray(array)
+    """An array as a version 1.0 ``.npy`` file, its bytes written straight from the array
+    (the header numpy writes for it, made once per shape and type: `_npy_header`)."""
+    fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
+    if array.dtype.fields is None:
+        out.write(_npy_header(array.shape, array.dtype.str, fortran))
+    else:  # a structured type: its full description, by numpy
+        header = np.lib.format.header_data_from_array_1_0(array)
+        np.lib.format.write_array_header_1_0(out, header)
+    data = array.T if fortran else np.ascontiguousarray(array)
     flat = data.reshape(-1).view(np.uint8)
     for start in range(0, len(flat), CHUNK):
         out.write(flat[start : start + CHUNK].data)
@@ -73,7 +78,7 @@ def write_segment(
     n = len(layer)
     if n == 0:
         return Segment(level, view, order, 0, None, True, rel_folder, {})
-    folder = local_path(os.fspath(root)) / rel_folder
+    folder = os.path.join(_local_root(root), rel_folder)
     arrays = {
         "rows": np.asfortranarray(layer.rows, dtype=I64),
         "diff": np.ascontiguousarray(layer.diff, dtype=I64),
@@ -81,10 +86,15 @@ def write_segment(
     }
     files: dict[str, FileRef] = {}
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(folder)  # new; its trace's folder is there but for its first segment
+        except FileNotFoundError:
+            os.makedirs(folder, exist_ok=True)
+        except FileExistsError:
+            pass  # its files are created exclusively: none is ever written over
         for role, array in arrays.items():
             files[role] = write_sealed(
-                folder / names.segment_file(role), lambda out, a=array: _write_npy(out, a)
+                f"{folder}/{names.segment_file(role)}", lambda out, a=array: _write_npy(out, a)
             )
     except OSError as e:
         raise StateError(
@@ -219,6 +229,18 @@ def segment_paths(root: str | os.PathLike[str], segment: Segment) -> dict[str, P
     """The local path of each file of a segment, by role."""
     folder = local_path(os.fspath(root)) / segment.path
     return {role: folder / ref.name for role, ref in segment.files.items()}
+
+
+def segment_files(root: str | os.PathLike[str], segment: Segment) -> list[str]:
+    """`segment_paths`' paths, as strings (what a warm open checks the stamps of, every
+    segment every epoch: no `Path` made)."""
+    folder = os.path.join(_local_root(root), segment.path)
+    return [f"{folder}/{ref.name}" for ref in segment.files.values()]
+
+
+def _local_root(root: str | os.PathLike[str]) -> str:
+    """A local state root (a path or a ``file://`` URI) as an absolute path string."""
+    return os.path.abspath(os.fspath(root).removeprefix("file://"))
 
 
 def open_segment(root: str | os.PathLike[str], segment: Segment, *, verify: bool = False) -> Layer:

@@ -55,13 +55,11 @@ class Pruned:
 
 
 def marker_text() -> str:
-    """The content of a new state's marker."""
-    try:
-        from importlib.metadata import version
+    """The content of a new state's marker (the version from the package itself:
+    `importlib.metadata` would cost a fresh ``wcoj count`` ~20 ms of imports and lookups)."""
+    from wcoj_core import __version__
 
-        by = f"wcoj {version('wcoj')}"
-    except Exception:  # not installed as a distribution
-        by = "wcoj"
+    by = f"wcoj {__version__}"
     created = datetime.now(UTC).isoformat(timespec="seconds")
     return json.dumps({"wcoj_state": FORMAT, "created": created, "by": by}) + "\n"
 
@@ -259,12 +257,14 @@ class Store:
     def commit(self, manifest: Manifest, expected: Manifest) -> Manifest:
         """Commit `manifest` as the generation after `expected`, or raise `ConcurrentCommit`
         if another writer did; then prune. The folders it names that `expected` did not are
-        made durable before the manifest is created."""
+        made durable before the manifest is created (up to the folders holding what `expected`
+        names: a committed generation's folders are durable, entries included)."""
         new = replace(manifest, generation=expected.generation + 1)
         text = new.to_json()
         rel = self._manifest_rel(new.generation)
+        held = expected.paths()
         try:
-            self.files.sync_many(sorted(new.paths() - expected.paths()))
+            self.files.sync_many(sorted(new.paths() - held), durable=_folders_above(held))
             gens = self.generations()
             created = (not gens or gens[-1] < new.generation) and self.files.create_exclusive(
                 rel, text
@@ -419,6 +419,21 @@ class Store:
             if e.kind is Kind.FILE or (e.kind is Kind.DIR and e.name == "_temporary"):
                 self.files.delete(f"{path}/{e.name}")
         return self.files.remove_dir(path)
+
+
+def _folders_above(paths: Iterable[str]) -> set[str]:
+    """Every folder above the given paths (relative; the root, "", left out).
+
+    >>> sorted(_folders_above(["traces/t/b-1", "traces/u/b-2"]))
+    ['traces', 'traces/t', 'traces/u']
+    """
+    out: set[str] = set()
+    for p in paths:
+        parent = p.rpartition("/")[0]
+        while parent and parent not in out:
+            out.add(parent)
+            parent = parent.rpartition("/")[0]
+    return out
 
 
 def _is_scratch_path(path: str) -> bool:
