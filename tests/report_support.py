@@ -1,7 +1,8 @@
 """The benchmark report's quick run, shared (the `quick` fixture of `tests/conftest.py`, once a session).
 
-``wcoj-bench report --quick`` runs every part as its own process on tiny generated graphs: most of
-a quarter of an hour. `test_report.py` checks the report itself (each part's JSON, the page, the
+``wcoj-bench report --quick`` runs every part as its own process on tiny generated graphs (the
+local parts and the cluster parts as two streams at once): the longest fixture of the suite.
+`test_report.py` checks the report itself (each part's JSON, the page, the
 plots); the parts' own tests read that run's results where they would only run the same part
 again (`QuickRun.part`): `test_cold.py` (the cold part: whole processes, a fresh JVM per
 recompute) and `test_dagster_run.py` (a fresh ``dagster job execute`` per epoch and job).

@@ -24,10 +24,14 @@ keep what must stay together on one worker, one test after another (`xdist_group
   quick run and the ``dagster job execute`` runs; ``e2e:tests/reliability``: the standalone
   cluster), one after another, so that no two systems of one kind race each other (they start
   JVMs, servers and clusters of their own, and wait on them with timeouts). Two folders' groups
-  may run at once, on two workers: the report's quick run alone takes most of a quarter of an
-  hour, and one group of every end-to-end test was the whole suite's critical path;
+  may run at once, on two workers: the report's quick run is the longest single fixture (its
+  local and cluster parts run as two streams at once), and one group of every end-to-end test
+  was the whole suite's critical path;
 * a module's tests that share a module-scoped fixture (one group per value of a parametrized
-  one), so that the fixture is made once, not once per worker.
+  one), so that the fixture is made once, not once per worker. Such a group runs on one
+  worker: a long one is split into modules, each its own group, each making the fixture once
+  (the fault tests: `test_faults.py` and `test_faults_disk.py`, the world of
+  `tests/reliability/faults_support.py`).
 
 pytest-xdist 3.8 passes a group to its scheduler by renaming the test's node id, which pytest
 9.2 no longer allows: pyproject.toml keeps pytest below 9.2 until it does (`tests/test_tiers.py`

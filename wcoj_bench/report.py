@@ -49,8 +49,11 @@ Rendering (`wcoj_bench.page`) reads only the JSON, so ``--render-only`` rebuilds
 without running anything.
 
 Options: ``--only PART`` (repeatable) reruns some parts; ``--render-only``; ``--quick`` runs
-tiny generated graphs instead (no SNAP file, a minute or two in all) and writes under ``--root``, by
-default a new temporary directory, starting from a copy of the repository's page; ``--root DIR``
+tiny generated graphs instead (no SNAP file) and writes under ``--root``, by default a new
+temporary directory, starting from a copy of the repository's page. Its timings mean nothing, so
+it runs the local parts and the cluster parts as two streams at once (each stream's parts one
+after another, the page rendered by one of them at a time), and its Spark sessions are set for
+tiny data (`QUICK_SPARK`); ``--root DIR``
 (default ``docs``) holds ``benchmarks.md``, ``bench/`` and ``img/``; ``--data DIR`` (default
 ``../shared/data``) holds the SNAP files; ``--master URL``. Progress goes to stderr.
 """
@@ -64,8 +67,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time as clock
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
@@ -94,6 +99,12 @@ NOTRE_DAME = "web-NotreDame.txt.gz"
 DEFAULT_ROOT = "docs"
 DEFAULT_DATA = "../shared/data"
 REPO_PAGE = Path(__file__).resolve().parents[1] / "docs" / PAGE
+# The quick run's Spark sessions (its graphs have a few thousand edges): two shuffle partitions,
+# not eight, and interpreted plans (compiling code per plan costs more than these plans run).
+QUICK_SPARK = [
+    *["--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.sql.codegen.wholeStage=false"],
+    *["--conf", "spark.driver.memory=1g"],
+]
 
 
 class ReportError(WcojError):
@@ -162,12 +173,13 @@ def commands(
     runs["cold"] = ["cold", *cold, *where, "--plot", str(img / "cold.png")]
     for curve in ("curve-size", "curve-epoch-size"):
         runs[curve] += ["--plot", str(img / f"{curve}.png")]
-    tail = ["--undirected", "edge", *(["--master", master] if master else []), "--json"]
+    tiny = QUICK_SPARK if quick else []  # the parts that start a Spark session of their own
+    tail = ["--undirected", "edge", *(["--master", master] if master else []), *tiny, "--json"]
     out = {name: [*argv, *tail] for name, argv in runs.items()}
     out["cold"] = [*runs["cold"], "--undirected", "edge", "--json"]  # starts no Spark itself
     out["dagster-run"] = ["dagster-run", *dagster, *where, "--undirected", "edge", "--json"]
     out["scale"] = ["scale", *scale, *where, "--json"]  # whole processes: starts no Spark itself
-    on = ["--master", cluster, "--deploy", "executors", "--undirected", "edge", "--json"]
+    on = ["--master", cluster, "--deploy", "executors", "--undirected", "edge", *tiny, "--json"]
     three = ["--methods", "wcoj,spark-sql,neighbour-array"]
     out["cluster-static"] = ["static", *static[:2], "--repeat", "3", *three, *on]
     out["cluster-epochs"] = ["epochs", *epochs, "--methods", "recompute,wcoj", *on]
@@ -246,11 +258,52 @@ def local_cluster(root: Path, say: Callable[[str], None]) -> Iterator[str]:
         say("report: the cluster is stopped")
 
 
+def run_local(
+    names: list[str], runs: dict[str, list[str]], root: Path, say: Callable[[str], None]
+) -> None:
+    """The local parts `names`, one after another, the page rendered after each."""
+    for name in names:
+        run_part(name, runs[name], root / "bench", say)
+        render(root, say)
+
+
+def run_on_cluster(
+    names: list[str], runs: dict[str, list[str]], root: Path, say: Callable[[str], None]
+) -> None:
+    """The cluster parts `names` on a cluster started for them, one after another, the page
+    rendered after each; the cluster stopped after, whatever happens."""
+    if not names:
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="wcoj-report-cluster-"))
+    with local_cluster(scratch, say) as master:
+        for name in names:
+            argv = [master if a == "CLUSTER" else a for a in runs[name]]
+            run_part(name, argv, root / "bench", say)
+            render(root, say)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def both_at_once(*streams: Callable[[], None]) -> None:
+    """Run `streams` at once, each in a thread (their parts are processes of their own); the
+    first error is raised once every stream has ended."""
+    with ThreadPoolExecutor(len(streams), thread_name_prefix="report") as pool:
+        futures = [pool.submit(stream) for stream in streams]
+    for future in futures:
+        future.result()
+
+
 # -- rendering ----------------------------------------------------------------------------------
+
+_RENDERING = threading.Lock()  # the quick run's two streams render one at a time
 
 
 def render(root: Path, say: Callable[[str], None]) -> list[str]:
     """Rewrite the regions of ``root/benchmarks.md`` from ``root/bench/*.json``; their names."""
+    with _RENDERING:
+        return _render(root, say)
+
+
+def _render(root: Path, say: Callable[[str], None]) -> list[str]:
     page = root / PAGE
     if not page.is_file():
         raise ReportError(f"no {page}: run from the repository's root or pass --root DIR")
@@ -338,19 +391,17 @@ def main(argv: Sequence[str] | None = None, say: Callable[[str], None] = _say) -
             snap = Path(args.data) / NOTRE_DAME
             if not snap.is_file():
                 raise ReportError(f"no {snap}: pass --data DIR, the folder of the SNAP files")
-        for name in [p for p in chosen if p in LOCAL_PARTS]:
-            run_part(name, runs[name], root / "bench", say)
-            render(root, say)
+        local = [p for p in chosen if p in LOCAL_PARTS]
         on_cluster = [p for p in chosen if p in CLUSTER_PARTS]
-        if on_cluster:
-            scratch = Path(tempfile.mkdtemp(prefix="wcoj-report-cluster-"))
-            with local_cluster(scratch, say) as master:
-                for name in on_cluster:
-                    argv = ["master" if a == "CLUSTER" else a for a in runs[name]]
-                    argv = [master if a == "master" else a for a in argv]
-                    run_part(name, argv, root / "bench", say)
-                    render(root, say)
-            shutil.rmtree(scratch, ignore_errors=True)
+        streams = (
+            lambda: run_local(local, runs, root, say),
+            lambda: run_on_cluster(on_cluster, runs, root, say),
+        )
+        if args.quick:  # its timings mean nothing: the two streams at once
+            both_at_once(*streams)
+        else:  # one part at a time: each part's timings its own
+            for stream in streams:
+                stream()
         if not chosen:
             render(root, say)
     except WcojError as exc:

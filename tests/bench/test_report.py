@@ -11,6 +11,7 @@ refused in one line. Timings are not asserted.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,31 @@ def test_mistakes_are_one_line_errors(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("wcoj-bench report: error: "), err
     assert message in err[0]
+
+
+def test_only_the_quick_run_sets_its_spark_sessions_for_tiny_data() -> None:
+    quick = report.commands(True, "data", Path("img"), scratch=Path("scratch"))
+    full = report.commands(False, "data", Path("img"))
+    no_session = ("cold", "dagster-run", "scale")  # their processes start no Spark themselves
+    for name in report.PARTS:
+        settings = "spark.sql.codegen.wholeStage=false" in quick[name]
+        assert settings == (name not in no_session), name
+        assert "spark.sql.codegen.wholeStage=false" not in full[name], name
+
+
+def test_both_streams_run_to_their_end_and_the_first_error_is_raised() -> None:
+    ended: list[str] = []
+
+    def failing() -> None:
+        raise report.ReportError("part static failed")
+
+    def slower() -> None:
+        time.sleep(0.2)
+        ended.append("slower")
+
+    with pytest.raises(report.ReportError, match="part static failed"):
+        report.both_at_once(failing, slower)
+    assert ended == ["slower"], "the other stream ran to its end"
 
 
 def test_a_malformed_page_is_refused() -> None:

@@ -274,7 +274,8 @@ def test_3_a_stale_digest_in_the_manifest(history: History, tmp_path: Path) -> N
     """A segment file whose sha256 in the manifest is wrong, the manifest's digest recomputed:
     the file's stamp is unchanged, so opening does not read it whole; `wcoj verify` names it;
     epochs stay exact, and the merge that reads it whole rebuilds it from the batches with a
-    warning naming the file (never a refusal that would stop every later epoch)."""
+    warning naming the file (never a refusal that would stop every later epoch). The epochs
+    run up to the one after that merge (exact on the rebuilt segment), or to the last."""
     state = tmp_path / "state"
     build_state(history, state, 1)
     rel = stale_digest(state)
@@ -287,7 +288,10 @@ def test_3_a_stale_digest_in_the_manifest(history: History, tmp_path: Path) -> N
         warnings = [line for line in done.err.splitlines() if line.startswith("wcoj: warning:")]
         if warned_at is None and any(rel in w for w in warnings):
             warned_at = t
+        elif warned_at is not None:
+            break  # an epoch after the merge that rebuilt the segment, exact too
     assert warned_at is not None, "no merge ever read the segment"
+    assert t == warned_at + 1, "an epoch ran after the merge that rebuilt the segment"
 
 
 def test_3_a_stale_digest_repaired_by_verify(history: History, tmp_path: Path) -> None:
