@@ -285,8 +285,26 @@ def _stamps(paths: Iterable[os.PathLike[str] | str]) -> tuple[object, ...]:
     return tuple(out)
 
 
+def kept_most() -> int:
+    """How many segments a process keeps mapped: each of a segment's three files is a mapping,
+    and Python's ``mmap`` holds a file descriptor for each. At most 128 segments (384
+    descriptors: every segment of a few states), and never more than a twelfth of the
+    process's descriptor limit, so a long-lived process (a Dagster code server, a notebook, a
+    test worker) opening state after state neither runs out of descriptors nor holds
+    thousands of them."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return 32
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return 128
+    return max(8, min(128, soft // 12))
+
+
 # The driver's kept segments (`EpochPass` opens traces through it).
-KEPT = KeptSegments()
+KEPT = KeptSegments(kept_most())
 
 
 def open_trace(

@@ -58,3 +58,37 @@ def test_a_segment_rewritten_between_warm_epochs_is_checked_again(tmp_path: Path
     for t in range(6, 9):
         run.step(t, epoch_changes(t, run.graph))
         run.check_accumulated()
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_kept_segments_hold_a_bounded_number_of_descriptors(tmp_path: Path) -> None:
+    """Each kept segment's three mappings hold a file descriptor each (Python's ``mmap``): a
+    process opening state after state keeps at most `most` segments, so its descriptors stay
+    bounded (a test worker passed 1,024 of them before, which ``select`` refuses), and the
+    default bound follows the process's descriptor limit."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert indexes.kept_most() <= max(8, min(128, soft // 12))
+    kept = indexes.KeptSegments(most=4)
+    run = warm_run(tmp_path / "state")
+    for t in range(6):
+        run.step(t, epoch_changes(t, run.graph))
+    store = run.engine.store
+    segments = [
+        s
+        for trace in store.current().traces.values()
+        if trace.index is not None
+        for s in trace.index.segments
+        if s.rows
+    ]
+    assert len(segments) > 4
+    indexes.KEPT.clear()
+    before = _descriptors()
+    for segment in segments:
+        kept.open(store.root, segment)
+    assert len(kept._held) == 4
+    assert _descriptors() - before <= 4 * 3

@@ -195,10 +195,13 @@ class Watcher:
         import select
         import struct
 
+        # poll, not select: select refuses a descriptor past 1024, which a long test worker's
+        # inotify descriptor can be.
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            readable, _, _ = select.select([self.fd], [], [], 0.02)
-            if readable:
+            if poller.poll(20):
                 data = os.read(self.fd, 1 << 16)
                 at = 0
                 while at < len(data):
