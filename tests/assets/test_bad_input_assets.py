@@ -111,7 +111,17 @@ def test_a_bad_landed_file_fails_the_check_and_writes_nothing(
     content: str | bytes | Callable[[Path], None],
     fragments: tuple[str, ...],
 ) -> None:
-    p = scenario.pipeline
+    refused_alone(scenario.pipeline, name, content, fragments)
+
+
+def refused_alone(
+    p: Pipeline,
+    name: str,
+    content: str | bytes | Callable[[Path], None],
+    fragments: tuple[str, ...],
+) -> None:
+    """Epoch 1 landed as one bad file `name`: its input check alone fails, naming the file and
+    the `fragments`, with no stack trace; nothing is materialized or written."""
     folder = p.landing / "edge" / epoch_key(1)
     folder.mkdir(parents=True)
     try:
@@ -140,7 +150,12 @@ def test_a_bad_landed_file_fails_the_check_and_writes_nothing(
 
 
 def test_every_bad_row_of_a_file_is_listed_in_one_run(scenario: Scenario) -> None:
-    p = scenario.pipeline
+    every_bad_row_listed(scenario.pipeline)
+
+
+def every_bad_row_listed(p: Pipeline) -> None:
+    """Epoch 1 landed as a CSV with four bad rows among good ones: one run lists every bad
+    row, in file order, and materializes nothing."""
     folder = p.landing / "edge" / epoch_key(1)
     folder.mkdir(parents=True)
     try:

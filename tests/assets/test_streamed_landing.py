@@ -8,7 +8,6 @@ reads local files with pyarrow.
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_bad_input_assets import BAD_LANDINGS, FIRST, files_under
+from test_bad_input_assets import BAD_LANDINGS, FIRST, every_bad_row_listed, refused_alone
 from wcoj_support import Pipeline, checks, failures, materializations, oracle, updates
 
 from wcoj_assets import landing_read
@@ -91,49 +90,11 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> Pipeline:
 def test_a_bad_streamed_file_is_refused_as_a_small_one_is(
     loaded: Pipeline, reads: list[str], name: str, content, fragments: tuple[str, ...]
 ) -> None:
-    p = loaded
-    folder = p.landing / "edge" / epoch_key(1)
-    folder.mkdir(parents=True)
-    try:
-        path = folder / name
-        if isinstance(content, str):
-            path.write_text(content)
-        elif isinstance(content, bytes):
-            path.write_bytes(content)
-        else:
-            content(path)
-        before, stored = p.traces(), files_under(p.storage)
-        result = p.run(1)
-        assert result.success and failures(result) == []  # no stack trace for bad data
-        (check,) = checks(result)  # the input's check, and no other: nothing else ran
-        assert (check.asset, check.name) == ("edge_deltas", "update_triples")
-        assert not check.passed and check.partition == epoch_key(1)
-        (first, *_) = check.metadata["errors"]
-        assert first.startswith(f"epoch 1 ({epoch_key(1)}): {path} (relation edge)"), first
-        for fragment in fragments:
-            assert fragment in first, (fragment, first)
-        assert materializations(result) == []
-        assert p.traces() == before
-        assert files_under(p.storage) == stored
-    finally:
-        shutil.rmtree(folder)
+    refused_alone(loaded, name, content, fragments)
 
 
 def test_every_bad_row_of_a_streamed_file_is_listed(loaded: Pipeline, reads: list[str]) -> None:
-    p = loaded
-    folder = p.landing / "edge" / epoch_key(1)
-    folder.mkdir(parents=True)
-    try:
-        rows = ["src,dst,diff", "1,2,1", "1,x,1", "2,3,1", "3,4,0", "4,5", "5,6,1", "y,7,1"]
-        (folder / "changes.csv").write_text("\n".join(rows) + "\n")
-        result = p.run(1)
-        assert result.success and failures(result) == []
-        (check,) = checks(result)
-        lines = [e.split(", line ")[1].split(",")[0] for e in check.metadata["errors"]]
-        assert lines == ["3", "5", "6", "8"], check.metadata["errors"]
-        assert materializations(result) == []
-    finally:
-        shutil.rmtree(folder)
+    every_bad_row_listed(loaded)
 
 
 def test_a_range_stops_at_a_refused_streamed_epoch(tmp_path: Path, reads: list[str]) -> None:
