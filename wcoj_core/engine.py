@@ -344,7 +344,7 @@ class Engine:
 
         scratch = Scratch(self.access.scratch_root(), lambda _n: None)
         shares = self.shares
-        spill = Spill(scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
+        spill = Spill.of(scratch, shares)
         try:
             relations = [relation_trace_name(r) for r in self.relations]
             new = compacted(base, frontier, relations, self.files, self.read_batch, written, spill)

@@ -294,7 +294,7 @@ class EpochPass:
         scratch_root = access.scratch_root()
         self.scratch = Scratch(scratch_root, self.meter.add_spilled)
         shares = served.shares
-        self.spill = Spill(self.scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
+        self.spill = Spill.of(self.scratch, shares)
         self.memory: MemoryFigures | None = None
         self.started = clock.monotonic()
         self.distinct: frozenset[str] = frozenset()  # outputs made consolidated (`_distinct`)

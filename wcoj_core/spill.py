@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wcoj_core.budget import Shares
 from wcoj_core.kernel.keys import I64, U64, Packing, encode
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.kernel.layer import arranged as arranged_in_memory
@@ -588,6 +589,11 @@ class Spill:
     memo: dict[tuple[int, object, tuple[int, ...]], tuple[Layer, Layer]] = field(
         default_factory=dict
     )
+
+    @classmethod
+    def of(cls, scratch: Scratch, shares: Shares) -> Spill:
+        """Spilling into `scratch` at the sizes `shares` cut from a memory budget."""
+        return cls(scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
 
     def big(self, layer: Layer) -> bool:
         """Whether a layer is too large to be rearranged in memory at once."""

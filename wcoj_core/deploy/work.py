@@ -284,7 +284,7 @@ def task_spill(work: Work) -> Spill:
     local = (os.environ.get("SPARK_LOCAL_DIRS") or "").split(",")[0] or tempfile.gettempdir()
     shares = Shares.of(MemoryBudget(max(work.memory or TASK_MEMORY, MIN_BUDGET), "a task"))
     scratch = Scratch(Path(local) / "wcoj-scratch", lambda _n: None)
-    return Spill(scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
+    return Spill.of(scratch, shares)
 
 
 def project(part: Part, head: Sequence[Var]) -> tuple[np.ndarray, np.ndarray]:

@@ -226,7 +226,7 @@ def _figures(
     files = BatchFiles(store.root)
     shares = Shares.of(memory)
     scratch = Scratch(store.local_root / names.SCRATCH if store.local_root else None, _nothing)
-    spill = Spill(scratch, shares.run_bytes, shares.layer_bytes, shares.merge_bytes)
+    spill = Spill.of(scratch, shares)
     out = []
     try:
         for name, trace in sorted(manifest.traces.items()):
