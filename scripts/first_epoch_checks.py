@@ -34,14 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from wcoj_bench.infra.measure import run_process
-from wcoj_bench.parts.dagster_run import (
-    DEFINITIONS_PY,
-    DEFS_YAML,
-    DG_TOML,
-    JOB,
-    RELATION,
-    START,
-)
+from wcoj_bench.parts.dagster_run import JOB, RELATION, START, write_package
 
 
 def project(root: Path, edges: Path) -> Path:
@@ -49,13 +42,7 @@ def project(root: Path, edges: Path) -> Path:
     (``python -m wcoj_assets.instance init``); the instance's home."""
     from wcoj_assets.instance import init_project
 
-    package = root / "src" / "edges"
-    (package / "defs" / "triangles").mkdir(parents=True)
-    (root / "dg.toml").write_text(DG_TOML)
-    (package / "__init__.py").write_text("")
-    (package / "defs" / "__init__.py").write_text("")
-    (package / "definitions.py").write_text(DEFINITIONS_PY)
-    (package / "defs" / "triangles" / "defs.yaml").write_text(DEFS_YAML)
+    write_package(root)
     first = root / "data" / "landing" / RELATION / START
     first.mkdir(parents=True)
     shutil.copyfile(edges, first / edges.name)

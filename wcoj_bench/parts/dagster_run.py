@@ -119,19 +119,26 @@ def dagster_command() -> list[str]:
     return [str(script)]
 
 
-def write_project(root: Path, graph: PreparedGraph, source: str, epochs: int) -> list[str]:
-    """The quick start's project at `root`, epoch 0 and epochs ``1..epochs`` landed; their keys."""
-    from wcoj_assets.epochs import Epochs
-    from wcoj_core.input_read import is_generator_spec
-
+def write_package(root: Path) -> Path:
+    """The quick start's project files at `root` (``dg.toml``, the package, its ``defs.yaml``),
+    nothing landed; the package's folder."""
     package = root / "src" / "edges"
     (package / "defs" / "triangles").mkdir(parents=True)
     (root / "dg.toml").write_text(DG_TOML)
     (package / "__init__.py").write_text("")
     (package / "defs" / "__init__.py").write_text("")
     (package / "definitions.py").write_text(DEFINITIONS_PY)
-    (package / "hollow.py").write_text(HOLLOW_PY)
     (package / "defs" / "triangles" / "defs.yaml").write_text(DEFS_YAML)
+    return package
+
+
+def write_project(root: Path, graph: PreparedGraph, source: str, epochs: int) -> list[str]:
+    """The quick start's project at `root`, epoch 0 and epochs ``1..epochs`` landed; their keys."""
+    from wcoj_assets.epochs import Epochs
+    from wcoj_core.input_read import is_generator_spec
+
+    package = write_package(root)
+    (package / "hollow.py").write_text(HOLLOW_PY)
     days = Epochs(START)
     keys = [days.key(t) for t in range(epochs + 1)]
     landing = root / "data" / "landing" / RELATION
