@@ -53,10 +53,12 @@ ui-prod: postgres java
 	env $(DAGSTER_ENV) DAGSTER_HOME=$(abspath $(PG_DIR)/dagster) \
 		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-# Tests run on WORKERS processes (pytest-xdist), one per core by default; the end-to-end tests
-# of one folder one after another on one of them, the longest groups first, in the order
+# Tests run on WORKERS processes (pytest-xdist), by default one more than the cores of the
+# machine we test on (2): the end-to-end tests spend much of their time waiting on servers,
+# sensor ticks and JVM start-ups, and a third worker fills that time. The end-to-end tests of one
+# folder run one after another on one of them, the longest groups first, in the order
 # tests/tiers.py gives (--no-loadscope-reorder keeps it). WORKERS=0 runs them all in this process.
-WORKERS ?= 2
+WORKERS ?= 3
 PYTEST  = $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 ## test: the whole suite, every tier (fast, spark, e2e, slow): what CI runs. The browser test's
