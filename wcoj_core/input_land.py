@@ -188,8 +188,10 @@ def _streamed(
     if held is not None:
         return _both_ways(held, rows_in)
     layer = sorter.layer()
-    dropped = 0 if loops is None else len(loops.layer())
-    return Landed(layer, rows_in, dropped)
+    if loops is None:
+        return Landed(layer, rows_in)
+    # every row went in both ways with one diff: the summed layer is its own mirror
+    return Landed(layer.mirrored() if len(layer) else layer, rows_in, len(loops.layer()))
 
 
 def _columns(
@@ -226,6 +228,8 @@ def _both_ways(held: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_i
         at += k
     del kept
     layer = Layer.build([first, second], diffs, what="summing the changes")
+    if len(layer):
+        layer.mirrored()
     dropped = 0
     if loops:  # the self-loop tuples whose multiplicities do not sum to 0, as the sorter counts
         looped = np.concatenate([v for v, _ in loops])
@@ -287,7 +291,8 @@ def symmetrized(layer: Layer) -> tuple[Layer, int]:
         a, b, diff = a[kept], b[kept], diff[kept]
     # Column by column: no array of rows is made (the kernel sorts columns as they are).
     both = [np.concatenate([a, b]), np.concatenate([b, a])]
-    return Layer.build(both, np.concatenate([diff, diff])), loops
+    layer = Layer.build(both, np.concatenate([diff, diff]))
+    return (layer.mirrored() if len(layer) else layer), loops
 
 
 def _collect(

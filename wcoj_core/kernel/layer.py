@@ -105,9 +105,24 @@ class Layer:
 
     A layer is never changed once built: its arrays may be shared with whoever built it, and
     may be read-only memory-mapped arrays — nothing may write into them.
+
+    `symmetric` (False unless its maker knows better, `mirrored`): a binary layer that is its
+    own mirror — each row ``(a, b)`` has ``(b, a)`` with the same diff, as an undirected
+    relation's landed edges do. Its columns swapped are then the layer itself, already
+    sorted (`permuted`), and its counts by either column are the same (`counts_delta`).
     """
 
-    __slots__ = ("_cols", "_dir", "_keys", "_packing", "_packs", "_unit", "diff", "rows")
+    __slots__ = (
+        "_cols",
+        "_dir",
+        "_keys",
+        "_packing",
+        "_packs",
+        "_unit",
+        "diff",
+        "rows",
+        "symmetric",
+    )
 
     def __init__(
         self,
@@ -133,6 +148,15 @@ class Layer:
         self._cols: tuple[np.ndarray, ...] | None = None
         self._unit = unit
         self._dir: tuple[np.ndarray, int] | None = None
+        self.symmetric = False
+
+    def mirrored(self) -> Layer:
+        """This layer, marked `symmetric` (its maker made every row in both directions with
+        the same diff)."""
+        if self.width != 2:
+            raise ValueError(f"a layer of {self.width} columns cannot be its own mirror")
+        self.symmetric = True
+        return self
 
     @classmethod
     def sort(
@@ -212,10 +236,12 @@ class Layer:
         """Rows in any order, equal rows summed, zeros dropped (`sort`)."""
         return cls.sort(rows, diff, consolidate=True, what=what)
 
-    def with_diff(self, diff: np.ndarray) -> Layer:
-        """The same rows (and search keys) with other diffs, none of them 0."""
+    def with_diff(self, diff: np.ndarray, *, symmetric: bool = False) -> Layer:
+        """The same rows (and search keys) with other diffs, none of them 0 (`symmetric`: the
+        caller knows the new diffs keep the layer its own mirror)."""
         layer = Layer(self.rows, diff, self._packing, self._keys)
         layer._packs, layer._cols, layer._dir = self._packs, self._cols, self._dir
+        layer.symmetric = symmetric and self.symmetric
         return layer
 
     @classmethod
@@ -358,8 +384,9 @@ class Layer:
         return self.lookup_of(cols, m) != 0
 
     def permuted(self, order: Sequence[int]) -> Layer:
-        """The same rows with columns in `order`, sorted again."""
-        if tuple(order) == tuple(range(self.width)):
+        """The same rows with columns in `order`, sorted again (a `symmetric` layer's two
+        columns swapped are the layer itself)."""
+        if tuple(order) == tuple(range(self.width)) or (self.symmetric and tuple(order) == (1, 0)):
             return self
         return Layer.sort([self.col(j) for j in order], self.diff)
 
