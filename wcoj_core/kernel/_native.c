@@ -1233,6 +1233,117 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
                          (unsigned long long)lo);
 }
 
+/* -- reading text edge lists -------------------------------------------------------------- */
+
+/* The line ends in [p, p + n). */
+static Py_ssize_t count_newlines(const unsigned char *p, Py_ssize_t n) {
+    Py_ssize_t lines = 0;
+    for (Py_ssize_t i = 0; i < n; i++) lines += p[i] == '\n';
+    return lines;
+}
+
+/* newlines(bytes) -> how many "\n" it holds */
+static PyObject *py_newlines(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
+    Py_ssize_t lines;
+    Py_BEGIN_ALLOW_THREADS
+    lines = count_newlines(b.buf, b.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyLong_FromSsize_t(lines);
+}
+
+/* lone_returns(bytes) -> whether a "\r" is not followed by "\n" (a line end of its own) */
+static PyObject *py_lone_returns(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
+    const unsigned char *p = b.buf;
+    Py_ssize_t n = b.len;
+    int lone = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i + 1 < n; i++) lone |= (p[i] == '\r') & (p[i + 1] != '\n');
+    if (n && p[n - 1] == '\r') lone = 1;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(lone);
+}
+
+static inline int blank(unsigned char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+/* The rows of a block of text lines (see py_parse_text) into out[j * cap + row]; the rows
+ * written, or -1 where the block holds anything the strict rules do not vouch for. */
+static Py_ssize_t parse_lines(const unsigned char *p, Py_ssize_t n, int arity, i64 *out,
+                              Py_ssize_t cap) {
+    Py_ssize_t i = 0, rows = 0;
+    while (i < n) {
+        while (i < n && blank(p[i])) i++;
+        if (i == n) break;
+        if (p[i] == '\n') { i++; continue; }           /* a blank line */
+        if (p[i] == '#') {                              /* a comment line: anything to its end */
+            const unsigned char *end = memchr(p + i, '\n', (size_t)(n - i));
+            i = end ? (Py_ssize_t)(end - p) + 1 : n;
+            continue;
+        }
+        if (rows == cap) return -1;
+        for (int j = 0; j < arity; j++) {
+            if (j) {
+                if (i == n || !blank(p[i])) return -1;  /* fields apart by blanks */
+                while (i < n && blank(p[i])) i++;
+            }
+            int negative = 0;
+            if (i < n && (p[i] == '+' || p[i] == '-')) negative = p[i++] == '-';
+            if (i == n || p[i] < '0' || p[i] > '9') return -1;
+            u64 v = 0;
+            while (i < n && p[i] >= '0' && p[i] <= '9') {
+                u64 d = (u64)(p[i++] - '0');
+                if (v > (UINT64_MAX - d) / 10) return -1;
+                v = v * 10 + d;
+            }
+            if (negative ? v > (u64)1 << 63 : v > (u64)INT64_MAX) return -1;
+            out[(Py_ssize_t)j * cap + rows] = negative ? (i64)(0 - v) : (i64)v;
+        }
+        while (i < n && blank(p[i])) i++;
+        if (i < n && p[i] != '\n') return -1;         /* more fields, or not a number */
+        i++;
+        rows++;
+    }
+    return rows;
+}
+
+/* parse_text(bytes, arity, out, cap) -> rows, or -1
+ * A block of whole lines of a text edge list read by the strict rules alone: blank lines and
+ * lines whose first non-blank is '#' skipped, every other line exactly `arity` fields of
+ * [+-]?[0-9]+ in the int64 range, apart by runs of ' ', '\t' or '\r' (blanks may lead and
+ * trail). Field j of data row r goes to out[j * cap + r]. -1 (nothing to trust in `out`): the
+ * block holds something else, or more than `cap` data rows; the caller reads it line by
+ * line, which names the first bad line. */
+static PyObject *py_parse_text(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    PyObject *out_o;
+    int arity;
+    Py_ssize_t cap;
+    if (!PyArg_ParseTuple(args, "y*iOn", &b, &arity, &out_o, &cap)) return NULL;
+    Held h = {.count = 0};
+    i64 *out = NULL;
+    if (arity < 1 || arity > MAXW || cap < 0)
+        PyErr_SetString(PyExc_ValueError, "parse_text: an arity of 1 to 32 and a capacity >= 0");
+    else
+        out = take(&h, out_o, 8, 1, (Py_ssize_t)arity * cap, NULL, "out");
+    if (!out) {
+        release(&h);
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    Py_ssize_t rows;
+    Py_BEGIN_ALLOW_THREADS
+    rows = parse_lines(b.buf, b.len, arity, out, cap);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    PyBuffer_Release(&b);
+    return PyLong_FromSsize_t(rows);
+}
+
 /* -- the module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1246,6 +1357,9 @@ static PyMethodDef methods[] = {
     {"ranges", py_ranges, METH_VARARGS, "ranges(layer, probe columns, m, low or None, high or None, lo out, hi out)"},
     {"count", py_count, METH_VARARGS, "count(extenders, prefix columns, m, live, tag, least, alive) -> live rows, or -(row + 1)"},
     {"extend", py_extend, METH_VARARGS, "extend(...): propose, filter and validate one step's candidates"},
+    {"lone_returns", py_lone_returns, METH_VARARGS, "lone_returns(bytes) -> whether a carriage return is not followed by a line feed"},
+    {"newlines", py_newlines, METH_VARARGS, "newlines(bytes) -> how many line feeds it holds"},
+    {"parse_text", py_parse_text, METH_VARARGS, "parse_text(bytes, arity, out, cap) -> data rows, or -1: a text block's fields into out[j * cap + row]"},
     {NULL, NULL, 0, NULL},
 };
 
