@@ -30,8 +30,9 @@ import pyarrow as pa
 from wcoj_core.arrow import longs
 from wcoj_core.errors import InputError, listed
 from wcoj_core.kernel.changes import changes_layer, data_rows
-from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.keys import I64, U64, Packing
 from wcoj_core.kernel.layer import Layer
+from wcoj_core.kernel.native import native
 from wcoj_core.meaning import RelationSpec
 from wcoj_core.traces import DIFF, TIME, relation_columns
 
@@ -217,17 +218,19 @@ def _both_ways(held: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_i
             keep = ~loop
             a, b, diff = a[keep], b[keep], diff[keep]
         kept.append((a, b, diff))
-    m = sum(len(d) for _, _, d in kept)
-    first, second, diffs = (np.empty(2 * m, dtype=I64) for _ in range(3))
-    at = 0
-    for a, b, diff in kept:
-        k = len(diff)
-        first[at : at + k], first[m + at : m + at + k] = a, b
-        second[at : at + k], second[m + at : m + at + k] = b, a
-        diffs[at : at + k], diffs[m + at : m + at + k] = diff, diff
-        at += k
+    layer = _both_keys(kept)
+    if layer is None:  # the ids span more than 32 bits: rows sorted as columns
+        m = sum(len(d) for _, _, d in kept)
+        first, second, diffs = (np.empty(2 * m, dtype=I64) for _ in range(3))
+        at = 0
+        for a, b, diff in kept:
+            k = len(diff)
+            first[at : at + k], first[m + at : m + at + k] = a, b
+            second[at : at + k], second[m + at : m + at + k] = b, a
+            diffs[at : at + k], diffs[m + at : m + at + k] = diff, diff
+            at += k
+        layer = Layer.build([first, second], diffs, what="summing the changes")
     del kept
-    layer = Layer.build([first, second], diffs, what="summing the changes")
     if len(layer):
         layer.mirrored()
     dropped = 0
@@ -239,6 +242,35 @@ def _both_ways(held: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_i
             )
         )
     return Landed(layer, rows_in, dropped)
+
+
+def _both_keys(kept: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> Layer | None:
+    """Slices of edges (no self-loop) summed both ways as one layer, each edge packed straight
+    into its two keys (no column of both directions is made; the diffs neither, when every
+    edge has the same); None when the ids' span does not pack twice into 64 bits."""
+    m = sum(len(d) for _, _, d in kept)
+    if m == 0:
+        return Layer.empty(2)
+    low = min(min(int(a.min()), int(b.min())) for a, b, d in kept if len(d))
+    high = max(max(int(a.max()), int(b.max())) for a, b, d in kept if len(d))
+    bits = (high - low).bit_length()
+    if 2 * bits > 64:
+        return None
+    packing = Packing((low, low), (high, high), (bits, bits))
+    keys = np.empty(2 * m, dtype=U64)
+    at = 0
+    for a, b, diff in kept:
+        k = len(diff)
+        native.pack((a, b), k, packing.lows, packing.highs, packing.bits, keys[at : at + k], None)
+        native.pack((b, a), k, packing.lows, packing.highs, packing.bits, keys[m + at : m + at + k], None)
+        at += k
+    d0 = next(int(d[0]) for _, _, d in kept if len(d))
+    if all(bool((d == d0).all()) for _, _, d in kept):
+        diffs = np.full(1, d0, dtype=I64)  # one for all
+    else:
+        one_way = np.concatenate([d for _, _, d in kept])
+        diffs = np.concatenate([one_way, one_way])
+    return Layer.from_keys(keys, packing, diffs, consolidate=True, what="summing the changes")
 
 
 def _add(

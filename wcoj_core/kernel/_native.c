@@ -216,62 +216,152 @@ static void key_range(Layer *L, const i64 *key, int p, Py_ssize_t *lo, Py_ssize_
 
 /* -- sorting and consolidating ------------------------------------------------------------ */
 
-/* Stable LSD radix sort of uint64 keys (11-bit digits; a digit every key shares is skipped):
- * the sorted keys into `out` and the permutation into `order`. Returns -1 out of memory. */
-static int radix_argsort(const u64 *keys, Py_ssize_t n, u64 *out, i64 *order) {
-    enum { BITS = 11, RADIX = 1 << BITS, PASSES = 6 };
-    size_t *hist = calloc((size_t)PASSES * RADIX, sizeof(size_t));
-    u64 *k2 = malloc(sizeof(u64) * (size_t)(n ? n : 1));
-    i64 *o2 = order ? malloc(sizeof(i64) * (size_t)(n ? n : 1)) : NULL;
-    if (!hist || !k2 || (order && !o2)) { free(hist); free(k2); free(o2); return -1; }
+/* Stable LSD radix sort of uint64 keys: the sorted keys into `out` and the permutation into
+ * `order` (or none). The digits cover the keys' highest set bit in as few passes of at most
+ * 11 bits as they can (a 38-bit key: four passes of 10 bits; wider digits scatter to more places
+ * than the caches hold, measured slower); a digit every key shares is skipped. With
+ * `threads` > 1 each pass runs on that many threads, each counting and then moving its own
+ * share of the keys to the places the counts of all give it (stable: a thread's keys go
+ * after the same digit's keys of the threads before it). Returns -1 out of memory. */
+enum { RBITS_MAX = 11, RADIX_MAX = 1 << RBITS_MAX, RTHREADS_MAX = 16 };
+
+typedef struct {
+    Py_ssize_t n;
+    int threads, passes, bits;
+    u64 *k[2];
+    i64 *o[2];
+    size_t *hist; /* threads x RADIX_MAX counts of the current pass */
+    size_t *at;   /* threads x RADIX_MAX places the next key of each digit goes */
+    pthread_barrier_t bar;
+    pthread_mutex_t lock;
+    pthread_cond_t ready;
+    int go;    /* the threads that started are known: the shares are set */
+    int final; /* which buffer holds the result */
+} RSort;
+
+typedef struct {
+    RSort *rs;
+    int tid;
+} RArg;
+
+static void *radix_worker(void *varg) {
+    RArg *arg = varg;
+    RSort *rs = arg->rs;
+    pthread_mutex_lock(&rs->lock);
+    while (!rs->go) pthread_cond_wait(&rs->ready, &rs->lock);
+    pthread_mutex_unlock(&rs->lock);
+    int tid = arg->tid, T = rs->threads, radix = 1 << rs->bits;
+    Py_ssize_t lo = rs->n * tid / T, hi = rs->n * (tid + 1) / T;
+    size_t *mine = rs->hist + (size_t)tid * RADIX_MAX;
+    size_t *at = rs->at + (size_t)tid * RADIX_MAX;
+    int src = 0;
+    for (int p = 0; p < rs->passes; p++) {
+        int shift = p * rs->bits;
+        u64 mask = (u64)radix - 1;
+        const u64 *sk = rs->k[src];
+        memset(mine, 0, sizeof(size_t) * (size_t)radix);
+        for (Py_ssize_t i = lo; i < hi; i++) mine[(sk[i] >> shift) & mask]++;
+        if (T > 1) pthread_barrier_wait(&rs->bar);
+        /* this thread's first place for each digit; a digit every key has: nothing moves */
+        size_t running = 0;
+        int trivial = 0;
+        for (int d = 0; d < radix; d++) {
+            size_t total = 0, before = 0;
+            for (int t = 0; t < T; t++) {
+                size_t c = rs->hist[(size_t)t * RADIX_MAX + d];
+                if (t < tid) before += c;
+                total += c;
+            }
+            if (total == (size_t)rs->n) trivial = 1;
+            at[d] = running + before;
+            running += total;
+        }
+        if (T > 1) pthread_barrier_wait(&rs->bar); /* every count read before the next pass's */
+        if (trivial) continue;
+        u64 *dk = rs->k[1 - src];
+        if (rs->o[0]) {
+            const i64 *so = rs->o[src];
+            i64 *dst_o = rs->o[1 - src];
+            for (Py_ssize_t i = lo; i < hi; i++) {
+                u64 k = sk[i];
+                size_t to = at[(k >> shift) & mask]++;
+                dk[to] = k;
+                dst_o[to] = so[i];
+            }
+        } else {
+            for (Py_ssize_t i = lo; i < hi; i++) {
+                u64 k = sk[i];
+                dk[at[(k >> shift) & mask]++] = k;
+            }
+        }
+        if (T > 1) pthread_barrier_wait(&rs->bar); /* every key moved before the next pass */
+        src = 1 - src;
+    }
+    if (tid == 0) rs->final = src;
+    return NULL;
+}
+
+static int radix_argsort(const u64 *keys, Py_ssize_t n, u64 *out, i64 *order, int threads) {
     int sorted = 1;
+    u64 seen = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         u64 k = keys[i];
-        for (int p = 0; p < PASSES; p++) hist[p * RADIX + ((k >> (p * BITS)) & (RADIX - 1))]++;
+        seen |= k;
         if (i && keys[i - 1] > k) sorted = 0;
     }
     if (out != keys) memcpy(out, keys, sizeof(u64) * (size_t)n);
     if (order)
         for (Py_ssize_t i = 0; i < n; i++) order[i] = i;
-    if (!sorted) {
-        u64 *src_k = out, *dst_k = k2;
-        i64 *src_o = order, *dst_o = o2;
-        for (int p = 0; p < PASSES; p++) {
-            size_t *h = hist + p * RADIX;
-            int trivial = 0;
-            for (int d = 0; d < RADIX; d++)
-                if (h[d] == (size_t)n) { trivial = 1; break; }
-            if (trivial) continue;
-            size_t sum = 0;
-            for (int d = 0; d < RADIX; d++) { size_t c = h[d]; h[d] = sum; sum += c; }
-            int shift = p * BITS;
-            if (order)
-                for (Py_ssize_t i = 0; i < n; i++) {
-                    u64 k = src_k[i];
-                    size_t at = h[(k >> shift) & (RADIX - 1)]++;
-                    dst_k[at] = k;
-                    dst_o[at] = src_o[i];
-                }
-            else
-                for (Py_ssize_t i = 0; i < n; i++) {
-                    u64 k = src_k[i];
-                    dst_k[h[(k >> shift) & (RADIX - 1)]++] = k;
-                }
-            u64 *tk = src_k; src_k = dst_k; dst_k = tk;
-            i64 *to = src_o; src_o = dst_o; dst_o = to;
-        }
-        if (src_k != out) {
-            memcpy(out, src_k, sizeof(u64) * (size_t)n);
-            if (order) memcpy(order, src_o, sizeof(i64) * (size_t)n);
-        }
+    if (sorted) return 0;
+    int used = 64 - __builtin_clzll(seen); /* seen != 0: the keys are not all equal */
+    int passes = (used + RBITS_MAX - 1) / RBITS_MAX;
+    if (threads < 1 || n < (1 << 16)) threads = 1;
+    if (threads > RTHREADS_MAX) threads = RTHREADS_MAX;
+    RSort rs = {.n = n, .threads = threads, .passes = passes,
+                .bits = (used + passes - 1) / passes, .k = {out, NULL}, .o = {order, NULL}};
+    rs.k[1] = malloc(sizeof(u64) * (size_t)n);
+    rs.o[1] = order ? malloc(sizeof(i64) * (size_t)n) : NULL;
+    rs.hist = malloc(sizeof(size_t) * RADIX_MAX * (size_t)threads);
+    rs.at = malloc(sizeof(size_t) * RADIX_MAX * (size_t)threads);
+    int rc = 0;
+    if (!rs.k[1] || (order && !rs.o[1]) || !rs.hist || !rs.at) rc = -1;
+    if (rc == 0) {
+        RArg args[RTHREADS_MAX];
+        pthread_t ids[RTHREADS_MAX];
+        int started = 0;
+        pthread_mutex_init(&rs.lock, NULL);
+        pthread_cond_init(&rs.ready, NULL);
+        for (int t = 0; t < threads; t++) args[t] = (RArg){.rs = &rs, .tid = t};
+        for (int t = 1; t < threads && pthread_create(&ids[t], NULL, radix_worker, &args[t]) == 0; t++)
+            started++;
+        /* the shares among the threads that did start (this one and `started` more) */
+        rs.threads = started + 1;
+        if (rs.threads > 1) pthread_barrier_init(&rs.bar, NULL, (unsigned)rs.threads);
+        pthread_mutex_lock(&rs.lock);
+        rs.go = 1;
+        pthread_cond_broadcast(&rs.ready);
+        pthread_mutex_unlock(&rs.lock);
+        radix_worker(&args[0]);
+        for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+        if (rs.threads > 1) pthread_barrier_destroy(&rs.bar);
+        pthread_mutex_destroy(&rs.lock);
+        pthread_cond_destroy(&rs.ready);
     }
-    free(hist); free(k2); free(o2);
-    return 0;
+    if (rc == 0 && rs.final == 1) {
+        memcpy(out, rs.k[1], sizeof(u64) * (size_t)n);
+        if (order) memcpy(order, rs.o[1], sizeof(i64) * (size_t)n);
+    }
+    free(rs.k[1]);
+    free(rs.o[1]);
+    free(rs.hist);
+    free(rs.at);
+    return rc;
 }
 
 static PyObject *py_argsort(PyObject *self, PyObject *args) {
     PyObject *keys_o, *out_o, *order_o;
-    if (!PyArg_ParseTuple(args, "OOO", &keys_o, &out_o, &order_o)) return NULL;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "OOO|i", &keys_o, &out_o, &order_o, &threads)) return NULL;
     Held h = {.count = 0};
     Py_ssize_t n;
     const u64 *keys = take(&h, keys_o, 8, 0, -1, &n, "keys");
@@ -281,7 +371,7 @@ static PyObject *py_argsort(PyObject *self, PyObject *args) {
     if (!out || (order_o != Py_None && !order)) { release(&h); return NULL; }
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = radix_argsort(keys, n, out, order);
+    rc = radix_argsort(keys, n, out, order, threads);
     Py_END_ALLOW_THREADS
     release(&h);
     if (rc < 0) return PyErr_NoMemory();
@@ -1347,7 +1437,7 @@ static PyObject *py_parse_text(PyObject *self, PyObject *args) {
 /* -- the module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
-    {"argsort", py_argsort, METH_VARARGS, "argsort(keys, sorted out, order out or None): stable radix sort of uint64 keys"},
+    {"argsort", py_argsort, METH_VARARGS, "argsort(keys, sorted out, order out or None, threads=1): stable radix sort of uint64 keys"},
     {"consolidate", py_consolidate, METH_VARARGS, "consolidate(sorted keys (compacted in place), diff (one for all: length 1), order or None, sums out) -> runs kept, or -(row + 1)"},
     {"directory", py_directory, METH_VARARGS, "directory(sorted column, out, low): first row at or after each key"},
     {"pack", py_pack, METH_VARARGS, "pack(columns, n, lows, highs, bits, keys out, inside out or None) -> all inside"},

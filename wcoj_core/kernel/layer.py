@@ -27,6 +27,7 @@ are exact: one that leaves int64 raises `MultiplicityOverflow` (`wcoj_core.kerne
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -48,6 +49,11 @@ OVER_LAYERS = "summing a row's multiplicities over layers"
 # `DIRECTORY_SPAN` longs per row.
 DIRECTORY_SHARE = 1 / 16
 DIRECTORY_SPAN = 2
+
+# A sort of at least this many rows runs on this many threads (each radix pass shared out:
+# what a bulk load's landing sort takes on the driver); a smaller one stays on one thread.
+SORT_THREAD_ROWS = 1 << 20
+SORT_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)))
 
 # What the compiled kernel is handed for a layer (see `Layer.spec`).
 Spec = tuple[tuple[np.ndarray, ...], np.ndarray, bool, np.ndarray | None, int]
@@ -188,11 +194,34 @@ class Layer:
         if packing is None:
             return cls._sort_wide(stack(cols, n), diff, consolidate, what)
         keys, _ = packing.pack_columns(cols, n)
+        return cls.from_keys(keys, packing, diff, consolidate=consolidate, what=what)
+
+    @classmethod
+    def from_keys(
+        cls,
+        keys: np.ndarray,
+        packing: Packing,
+        diff: np.ndarray,
+        *,
+        consolidate: bool = False,
+        what: str = SUMMING,
+    ) -> Layer:
+        """A layer of rows given as their keys packed by `packing` (``uint64``, any order;
+        sorted in place), with `diff` (one per key, or one for all), consolidated first when
+        asked (as `sort`)."""
+        diff = np.ascontiguousarray(diff, dtype=I64)
+        if len(keys) == 0:
+            return cls.empty(len(packing.bits))
         # One diff for all (whole relations, support changes): the keys alone are sorted, and
         # the rows unpacked from them, as permuting rows and diffs would give.
-        same = bool((diff == diff[0]).all())
+        same = len(diff) == 1 or bool((diff == diff[0]).all())
+        if not same and len(diff) != len(keys):
+            raise ValueError(f"{len(diff)} diffs for {len(keys)} keys")
+        if same and len(diff) != len(keys) and not consolidate:
+            diff = np.full(len(keys), diff[0], dtype=I64)
         order = None if same else np.empty(len(keys), dtype=I64)
-        native.argsort(keys, keys, order)  # in place
+        threads = SORT_THREADS if len(keys) >= SORT_THREAD_ROWS else 1
+        native.argsort(keys, keys, order, threads)  # in place
         if consolidate:
             sums = np.empty(len(keys), dtype=I64)
             kept = native.consolidate(keys, diff[:1] if same else diff, order, sums)
