@@ -262,7 +262,9 @@ def _both_keys(kept: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> Lay
     for a, b, diff in kept:
         k = len(diff)
         native.pack((a, b), k, packing.lows, packing.highs, packing.bits, keys[at : at + k], None)
-        native.pack((b, a), k, packing.lows, packing.highs, packing.bits, keys[m + at : m + at + k], None)
+        native.pack(
+            (b, a), k, packing.lows, packing.highs, packing.bits, keys[m + at : m + at + k], None
+        )
         at += k
     d0 = next(int(d[0]) for _, _, d in kept if len(d))
     if all(bool((d == d0).all()) for _, _, d in kept):

@@ -45,7 +45,7 @@ import stat
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from enum import Enum
 from functools import partial
 from typing import TYPE_CHECKING
@@ -381,10 +381,8 @@ def _read_ahead(read: Callable[[int], bytes], size: int) -> Iterator[Callable[[i
     finally:
         stop.set()
         while worker.is_alive():  # a worker waiting to hand over a block is let go
-            try:
+            with suppress(queue.Empty):
                 ahead.get(timeout=0.05)
-            except queue.Empty:
-                pass
         worker.join()
 
 

@@ -89,7 +89,9 @@ def test_the_compiled_loops_release_the_gil() -> None:
 @pytest.mark.parametrize(
     ("n", "high"), [(5, 9), (70_000, 1 << 20), (200_000, 1 << 38), (150_000, 1 << 63), (1 << 17, 2)]
 )
-def test_the_radix_sort_on_threads_is_numpys_stable_argsort(threads: int, n: int, high: int) -> None:
+def test_the_radix_sort_on_threads_is_numpys_stable_argsort(
+    threads: int, n: int, high: int
+) -> None:
     """Every pass shared out among threads still gives the stable order: equal keys keep the
     order they came in (what consolidating diffs through the permutation relies on)."""
     keys = np.random.default_rng(n + threads).integers(0, high, size=n, dtype=np.uint64)

@@ -103,6 +103,13 @@ def support_delta(
     return Layer(delta.rows[keep], change[keep])
 
 
+def counted_by(support: Layer, key: Sequence[int]) -> tuple[int, ...]:
+    """The columns `counts_delta` groups by for `key`: a `symmetric` layer's counts by its
+    second column are those by its first (two arrangements that are one)."""
+    key = tuple(key)
+    return (0,) if support.symmetric and key == (1,) else key
+
+
 def counts_delta(support: Layer, key: Sequence[int]) -> Layer:
     """Support changes grouped by the key columns: a counts change.
 
@@ -116,9 +123,7 @@ def counts_delta(support: Layer, key: Sequence[int]) -> Layer:
     >>> counts_delta(support.mirrored(), (1,)).diff.tolist()
     [2, 1, 1]
     """
-    key = tuple(key)
-    if support.symmetric and key == (1,):
-        key = (0,)
+    key = counted_by(support, key)
     cols = [support.col(k) for k in key]
     n = len(support)
     if not key or key != tuple(range(len(key))) or n == 0:
@@ -128,6 +133,12 @@ def counts_delta(support: Layer, key: Sequence[int]) -> Layer:
     for c in cols:
         np.not_equal(c[1:], c[:-1], out=starts[1:], where=~starts[1:])
     first = np.flatnonzero(starts)
+    if support.unit:  # every diff 1: a key's count is the length of its run
+        sums = np.diff(first, append=n).astype(I64, copy=False)
+        rows = np.empty((len(first), len(cols)), dtype=I64, order="F")
+        for j, c in enumerate(cols):
+            np.take(c, first, out=rows[:, j])
+        return Layer(rows, sums, unit=len(sums) == 0 or bool(sums.max() == 1))
     sums = sums_at(np.asarray(support.diff, dtype=I64), first, row_namer(cols), SUMMING)
     if not sums.all():
         nonzero = sums != 0
