@@ -24,11 +24,13 @@ URI with a scheme other than ``file`` needs Spark. Nothing is read that is not a
 folder only for Parquet): `check_input_file` refuses a named pipe, a device or a socket from
 ``os.stat`` before anything is opened, and each open checks again (``O_NONBLOCK``, ``fstat``).
 
-Text and CSV are read (gunzipped as they stream) in blocks of whole lines. A block takes a fast
-path (pyarrow's CSV parser or its whitespace split, after checking that the block's bytes leave
-nothing to interpret); a block the fast path does not vouch for is halved, and pieces of at most
-64 KiB it still does not vouch for are read line by line by the exact rules, which also find the
-first bad line. A line longer than `MAX_LINE_BYTES` is refused rather than buffered.
+Text and CSV are read (gunzipped as they stream) in blocks of whole lines; a whole file is
+read ahead on a thread (`_read_ahead`: the next blocks inflate while this one is parsed). A block
+takes a fast path (text: the compiled kernel's `parse_text`, which takes exactly the dialect's
+blank, comment and data lines and vouches for nothing else; CSV: pyarrow's CSV parser, after
+checking that the block's bytes leave nothing to interpret); a block the fast path does not
+vouch for is halved, and pieces of at most 64 KiB it still does not vouch for are read line by
+line by the exact rules, which also find the first bad line. A line longer than `MAX_LINE_BYTES` is refused rather than buffered.
 `check_locally` is the pre-flight check: the same reading over at most the first
 `LOCAL_CHECK_BYTES` decompressed bytes (a Parquet file's footers, and its values when small).
 """

@@ -1116,6 +1116,8 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
     const Filt *fs = ctx->fs;
     int writing = !ctx->counting;
     Py_ssize_t written = 0;
+    int leftover = 0; /* filters a candidate is checked against (not bounds of its range) */
+    for (int f = 0; f < nf; f++) leftover |= fs[f].kind == ITSELF || fs[f].op == NE;
     for (Py_ssize_t i = i0; i < i1; i++) {
         Py_ssize_t r = ctx->live[i];
         int t = (int)ctx->tag[i];
@@ -1148,30 +1150,41 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
         if (!nonempty) continue;
         i64 w0 = ctx->weight[r];
         uint8_t f0 = ctx->flags ? ctx->flags[r] : 0;
+        /* one layer (a first load, a static count): its key's values are distinct, each with
+         * a diff that is not 0, so they are read straight along its column */
+        const int single = x->nsource == 1;
+        const i64 *scol = x->source[0].cols[x->p], *sdiff = x->source[0].diff;
+        Py_ssize_t sat = x->cur[0], shi = x->hi[0];
         for (;;) {
-            /* the next candidate: the least value at the cursors, its diffs summed */
             i64 v = 0;
-            int found = 0;
-            for (int l = 0; l < x->nsource; l++)
-                if (x->cur[l] < x->hi[l]) {
-                    i64 c = x->source[l].cols[x->p][x->cur[l]];
-                    if (!found || c < v) { v = c; found = 1; }
-                }
-            if (!found) break;
             i128 d = 0;
-            for (int l = 0; l < x->nsource; l++)
-                if (x->cur[l] < x->hi[l] && x->source[l].cols[x->p][x->cur[l]] == v) {
-                    d += x->source[l].diff[x->cur[l]];
-                    x->cur[l]++;
+            if (single) {
+                if (sat >= shi) break;
+                v = scol[sat];
+                d = sdiff[sat++];
+            } else {
+                /* the next candidate: the least value at the cursors, its diffs summed */
+                int found = 0;
+                for (int l = 0; l < x->nsource; l++)
+                    if (x->cur[l] < x->hi[l]) {
+                        i64 c = x->source[l].cols[x->p][x->cur[l]];
+                        if (!found || c < v) { v = c; found = 1; }
+                    }
+                if (!found) break;
+                for (int l = 0; l < x->nsource; l++)
+                    if (x->cur[l] < x->hi[l] && x->source[l].cols[x->p][x->cur[l]] == v) {
+                        d += x->source[l].diff[x->cur[l]];
+                        x->cur[l]++;
+                    }
+                if (d == 0) continue;
+                if (d > INT64_MAX || d < INT64_MIN) {
+                    st->err = 1; st->err_row = r; st->err_ext = t; st->err_value = v;
+                    return;
                 }
-            if (d == 0) continue;
-            if (d > INT64_MAX || d < INT64_MIN) {
-                st->err = 1; st->err_row = r; st->err_ext = t; st->err_value = v;
-                return;
             }
             st->proposed++;
             int pass = 1;
-            for (int f = 0; f < nf && pass; f++) {
+            for (int f = 0; f < nf && pass && leftover; f++) {
                 if (!(fs[f].kind == ITSELF || fs[f].op == NE)) continue;
                 i64 o = fs[f].kind == CONSTANT ? fs[f].value
                         : fs[f].kind == ITSELF ? v : P->cols[fs[f].value][r];
