@@ -43,7 +43,7 @@ from wcoj_core.deploy.work import RuleJob, Work
 from wcoj_core.errors import MultiplicityOverflow, StateError
 from wcoj_core.indexes import KEPT, Opened, advance, identity, open_trace
 from wcoj_core.input_land import Changes, Landed, land
-from wcoj_core.kernel.changes import counts_delta, support_delta
+from wcoj_core.kernel.changes import counted_by, counts_delta, support_delta
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import RuleTally
 from wcoj_core.kernel.layer import Layer, lookup_sum
@@ -519,8 +519,12 @@ class EpochPass:
                 _, eff = self.effects[view.relation]
                 known = None if eff.held is None else (eff.change, eff.held)
                 support = support_delta(layers, view, known)
+                made: dict[tuple[int, ...], Layer] = {}  # arrangements that count alike
                 for a in arrangements:
-                    counts = counts_delta(support, a.key)
+                    by = counted_by(support, a.key)
+                    counts = (
+                        made[by] if by in made else made.setdefault(by, counts_delta(support, by))
+                    )
                     if len(counts):
                         self.deltas[counts_trace_name(a)] = counts
                 continue

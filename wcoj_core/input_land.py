@@ -30,8 +30,9 @@ import pyarrow as pa
 from wcoj_core.arrow import longs
 from wcoj_core.errors import InputError, listed
 from wcoj_core.kernel.changes import changes_layer, data_rows
-from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.keys import I64, U64, Packing
 from wcoj_core.kernel.layer import Layer
+from wcoj_core.kernel.native import native
 from wcoj_core.meaning import RelationSpec
 from wcoj_core.traces import DIFF, TIME, relation_columns
 
@@ -188,8 +189,10 @@ def _streamed(
     if held is not None:
         return _both_ways(held, rows_in)
     layer = sorter.layer()
-    dropped = 0 if loops is None else len(loops.layer())
-    return Landed(layer, rows_in, dropped)
+    if loops is None:
+        return Landed(layer, rows_in)
+    # every row went in both ways with one diff: the summed layer is its own mirror
+    return Landed(layer.mirrored() if len(layer) else layer, rows_in, len(loops.layer()))
 
 
 def _columns(
@@ -215,17 +218,21 @@ def _both_ways(held: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_i
             keep = ~loop
             a, b, diff = a[keep], b[keep], diff[keep]
         kept.append((a, b, diff))
-    m = sum(len(d) for _, _, d in kept)
-    first, second, diffs = (np.empty(2 * m, dtype=I64) for _ in range(3))
-    at = 0
-    for a, b, diff in kept:
-        k = len(diff)
-        first[at : at + k], first[m + at : m + at + k] = a, b
-        second[at : at + k], second[m + at : m + at + k] = b, a
-        diffs[at : at + k], diffs[m + at : m + at + k] = diff, diff
-        at += k
+    layer = _both_keys(kept)
+    if layer is None:  # the ids span more than 32 bits: rows sorted as columns
+        m = sum(len(d) for _, _, d in kept)
+        first, second, diffs = (np.empty(2 * m, dtype=I64) for _ in range(3))
+        at = 0
+        for a, b, diff in kept:
+            k = len(diff)
+            first[at : at + k], first[m + at : m + at + k] = a, b
+            second[at : at + k], second[m + at : m + at + k] = b, a
+            diffs[at : at + k], diffs[m + at : m + at + k] = diff, diff
+            at += k
+        layer = Layer.build([first, second], diffs, what="summing the changes")
     del kept
-    layer = Layer.build([first, second], diffs, what="summing the changes")
+    if len(layer):
+        layer.mirrored()
     dropped = 0
     if loops:  # the self-loop tuples whose multiplicities do not sum to 0, as the sorter counts
         looped = np.concatenate([v for v, _ in loops])
@@ -235,6 +242,37 @@ def _both_ways(held: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_i
             )
         )
     return Landed(layer, rows_in, dropped)
+
+
+def _both_keys(kept: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> Layer | None:
+    """Slices of edges (no self-loop) summed both ways as one layer, each edge packed straight
+    into its two keys (no column of both directions is made; the diffs neither, when every
+    edge has the same); None when the ids' span does not pack twice into 64 bits."""
+    m = sum(len(d) for _, _, d in kept)
+    if m == 0:
+        return Layer.empty(2)
+    low = min(min(int(a.min()), int(b.min())) for a, b, d in kept if len(d))
+    high = max(max(int(a.max()), int(b.max())) for a, b, d in kept if len(d))
+    bits = (high - low).bit_length()
+    if 2 * bits > 64:
+        return None
+    packing = Packing((low, low), (high, high), (bits, bits))
+    keys = np.empty(2 * m, dtype=U64)
+    at = 0
+    for a, b, diff in kept:
+        k = len(diff)
+        native.pack((a, b), k, packing.lows, packing.highs, packing.bits, keys[at : at + k], None)
+        native.pack(
+            (b, a), k, packing.lows, packing.highs, packing.bits, keys[m + at : m + at + k], None
+        )
+        at += k
+    d0 = next(int(d[0]) for _, _, d in kept if len(d))
+    if all(bool((d == d0).all()) for _, _, d in kept):
+        diffs = np.full(1, d0, dtype=I64)  # one for all
+    else:
+        one_way = np.concatenate([d for _, _, d in kept])
+        diffs = np.concatenate([one_way, one_way])
+    return Layer.from_keys(keys, packing, diffs, consolidate=True, what="summing the changes")
 
 
 def _add(
@@ -287,7 +325,8 @@ def symmetrized(layer: Layer) -> tuple[Layer, int]:
         a, b, diff = a[kept], b[kept], diff[kept]
     # Column by column: no array of rows is made (the kernel sorts columns as they are).
     both = [np.concatenate([a, b]), np.concatenate([b, a])]
-    return Layer.build(both, np.concatenate([diff, diff])), loops
+    layer = Layer.build(both, np.concatenate([diff, diff]))
+    return (layer.mirrored() if len(layer) else layer), loops
 
 
 def _collect(

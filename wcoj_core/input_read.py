@@ -24,11 +24,13 @@ URI with a scheme other than ``file`` needs Spark. Nothing is read that is not a
 folder only for Parquet): `check_input_file` refuses a named pipe, a device or a socket from
 ``os.stat`` before anything is opened, and each open checks again (``O_NONBLOCK``, ``fstat``).
 
-Text and CSV are read (gunzipped as they stream) in blocks of whole lines. A block takes a fast
-path (pyarrow's CSV parser or its whitespace split, after checking that the block's bytes leave
-nothing to interpret); a block the fast path does not vouch for is halved, and pieces of at most
-64 KiB it still does not vouch for are read line by line by the exact rules, which also find the
-first bad line. A line longer than `MAX_LINE_BYTES` is refused rather than buffered.
+Text and CSV are read (gunzipped as they stream) in blocks of whole lines; a whole file is
+read ahead on a thread (`_read_ahead`: the next blocks inflate while this one is parsed). A block
+takes a fast path (text: the compiled kernel's `parse_text`, which takes exactly the dialect's
+blank, comment and data lines and vouches for nothing else; CSV: pyarrow's CSV parser, after
+checking that the block's bytes leave nothing to interpret); a block the fast path does not
+vouch for is halved, and pieces of at most 64 KiB it still does not vouch for are read line by
+line by the exact rules, which also find the first bad line. A line longer than `MAX_LINE_BYTES` is refused rather than buffered.
 `check_locally` is the pre-flight check: the same reading over at most the first
 `LOCAL_CHECK_BYTES` decompressed bytes (a Parquet file's footers, and its values when small).
 """
@@ -39,11 +41,13 @@ import csv
 import gzip
 import io
 import os
+import queue
 import re
 import stat
+import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from enum import Enum
 from functools import partial
 from typing import TYPE_CHECKING
@@ -55,6 +59,7 @@ import pyarrow.csv as pacsv
 
 from wcoj_core.arrow import long_array
 from wcoj_core.errors import InputError, listed
+from wcoj_core.kernel.native import native
 from wcoj_core.traces import DIFF, TIME, relation_columns
 
 if TYPE_CHECKING:  # imported where used: pyarrow.compute and .parquet take ~0.1 s each
@@ -64,6 +69,7 @@ if TYPE_CHECKING:  # imported where used: pyarrow.compute and .parquet take ~0.1
 # reads a Parquet file's values only when the files are at most this big.
 LOCAL_CHECK_BYTES = 4 << 20
 _BLOCK = 16 << 20  # text and CSV are parsed this many bytes of whole lines at a time
+_AHEAD_BYTES = 4 << 20  # a whole stream is read (inflated) this much at a time, on a thread
 _EXACT_BYTES = 64 << 10  # a piece the fast path does not vouch for is halved down to this
 PARQUET_BATCH_ROWS = 1 << 20  # a Parquet file is read this many rows at a time
 MAX_LINE_BYTES = 64 << 20  # a longer line is refused rather than buffered
@@ -303,12 +309,19 @@ class _Lines:
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
         """``(number of the block's first line, block)``, the blocks in order."""
+        if self.limit is not None:
+            yield from self._blocks(self.handle.read, _BLOCK)
+            return
+        with _read_ahead(self.handle.read, _AHEAD_BYTES) as read:
+            yield from self._blocks(read, _AHEAD_BYTES)
+
+    def _blocks(self, read: Callable[[int], bytes], size: int) -> Iterator[tuple[int, bytes]]:
         line, carry, start, budget = 1, b"", True, self.limit
         while True:
             # One byte past the limit tells whether the stream goes on.
-            want = _BLOCK if budget is None else min(_BLOCK, budget + 1)
+            want = size if budget is None else min(size, budget + 1)
             with _unreadable(self.source, self.what):
-                data = self.handle.read(want)
+                data = read(want)
             if budget is not None:
                 if len(data) > budget:
                     data, self.complete = data[:budget], False
@@ -333,7 +346,46 @@ class _Lines:
                 continue
             block, carry = _normalize(buffer[:end]), buffer[end:]
             yield line, block
-            line += block.count(b"\n")
+            line += native.newlines(block)
+
+
+@contextmanager
+def _read_ahead(read: Callable[[int], bytes], size: int) -> Iterator[Callable[[int], bytes]]:
+    """A reader of what `read` reads, `size` bytes a call whatever it is asked for (`_Lines`
+    asks for `size`): the next blocks are read on a thread while the caller parses this one (a
+    gzip stream is inflated beside the parsing: zlib and the compiled reader release the GIL).
+    An error of the read is raised where its block would have come; leaving the context stops
+    the thread before the stream can be closed."""
+    ahead: queue.Queue[tuple[bytes, BaseException | None]] = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            while not stop.is_set():
+                data = read(size)
+                ahead.put((data, None))
+                if not data:
+                    return
+        except BaseException as error:  # handed to the reader, raised there
+            ahead.put((b"", error))
+
+    worker = threading.Thread(target=work, name="wcoj-read-ahead", daemon=True)
+    worker.start()
+
+    def next_block(_: int) -> bytes:
+        data, error = ahead.get()
+        if error is not None:
+            raise error
+        return data
+
+    try:
+        yield next_block
+    finally:
+        stop.set()
+        while worker.is_alive():  # a worker waiting to hand over a block is let go
+            with suppress(queue.Empty):
+                ahead.get(timeout=0.05)
+        worker.join()
 
 
 def _last_break(buffer: bytes, *, final: bool) -> int:
@@ -347,7 +399,7 @@ def _last_break(buffer: bytes, *, final: bool) -> int:
 
 def _normalize(block: bytes) -> bytes:
     """`block` with every lone ``\\r`` made a ``\\n`` (``\\r\\n`` stays, as one line end)."""
-    if b"\r" in block and block.count(b"\r") != block.count(b"\r\n"):
+    if b"\r" in block and native.lone_returns(block):
         return block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
     return block
 
@@ -428,37 +480,15 @@ def _by_halves(
 
 
 def _text_fast(block: bytes, arity: int) -> Rows | None:
-    """The rows of a block when nothing in it needs the exact rules; None otherwise."""
-    if b"#" in block:
-        uncommented = _drop_comments(block)
-        if uncommented is None:
-            return None
-        block = uncommented
-    if block.translate(None, _TEXT_BYTES):
-        return None  # bytes that are neither digits, signs nor blanks: the exact rules decide
-    tab, space = b"\t" in block, b" " in block
-    if not (tab and space):
-        table = _arrow_csv(block, arity, "\t" if tab else " ", quoted=False)
-        if table is not None and not any(c.null_count for c in table.columns):
-            return _rows(table.columns)
-    return _split_whitespace(block, arity)
-
-
-def _drop_comments(block: bytes) -> bytes | None:
-    """`block` without its comment lines (first non-blank character ``#``); None if too many."""
-    pieces, kept, mark = [], 0, block.find(b"#")
-    for _ in range(10_000):
-        if mark < 0:
-            pieces.append(block[kept:])
-            return b"".join(pieces)
-        start = block.rfind(b"\n", 0, mark) + 1
-        end = block.find(b"\n", mark)
-        end = len(block) if end < 0 else end + 1
-        if not block[start:mark].strip(b" \t"):  # else a '#' inside a data line: left in place
-            pieces.append(block[kept:start])
-            kept = end
-        mark = block.find(b"#", max(end, mark + 1))
-    return None
+    """The rows of a block when nothing in it needs the exact rules; None otherwise: the
+    compiled reader (`parse_text`) takes blank and comment lines and fields of digits and
+    signs apart by blanks, and vouches for nothing else."""
+    cap = len(block) // (2 * arity) + 1  # a data line holds at least two bytes a field
+    out = np.empty(arity * cap, dtype=np.int64)
+    rows = native.parse_text(block, arity, out, cap)
+    if rows < 0:
+        return None
+    return _rows([out[j * cap : j * cap + rows] for j in range(arity)])
 
 
 def arrow_owned(data: bytes) -> pa.Buffer:
@@ -499,46 +529,6 @@ def _arrow_csv(body: bytes, width: int, delimiter: str, *, quoted: bool) -> pa.T
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-
-
-def _split_whitespace(block: bytes, arity: int) -> Rows | None:
-    """The rows of a block of digits, signs and blanks, split at runs of blanks; None if any
-    line holds another number of fields or a field is not a 64-bit integer."""
-    lines = _arrow_lines(block)
-    if lines is None:
-        return None
-    import pyarrow.compute as pc
-
-    fields = pc.call_function("utf8_split_whitespace", [lines])
-    counts = pc.call_function("list_value_length", [fields]).to_numpy(zero_copy_only=False)
-    if not np.isin(counts, (0, arity)).all():
-        return None
-    flat = pc.call_function("list_flatten", [fields])
-    if b"+" in block:  # "+5" is 5; pyarrow's cast refuses it: drop one leading sign
-        flat = pc.call_function(
-            "replace_substring_regex", [flat], pc.ReplaceSubstringOptions(r"^\+([0-9])", r"\1")
-        )
-    try:
-        values = pc.cast(flat, pa.int64())
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
-    numbers = values.to_numpy(zero_copy_only=False)
-    return _rows([numbers[i::arity] for i in range(arity)])
-
-
-def _arrow_lines(block: bytes) -> pa.ChunkedArray | None:
-    try:
-        table = pacsv.read_csv(
-            arrow_owned(block),
-            read_options=pacsv.ReadOptions(column_names=["line"]),
-            parse_options=pacsv.ParseOptions(delimiter="\x01", quote_char=False),
-            convert_options=pacsv.ConvertOptions(
-                column_types={"line": pa.string()}, strings_can_be_null=False
-            ),
-        )
-    except pa.ArrowInvalid:
-        return None
-    return table.column("line")
 
 
 def _text_exact(block: bytes, first: int, arity: int, source: str) -> Rows:

@@ -202,7 +202,7 @@ def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect
         # A set's first load, every tuple inserted: each enters once (no lookup, no array of
         # old multiplicities), as the general case below would find.
         n = len(landed)
-        ones = landed if landed.unit else landed.with_diff(np.ones(n, dtype=I64))
+        ones = landed if landed.unit else landed.with_diff(np.ones(n, dtype=I64), symmetric=True)
         return Effect(ones, ones, Layer.empty(landed.width), Figures(n, n, 0))
     held = lookup_sum(before, landed.rows) if len(landed) else np.zeros(0, dtype=I64)
     if spec.meaning is Meaning.BAG:

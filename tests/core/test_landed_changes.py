@@ -91,6 +91,13 @@ def test_every_way_changes_arrive_lands_as_the_naive_sum(
             assert landed.rows_in == len(diff), way
         if undirected and way != "layer":
             assert landed.self_loops == loops, way
+        if undirected and len(landed.layer):
+            # marked its own mirror: its columns swapped and sorted again are the layer itself
+            layer = landed.layer
+            assert layer.symmetric, way
+            swapped = Layer.sort([layer.col(1), layer.col(0)], layer.diff)
+            assert np.array_equal(swapped.rows, layer.rows), way
+            assert np.array_equal(swapped.diff, layer.diff), way
 
 
 def test_a_stream_past_the_row_budget_is_refused() -> None:

@@ -83,3 +83,23 @@ def test_the_compiled_loops_release_the_gil() -> None:
     worker.join()
     assert spins > 10
     assert bool((out[1:] >= out[:-1]).all()) and (keys[order] == out).all()
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize(
+    ("n", "high"), [(5, 9), (70_000, 1 << 20), (200_000, 1 << 38), (150_000, 1 << 63), (1 << 17, 2)]
+)
+def test_the_radix_sort_on_threads_is_numpys_stable_argsort(
+    threads: int, n: int, high: int
+) -> None:
+    """Every pass shared out among threads still gives the stable order: equal keys keep the
+    order they came in (what consolidating diffs through the permutation relies on)."""
+    keys = np.random.default_rng(n + threads).integers(0, high, size=n, dtype=np.uint64)
+    out, order = np.empty_like(keys), np.empty(n, dtype=np.int64)
+    native.argsort(keys, out, order, threads)
+    expected = np.argsort(keys, kind="stable")
+    assert np.array_equal(order, expected)
+    assert np.array_equal(out, keys[expected])
+    alone = keys.copy()
+    native.argsort(alone, alone, None, threads)  # keys alone, in place
+    assert np.array_equal(alone, np.sort(keys))

@@ -216,62 +216,152 @@ static void key_range(Layer *L, const i64 *key, int p, Py_ssize_t *lo, Py_ssize_
 
 /* -- sorting and consolidating ------------------------------------------------------------ */
 
-/* Stable LSD radix sort of uint64 keys (11-bit digits; a digit every key shares is skipped):
- * the sorted keys into `out` and the permutation into `order`. Returns -1 out of memory. */
-static int radix_argsort(const u64 *keys, Py_ssize_t n, u64 *out, i64 *order) {
-    enum { BITS = 11, RADIX = 1 << BITS, PASSES = 6 };
-    size_t *hist = calloc((size_t)PASSES * RADIX, sizeof(size_t));
-    u64 *k2 = malloc(sizeof(u64) * (size_t)(n ? n : 1));
-    i64 *o2 = order ? malloc(sizeof(i64) * (size_t)(n ? n : 1)) : NULL;
-    if (!hist || !k2 || (order && !o2)) { free(hist); free(k2); free(o2); return -1; }
+/* Stable LSD radix sort of uint64 keys: the sorted keys into `out` and the permutation into
+ * `order` (or none). The digits cover the keys' highest set bit in as few passes of at most
+ * 11 bits as they can (a 38-bit key: four passes of 10 bits; wider digits scatter to more places
+ * than the caches hold, measured slower); a digit every key shares is skipped. With
+ * `threads` > 1 each pass runs on that many threads, each counting and then moving its own
+ * share of the keys to the places the counts of all give it (stable: a thread's keys go
+ * after the same digit's keys of the threads before it). Returns -1 out of memory. */
+enum { RBITS_MAX = 11, RADIX_MAX = 1 << RBITS_MAX, RTHREADS_MAX = 16 };
+
+typedef struct {
+    Py_ssize_t n;
+    int threads, passes, bits;
+    u64 *k[2];
+    i64 *o[2];
+    size_t *hist; /* threads x RADIX_MAX counts of the current pass */
+    size_t *at;   /* threads x RADIX_MAX places the next key of each digit goes */
+    pthread_barrier_t bar;
+    pthread_mutex_t lock;
+    pthread_cond_t ready;
+    int go;    /* the threads that started are known: the shares are set */
+    int final; /* which buffer holds the result */
+} RSort;
+
+typedef struct {
+    RSort *rs;
+    int tid;
+} RArg;
+
+static void *radix_worker(void *varg) {
+    RArg *arg = varg;
+    RSort *rs = arg->rs;
+    pthread_mutex_lock(&rs->lock);
+    while (!rs->go) pthread_cond_wait(&rs->ready, &rs->lock);
+    pthread_mutex_unlock(&rs->lock);
+    int tid = arg->tid, T = rs->threads, radix = 1 << rs->bits;
+    Py_ssize_t lo = rs->n * tid / T, hi = rs->n * (tid + 1) / T;
+    size_t *mine = rs->hist + (size_t)tid * RADIX_MAX;
+    size_t *at = rs->at + (size_t)tid * RADIX_MAX;
+    int src = 0;
+    for (int p = 0; p < rs->passes; p++) {
+        int shift = p * rs->bits;
+        u64 mask = (u64)radix - 1;
+        const u64 *sk = rs->k[src];
+        memset(mine, 0, sizeof(size_t) * (size_t)radix);
+        for (Py_ssize_t i = lo; i < hi; i++) mine[(sk[i] >> shift) & mask]++;
+        if (T > 1) pthread_barrier_wait(&rs->bar);
+        /* this thread's first place for each digit; a digit every key has: nothing moves */
+        size_t running = 0;
+        int trivial = 0;
+        for (int d = 0; d < radix; d++) {
+            size_t total = 0, before = 0;
+            for (int t = 0; t < T; t++) {
+                size_t c = rs->hist[(size_t)t * RADIX_MAX + d];
+                if (t < tid) before += c;
+                total += c;
+            }
+            if (total == (size_t)rs->n) trivial = 1;
+            at[d] = running + before;
+            running += total;
+        }
+        if (T > 1) pthread_barrier_wait(&rs->bar); /* every count read before the next pass's */
+        if (trivial) continue;
+        u64 *dk = rs->k[1 - src];
+        if (rs->o[0]) {
+            const i64 *so = rs->o[src];
+            i64 *dst_o = rs->o[1 - src];
+            for (Py_ssize_t i = lo; i < hi; i++) {
+                u64 k = sk[i];
+                size_t to = at[(k >> shift) & mask]++;
+                dk[to] = k;
+                dst_o[to] = so[i];
+            }
+        } else {
+            for (Py_ssize_t i = lo; i < hi; i++) {
+                u64 k = sk[i];
+                dk[at[(k >> shift) & mask]++] = k;
+            }
+        }
+        if (T > 1) pthread_barrier_wait(&rs->bar); /* every key moved before the next pass */
+        src = 1 - src;
+    }
+    if (tid == 0) rs->final = src;
+    return NULL;
+}
+
+static int radix_argsort(const u64 *keys, Py_ssize_t n, u64 *out, i64 *order, int threads) {
     int sorted = 1;
+    u64 seen = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         u64 k = keys[i];
-        for (int p = 0; p < PASSES; p++) hist[p * RADIX + ((k >> (p * BITS)) & (RADIX - 1))]++;
+        seen |= k;
         if (i && keys[i - 1] > k) sorted = 0;
     }
     if (out != keys) memcpy(out, keys, sizeof(u64) * (size_t)n);
     if (order)
         for (Py_ssize_t i = 0; i < n; i++) order[i] = i;
-    if (!sorted) {
-        u64 *src_k = out, *dst_k = k2;
-        i64 *src_o = order, *dst_o = o2;
-        for (int p = 0; p < PASSES; p++) {
-            size_t *h = hist + p * RADIX;
-            int trivial = 0;
-            for (int d = 0; d < RADIX; d++)
-                if (h[d] == (size_t)n) { trivial = 1; break; }
-            if (trivial) continue;
-            size_t sum = 0;
-            for (int d = 0; d < RADIX; d++) { size_t c = h[d]; h[d] = sum; sum += c; }
-            int shift = p * BITS;
-            if (order)
-                for (Py_ssize_t i = 0; i < n; i++) {
-                    u64 k = src_k[i];
-                    size_t at = h[(k >> shift) & (RADIX - 1)]++;
-                    dst_k[at] = k;
-                    dst_o[at] = src_o[i];
-                }
-            else
-                for (Py_ssize_t i = 0; i < n; i++) {
-                    u64 k = src_k[i];
-                    dst_k[h[(k >> shift) & (RADIX - 1)]++] = k;
-                }
-            u64 *tk = src_k; src_k = dst_k; dst_k = tk;
-            i64 *to = src_o; src_o = dst_o; dst_o = to;
-        }
-        if (src_k != out) {
-            memcpy(out, src_k, sizeof(u64) * (size_t)n);
-            if (order) memcpy(order, src_o, sizeof(i64) * (size_t)n);
-        }
+    if (sorted) return 0;
+    int used = 64 - __builtin_clzll(seen); /* seen != 0: the keys are not all equal */
+    int passes = (used + RBITS_MAX - 1) / RBITS_MAX;
+    if (threads < 1 || n < (1 << 16)) threads = 1;
+    if (threads > RTHREADS_MAX) threads = RTHREADS_MAX;
+    RSort rs = {.n = n, .threads = threads, .passes = passes,
+                .bits = (used + passes - 1) / passes, .k = {out, NULL}, .o = {order, NULL}};
+    rs.k[1] = malloc(sizeof(u64) * (size_t)n);
+    rs.o[1] = order ? malloc(sizeof(i64) * (size_t)n) : NULL;
+    rs.hist = malloc(sizeof(size_t) * RADIX_MAX * (size_t)threads);
+    rs.at = malloc(sizeof(size_t) * RADIX_MAX * (size_t)threads);
+    int rc = 0;
+    if (!rs.k[1] || (order && !rs.o[1]) || !rs.hist || !rs.at) rc = -1;
+    if (rc == 0) {
+        RArg args[RTHREADS_MAX];
+        pthread_t ids[RTHREADS_MAX];
+        int started = 0;
+        pthread_mutex_init(&rs.lock, NULL);
+        pthread_cond_init(&rs.ready, NULL);
+        for (int t = 0; t < threads; t++) args[t] = (RArg){.rs = &rs, .tid = t};
+        for (int t = 1; t < threads && pthread_create(&ids[t], NULL, radix_worker, &args[t]) == 0; t++)
+            started++;
+        /* the shares among the threads that did start (this one and `started` more) */
+        rs.threads = started + 1;
+        if (rs.threads > 1) pthread_barrier_init(&rs.bar, NULL, (unsigned)rs.threads);
+        pthread_mutex_lock(&rs.lock);
+        rs.go = 1;
+        pthread_cond_broadcast(&rs.ready);
+        pthread_mutex_unlock(&rs.lock);
+        radix_worker(&args[0]);
+        for (int t = 1; t <= started; t++) pthread_join(ids[t], NULL);
+        if (rs.threads > 1) pthread_barrier_destroy(&rs.bar);
+        pthread_mutex_destroy(&rs.lock);
+        pthread_cond_destroy(&rs.ready);
     }
-    free(hist); free(k2); free(o2);
-    return 0;
+    if (rc == 0 && rs.final == 1) {
+        memcpy(out, rs.k[1], sizeof(u64) * (size_t)n);
+        if (order) memcpy(order, rs.o[1], sizeof(i64) * (size_t)n);
+    }
+    free(rs.k[1]);
+    free(rs.o[1]);
+    free(rs.hist);
+    free(rs.at);
+    return rc;
 }
 
 static PyObject *py_argsort(PyObject *self, PyObject *args) {
     PyObject *keys_o, *out_o, *order_o;
-    if (!PyArg_ParseTuple(args, "OOO", &keys_o, &out_o, &order_o)) return NULL;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "OOO|i", &keys_o, &out_o, &order_o, &threads)) return NULL;
     Held h = {.count = 0};
     Py_ssize_t n;
     const u64 *keys = take(&h, keys_o, 8, 0, -1, &n, "keys");
@@ -281,7 +371,7 @@ static PyObject *py_argsort(PyObject *self, PyObject *args) {
     if (!out || (order_o != Py_None && !order)) { release(&h); return NULL; }
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = radix_argsort(keys, n, out, order);
+    rc = radix_argsort(keys, n, out, order, threads);
     Py_END_ALLOW_THREADS
     release(&h);
     if (rc < 0) return PyErr_NoMemory();
@@ -1026,6 +1116,8 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
     const Filt *fs = ctx->fs;
     int writing = !ctx->counting;
     Py_ssize_t written = 0;
+    int leftover = 0; /* filters a candidate is checked against (not bounds of its range) */
+    for (int f = 0; f < nf; f++) leftover |= fs[f].kind == ITSELF || fs[f].op == NE;
     for (Py_ssize_t i = i0; i < i1; i++) {
         Py_ssize_t r = ctx->live[i];
         int t = (int)ctx->tag[i];
@@ -1058,30 +1150,41 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
         if (!nonempty) continue;
         i64 w0 = ctx->weight[r];
         uint8_t f0 = ctx->flags ? ctx->flags[r] : 0;
+        /* one layer (a first load, a static count): its key's values are distinct, each with
+         * a diff that is not 0, so they are read straight along its column */
+        const int single = x->nsource == 1;
+        const i64 *scol = x->source[0].cols[x->p], *sdiff = x->source[0].diff;
+        Py_ssize_t sat = x->cur[0], shi = x->hi[0];
         for (;;) {
-            /* the next candidate: the least value at the cursors, its diffs summed */
             i64 v = 0;
-            int found = 0;
-            for (int l = 0; l < x->nsource; l++)
-                if (x->cur[l] < x->hi[l]) {
-                    i64 c = x->source[l].cols[x->p][x->cur[l]];
-                    if (!found || c < v) { v = c; found = 1; }
-                }
-            if (!found) break;
             i128 d = 0;
-            for (int l = 0; l < x->nsource; l++)
-                if (x->cur[l] < x->hi[l] && x->source[l].cols[x->p][x->cur[l]] == v) {
-                    d += x->source[l].diff[x->cur[l]];
-                    x->cur[l]++;
+            if (single) {
+                if (sat >= shi) break;
+                v = scol[sat];
+                d = sdiff[sat++];
+            } else {
+                /* the next candidate: the least value at the cursors, its diffs summed */
+                int found = 0;
+                for (int l = 0; l < x->nsource; l++)
+                    if (x->cur[l] < x->hi[l]) {
+                        i64 c = x->source[l].cols[x->p][x->cur[l]];
+                        if (!found || c < v) { v = c; found = 1; }
+                    }
+                if (!found) break;
+                for (int l = 0; l < x->nsource; l++)
+                    if (x->cur[l] < x->hi[l] && x->source[l].cols[x->p][x->cur[l]] == v) {
+                        d += x->source[l].diff[x->cur[l]];
+                        x->cur[l]++;
+                    }
+                if (d == 0) continue;
+                if (d > INT64_MAX || d < INT64_MIN) {
+                    st->err = 1; st->err_row = r; st->err_ext = t; st->err_value = v;
+                    return;
                 }
-            if (d == 0) continue;
-            if (d > INT64_MAX || d < INT64_MIN) {
-                st->err = 1; st->err_row = r; st->err_ext = t; st->err_value = v;
-                return;
             }
             st->proposed++;
             int pass = 1;
-            for (int f = 0; f < nf && pass; f++) {
+            for (int f = 0; f < nf && pass && leftover; f++) {
                 if (!(fs[f].kind == ITSELF || fs[f].op == NE)) continue;
                 i64 o = fs[f].kind == CONSTANT ? fs[f].value
                         : fs[f].kind == ITSELF ? v : P->cols[fs[f].value][r];
@@ -1233,10 +1336,121 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
                          (unsigned long long)lo);
 }
 
+/* -- reading text edge lists -------------------------------------------------------------- */
+
+/* The line ends in [p, p + n). */
+static Py_ssize_t count_newlines(const unsigned char *p, Py_ssize_t n) {
+    Py_ssize_t lines = 0;
+    for (Py_ssize_t i = 0; i < n; i++) lines += p[i] == '\n';
+    return lines;
+}
+
+/* newlines(bytes) -> how many "\n" it holds */
+static PyObject *py_newlines(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
+    Py_ssize_t lines;
+    Py_BEGIN_ALLOW_THREADS
+    lines = count_newlines(b.buf, b.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyLong_FromSsize_t(lines);
+}
+
+/* lone_returns(bytes) -> whether a "\r" is not followed by "\n" (a line end of its own) */
+static PyObject *py_lone_returns(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
+    const unsigned char *p = b.buf;
+    Py_ssize_t n = b.len;
+    int lone = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i + 1 < n; i++) lone |= (p[i] == '\r') & (p[i + 1] != '\n');
+    if (n && p[n - 1] == '\r') lone = 1;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(lone);
+}
+
+static inline int blank(unsigned char c) { return c == ' ' || c == '\t' || c == '\r'; }
+
+/* The rows of a block of text lines (see py_parse_text) into out[j * cap + row]; the rows
+ * written, or -1 where the block holds anything the strict rules do not vouch for. */
+static Py_ssize_t parse_lines(const unsigned char *p, Py_ssize_t n, int arity, i64 *out,
+                              Py_ssize_t cap) {
+    Py_ssize_t i = 0, rows = 0;
+    while (i < n) {
+        while (i < n && blank(p[i])) i++;
+        if (i == n) break;
+        if (p[i] == '\n') { i++; continue; }           /* a blank line */
+        if (p[i] == '#') {                              /* a comment line: anything to its end */
+            const unsigned char *end = memchr(p + i, '\n', (size_t)(n - i));
+            i = end ? (Py_ssize_t)(end - p) + 1 : n;
+            continue;
+        }
+        if (rows == cap) return -1;
+        for (int j = 0; j < arity; j++) {
+            if (j) {
+                if (i == n || !blank(p[i])) return -1;  /* fields apart by blanks */
+                while (i < n && blank(p[i])) i++;
+            }
+            int negative = 0;
+            if (i < n && (p[i] == '+' || p[i] == '-')) negative = p[i++] == '-';
+            if (i == n || p[i] < '0' || p[i] > '9') return -1;
+            u64 v = 0;
+            while (i < n && p[i] >= '0' && p[i] <= '9') {
+                u64 d = (u64)(p[i++] - '0');
+                if (v > (UINT64_MAX - d) / 10) return -1;
+                v = v * 10 + d;
+            }
+            if (negative ? v > (u64)1 << 63 : v > (u64)INT64_MAX) return -1;
+            out[(Py_ssize_t)j * cap + rows] = negative ? (i64)(0 - v) : (i64)v;
+        }
+        while (i < n && blank(p[i])) i++;
+        if (i < n && p[i] != '\n') return -1;         /* more fields, or not a number */
+        i++;
+        rows++;
+    }
+    return rows;
+}
+
+/* parse_text(bytes, arity, out, cap) -> rows, or -1
+ * A block of whole lines of a text edge list read by the strict rules alone: blank lines and
+ * lines whose first non-blank is '#' skipped, every other line exactly `arity` fields of
+ * [+-]?[0-9]+ in the int64 range, apart by runs of ' ', '\t' or '\r' (blanks may lead and
+ * trail). Field j of data row r goes to out[j * cap + r]. -1 (nothing to trust in `out`): the
+ * block holds something else, or more than `cap` data rows; the caller reads it line by
+ * line, which names the first bad line. */
+static PyObject *py_parse_text(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    PyObject *out_o;
+    int arity;
+    Py_ssize_t cap;
+    if (!PyArg_ParseTuple(args, "y*iOn", &b, &arity, &out_o, &cap)) return NULL;
+    Held h = {.count = 0};
+    i64 *out = NULL;
+    if (arity < 1 || arity > MAXW || cap < 0)
+        PyErr_SetString(PyExc_ValueError, "parse_text: an arity of 1 to 32 and a capacity >= 0");
+    else
+        out = take(&h, out_o, 8, 1, (Py_ssize_t)arity * cap, NULL, "out");
+    if (!out) {
+        release(&h);
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    Py_ssize_t rows;
+    Py_BEGIN_ALLOW_THREADS
+    rows = parse_lines(b.buf, b.len, arity, out, cap);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    PyBuffer_Release(&b);
+    return PyLong_FromSsize_t(rows);
+}
+
 /* -- the module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
-    {"argsort", py_argsort, METH_VARARGS, "argsort(keys, sorted out, order out or None): stable radix sort of uint64 keys"},
+    {"argsort", py_argsort, METH_VARARGS, "argsort(keys, sorted out, order out or None, threads=1): stable radix sort of uint64 keys"},
     {"consolidate", py_consolidate, METH_VARARGS, "consolidate(sorted keys (compacted in place), diff (one for all: length 1), order or None, sums out) -> runs kept, or -(row + 1)"},
     {"directory", py_directory, METH_VARARGS, "directory(sorted column, out, low): first row at or after each key"},
     {"pack", py_pack, METH_VARARGS, "pack(columns, n, lows, highs, bits, keys out, inside out or None) -> all inside"},
@@ -1246,6 +1460,9 @@ static PyMethodDef methods[] = {
     {"ranges", py_ranges, METH_VARARGS, "ranges(layer, probe columns, m, low or None, high or None, lo out, hi out)"},
     {"count", py_count, METH_VARARGS, "count(extenders, prefix columns, m, live, tag, least, alive) -> live rows, or -(row + 1)"},
     {"extend", py_extend, METH_VARARGS, "extend(...): propose, filter and validate one step's candidates"},
+    {"lone_returns", py_lone_returns, METH_VARARGS, "lone_returns(bytes) -> whether a carriage return is not followed by a line feed"},
+    {"newlines", py_newlines, METH_VARARGS, "newlines(bytes) -> how many line feeds it holds"},
+    {"parse_text", py_parse_text, METH_VARARGS, "parse_text(bytes, arity, out, cap) -> data rows, or -1: a text block's fields into out[j * cap + row]"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,8 +21,8 @@ from wcoj_core.arrow import long_array, longs
 from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import head_block
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer, columns_of, lookup_sum
-from wcoj_core.kernel.multiplicity import row_namer, total
+from wcoj_core.kernel.layer import SUMMING, Layer, columns_of, lookup_sum
+from wcoj_core.kernel.multiplicity import row_namer, sums_at, total
 from wcoj_core.kernel.step import Prefixes
 from wcoj_core.query.ir import Var
 from wcoj_core.query.plan import AtomView, Version
@@ -87,7 +87,9 @@ def support_delta(
     if not any(len(layer) for layer in before):
         # Nothing held before (a first load): every tuple of the consolidated delta (no zero)
         # enters the support, and no array of old multiplicities is made.
-        return delta if delta.unit else delta.with_diff(np.ones(len(delta), dtype=I64))
+        if delta.unit:
+            return delta
+        return delta.with_diff(np.ones(len(delta), dtype=I64), symmetric=True)
     if known is not None and known[0] is delta and len(known[1]) == len(delta):
         old = known[1]
     else:
@@ -101,9 +103,50 @@ def support_delta(
     return Layer(delta.rows[keep], change[keep])
 
 
+def counted_by(support: Layer, key: Sequence[int]) -> tuple[int, ...]:
+    """The columns `counts_delta` groups by for `key`: a `symmetric` layer's counts by its
+    second column are those by its first (two arrangements that are one)."""
+    key = tuple(key)
+    return (0,) if support.symmetric and key == (1,) else key
+
+
 def counts_delta(support: Layer, key: Sequence[int]) -> Layer:
-    """Support changes grouped by the key columns: a counts change."""
-    return Layer.build([support.col(k) for k in key], support.diff)
+    """Support changes grouped by the key columns: a counts change.
+
+    A key that is the layer's first columns is grouped as the rows lie (equal keys are
+    adjacent: nothing to sort); a `symmetric` layer's counts by its second column are its
+    counts by its first.
+
+    >>> support = Layer.build(np.array([[1, 2], [1, 3], [2, 1], [3, 1]]), np.ones(4, dtype=I64))
+    >>> counts_delta(support, (0,)).rows.tolist(), counts_delta(support, (0,)).diff.tolist()
+    ([[1], [2], [3]], [2, 1, 1])
+    >>> counts_delta(support.mirrored(), (1,)).diff.tolist()
+    [2, 1, 1]
+    """
+    key = counted_by(support, key)
+    cols = [support.col(k) for k in key]
+    n = len(support)
+    if not key or key != tuple(range(len(key))) or n == 0:
+        return Layer.build(cols, support.diff)
+    starts = np.zeros(n, dtype=bool)
+    starts[0] = True
+    for c in cols:
+        np.not_equal(c[1:], c[:-1], out=starts[1:], where=~starts[1:])
+    first = np.flatnonzero(starts)
+    if support.unit:  # every diff 1: a key's count is the length of its run
+        sums = np.diff(first, append=n).astype(I64, copy=False)
+        rows = np.empty((len(first), len(cols)), dtype=I64, order="F")
+        for j, c in enumerate(cols):
+            np.take(c, first, out=rows[:, j])
+        return Layer(rows, sums, unit=len(sums) == 0 or bool(sums.max() == 1))
+    sums = sums_at(np.asarray(support.diff, dtype=I64), first, row_namer(cols), SUMMING)
+    if not sums.all():
+        nonzero = sums != 0
+        first, sums = first[nonzero], sums[nonzero]
+    rows = np.empty((len(first), len(cols)), dtype=I64, order="F")
+    for j, c in enumerate(cols):
+        np.take(c, first, out=rows[:, j])
+    return Layer(rows, sums)
 
 
 def output_changes(

@@ -65,7 +65,7 @@ from wcoj_core.kernel.step import (
     support_source,
 )
 from wcoj_core.query.ir import Var
-from wcoj_core.query.plan import DeltaRule, Plan
+from wcoj_core.query.plan import DeltaRule, Plan, Version
 from wcoj_core.traces import relation_trace_name
 
 # A rule takes its delta tuples this many at a time.
@@ -192,6 +192,10 @@ def _chunks(
     limits: Limits,
 ) -> Iterator[Part | Counted]:
     """The rule's delta tuples `rows`, a chunk at a time, through every step."""
+    if not rule.checks and starved(rule, layers):  # (a check's sums may raise: left to run)
+        if limits.counting:
+            yield Counted(0, 0)
+        return
     d = delta_layer(plan, rule, layers)
     lo, hi = (0, len(d)) if rows is None else rows
     start = plan.atom_vars[rule.delta]
@@ -213,6 +217,18 @@ def _chunks(
             if not isinstance(made, Counted):
                 check_overflow(plan, made)
             yield made
+
+
+def starved(rule: DeltaRule, layers: Layers) -> bool:
+    """Whether an atom the rule extends by reads a version that holds nothing (the old state
+    of a first load): then no binding exists, and the rule's delta is not even looked at. The
+    old versions are looked at first, so no view of the epoch's changes is arranged for it."""
+    extenders = [x for step in rule.steps for x in step.extenders]
+    extenders.sort(key=lambda x: x.version is not Version.OLD)
+    return any(
+        not any(len(layer) for layer in layers.layers(*support_source(x), x.version))
+        for x in extenders
+    )
 
 
 def _lead(plan: Plan, rule: DeltaRule) -> tuple[Var, ...]:

@@ -27,6 +27,7 @@ are exact: one that leaves int64 raises `MultiplicityOverflow` (`wcoj_core.kerne
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -48,6 +49,17 @@ OVER_LAYERS = "summing a row's multiplicities over layers"
 # `DIRECTORY_SPAN` longs per row.
 DIRECTORY_SHARE = 1 / 16
 DIRECTORY_SPAN = 2
+
+# A sort of at least this many rows runs on this many threads (each radix pass shared out:
+# what a bulk load's landing sort takes on the driver); a smaller one stays on one thread.
+SORT_THREAD_ROWS = 1 << 20
+SORT_THREADS = max(
+    1,
+    min(
+        4,
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+    ),
+)
 
 # What the compiled kernel is handed for a layer (see `Layer.spec`).
 Spec = tuple[tuple[np.ndarray, ...], np.ndarray, bool, np.ndarray | None, int]
@@ -105,9 +117,24 @@ class Layer:
 
     A layer is never changed once built: its arrays may be shared with whoever built it, and
     may be read-only memory-mapped arrays — nothing may write into them.
+
+    `symmetric` (False unless its maker knows better, `mirrored`): a binary layer that is its
+    own mirror — each row ``(a, b)`` has ``(b, a)`` with the same diff, as an undirected
+    relation's landed edges do. Its columns swapped are then the layer itself, already
+    sorted (`permuted`), and its counts by either column are the same (`counts_delta`).
     """
 
-    __slots__ = ("_cols", "_dir", "_keys", "_packing", "_packs", "_unit", "diff", "rows")
+    __slots__ = (
+        "_cols",
+        "_dir",
+        "_keys",
+        "_packing",
+        "_packs",
+        "_unit",
+        "diff",
+        "rows",
+        "symmetric",
+    )
 
     def __init__(
         self,
@@ -133,6 +160,15 @@ class Layer:
         self._cols: tuple[np.ndarray, ...] | None = None
         self._unit = unit
         self._dir: tuple[np.ndarray, int] | None = None
+        self.symmetric = False
+
+    def mirrored(self) -> Layer:
+        """This layer, marked `symmetric` (its maker made every row in both directions with
+        the same diff)."""
+        if self.width != 2:
+            raise ValueError(f"a layer of {self.width} columns cannot be its own mirror")
+        self.symmetric = True
+        return self
 
     @classmethod
     def sort(
@@ -164,11 +200,34 @@ class Layer:
         if packing is None:
             return cls._sort_wide(stack(cols, n), diff, consolidate, what)
         keys, _ = packing.pack_columns(cols, n)
+        return cls.from_keys(keys, packing, diff, consolidate=consolidate, what=what)
+
+    @classmethod
+    def from_keys(
+        cls,
+        keys: np.ndarray,
+        packing: Packing,
+        diff: np.ndarray,
+        *,
+        consolidate: bool = False,
+        what: str = SUMMING,
+    ) -> Layer:
+        """A layer of rows given as their keys packed by `packing` (``uint64``, any order;
+        sorted in place), with `diff` (one per key, or one for all), consolidated first when
+        asked (as `sort`)."""
+        diff = np.ascontiguousarray(diff, dtype=I64)
+        if len(keys) == 0:
+            return cls.empty(len(packing.bits))
         # One diff for all (whole relations, support changes): the keys alone are sorted, and
         # the rows unpacked from them, as permuting rows and diffs would give.
-        same = bool((diff == diff[0]).all())
+        same = len(diff) == 1 or bool((diff == diff[0]).all())
+        if not same and len(diff) != len(keys):
+            raise ValueError(f"{len(diff)} diffs for {len(keys)} keys")
+        if same and len(diff) != len(keys) and not consolidate:
+            diff = np.full(len(keys), diff[0], dtype=I64)
         order = None if same else np.empty(len(keys), dtype=I64)
-        native.argsort(keys, keys, order)  # in place
+        threads = SORT_THREADS if len(keys) >= SORT_THREAD_ROWS else 1
+        native.argsort(keys, keys, order, threads)  # in place
         if consolidate:
             sums = np.empty(len(keys), dtype=I64)
             kept = native.consolidate(keys, diff[:1] if same else diff, order, sums)
@@ -212,10 +271,12 @@ class Layer:
         """Rows in any order, equal rows summed, zeros dropped (`sort`)."""
         return cls.sort(rows, diff, consolidate=True, what=what)
 
-    def with_diff(self, diff: np.ndarray) -> Layer:
-        """The same rows (and search keys) with other diffs, none of them 0."""
+    def with_diff(self, diff: np.ndarray, *, symmetric: bool = False) -> Layer:
+        """The same rows (and search keys) with other diffs, none of them 0 (`symmetric`: the
+        caller knows the new diffs keep the layer its own mirror)."""
         layer = Layer(self.rows, diff, self._packing, self._keys)
         layer._packs, layer._cols, layer._dir = self._packs, self._cols, self._dir
+        layer.symmetric = symmetric and self.symmetric
         return layer
 
     @classmethod
@@ -358,8 +419,9 @@ class Layer:
         return self.lookup_of(cols, m) != 0
 
     def permuted(self, order: Sequence[int]) -> Layer:
-        """The same rows with columns in `order`, sorted again."""
-        if tuple(order) == tuple(range(self.width)):
+        """The same rows with columns in `order`, sorted again (a `symmetric` layer's two
+        columns swapped are the layer itself)."""
+        if tuple(order) == tuple(range(self.width)) or (self.symmetric and tuple(order) == (1, 0)):
             return self
         return Layer.sort([self.col(j) for j in order], self.diff)
 
