@@ -12,7 +12,13 @@ prepared graph (`wcoj_bench.infra.prepared`: ``edges.parquet``, each undirected 
   deployment="executors", executor_max_rows=R)``: every arrangement cut into
   ``ceil(rows / R)`` shards (`wcoj_core.deploy.sharded`). Its epoch 0 is built on the cluster
   (``--build-on-cluster``: the whole graph as one sharded epoch) or copied from the driver's
-  state (the same files: a sharded task reads the batches, not the arrangements).
+  state. A small epoch runs in one task over the mapped arrangement files
+  (`wcoj_core.deploy.spark_job.SMALL_MAPPED`); ``--routed`` runs it as routed stages instead.
+
+With ``--state DIR`` (a working copy of a state holding the graph, e.g. the bench's cached
+18.6 M-edge one, stamped again by ``wcoj verify --repair``) nothing is built: the cluster's
+engine maintains that state, and before each epoch the driver's engine evaluates it on the same
+state (`Engine.evaluate`: written nowhere) for the reference change.
 
 Then `--epochs` 1,000-change epochs (deletions and insertions, `prepared.epoch_changes`) are
 applied to both, the cluster's timed (wall of `Engine.apply`, the driver process warm, as the
@@ -34,6 +40,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import sys
 import threading
@@ -106,6 +113,7 @@ class Sampler:
             self.over = (
                 f"{(driver + executors) / 1e9:.2f} GB of anonymous memory during {self.label}"
             )
+            os.kill(os.getpid(), signal.SIGINT)  # stops the run where it is (its report kept)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -156,7 +164,7 @@ def load() -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("graph", type=Path)
     p.add_argument("cluster", type=Path)
     p.add_argument("scratch", type=Path)
@@ -306,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         report["back_to_back_first"] = b2b[0] if b2b else None
         report["gap_median"] = statistics.median(gaps) if gaps else None
         report["exact"] = True
+    except KeyboardInterrupt:
+        report["stopped"] = sampler.over or "interrupted"
     finally:
         sampler.close()
         report["memory"] = sampler.peaks
