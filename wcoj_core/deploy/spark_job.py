@@ -28,7 +28,7 @@ from wcoj_core.deploy import Choice
 from wcoj_core.deploy.work import RuleJob, TraceRead, Work
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.join import RuleTally
-from wcoj_core.store.manifest import Batch, FileRef, Manifest
+from wcoj_core.store.manifest import Batch, FileRef, Manifest, Trace
 from wcoj_core.store.names import new_batch_path
 
 if TYPE_CHECKING:
@@ -72,9 +72,7 @@ def run_rules(
             m.traces[name].columns,
             tuple(b for b in m.traces[name].batches if b.time < epoch),
             (changes[name],) if name in changes else (),
-            # Sharded tasks map the arrangement files of a state they reach as files; of a
-            # state on other storage, they cut their shards from the batches.
-            trace=None if sharded and not state.local else m.traces[name],
+            trace=m.traces[name] if not sharded or _mapped(state, m.traces[name]) else None,
             keys=served.views[name],
         )
         for name in names
@@ -82,7 +80,7 @@ def run_rules(
     work = Work(state.store.root, epoch, served.plans, reads, rules=tuple(jobs), distinct=distinct)
     work = _budgeted(served, state, work)
     try:
-        if sharded and not _small_mapped(state, changes):
+        if sharded and not _small_mapped(state, changes, reads):
             return _sharded(served, state, work, choice.shards, changes, written)
         outcome = _replicated(state, work, epoch, changes, written)
         if sharded:
@@ -95,16 +93,26 @@ def run_rules(
         raise
 
 
+def _mapped(state: StateAccess, trace: Trace) -> bool:
+    """Whether sharded tasks map a trace's arrangement files: it has an index, on a state they
+    reach as files. Otherwise each task cuts its shard from the batches (never the whole trace
+    read into a worker, as opening a trace without an index would)."""
+    return state.local and trace.index is not None and bool(trace.index.segments)
+
+
 SMALL_MAPPED = "a small epoch: its rules in one task searching the mapped arrangement files"
 
 
-def _small_mapped(state: StateAccess, changes: Mapping[str, Batch]) -> bool:
+def _small_mapped(
+    state: StateAccess, changes: Mapping[str, Batch], reads: Sequence[TraceRead]
+) -> bool:
     """Whether a sharded work runs as one task instead: a small epoch (at most
-    `StateAccess.one_task_rows` changed rows) on a state the executors reach as files. Its
+    `StateAccess.one_task_rows` changed rows) whose every trace is mapped (`_mapped`). Its
     tasks map the arrangement files rather than hold shards (`sharded.ShardLayers`), so a
     shard buys no memory; the routed stages (several Spark stages per rule) only pay off when
     an epoch's work is large enough to spread by key."""
-    return state.local and sum(b.rows for b in changes.values()) <= state.one_task_rows
+    small = sum(b.rows for b in changes.values()) <= state.one_task_rows
+    return small and all(r.trace is not None for r in reads)
 
 
 def overflow_in(e: BaseException) -> MultiplicityOverflow | None:
