@@ -471,6 +471,8 @@ class EpochPass:
             for name, batch in outcome.batches.items():
                 outputs[name] = _Out(None, batch, outcome.totals.get(name, 0))
             tallies = dict(outcome.tallies)
+            if outcome.how:
+                choice = replace(choice, reason=f"{choice.reason}; {outcome.how}")
         for q in served.queries:
             out = output_trace_name(q)
             width = len(served.queries[q].head)

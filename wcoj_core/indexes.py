@@ -129,6 +129,8 @@ def counts_names(plans: Iterable[Plan]) -> dict[str, tuple[str, ...]]:
 
 # A function reading a batch whole (its files checked against their digests) as a layer.
 ReadBatch = Callable[[Trace, Batch], Layer]
+# A function reading a batch a piece at a time (its files checked first): rows and diffs.
+ReadChunks = Callable[[Trace, Batch], Iterable[tuple[np.ndarray, np.ndarray]]]
 
 
 @dataclass
@@ -489,18 +491,29 @@ def _write(
 
 
 def rebuilt_index(
-    root: str, trace: Trace, read_batch: ReadBatch, written: list[str]
+    root: str, trace: Trace, read_chunks: ReadChunks, written: list[str], spill: Spill
 ) -> Index | None:
     """A trace's index written again from its batches: one base segment per view key its
-    index held, covering the same batches (`repair`'s work for a damaged segment)."""
+    index held, covering the same batches (`repair`'s work for a damaged segment).
+
+    Within `spill`'s shares of the memory budget: the batches are read a piece at a time
+    (`read_chunks`) into a `Sorter` (sorted runs in the scratch folder, merged), each view
+    arranged from that sum by `Spill.arranged` (a run at a time, merged) and written into its
+    segment's files from the mapped result: no batch nor view is held whole."""
     index = trace.index
     if index is None:
         return None
     keys = {_segment_key(s) for s in index.segments}
-    opened = _rebuild(trace, index.time + 1, list(trace.visible(index.time)), keys, read_batch, "")
+    sorter = spill.sorter(len(trace.columns), f"rebuilding the arrangements of {trace.name}")
+    for b in trace.visible(index.time):
+        for rows, diff in read_chunks(trace, b):
+            sorter.add(rows, diff)
+    whole = sorter.layer()  # mapped from the scratch folder when it spilled
     folder = f"arrangements/{trace_dir(trace.name)}"
     out = []
     for key in sorted(keys, key=repr):
-        layer = _sum(len(key[1]), *opened.segments[key])
+        pattern, order = key
+        view = None if pattern is None else AtomView("", pattern)
+        layer = spill.arranged(whole, view, order) if len(whole) else Layer.empty(len(order))
         out.append(_write(root, folder, layer, Level.BASE, key, written))
     return Index(index.time, tuple(out))

@@ -124,6 +124,7 @@ def engines(spark: SparkSession, root: Path) -> dict[str, Engine]:
         ),
     }
     made["executors-split"].one_task_rows = 0
+    made["executors-sharded"].one_task_rows = 0  # routed stages, however small the epoch
     return made
 
 
@@ -388,3 +389,82 @@ def test_the_choice_and_its_reason_are_recorded(small: SparkSession, tmp_path: P
     for change in epochs:
         graph.update(change)
     assert stored(engine, OUT) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
+
+
+def test_a_small_sharded_epoch_runs_in_one_task_over_the_mapped_arrangements(
+    small: SparkSession, tmp_path: Path
+) -> None:
+    """A state larger than an executor holds, small epochs (the default `one_task_rows`): each
+    after the first (which writes the arrangement files) runs its rules in one task searching
+    the mapped files rather than as routed stages (the epoch's reason says so), with the
+    oracle's change."""
+    engine = Engine(
+        small, str(tmp_path / "s"), TRIANGLES, deployment="executors", executor_max_rows=600
+    )
+    graph: Counter = Counter()
+    sharded = 0
+    epochs = graph_epochs(seed=11, epochs=3)
+    for t, change in enumerate(epochs):
+        before = naive_eval(TRIANGLES, {"edge": live(graph)})
+        graph.update(change)
+        expected = Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
+        expected.subtract(before)
+        result = engine.apply_epoch(t, {"edge": edge_table(change)})
+        assert change_of(engine, result) == Counter({k: v for k, v in expected.items() if v}), t
+        if t > 0 and "shards" in result.metrics.reason:  # epoch 0: no arrangement files yet
+            sharded += 1
+            assert spark_job.SMALL_MAPPED in result.metrics.reason, result.metrics.reason
+    assert sharded == len(epochs) - 1
+    assert stored(engine, OUT) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
+
+
+def test_sharded_tasks_map_the_arrangement_files_and_hold_no_shard(tmp_path: Path) -> None:
+    """A sharded task (`ShardLayers`) of a state with arrangement files searches them mapped:
+    no batch is read into the worker, and the rows of its shard's keys are exactly the shard
+    that the batches cut, for every view the plans read and every shard."""
+    from dataclasses import replace
+
+    from wcoj_core.deploy.resident import Resident, shard_of
+    from wcoj_core.deploy.sharded import ShardLayers
+    from wcoj_core.deploy.work import TraceRead, Work
+    from wcoj_core.kernel.layer import Layer
+    from wcoj_core.query.plan import AtomView, Version
+
+    engine = Engine(None, str(tmp_path / "s"), TRIANGLES, deployment="driver")
+    for t, change in enumerate(graph_epochs(seed=3, epochs=2)):
+        engine.apply_epoch(t, {"edge": edge_table(change)})
+    m = engine.store.current()
+    root = engine.store.root
+    reads = []
+    for name in ("rel/edge", *engine.counts_traces):
+        trace = m.traces[name]
+        reads.append(
+            TraceRead(name, trace.columns, trace.batches, trace=trace, keys=engine.views[name])
+        )
+    assert m.epoch is not None
+    mapped_work = Work(root, m.epoch + 1, engine.plans, tuple(reads))
+    cut_work = replace(mapped_work, reads=tuple(replace(r, trace=None) for r in reads))
+    shards = 3
+    for read in reads:
+        for pattern, order in sorted(read.keys, key=repr):
+            view = None if pattern is None else AtomView("", pattern)
+            for shard in range(shards):
+                resident = Resident(BatchFiles(root))
+                layers = ShardLayers(mapped_work, resident, shard, shards).layers(
+                    read.name, view, order, Version.OLD
+                )
+                assert resident.reads == 0 and layers, (read.name, order)
+                whole = layers[0]
+                for more in layers[1:]:
+                    whole = Layer.build(
+                        np.concatenate([np.asarray(whole.rows), np.asarray(more.rows)]),
+                        np.concatenate([np.asarray(whole.diff), np.asarray(more.diff)]),
+                    )
+                rows = np.asarray(whole.rows)
+                mine = shard_of(rows[:, 0], shards) == shard
+                cut = ShardLayers(cut_work, Resident(BatchFiles(root)), shard, shards).layers(
+                    read.name, view, order, Version.OLD
+                )
+                (held,) = cut
+                assert rows[mine].tolist() == np.asarray(held.rows).tolist(), (read.name, shard)
+                assert np.asarray(whole.diff)[mine].tolist() == np.asarray(held.diff).tolist()

@@ -51,8 +51,8 @@ def engine_for(
         executor_tasks=2,
         executor_max_rows=SHARD_ROWS if deployment.endswith("-sharded") else 10**9,
     )
-    if deployment.endswith("-split"):
-        engine.one_task_rows = 0
+    if deployment.endswith(("-split", "-sharded")):
+        engine.one_task_rows = 0  # split in tasks; sharded: routed stages, however small
     return engine
 
 
@@ -233,7 +233,7 @@ def test_driver_and_executor_epochs_interleave_and_match_the_oracle(
         deployment = data.draw(st.sampled_from(DEPLOYMENTS), label=f"epoch {t} deployment")
         shard_rows = SHARD_ROWS if deployment.endswith("-sharded") else 10**9
         engine.limits = Limits(deployment.split("-")[0], executor_max_rows=shard_rows)
-        engine.one_task_rows = 0 if deployment.endswith("-split") else 50_000
+        engine.one_task_rows = 0 if deployment.endswith(("-split", "-sharded")) else 50_000
         before = naive_eval(query, state)
         for rel, ups in changes.items():
             for tup, d in ups:

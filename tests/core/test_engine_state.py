@@ -39,6 +39,7 @@ from oracle import naive_delta, naive_eval, stored
 
 from wcoj_core import epoch as epoch_module
 from wcoj_core import indexes
+from wcoj_core import served as served_module
 from wcoj_core.deploy import spark_job
 from wcoj_core.engine import Engine, EpochResult
 from wcoj_core.errors import ConcurrentCommit, EpochAlreadyApplied, StateError
@@ -301,6 +302,8 @@ def test_a_failed_epoch_leaves_the_state_intact(
     run.options = {"deployment": deployment.replace("sharded", "executors")}
     if deployment == "sharded":
         run.options["executor_max_rows"] = 40  # two shards (each phase is a Spark stage)
+        # Routed stages even for this small epoch (not one task over the mapped files).
+        monkeypatch.setattr(served_module, "ONE_TASK_ROWS", 0)
     run.spark = request.getfixturevalue("small") if deployment != "driver" else None
     options = run.options
     before = observe(run.engine, root)

@@ -6,15 +6,22 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from oracle import naive_delta
 from store_support import epoch
 
 from wcoj_core import cli
 from wcoj_core.budget import MemoryBudget
 from wcoj_core.deploy.batches import BatchFiles
+from wcoj_core.indexes import arrange, rebuilt_index
+from wcoj_core.kernel.layer import Layer
+from wcoj_core.query.builtins import builtin
 from wcoj_core.spill import Scratch, Spill
+from wcoj_core.store.manifest import Level, Trace
+from wcoj_core.store.segments import open_segment
 from wcoj_core.store.store import Store
 from wcoj_core.store.verify import _summed_figures, verify_state
 
@@ -143,3 +150,98 @@ def test_a_wrong_figure_in_the_manifest_is_named(tmp_path: Path) -> None:
         f"{(rows, count + 1, negative)}" in damage.what
         and f"{(rows, count, negative)}" in damage.what
     )
+
+
+def _summed(files: BatchFiles, trace: Trace, time: int | None = None) -> Counter:
+    """A trace's batches up to `time` summed, in memory (the oracle's view of a stored trace)."""
+    layer = files.read_layer(trace.columns, list(trace.visible(time)))
+    return Counter(
+        {tuple(r): d for r, d in zip(layer.rows.tolist(), layer.diff.tolist(), strict=True)}
+    )
+
+
+def _view(layer: Layer) -> list[tuple[tuple[int, ...], int]]:
+    return list(
+        zip(
+            map(tuple, np.asarray(layer.rows).tolist()),
+            np.asarray(layer.diff).tolist(),
+            strict=True,
+        )
+    )
+
+
+def test_an_arrangement_rebuilt_through_spilled_runs_equals_the_one_built_in_memory(
+    tmp_path: Path,
+) -> None:
+    """`repair`'s rebuild (`rebuilt_index`) under a tiny budget — runs of 4 KiB, so the
+    batches and every view go through sorted runs on disk — writes every view's segment with
+    exactly the rows and multiplicities of the same rebuild in memory, and of the batches summed
+    and arranged in memory (independently of the index)."""
+    state = _bag_state(tmp_path)
+    store = Store.open(state, create=False)
+    files = BatchFiles(store.root)
+    m = store.current()
+    scratch = Scratch(tmp_path / "scratch", lambda _n: None)
+    tiny = Spill(scratch, 1 << 12, 1 << 12, 1 << 12)
+    roomy = Spill(Scratch(tmp_path / "roomy", lambda _n: None), 1 << 40, 1 << 40, 1 << 30)
+    indexed = [(n, t) for n, t in sorted(m.traces.items()) if t.index is not None]
+    assert {"rel/edge"} < {n for n, _ in indexed}  # the relation and its counts
+    for name, trace in indexed:
+        assert trace.index is not None
+        spilled = scratch.spilled
+        written: list[str] = []
+        small = rebuilt_index(
+            store.root, trace, lambda t, b: files.verified_pieces(b, t.columns), written, tiny
+        )
+        whole = rebuilt_index(
+            store.root, trace, lambda t, b: files.verified_pieces(b, t.columns), written, roomy
+        )
+        assert small is not None and whole is not None
+        layer = files.read_layer(trace.columns, list(trace.visible(trace.index.time)))
+        keys = sorted({(s.view, s.order) for s in trace.index.segments}, key=repr)
+        assert len(small.segments) == len(whole.segments) == len(keys)
+        for a, b in zip(small.segments, whole.segments, strict=True):
+            key = (None if a.view is None else tuple(a.view), tuple(a.order))
+            assert (b.view, b.order, a.level, a.rows) == (a.view, a.order, Level.BASE, b.rows)
+            got = open_segment(store.root, a, verify=True)
+            assert _view(got) == _view(open_segment(store.root, b, verify=True)), (name, key)
+            assert _view(got) == _view(arrange(layer, key)), (name, key)
+        if name == "rel/edge":
+            assert scratch.spilled > spilled  # the relation went through runs on disk
+        store.discard(written)
+    scratch.close()
+
+
+def test_verify_repair_within_its_budget_leaves_a_state_that_answers_as_the_oracle(
+    tmp_path: Path, capsys
+) -> None:
+    """A damaged arrangement of the relation, repaired by `wcoj verify --repair --memory`: the
+    state verifies, and its next epoch's output change (the rules read the rebuilt
+    arrangements) is the oracle's."""
+    state = _bag_state(tmp_path)
+    store = Store.open(state, create=False)
+    edge = store.current().traces["rel/edge"]
+    assert edge.index is not None
+    flip_middle(state / edge.index.segments[0].file_path("rows"))
+    assert cli.main(["verify", str(state), "--repair", "--memory", "128m"]) == 0
+    assert "rebuilt the arrangements of rel/edge" in capsys.readouterr().err
+    assert verify_state(store).ok
+    assert not list((state / "scratch").glob("*"))  # the repair's runs are gone
+
+    files = BatchFiles(store.root)
+    before = _summed(files, store.current().traces["rel/edge"])
+    rng = random.Random(11)
+    rows = [(rng.randrange(60), rng.randrange(60), 1) for _ in range(300)]
+    rows += [(a, b, -1) for (a, b), d in sorted(before.items())[:100] for _ in range(d)]
+    changes = tmp_path / "changes-3.csv"
+    changes.write_text("c0,c1,diff\n" + "".join(f"{a},{b},{d}\n" for a, b, d in rows))
+    argv = ["apply", "--query", "2-paths", "--state", str(state), "--epoch", "3"]
+    assert cli.main([*argv, "--changes", f"edge={changes}", "--bag", "edge"]) == 0
+    m = store.current()
+    after = _summed(files, m.traces["rel/edge"])
+    out = m.traces["out/paths2"]
+    change = Counter(_summed(files, out, 3))
+    change.subtract(_summed(files, out, 2))
+    query = builtin("2-paths")
+    expected = naive_delta(query, {"edge": before}, {"edge": after})
+    assert +change == +expected and -change == -expected and expected

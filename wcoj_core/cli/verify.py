@@ -3,7 +3,8 @@
 Contract: every kept generation's manifest and every file they name is read whole, once: batch
 files (size and sha256) and arrangement files (size, header, sha256), within the process's
 memory budget (``--memory``: files a record batch at a time, a trace's batches summed for its
-figures through sorted runs in the state's scratch folder). Each damaged file is
+figures through sorted runs in the state's scratch folder; a repair rebuilds arrangements the
+same way, merging the runs into the segment files). Each damaged file is
 printed on one line with its trace, the epochs it affects and whether it can be rebuilt; the
 exit status is 0 when nothing is damaged, 1 otherwise. With ``--repair`` the damaged
 arrangement files of the current generation are rebuilt from the batches (and arrangement files
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from wcoj_core.budget import MemoryBudget, Shares, default_budget
 from wcoj_core.cli.console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -30,10 +32,11 @@ from wcoj_core.cli.console import (
 )
 from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.indexes import rebuilt_index
+from wcoj_core.spill import Spill
 from wcoj_core.store.files import check_stamp, file_ref, verify_ref
 from wcoj_core.store.manifest import Index
 from wcoj_core.store.store import Store
-from wcoj_core.store.verify import verify_state
+from wcoj_core.store.verify import state_scratch, verify_state
 
 EXAMPLES = (
     "wcoj verify lake/tri",
@@ -85,7 +88,8 @@ def _verify(args: argparse.Namespace, store: Store) -> int:
         say(f"damaged: {damage.describe()}")
     repaired: list[str] = []
     if args.repair:
-        repaired = repair(store, {d.path for d in report.damaged if d.rebuildable and d.current})
+        damaged = {d.path for d in report.damaged if d.rebuildable and d.current}
+        repaired = repair(store, damaged, args.memory)
         for name in repaired:
             if name.endswith(" (stamps)"):
                 note(
@@ -116,15 +120,22 @@ def _verify(args: argparse.Namespace, store: Store) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def repair(store: Store, damaged: set[str]) -> list[str]:
+def repair(store: Store, damaged: set[str], memory: MemoryBudget | None = None) -> list[str]:
     """Rebuild the index of every trace of the current generation with a damaged segment file
     (paths relative to the state), and stamp again the segment files whose stamp changed but
-    whose contents match (a restored copy), in one new generation; what was done."""
+    whose contents match (a restored copy), in one new generation; what was done.
+
+    Within the `memory` budget (default: the process's): each batch is read a record batch at
+    a time (its files' digests checked first), summed and arranged through sorted runs in the
+    state's scratch folder, and merged into the segment files (`rebuilt_index`)."""
     base = store.current()
     files = BatchFiles(store.root)
     traces = dict(base.traces)
     written: list[str] = []
     rebuilt: list[str] = []
+    scratch = state_scratch(store)
+    spill = Spill.of(scratch, Shares.of(memory or default_budget()))
+
     try:
         for name, trace in base.traces.items():
             if trace.index is None:
@@ -139,8 +150,9 @@ def repair(store: Store, damaged: set[str]) -> list[str]:
             index = rebuilt_index(
                 store.root,
                 trace,
-                lambda t, b: files.read_verified(b.path, t.columns, b.files, b.rows, b.time),
+                lambda t, b: files.verified_pieces(b, t.columns),
                 written,
+                spill,
             )
             traces[name] = dataclasses.replace(trace, index=index)
             rebuilt.append(name)
@@ -149,6 +161,8 @@ def repair(store: Store, damaged: set[str]) -> list[str]:
     except BaseException:
         store.discard(written)
         raise
+    finally:
+        scratch.close()
     return rebuilt
 
 

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from wcoj_core.arrow import longs
 from wcoj_core.errors import DamagedBatch, StateError
-from wcoj_core.kernel.changes import changes_layer, changes_table
+from wcoj_core.kernel.changes import changes_layer, changes_table, data_rows
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.kernel.multiplicity import exact_sum
 from wcoj_core.store.files import check_stamp, verify_ref
@@ -42,6 +42,8 @@ from wcoj_core.traces import DIFF, TIME
 # written at once (Arrow encodes and compresses without the GIL).
 WRITE_FILE_ROWS = 1 << 21
 WRITE_FILES = 4
+# A file's digest is checked this many bytes at a time (`BatchFiles.check_digest`).
+_HASH_BLOCK = 8 << 20
 
 
 def file_system(root: str) -> tuple[pafs.FileSystem, str]:
@@ -90,14 +92,19 @@ class BatchFiles:
         ]
         return read_tables(columns, tables)
 
-    def iter_chunks(self, batch: Batch, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+    def iter_chunks(
+        self, batch: Batch, columns: Sequence[str], *, digests: bool = False
+    ) -> Iterator[pa.RecordBatch]:
         """The data columns and diffs of a stored batch, a record batch at a time: exactly the
-        files it lists, each checked by size before it is read, and their rows against the
-        batch's (a file read in pieces is not hashed)."""
+        files it lists, each checked by size before it is read (with `digests`, by its sha256
+        too, hashed a block at a time: a file read in pieces is otherwise not hashed), and
+        their rows against the batch's."""
         rows = 0
         for ref in batch.files:
             path = self.full(f"{batch.path}/{ref.name}")
             self.check_size(path, ref)
+            if digests:
+                self.check_digest(path, ref)
             try:
                 parquet = pq.ParquetFile(path, filesystem=self.fs)
                 check_epoch(path, parquet, batch.time)
@@ -269,6 +276,26 @@ class BatchFiles:
         if rows != batch.rows:
             raise DamagedBatch(self.full(batch.path), _rows_differ(rows, batch.rows))
         return uris
+
+    def verified_pieces(
+        self, batch: Batch, columns: Sequence[str]
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """A stored batch's rows (the data `columns`) and diffs, a record batch at a time,
+        each file's digest checked before it is read (`iter_chunks`)."""
+        for chunk in self.iter_chunks(batch, columns, digests=True):
+            yield data_rows(chunk, columns), longs(chunk.column(DIFF))
+
+    def check_digest(self, path: str, ref: FileRef) -> None:
+        """Raise `DamagedBatch` unless the file's sha256 is `ref`'s (read a block at a time)."""
+        digest = hashlib.sha256()
+        try:
+            with self.fs.open_input_stream(path) as f:
+                while block := f.read(_HASH_BLOCK):
+                    digest.update(block)
+        except (OSError, pa.ArrowException) as e:
+            raise DamagedBatch(path, f"cannot be read ({e})") from e
+        if digest.hexdigest() != ref.sha256:
+            raise DamagedBatch(path, "its contents do not match its digest")
 
     def check_size(self, path: str, ref: FileRef) -> None:
         """Raise `DamagedBatch` unless the file `path` is there with `ref`'s size."""

@@ -7,8 +7,9 @@ prefixes travel to the shard owning the key of each lookup, as in BigJoin: a rul
 chain of Spark stages, one per lookup, each a `repartition` on a routing column followed by a
 `mapInArrow` that runs one phase of the kernel — count (per extender), propose (the winner's),
 validate (per other extender) — against the shard it owns (`ShardLayers`, read from the state's
-storage a record batch at a time and kept by the worker). Nothing but the shards and one Arrow
-batch of prefixes (and its proposals, cut by the kernel's budget) is ever held by a task.
+storage: the arrangement files mapped, or a state without them read from its batches a record
+batch at a time and kept by the worker). Nothing but one Arrow batch of prefixes (and its
+proposals, cut by the kernel's budget) — and, from batches, the shards — is ever held by a task.
 
 Hub keys are not one giant group: a shard is served by `replicas` partitions, and each prefix
 goes to one of them by a hash of its bindings, so a hub's prefixes spread over as many tasks
@@ -34,7 +35,7 @@ from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from wcoj_core.deploy.resident import Resident, Shape, resident_for, shard_of
-from wcoj_core.deploy.work import RuleJob, Work
+from wcoj_core.deploy.work import RuleJob, Work, opened_trace
 from wcoj_core.kernel.changes import data_rows
 from wcoj_core.kernel.join import RuleTally, check_overflow
 from wcoj_core.kernel.keys import I64
@@ -120,9 +121,18 @@ class Router:
 
 class ShardLayers:
     """The `Layers` a task reads: every arrangement's shard `shard` (of `shards`), as of the
-    work's old state plus the epoch's changes."""
+    work's old state plus the epoch's changes.
+
+    A trace read with its index (`TraceRead.trace`: a state every executor reaches as files)
+    is opened from its arrangement files, mapped (`opened_trace`, as the replicated tasks open
+    it): the task searches only its shard's keys, so only their pages are read, and they are
+    file pages, not the worker's memory — an executor smaller than the arrangements holds
+    none of them, and a fresh Python worker (Spark ends one idle for a minute) opens them in
+    milliseconds. Without an index, the shard is cut from the batches, read a record batch at a
+    time, and kept by the worker (`Resident.index` with a `Shape`)."""
 
     def __init__(self, work: Work, resident: Resident, shard: int, shards: int) -> None:
+        self.work = work
         self.reads = {r.name: r for r in work.reads}
         self.resident = resident
         self.shard = shard
@@ -130,9 +140,7 @@ class ShardLayers:
 
     def unsharded(self) -> ShardLayers:
         """The same arrangements whole (for a lookup no shard owns)."""
-        whole = ShardLayers.__new__(ShardLayers)
-        whole.reads, whole.resident, whole.shard, whole.shards = self.reads, self.resident, 0, 1
-        return whole
+        return ShardLayers(self.work, self.resident, 0, 1)
 
     def _shape(self, view: AtomView | None, order: tuple[int, ...]) -> Shape:
         return Shape(view, order, self.shard, self.shards)
@@ -144,8 +152,11 @@ class ShardLayers:
         ident = tuple(range(len(order)))
         out: list[Layer] = []
         if version is not Version.DELTA:
-            index = self.resident.index(name, read.columns, read.old, self._shape(view, order))
-            out += index.layers(None, ident)
+            if read.trace is not None:
+                out += opened_trace(self.work, read, self.resident).layers(view, order)
+            else:
+                shape = self._shape(view, order)
+                out += self.resident.index(name, read.columns, read.old, shape).layers(None, ident)
         if version is not Version.OLD and any(b.rows for b in read.delta):
             out.append(self.delta(name, view, order))
         return out

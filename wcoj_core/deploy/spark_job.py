@@ -7,8 +7,10 @@ the epoch's changes are written as batches first (the relation and counts change
 each task opens the old state itself: replicated (`executors`), a task maps the traces'
 arrangement files from the state's storage through the same `wcoj_core.indexes.open_trace` the
 driver uses — files, not memory, so a Python worker Spark ended after a minute idle costs its
-successor a few milliseconds, not a rebuild; sharded (`sharded`), every arrangement is cut by
-its first column and read from the batches a shard at a time.
+successor a few milliseconds, not a rebuild; sharded (`sharded`), the prefixes are routed to
+the shard owning each lookup's key, a task searching the same mapped files (a state on other
+storage: its shard cut from the batches) — and a small epoch of a sharded state runs in one
+task as the replicated ones do (`SMALL_MAPPED`): with the files mapped, a shard buys no memory.
 
 The tasks write the outputs' batches (each file with its size and digest); the driver gets
 the batches, the sum of each output's diffs and what every rule did.
@@ -19,14 +21,14 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from wcoj_core.deploy import Choice
 from wcoj_core.deploy.work import RuleJob, TraceRead, Work
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.join import RuleTally
-from wcoj_core.store.manifest import Batch, FileRef, Manifest
+from wcoj_core.store.manifest import Batch, FileRef, Manifest, Trace
 from wcoj_core.store.names import new_batch_path
 
 if TYPE_CHECKING:
@@ -42,6 +44,7 @@ class Outcome:
     batches: dict[str, Batch]
     totals: dict[str, int]
     tallies: dict[RuleJob, RuleTally]
+    how: str = ""  # how a sharded work ran otherwise than routed (for the epoch's reason)
 
 
 def run_rules(
@@ -69,7 +72,7 @@ def run_rules(
             m.traces[name].columns,
             tuple(b for b in m.traces[name].batches if b.time < epoch),
             (changes[name],) if name in changes else (),
-            trace=None if sharded else m.traces[name],
+            trace=m.traces[name] if not sharded or _mapped(state, m.traces[name]) else None,
             keys=served.views[name],
         )
         for name in names
@@ -77,14 +80,39 @@ def run_rules(
     work = Work(state.store.root, epoch, served.plans, reads, rules=tuple(jobs), distinct=distinct)
     work = _budgeted(served, state, work)
     try:
-        if sharded:
+        if sharded and not _small_mapped(state, changes, reads):
             return _sharded(served, state, work, choice.shards, changes, written)
-        return _replicated(state, work, epoch, changes, written)
+        outcome = _replicated(state, work, epoch, changes, written)
+        if sharded:
+            return replace(outcome, how=SMALL_MAPPED)
+        return outcome
     except Exception as e:
         overflow = overflow_in(e)
         if overflow is not None:
             raise overflow from None
         raise
+
+
+def _mapped(state: StateAccess, trace: Trace) -> bool:
+    """Whether sharded tasks map a trace's arrangement files: it has an index, on a state they
+    reach as files. Otherwise each task cuts its shard from the batches (never the whole trace
+    read into a worker, as opening a trace without an index would)."""
+    return state.local and trace.index is not None and bool(trace.index.segments)
+
+
+SMALL_MAPPED = "a small epoch: its rules in one task searching the mapped arrangement files"
+
+
+def _small_mapped(
+    state: StateAccess, changes: Mapping[str, Batch], reads: Sequence[TraceRead]
+) -> bool:
+    """Whether a sharded work runs as one task instead: a small epoch (at most
+    `StateAccess.one_task_rows` changed rows) whose every trace is mapped (`_mapped`). Its
+    tasks map the arrangement files rather than hold shards (`sharded.ShardLayers`), so a
+    shard buys no memory; the routed stages (several Spark stages per rule) only pay off when
+    an epoch's work is large enough to spread by key."""
+    small = sum(b.rows for b in changes.values()) <= state.one_task_rows
+    return small and all(r.trace is not None for r in reads)
 
 
 def overflow_in(e: BaseException) -> MultiplicityOverflow | None:
@@ -175,6 +203,7 @@ def _sharded(
                 .drop("time")
             )
     outputs, observed = rule_frames(spark, work, router, read)
+    state.executors_warm = True
     batches: dict[str, Batch] = {}
     totals: dict[str, int] = {}
     from pyspark.sql import functions as F

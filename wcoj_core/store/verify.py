@@ -225,7 +225,7 @@ def _figures(
 
     files = BatchFiles(store.root)
     shares = Shares.of(memory)
-    scratch = Scratch(store.local_root / names.SCRATCH if store.local_root else None, _nothing)
+    scratch = state_scratch(store)
     spill = Spill.of(scratch, shares)
     out = []
     try:
@@ -257,6 +257,12 @@ def _figures(
 
 def _nothing(_spilled: int) -> None:
     return None
+
+
+def state_scratch(store: Store) -> Scratch:
+    """The scratch folder a check or a repair of `store` spills into: under the state's
+    ``scratch/`` folder (the system's temporary folder for a state on remote storage)."""
+    return Scratch(store.local_root / names.SCRATCH if store.local_root else None, _nothing)
 
 
 def _summed_figures(
