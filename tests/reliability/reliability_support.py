@@ -629,6 +629,20 @@ def flip(path: Path, offset: int, mask: int = 0xFF) -> None:
         f.write(bytes(data))
 
 
+def same_size_segment(data: bytes) -> bytes:
+    """Another segment file of the same size and the same header (`wcoj_core.store.segments`:
+    64 header bytes, then 8-byte values): its values in reverse order, or (when that changes
+    nothing) one value bumped."""
+    head, values = data[:64], bytearray(data[64:])
+    words = [bytes(values[i : i + 8]) for i in range(0, len(values), 8)]
+    out = head + b"".join(reversed(words))
+    if out == data:
+        values[0] ^= 1
+        out = head + bytes(values)
+    assert len(out) == len(data) and out != data
+    return out
+
+
 def batch_file(state: Path, trace: str, time_: int) -> Path:
     """The (first) data file of a trace's batch at `time_`."""
     t = open_store(state).current().trace(trace)
@@ -637,8 +651,8 @@ def batch_file(state: Path, trace: str, time_: int) -> Path:
     return state / b.path / b.files[0].name
 
 
-def segment_file(state: Path, trace: str, role: str = "rows", level: str = "recent") -> Path:
-    """A file of the newest segment of a trace's index at `level` (``base``, ``recent``)."""
+def segment_file(state: Path, trace: str, role: str = "layer", level: str = "recent") -> Path:
+    """A file (by default its one file) of the newest segment of a trace's index at `level` (``base``, ``recent``)."""
     t = open_store(state).current().trace(trace)
     assert t is not None and t.index is not None
     chosen = [s for s in t.index.segments if s.level.value == level and s.rows]

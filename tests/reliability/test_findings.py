@@ -184,10 +184,10 @@ def test_1_a_file_planted_inside_a_segment_folder_survives_its_retirement(
     t = 2
     while segment.exists() and t < len(history.epochs):
         assert wcoj_here(*history.apply_args(state, t)).code == 0  # no process start per epoch
-        if not (segment / "rows.npy").exists():
+        if not (segment / "layer.seg").exists():
             break  # wcoj removed its own files of the folder
         t += 1
-    assert not (segment / "rows.npy").exists(), "the segment was never retired: no evidence"
+    assert not (segment / "layer.seg").exists(), "the segment was never retired: no evidence"
     assert mine.exists(), "the user's file was deleted with the retired segment"
 
 

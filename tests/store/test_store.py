@@ -78,7 +78,7 @@ def test_creates_in_a_new_or_empty_directory_then_reopens(tmp_path: Path) -> Non
     for root in (tmp_path / "new" / "deeper", tmp_path / "empty"):
         store = Store.open(root, create=True)
         marker = json.loads((root / names.MARKER).read_text())
-        assert marker["wcoj_state"] == 2
+        assert marker["wcoj_state"] == 3
         assert marker["by"] == f"wcoj {importlib.metadata.version('wcoj')}"  # the package's own
         assert store.current() == Manifest()
         epoch(store, 0)
@@ -96,9 +96,11 @@ def test_a_state_through_a_symbolic_link_opens(tmp_path: Path) -> None:
 def test_other_formats_are_refused(tmp_path: Path) -> None:
     root = tmp_path / "s"
     Store.open(root, create=True)
-    (root / names.MARKER).write_text('{"wcoj_state": 3}')
+    (root / names.MARKER).write_text('{"wcoj_state": 4}')
     with pytest.raises(IncompatibleState, match="a later wcoj"):
         Store.open(root, create=False)
+    (root / names.MARKER).write_text('{"wcoj_state": 2}')  # format 2 is still read
+    assert Store.open(root, create=False).current() == Manifest()
     (root / names.MARKER).write_text("{nope")
     with pytest.raises(DamagedState, match="damaged state marker"):
         Store.open(root, create=False)
@@ -209,7 +211,7 @@ def test_files_honour_the_umask(tmp_path: Path) -> None:
     root = tmp_path / "s"
     assert (root / names.MARKER).stat().st_mode & 0o777 == 0o640
     assert (root / "manifests" / "0000000001.json").stat().st_mode & 0o777 == 0o640
-    seg = next((root / "arrangements").glob("*/s-*/rows.npy"))
+    seg = next((root / "arrangements").glob("*/s-*/layer.seg"))
     assert seg.stat().st_mode & 0o777 == 0o440  # sealed: read-only, within the umask
     leftovers = [p for p in root.rglob("*") if p.name.endswith(".tmp")]
     assert leftovers == []
@@ -323,7 +325,8 @@ def test_own_orphans_go_after_an_hour_young_ones_stay(tmp_path: Path) -> None:
     young_scratch = f"scratch/{names.scratch_name()}"
     for rel in (old_segment, young_segment, old_scratch, young_scratch):
         (tmp_path / rel).mkdir(parents=True)
-        (tmp_path / rel / "rows.npy").write_bytes(b"x")
+        (tmp_path / rel / "rows.npy").write_bytes(b"x")  # a segment of format 2
+        (tmp_path / rel / "layer.seg").write_bytes(b"x")
     old_temp = tmp_path / "manifests" / names.temp_name("0000000002.json")
     young_temp = tmp_path / "manifests" / names.temp_name("0000000002.json")
     old_temp.write_text("{}")

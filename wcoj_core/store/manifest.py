@@ -7,7 +7,9 @@ of the canonical JSON of everything else. `Manifest.from_json` checks the digest
 shape (every field's type, ints for times and counts, no negative counts, paths that wcoj makes)
 and raises one `DamagedState` whose one-line message names the file, what is wrong and the
 previous generation, which is the way back. A manifest of format 1 (written by an earlier wcoj)
-is refused with `IncompatibleState`.
+or of a later format is refused with `IncompatibleState`; one of format 2 (segments of three
+``.npy`` files, which format 3 still reads: `wcoj_core.store.segments`) is read, and the next
+commit writes format 3.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from wcoj_core.kernel.keys import Packing
 from wcoj_core.query.ir import Const
 from wcoj_core.store import names
 
-FORMAT = 2
+FORMAT = 3
+# The formats this wcoj reads: format 2 differs only in its segments' files (three ``.npy``
+# files each, where format 3 writes one), which a format 3 manifest may still name.
+READABLE = (2, 3)
 
 Stamp = tuple[int, int, int]  # (st_ino, st_mtime_ns, st_ctime_ns) right after writing
 Pattern = tuple[int | Const, ...]  # an `AtomView` pattern (the relation is the trace's)
@@ -551,7 +556,7 @@ def _packing(v: Any, where: str, width: int) -> Packing | None:
     return Packing(lows, highs, bits)
 
 
-def _segment(v: Any, where: str) -> Segment:
+def _segment(v: Any, where: str, fmt: int = FORMAT) -> Segment:
     raw = _obj(v, where, ("level", "view", "order", "rows", "packing", "unit", "path", "files"))
     level_raw = _str(raw["level"], f"{where}.level")
     try:
@@ -577,7 +582,12 @@ def _segment(v: Any, where: str) -> Segment:
     files_raw = raw["files"]
     if not isinstance(files_raw, dict):
         _bad(f"expected an object, found {_show(files_raw)}", f"{where}.files")
-    roles = names.SEGMENT_FILES if rows else ()
+    # One file since format 3; three (format 2's, kept by a format 3 manifest until merged).
+    layouts = [(names.SEGMENT_LAYER,), names.SEGMENT_FILES] if fmt >= 3 else [names.SEGMENT_FILES]
+    roles: tuple[str, ...] = ()
+    if rows:
+        found = [r for r in layouts if sorted(files_raw) == sorted(r)]
+        roles = found[0] if found else layouts[0]
     if sorted(files_raw) != sorted(roles):
         _bad(
             f"expected files {list(roles)} for {rows} rows, found {sorted(files_raw)}",
@@ -601,7 +611,7 @@ def _segment(v: Any, where: str) -> Segment:
     )
 
 
-def _trace(name: str, v: Any, where: str) -> Trace:
+def _trace(name: str, v: Any, where: str, fmt: int) -> Trace:
     raw = _obj(v, where, ("columns", "batches", "index"))
     columns = tuple(
         _str(c, f"{where}.columns[{i}]")
@@ -626,7 +636,7 @@ def _trace(name: str, v: Any, where: str) -> Trace:
         index = Index(
             _int(ix["time"], f"{where}.index.time"),
             tuple(
-                _segment(s, f"{where}.index.segments[{i}]")
+                _segment(s, f"{where}.index.segments[{i}]", fmt)
                 for i, s in enumerate(_list(ix["segments"], f"{where}.index.segments"))
             ),
         )
@@ -678,7 +688,7 @@ def _decode_manifest(text: str, source: str) -> Manifest:
     if not isinstance(raw, dict):
         _bad(f"expected an object, found {_show(raw)}", "")
     fmt = raw.get("format")
-    if type(fmt) is int and fmt != FORMAT:
+    if type(fmt) is int and fmt not in READABLE:
         which = "an earlier" if fmt < FORMAT else "a later"
         advice = (
             "re-create the state (apply its epochs into a new directory)"
@@ -698,7 +708,9 @@ def _decode_manifest(text: str, source: str) -> Manifest:
         _bad(f"expected an object, found {_show(traces_raw)}", "traces")
     if "" in traces_raw:
         _bad("a trace without a name", "traces")
-    traces = {name: _trace(name, t, f"traces[{name!r}]") for name, t in traces_raw.items()}
+    traces = {
+        name: _trace(name, t, f"traces[{name!r}]", raw["format"]) for name, t in traces_raw.items()
+    }
     epoch = _opt_int(raw["epoch"], "epoch")
     for name, t in traces.items():
         last = t.batches[-1].time if t.batches else None

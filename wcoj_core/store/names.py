@@ -8,7 +8,7 @@ put into a state never matches, so it is never touched. The layout (docs/state.m
     manifests/0000000007.json                       manifest_name(7)
     manifests/.0000000007.json.<hex32>.tmp          temp_name(...) while committing
     traces/<trace_dir>/b-<kind>-<time>-<hex12>/     new_batch_path(...)
-    arrangements/<trace_dir>/s-<hex16>/             new_segment_path(...)
+    arrangements/<trace_dir>/s-<hex16>/layer.seg    new_segment_path(...), SEGMENT_LAYER_FILE
     scratch/<hex32>/                                scratch_name()
 """
 
@@ -25,7 +25,10 @@ TRACES = "traces"
 ARRANGEMENTS = "arrangements"
 SCRATCH = "scratch"
 
-# The files of a segment folder, by role (none for a segment of no rows).
+# The file of a segment folder (none for a segment of no rows), by its role: one since state
+# format 3; a segment of format 2 holds three, `SEGMENT_FILES` (still read).
+SEGMENT_LAYER = "layer"
+SEGMENT_LAYER_FILE = "layer.seg"
 SEGMENT_FILES = ("rows", "diff", "keys")
 
 _MANIFEST = re.compile(r"(\d{10,})\.json")
@@ -33,7 +36,7 @@ _MANIFEST_TEMP = re.compile(r"\.\d{10,}\.json\.[0-9a-f]{32}\.tmp")
 _BATCH = re.compile(r"b-([a-z])-(-?\d+)-[0-9a-f]{12}")
 _SEGMENT = re.compile(r"s-[0-9a-f]{16}")
 _SCRATCH = re.compile(r"[0-9a-f]{32}")
-_SEGMENT_FILE = re.compile(r"(rows|diff|keys)\.npy")
+_SEGMENT_FILE = re.compile(r"(rows|diff|keys)\.npy|layer\.seg")
 _SEGMENT_TEMP = re.compile(r"\.(rows|diff|keys)\.npy\.[0-9a-f]{32}\.tmp")
 _TRACE_DIR = re.compile(r"(?:[^\W_]|-){0,40}-[0-9a-f]{10}")
 # What a batch folder holds when wcoj (pyarrow) or Spark wrote it: Parquet parts, Hadoop's
@@ -143,13 +146,20 @@ def is_own_segment(name: str) -> bool:
 
 
 def segment_file(role: str) -> str:
-    """The file of a segment holding `role` (one of `SEGMENT_FILES`).
+    """The file of a segment holding `role` (`SEGMENT_LAYER`, or one of `SEGMENT_FILES` in a
+    segment of format 2).
 
-    >>> segment_file("keys"), is_segment_file("keys.npy"), is_segment_file("notes.txt")
-    ('keys.npy', True, False)
+    >>> segment_file("layer"), segment_file("keys"), is_segment_file("layer.seg")
+    ('layer.seg', 'keys.npy', True)
+    >>> is_segment_file("keys.npy"), is_segment_file("notes.txt")
+    (True, False)
     """
+    if role == SEGMENT_LAYER:
+        return SEGMENT_LAYER_FILE
     if role not in SEGMENT_FILES:
-        raise ValueError(f"a segment file is one of {SEGMENT_FILES}, got {role!r}")
+        raise ValueError(
+            f"a segment file is one of {(SEGMENT_LAYER, *SEGMENT_FILES)}, got {role!r}"
+        )
     return f"{role}.npy"
 
 

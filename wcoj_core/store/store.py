@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
 from wcoj_core.store import names
 from wcoj_core.store.files import Files, Kind, LocalFiles, dangling, files_for
-from wcoj_core.store.manifest import FORMAT, FileRef, Manifest, referenced
+from wcoj_core.store.manifest import FORMAT, READABLE, FileRef, Manifest, referenced
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -141,7 +141,7 @@ class Store:
         found = raw.get("wcoj_state") if isinstance(raw, dict) else None
         if type(found) is not int:
             raise DamagedState(f'{source}: damaged state marker (no "wcoj_state" number)')
-        if found != FORMAT:
+        if found not in READABLE:
             which = "an earlier" if found < FORMAT else "a later"
             raise IncompatibleState(
                 f"{self.root}: this state was created by {which} wcoj (state format {found}) "
