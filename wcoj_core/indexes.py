@@ -44,7 +44,7 @@ from wcoj_core.kernel.layer import Layer, arranged, merged
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView, Kind, Plan, Version
 from wcoj_core.store import segments
-from wcoj_core.store.files import stamp_of
+from wcoj_core.store.files import stamp_of, sync_soon
 from wcoj_core.store.manifest import Batch, Index, Level, Segment, Trace
 from wcoj_core.store.names import segment_name, trace_dir
 from wcoj_core.traces import counts_trace_name
@@ -486,7 +486,10 @@ def _write(
     rel = f"{folder}/{segment_name()}"
     written.append(rel)
     pattern, order = key
-    return segments.write_segment(root, rel, layer, level=level, view=pattern, order=order)
+    segment = segments.write_segment(root, rel, layer, level=level, view=pattern, order=order)
+    if segment.files:
+        sync_soon(root, rel)  # its fsyncs run while the epoch goes on; the commit waits
+    return segment
 
 
 def rebuilt_index(

@@ -144,3 +144,62 @@ def test_an_older_wcoj_refuses_a_state_of_format_3_on_one_line(
         f"{manifest}: this state was created by a later wcoj (state format 3) and is not "
         "readable by this one (format 2); use that wcoj"
     )
+
+
+def test_every_new_file_is_durable_before_the_manifest_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches and segments start their fsyncs as soon as they are written (`sync_soon`), and
+    the manifest's content is fsynced with the rest: every new file and folder of an epoch
+    (and the folders above them) is still synced, each once, before the manifest is linked."""
+    from wcoj_core.store import files as files_module
+
+    monkeypatch.delenv("WCOJ_SYNCFS", raising=False)
+    root = tmp_path / "state"
+    run = Run(root, [TRIANGLES])
+    for t in range(3):
+        run.step(t, epoch_changes(t, run.graph))
+    before = Store.open(root, create=False).current()
+    events: list[tuple[str, Path]] = []
+    real_fsync, real_link = files_module._fsync_path, os.link
+
+    def fsync(path: Path) -> None:
+        if "manifests" not in path.parts:
+            import time
+
+            time.sleep(0.02)  # slow syncs: the epoch goes on meanwhile
+        real_fsync(path)
+        events.append(("fsync", Path(path)))
+
+    def link(src: str | os.PathLike[str], dst: str | os.PathLike[str], **kw: object) -> None:
+        events.append(("link", Path(dst)))
+        real_link(src, dst, **kw)  # type: ignore[arg-type]
+
+    early: list[str] = []
+
+    def sync_soon(root: str, rel: str) -> None:
+        early.append(rel)
+        files_module.sync_soon(root, rel)
+
+    from wcoj_core import epoch as epoch_module
+
+    monkeypatch.setattr(files_module, "_fsync_path", fsync)
+    monkeypatch.setattr(files_module.os, "link", link)
+    monkeypatch.setattr(indexes, "sync_soon", sync_soon)
+    monkeypatch.setattr(epoch_module, "sync_soon", sync_soon)
+    run.step(3, epoch_changes(3, run.graph))
+    monkeypatch.undo()
+    after = Store.open(root, create=False).current()
+    new = sorted(after.paths() - before.paths())
+    assert any("/s-" in p for p in new) and any("/b-" in p for p in new)
+    assert sorted(early) == new  # every new folder's syncs started as it was written
+    (linked,) = [i for i, (what, _) in enumerate(events) if what == "link"]
+    assert events[linked][1].name == names.manifest_name(after.generation)
+    synced = [p for what, p in events[:linked] if what == "fsync"]
+    assert len(synced) == len(set(synced))  # each once
+    for rel in new:
+        top = root / rel
+        for p in (top, *top.rglob("*"), top.parent):
+            assert p in synced, f"{p} not durable before the manifest"
+    assert any(names.is_manifest_temp(p.name) for p in synced)  # its content, under its temp name
+    assert not files_module._EARLY  # every early sync was waited for

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import pytest
@@ -165,9 +165,12 @@ def test_a_commit_syncs_the_new_folders_only(
     synced: list[str] = []
     known: list[str] = []
 
-    def sync_many(rels: list[str], durable: Collection[str] = ()) -> None:
+    def sync_many(
+        rels: list[str], durable: Collection[str] = (), also: Sequence[Path] = ()
+    ) -> None:
         synced.extend(rels)
         known.extend(durable)
+        assert [p.parent.name for p in also] == ["manifests"]  # the manifest, synced with them
 
     monkeypatch.setattr(store.files, "sync_many", sync_many)
     m2 = epoch(store, 1)
@@ -196,6 +199,10 @@ def test_each_new_folder_is_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             want.add(p)
             if p == tmp_path or p in durable:  # ...or to one whose entry is durable already
                 break
+    # ...and the new manifest's content at the same time, under its temporary name.
+    (manifest,) = [p for p in synced if p.parent == tmp_path / "manifests"]
+    assert names.is_manifest_temp(manifest.name)
+    synced.remove(manifest)
     assert len(synced) == len(set(synced))  # each once
     assert set(synced) == want
     assert tmp_path not in want  # the root's entries did not change

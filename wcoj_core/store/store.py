@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
 from wcoj_core.store import names
-from wcoj_core.store.files import Files, Kind, LocalFiles, dangling, files_for
+from wcoj_core.store.files import Files, Kind, LocalFiles, dangling, drop_early, files_for
 from wcoj_core.store.manifest import FORMAT, READABLE, FileRef, Manifest, referenced
 
 if TYPE_CHECKING:
@@ -264,10 +264,10 @@ class Store:
         rel = self._manifest_rel(new.generation)
         held = expected.paths()
         try:
-            self.files.sync_many(sorted(new.paths() - held), durable=_folders_above(held))
             gens = self.generations()
+            # The new folders made durable with the manifest's own content, then it is linked.
             created = (not gens or gens[-1] < new.generation) and self.files.create_exclusive(
-                rel, text
+                rel, text, after=sorted(new.paths() - held), durable=_folders_above(held)
             )
         except OSError as e:
             raise StateError(f"state {self.root}: cannot commit ({e.strerror or e})") from e
@@ -386,6 +386,8 @@ class Store:
         and returned; when the current manifest cannot be read, nothing is deleted.
         """
         chosen = list(paths)
+        if isinstance(self.files, LocalFiles):
+            drop_early([f"{self.root}/{p}" for p in chosen])
         try:
             live = self.current().paths()
         except Exception:
