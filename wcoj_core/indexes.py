@@ -488,7 +488,7 @@ def _write(
     pattern, order = key
     segment = segments.write_segment(root, rel, layer, level=level, view=pattern, order=order)
     if segment.files:
-        sync_soon(root, rel)  # its fsyncs run while the epoch goes on; the commit waits
+        sync_soon(root, rel)  # its fsync runs while the epoch goes on; the commit waits
     return segment
 
 

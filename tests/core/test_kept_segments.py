@@ -46,7 +46,7 @@ def test_a_segment_rewritten_between_warm_epochs_is_checked_again(tmp_path: Path
     index = run.engine.store.current().traces["rel/edge"].index
     assert index is not None
     segment = next(s for s in index.segments if s.rows)
-    path = root / segment.path / segment.files["layer"].name
+    path = root / segment.file_path("layer")
     data = bytearray(path.read_bytes())
     at = random.Random(1).randrange(len(data) - 16, len(data))  # in the data, past the header
     data[at] ^= 0xFF

@@ -34,19 +34,18 @@ from wcoj_core.store.verify import verify_state
 def as_format_2(root: Path) -> int:
     """Rewrite the state at `root` as state format 2 wrote it; the segments rewritten."""
     store = Store.open(root, create=False)
-    done: dict[str, dict[str, list]] = {}
+    done: dict[str, tuple[str, dict[str, list]]] = {}
     for g in store.generations():
         for trace in store.generation(g).traces.values():
             for s in trace.index.segments if trace.index is not None else ():
-                if s.rows and s.path not in done:
+                if s.path not in done:
                     done[s.path] = _three_files(root, s)
     for path in sorted((root / "manifests").glob("*.json")):
         raw = json.loads(path.read_text())
         raw["format"] = 2
         for trace in raw["traces"].values():
             for s in (trace["index"] or {}).get("segments", ()):
-                if s["rows"]:
-                    s["files"] = done[s["path"]]
+                s["path"], s["files"] = done[s["path"]]
         raw["digest"] = digest_of(raw)
         os.chmod(path, 0o644)
         path.write_text(json.dumps(raw, sort_keys=True, separators=(",", ":")) + "\n")
@@ -54,7 +53,11 @@ def as_format_2(root: Path) -> int:
     return len(done)
 
 
-def _three_files(root: Path, segment: Segment) -> dict[str, list]:
+def _three_files(root: Path, segment: Segment) -> tuple[str, dict[str, list]]:
+    """A segment of one file as a folder of three (the file removed); its path and files."""
+    path = segment.path.removesuffix(".seg")  # the folder format 2 named as the file is named
+    if not segment.rows:
+        return path, {}
     layer = open_segment(root, segment, verify=True)
     arrays = {
         "rows": np.asfortranarray(np.asarray(layer.rows)),
@@ -62,8 +65,9 @@ def _three_files(root: Path, segment: Segment) -> dict[str, list]:
         "keys": np.array(layer.search_keys()),
     }
     del layer
-    folder = root / segment.path
-    (folder / names.SEGMENT_LAYER_FILE).unlink()
+    (root / segment.path).unlink()
+    folder = root / path
+    folder.mkdir()
     out = {}
     for role, array in arrays.items():
         target = folder / f"{role}.npy"
@@ -72,7 +76,7 @@ def _three_files(root: Path, segment: Segment) -> dict[str, list]:
         os.chmod(target, 0o444)
         ref = file_ref(target)
         out[role] = [ref.name, ref.size, ref.sha256, list(ref.stamp or ())]
-    return out
+    return path, out
 
 
 def legacy_files(root: Path) -> set[str]:
@@ -121,7 +125,7 @@ def test_a_state_of_format_2_opens_and_stays_exact(tmp_path: Path, warm: bool) -
         for s in (t.index.segments if t.index is not None else ())
         if s.rows
     ]
-    named = {f"{s.path}/{ref.name}" for s in kept for ref in s.files.values()}
+    named = {s.file_path(role) for s in kept for role in s.files}
     assert legacy_files(root) <= named
     assert any(names.SEGMENT_LAYER in s.files for s in kept)
     assert verify_state(store).ok
@@ -163,8 +167,8 @@ def test_every_new_file_is_durable_before_the_manifest_names_it(
     events: list[tuple[str, Path]] = []
     real_fsync, real_link = files_module._fsync_path, os.link
 
-    def fsync(path: Path) -> None:
-        if "manifests" not in path.parts:
+    def fsync(path: str | Path) -> None:
+        if "manifests" not in Path(path).parts:
             import time
 
             time.sleep(0.02)  # slow syncs: the epoch goes on meanwhile
@@ -201,5 +205,6 @@ def test_every_new_file_is_durable_before_the_manifest_names_it(
         top = root / rel
         for p in (top, *top.rglob("*"), top.parent):
             assert p in synced, f"{p} not durable before the manifest"
+    assert all((root / p).is_file() for p in new if "/s-" in p)  # a segment is one file
     assert any(names.is_manifest_temp(p.name) for p in synced)  # its content, under its temp name
     assert not files_module._EARLY  # every early sync was waited for

@@ -220,7 +220,11 @@ class Watcher:
 
 
 def _staged(area: str) -> Callable[[Path, Path], bool]:
-    own = names.is_own_batch if area == names.TRACES else names.is_own_segment
+    def own(name: str) -> bool:
+        if area == names.TRACES:
+            return names.is_own_batch(name)
+        return names.is_own_segment_file(name) or names.is_own_segment(name)
+
     return lambda state, p: p.parent.parent == state / area and own(p.name)
 
 
@@ -591,7 +595,8 @@ def new_folders(state: Path, before: set[str]) -> list[str]:
 
 
 def staged_folders(state: Path) -> list[str]:
-    """Every batch and segment folder under the state (relative paths), committed or not."""
+    """Every batch folder and segment (a file; a folder in state format 2) under the state
+    (relative paths), committed or not."""
     found = [
         *(state / names.TRACES).glob("*/b-*"),
         *(state / names.ARRANGEMENTS).glob("*/s-*"),

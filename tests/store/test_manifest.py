@@ -37,7 +37,9 @@ def example() -> Manifest:
     edge = "rel/edge"
     tdir = names.trace_dir(edge)
     files = {
-        "layer": FileRef("layer.seg", 2112, SHA, (1234, 1700000000000000000, 1700000000000000001))
+        "layer": FileRef(
+            "s-0123456789abcdef.seg", 2112, SHA, (1234, 1700000000000000000, 1700000000000000001)
+        )
     }
     base = Segment(
         Level.BASE,
@@ -46,7 +48,7 @@ def example() -> Manifest:
         64,
         Packing((0, 3), (99, 90), (7, 7)),
         True,
-        f"arrangements/{tdir}/s-0123456789abcdef",
+        f"arrangements/{tdir}/s-0123456789abcdef.seg",
         files,
     )
     recent = Segment(
@@ -125,7 +127,7 @@ def test_the_documented_shape() -> None:
     assert seg["level"] == "base" and seg["order"] == [0, 1] and seg["unit"] is True
     assert seg["packing"] == [[0, 3], [99, 90], [7, 7]]
     assert seg["files"]["layer"] == [
-        "layer.seg",
+        "s-0123456789abcdef.seg",
         2112,
         SHA,
         [1234, 1700000000000000000, 1700000000000000001],
@@ -221,11 +223,17 @@ SHAPES = [
     (lambda r: seg(r)["files"]["layer"].pop(), "a segment file needs its stamp"),
     (
         lambda r: seg(r)["files"].__setitem__("layer", ["rows.npy", 1, SHA, [1, 2, 3]]),
-        "expected 'layer.seg'",
+        "expected 's-0123456789abcdef.seg'",
     ),
     (
-        lambda r: seg(r).__setitem__("files", {**LEGACY, "keys": LEGACY["diff"]}),
+        lambda r: seg(r).update(
+            path=seg(r)["path"].removesuffix(".seg"), files={**LEGACY, "keys": LEGACY["diff"]}
+        ),
         "expected 'keys.npy'",
+    ),
+    (
+        lambda r: seg(r).__setitem__("path", seg(r)["path"].removesuffix(".seg")),
+        "expected files ['rows', 'diff', 'keys'] for 64 rows, found ['layer']",
     ),
     (
         lambda r: r["plan"]["relations"]["edge"].__setitem__("meaning", "multiset"),
@@ -258,11 +266,12 @@ def test_manifests_of_other_formats_are_refused() -> None:
 
 
 def test_segments_of_format_2_are_read() -> None:
-    """A format 2 manifest (segments of three .npy files) is read; a format 3 manifest may
-    still name such segments (not merged yet) beside segments of one file; a format 2
-    manifest naming a segment of one file is damaged."""
+    """A format 2 manifest (segments: folders of three .npy files) is read; a format 3
+    manifest may still name such segments (not merged yet) beside segments of one file; a
+    format 2 manifest naming a segment of one file is damaged."""
 
     def legacy(raw: dict[str, Any]) -> None:
+        seg(raw)["path"] = seg(raw)["path"].removesuffix(".seg")  # a folder of three files
         seg(raw)["files"] = LEGACY
 
     for fmt in (2, 3):
@@ -275,7 +284,7 @@ def test_segments_of_format_2_are_read() -> None:
         assert index.segments[0].files["rows"].name == "rows.npy"
         assert json.loads(m.to_json())["format"] == 3  # written again as format 3
     message = damaged(resealed(lambda r: r.__setitem__("format", 2)))
-    assert "expected files ['rows', 'diff', 'keys'] for 64 rows, found ['layer']" in message
+    assert "is a segment of one file, which format 2 does not have" in message
 
 
 def test_trace_helpers() -> None:

@@ -87,7 +87,8 @@ def test_round_trip_gives_identical_lookups(
         else:
             assert segment.packing == layer.packing and segment.unit == layer.unit
             assert set(segment.files) == {"layer"}
-            assert segment.files["layer"].name == "layer.seg"
+            assert segment.files["layer"].name == segment.path.rpartition("/")[2]
+            assert names.is_own_segment_file(segment.files["layer"].name)
         # Through the manifest's JSON, as a fresh process reads it.
         columns = tuple(f"c{j}" for j in range(width))
         m = Manifest(1, 0, traces={TRACE: Trace(TRACE, columns, (), Index(0, (segment,)))})
@@ -112,9 +113,9 @@ def legacy_segment(root: Path, segment: Segment, layer: Layer) -> Segment:
     """`segment` as state format 2 wrote it: ``rows`` (Fortran order), ``diff`` and ``keys`` as
     version 1.0 ``.npy`` files in a new folder, sealed and stamped (`np.save` writes the
     headers wcoj wrote)."""
+    path = f"arrangements/{names.trace_dir(TRACE)}/{names.segment_name().removesuffix('.seg')}"
     if segment.rows == 0:
-        return segment
-    path = names.new_segment_path(TRACE)
+        return dataclasses.replace(segment, path=path)
     folder = root / path
     folder.mkdir()
     files = {}
@@ -134,15 +135,14 @@ def legacy_segment(root: Path, segment: Segment, layer: Layer) -> Segment:
 def test_written_files_are_sealed_and_mapped(tmp_path: Path) -> None:
     layer = random_layer(np.random.default_rng(1), 1000, 2, False, False)
     segment = write(tmp_path, layer)
-    assert [p.name for p in (tmp_path / segment.path).iterdir()] == ["layer.seg"]
+    assert (tmp_path / segment.path).is_file()  # the segment is its one file: no folder
     for path in segment_paths(tmp_path, segment).values():
         assert path.stat().st_mode & 0o222 == 0
     opened = open_segment(tmp_path, segment)
     assert not opened.rows.flags.writeable
     assert opened.rows.flags.f_contiguous
     assert segment_bytes(segment) == sum(f.size for f in segment.files.values())
-    assert [p.name for p in (tmp_path / segment.path).iterdir()] != []
-    assert not [p for p in (tmp_path / segment.path).iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in (tmp_path / segment.path).parent.iterdir() if p.name.endswith(".tmp")]
 
 
 # -- damage ------------------------------------------------------------------------------------

@@ -280,7 +280,7 @@ class LocalFiles:
         rels: Sequence[str],
         durable: Collection[str] = (),
         early: list[_Pending] | None = None,
-    ) -> tuple[list[Path], set[Path]]:
+    ) -> tuple[list[str], set[str]]:
         """What `sync` of each of `rels` fsyncs: the files in them, and the folders in them
         with every folder up to the root, each once; the climb stops at a folder of `durable`
         (synced for its new entry, its own entry durable already). Paths made as strings.
@@ -302,7 +302,7 @@ class LocalFiles:
                 if not parent or parent in durable:
                     break
                 parent = parent.rpartition("/")[0]
-        return [Path(f) for f in files], {Path(f) for f in folders}
+        return files, folders
 
     @staticmethod
     def _inside(top: str, files: list[str], folders: set[str]) -> None:
@@ -617,9 +617,9 @@ class _Syncers:
     waited for; an interrupted caller leaves at most a few fsyncs running, which are harmless."""
 
     def __init__(self, threads: int) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Path, queue.SimpleQueue[BaseException | None]]] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[
+            tuple[str | Path, queue.SimpleQueue[BaseException | None]]
+        ] = queue.SimpleQueue()
         for i in range(threads):
             threading.Thread(target=self._work, name=f"wcoj-sync-{i}", daemon=True).start()
 
@@ -633,14 +633,14 @@ class _Syncers:
             else:
                 done.put(None)
 
-    def submit(self, paths: Sequence[Path]) -> _Pending:
+    def submit(self, paths: Sequence[str | Path]) -> _Pending:
         """Start fsyncing every one of `paths` on the threads; what to wait for."""
         done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
         for path in paths:
             self._jobs.put((path, done))
         return _Pending(done, len(paths))
 
-    def sync(self, paths: Sequence[Path]) -> None:
+    def sync(self, paths: Sequence[str | Path]) -> None:
         """fsync every one of `paths` on the threads; raise the first failure after all ran."""
         self.submit(paths).wait()
 
@@ -667,18 +667,22 @@ _EARLY_LOCK = threading.Lock()
 
 
 def sync_soon(root: str, rel: str) -> None:
-    """Start making a folder `rel` of the local state `root`, just written whole, durable —
-    every file in it and its own entries — on the sync threads, while the epoch goes on; the
-    commit that names it waits for them before its manifest exists (and syncs the folders
-    above it then). Only for a folder nothing more is written into (a batch, a segment)."""
-    folder = f"{local_path(root)}/{rel}"
+    """Start making a file or a folder `rel` of the local state `root`, just written whole,
+    durable — the file, or every file in the folder and its entries — on the sync threads,
+    while the epoch goes on; the commit that names it waits for them before its manifest
+    exists (and syncs the folders above it then). Only for what nothing more is written into
+    (a segment, a batch)."""
+    top = f"{local_path(root)}/{rel}"
     try:
-        inside = [Path(folder, name) for name in os.listdir(folder)]
+        if stat.S_ISDIR(os.lstat(top).st_mode):
+            paths = [*(f"{top}/{name}" for name in os.listdir(top)), top]
+        else:
+            paths = [top]
     except OSError:
         return  # the commit syncs it (or reports why it cannot)
-    pending = _syncers().submit([*inside, Path(folder)])
+    pending = _syncers().submit(paths)
     with _EARLY_LOCK:
-        _EARLY[folder] = pending
+        _EARLY[top] = pending
 
 
 def _take_early(folder: str) -> _Pending | None:
@@ -705,12 +709,13 @@ def _syncers() -> _Syncers:
     return _SYNCERS[pid]
 
 
-def _fsync_path(path: Path) -> None:
-    """fsync a file, or a folder's entries."""
-    if path.is_dir():
-        fsync_dir(path)
-    else:
-        _fsync_file(path)
+def _fsync_path(path: str | Path) -> None:
+    """fsync a file, or a folder's entries (a folder opens read-only as a file does)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

@@ -87,8 +87,10 @@ class Segment:
     """One persisted layer of a trace's index (see `wcoj_core.store.segments`).
 
     `view` is the pattern of the `AtomView` the layer is seen through (None: the trace as
-    stored), `order` its columns' order, `path` its folder relative to the state and `files` its
-    files by role (``rows``, ``diff``, ``keys``; none when `rows` is 0).
+    stored), `order` its columns' order, `path` relative to the state and `files` its files by
+    role, none when `rows` is 0: since state format 3 the segment is one file, `path` itself
+    (role ``layer``); a segment of format 2 is a folder, `path`, of three (``rows``, ``diff``,
+    ``keys``).
     """
 
     level: Level
@@ -106,6 +108,8 @@ class Segment:
 
     def file_path(self, role: str) -> str:
         """A file of the segment, relative to the state."""
+        if names.is_segment_file_path(self.path):
+            return self.path
         return f"{self.path}/{self.files[role].name}"
 
 
@@ -582,12 +586,14 @@ def _segment(v: Any, where: str, fmt: int = FORMAT) -> Segment:
     files_raw = raw["files"]
     if not isinstance(files_raw, dict):
         _bad(f"expected an object, found {_show(files_raw)}", f"{where}.files")
-    # One file since format 3; three (format 2's, kept by a format 3 manifest until merged).
-    layouts = [(names.SEGMENT_LAYER,), names.SEGMENT_FILES] if fmt >= 3 else [names.SEGMENT_FILES]
-    roles: tuple[str, ...] = ()
-    if rows:
-        found = [r for r in layouts if sorted(files_raw) == sorted(r)]
-        roles = found[0] if found else layouts[0]
+    # Since format 3 a segment is one file, its path; one of format 2 (which a format 3
+    # manifest names until it is merged) a folder of three.
+    one_file = names.is_segment_file_path(path)
+    if one_file and fmt < 3:
+        _bad(
+            f"{path!r} is a segment of one file, which format {fmt} does not have", f"{where}.path"
+        )
+    roles = ((names.SEGMENT_LAYER,) if one_file else names.SEGMENT_FILES) if rows else ()
     if sorted(files_raw) != sorted(roles):
         _bad(
             f"expected files {list(roles)} for {rows} rows, found {sorted(files_raw)}",
@@ -596,8 +602,9 @@ def _segment(v: Any, where: str, fmt: int = FORMAT) -> Segment:
     files: dict[str, FileRef] = {}
     for role in roles:
         ref = _file_ref(files_raw[role], f"{where}.files.{role}", True)
-        if ref.name != names.segment_file(role):
-            _bad(f"expected {names.segment_file(role)!r}, found {ref.name!r}", f"{where}.files")
+        name = path.rpartition("/")[2] if one_file else names.segment_file(role)
+        if ref.name != name:
+            _bad(f"expected {name!r}, found {ref.name!r}", f"{where}.files")
         files[role] = ref
     return Segment(
         level,

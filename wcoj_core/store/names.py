@@ -8,7 +8,8 @@ put into a state never matches, so it is never touched. The layout (docs/state.m
     manifests/0000000007.json                       manifest_name(7)
     manifests/.0000000007.json.<hex32>.tmp          temp_name(...) while committing
     traces/<trace_dir>/b-<kind>-<time>-<hex12>/     new_batch_path(...)
-    arrangements/<trace_dir>/s-<hex16>/layer.seg    new_segment_path(...), SEGMENT_LAYER_FILE
+    arrangements/<trace_dir>/s-<hex16>.seg          new_segment_path(...): a segment, one file
+    arrangements/<trace_dir>/s-<hex16>/             a segment of state format 2: three files
     scratch/<hex32>/                                scratch_name()
 """
 
@@ -25,18 +26,19 @@ TRACES = "traces"
 ARRANGEMENTS = "arrangements"
 SCRATCH = "scratch"
 
-# The file of a segment folder (none for a segment of no rows), by its role: one since state
-# format 3; a segment of format 2 holds three, `SEGMENT_FILES` (still read).
+# A segment's files (none for a segment of no rows), by role: since state format 3 one, the
+# segment itself (`SEGMENT_LAYER`); a segment of format 2 is a folder of three (`SEGMENT_FILES`,
+# still read).
 SEGMENT_LAYER = "layer"
-SEGMENT_LAYER_FILE = "layer.seg"
 SEGMENT_FILES = ("rows", "diff", "keys")
 
 _MANIFEST = re.compile(r"(\d{10,})\.json")
 _MANIFEST_TEMP = re.compile(r"\.\d{10,}\.json\.[0-9a-f]{32}\.tmp")
 _BATCH = re.compile(r"b-([a-z])-(-?\d+)-[0-9a-f]{12}")
 _SEGMENT = re.compile(r"s-[0-9a-f]{16}")
+_SEGMENT_ONE_FILE = re.compile(r"s-[0-9a-f]{16}\.seg")
 _SCRATCH = re.compile(r"[0-9a-f]{32}")
-_SEGMENT_FILE = re.compile(r"(rows|diff|keys)\.npy|layer\.seg")
+_SEGMENT_FILE = re.compile(r"(rows|diff|keys)\.npy")
 _SEGMENT_TEMP = re.compile(r"\.(rows|diff|keys)\.npy\.[0-9a-f]{32}\.tmp")
 _TRACE_DIR = re.compile(r"(?:[^\W_]|-){0,40}-[0-9a-f]{10}")
 # What a batch folder holds when wcoj (pyarrow) or Spark wrote it: Parquet parts, Hadoop's
@@ -132,30 +134,34 @@ def is_own_batch(name: str) -> bool:
 
 
 def segment_name() -> str:
-    """A fresh segment folder name.
+    """A fresh segment file name (state format 3: a segment is one file).
 
-    >>> is_own_segment(segment_name()), is_own_segment("s-1"), is_own_segment("x")
-    (True, False, False)
+    >>> is_own_segment_file(segment_name()), is_own_segment_file("s-1.seg")
+    (True, False)
     """
-    return f"s-{uuid.uuid4().hex[:16]}"
+    return f"s-{uuid.uuid4().hex[:16]}.seg"
+
+
+def is_own_segment_file(name: str) -> bool:
+    """Whether `name` is a segment file name wcoj makes (`segment_name`)."""
+    return _SEGMENT_ONE_FILE.fullmatch(name) is not None
 
 
 def is_own_segment(name: str) -> bool:
-    """Whether `name` is a segment folder name wcoj makes (`segment_name`)."""
+    """Whether `name` is a segment folder name wcoj made (state format 2).
+
+    >>> is_own_segment("s-0123456789abcdef"), is_own_segment("s-0123456789abcdef.seg")
+    (True, False)
+    """
     return _SEGMENT.fullmatch(name) is not None
 
 
 def segment_file(role: str) -> str:
-    """The file of a segment holding `role` (`SEGMENT_LAYER`, or one of `SEGMENT_FILES` in a
-    segment of format 2).
+    """The file of a segment folder (state format 2) holding `role` (one of `SEGMENT_FILES`).
 
-    >>> segment_file("layer"), segment_file("keys"), is_segment_file("layer.seg")
-    ('layer.seg', 'keys.npy', True)
-    >>> is_segment_file("keys.npy"), is_segment_file("notes.txt")
-    (True, False)
+    >>> segment_file("keys"), is_segment_file("keys.npy"), is_segment_file("notes.txt")
+    ('keys.npy', True, False)
     """
-    if role == SEGMENT_LAYER:
-        return SEGMENT_LAYER_FILE
     if role not in SEGMENT_FILES:
         raise ValueError(
             f"a segment file is one of {(SEGMENT_LAYER, *SEGMENT_FILES)}, got {role!r}"
@@ -209,7 +215,7 @@ def new_batch_path(trace: str, time: int, kind: str) -> str:
 
 
 def new_segment_path(trace: str) -> str:
-    """A fresh segment folder, relative to the state, for trace `trace`.
+    """A fresh segment file, relative to the state, for trace `trace`.
 
     >>> is_segment_path(new_segment_path("rel/edge"))
     True
@@ -236,14 +242,26 @@ def is_batch_path(path: str) -> bool:
 
 
 def is_segment_path(path: str) -> bool:
-    """Whether `path` is ``arrangements/<trace dir>/<own segment name>``."""
+    """Whether `path` is ``arrangements/<trace dir>/<own segment file>`` (or a segment folder
+    of state format 2).
+
+    >>> is_segment_path("arrangements/rel-edge-1a02791ee1/s-0123456789abcdef.seg")
+    True
+    >>> is_segment_path("arrangements/rel-edge-1a02791ee1/s-0123456789abcdef")
+    True
+    """
     parts = path.split("/")
     return (
         len(parts) == 3
         and parts[0] == ARRANGEMENTS
         and is_trace_dir(parts[1])
-        and is_own_segment(parts[2])
+        and (is_own_segment_file(parts[2]) or is_own_segment(parts[2]))
     )
+
+
+def is_segment_file_path(path: str) -> bool:
+    """Whether a segment path (`is_segment_path`) is one file (state format 3), not a folder."""
+    return path.endswith(".seg")
 
 
 def is_plain_file_name(name: str) -> bool:

@@ -1,16 +1,17 @@
 """Persisted kernel layers: a trace's index segments as one file each, memory-mapped on open.
 
 A segment (`wcoj_core.store.manifest.Segment`) is one sorted, consolidated `Layer` written once
-into its own folder as one uncompressed file, ``layer.seg``: a 64-byte header (`_seg_header`:
+as one new uncompressed file, ``arrangements/<trace dir>/s-<hex16>.seg``, in no folder of its
+own: a 64-byte header (`_seg_header`:
 a magic, the rows, the width and the search keys' type), then the layer's arrays one after
 another, each at an offset the header fixes — the rows column by column (each column
 contiguous), the diffs (int64) and the search keys (packed ``uint64``, or order-preserving
 bytes: `Layer.search_keys`). `write_segment` hashes the bytes as it writes them, makes the file
 read-only and records its size, sha256 and stamp (inode, mtime, ctime).
 
-A segment written by wcoj before state format 3 holds the same arrays as three ``.npy`` files
-(``rows``, n x w in Fortran order, ``diff`` and ``keys``); such a segment still opens, the same
-way, until a merge writes its rows into a new segment of one file.
+A segment written by wcoj before state format 3 is a folder of the same arrays as three ``.npy``
+files (``rows``, n x w in Fortran order, ``diff`` and ``keys``); such a segment still opens, the
+same way, until a merge writes its rows into a new segment of one file.
 
 `open_segment` maps the file (one ``mmap``): it reads the header, never the data, so opening
 costs O(1) and a lookup touches only the pages it searches. It checks the file against the
@@ -63,45 +64,42 @@ def _write_layer(out: HashingWriter, header: bytes, arrays: Sequence[np.ndarray]
 
 def write_segment(
     root: str | os.PathLike[str],
-    rel_folder: str,
+    rel: str,
     layer: Layer,
     *,
     level: Level,
     view: Pattern | None,
     order: tuple[int, ...],
 ) -> Segment:
-    """Write `layer` (sorted, consolidated) as the segment in `rel_folder` of the local state
-    `root` (a new folder, see `wcoj_core.store.names.new_segment_path`): one file. An empty
-    layer is written as no file at all."""
+    """Write `layer` (sorted, consolidated) as the segment `rel` of the local state
+    `root`: one new file (`wcoj_core.store.names.new_segment_path`), created exclusively,
+    which nothing reads before a manifest names it. An empty layer is written as no file at
+    all."""
     order = tuple(order)
     if len(order) != layer.width:
         raise ValueError(f"order {order} for a layer of width {layer.width}")
     n = len(layer)
     if n == 0:
-        return Segment(level, view, order, 0, None, True, rel_folder, {})
-    folder = os.path.join(_local_root(root), rel_folder)
+        return Segment(level, view, order, 0, None, True, rel, {})
+    target = os.path.join(_local_root(root), rel)
     keys = np.ascontiguousarray(layer.search_keys())
     rows = np.asarray(layer.rows, dtype=I64)
     columns = np.ascontiguousarray(rows.T)  # (w, n): column after column
     diff = np.ascontiguousarray(layer.diff, dtype=I64)
     header = _seg_header(n, layer.width, keys.dtype.str)
     try:
+        write = lambda out: _write_layer(out, header, (columns, diff, keys))  # noqa: E731
         try:
-            os.mkdir(folder)  # new; its trace's folder is there but for its first segment
-        except FileNotFoundError:
-            os.makedirs(folder, exist_ok=True)
-        except FileExistsError:
-            pass  # its file is created exclusively: none is ever written over
-        ref = write_sealed(
-            f"{folder}/{names.SEGMENT_LAYER_FILE}",
-            lambda out: _write_layer(out, header, (columns, diff, keys)),
-        )
+            ref = write_sealed(target, write)
+        except FileNotFoundError:  # its trace's first segment: the trace's folder is new
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            ref = write_sealed(target, write)
     except OSError as e:
         raise StateError(
             f"state {root}: cannot write arrangement files ({e.strerror or e}); nothing was applied"
         ) from e
     return Segment(
-        level, view, order, n, layer.packing, layer.unit, rel_folder, {names.SEGMENT_LAYER: ref}
+        level, view, order, n, layer.packing, layer.unit, rel, {names.SEGMENT_LAYER: ref}
     )
 
 
@@ -314,15 +312,15 @@ def _open_npy(segment: Segment, paths: Mapping[str, str], *, digest: bool | None
 
 def segment_paths(root: str | os.PathLike[str], segment: Segment) -> dict[str, Path]:
     """The local path of each file of a segment, by role."""
-    folder = local_path(os.fspath(root)) / segment.path
-    return {role: folder / ref.name for role, ref in segment.files.items()}
+    top = local_path(os.fspath(root))
+    return {role: top / segment.file_path(role) for role in segment.files}
 
 
 def segment_files(root: str | os.PathLike[str], segment: Segment) -> list[str]:
     """`segment_paths`' paths, as strings (what a warm open checks the stamps of, every
     segment every epoch: no `Path` made)."""
-    folder = os.path.join(_local_root(root), segment.path)
-    return [f"{folder}/{ref.name}" for ref in segment.files.values()]
+    top = _local_root(root)
+    return [f"{top}/{segment.file_path(role)}" for role in segment.files]
 
 
 def _local_root(root: str | os.PathLike[str]) -> str:

@@ -337,7 +337,7 @@ class Store:
             out_manifests.append(rel)
         out_folders: list[str] = []
         for path in sorted(retired):  # paths wcoj made (checked when the manifest was read)
-            if self._real_dir(path) and self._remove_own(path):
+            if self._remove_made(path):
                 out_folders.append(path)
         if not orphans:
             return Pruned(tuple(out_manifests), tuple(out_folders))
@@ -351,9 +351,16 @@ class Store:
                     continue
                 for e in self.files.entries(folder):
                     path = f"{folder}/{e.name}"
-                    if e.kind is not Kind.DIR or not own(e.name) or path in live:
+                    if path in live or now - e.mtime <= ORPHAN_AGE:
                         continue
-                    if now - e.mtime > ORPHAN_AGE and self._remove_own(path):
+                    if e.kind is Kind.DIR and own(e.name) and self._remove_own(path):
+                        out_folders.append(path)
+                    elif (
+                        e.kind is Kind.FILE
+                        and area == names.ARRANGEMENTS
+                        and names.is_own_segment_file(e.name)
+                    ):  # a segment of one file
+                        self.files.delete(path)
                         out_folders.append(path)
         if self._real_dir(names.SCRATCH):
             for e in self.files.entries(names.SCRATCH):
@@ -399,11 +406,24 @@ class Store:
                 kept.append(p)
                 continue
             try:
-                if self._real_dir(p) and not self._remove_own(p):
+                made = self._real_dir(p) or self.files.kind(p) is Kind.FILE
+                if made and not self._remove_made(p):
                     kept.append(p)
             except Exception:
                 kept.append(p)
         return kept
+
+    def _remove_made(self, path: str) -> bool:
+        """Remove a batch or segment wcoj made: a folder of its files (`_remove_own`), or a
+        segment's one file; True when it is gone (never through a symbolic link)."""
+        if names.is_segment_path(path) and names.is_segment_file_path(path):
+            if not self._real_dir(path.rpartition("/")[0]):
+                return False
+            if self.files.kind(path) is Kind.FILE:
+                self.files.delete(path)
+                return True
+            return False
+        return self._real_dir(path) and self._remove_own(path)
 
     def _remove_own(self, path: str) -> bool:
         """Remove a folder wcoj made: the files it writes there (segment files, Parquet parts
