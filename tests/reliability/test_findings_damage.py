@@ -252,7 +252,7 @@ def stale_digest(state: Path, trace: str = "rel/edge") -> str:
         segs = m["traces"][trace]["index"]["segments"]
         seg = [s for s in segs if s["level"] == "recent" and s["rows"]][-1]
         seg["files"]["layer"][2] = "0" * 64
-        found.append(f"{seg['path']}/layer.seg")
+        found.append(seg["path"])  # a segment is its one file
 
     edit_manifest(current_manifest(state), change, redigest=True)
     return found[0]

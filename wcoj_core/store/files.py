@@ -294,8 +294,8 @@ class LocalFiles:
             started = _take_early(top) if early is not None else None
             if started is not None and early is not None:
                 early.append(started)
-            else:
-                self._inside(top, files, folders)
+            elif not self._inside(top, files, folders):
+                continue  # nothing there (an empty segment has no file): nothing to sync
             parent = rel.rpartition("/")[0]
             while True:
                 folders.add(f"{root}/{parent}" if parent else root)
@@ -305,12 +305,13 @@ class LocalFiles:
         return files, folders
 
     @staticmethod
-    def _inside(top: str, files: list[str], folders: set[str]) -> None:
-        """A file, or a folder with every file and folder in it (links not followed)."""
+    def _inside(top: str, files: list[str], folders: set[str]) -> bool:
+        """A file, or a folder with every file and folder in it (links not followed); False
+        when nothing is there."""
         try:
             mode = os.lstat(top).st_mode
         except FileNotFoundError:
-            return
+            return False
         if stat.S_ISREG(mode):
             files.append(top)
         elif stat.S_ISDIR(mode):
@@ -320,6 +321,7 @@ class LocalFiles:
                     p = f"{folder}/{name}"
                     if stat.S_ISREG(os.lstat(p).st_mode):
                         files.append(p)
+        return True
 
     def ref(self, rel: str) -> FileRef:
         return file_ref(self.path / rel, stamped=False)
