@@ -14,6 +14,7 @@ commit writes format 3.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -302,7 +303,10 @@ def _ref(r: FileRef) -> list[Any]:
     return [r.name, r.size, r.sha256, *([list(r.stamp)] if r.stamp is not None else [])]
 
 
+@functools.lru_cache(maxsize=8192)
 def _encode_batch(b: Batch) -> dict[str, Any]:
+    """A batch as JSON values: made once per batch (a manifest lists every batch of every
+    trace, most of them unchanged since the last generation); never changed by its callers."""
     out: dict[str, Any] = {
         "path": b.path,
         "time": b.time,
