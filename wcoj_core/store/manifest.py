@@ -14,7 +14,6 @@ commit writes format 3.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -303,10 +302,25 @@ def _ref(r: FileRef) -> list[Any]:
     return [r.name, r.size, r.sha256, *([list(r.stamp)] if r.stamp is not None else [])]
 
 
-@functools.lru_cache(maxsize=8192)
+# Batches encoded, by identity: a generation's manifest holds the same `Batch` objects as the
+# previous one but for the epoch's, so each is encoded once (by `id`, checked with `is`: a
+# frozen dataclass's hash would hash every field again).
+_ENCODED: dict[int, tuple[Batch, dict[str, Any]]] = {}
+
+
 def _encode_batch(b: Batch) -> dict[str, Any]:
-    """A batch as JSON values: made once per batch (a manifest lists every batch of every
-    trace, most of them unchanged since the last generation); never changed by its callers."""
+    """A batch as JSON values (made once per batch object; never changed by its callers)."""
+    found = _ENCODED.get(id(b))
+    if found is not None and found[0] is b:
+        return found[1]
+    if len(_ENCODED) >= 16384:
+        _ENCODED.clear()
+    out = _encode_batch_once(b)
+    _ENCODED[id(b)] = (b, out)
+    return out
+
+
+def _encode_batch_once(b: Batch) -> dict[str, Any]:
     out: dict[str, Any] = {
         "path": b.path,
         "time": b.time,
