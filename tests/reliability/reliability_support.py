@@ -232,9 +232,11 @@ def _staged(area: str) -> Callable[[Path, Path], bool]:
 MOMENTS: dict[str, tuple[Callable[[Path, Path], bool], int]] = {
     "first-batch-staged": (_staged(names.TRACES), 1),
     "first-segment-staged": (_staged(names.ARRANGEMENTS), 1),
-    "sixth-folder-staged": (
+    # The fourth of an epoch's batch folders and segments (a triangle epoch stages eight: the
+    # fourth leaves half of them, and the commit, still to come).
+    "fourth-staged": (
         lambda state, p: _staged(names.TRACES)(state, p) or _staged(names.ARRANGEMENTS)(state, p),
-        6,
+        4,
     ),
     "compaction-staged": (
         lambda state, p: _staged(names.TRACES)(state, p) and p.name.startswith("b-c-"),
