@@ -59,6 +59,7 @@ from wcoj_core.meaning import (
 from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
 from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
+from wcoj_core.store.files import sync_soon
 from wcoj_core.store.manifest import Batch, Manifest, Trace
 from wcoj_core.store.names import new_batch_path
 from wcoj_core.traces import (
@@ -788,6 +789,8 @@ class EpochPass:
             self.epoch,
             threads=True,
         )
+        if self.access.store.local_root is not None:
+            sync_soon(self.access.store.root, folder)  # fsynced while the epoch goes on
         return Batch(folder, self.epoch, len(layer), files)
 
     def _previous_chain(self) -> str:

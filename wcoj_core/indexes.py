@@ -44,7 +44,7 @@ from wcoj_core.kernel.layer import Layer, arranged, merged
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView, Kind, Plan, Version
 from wcoj_core.store import segments
-from wcoj_core.store.files import stamp_of
+from wcoj_core.store.files import stamp_of, sync_soon
 from wcoj_core.store.manifest import Batch, Index, Level, Segment, Trace
 from wcoj_core.store.names import segment_name, trace_dir
 from wcoj_core.traces import counts_trace_name
@@ -288,9 +288,10 @@ def _stamps(paths: Iterable[os.PathLike[str] | str]) -> tuple[object, ...]:
 
 
 def kept_most() -> int:
-    """How many segments a process keeps mapped: each of a segment's three files is a mapping,
-    and Python's ``mmap`` holds a file descriptor for each. At most 128 segments (384
-    descriptors: every segment of a few states), and never more than a twelfth of the
+    """How many segments a process keeps mapped: a segment's file is a mapping (three for a
+    segment of state format 2), and Python's ``mmap`` holds a file descriptor for each. At most
+    128 segments (at most 384 descriptors: every segment of a few states), and never more than
+    a twelfth of the
     process's descriptor limit, so a long-lived process (a Dagster code server, a notebook, a
     test worker) opening state after state neither runs out of descriptors nor holds
     thousands of them."""
@@ -487,7 +488,10 @@ def _write(
     rel = f"{folder}/{segment_name()}"
     written.append(rel)
     pattern, order = key
-    return segments.write_segment(root, rel, layer, level=level, view=pattern, order=order)
+    segment = segments.write_segment(root, rel, layer, level=level, view=pattern, order=order)
+    if segment.files:
+        sync_soon(root, rel)  # its fsync runs while the epoch goes on; the commit waits
+    return segment
 
 
 def rebuilt_index(

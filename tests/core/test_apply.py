@@ -487,7 +487,7 @@ def test_a_missing_arrangement_file_is_rebuilt_reported_and_warned(
     state = tmp_path / "state"
     for t in (0, 1):
         assert apply(capsys, state, t, write(tmp_path / f"e{t}.csv", EPOCHS[t]))[0] == 0
-    victim = next(p for p in (state / "arrangements").rglob("rows.npy") if "rel-edge" in str(p))
+    victim = next(p for p in (state / "arrangements").rglob("*.seg") if "rel-edge" in str(p))
     victim.unlink()
     code, out, err = apply(capsys, state, 2, write(tmp_path / "e2.csv", EPOCHS[2]))
     assert code == 0, err

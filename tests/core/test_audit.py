@@ -281,8 +281,8 @@ def test_a_damaged_segment_is_read_around_from_the_batches(tmp_path: Path) -> No
     trace = engine.store.current().trace(relation_trace_name("edge"))
     assert trace is not None and trace.index is not None
     for segment in trace.index.segments:
-        for ref in segment.files.values():
-            path = root / segment.path / ref.name
+        for role, ref in segment.files.items():
+            path = root / segment.file_path(role)
             os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) | stat.S_IWUSR)
             with open(path, "r+b") as f:
                 f.truncate(ref.size - 8)

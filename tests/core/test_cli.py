@@ -999,11 +999,11 @@ def test_verify_names_damage_and_repairs_arrangements(
     but cannot rebuild a batch, the source of truth."""
     state, third = _verified_state(capsys, tmp_path)
     segment = Store.open(state, create=False).current().traces["rel/edge"].index.segments[0]
-    _flip_last_byte(state / segment.file_path("diff"))
+    _flip_last_byte(state / segment.file_path("layer"))
     code, out, err = run(capsys, "verify", str(state))
     assert code == 1
     damaged = [line for line in out if line.startswith("damaged: ")]
-    assert len(damaged) == 1 and segment.file_path("diff") in damaged[0], out
+    assert len(damaged) == 1 and segment.file_path("layer") in damaged[0], out
     assert "rebuildable from the batches" in damaged[0]
 
     code, out, err = run(capsys, "verify", str(state), "--repair", "--json")
@@ -1031,7 +1031,7 @@ def test_verify_repair_leaves_a_state_that_verifies(
 ) -> None:
     state, _ = _verified_state(capsys, tmp_path)
     segment = Store.open(state, create=False).current().traces["rel/edge"].index.segments[0]
-    _flip_last_byte(state / segment.file_path("diff"))
+    _flip_last_byte(state / segment.file_path("layer"))
     code, out, _ = run(capsys, "verify", str(state), "--repair", "--json")
     assert last_json(out)["repaired"] == ["rel/edge"]
     assert code == 0, out

@@ -46,7 +46,7 @@ def test_a_segment_rewritten_between_warm_epochs_is_checked_again(tmp_path: Path
     index = run.engine.store.current().traces["rel/edge"].index
     assert index is not None
     segment = next(s for s in index.segments if s.rows)
-    path = root / segment.path / segment.files["rows"].name
+    path = root / segment.file_path("layer")
     data = bytearray(path.read_bytes())
     at = random.Random(1).randrange(len(data) - 16, len(data))  # in the data, past the header
     data[at] ^= 0xFF
@@ -65,7 +65,7 @@ def _descriptors() -> int:
 
 
 def test_kept_segments_hold_a_bounded_number_of_descriptors(tmp_path: Path) -> None:
-    """Each kept segment's three mappings hold a file descriptor each (Python's ``mmap``): a
+    """Each kept segment's mapping holds a file descriptor (Python's ``mmap``): a
     process opening state after state keeps at most `most` segments, so its descriptors stay
     bounded (a test worker passed 1,024 of them before, which ``select`` refuses), and the
     default bound follows the process's descriptor limit."""
@@ -91,4 +91,4 @@ def test_kept_segments_hold_a_bounded_number_of_descriptors(tmp_path: Path) -> N
     for segment in segments:
         kept.open(store.root, segment)
     assert len(kept._held) == 4
-    assert _descriptors() - before <= 4 * 3
+    assert _descriptors() - before <= 4  # one file per segment

@@ -57,11 +57,13 @@ def applied(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
 
 
 def on_disk(state: Path, manifest: dict[str, Any], trace: str) -> int:
-    """The bytes of every file in the folders the manifest lists for `trace`, read from disk."""
+    """The bytes of every file the manifest lists for `trace` (in its batch folders, and its
+    segments: each one file), read from disk."""
     t = manifest["traces"][trace]
-    folders = [b["path"] for b in t["batches"]]
-    folders += [s["path"] for s in (t["index"] or {"segments": []})["segments"]]
-    return sum(f.stat().st_size for folder in folders for f in (state / folder).iterdir())
+    paths = [state / b["path"] for b in t["batches"]]
+    paths += [state / s["path"] for s in (t["index"] or {"segments": []})["segments"]]
+    files = [f for p in paths for f in (p.iterdir() if p.is_dir() else [p] if p.exists() else [])]
+    return sum(f.stat().st_size for f in files)
 
 
 def test_three_epochs_of_an_undirected_graph(

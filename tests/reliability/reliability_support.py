@@ -220,7 +220,11 @@ class Watcher:
 
 
 def _staged(area: str) -> Callable[[Path, Path], bool]:
-    own = names.is_own_batch if area == names.TRACES else names.is_own_segment
+    def own(name: str) -> bool:
+        if area == names.TRACES:
+            return names.is_own_batch(name)
+        return names.is_own_segment_file(name) or names.is_own_segment(name)
+
     return lambda state, p: p.parent.parent == state / area and own(p.name)
 
 
@@ -228,9 +232,11 @@ def _staged(area: str) -> Callable[[Path, Path], bool]:
 MOMENTS: dict[str, tuple[Callable[[Path, Path], bool], int]] = {
     "first-batch-staged": (_staged(names.TRACES), 1),
     "first-segment-staged": (_staged(names.ARRANGEMENTS), 1),
-    "sixth-folder-staged": (
+    # The fourth of an epoch's batch folders and segments (a triangle epoch stages eight: the
+    # fourth leaves half of them, and the commit, still to come).
+    "fourth-staged": (
         lambda state, p: _staged(names.TRACES)(state, p) or _staged(names.ARRANGEMENTS)(state, p),
-        6,
+        4,
     ),
     "compaction-staged": (
         lambda state, p: _staged(names.TRACES)(state, p) and p.name.startswith("b-c-"),
@@ -591,7 +597,8 @@ def new_folders(state: Path, before: set[str]) -> list[str]:
 
 
 def staged_folders(state: Path) -> list[str]:
-    """Every batch and segment folder under the state (relative paths), committed or not."""
+    """Every batch folder and segment (a file; a folder in state format 2) under the state
+    (relative paths), committed or not."""
     found = [
         *(state / names.TRACES).glob("*/b-*"),
         *(state / names.ARRANGEMENTS).glob("*/s-*"),
@@ -629,6 +636,20 @@ def flip(path: Path, offset: int, mask: int = 0xFF) -> None:
         f.write(bytes(data))
 
 
+def same_size_segment(data: bytes) -> bytes:
+    """Another segment file of the same size and the same header (`wcoj_core.store.segments`:
+    64 header bytes, then 8-byte values): its values in reverse order, or (when that changes
+    nothing) one value bumped."""
+    head, values = data[:64], bytearray(data[64:])
+    words = [bytes(values[i : i + 8]) for i in range(0, len(values), 8)]
+    out = head + b"".join(reversed(words))
+    if out == data:
+        values[0] ^= 1
+        out = head + bytes(values)
+    assert len(out) == len(data) and out != data
+    return out
+
+
 def batch_file(state: Path, trace: str, time_: int) -> Path:
     """The (first) data file of a trace's batch at `time_`."""
     t = open_store(state).current().trace(trace)
@@ -637,8 +658,8 @@ def batch_file(state: Path, trace: str, time_: int) -> Path:
     return state / b.path / b.files[0].name
 
 
-def segment_file(state: Path, trace: str, role: str = "rows", level: str = "recent") -> Path:
-    """A file of the newest segment of a trace's index at `level` (``base``, ``recent``)."""
+def segment_file(state: Path, trace: str, role: str = "layer", level: str = "recent") -> Path:
+    """A file (by default its one file) of the newest segment of a trace's index at `level` (``base``, ``recent``)."""
     t = open_store(state).current().trace(trace)
     assert t is not None and t.index is not None
     chosen = [s for s in t.index.segments if s.level.value == level and s.rows]

@@ -14,9 +14,9 @@ stamp its writer recorded), damages one file, and then:
    damaged file, with nothing committed.
 
 File kinds: every batch kind (relation, counts, a set's ignored changes, output: not indexed
-for undirected triangles, indexed for a bag), every segment file role (``rows``, ``diff``,
-``keys``) of the relation, a counts and an indexed output trace, and the current manifest.
-Damage: one byte flipped (first, middle and last byte: a Parquet or ``.npy`` header, data, a
+for undirected triangles, indexed for a bag), the segment file (one per segment since state
+format 3) of the relation, a counts and an indexed output trace, and the current manifest.
+Damage: one byte flipped (first, middle and last byte: a Parquet or segment header, data, a
 Parquet footer), the lowest bit of the middle byte flipped (a text stays a text), truncated to
 half, deleted, grown by 16 bytes, replaced by another valid file of the same size. The commands
 run in this process (`wcoj_here`): an exception other than a `WcojError` fails the test as a
@@ -33,7 +33,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -49,6 +48,7 @@ from reliability_support import (
     manifest_files,
     one_line_error,
     open_store,
+    same_size_segment,
     small_history,
     summed,
     wcoj_here,
@@ -62,17 +62,13 @@ SET_KINDS = [
     "batch:counts/edge/0",
     "batch:ignored/edge",
     "batch:out/triangles",
-    "segment:rel/edge:rows",
-    "segment:rel/edge:diff",
-    "segment:rel/edge:keys",
-    "segment:counts/edge/0:rows",
+    "segment:rel/edge:layer",
+    "segment:counts/edge/0:layer",
     "manifest",
 ]
 BAG_KINDS = [
     "batch:out/triangles",
-    "segment:out/triangles:rows",
-    "segment:out/triangles:diff",
-    "segment:out/triangles:keys",
+    "segment:out/triangles:layer",
 ]
 DAMAGES = [
     "flip-first",
@@ -136,33 +132,6 @@ def same_size_parquet(path: Path) -> bytes:
     raise AssertionError(f"no same-size variant of {path}")
 
 
-def same_size_npy(path: Path) -> bytes:
-    """Another valid ``.npy`` file of the same size and layout: the rows reversed, or (when
-    that changes nothing) one value changed."""
-    import io
-
-    array = np.load(path)
-    data = path.read_bytes()
-    order = "F" if np.isfortran(array) else "C"
-    for candidate in (array[::-1], _bumped(array)):
-        out = io.BytesIO()
-        np.lib.format.write_array(out, np.require(candidate, requirements=order), version=(1, 0))
-        if len(out.getvalue()) == len(data) and out.getvalue() != data:
-            return out.getvalue()
-    raise AssertionError(f"no same-size variant of {path}")
-
-
-def _bumped(array: np.ndarray) -> np.ndarray:
-    out = array.copy()
-    flat = out.reshape(-1) if out.flags.c_contiguous else out.T.reshape(-1)
-    if flat.dtype.kind in "iu":
-        flat[0] += 1
-    else:  # order-preserving bytes
-        raw = flat.view(np.uint8)
-        raw[-1] ^= 1
-    return out
-
-
 def same_size_manifest(state: Path, path: Path) -> bytes:
     """The previous generation's manifest (a valid manifest, of another generation)."""
     previous = sorted((state / "manifests").glob("*.json"))[-2]
@@ -186,8 +155,8 @@ def damage(state: Path, path: Path, how: str) -> None:
     else:
         if path.suffix == ".parquet":
             data = same_size_parquet(path)
-        elif path.suffix == ".npy":
-            data = same_size_npy(path)
+        elif path.suffix == ".seg":
+            data = same_size_segment(path.read_bytes())
         else:
             data = same_size_manifest(state, path)
         path.unlink()  # a new file, as a restore or a copy would make it

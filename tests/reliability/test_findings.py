@@ -110,6 +110,8 @@ PLANTED = {
     "arrangements/mine/a.npy": b"\x93NUMPY not really\n",
     "arrangements/{rel}/notes.txt": b"inside an arrangements folder\n",
     "arrangements/{rel}/s-short/rows.npy": b"not a segment name\n",
+    "arrangements/{rel}/s-short.seg": b"not a segment name\n",
+    "arrangements/{rel}/s-0123456789abcdef.seg.bak": b"not a segment name either\n",
     "scratch/mine.txt": b"scratch file\n",
     "scratch/work/data.bin": b"\x00\x01\x02",
     "manifests/README": b"manifests readme\n",
@@ -169,25 +171,25 @@ def test_1_planted_files_survive_epochs_commits_and_pruning(
     assert summed(contents(state), "out/triangles") == history.answer(last)
 
 
-def test_1_a_file_planted_inside_a_segment_folder_survives_its_retirement(
+def test_1_a_file_planted_beside_a_segment_survives_its_retirement(
     tmp_path: Path,
 ) -> None:
-    """A user's file inside a recent segment folder wcoj made; merges retire the folder."""
+    """A user's file beside a recent segment wcoj made (a segment is one file in its trace's
+    arrangements folder), named after it; merges retire the segment."""
     history = small_history(epochs=20).write(tmp_path / "in")
     state = tmp_path / "state"
     build_state(history, state, 0)
     base = set(staged_folders(state))
     build_state_from(history, state, 1, 1)
     segment = state / next(p for p in staged_folders(state) if p not in base and "/s-" in p)
-    mine = segment / "my-notes.txt"
+    assert segment.is_file()
+    mine = segment.with_name(segment.name + ".notes")
     mine.write_text("mine\n")
     t = 2
     while segment.exists() and t < len(history.epochs):
         assert wcoj_here(*history.apply_args(state, t)).code == 0  # no process start per epoch
-        if not (segment / "rows.npy").exists():
-            break  # wcoj removed its own files of the folder
         t += 1
-    assert not (segment / "rows.npy").exists(), "the segment was never retired: no evidence"
+    assert not segment.exists(), "the segment was never retired: no evidence"
     assert mine.exists(), "the user's file was deleted with the retired segment"
 
 

@@ -371,7 +371,7 @@ def test_u1_verify_repair_interrupted_after_its_commit_says_so(
 ) -> None:
     state = tmp_path / "state"
     build_state(history, state, 2)
-    flip(segment_file(state, "rel/edge", "keys", level="base"), 130, 0x01)
+    flip(segment_file(state, "rel/edge", level="base"), 130, 0x01)
     gens = len(manifest_files(state))
     proc, _, err = signal_when(
         state, ["verify", str(state), "--repair"], "manifest-committed", signal.SIGINT
@@ -395,7 +395,7 @@ def test_u1_verify_repair_interrupted_before_its_commit_says_nothing_was_repaire
     for attempt in range(5):
         state = tmp_path / f"state-{attempt}"
         build_state(history, state, 2)
-        flip(segment_file(state, "rel/edge", "keys", level="base"), 130, 0x01)
+        flip(segment_file(state, "rel/edge", level="base"), 130, 0x01)
         before = manifest_files(state)
         proc, _, err = signal_when(
             state, ["verify", str(state), "--repair"], "first-segment-staged", signal.SIGINT

@@ -33,6 +33,7 @@ from reliability_support import (
     nothing_committed,
     one_line_error,
     run_wcoj,
+    same_size_segment,
     segment_file,
     small_history,
 )
@@ -179,21 +180,6 @@ def test_3_an_edited_manifest_with_its_digest_recomputed_still_gives_the_exact_a
 ARRANGEMENT_DAMAGE = ["truncated", "flipped", "deleted", "grown", "swapped"]
 
 
-def rewrite_npy(path: Path, change: object) -> None:
-    """Write `path` again as a valid ``.npy`` file of the same size and layout whose array is
-    `change(array)` (different bytes)."""
-    import numpy as np
-
-    array = np.load(path)
-    order = "F" if np.isfortran(array) else "C"
-    changed = np.require(change(array), requirements=order)  # type: ignore[operator]
-    data = path.read_bytes()
-    path.unlink()
-    with open(path, "wb") as f:
-        np.lib.format.write_array(f, changed, version=(1, 0))
-    assert path.stat().st_size == len(data) and path.read_bytes() != data
-
-
 def damage_segment(state: Path, trace: str, role: str, how: str) -> Path:
     target = segment_file(state, trace, role, level="base")
     target.chmod(0o644)
@@ -209,8 +195,10 @@ def damage_segment(state: Path, trace: str, role: str, how: str) -> Path:
     elif how == "grown":
         with open(target, "ab") as f:
             f.write(b"\0" * 8)
-    elif how == "swapped":  # another valid .npy file of the same size: its rows reversed
-        rewrite_npy(target, lambda a: a[::-1])
+    elif how == "swapped":  # another segment file of the same size: its values reversed
+        data = same_size_segment(target.read_bytes())
+        target.unlink()
+        target.write_bytes(data)
     return target
 
 
@@ -221,7 +209,7 @@ def test_3_a_damaged_arrangement_file_is_rebuilt_exactly(
 ) -> None:
     state = tmp_path / "state"
     build_state(history, state, 2)
-    target = damage_segment(state, trace, "rows", how)
+    target = damage_segment(state, trace, "layer", how)
     check = run_wcoj("verify", state)
     assert check.code == 1, check.out
     assert f"damaged: {target.relative_to(state)} (trace {trace}): " in check.out
@@ -232,7 +220,7 @@ def test_3_a_damaged_arrangement_file_is_rebuilt_exactly(
 def test_3_a_rebuilt_arrangement_is_warned_about(history: History, tmp_path: Path) -> None:
     state = tmp_path / "state"
     build_state(history, state, 2)
-    target = damage_segment(state, "rel/edge", "rows", "truncated")
+    target = damage_segment(state, "rel/edge", "layer", "truncated")
     done = apply_json(history, state, 3)
     exact(done, history, 3, state)
     assert done.payload["metrics"]["hydration"]["rebuilt"], "no rebuilt trace in the JSON"
@@ -246,7 +234,7 @@ def test_3_a_flipped_byte_in_an_arrangement_header(
 ) -> None:
     state = tmp_path / "state"
     build_state(history, state, 2)
-    target = damage_segment(state, "rel/edge", "rows", "flipped-header")
+    target = damage_segment(state, "rel/edge", "layer", "flipped-header")
     if command == "verify":
         check = run_wcoj("verify", state)
         assert "Traceback" not in check.err, check.err[-2000:]
@@ -256,15 +244,15 @@ def test_3_a_flipped_byte_in_an_arrangement_header(
 
 
 def stale_digest(state: Path, trace: str = "rel/edge") -> str:
-    """Make the manifest name a wrong sha256 for a recent segment's rows file of `trace`,
+    """Make the manifest name a wrong sha256 for a recent segment's file of `trace`,
     the manifest's own digest recomputed (the file's stamp still matches); its path."""
     found: list[str] = []
 
     def change(m: dict) -> None:
         segs = m["traces"][trace]["index"]["segments"]
         seg = [s for s in segs if s["level"] == "recent" and s["rows"]][-1]
-        seg["files"]["rows"][2] = "0" * 64
-        found.append(f"{seg['path']}/rows.npy")
+        seg["files"]["layer"][2] = "0" * 64
+        found.append(seg["path"])  # a segment is its one file
 
     edit_manifest(current_manifest(state), change, redigest=True)
     return found[0]
@@ -308,8 +296,8 @@ def test_3_verify_repair_fixes_arrangement_damage(history: History, tmp_path: Pa
     state = tmp_path / "state"
     build_state(history, state, 2)
     damaged = [
-        damage_segment(state, "rel/edge", "rows", "truncated"),
-        damage_segment(state, "counts/edge/1", "keys", "flipped"),
+        damage_segment(state, "rel/edge", "layer", "truncated"),
+        damage_segment(state, "counts/edge/1", "layer", "flipped"),
     ]
     check = run_wcoj("verify", state)
     assert check.code == 1
@@ -325,7 +313,7 @@ def test_3_verify_repair_fixes_arrangement_damage(history: History, tmp_path: Pa
 def test_3_verify_is_green_after_a_repair(history: History, tmp_path: Path) -> None:
     state = tmp_path / "state"
     build_state(history, state, 2)
-    damage_segment(state, "rel/edge", "rows", "truncated")
+    damage_segment(state, "rel/edge", "layer", "truncated")
     repair = run_wcoj("verify", state, "--repair")
     assert repair.code == 0, repair.out
     assert run_wcoj("verify", state).code == 0

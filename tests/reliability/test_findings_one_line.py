@@ -135,7 +135,7 @@ def big_history(tmp_path: Path) -> History:
     [
         "first-batch-staged",
         "first-segment-staged",
-        "sixth-folder-staged",
+        "fourth-staged",
         "manifest-being-committed",
         "manifest-committed",
     ],

@@ -1,4 +1,4 @@
-"""Manifests of state format 2: canonical JSON with a digest, every field checked on reading,
+"""Manifests of state format 3 (format 2 still read): canonical JSON with a digest, every field checked on reading,
 one line naming the file and the way back for anything wrong."""
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ def example() -> Manifest:
     edge = "rel/edge"
     tdir = names.trace_dir(edge)
     files = {
-        "rows": FileRef("rows.npy", 1152, SHA, (1234, 1700000000000000000, 1700000000000000001)),
-        "diff": FileRef("diff.npy", 640, SHA, (1235, 1700000000000000000, 1700000000000000001)),
-        "keys": FileRef("keys.npy", 640, SHA, (1236, 1700000000000000000, 1700000000000000001)),
+        "layer": FileRef(
+            "s-0123456789abcdef.seg", 2112, SHA, (1234, 1700000000000000000, 1700000000000000001)
+        )
     }
     base = Segment(
         Level.BASE,
@@ -48,7 +48,7 @@ def example() -> Manifest:
         64,
         Packing((0, 3), (99, 90), (7, 7)),
         True,
-        f"arrangements/{tdir}/s-0123456789abcdef",
+        f"arrangements/{tdir}/s-0123456789abcdef.seg",
         files,
     )
     recent = Segment(
@@ -104,7 +104,7 @@ def test_round_trip_and_canonical_form() -> None:
     assert text.endswith("\n") and text.count("\n") == 1
     raw = json.loads(text)
     assert raw["digest"] == digest_of(raw)
-    assert raw["format"] == 2
+    assert raw["format"] == 3
     # Insertion order does not matter: the JSON is canonical.
     shuffled = Manifest(7, 1, None, m.plan, dict(reversed(list(m.traces.items()))))
     assert shuffled.to_json() == text
@@ -126,9 +126,9 @@ def test_the_documented_shape() -> None:
     seg = edge["index"]["segments"][0]
     assert seg["level"] == "base" and seg["order"] == [0, 1] and seg["unit"] is True
     assert seg["packing"] == [[0, 3], [99, 90], [7, 7]]
-    assert seg["files"]["rows"] == [
-        "rows.npy",
-        1152,
+    assert seg["files"]["layer"] == [
+        "s-0123456789abcdef.seg",
+        2112,
         SHA,
         [1234, 1700000000000000000, 1700000000000000001],
     ]
@@ -156,6 +156,13 @@ def test_an_edited_or_truncated_manifest_is_damaged() -> None:
     assert "not JSON" in damaged("", previous=None)
     assert "expected an object" in damaged("[1, 2]")
     assert "missing 'digest'" in damaged(text.replace('"digest"', '"dijest"'))
+
+
+# A segment's three files as state format 2 wrote them (format 3 reads them still).
+LEGACY = {
+    role: [f"{role}.npy", size, SHA, [1234 + i, 1700000000000000000, 1700000000000000001]]
+    for i, (role, size) in enumerate((("rows", 1152), ("diff", 640), ("keys", 640)))
+}
 
 
 def resealed(edit: Callable[[dict[str, Any]], None]) -> str:
@@ -211,11 +218,22 @@ SHAPES = [
     (_set(seg, "view", [1, 0]), "view column 1 before column 0"),
     (_set(seg, "view", [0, {"const": "x"}]), "view[1].const"),
     (_set(seg, "view", [0, 0]), "the view has 1 columns, the order 2"),
-    (lambda r: seg(r)["files"].pop("keys"), "expected files ['rows', 'diff', 'keys']"),
-    (lambda r: seg(r)["files"]["rows"].pop(), "a segment file needs its stamp"),
+    (lambda r: seg(r)["files"].pop("layer"), "expected files ['layer']"),
+    (lambda r: seg(r)["files"].__setitem__("rows", LEGACY["rows"]), "expected files ['layer']"),
+    (lambda r: seg(r)["files"]["layer"].pop(), "a segment file needs its stamp"),
     (
-        lambda r: seg(r)["files"].__setitem__("rows", ["diff.npy", 1, SHA, [1, 2, 3]]),
-        "expected 'rows.npy'",
+        lambda r: seg(r)["files"].__setitem__("layer", ["rows.npy", 1, SHA, [1, 2, 3]]),
+        "expected 's-0123456789abcdef.seg'",
+    ),
+    (
+        lambda r: seg(r).update(
+            path=seg(r)["path"].removesuffix(".seg"), files={**LEGACY, "keys": LEGACY["diff"]}
+        ),
+        "expected 'keys.npy'",
+    ),
+    (
+        lambda r: seg(r).__setitem__("path", seg(r)["path"].removesuffix(".seg")),
+        "expected files ['rows', 'diff', 'keys'] for 64 rows, found ['layer']",
     ),
     (
         lambda r: r["plan"]["relations"]["edge"].__setitem__("meaning", "multiset"),
@@ -240,11 +258,33 @@ def test_manifests_of_other_formats_are_refused() -> None:
         Manifest.from_json(old, SRC, PREV)
     assert str(e.value) == (
         f"{SRC}: this state was created by an earlier wcoj (state format 1) and is not readable "
-        f"by this one (format 2); re-create the state (apply its epochs into a new directory)"
+        f"by this one (format 3); re-create the state (apply its epochs into a new directory)"
     )
-    later = resealed(lambda r: r.__setitem__("format", 3))
+    later = resealed(lambda r: r.__setitem__("format", 4))
     with pytest.raises(IncompatibleState, match="a later wcoj"):
         Manifest.from_json(later, SRC)
+
+
+def test_segments_of_format_2_are_read() -> None:
+    """A format 2 manifest (segments: folders of three .npy files) is read; a format 3
+    manifest may still name such segments (not merged yet) beside segments of one file; a
+    format 2 manifest naming a segment of one file is damaged."""
+
+    def legacy(raw: dict[str, Any]) -> None:
+        seg(raw)["path"] = seg(raw)["path"].removesuffix(".seg")  # a folder of three files
+        seg(raw)["files"] = LEGACY
+
+    for fmt in (2, 3):
+        m = Manifest.from_json(
+            resealed(lambda r, f=fmt: (legacy(r), r.__setitem__("format", f))), SRC
+        )
+        index = m.traces["rel/edge"].index
+        assert index is not None
+        assert sorted(index.segments[0].files) == ["diff", "keys", "rows"]
+        assert index.segments[0].files["rows"].name == "rows.npy"
+        assert json.loads(m.to_json())["format"] == 3  # written again as format 3
+    message = damaged(resealed(lambda r: r.__setitem__("format", 2)))
+    assert "is a segment of one file, which format 2 does not have" in message
 
 
 def test_trace_helpers() -> None:

@@ -1,9 +1,11 @@
-"""Segments: layers written once as .npy files and mapped on open — identical lookups, every kind
-of damage caught and named, opening in milliseconds without reading the data."""
+"""Segments: layers written once as one file each and mapped on open — identical lookups, every
+kind of damage caught and named, opening in milliseconds without reading the data; a segment of
+state format 2 (three .npy files) still opens the same way."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 import tracemalloc
@@ -15,8 +17,10 @@ import pytest
 from wcoj_core.errors import DamagedFile
 from wcoj_core.kernel.layer import Bound, Layer, find
 from wcoj_core.store import names
-from wcoj_core.store.manifest import Index, Level, Manifest, Segment, Trace
+from wcoj_core.store.files import file_ref
+from wcoj_core.store.manifest import Index, Level, Manifest, Segment, Trace, digest_of
 from wcoj_core.store.segments import (
+    check_segment,
     open_segment,
     segment_bytes,
     segment_paths,
@@ -82,7 +86,9 @@ def test_round_trip_gives_identical_lookups(
             assert segment.files == {}
         else:
             assert segment.packing == layer.packing and segment.unit == layer.unit
-            assert set(segment.files) == {"rows", "diff", "keys"}
+            assert set(segment.files) == {"layer"}
+            assert segment.files["layer"].name == segment.path.rpartition("/")[2]
+            assert names.is_own_segment_file(segment.files["layer"].name)
         # Through the manifest's JSON, as a fresh process reads it.
         columns = tuple(f"c{j}" for j in range(width))
         m = Manifest(1, 0, traces={TRACE: Trace(TRACE, columns, (), Index(0, (segment,)))})
@@ -90,19 +96,53 @@ def test_round_trip_gives_identical_lookups(
         assert index is not None and index.segments == (segment,)
         same_lookups(layer, open_segment(tmp_path, index.segments[0]), rng)
         same_lookups(layer, open_segment(tmp_path, segment, verify=True), rng)
+        # The same layer as state format 2 wrote it: three .npy files, read as well.
+        legacy = legacy_segment(tmp_path, segment, layer)
+        raw = json.loads(
+            Manifest(1, 0, traces={TRACE: Trace(TRACE, columns, (), Index(0, (legacy,)))}).to_json()
+        )
+        raw["format"] = 2
+        raw["digest"] = digest_of(raw)
+        again = Manifest.from_json(json.dumps(raw), "m")
+        assert again.traces[TRACE].index == Index(0, (legacy,))
+        same_lookups(layer, open_segment(tmp_path, legacy), rng)
+        same_lookups(layer, open_segment(tmp_path, legacy, verify=True), rng)
+
+
+def legacy_segment(root: Path, segment: Segment, layer: Layer) -> Segment:
+    """`segment` as state format 2 wrote it: ``rows`` (Fortran order), ``diff`` and ``keys`` as
+    version 1.0 ``.npy`` files in a new folder, sealed and stamped (`np.save` writes the
+    headers wcoj wrote)."""
+    path = f"arrangements/{names.trace_dir(TRACE)}/{names.segment_name().removesuffix('.seg')}"
+    if segment.rows == 0:
+        return dataclasses.replace(segment, path=path)
+    folder = root / path
+    folder.mkdir()
+    files = {}
+    for role, array in (
+        ("rows", np.asfortranarray(layer.rows)),
+        ("diff", np.asarray(layer.diff)),
+        ("keys", np.asarray(layer.search_keys())),
+    ):
+        target = folder / f"{role}.npy"
+        with open(target, "wb") as f:
+            np.lib.format.write_array(f, array, version=(1, 0))
+        os.chmod(target, 0o444)
+        files[role] = file_ref(target)
+    return dataclasses.replace(segment, path=path, files=files)
 
 
 def test_written_files_are_sealed_and_mapped(tmp_path: Path) -> None:
     layer = random_layer(np.random.default_rng(1), 1000, 2, False, False)
     segment = write(tmp_path, layer)
+    assert (tmp_path / segment.path).is_file()  # the segment is its one file: no folder
     for path in segment_paths(tmp_path, segment).values():
         assert path.stat().st_mode & 0o222 == 0
     opened = open_segment(tmp_path, segment)
     assert not opened.rows.flags.writeable
     assert opened.rows.flags.f_contiguous
     assert segment_bytes(segment) == sum(f.size for f in segment.files.values())
-    assert [p.name for p in (tmp_path / segment.path).iterdir()] != []
-    assert not [p for p in (tmp_path / segment.path).iterdir() if p.name.endswith(".tmp")]
+    assert not [p for p in (tmp_path / segment.path).parent.iterdir() if p.name.endswith(".tmp")]
 
 
 # -- damage ------------------------------------------------------------------------------------
@@ -133,14 +173,14 @@ def damage(root: Path, segment: Segment, *, verify: bool = False) -> str:
 
 def test_a_missing_file(written: tuple[Path, Segment]) -> None:
     root, segment = written
-    path = segment_paths(root, segment)["keys"]
+    path = segment_paths(root, segment)["layer"]
     path.unlink()
     assert damage(root, segment) == f"{path}: missing (the manifest names it)"
 
 
 def test_a_truncated_file(written: tuple[Path, Segment]) -> None:
     root, segment = written
-    path = segment_paths(root, segment)["rows"]
+    path = segment_paths(root, segment)["layer"]
     size = path.stat().st_size
     os.chmod(path, 0o644)
     os.truncate(path, size - 8)
@@ -149,25 +189,30 @@ def test_a_truncated_file(written: tuple[Path, Segment]) -> None:
 
 def test_a_damaged_header(written: tuple[Path, Segment]) -> None:
     root, segment = written
-    path = segment_paths(root, segment)["diff"]
+    path = segment_paths(root, segment)["layer"]
     rewrite(path, lambda d: d.__setitem__(0, 0))  # the magic
-    assert damage(root, segment).startswith(f"{path}: its .npy header is damaged")
-    rewrite(path, lambda d: d.__setitem__(slice(0, 8), b"\x93NUMPY\x07\x00"))
-    assert damage(root, segment) == f"{path}: its .npy header is damaged (version 7.0, not 1.0)"
-    rewrite(path, lambda d: d.__setitem__(slice(0, 8), b"\x93NUMPY\x01\x00"))
+    assert damage(root, segment) == (f"{path}: its header is damaged (not a wcoj segment file)")
+    rewrite(path, lambda d: d.__setitem__(0, 0x93))
     open_segment(root, segment)  # restored: the stamp changed, the digest is the same
-    rows = segment_paths(root, segment)["rows"]
     n = segment.rows
-    shape, wrong = f"({n}, 2)".encode(), f"({n}, 3)".encode()
-    rewrite(rows, lambda d: d.__setitem__(slice(None), d.replace(shape, wrong)))
+    rewrite(path, lambda d: d.__setitem__(slice(12, 16), (3).to_bytes(4, "little")))
     message = damage(root, segment)
-    assert message.startswith(f"{rows}: its header says shape ({n}, 3) of int64")
-    assert f"the manifest shape ({n}, 2) of int64" in message
+    assert message.startswith(f"{path}: its header says {n} rows of 3 columns")
+    assert message.endswith("which is not the manifest's segment")
+
+
+def test_a_size_that_disagrees_with_the_header(written: tuple[Path, Segment]) -> None:
+    root, segment = written
+    path = segment_paths(root, segment)["layer"]
+    rewrite(path, lambda d: d.extend(b"\0" * 8))
+    files = {"layer": dataclasses.replace(segment.files["layer"], size=path.stat().st_size)}
+    message = damage(root, dataclasses.replace(segment, files=files))
+    assert message == f"{path}: its size does not match its header (truncated or padded)"
 
 
 def test_bytes_flipped_in_the_middle(written: tuple[Path, Segment]) -> None:
     root, segment = written
-    path = segment_paths(root, segment)["rows"]
+    path = segment_paths(root, segment)["layer"]
     middle = path.stat().st_size // 2
 
     def flip(d: bytearray) -> None:
@@ -184,22 +229,44 @@ def test_bytes_flipped_in_the_middle(written: tuple[Path, Segment]) -> None:
 
 def test_a_stale_digest_is_caught_when_verifying(written: tuple[Path, Segment]) -> None:
     root, segment = written
-    files = dict(segment.files)
-    files["keys"] = dataclasses.replace(files["keys"], sha256="0" * 64)
+    files = {"layer": dataclasses.replace(segment.files["layer"], sha256="0" * 64)}
     stale = dataclasses.replace(segment, files=files)
     open_segment(root, stale)  # the stamp is the one written: the digest is trusted
     message = damage(root, stale, verify=True)
-    assert message.startswith(f"{segment_paths(root, segment)['keys']}: its sha256 ")
+    assert message.startswith(f"{segment_paths(root, segment)['layer']}: its sha256 ")
 
 
 def test_a_size_mismatch(written: tuple[Path, Segment]) -> None:
     root, segment = written
-    files = dict(segment.files)
-    files["diff"] = dataclasses.replace(files["diff"], size=files["diff"].size + 1)
+    ref = segment.files["layer"]
+    files = {"layer": dataclasses.replace(ref, size=ref.size + 1)}
     message = damage(root, dataclasses.replace(segment, files=files))
-    assert message.endswith(
-        f"is {files['diff'].size - 1} bytes, the manifest says {files['diff'].size}"
-    )
+    assert message.endswith(f"is {ref.size} bytes, the manifest says {ref.size + 1}")
+
+
+def test_damage_to_a_segment_of_format_2(tmp_path: Path) -> None:
+    """A segment of three .npy files (state format 2) is checked as it always was: a damaged
+    .npy header, a wrong shape, a file missing, each named."""
+    layer = random_layer(np.random.default_rng(7), 5000, 2, False, True)
+    segment = legacy_segment(tmp_path, write(tmp_path, layer), layer)
+    root = tmp_path
+    path = segment_paths(root, segment)["diff"]
+    rewrite(path, lambda d: d.__setitem__(0, 0))  # the magic
+    assert damage(root, segment).startswith(f"{path}: its .npy header is damaged")
+    rewrite(path, lambda d: d.__setitem__(slice(0, 8), b"\x93NUMPY\x07\x00"))
+    assert damage(root, segment) == f"{path}: its .npy header is damaged (version 7.0, not 1.0)"
+    rewrite(path, lambda d: d.__setitem__(slice(0, 8), b"\x93NUMPY\x01\x00"))
+    open_segment(root, segment)  # restored: the stamp changed, the digest is the same
+    rows = segment_paths(root, segment)["rows"]
+    n = segment.rows
+    shape, wrong = f"({n}, 2)".encode(), f"({n}, 3)".encode()
+    rewrite(rows, lambda d: d.__setitem__(slice(None), d.replace(shape, wrong)))
+    message = damage(root, segment)
+    assert message.startswith(f"{rows}: its header says shape ({n}, 3) of int64")
+    assert f"the manifest shape ({n}, 2) of int64" in message
+    keys = segment_paths(root, segment)["keys"]
+    keys.unlink()
+    assert str(check_segment(root, segment)[-1]) == f"{keys}: missing (the manifest names it)"
 
 
 # -- opening costs O(files) --------------------------------------------------------------------
@@ -217,7 +284,7 @@ def test_opening_two_million_rows_reads_no_data(tmp_path: Path) -> None:
     layer = Layer.build(rows, np.ones(n, dtype=np.int64))
     segment = write(tmp_path, layer)
     del layer, rows
-    assert segment_bytes(segment) > 30 * n  # 16 B rows + 8 B diff + 8 B keys per row
+    assert segment_bytes(segment) > 30 * n  # 16 B rows + 8 B diff + 8 B keys per row (one file)
     for _ in range(3):
         before = rss()
         opened = open_segment(tmp_path, segment)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import pytest
@@ -78,7 +78,7 @@ def test_creates_in_a_new_or_empty_directory_then_reopens(tmp_path: Path) -> Non
     for root in (tmp_path / "new" / "deeper", tmp_path / "empty"):
         store = Store.open(root, create=True)
         marker = json.loads((root / names.MARKER).read_text())
-        assert marker["wcoj_state"] == 2
+        assert marker["wcoj_state"] == 3
         assert marker["by"] == f"wcoj {importlib.metadata.version('wcoj')}"  # the package's own
         assert store.current() == Manifest()
         epoch(store, 0)
@@ -96,9 +96,11 @@ def test_a_state_through_a_symbolic_link_opens(tmp_path: Path) -> None:
 def test_other_formats_are_refused(tmp_path: Path) -> None:
     root = tmp_path / "s"
     Store.open(root, create=True)
-    (root / names.MARKER).write_text('{"wcoj_state": 3}')
+    (root / names.MARKER).write_text('{"wcoj_state": 4}')
     with pytest.raises(IncompatibleState, match="a later wcoj"):
         Store.open(root, create=False)
+    (root / names.MARKER).write_text('{"wcoj_state": 2}')  # format 2 is still read
+    assert Store.open(root, create=False).current() == Manifest()
     (root / names.MARKER).write_text("{nope")
     with pytest.raises(DamagedState, match="damaged state marker"):
         Store.open(root, create=False)
@@ -163,9 +165,12 @@ def test_a_commit_syncs_the_new_folders_only(
     synced: list[str] = []
     known: list[str] = []
 
-    def sync_many(rels: list[str], durable: Collection[str] = ()) -> None:
+    def sync_many(
+        rels: list[str], durable: Collection[str] = (), also: Sequence[Path] = ()
+    ) -> None:
         synced.extend(rels)
         known.extend(durable)
+        assert [p.parent.name for p in also] == ["manifests"]  # the manifest, synced with them
 
     monkeypatch.setattr(store.files, "sync_many", sync_many)
     m2 = epoch(store, 1)
@@ -180,7 +185,7 @@ def test_each_new_folder_is_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     store = Store.open(tmp_path, create=True)
     m1 = epoch(store, 0)
     synced: list[Path] = []
-    monkeypatch.setattr(files_module, "_fsync_path", synced.append)
+    monkeypatch.setattr(files_module, "_fsync_path", lambda p: synced.append(Path(p)))
     m2 = epoch(store, 1)
     new = sorted(m2.paths() - m1.paths())
     assert new
@@ -194,6 +199,10 @@ def test_each_new_folder_is_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             want.add(p)
             if p == tmp_path or p in durable:  # ...or to one whose entry is durable already
                 break
+    # ...and the new manifest's content at the same time, under its temporary name.
+    (manifest,) = [p for p in synced if p.parent == tmp_path / "manifests"]
+    assert names.is_manifest_temp(manifest.name)
+    synced.remove(manifest)
     assert len(synced) == len(set(synced))  # each once
     assert set(synced) == want
     assert tmp_path not in want  # the root's entries did not change
@@ -209,7 +218,7 @@ def test_files_honour_the_umask(tmp_path: Path) -> None:
     root = tmp_path / "s"
     assert (root / names.MARKER).stat().st_mode & 0o777 == 0o640
     assert (root / "manifests" / "0000000001.json").stat().st_mode & 0o777 == 0o640
-    seg = next((root / "arrangements").glob("*/s-*/rows.npy"))
+    seg = next((root / "arrangements").glob("*/s-*.seg"))
     assert seg.stat().st_mode & 0o777 == 0o440  # sealed: read-only, within the umask
     leftovers = [p for p in root.rglob("*") if p.name.endswith(".tmp")]
     assert leftovers == []
@@ -246,7 +255,7 @@ def test_keeps_the_last_manifests_and_retires_what_only_dropped_ones_named(tmp_p
     assert len(gens) == KEEP_MANIFESTS and gens[-1] == KEEP_MANIFESTS + 2
     live = store.current().paths()
     for p in live:
-        assert (tmp_path / p).is_dir(), p
+        assert (tmp_path / p).exists(), p
     for p in first.paths():
         assert not (tmp_path / p).exists(), p  # retired at once, though young
     kept_paths = set().union(*(store.generation(g).paths() for g in gens))
@@ -298,7 +307,11 @@ def test_planted_user_files_survive_commits_and_prunes(tmp_path: Path) -> None:
         epoch(store, t)
         assert not store.prune(now=time.time() + 10 * HOUR).skipped  # everything looks old
     assert len(store.generations()) == KEEP_MANIFESTS
-    segments = [p for p in (root / adir).iterdir() if names.is_own_segment(p.name)]
+    segments = [
+        p
+        for p in (root / adir).iterdir()
+        if names.is_own_segment(p.name) or names.is_own_segment_file(p.name)
+    ]
     assert len(segments) == KEEP_MANIFESTS + 1  # one per kept generation, and the link
     for rel, content in planted.items():
         assert (root / rel).read_bytes() == content, rel
@@ -317,18 +330,23 @@ def test_own_orphans_go_after_an_hour_young_ones_stay(tmp_path: Path) -> None:
     epoch(store, 0)
     old_batch = stage_batch(store, "rel/edge", 5).path  # a writer that failed
     young_batch = stage_batch(store, "out/tri", 5).path  # a writer still at work
-    old_segment = f"arrangements/{names.trace_dir('rel/edge')}/{names.segment_name()}"
-    young_segment = f"arrangements/{names.trace_dir('rel/edge')}/{names.segment_name()}"
+    adir = f"arrangements/{names.trace_dir('rel/edge')}"
+    old_segment = f"{adir}/{names.segment_name()}"  # a segment: one file
+    young_segment = f"{adir}/{names.segment_name()}"
+    old_folder = f"{adir}/{names.segment_name().removesuffix('.seg')}"  # one of format 2
+    young_folder = f"{adir}/{names.segment_name().removesuffix('.seg')}"
     old_scratch = f"scratch/{names.scratch_name()}"
     young_scratch = f"scratch/{names.scratch_name()}"
-    for rel in (old_segment, young_segment, old_scratch, young_scratch):
+    for rel in (old_folder, young_folder, old_scratch, young_scratch):
         (tmp_path / rel).mkdir(parents=True)
         (tmp_path / rel / "rows.npy").write_bytes(b"x")
+    for rel in (old_segment, young_segment):
+        (tmp_path / rel).write_bytes(b"x")
     old_temp = tmp_path / "manifests" / names.temp_name("0000000002.json")
     young_temp = tmp_path / "manifests" / names.temp_name("0000000002.json")
     old_temp.write_text("{}")
     young_temp.write_text("{}")
-    for p in (old_batch, old_segment, old_scratch):
+    for p in (old_batch, old_segment, old_folder, old_scratch):
         age(tmp_path / p, 2 * HOUR)
     age(old_temp, 2 * HOUR)
     live = store.current().paths()
@@ -336,11 +354,11 @@ def test_own_orphans_go_after_an_hour_young_ones_stay(tmp_path: Path) -> None:
         if (tmp_path / p).exists():
             age(tmp_path / p, 10 * HOUR)  # live folders stay however old
     pruned = store.prune()
-    assert set(pruned.folders) == {old_batch, old_segment, old_scratch}
+    assert set(pruned.folders) == {old_batch, old_segment, old_folder, old_scratch}
     assert pruned.files == (f"manifests/{old_temp.name}",)
-    for p in (old_batch, old_segment, old_scratch, old_temp):
+    for p in (old_batch, old_segment, old_folder, old_scratch, old_temp):
         assert not (tmp_path / p).exists()
-    for p in (young_batch, young_segment, young_scratch, young_temp):
+    for p in (young_batch, young_segment, young_folder, young_scratch, young_temp):
         assert (tmp_path / p).exists()
     for p in live:
         assert (tmp_path / p).exists() or p.startswith("arrangements/")
@@ -359,7 +377,7 @@ def test_discard_deletes_own_staged_folders_only(tmp_path: Path) -> None:
     assert not (tmp_path / staged).exists() and not (tmp_path / scratch).exists()
     assert (tmp_path / "traces" / "logs").is_dir()
     for p in live:
-        assert (tmp_path / p).is_dir()
+        assert (tmp_path / p).exists()
 
 
 def test_a_commit_never_fails_after_its_manifest_is_created(
@@ -398,10 +416,10 @@ def test_syncs_run_on_daemon_threads_and_their_failures_reach_the_caller(
     real = files_module._fsync_path
 
     def failing(path: Path) -> None:
-        if path.name == "b":
+        if Path(path).name == "b":
             raise OSError(5, "Input/output error", str(path))
         real(path)
-        synced.append(path)
+        synced.append(Path(path))
 
     monkeypatch.setattr(files_module, "_fsync_path", failing)
     with pytest.raises(OSError, match="Input/output error"):

@@ -40,8 +40,8 @@ def test_a_sound_state_verifies(tmp_path: Path) -> None:
         epoch(store, t)
     report = verify_state(store)
     assert report.ok and report.generation == 3 and report.generations == (1, 2, 3)
-    # Batches: 2 traces x 3 epochs, one data file each; segments: 3 of 3 files.
-    assert report.files == 6 + 9
+    # Batches: 2 traces x 3 epochs, one data file each; segments: 3 of one file each.
+    assert report.files == 6 + 3
     assert report.bytes > 0
 
 
@@ -56,7 +56,7 @@ def test_damaged_files_are_named_with_what_they_affect(tmp_path: Path) -> None:
     flip_middle(tmp_path / batch_file)
     assert edge.index is not None
     segment = edge.index.segments[0]
-    rows = tmp_path / segment.file_path("rows")
+    rows = tmp_path / segment.file_path("layer")
     os.chmod(rows, 0o644)
     os.truncate(rows, rows.stat().st_size - 1)
     out = m.traces["out/tri"].batches[3]
@@ -69,14 +69,14 @@ def test_damaged_files_are_named_with_what_they_affect(tmp_path: Path) -> None:
     by_path = {d.path: d for d in report.damaged}
     assert set(by_path) == {
         batch_file,
-        segment.file_path("rows"),
+        segment.file_path("layer"),
         f"{out.path}/{out.files[0].name}",
         "manifests/0000000001.json",
     }
     b = by_path[batch_file]
     assert (b.trace, b.since, b.rebuildable, b.current) == ("rel/edge", 1, False, True)
     assert "sha256" in b.what and b.generations == (2, 3, 4)
-    s = by_path[segment.file_path("rows")]
+    s = by_path[segment.file_path("layer")]
     assert (s.trace, s.since, s.rebuildable, s.generations) == ("rel/edge", 3, True, (4,))
     assert "bytes, the manifest says" in s.what
     o = by_path[f"{out.path}/{out.files[0].name}"]

@@ -141,7 +141,7 @@ def repair(store: Store, damaged: set[str], memory: MemoryBudget | None = None) 
             if trace.index is None:
                 continue
             folders = {s.path for s in trace.index.segments}
-            if not any(p.rsplit("/", 1)[0] in folders for p in damaged):
+            if not any(p in folders or p.rsplit("/", 1)[0] in folders for p in damaged):
                 restamped = _restamped(store, trace.index)
                 if restamped is not None:
                     traces[name] = dataclasses.replace(trace, index=restamped)
@@ -177,7 +177,7 @@ def _restamped(store: Store, index: Index) -> Index | None:
     for segment in index.segments:
         refs = {}
         for role, ref in segment.files.items():
-            path = root / segment.path / ref.name
+            path = root / segment.file_path(role)
             if (
                 ref.stamp is not None
                 and not check_stamp(path, ref)

@@ -75,7 +75,9 @@ class Files(Protocol):
 
     def read_text(self, rel: str) -> str: ...
 
-    def create_exclusive(self, rel: str, text: str) -> bool: ...
+    def create_exclusive(
+        self, rel: str, text: str, *, after: Sequence[str] = (), durable: Collection[str] = ()
+    ) -> bool: ...
 
     def mkdirs(self, rel: str) -> None: ...
 
@@ -83,7 +85,9 @@ class Files(Protocol):
 
     def sync(self, rel: str) -> None: ...
 
-    def sync_many(self, rels: Sequence[str], durable: Collection[str] = ()) -> None: ...
+    def sync_many(
+        self, rels: Sequence[str], durable: Collection[str] = (), also: Sequence[Path] = ()
+    ) -> None: ...
 
     def remove_dir(self, rel: str) -> bool: ...
 
@@ -177,7 +181,14 @@ class LocalFiles:
         manifest then fails its digest check, one line, rather than decoding)."""
         return (self.path / rel).read_bytes().decode("utf-8", errors="replace")
 
-    def create_exclusive(self, rel: str, text: str) -> bool:
+    def create_exclusive(
+        self, rel: str, text: str, *, after: Sequence[str] = (), durable: Collection[str] = ()
+    ) -> bool:
+        """Create `rel` holding `text`, or return False when it exists: a temporary file,
+        fsynced, hard-linked as `rel` (atomic: the link fails on an existing name), the folder
+        fsynced. `after` (with `durable`, as `sync_many` takes them) is made durable before the
+        link too, its fsyncs and the temporary file's all at once: what a commit point names
+        is durable before it exists, at the cost of one wait rather than two."""
         target = self.path / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(temp_name(target.name))
@@ -185,7 +196,10 @@ class LocalFiles:
             with open(tmp, "x") as out:  # mode 0666 less the umask
                 out.write(text)
                 out.flush()
-                os.fsync(out.fileno())  # durable before it becomes visible
+                if after:
+                    self.sync_many(after, durable, also=(tmp,))
+                else:
+                    os.fsync(out.fileno())  # durable before it becomes visible
             os.link(tmp, target)  # fails if the target exists: atomic create-exclusive
             fsync_dir(target.parent)
             return True
@@ -228,53 +242,86 @@ class LocalFiles:
             parent = parent.parent
             fsync_dir(parent)
 
-    def sync_many(self, rels: Sequence[str], durable: Collection[str] = ()) -> None:
+    def sync_many(
+        self, rels: Sequence[str], durable: Collection[str] = (), also: Sequence[Path] = ()
+    ) -> None:
         """Make files and folders durable, with their entries: each of them, on a few threads
         (the file system batches concurrent syncs into few journal commits, where one after
         another each waits for its own). `durable` names folders (relative) whose own entries
         are durable already (they held what a committed generation names): a new entry in one
         is synced with it, but its parents are not. With ``WCOJ_SYNCFS=1`` one
         ``syncfs`` of the whole file system instead (fewer calls, but it also waits for every
-        other process's dirty pages)."""
-        if not rels:
+        other process's dirty pages). `also` are more files to fsync at the same time (their
+        entries not)."""
+        if not rels and not also:
             return
         if os.environ.get("WCOJ_SYNCFS") == "1" and _syncfs(self.path):
+            drop_early([f"{self.root}/{rel}" for rel in rels])
             return
-        files, folders = self._durable(rels, durable)
-        # Every file and every folder once (folders share their parents), all at once.
-        _syncers().sync([*files, *sorted(folders)])
+        early: list[_Pending] = []
+        files, folders = self._durable(rels, durable, early)
+        # Every file and every folder once (folders share their parents), all at once; then
+        # the folders whose syncs started when they were written (`sync_soon`).
+        failure: BaseException | None = None
+        try:
+            _syncers().sync([*also, *files, *sorted(folders)])
+        except BaseException as e:
+            failure = e
+        for pending in early:
+            try:
+                pending.wait()
+            except BaseException as e:
+                failure = failure or e
+        if failure is not None:
+            raise failure
 
     def _durable(
-        self, rels: Sequence[str], durable: Collection[str] = ()
-    ) -> tuple[list[Path], set[Path]]:
+        self,
+        rels: Sequence[str],
+        durable: Collection[str] = (),
+        early: list[_Pending] | None = None,
+    ) -> tuple[list[str], set[str]]:
         """What `sync` of each of `rels` fsyncs: the files in them, and the folders in them
         with every folder up to the root, each once; the climb stops at a folder of `durable`
-        (synced for its new entry, its own entry durable already). Paths made as strings."""
+        (synced for its new entry, its own entry durable already). Paths made as strings.
+        With `early`, a folder whose syncs started when it was written (`sync_soon`) adds
+        them to `early` instead of its files and itself (the folders above it still count)."""
         root = self.root
         files: list[str] = []
         folders: set[str] = set()
         for rel in rels:
             top = f"{root}/{rel}"
-            try:
-                mode = os.lstat(top).st_mode
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(mode):
-                files.append(top)
-            elif stat.S_ISDIR(mode):
-                for folder, _, names in os.walk(top):
-                    folders.add(folder)
-                    for name in names:
-                        p = f"{folder}/{name}"
-                        if stat.S_ISREG(os.lstat(p).st_mode):
-                            files.append(p)
+            started = _take_early(top) if early is not None else None
+            if started is not None and early is not None:
+                early.append(started)
+            elif not self._inside(top, files, folders):
+                continue  # nothing there (an empty segment has no file): nothing to sync
             parent = rel.rpartition("/")[0]
             while True:
                 folders.add(f"{root}/{parent}" if parent else root)
                 if not parent or parent in durable:
                     break
                 parent = parent.rpartition("/")[0]
-        return [Path(f) for f in files], {Path(f) for f in folders}
+        return files, folders
+
+    @staticmethod
+    def _inside(top: str, files: list[str], folders: set[str]) -> bool:
+        """A file, or a folder with every file and folder in it (links not followed); False
+        when nothing is there."""
+        try:
+            mode = os.lstat(top).st_mode
+        except FileNotFoundError:
+            return False
+        if stat.S_ISREG(mode):
+            files.append(top)
+        elif stat.S_ISDIR(mode):
+            for folder, _, names in os.walk(top):
+                folders.add(folder)
+                for name in names:
+                    p = f"{folder}/{name}"
+                    if stat.S_ISREG(os.lstat(p).st_mode):
+                        files.append(p)
+        return True
 
     def ref(self, rel: str) -> FileRef:
         return file_ref(self.path / rel, stamped=False)
@@ -336,7 +383,10 @@ class HadoopFiles:
         finally:
             stream.close()
 
-    def create_exclusive(self, rel: str, text: str) -> bool:
+    def create_exclusive(
+        self, rel: str, text: str, *, after: Sequence[str] = (), durable: Collection[str] = ()
+    ) -> bool:
+        """Create `rel` exclusively (see the class); `after` needs nothing here (`sync`)."""
         target = self._p(rel)
         folder, _, name = rel.rpartition("/")
         tmp = self._p(f"{folder}/{temp_name(name)}" if folder else temp_name(name))
@@ -369,7 +419,9 @@ class HadoopFiles:
     def sync(self, rel: str) -> None:
         """Nothing to do: a Hadoop file is durable once its writer closed it."""
 
-    def sync_many(self, rels: Sequence[str], durable: Collection[str] = ()) -> None:
+    def sync_many(
+        self, rels: Sequence[str], durable: Collection[str] = (), also: Sequence[Path] = ()
+    ) -> None:
         """Nothing to do (see `sync`)."""
 
     def ref(self, rel: str) -> FileRef:
@@ -567,9 +619,9 @@ class _Syncers:
     waited for; an interrupted caller leaves at most a few fsyncs running, which are harmless."""
 
     def __init__(self, threads: int) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Path, queue.SimpleQueue[BaseException | None]]] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[
+            tuple[str | Path, queue.SimpleQueue[BaseException | None]]
+        ] = queue.SimpleQueue()
         for i in range(threads):
             threading.Thread(target=self._work, name=f"wcoj-sync-{i}", daemon=True).start()
 
@@ -583,14 +635,68 @@ class _Syncers:
             else:
                 done.put(None)
 
-    def sync(self, paths: Sequence[Path]) -> None:
-        """fsync every one of `paths` on the threads; raise the first failure after all ran."""
+    def submit(self, paths: Sequence[str | Path]) -> _Pending:
+        """Start fsyncing every one of `paths` on the threads; what to wait for."""
         done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
         for path in paths:
             self._jobs.put((path, done))
-        failures = [exc for exc in (done.get() for _ in paths) if exc is not None]
+        return _Pending(done, len(paths))
+
+    def sync(self, paths: Sequence[str | Path]) -> None:
+        """fsync every one of `paths` on the threads; raise the first failure after all ran."""
+        self.submit(paths).wait()
+
+
+class _Pending:
+    """fsyncs started on the sync threads: `wait` returns once all ran, raising the first
+    failure."""
+
+    def __init__(self, done: queue.SimpleQueue[BaseException | None], count: int) -> None:
+        self._done = done
+        self._count = count
+
+    def wait(self) -> None:
+        failures = [exc for exc in (self._done.get() for _ in range(self._count)) if exc]
+        self._count = 0
         if failures:
             raise failures[0]
+
+
+# Folders whose fsyncs started as soon as they were written (`sync_soon`), by absolute path:
+# the commit naming one waits for them rather than starting them (`LocalFiles.sync_many`).
+_EARLY: dict[str, _Pending] = {}
+_EARLY_LOCK = threading.Lock()
+
+
+def sync_soon(root: str, rel: str) -> None:
+    """Start making a file or a folder `rel` of the local state `root`, just written whole,
+    durable — the file, or every file in the folder and its entries — on the sync threads,
+    while the epoch goes on; the commit that names it waits for them before its manifest
+    exists (and syncs the folders above it then). Only for what nothing more is written into
+    (a segment, a batch)."""
+    top = f"{local_path(root)}/{rel}"
+    try:
+        if stat.S_ISDIR(os.lstat(top).st_mode):
+            paths = [*(f"{top}/{name}" for name in os.listdir(top)), top]
+        else:
+            paths = [top]
+    except OSError:
+        return  # the commit syncs it (or reports why it cannot)
+    pending = _syncers().submit(paths)
+    with _EARLY_LOCK:
+        _EARLY[top] = pending
+
+
+def _take_early(folder: str) -> _Pending | None:
+    with _EARLY_LOCK:
+        return _EARLY.pop(folder, None)
+
+
+def drop_early(folders: Collection[str]) -> None:
+    """Forget the early syncs of folders that will not be committed (discarded)."""
+    with _EARLY_LOCK:
+        for folder in folders:
+            _EARLY.pop(folder, None)
 
 
 _SYNCERS: dict[int, _Syncers] = {}
@@ -605,12 +711,13 @@ def _syncers() -> _Syncers:
     return _SYNCERS[pid]
 
 
-def _fsync_path(path: Path) -> None:
-    """fsync a file, or a folder's entries."""
-    if path.is_dir():
-        fsync_dir(path)
-    else:
-        _fsync_file(path)
+def _fsync_path(path: str | Path) -> None:
+    """fsync a file, or a folder's entries (a folder opens read-only as a file does)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:

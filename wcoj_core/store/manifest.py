@@ -7,7 +7,9 @@ of the canonical JSON of everything else. `Manifest.from_json` checks the digest
 shape (every field's type, ints for times and counts, no negative counts, paths that wcoj makes)
 and raises one `DamagedState` whose one-line message names the file, what is wrong and the
 previous generation, which is the way back. A manifest of format 1 (written by an earlier wcoj)
-is refused with `IncompatibleState`.
+or of a later format is refused with `IncompatibleState`; one of format 2 (segments of three
+``.npy`` files, which format 3 still reads: `wcoj_core.store.segments`) is read, and the next
+commit writes format 3.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from wcoj_core.kernel.keys import Packing
 from wcoj_core.query.ir import Const
 from wcoj_core.store import names
 
-FORMAT = 2
+FORMAT = 3
+# The formats this wcoj reads: format 2 differs only in its segments' files (three ``.npy``
+# files each, where format 3 writes one), which a format 3 manifest may still name.
+READABLE = (2, 3)
 
 Stamp = tuple[int, int, int]  # (st_ino, st_mtime_ns, st_ctime_ns) right after writing
 Pattern = tuple[int | Const, ...]  # an `AtomView` pattern (the relation is the trace's)
@@ -82,8 +87,10 @@ class Segment:
     """One persisted layer of a trace's index (see `wcoj_core.store.segments`).
 
     `view` is the pattern of the `AtomView` the layer is seen through (None: the trace as
-    stored), `order` its columns' order, `path` its folder relative to the state and `files` its
-    files by role (``rows``, ``diff``, ``keys``; none when `rows` is 0).
+    stored), `order` its columns' order, `path` relative to the state and `files` its files by
+    role, none when `rows` is 0: since state format 3 the segment is one file, `path` itself
+    (role ``layer``); a segment of format 2 is a folder, `path`, of three (``rows``, ``diff``,
+    ``keys``).
     """
 
     level: Level
@@ -101,6 +108,8 @@ class Segment:
 
     def file_path(self, role: str) -> str:
         """A file of the segment, relative to the state."""
+        if names.is_segment_file_path(self.path):
+            return self.path
         return f"{self.path}/{self.files[role].name}"
 
 
@@ -293,7 +302,25 @@ def _ref(r: FileRef) -> list[Any]:
     return [r.name, r.size, r.sha256, *([list(r.stamp)] if r.stamp is not None else [])]
 
 
+# Batches encoded, by identity: a generation's manifest holds the same `Batch` objects as the
+# previous one but for the epoch's, so each is encoded once (by `id`, checked with `is`: a
+# frozen dataclass's hash would hash every field again).
+_ENCODED: dict[int, tuple[Batch, dict[str, Any]]] = {}
+
+
 def _encode_batch(b: Batch) -> dict[str, Any]:
+    """A batch as JSON values (made once per batch object; never changed by its callers)."""
+    found = _ENCODED.get(id(b))
+    if found is not None and found[0] is b:
+        return found[1]
+    if len(_ENCODED) >= 16384:
+        _ENCODED.clear()
+    out = _encode_batch_once(b)
+    _ENCODED[id(b)] = (b, out)
+    return out
+
+
+def _encode_batch_once(b: Batch) -> dict[str, Any]:
     out: dict[str, Any] = {
         "path": b.path,
         "time": b.time,
@@ -551,7 +578,7 @@ def _packing(v: Any, where: str, width: int) -> Packing | None:
     return Packing(lows, highs, bits)
 
 
-def _segment(v: Any, where: str) -> Segment:
+def _segment(v: Any, where: str, fmt: int = FORMAT) -> Segment:
     raw = _obj(v, where, ("level", "view", "order", "rows", "packing", "unit", "path", "files"))
     level_raw = _str(raw["level"], f"{where}.level")
     try:
@@ -577,7 +604,14 @@ def _segment(v: Any, where: str) -> Segment:
     files_raw = raw["files"]
     if not isinstance(files_raw, dict):
         _bad(f"expected an object, found {_show(files_raw)}", f"{where}.files")
-    roles = names.SEGMENT_FILES if rows else ()
+    # Since format 3 a segment is one file, its path; one of format 2 (which a format 3
+    # manifest names until it is merged) a folder of three.
+    one_file = names.is_segment_file_path(path)
+    if one_file and fmt < 3:
+        _bad(
+            f"{path!r} is a segment of one file, which format {fmt} does not have", f"{where}.path"
+        )
+    roles = ((names.SEGMENT_LAYER,) if one_file else names.SEGMENT_FILES) if rows else ()
     if sorted(files_raw) != sorted(roles):
         _bad(
             f"expected files {list(roles)} for {rows} rows, found {sorted(files_raw)}",
@@ -586,8 +620,9 @@ def _segment(v: Any, where: str) -> Segment:
     files: dict[str, FileRef] = {}
     for role in roles:
         ref = _file_ref(files_raw[role], f"{where}.files.{role}", True)
-        if ref.name != names.segment_file(role):
-            _bad(f"expected {names.segment_file(role)!r}, found {ref.name!r}", f"{where}.files")
+        name = path.rpartition("/")[2] if one_file else names.segment_file(role)
+        if ref.name != name:
+            _bad(f"expected {name!r}, found {ref.name!r}", f"{where}.files")
         files[role] = ref
     return Segment(
         level,
@@ -601,7 +636,7 @@ def _segment(v: Any, where: str) -> Segment:
     )
 
 
-def _trace(name: str, v: Any, where: str) -> Trace:
+def _trace(name: str, v: Any, where: str, fmt: int) -> Trace:
     raw = _obj(v, where, ("columns", "batches", "index"))
     columns = tuple(
         _str(c, f"{where}.columns[{i}]")
@@ -626,7 +661,7 @@ def _trace(name: str, v: Any, where: str) -> Trace:
         index = Index(
             _int(ix["time"], f"{where}.index.time"),
             tuple(
-                _segment(s, f"{where}.index.segments[{i}]")
+                _segment(s, f"{where}.index.segments[{i}]", fmt)
                 for i, s in enumerate(_list(ix["segments"], f"{where}.index.segments"))
             ),
         )
@@ -678,7 +713,7 @@ def _decode_manifest(text: str, source: str) -> Manifest:
     if not isinstance(raw, dict):
         _bad(f"expected an object, found {_show(raw)}", "")
     fmt = raw.get("format")
-    if type(fmt) is int and fmt != FORMAT:
+    if type(fmt) is int and fmt not in READABLE:
         which = "an earlier" if fmt < FORMAT else "a later"
         advice = (
             "re-create the state (apply its epochs into a new directory)"
@@ -698,7 +733,9 @@ def _decode_manifest(text: str, source: str) -> Manifest:
         _bad(f"expected an object, found {_show(traces_raw)}", "traces")
     if "" in traces_raw:
         _bad("a trace without a name", "traces")
-    traces = {name: _trace(name, t, f"traces[{name!r}]") for name, t in traces_raw.items()}
+    traces = {
+        name: _trace(name, t, f"traces[{name!r}]", raw["format"]) for name, t in traces_raw.items()
+    }
     epoch = _opt_int(raw["epoch"], "epoch")
     for name, t in traces.items():
         last = t.batches[-1].time if t.batches else None

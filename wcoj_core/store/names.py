@@ -8,7 +8,8 @@ put into a state never matches, so it is never touched. The layout (docs/state.m
     manifests/0000000007.json                       manifest_name(7)
     manifests/.0000000007.json.<hex32>.tmp          temp_name(...) while committing
     traces/<trace_dir>/b-<kind>-<time>-<hex12>/     new_batch_path(...)
-    arrangements/<trace_dir>/s-<hex16>/             new_segment_path(...)
+    arrangements/<trace_dir>/s-<hex16>.seg          new_segment_path(...): a segment, one file
+    arrangements/<trace_dir>/s-<hex16>/             a segment of state format 2: three files
     scratch/<hex32>/                                scratch_name()
 """
 
@@ -25,13 +26,17 @@ TRACES = "traces"
 ARRANGEMENTS = "arrangements"
 SCRATCH = "scratch"
 
-# The files of a segment folder, by role (none for a segment of no rows).
+# A segment's files (none for a segment of no rows), by role: since state format 3 one, the
+# segment itself (`SEGMENT_LAYER`); a segment of format 2 is a folder of three (`SEGMENT_FILES`,
+# still read).
+SEGMENT_LAYER = "layer"
 SEGMENT_FILES = ("rows", "diff", "keys")
 
 _MANIFEST = re.compile(r"(\d{10,})\.json")
 _MANIFEST_TEMP = re.compile(r"\.\d{10,}\.json\.[0-9a-f]{32}\.tmp")
 _BATCH = re.compile(r"b-([a-z])-(-?\d+)-[0-9a-f]{12}")
 _SEGMENT = re.compile(r"s-[0-9a-f]{16}")
+_SEGMENT_ONE_FILE = re.compile(r"s-[0-9a-f]{16}\.seg")
 _SCRATCH = re.compile(r"[0-9a-f]{32}")
 _SEGMENT_FILE = re.compile(r"(rows|diff|keys)\.npy")
 _SEGMENT_TEMP = re.compile(r"\.(rows|diff|keys)\.npy\.[0-9a-f]{32}\.tmp")
@@ -129,27 +134,38 @@ def is_own_batch(name: str) -> bool:
 
 
 def segment_name() -> str:
-    """A fresh segment folder name.
+    """A fresh segment file name (state format 3: a segment is one file).
 
-    >>> is_own_segment(segment_name()), is_own_segment("s-1"), is_own_segment("x")
-    (True, False, False)
+    >>> is_own_segment_file(segment_name()), is_own_segment_file("s-1.seg")
+    (True, False)
     """
-    return f"s-{uuid.uuid4().hex[:16]}"
+    return f"s-{uuid.uuid4().hex[:16]}.seg"
+
+
+def is_own_segment_file(name: str) -> bool:
+    """Whether `name` is a segment file name wcoj makes (`segment_name`)."""
+    return _SEGMENT_ONE_FILE.fullmatch(name) is not None
 
 
 def is_own_segment(name: str) -> bool:
-    """Whether `name` is a segment folder name wcoj makes (`segment_name`)."""
+    """Whether `name` is a segment folder name wcoj made (state format 2).
+
+    >>> is_own_segment("s-0123456789abcdef"), is_own_segment("s-0123456789abcdef.seg")
+    (True, False)
+    """
     return _SEGMENT.fullmatch(name) is not None
 
 
 def segment_file(role: str) -> str:
-    """The file of a segment holding `role` (one of `SEGMENT_FILES`).
+    """The file of a segment folder (state format 2) holding `role` (one of `SEGMENT_FILES`).
 
     >>> segment_file("keys"), is_segment_file("keys.npy"), is_segment_file("notes.txt")
     ('keys.npy', True, False)
     """
     if role not in SEGMENT_FILES:
-        raise ValueError(f"a segment file is one of {SEGMENT_FILES}, got {role!r}")
+        raise ValueError(
+            f"a segment file is one of {(SEGMENT_LAYER, *SEGMENT_FILES)}, got {role!r}"
+        )
     return f"{role}.npy"
 
 
@@ -199,7 +215,7 @@ def new_batch_path(trace: str, time: int, kind: str) -> str:
 
 
 def new_segment_path(trace: str) -> str:
-    """A fresh segment folder, relative to the state, for trace `trace`.
+    """A fresh segment file, relative to the state, for trace `trace`.
 
     >>> is_segment_path(new_segment_path("rel/edge"))
     True
@@ -226,14 +242,26 @@ def is_batch_path(path: str) -> bool:
 
 
 def is_segment_path(path: str) -> bool:
-    """Whether `path` is ``arrangements/<trace dir>/<own segment name>``."""
+    """Whether `path` is ``arrangements/<trace dir>/<own segment file>`` (or a segment folder
+    of state format 2).
+
+    >>> is_segment_path("arrangements/rel-edge-1a02791ee1/s-0123456789abcdef.seg")
+    True
+    >>> is_segment_path("arrangements/rel-edge-1a02791ee1/s-0123456789abcdef")
+    True
+    """
     parts = path.split("/")
     return (
         len(parts) == 3
         and parts[0] == ARRANGEMENTS
         and is_trace_dir(parts[1])
-        and is_own_segment(parts[2])
+        and (is_own_segment_file(parts[2]) or is_own_segment(parts[2]))
     )
+
+
+def is_segment_file_path(path: str) -> bool:
+    """Whether a segment path (`is_segment_path`) is one file (state format 3), not a folder."""
+    return path.endswith(".seg")
 
 
 def is_plain_file_name(name: str) -> bool:

@@ -1,16 +1,22 @@
-"""Persisted kernel layers: a trace's index segments as ``.npy`` files, memory-mapped on open.
+"""Persisted kernel layers: a trace's index segments as one file each, memory-mapped on open.
 
 A segment (`wcoj_core.store.manifest.Segment`) is one sorted, consolidated `Layer` written once
-into its own folder as three uncompressed ``.npy`` files: ``rows`` (n x w int64, Fortran order,
-so a column is contiguous), ``diff`` (n int64) and ``keys`` (the layer's full-width search keys:
-packed ``uint64``, or order-preserving bytes: `Layer.search_keys`). `write_segment` hashes the bytes
-as it writes them, makes the files read-only and records each file's size, sha256 and
-stamp (inode, mtime, ctime).
+as one new uncompressed file, ``arrangements/<trace dir>/s-<hex16>.seg``, in no folder of its
+own: a 64-byte header (`_seg_header`:
+a magic, the rows, the width and the search keys' type), then the layer's arrays one after
+another, each at an offset the header fixes — the rows column by column (each column
+contiguous), the diffs (int64) and the search keys (packed ``uint64``, or order-preserving
+bytes: `Layer.search_keys`). `write_segment` hashes the bytes as it writes them, makes the file
+read-only and records its size, sha256 and stamp (inode, mtime, ctime).
 
-`open_segment` maps the files (``mmap``): it reads their headers, never their data, so opening
-costs O(files) and a lookup touches only the pages it searches. It checks each file against the
-manifest first — present, the recorded size, a header that agrees with the segment, the same
-stamp — and reads a file whole to check its digest only when the stamp differs (the file was
+A segment written by wcoj before state format 3 is a folder of the same arrays as three ``.npy``
+files (``rows``, n x w in Fortran order, ``diff`` and ``keys``); such a segment still opens, the
+same way, until a merge writes its rows into a new segment of one file.
+
+`open_segment` maps the file (one ``mmap``): it reads the header, never the data, so opening
+costs O(1) and a lookup touches only the pages it searches. It checks the file against the
+manifest first — present, the recorded size, the header the segment's shape gives, the same
+stamp — and reads it whole to check its digest only when the stamp differs (the file was
 rewritten in place, copied or restored) or when asked. Any mismatch raises `DamagedFile` naming
 the file: the caller rebuilds the segment from the trace's batches and warns.
 """
@@ -23,7 +29,8 @@ import math
 import mmap
 import os
 import stat
-from collections.abc import Mapping
+import struct
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,62 +52,78 @@ from wcoj_core.store.files import (
 from wcoj_core.store.manifest import FileRef, Level, Pattern, Segment
 
 
-def _write_npy(out: HashingWriter, array: np.ndarray) -> None:
-    """An array as a version 1.0 ``.npy`` file, its bytes written straight from the array
-    (the header numpy writes for it, made once per shape and type: `_npy_header`)."""
-    fortran = bool(array.flags.f_contiguous and not array.flags.c_contiguous)
-    if array.dtype.fields is None:
-        out.write(_npy_header(array.shape, array.dtype.str, fortran))
-    else:  # a structured type: its full description, by numpy
-        header = np.lib.format.header_data_from_array_1_0(array)
-        np.lib.format.write_array_header_1_0(out, header)
-    data = array.T if fortran else np.ascontiguousarray(array)
-    flat = data.reshape(-1).view(np.uint8)
-    for start in range(0, len(flat), CHUNK):
-        out.write(flat[start : start + CHUNK].data)
+def _write_layer(out: HashingWriter, header: bytes, arrays: Sequence[np.ndarray]) -> None:
+    """A segment file: its header, then each array's bytes (C order), written straight from
+    the arrays."""
+    out.write(header)
+    for array in arrays:
+        flat = array.reshape(-1).view(np.uint8)
+        for start in range(0, len(flat), CHUNK):
+            out.write(flat[start : start + CHUNK].data)
 
 
 def write_segment(
     root: str | os.PathLike[str],
-    rel_folder: str,
+    rel: str,
     layer: Layer,
     *,
     level: Level,
     view: Pattern | None,
     order: tuple[int, ...],
 ) -> Segment:
-    """Write `layer` (sorted, consolidated) as the segment in `rel_folder` of the local state
-    `root` (a new folder, see `wcoj_core.store.names.new_segment_path`). An empty layer is
-    written as no file at all."""
+    """Write `layer` (sorted, consolidated) as the segment `rel` of the local state
+    `root`: one new file (`wcoj_core.store.names.new_segment_path`), created exclusively,
+    which nothing reads before a manifest names it. An empty layer is written as no file at
+    all."""
     order = tuple(order)
     if len(order) != layer.width:
         raise ValueError(f"order {order} for a layer of width {layer.width}")
     n = len(layer)
     if n == 0:
-        return Segment(level, view, order, 0, None, True, rel_folder, {})
-    folder = os.path.join(_local_root(root), rel_folder)
-    arrays = {
-        "rows": np.asfortranarray(layer.rows, dtype=I64),
-        "diff": np.ascontiguousarray(layer.diff, dtype=I64),
-        "keys": np.ascontiguousarray(layer.search_keys()),
-    }
-    files: dict[str, FileRef] = {}
+        return Segment(level, view, order, 0, None, True, rel, {})
+    target = os.path.join(_local_root(root), rel)
+    keys = np.ascontiguousarray(layer.search_keys())
+    rows = np.asarray(layer.rows, dtype=I64)
+    columns = np.ascontiguousarray(rows.T)  # (w, n): column after column
+    diff = np.ascontiguousarray(layer.diff, dtype=I64)
+    header = _seg_header(n, layer.width, keys.dtype.str)
     try:
+        write = lambda out: _write_layer(out, header, (columns, diff, keys))  # noqa: E731
         try:
-            os.mkdir(folder)  # new; its trace's folder is there but for its first segment
-        except FileNotFoundError:
-            os.makedirs(folder, exist_ok=True)
-        except FileExistsError:
-            pass  # its files are created exclusively: none is ever written over
-        for role, array in arrays.items():
-            files[role] = write_sealed(
-                f"{folder}/{names.segment_file(role)}", lambda out, a=array: _write_npy(out, a)
-            )
+            ref = write_sealed(target, write)
+        except FileNotFoundError:  # its trace's first segment: the trace's folder is new
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            ref = write_sealed(target, write)
     except OSError as e:
         raise StateError(
             f"state {root}: cannot write arrangement files ({e.strerror or e}); nothing was applied"
         ) from e
-    return Segment(level, view, order, n, layer.packing, layer.unit, rel_folder, files)
+    return Segment(
+        level, view, order, n, layer.packing, layer.unit, rel, {names.SEGMENT_LAYER: ref}
+    )
+
+
+# The header of a segment file: a magic, the layout's version, the width, the rows, the search
+# keys' item size and kind (``u``: packed uint64, ``V``: bytes), padded to 64 bytes (so every
+# array after it starts at a multiple of 8).
+_SEG_MAGIC = b"\x93WCOJSEG"
+_SEG = struct.Struct("<8sIIQQc")
+SEG_HEADER_BYTES = 64
+
+
+@functools.lru_cache(maxsize=4096)
+def _seg_header(rows: int, width: int, keys: str) -> bytes:
+    dtype = np.dtype(keys)
+    packed = _SEG.pack(_SEG_MAGIC, 1, width, rows, dtype.itemsize, dtype.kind.encode())
+    return packed.ljust(SEG_HEADER_BYTES, b"\0")
+
+
+def _key_dtype(segment: Segment) -> np.dtype[Any]:
+    """The search keys' type of a segment: uint64 when it packs (or has no column), else
+    bytes of 8 per column."""
+    w = segment.width
+    packed = segment.packing is not None or w == 0  # no column: uint64 zeros
+    return np.dtype(U64) if packed else np.dtype(f"V{8 * w}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,14 +136,13 @@ class _Expect:
 
 
 def _expect(segment: Segment, role: str) -> _Expect:
+    """What a legacy segment file (an ``.npy`` of format 2) must hold."""
     n, w = segment.rows, segment.width
     if role == "rows":
         return _Expect((n, w), np.dtype(I64), n > 1 and w > 1)
     if role == "diff":
         return _Expect((n,), np.dtype(I64), False)
-    packed = segment.packing is not None or w == 0  # no column: uint64 zeros
-    dtype = np.dtype(U64) if packed else np.dtype(f"V{8 * w}")
-    return _Expect((n,), dtype, False)
+    return _Expect((n,), _key_dtype(segment), False)
 
 
 def _header(expect: _Expect) -> bytes:
@@ -140,15 +162,25 @@ def _npy_header(shape: tuple[int, ...], dtype: str, fortran: bool) -> bytes:
     return out.getvalue()
 
 
-def _check(path: Path, ref: FileRef, expect: _Expect, *, digest: bool | None) -> int:
-    """Check a segment file against its ref and what its header must say; its data offset.
+def _check(
+    path: str | os.PathLike[str],
+    ref: FileRef,
+    header: bytes,
+    size: int,
+    problem: Callable[[bytes], str],
+    *,
+    digest: bool | None,
+    keep: bool = False,
+) -> mmap.mmap | None:
+    """Check a segment file against its ref, the header it must start with and the size that
+    header implies; with `keep`, the file mapped read-only (None when it is empty).
 
     The header must be byte for byte the one `write_segment` writes for the segment's shape
-    (read, never parsed). `digest`: True reads the file whole to check its sha256, False never
-    does (a copy checked when made), None does when the stamp differs from the ref's.
+    (read, never parsed: `problem` says what is wrong with one that differs). `digest`: True
+    reads the file whole to check its sha256, False never does (a copy checked when made),
+    None does when the stamp differs from the ref's.
     """
-    where = str(path)
-    header = _header(expect)
+    where = os.fspath(path)
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
@@ -157,52 +189,109 @@ def _check(path: Path, ref: FileRef, expect: _Expect, *, digest: bool | None) ->
             if st.st_size != ref.size:
                 raise DamagedFile(where, f"is {st.st_size} bytes, the manifest says {ref.size}")
             found = f.read(len(header))
+            if found != header:
+                raise DamagedFile(where, problem(found))
+            if size != st.st_size:
+                raise DamagedFile(where, "its size does not match its header (truncated or padded)")
+            if digest or (digest is None and stamp_of(st) != ref.stamp):
+                _, sha = sha256_file(path)
+                if sha != ref.sha256:
+                    raise DamagedFile(
+                        where,
+                        f"its sha256 {sha[:12]}... differs from the manifest's "
+                        f"{ref.sha256[:12]}... (its bytes changed since it was written)",
+                    )
+            if not keep or st.st_size == 0:
+                return None
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         raise DamagedFile(where, "missing (the manifest names it)") from None
     except IsADirectoryError:
         raise DamagedFile(where, "is not a file") from None
     except OSError as e:
         raise DamagedFile(where, f"cannot be read ({e.strerror or e})") from None
-    if found != header:
-        raise DamagedFile(where, _header_problem(found, expect))
-    offset = len(header)
-    if offset + math.prod(expect.shape) * expect.dtype.itemsize != st.st_size:
-        raise DamagedFile(where, "its size does not match its header (truncated or padded)")
-    if digest or (digest is None and stamp_of(st) != ref.stamp):
-        _, sha = sha256_file(path)
-        if sha != ref.sha256:
-            raise DamagedFile(
-                where,
-                f"its sha256 {sha[:12]}... differs from the manifest's {ref.sha256[:12]}... "
-                f"(its bytes changed since it was written)",
-            )
-    return offset
 
 
-def _header_problem(found: bytes, expect: _Expect) -> str:
-    """What is wrong with a header that is not the expected one (parsed only now)."""
-    try:
-        f = io.BytesIO(found + b"\n" * 64)
-        version = np.lib.format.read_magic(f)
-        if version != (1, 0):
-            raise ValueError(f"version {version[0]}.{version[1]}, not 1.0")
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-    except Exception as e:  # a damaged header fails in many ways (tokenize errors among them)
-        return f"its .npy header is damaged ({e})"
+# -- one file per segment (state format 3) ---------------------------------------------------
+
+
+def _layer_expect(segment: Segment) -> tuple[bytes, int, np.dtype[Any]]:
+    """A segment file's header, size and search keys' type."""
+    n, w = segment.rows, segment.width
+    keys = _key_dtype(segment)
+    size = SEG_HEADER_BYTES + n * 8 * (w + 1) + n * keys.itemsize
+    return _seg_header(n, w, keys.str), size, keys
+
+
+def _seg_problem(found: bytes) -> str:
+    """What is wrong with a segment file's header that is not the expected one."""
+    if len(found) < _SEG.size or not found.startswith(_SEG_MAGIC):
+        return "its header is damaged (not a wcoj segment file)"
+    _, version, width, rows, itemsize, kind = _SEG.unpack_from(found)
     return (
-        f"its header says shape {tuple(shape)} of {dtype}"
-        f"{' (Fortran order)' if fortran else ''}, the manifest shape {expect.shape} of "
-        f"{expect.dtype}{' (Fortran order)' if expect.fortran else ''}"
+        f"its header says {rows} rows of {width} columns (layout {version}, keys "
+        f"{kind.decode(errors='replace')}{itemsize}), which is not the manifest's segment"
     )
 
 
-def _map(path: Path, expect: _Expect, offset: int) -> np.ndarray:
-    """The file's array, mapped read-only (pages read on first touch)."""
+def _open_layer(segment: Segment, path: str, *, digest: bool | None) -> Layer:
+    """A segment of one file: checked, mapped once, its arrays views at their offsets."""
+    ref = segment.files[names.SEGMENT_LAYER]
+    header, size, keys = _layer_expect(segment)
+    mapped = _check(path, ref, header, size, _seg_problem, digest=digest, keep=True)
+    assert mapped is not None  # a segment of rows is never empty
+    n, w = segment.rows, segment.width
+    at = SEG_HEADER_BYTES
+    rows = np.frombuffer(mapped, dtype=I64, count=n * w, offset=at).reshape((w, n)).T
+    at += n * w * 8
+    diff = np.frombuffer(mapped, dtype=I64, count=n, offset=at)
+    at += n * 8
+    packed = np.frombuffer(mapped, dtype=keys, count=n, offset=at)
+    return Layer(rows, diff, segment.packing, packed, segment.unit)
+
+
+def is_layer_file(segment: Segment) -> bool:
+    """Whether a segment is one file (state format 3), not three ``.npy`` files."""
+    return names.SEGMENT_LAYER in segment.files
+
+
+# -- three .npy files per segment (state format 2: still read) ------------------------------
+
+
+def _npy_problem(expect: _Expect) -> Callable[[bytes], str]:
+    def problem(found: bytes) -> str:
+        """What is wrong with a header that is not the expected one (parsed only now)."""
+        try:
+            f = io.BytesIO(found + b"\n" * 64)
+            version = np.lib.format.read_magic(f)
+            if version != (1, 0):
+                raise ValueError(f"version {version[0]}.{version[1]}, not 1.0")
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        except Exception as e:  # a damaged header fails in many ways (tokenize errors too)
+            return f"its .npy header is damaged ({e})"
+        return (
+            f"its header says shape {tuple(shape)} of {dtype}"
+            f"{' (Fortran order)' if fortran else ''}, the manifest shape {expect.shape} of "
+            f"{expect.dtype}{' (Fortran order)' if expect.fortran else ''}"
+        )
+
+    return problem
+
+
+def _check_npy(
+    path: str | os.PathLike[str], ref: FileRef, expect: _Expect, *, digest: bool | None
+) -> mmap.mmap | None:
+    header = _header(expect)
+    size = len(header) + math.prod(expect.shape) * expect.dtype.itemsize
+    return _check(path, ref, header, size, _npy_problem(expect), digest=digest, keep=True)
+
+
+def _map_npy(mapped: mmap.mmap | None, expect: _Expect) -> np.ndarray:
+    """A legacy file's array, mapped read-only (pages read on first touch)."""
     count = math.prod(expect.shape)
-    if count == 0:
+    if count == 0 or mapped is None:
         return np.empty(expect.shape, dtype=expect.dtype)
-    with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    offset = len(_header(expect))
     flat = np.frombuffer(mapped, dtype=expect.dtype, count=count, offset=offset)
     if len(expect.shape) == 1:
         return flat
@@ -210,32 +299,28 @@ def _map(path: Path, expect: _Expect, offset: int) -> np.ndarray:
     return flat.reshape((width, rows)).T if expect.fortran else flat.reshape(expect.shape)
 
 
-def _layer(segment: Segment, arrays: Mapping[str, np.ndarray]) -> Layer:
-    """The layer of mapped arrays, given everything it would otherwise find by a pass over
-    them (packing, keys, unit flag)."""
-    return Layer(arrays["rows"], arrays["diff"], segment.packing, arrays["keys"], segment.unit)
-
-
-def _open_files(segment: Segment, paths: Mapping[str, Path], *, digest: bool | None) -> Layer:
+def _open_npy(segment: Segment, paths: Mapping[str, str], *, digest: bool | None) -> Layer:
     arrays: dict[str, np.ndarray] = {}
     for role, ref in segment.files.items():
         expect = _expect(segment, role)
-        offset = _check(paths[role], ref, expect, digest=digest)
-        arrays[role] = _map(paths[role], expect, offset)
-    return _layer(segment, arrays)
+        arrays[role] = _map_npy(_check_npy(paths[role], ref, expect, digest=digest), expect)
+    return Layer(arrays["rows"], arrays["diff"], segment.packing, arrays["keys"], segment.unit)
+
+
+# -- either layout ------------------------------------------------------------------------------
 
 
 def segment_paths(root: str | os.PathLike[str], segment: Segment) -> dict[str, Path]:
     """The local path of each file of a segment, by role."""
-    folder = local_path(os.fspath(root)) / segment.path
-    return {role: folder / ref.name for role, ref in segment.files.items()}
+    top = local_path(os.fspath(root))
+    return {role: top / segment.file_path(role) for role in segment.files}
 
 
 def segment_files(root: str | os.PathLike[str], segment: Segment) -> list[str]:
     """`segment_paths`' paths, as strings (what a warm open checks the stamps of, every
     segment every epoch: no `Path` made)."""
-    folder = os.path.join(_local_root(root), segment.path)
-    return [f"{folder}/{ref.name}" for ref in segment.files.values()]
+    top = _local_root(root)
+    return [f"{top}/{segment.file_path(role)}" for role in segment.files]
 
 
 def _local_root(root: str | os.PathLike[str]) -> str:
@@ -244,7 +329,7 @@ def _local_root(root: str | os.PathLike[str]) -> str:
 
 
 def open_segment(root: str | os.PathLike[str], segment: Segment, *, verify: bool = False) -> Layer:
-    """The layer of a segment of the local state `root`, its files memory-mapped.
+    """The layer of a segment of the local state `root`, its file(s) memory-mapped.
 
     Raises `DamagedFile` for a file that is missing, of another size, with a header that
     disagrees with the segment, or — checked when its stamp changed, or always with `verify` —
@@ -252,7 +337,11 @@ def open_segment(root: str | os.PathLike[str], segment: Segment, *, verify: bool
     """
     if segment.rows == 0:
         return Layer.empty(segment.width)
-    return _open_files(segment, segment_paths(root, segment), digest=True if verify else None)
+    digest = True if verify else None
+    paths = dict(zip(segment.files, segment_files(root, segment), strict=True))
+    if is_layer_file(segment):
+        return _open_layer(segment, paths[names.SEGMENT_LAYER], digest=digest)
+    return _open_npy(segment, paths, digest=digest)
 
 
 def check_segment(root: str | os.PathLike[str], segment: Segment) -> list[DamagedFile]:
@@ -260,7 +349,14 @@ def check_segment(root: str | os.PathLike[str], segment: Segment) -> list[Damage
     found: list[DamagedFile] = []
     for role, path in segment_paths(root, segment).items():
         try:
-            _check(path, segment.files[role], _expect(segment, role), digest=True)
+            if role == names.SEGMENT_LAYER:
+                header, size, _ = _layer_expect(segment)
+                _check(path, segment.files[role], header, size, _seg_problem, digest=True)
+            else:
+                expect = _expect(segment, role)
+                header = _header(expect)
+                size = len(header) + math.prod(expect.shape) * expect.dtype.itemsize
+                _check(path, segment.files[role], header, size, _npy_problem(expect), digest=True)
         except DamagedFile as e:
             found.append(e)
     return found

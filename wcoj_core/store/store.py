@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 
 from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
 from wcoj_core.store import names
-from wcoj_core.store.files import Files, Kind, LocalFiles, dangling, files_for
-from wcoj_core.store.manifest import FORMAT, FileRef, Manifest, referenced
+from wcoj_core.store.files import Files, Kind, LocalFiles, dangling, drop_early, files_for
+from wcoj_core.store.manifest import FORMAT, READABLE, FileRef, Manifest, referenced
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -141,7 +141,7 @@ class Store:
         found = raw.get("wcoj_state") if isinstance(raw, dict) else None
         if type(found) is not int:
             raise DamagedState(f'{source}: damaged state marker (no "wcoj_state" number)')
-        if found != FORMAT:
+        if found not in READABLE:
             which = "an earlier" if found < FORMAT else "a later"
             raise IncompatibleState(
                 f"{self.root}: this state was created by {which} wcoj (state format {found}) "
@@ -264,10 +264,10 @@ class Store:
         rel = self._manifest_rel(new.generation)
         held = expected.paths()
         try:
-            self.files.sync_many(sorted(new.paths() - held), durable=_folders_above(held))
             gens = self.generations()
+            # The new folders made durable with the manifest's own content, then it is linked.
             created = (not gens or gens[-1] < new.generation) and self.files.create_exclusive(
-                rel, text
+                rel, text, after=sorted(new.paths() - held), durable=_folders_above(held)
             )
         except OSError as e:
             raise StateError(f"state {self.root}: cannot commit ({e.strerror or e})") from e
@@ -337,7 +337,7 @@ class Store:
             out_manifests.append(rel)
         out_folders: list[str] = []
         for path in sorted(retired):  # paths wcoj made (checked when the manifest was read)
-            if self._real_dir(path) and self._remove_own(path):
+            if self._remove_made(path):
                 out_folders.append(path)
         if not orphans:
             return Pruned(tuple(out_manifests), tuple(out_folders))
@@ -351,9 +351,16 @@ class Store:
                     continue
                 for e in self.files.entries(folder):
                     path = f"{folder}/{e.name}"
-                    if e.kind is not Kind.DIR or not own(e.name) or path in live:
+                    if path in live or now - e.mtime <= ORPHAN_AGE:
                         continue
-                    if now - e.mtime > ORPHAN_AGE and self._remove_own(path):
+                    if e.kind is Kind.DIR and own(e.name) and self._remove_own(path):
+                        out_folders.append(path)
+                    elif (
+                        e.kind is Kind.FILE
+                        and area == names.ARRANGEMENTS
+                        and names.is_own_segment_file(e.name)
+                    ):  # a segment of one file
+                        self.files.delete(path)
                         out_folders.append(path)
         if self._real_dir(names.SCRATCH):
             for e in self.files.entries(names.SCRATCH):
@@ -386,6 +393,8 @@ class Store:
         and returned; when the current manifest cannot be read, nothing is deleted.
         """
         chosen = list(paths)
+        if isinstance(self.files, LocalFiles):
+            drop_early([f"{self.root}/{p}" for p in chosen])
         try:
             live = self.current().paths()
         except Exception:
@@ -397,11 +406,24 @@ class Store:
                 kept.append(p)
                 continue
             try:
-                if self._real_dir(p) and not self._remove_own(p):
+                made = self._real_dir(p) or self.files.kind(p) is Kind.FILE
+                if made and not self._remove_made(p):
                     kept.append(p)
             except Exception:
                 kept.append(p)
         return kept
+
+    def _remove_made(self, path: str) -> bool:
+        """Remove a batch or segment wcoj made: a folder of its files (`_remove_own`), or a
+        segment's one file; True when it is gone (never through a symbolic link)."""
+        if names.is_segment_path(path) and names.is_segment_file_path(path):
+            if not self._real_dir(path.rpartition("/")[0]):
+                return False
+            if self.files.kind(path) is Kind.FILE:
+                self.files.delete(path)
+                return True
+            return False
+        return self._real_dir(path) and self._remove_own(path)
 
     def _remove_own(self, path: str) -> bool:
         """Remove a folder wcoj made: the files it writes there (segment files, Parquet parts

@@ -177,8 +177,8 @@ def verify_state(
             found = [(_relative(e.path, str(local)), e.what) for e in check_segment(local, segment)]
         else:  # not on this machine: size and digest only
             found = []
-            for ref in segment.files.values():
-                rel = f"{path}/{ref.name}"
+            for role, ref in segment.files.items():
+                rel = segment.file_path(role)
                 what = store.files.verify(rel, ref)
                 if what is not None:
                     found.append((rel, what))

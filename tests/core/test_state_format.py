@@ -1,0 +1,210 @@
+"""A state written by state format 2 (each segment three ``.npy`` files) against the oracle.
+
+Format 3 writes each segment as one file (`wcoj_core.store.segments`); a state of format 2 still
+opens: its segments are read as they are until a merge writes their rows into a segment of one
+file, and its next commit writes a manifest of format 3 (which an older wcoj refuses on one
+line, as a later format). The state of format 2 here is a state written now and rewritten as
+format 2 wrote it: every segment's one file replaced by its three ``.npy`` files (the headers
+numpy writes, which format 2 wrote), every kept manifest's segment entries, format and digest
+edited to match, the marker set back to 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_engine_state import PATHS, TRIANGLES, Run, epoch_changes, specs
+
+from wcoj_core import indexes
+from wcoj_core.engine import Engine
+from wcoj_core.errors import IncompatibleState
+from wcoj_core.store import manifest as mf
+from wcoj_core.store import names
+from wcoj_core.store.files import file_ref
+from wcoj_core.store.manifest import Manifest, Segment, digest_of
+from wcoj_core.store.segments import open_segment
+from wcoj_core.store.store import Store
+from wcoj_core.store.verify import verify_state
+
+
+def as_format_2(root: Path) -> int:
+    """Rewrite the state at `root` as state format 2 wrote it; the segments rewritten."""
+    store = Store.open(root, create=False)
+    done: dict[str, tuple[str, dict[str, list]]] = {}
+    for g in store.generations():
+        for trace in store.generation(g).traces.values():
+            for s in trace.index.segments if trace.index is not None else ():
+                if s.path not in done:
+                    done[s.path] = _three_files(root, s)
+    for path in sorted((root / "manifests").glob("*.json")):
+        raw = json.loads(path.read_text())
+        raw["format"] = 2
+        for trace in raw["traces"].values():
+            for s in (trace["index"] or {}).get("segments", ()):
+                s["path"], s["files"] = done[s["path"]]
+        raw["digest"] = digest_of(raw)
+        os.chmod(path, 0o644)
+        path.write_text(json.dumps(raw, sort_keys=True, separators=(",", ":")) + "\n")
+    (root / names.MARKER).write_text('{"wcoj_state": 2}\n')
+    return len(done)
+
+
+def _three_files(root: Path, segment: Segment) -> tuple[str, dict[str, list]]:
+    """A segment of one file as a folder of three (the file removed); its path and files."""
+    path = segment.path.removesuffix(".seg")  # the folder format 2 named as the file is named
+    if not segment.rows:
+        return path, {}
+    layer = open_segment(root, segment, verify=True)
+    arrays = {
+        "rows": np.asfortranarray(np.asarray(layer.rows)),
+        "diff": np.array(layer.diff),
+        "keys": np.array(layer.search_keys()),
+    }
+    del layer
+    (root / segment.path).unlink()
+    folder = root / path
+    folder.mkdir()
+    out = {}
+    for role, array in arrays.items():
+        target = folder / f"{role}.npy"
+        with open(target, "wb") as f:
+            np.lib.format.write_array(f, array, version=(1, 0))
+        os.chmod(target, 0o444)
+        ref = file_ref(target)
+        out[role] = [ref.name, ref.size, ref.sha256, list(ref.stamp or ())]
+    return path, out
+
+
+def legacy_files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in (root / "arrangements").rglob("*.npy")}
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_state_of_format_2_opens_and_stays_exact(tmp_path: Path, warm: bool) -> None:
+    indexes.KEPT.clear()
+    root = tmp_path / "state"
+    run = Run(root, [TRIANGLES, PATHS])
+    for t in range(5):
+        run.step(t, epoch_changes(t, run.graph))
+    assert as_format_2(root) > 0
+    indexes.KEPT.clear()  # a process of the earlier wcoj wrote it
+    old = Store.open(root, create=False).current()
+    assert (
+        json.loads((root / "manifests" / names.manifest_name(old.generation)).read_text())["format"]
+        == 2
+    )
+    assert all(
+        sorted(s.files) == ["diff", "keys", "rows"]
+        for t in old.traces.values()
+        for s in (t.index.segments if t.index is not None else ())
+        if s.rows
+    )
+    legacy = legacy_files(root)
+    assert legacy
+    run.check_accumulated()  # read through the three-file segments
+    if warm:
+        run.keep = Engine(None, str(root), run.queries, relations=specs(run.queries))
+    for t in range(5, 20):
+        run.step(t, epoch_changes(t, run.graph))
+        run.check_accumulated()
+    store = Store.open(root, create=False)
+    now = store.current()
+    text = (root / "manifests" / names.manifest_name(now.generation)).read_text()
+    assert json.loads(text)["format"] == 3
+    assert json.loads((root / names.MARKER).read_text())["wcoj_state"] == 2  # never rewritten
+    # Every segment written since is one file; the merges retired the three-file ones, and
+    # pruning removed their files once no kept manifest named them.
+    kept = [
+        s
+        for g in store.generations()
+        for t in store.generation(g).traces.values()
+        for s in (t.index.segments if t.index is not None else ())
+        if s.rows
+    ]
+    named = {s.file_path(role) for s in kept for role in s.files}
+    assert legacy_files(root) <= named
+    assert any(names.SEGMENT_LAYER in s.files for s in kept)
+    assert verify_state(store).ok
+
+
+def test_an_older_wcoj_refuses_a_state_of_format_3_on_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What format 2's wcoj does with a manifest of format 3: it reads only its own format
+    (`READABLE` as it was), so the state is refused naming the later format."""
+    root = tmp_path / "state"
+    run = Run(root, [TRIANGLES])
+    run.step(0, epoch_changes(0, run.graph))
+    manifest = next((root / "manifests").glob("*.json"))
+    monkeypatch.setattr(mf, "READABLE", (2,))
+    monkeypatch.setattr(mf, "FORMAT", 2)
+    with pytest.raises(IncompatibleState) as e:
+        Manifest.from_json(manifest.read_text(), str(manifest))
+    assert str(e.value) == (
+        f"{manifest}: this state was created by a later wcoj (state format 3) and is not "
+        "readable by this one (format 2); use that wcoj"
+    )
+
+
+def test_every_new_file_is_durable_before_the_manifest_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches and segments start their fsyncs as soon as they are written (`sync_soon`), and
+    the manifest's content is fsynced with the rest: every new file and folder of an epoch
+    (and the folders above them) is still synced, each once, before the manifest is linked."""
+    from wcoj_core.store import files as files_module
+
+    monkeypatch.delenv("WCOJ_SYNCFS", raising=False)
+    root = tmp_path / "state"
+    run = Run(root, [TRIANGLES])
+    for t in range(3):
+        run.step(t, epoch_changes(t, run.graph))
+    before = Store.open(root, create=False).current()
+    events: list[tuple[str, Path]] = []
+    real_fsync, real_link = files_module._fsync_path, os.link
+
+    def fsync(path: str | Path) -> None:
+        if "manifests" not in Path(path).parts:
+            import time
+
+            time.sleep(0.02)  # slow syncs: the epoch goes on meanwhile
+        real_fsync(path)
+        events.append(("fsync", Path(path)))
+
+    def link(src: str | os.PathLike[str], dst: str | os.PathLike[str], **kw: object) -> None:
+        events.append(("link", Path(dst)))
+        real_link(src, dst, **kw)  # type: ignore[arg-type]
+
+    early: list[str] = []
+
+    def sync_soon(root: str, rel: str) -> None:
+        early.append(rel)
+        files_module.sync_soon(root, rel)
+
+    from wcoj_core import epoch as epoch_module
+
+    monkeypatch.setattr(files_module, "_fsync_path", fsync)
+    monkeypatch.setattr(files_module.os, "link", link)
+    monkeypatch.setattr(indexes, "sync_soon", sync_soon)
+    monkeypatch.setattr(epoch_module, "sync_soon", sync_soon)
+    run.step(3, epoch_changes(3, run.graph))
+    monkeypatch.undo()
+    after = Store.open(root, create=False).current()
+    new = sorted(after.paths() - before.paths())
+    assert any("/s-" in p for p in new) and any("/b-" in p for p in new)
+    assert sorted(early) == new  # every new folder's syncs started as it was written
+    (linked,) = [i for i, (what, _) in enumerate(events) if what == "link"]
+    assert events[linked][1].name == names.manifest_name(after.generation)
+    synced = [p for what, p in events[:linked] if what == "fsync"]
+    assert len(synced) == len(set(synced))  # each once
+    for rel in new:
+        top = root / rel
+        for p in (top, *top.rglob("*"), top.parent):
+            assert p in synced, f"{p} not durable before the manifest"
+    assert all((root / p).is_file() for p in new if "/s-" in p)  # a segment is one file
+    assert any(names.is_manifest_temp(p.name) for p in synced)  # its content, under its temp name
+    assert not files_module._EARLY  # every early sync was waited for
