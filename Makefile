@@ -53,12 +53,13 @@ ui-prod: postgres java
 	env $(DAGSTER_ENV) DAGSTER_HOME=$(abspath $(PG_DIR)/dagster) \
 		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-# Tests run on WORKERS processes (pytest-xdist), by default one more than the cores of the
-# machine we test on (2): the end-to-end tests spend much of their time waiting on servers,
-# sensor ticks and JVM start-ups, and a third worker fills that time. The end-to-end tests of one
+# Tests run on WORKERS processes (pytest-xdist), one per core of the machine we test on (2): the
+# suite keeps both cores busy (vmstat: 2% idle over a whole run), so a third worker only adds
+# contention (a run took 24 min 33 s with three; the previous stop's suite 21 min 31 s with two).
+# The end-to-end tests of one
 # folder run one after another on one of them, the longest groups first, in the order
 # tests/tiers.py gives (--no-loadscope-reorder keeps it). WORKERS=0 runs them all in this process.
-WORKERS ?= 3
+WORKERS ?= 2
 PYTEST  = $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 ## test: the whole suite, every tier (fast, spark, e2e, slow): what CI runs. The browser test's
