@@ -56,9 +56,9 @@ ui-prod: postgres java
 # Tests run on WORKERS processes (pytest-xdist), one per core of the machine we test on (2): the
 # suite keeps both cores busy (vmstat: 2% idle over a whole run), so a third worker only adds
 # contention (a run took 24 min 33 s with three; the previous stop's suite 21 min 31 s with two).
-# The end-to-end tests of one
-# folder run one after another on one of them, the longest groups first, in the order
-# tests/tiers.py gives (--no-loadscope-reorder keeps it). WORKERS=0 runs them all in this process.
+# The end-to-end tests of one folder run one after another on one of them, the longest groups
+# first, in the order tests/tiers.py gives (--no-loadscope-reorder keeps it). WORKERS=0 runs them
+# all in this process.
 WORKERS ?= 2
 PYTEST  = $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
