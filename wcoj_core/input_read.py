@@ -30,7 +30,8 @@ takes a fast path (text: the compiled kernel's `parse_text`, which takes exactly
 blank, comment and data lines and vouches for nothing else; CSV: pyarrow's CSV parser, after
 checking that the block's bytes leave nothing to interpret); a block the fast path does not
 vouch for is halved, and pieces of at most 64 KiB it still does not vouch for are read line by
-line by the exact rules, which also find the first bad line. A line longer than `MAX_LINE_BYTES` is refused rather than buffered.
+line by the exact rules, which also find the first bad line. A line longer than
+`MAX_LINE_BYTES` is refused rather than buffered.
 `check_locally` is the pre-flight check: the same reading over at most the first
 `LOCAL_CHECK_BYTES` decompressed bytes (a Parquet file's footers, and its values when small).
 """
