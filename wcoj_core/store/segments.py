@@ -2,9 +2,8 @@
 
 A segment (`wcoj_core.store.manifest.Segment`) is one sorted, consolidated `Layer` written once
 as one new uncompressed file, ``arrangements/<trace dir>/s-<hex16>.seg``, in no folder of its
-own: a 64-byte header (`_seg_header`:
-a magic, the rows, the width and the search keys' type), then the layer's arrays one after
-another, each at an offset the header fixes — the rows column by column (each column
+own: a 64-byte header (`_seg_header`: a magic, the rows, the width and the search keys' type),
+then the layer's arrays one after another, each at an offset the header fixes — the rows column by column (each column
 contiguous), the diffs (int64) and the search keys (packed ``uint64``, or order-preserving
 bytes: `Layer.search_keys`). `write_segment` hashes the bytes as it writes them, makes the file
 read-only and records its size, sha256 and stamp (inode, mtime, ctime).
@@ -88,7 +87,7 @@ def write_segment(
     diff = np.ascontiguousarray(layer.diff, dtype=I64)
     header = _seg_header(n, layer.width, keys.dtype.str)
     try:
-        write = lambda out: _write_layer(out, header, (columns, diff, keys))  # noqa: E731
+        write = functools.partial(_write_layer, header=header, arrays=(columns, diff, keys))
         try:
             ref = write_sealed(target, write)
         except FileNotFoundError:  # its trace's first segment: the trace's folder is new
