@@ -19,7 +19,6 @@ nothing) has its rules' bindings counted and their weights summed, nothing writt
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,19 +39,12 @@ from wcoj_core.kernel.join import (
     run_rule,
 )
 from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.layer import usable_cores
 from wcoj_core.spill import Spill
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
 
 # Threads a work may use, and the delta tuples a work needs before it is worth more than one
 # (a small epoch keeps its latency).
-WORKERS = max(1, min(4, _cores()))
+WORKERS = max(1, min(4, usable_cores()))
 THREAD_ROWS = 50_000
 # What a deployment reports as tasks end: (tasks done, tasks).
 Progress = Callable[[int, int], None]

@@ -135,18 +135,20 @@ def counts_delta(support: Layer, key: Sequence[int]) -> Layer:
     first = np.flatnonzero(starts)
     if support.unit:  # every diff 1: a key's count is the length of its run
         sums = np.diff(first, append=n).astype(I64, copy=False)
-        rows = np.empty((len(first), len(cols)), dtype=I64, order="F")
-        for j, c in enumerate(cols):
-            np.take(c, first, out=rows[:, j])
-        return Layer(rows, sums, unit=len(sums) == 0 or bool(sums.max() == 1))
+        return Layer(_rows_at(cols, first), sums, unit=len(sums) == 0 or bool(sums.max() == 1))
     sums = sums_at(np.asarray(support.diff, dtype=I64), first, row_namer(cols), SUMMING)
     if not sums.all():
         nonzero = sums != 0
         first, sums = first[nonzero], sums[nonzero]
-    rows = np.empty((len(first), len(cols)), dtype=I64, order="F")
+    return Layer(_rows_at(cols, first), sums)
+
+
+def _rows_at(cols: Sequence[np.ndarray], at: np.ndarray) -> np.ndarray:
+    """The rows at positions `at` of the columns `cols`, as one Fortran-order array."""
+    rows = np.empty((len(at), len(cols)), dtype=I64, order="F")
     for j, c in enumerate(cols):
-        np.take(c, first, out=rows[:, j])
-    return Layer(rows, sums)
+        np.take(c, at, out=rows[:, j])
+    return rows
 
 
 def output_changes(

@@ -53,13 +53,17 @@ DIRECTORY_SPAN = 2
 # A sort of at least this many rows runs on this many threads (each radix pass shared out:
 # what a bulk load's landing sort takes on the driver); a smaller one stays on one thread.
 SORT_THREAD_ROWS = 1 << 20
-SORT_THREADS = max(
-    1,
-    min(
-        4,
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
-    ),
-)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the platform tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+SORT_THREADS = max(1, min(4, usable_cores()))
 
 # What the compiled kernel is handed for a layer (see `Layer.spec`).
 Spec = tuple[tuple[np.ndarray, ...], np.ndarray, bool, np.ndarray | None, int]
