@@ -19,6 +19,9 @@ from tiers import pytest_collection_modifyitems  # noqa: F401 (the tiers' hook)
 from wcoj_core import spark as wspark
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# Every JVM the suite starts, here or in a process a test starts, reads tests/spark-conf (its
+# JIT stops at C1: the file says why), unless the developer points Spark at a folder of their own.
+os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).resolve().parent / "spark-conf"))
 
 settings.register_profile(
     "ci",
