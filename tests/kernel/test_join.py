@@ -102,21 +102,25 @@ def kernel_change(
         tally = RuleTally.of(rule)
         d = delta_layer(plan, rule, layers)
         for lo, hi in shares(weights(plan, rule, layers), parts) if len(d) else []:
+            written, counting = RuleTally.of(rule), RuleTally.of(rule)
             with threaded(threads[1]):
                 pace = Pace(chunk, budget, threads[0])
-                got = list(run_rule(plan, rule, layers, tally, (lo, hi), pace=pace))
-                # Counted, not written (`wcoj count`): the same bindings and weights.
+                got = list(run_rule(plan, rule, layers, written, (lo, hi), pace=pace))
+                # Counted, not written (`wcoj count`): the same bindings and weights, and the
+                # same work counted (a last step counted and extended in one pass included).
                 counted = count_rule(
                     plan,
                     rule,
                     layers,
-                    RuleTally.of(rule),
+                    counting,
                     (lo, hi),
                     pace=Pace(budget=budget, threads=threads[0]),
                 )
+            tally = tally.plus(written)
             made = [p.weight if k is None else p.weight[k] for p, k in got]
             assert counted.rows == sum(len(w) for w in made)
             assert counted.total == sum(int(w) for ws in made for w in ws.tolist())
+            assert counting == written
             if got:
                 found.append(bindings(plan, rule, got))
         tallies.append(tally)

@@ -859,6 +859,7 @@ typedef struct {
     int err_ext;
     i64 err_value;
     Py_ssize_t alive[MAXX];
+    Py_ssize_t live, least; /* extend counting for itself: prefixes kept, their least counts */
 } Stats;
 
 /* One pass of a loop over a range of its items, writing rows into `out`. */
@@ -889,6 +890,8 @@ static void stats_add(Stats *into, const Stats *st, int nalive) {
     into->counted += st->counted;
     into->total += st->total;
     into->flagged |= st->flagged;
+    into->live += st->live;
+    into->least += st->least;
     for (int j = 0; j < nalive; j++) into->alive[j] += st->alive[j];
 }
 
@@ -1344,6 +1347,25 @@ static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_
     return 0;
 }
 
+/* The extender with the fewest candidates for prefix row r (ties to the lowest), each counted
+ * by its range in its one layer, as `count_range` picks it (and counts the rows alive after
+ * each extender and the live rows' least counts in st); -1 when some extender has none. */
+static inline int pick_least(Ext *xs, const Prefix *P, int nx, Py_ssize_t r, Stats *st) {
+    i64 best = 0;
+    int who = -1, err = 0;
+    for (int j = 0; j < nx; j++) {
+        i64 c = ext_count(&xs[j], P, r, &err);
+        if (c <= 0) return -1;
+        st->alive[j]++;
+        if (who < 0 || c < best) { best = c; who = j; }
+    }
+    if (who >= 0) {
+        st->live++;
+        st->least += best;
+    }
+    return who;
+}
+
 static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1, Rows *out,
                          Stats *st) {
     ExtendCtx *ctx = vctx;
@@ -1367,8 +1389,19 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
     Cands cand = {0};
     Marks *mk = plain && ctx->mark_ext >= 0 ? (Marks *)((char *)scratch + ctx->marks_at) : NULL;
     for (Py_ssize_t i = i0; i < i1; i++) {
-        Py_ssize_t r = ctx->live[i];
-        int t = (int)ctx->tag[i];
+        Py_ssize_t r;
+        int t;
+        if (ctx->live) {
+            r = ctx->live[i];
+            t = (int)ctx->tag[i];
+        } else {
+            /* counting for itself (`py_extend` without live rows): every prefix is counted
+             * here as `count_range` counts it, each extender by its one layer's range (no sum
+             * to overflow), and the fewest proposes */
+            r = i;
+            t = pick_least(xs, ctx->P, ctx->nx, r, st);
+            if (t < 0) continue;
+        }
         Ext *x = &xs[t];
         /* the bounds: filters comparing the value with a prefix column or a constant */
         i64 low = INT64_MIN, high = INT64_MAX;
@@ -1399,7 +1432,7 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
         i64 w0 = ctx->weight[r];
         uint8_t f0 = ctx->flags ? ctx->flags[r] : 0;
         if (merged) {
-            Py_ssize_t next_r = i + 1 < i1 ? ctx->live[i + 1] : -1;
+            Py_ssize_t next_r = i + 1 < i1 ? (ctx->live ? ctx->live[i + 1] : i + 1) : -1;
             if (extend_merged(ctx, xs, t, r, i, low, high, w0, f0, plain, &cand, mk, next_r, out,
                               st, &written) < 0) {
                 cands_free(&cand);
@@ -1524,9 +1557,12 @@ static int choose_marks(ExtendCtx *ctx, Ext *xs, Py_ssize_t prefixes) {
  * completing extenders multiply their diff into the weight. Survivors are written in prefix
  * order: the prefix's columns and the value (out columns; or the value alone), the prefix's
  * position in `live` (owner), the weight and its overflow flag. Without out columns nothing
- * is written: the survivors are counted and their weights summed. Returns (survivors,
- * proposed, passed, flagged, err, err_row, err_ext, err_value, the weights' sum as high and
- * low 64 bits: 0 when writing). */
+ * is written: the survivors are counted and their weights summed. Live and tag None: the
+ * prefixes [start, stop) are counted and picked here first, as `count` would (every extender
+ * reading one layer: the last step of a count, in one pass). Returns (survivors, proposed,
+ * passed, flagged, err, err_row, err_ext, err_value, the weights' sum as high and low 64 bits:
+ * 0 when writing, and when counted here the prefixes kept, the sum of their least counts and
+ * the rows alive after each extender, summed; else zeros). */
 static PyObject *py_extend(PyObject *self, PyObject *args) {
     PyObject *cols_o, *weight_o, *flags_o, *live_o, *tag_o, *exts_o, *filters_o;
     PyObject *ocols_o, *oowner_o, *oweight_o, *oflags_o;
@@ -1551,8 +1587,18 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
     int ok = parse_exts(&h, exts_o, xs, &ctx.nx) == 0 && parse_prefix(&h, cols_o, m, &P) == 0;
     ok = ok && (ctx.weight = take(&h, weight_o, 8, 0, m, NULL, "weight"));
     if (ok && flags_o != Py_None) ok = (ctx.flags = take(&h, flags_o, 1, 0, m, NULL, "flags")) != NULL;
-    ok = ok && (ctx.live = take(&h, live_o, 8, 0, -1, &nlive, "live"));
-    ok = ok && (ctx.tag = take(&h, tag_o, 8, 0, nlive, NULL, "tag"));
+    if (live_o == Py_None) {
+        /* no live rows: every prefix is counted here (each extender by its one layer) */
+        nlive = m;
+        for (int j = 0; ok && j < ctx.nx; j++)
+            if (!xs[j].by_range || xs[j].nsource > 1) {
+                PyErr_SetString(PyExc_ValueError, "counting in extend needs one layer an extender");
+                ok = 0;
+            }
+    } else {
+        ok = ok && (ctx.live = take(&h, live_o, 8, 0, -1, &nlive, "live"));
+        ok = ok && (ctx.tag = take(&h, tag_o, 8, 0, nlive, NULL, "tag"));
+    }
     if (ok && (start < 0 || stop > nlive || start > stop)) {
         PyErr_SetString(PyExc_ValueError, "a piece outside the live rows");
         ok = 0;
@@ -1601,7 +1647,7 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
         }
         ok = ok && (out.flags = take(&h, oflags_o, 1, 1, cap, NULL, "out flags"));
     }
-    for (Py_ssize_t i = start; ok && i < stop; i++)
+    for (Py_ssize_t i = start; ok && ctx.live && i < stop; i++)
         if (ctx.live[i] < 0 || ctx.live[i] >= m || ctx.tag[i] < 0 || ctx.tag[i] >= ctx.nx) {
             PyErr_SetString(PyExc_ValueError, "a live row or tag out of range");
             ok = 0;
@@ -1633,9 +1679,11 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
     /* the weights' sum as two longs: high * 2**64 + low (low unsigned) */
     i64 hi = (i64)(st.total >> 64);
     u64 lo = (u64)st.total;
-    return Py_BuildValue("nnniininLK", n, st.proposed, st.passed, st.flagged, st.err, st.err_row,
-                         st.err_ext, (Py_ssize_t)st.err_value, (long long)hi,
-                         (unsigned long long)lo);
+    Py_ssize_t alive = 0;
+    for (int j = 0; j < ctx.nx; j++) alive += st.alive[j];
+    return Py_BuildValue("nnniininLKnnn", n, st.proposed, st.passed, st.flagged, st.err,
+                         st.err_row, st.err_ext, (Py_ssize_t)st.err_value, (long long)hi,
+                         (unsigned long long)lo, st.live, st.least, alive);
 }
 
 /* -- reading text edge lists -------------------------------------------------------------- */
