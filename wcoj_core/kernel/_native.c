@@ -1764,6 +1764,51 @@ static Py_ssize_t parse_lines(const unsigned char *p, Py_ssize_t n, int arity, i
     return rows;
 }
 
+/* `parse_lines` for a block whose last byte is a line end (every block but perhaps a file's
+ * last): every scan stops at that '\n' at the latest, so no scan checks the block's end, and a
+ * field of at most 18 digits cannot leave the range (longer ones are read again, checked). */
+static Py_ssize_t parse_lines_nl(const unsigned char *p, Py_ssize_t n, int arity, i64 *out,
+                                 Py_ssize_t cap) {
+    Py_ssize_t i = 0, rows = 0;
+    while (i < n) {
+        while (blank(p[i])) i++;
+        if (p[i] == '\n') { i++; continue; }           /* a blank line */
+        if (p[i] == '#') {                              /* a comment line: anything to its end */
+            const unsigned char *end = memchr(p + i, '\n', (size_t)(n - i));
+            i = (Py_ssize_t)(end - p) + 1;
+            continue;
+        }
+        if (rows == cap) return -1;
+        for (int j = 0; j < arity; j++) {
+            if (j) {
+                if (!blank(p[i])) return -1;            /* fields apart by blanks */
+                while (blank(p[i])) i++;
+            }
+            int negative = 0;
+            if (p[i] == '+' || p[i] == '-') negative = p[i++] == '-';
+            Py_ssize_t first = i;
+            u64 v = 0;
+            while ((unsigned)(p[i] - '0') < 10u) v = v * 10 + (u64)(p[i++] - '0');
+            if (i == first) return -1;
+            if (i - first > 18) {
+                v = 0;
+                for (Py_ssize_t q = first; q < i; q++) {
+                    u64 d = (u64)(p[q] - '0');
+                    if (v > (UINT64_MAX - d) / 10) return -1;
+                    v = v * 10 + d;
+                }
+                if (negative ? v > (u64)1 << 63 : v > (u64)INT64_MAX) return -1;
+            }
+            out[(Py_ssize_t)j * cap + rows] = negative ? (i64)(0 - v) : (i64)v;
+        }
+        while (blank(p[i])) i++;
+        if (p[i] != '\n') return -1;                    /* more fields, or not a number */
+        i++;
+        rows++;
+    }
+    return rows;
+}
+
 /* parse_text(bytes, arity, out, cap) -> rows, or -1
  * A block of whole lines of a text edge list read by the strict rules alone: blank lines and
  * lines whose first non-blank is '#' skipped, every other line exactly `arity` fields of
@@ -1790,7 +1835,9 @@ static PyObject *py_parse_text(PyObject *self, PyObject *args) {
     }
     Py_ssize_t rows;
     Py_BEGIN_ALLOW_THREADS
-    rows = parse_lines(b.buf, b.len, arity, out, cap);
+    const unsigned char *text = b.buf;
+    rows = b.len && text[b.len - 1] == '\n' ? parse_lines_nl(text, b.len, arity, out, cap)
+                                            : parse_lines(text, b.len, arity, out, cap);
     Py_END_ALLOW_THREADS
     release(&h);
     PyBuffer_Release(&b);
