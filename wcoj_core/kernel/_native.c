@@ -619,6 +619,10 @@ typedef struct {
     i64 kv[MAXW];
     Py_ssize_t lo[MAXL], hi[MAXL], cur[MAXL];
     int ready;
+    /* the last key's range in a one-layer extender narrowed to bounds (see `narrowed`) */
+    int nmemo;
+    i64 nkey[MAXW], nlow, nhigh;
+    Py_ssize_t nlo, nhi;
 } Ext;
 
 /* (source layers, counts layers or None, key column positions, completes) */
@@ -1258,6 +1262,35 @@ static Py_ssize_t marked_intersection(ExtendCtx *ctx, Ext *xs, int t, int j, Py_
     return count_marked(mk, other, nother, ctx->mark_low, ctx->mark_span);
 }
 
+/* The rows of x's one layer under its key (ext_ready's range [x->lo[0], x->hi[0])) whose value
+ * lies in [low, high], as [*plo, *phi). A key met again (a static count's prefixes come sorted
+ * by their first column, so the extender keyed by it meets each key many times in a row)
+ * starts from the last answer: the same low's start is reused, a higher bound gallops forward
+ * from the last place, a lower one searches within it. */
+static inline void narrowed(Ext *x, i64 low, i64 high, Py_ssize_t *plo, Py_ssize_t *phi) {
+    const i64 *c = x->source[0].cols[x->p];
+    Py_ssize_t a = x->lo[0], b = x->hi[0];
+    int again = x->nmemo;
+    for (int j = 0; again && j < x->p; j++) again = x->nkey[j] == x->kv[j];
+    Py_ssize_t lo, hi;
+    if (low == INT64_MIN) lo = a;
+    else if (!again || low < x->nlow) lo = bsearch_col(c, a, b, low, 0);
+    else if (low == x->nlow) lo = x->nlo;
+    else lo = gallop_col(c, x->nlo, b, low, 0);
+    if (high == INT64_MAX) hi = b;
+    else if (again && high >= x->nhigh && x->nhi >= lo) hi = gallop_col(c, x->nhi, b, high, 1);
+    else hi = bsearch_col(c, lo, b, high, 1);
+    if (hi < lo) hi = lo;
+    memcpy(x->nkey, x->kv, sizeof(i64) * (size_t)x->p);
+    x->nmemo = 1;
+    x->nlow = low;
+    x->nhigh = high;
+    x->nlo = lo;
+    x->nhi = hi;
+    *plo = lo;
+    *phi = hi;
+}
+
 /* One prefix's step by merging (see `extend_range`): the proposer x's range [cur, hi) (already
  * within the bounds [low, high]) intersected with each other extender's range within the same
  * bounds, in the extenders' order, as the galloping path validates them one after another
@@ -1281,9 +1314,8 @@ static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_
         ext_ready(y, P, r);
         const Layer *Y = &y->source[0];
         const i64 *yc = Y->cols[y->p];
-        Py_ssize_t lo = y->lo[0], hi = y->hi[0];
-        if (lo < hi && low != INT64_MIN) lo = bsearch_col(yc, lo, hi, low, 0);
-        if (lo < hi && high != INT64_MAX) hi = bsearch_col(yc, lo, hi, high, 1);
+        Py_ssize_t lo, hi;
+        narrowed(y, low, high, &lo, &hi);
         if (plain) {
             Py_ssize_t k = mk ? marked_intersection(ctx, xs, t, j, r, next_r, av, na, yc + lo,
                                                     hi - lo, mk)
@@ -1421,7 +1453,12 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
         for (int j = 0; j < nx; j++) xs[j].ready = 0;
         ext_ready(x, P, r);
         int nonempty = 0;
-        for (int l = 0; l < x->nsource; l++) {
+        if (x->nsource == 1) {
+            narrowed(x, low, high, &x->lo[0], &x->hi[0]);
+            x->cur[0] = x->lo[0];
+            nonempty = x->lo[0] < x->hi[0];
+        }
+        for (int l = 0; l < x->nsource && x->nsource > 1; l++) {
             const i64 *c = x->source[l].cols[x->p];
             if (x->lo[l] < x->hi[l] && low != INT64_MIN) x->lo[l] = bsearch_col(c, x->lo[l], x->hi[l], low, 0);
             if (x->lo[l] < x->hi[l] && high != INT64_MAX) x->hi[l] = bsearch_col(c, x->lo[l], x->hi[l], high, 1);
