@@ -372,7 +372,7 @@ class _Lines:
 def _read_ahead(read: Callable[[int], bytes], size: int) -> Iterator[Callable[[int], bytes]]:
     """A reader of what `read` reads, `size` bytes a call whatever it is asked for (`_Lines`
     asks for `size`): the next blocks are read on a thread while the caller parses this one (a
-    gzip stream is inflated beside the parsing: zlib and the compiled reader release the GIL).
+    gzip stream is inflated beside the parsing: ISA-L and the compiled reader release the GIL).
     An error of the read is raised where its block would have come; leaving the context stops
     the thread before the stream can be closed."""
     ahead: queue.Queue[tuple[bytes, BaseException | None]] = queue.Queue(maxsize=2)
