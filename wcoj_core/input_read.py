@@ -290,7 +290,8 @@ def _inflate_errors() -> tuple[type[BaseException], ...]:
     exception is matched against it)."""
     from isal import isal_zlib
 
-    return (zlib.error, isal_zlib.error)
+    isal_error: type[BaseException] = isal_zlib.error  # pyright: ignore[reportAssignmentType] (its stub says an instance)
+    return (zlib.error, isal_error)
 
 
 @contextmanager
