@@ -271,7 +271,7 @@ def _decompressed(local: str, source: str, what: str) -> Iterator[io.BufferedIOB
         if not local.lower().endswith(".gz"):
             yield raw
             return
-        with _gunzipped(raw) as unzipped, _unreadable(source, what):
+        with _unreadable(source, what), _gunzipped(raw) as unzipped:
             yield unzipped
 
 
@@ -279,9 +279,16 @@ def _gunzipped(raw: Any) -> io.BufferedIOBase:
     """A gzip stream inflated as it is read: by ISA-L (`isal.igzip`, gzip's reader over a faster
     inflate: web-NotreDame's 21.6 MB in about 16 ms against zlib's 44 ms here), the same format,
     members and errors as `gzip.GzipFile` (a damaged stream raises ISA-L's own error, taken by
-    `_unreadable` as zlib's). Imported when a compressed file is read (about 1 ms)."""
+    `_unreadable` as zlib's). Imported when a compressed file is read (about 1 ms). A stream
+    that does not start with gzip's magic is refused here, as `gzip.GzipFile` refuses it (ISA-L
+    reads a whole header first: a file shorter than one would be called truncated)."""
     from isal import igzip
 
+    at = raw.tell()
+    head = raw.read(2)
+    raw.seek(at)
+    if len(head) == 2 and head != b"\x1f\x8b":
+        raise gzip.BadGzipFile(f"Not a gzipped file ({head!r})")
     return igzip.GzipFile(fileobj=raw, mode="rb")
 
 
