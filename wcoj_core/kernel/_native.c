@@ -1122,17 +1122,7 @@ static inline Py_ssize_t intersect(const i64 *a, Py_ssize_t na, const i64 *b, Py
         }
         return n;
     }
-    if (nb * 16 < na) {
-        for (; j < nb && i < na; j++) {
-            i = gallop_col(a, i, na, b[j], 0);
-            if (i < na && a[i] == b[j]) {
-                if (!count_only) { ia[n] = i; ib[n] = j; }
-                n++;
-                i++;
-            }
-        }
-        return n;
-    }
+    if (nb * 16 < na) return intersect(b, nb, a, na, ib, ia, count_only);
     while (i < na && j < nb) {
         i64 x = a[i], y = b[j];
         if (x == y) {
