@@ -488,8 +488,11 @@ class EpochPass:
         """Refuse up front, in one line, an epoch whose output changes cannot fit the disk they
         are written to (estimated from a sample of each rule's delta: `estimate_rows`): written
         as Parquet, at least a byte per value; summed through sorted runs, eight per value and
-        the diff. A small epoch is not sampled."""
+        the diff. A small epoch is not sampled, nor one whose outputs are all only counted
+        (nothing is written: a static count's sample took a fifth of ca-HepPh's rules)."""
         if sum(len(d) for d in self.deltas.values()) < ESTIMATE_ROWS:
+            return
+        if all(job.output in counting for job in work.rules):
             return
         estimates = estimate_rows(work, layers, self.served.shares)
         free = self.scratch.free_bytes()

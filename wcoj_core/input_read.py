@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from enum import Enum
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -271,8 +271,34 @@ def _decompressed(local: str, source: str, what: str) -> Iterator[io.BufferedIOB
         if not local.lower().endswith(".gz"):
             yield raw
             return
-        with gzip.GzipFile(fileobj=raw, mode="rb") as unzipped, _unreadable(source, what):
+        with _unreadable(source, what), _gunzipped(raw) as unzipped:
             yield unzipped
+
+
+def _gunzipped(raw: Any) -> io.BufferedIOBase:
+    """A gzip stream inflated as it is read: by ISA-L (`isal.igzip`, gzip's reader over a faster
+    inflate: web-NotreDame's 21.6 MB in about 16 ms against zlib's 44 ms here), the same format,
+    members and errors as `gzip.GzipFile` (a damaged stream raises ISA-L's own error, taken by
+    `_unreadable` as zlib's). Imported when a compressed file is read (about 1 ms). A stream
+    that does not start with gzip's magic is refused here, as `gzip.GzipFile` refuses it (ISA-L
+    reads a whole header first: a file shorter than one would be called truncated)."""
+    from isal import igzip
+
+    at = raw.tell()
+    head = raw.read(2)
+    raw.seek(at)
+    if len(head) == 2 and head != b"\x1f\x8b":
+        raise gzip.BadGzipFile(f"Not a gzipped file ({head!r})")
+    return igzip.GzipFile(fileobj=raw, mode="rb")
+
+
+def _inflate_errors() -> tuple[type[BaseException], ...]:
+    """What inflating a damaged stream raises: zlib's error, or ISA-L's (imported only when an
+    exception is matched against it)."""
+    from isal import isal_zlib
+
+    isal_error: type[BaseException] = isal_zlib.error  # pyright: ignore[reportAssignmentType] (its stub says an instance)
+    return (zlib.error, isal_error)
 
 
 @contextmanager
@@ -287,7 +313,7 @@ def _unreadable(source: str, what: str) -> Iterator[None]:
             f"cannot be read as {what}: the compressed stream ends early (a truncated file)",
             source,
         ) from None
-    except zlib.error as exc:
+    except _inflate_errors() as exc:
         raise InputError(
             f"cannot be read as {what}: damaged compressed data ({exc})", source
         ) from None
@@ -354,7 +380,7 @@ class _Lines:
 def _read_ahead(read: Callable[[int], bytes], size: int) -> Iterator[Callable[[int], bytes]]:
     """A reader of what `read` reads, `size` bytes a call whatever it is asked for (`_Lines`
     asks for `size`): the next blocks are read on a thread while the caller parses this one (a
-    gzip stream is inflated beside the parsing: zlib and the compiled reader release the GIL).
+    gzip stream is inflated beside the parsing: ISA-L and the compiled reader release the GIL).
     An error of the read is raised where its block would have come; leaving the context stops
     the thread before the stream can be closed."""
     ahead: queue.Queue[tuple[bytes, BaseException | None]] = queue.Queue(maxsize=2)
@@ -1080,7 +1106,7 @@ def read_file_bytes(
         what = "text" if kind is Format.TEXT else "CSV"
         raw = pa.BufferReader(content)
         with _unreadable(source, what):
-            handle = gzip.GzipFile(fileobj=raw, mode="rb") if file.lower().endswith(".gz") else raw
+            handle = _gunzipped(raw) if file.lower().endswith(".gz") else raw
         blocks = _line_blocks(handle, kind, arity, source, with_time)  # type: ignore[arg-type]
     for roles, block in blocks:
         if len(block[0]):

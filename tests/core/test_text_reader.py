@@ -126,3 +126,14 @@ def test_a_damaged_gzip_file_read_ahead_is_refused(tmp_path: Path) -> None:
     # refused by the inflating (a damaged stream) or by the lines it made, whichever comes first
     with pytest.raises(InputError, match=r"e\.txt\.gz"):
         list(read_local_batches(str(path), 2, "edge"))
+
+
+@pytest.mark.parametrize("content", [b"1 2\n", b"1 2\n2 3\n3 1\n4 5\n"])
+def test_a_file_named_gz_that_is_not_gzip_is_refused_as_such(tmp_path: Path, content) -> None:
+    """Shorter than a gzip header or not: "not a gzip file" (as `gzip` says), not truncated."""
+    path = tmp_path / "e.txt.gz"
+    path.write_bytes(content)
+    with pytest.raises(InputError, match="not a gzip file"):
+        list(read_local_batches(str(path), 2, "edge"))
+    with pytest.raises(InputError, match="not a gzip file"):
+        read_local(str(path), 2, "edge")

@@ -619,6 +619,10 @@ typedef struct {
     i64 kv[MAXW];
     Py_ssize_t lo[MAXL], hi[MAXL], cur[MAXL];
     int ready;
+    /* the last key's range in a one-layer extender narrowed to bounds (see `narrowed`) */
+    int nmemo;
+    i64 nkey[MAXW], nlow, nhigh;
+    Py_ssize_t nlo, nhi;
 } Ext;
 
 /* (source layers, counts layers or None, key column positions, completes) */
@@ -859,6 +863,7 @@ typedef struct {
     int err_ext;
     i64 err_value;
     Py_ssize_t alive[MAXX];
+    Py_ssize_t live, least; /* extend counting for itself: prefixes kept, their least counts */
 } Stats;
 
 /* One pass of a loop over a range of its items, writing rows into `out`. */
@@ -889,6 +894,8 @@ static void stats_add(Stats *into, const Stats *st, int nalive) {
     into->counted += st->counted;
     into->total += st->total;
     into->flagged |= st->flagged;
+    into->live += st->live;
+    into->least += st->least;
     for (int j = 0; j < nalive; j++) into->alive[j] += st->alive[j];
 }
 
@@ -1098,6 +1105,72 @@ static inline i128 ext_find(Ext *x, i64 v) {
     return s;
 }
 
+/* The places of the values sorted runs a and b share (each run's values distinct), written to
+ * ia and ib unless `count_only`; returns how many. A side 16 times shorter than the other
+ * gallops through it, else the two are merged. */
+static inline Py_ssize_t intersect(const i64 *a, Py_ssize_t na, const i64 *b, Py_ssize_t nb,
+                                   Py_ssize_t *ia, Py_ssize_t *ib, int count_only) {
+    Py_ssize_t n = 0, i = 0, j = 0;
+    if (na * 16 < nb) {
+        for (; i < na && j < nb; i++) {
+            j = gallop_col(b, j, nb, a[i], 0);
+            if (j < nb && b[j] == a[i]) {
+                if (!count_only) { ia[n] = i; ib[n] = j; }
+                n++;
+                j++;
+            }
+        }
+        return n;
+    }
+    if (nb * 16 < na) return intersect(b, nb, a, na, ib, ia, count_only);
+    while (i < na && j < nb) {
+        i64 x = a[i], y = b[j];
+        if (x == y) {
+            if (!count_only) { ia[n] = i; ib[n] = j; }
+            n++;
+        }
+        i += x <= y;
+        j += y <= x;
+    }
+    return n;
+}
+
+/* A prefix's candidates while they are validated by merging: values, weights, flags, and the
+ * places an intersection matched (grown as needed; one set per thread's pass). */
+typedef struct {
+    i64 *v, *w;
+    uint8_t *f;
+    Py_ssize_t *ia, *ib;
+    Py_ssize_t cap;
+} Cands;
+
+static int cands_room(Cands *c, Py_ssize_t n) {
+    if (n <= c->cap) return 0;
+    Py_ssize_t cap = c->cap ? c->cap : 1024;
+    while (cap < n) cap *= 2;
+    i64 *v = realloc(c->v, sizeof(i64) * (size_t)cap);
+    if (v) c->v = v;
+    i64 *w = realloc(c->w, sizeof(i64) * (size_t)cap);
+    if (w) c->w = w;
+    uint8_t *f = realloc(c->f, (size_t)cap);
+    if (f) c->f = f;
+    Py_ssize_t *ia = realloc(c->ia, sizeof(Py_ssize_t) * (size_t)cap);
+    if (ia) c->ia = ia;
+    Py_ssize_t *ib = realloc(c->ib, sizeof(Py_ssize_t) * (size_t)cap);
+    if (ib) c->ib = ib;
+    if (!v || !w || !f || !ia || !ib) return -1;
+    c->cap = cap;
+    return 0;
+}
+
+static void cands_free(Cands *c) {
+    free(c->v);
+    free(c->w);
+    free(c->f);
+    free(c->ia);
+    free(c->ib);
+}
+
 typedef struct {
     const Prefix *P;
     const i64 *weight, *live, *tag;
@@ -1105,7 +1178,215 @@ typedef struct {
     int nx, nf, owner, spread; /* write the owner / the prefix's columns */
     int counting;              /* write nothing: count the survivors and sum their weights */
     Filt fs[MAXF];
+    /* marking (see `Marks`): the extender whose values are marked (-1: none), where its marks
+     * lie in a thread's scratch, and the values they cover */
+    int mark_ext;
+    size_t marks_at;
+    i64 mark_low;
+    u64 mark_span;
 } ExtendCtx;
+
+/* A thread's marks: the values of one key's range in the marked extender's layer, as bits over
+ * [ctx.mark_low, + ctx.mark_span) (the words follow the struct in the thread's scratch). A
+ * static count's prefixes come sorted by their first column, so the extender keyed by it sees
+ * the same key for many prefixes in a row: its range is marked once, and each prefix's other
+ * range is then intersected with it by testing bits (independent loads) instead of merging. */
+typedef struct {
+    int on;
+    i64 key;
+    Py_ssize_t lo, hi;
+} Marks;
+
+static inline u64 *mark_words(Marks *mk) { return (u64 *)(mk + 1); }
+
+static void mark_range(Marks *mk, const i64 *c, Py_ssize_t lo, Py_ssize_t hi, i64 low, int on) {
+    u64 *bits = mark_words(mk);
+    for (Py_ssize_t q = lo; q < hi; q++) {
+        u64 off = (u64)c[q] - (u64)low;
+        if (on) bits[off >> 6] |= (u64)1 << (off & 63);
+        else bits[off >> 6] &= ~((u64)1 << (off & 63));
+    }
+}
+
+/* How many of the values v[0..n) are marked. */
+static inline Py_ssize_t count_marked(const Marks *mk, const i64 *v, Py_ssize_t n, i64 low,
+                                      u64 span) {
+    const u64 *bits = mark_words((Marks *)mk);
+    Py_ssize_t k = 0;
+    for (Py_ssize_t q = 0; q < n; q++) {
+        u64 off = (u64)v[q] - (u64)low;
+        k += off < span ? (Py_ssize_t)((bits[off >> 6] >> (off & 63)) & 1) : 0;
+    }
+    return k;
+}
+
+/* The size of the intersection of the proposer's range a and the validator's range b (both
+ * within the prefix's bounds) by the marks, when the marked extender's key for row r is
+ * marked or worth marking (the next prefix has it too); -1 to merge instead. The side that is
+ * not marked is tested bit by bit unless it is much longer than the marked side's range
+ * within the bounds (then galloping through it is less work). */
+static Py_ssize_t marked_intersection(ExtendCtx *ctx, Ext *xs, int t, int j, Py_ssize_t r,
+                                      Py_ssize_t next_r, const i64 *a, Py_ssize_t na,
+                                      const i64 *b, Py_ssize_t nb, Marks *mk) {
+    int e = ctx->mark_ext;
+    const i64 *other = e == t ? b : a;
+    Py_ssize_t nother = e == t ? nb : na, nmarked = e == t ? na : nb;
+    if (nother > 16 * nmarked + 64) return -1;
+    const Prefix *P = ctx->P;
+    i64 key = P->cols[0][r];
+    if (!mk->on || mk->key != key) {
+        if (next_r < 0 || P->cols[0][next_r] != key) return -1;
+        Ext *x = &xs[e];
+        Layer *L = &x->source[0];
+        const i64 *c = L->cols[x->p];
+        if (mk->on) mark_range(mk, c, mk->lo, mk->hi, ctx->mark_low, 0);
+        Py_ssize_t lo, hi;
+        key_range(L, &key, 1, &lo, &hi);
+        mark_range(mk, c, lo, hi, ctx->mark_low, 1);
+        mk->on = 1;
+        mk->key = key;
+        mk->lo = lo;
+        mk->hi = hi;
+    }
+    (void)j;
+    return count_marked(mk, other, nother, ctx->mark_low, ctx->mark_span);
+}
+
+/* The rows of x's one layer under its key (ext_ready's range [x->lo[0], x->hi[0])) whose value
+ * lies in [low, high], as [*plo, *phi). A key met again (a static count's prefixes come sorted
+ * by their first column, so the extender keyed by it meets each key many times in a row)
+ * starts from the last answer: the same low's start is reused, a higher bound gallops forward
+ * from the last place, a lower one searches within it. */
+static inline void narrowed(Ext *x, i64 low, i64 high, Py_ssize_t *plo, Py_ssize_t *phi) {
+    const i64 *c = x->source[0].cols[x->p];
+    Py_ssize_t a = x->lo[0], b = x->hi[0];
+    int again = x->nmemo;
+    for (int j = 0; again && j < x->p; j++) again = x->nkey[j] == x->kv[j];
+    Py_ssize_t lo, hi;
+    if (low == INT64_MIN) lo = a;
+    else if (!again || low < x->nlow) lo = bsearch_col(c, a, b, low, 0);
+    else if (low == x->nlow) lo = x->nlo;
+    else lo = gallop_col(c, x->nlo, b, low, 0);
+    if (high == INT64_MAX) hi = b;
+    else if (again && high >= x->nhigh && x->nhi >= lo) hi = gallop_col(c, x->nhi, b, high, 1);
+    else hi = bsearch_col(c, lo, b, high, 1);
+    if (hi < lo) hi = lo;
+    memcpy(x->nkey, x->kv, sizeof(i64) * (size_t)x->p);
+    x->nmemo = 1;
+    x->nlow = low;
+    x->nhigh = high;
+    x->nlo = lo;
+    x->nhi = hi;
+    *plo = lo;
+    *phi = hi;
+}
+
+/* One prefix's step by merging (see `extend_range`): the proposer x's range [cur, hi) (already
+ * within the bounds [low, high]) intersected with each other extender's range within the same
+ * bounds, in the extenders' order, as the galloping path validates them one after another
+ * (the same candidates proposed, the same passes counted, the weights multiplied in the same
+ * order). Returns -1 on an error set in st. */
+static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_t i, i64 low,
+                         i64 high, i64 w0, uint8_t f0, int plain, Cands *c, Marks *mk,
+                         Py_ssize_t next_r, Rows *out, Stats *st, Py_ssize_t *written) {
+    const Prefix *P = ctx->P;
+    Ext *x = &xs[t];
+    const Layer *X = &x->source[0];
+    const i64 *av = X->cols[x->p] + x->cur[0];
+    const i64 *ad = X->diff + x->cur[0];
+    Py_ssize_t na = x->hi[0] - x->cur[0];
+    st->proposed += na;
+    int first = 1;
+    Py_ssize_t nc = na;
+    for (int j = 0; j < ctx->nx; j++) {
+        if (j == t) continue;
+        Ext *y = &xs[j];
+        ext_ready(y, P, r);
+        const Layer *Y = &y->source[0];
+        const i64 *yc = Y->cols[y->p];
+        Py_ssize_t lo, hi;
+        narrowed(y, low, high, &lo, &hi);
+        if (plain) {
+            Py_ssize_t k = mk ? marked_intersection(ctx, xs, t, j, r, next_r, av, na, yc + lo,
+                                                    hi - lo, mk)
+                              : -1;
+            if (k < 0) k = intersect(av, na, yc + lo, hi - lo, NULL, NULL, 1);
+            st->passed += k;
+            if (k) {
+                st->flagged |= f0;
+                *written += k;
+                st->total += (i128)w0 * k;
+            }
+            return 0;
+        }
+        if (cands_room(c, nc) < 0) { st->err = 3; st->err_row = r; return -1; }
+        const i64 *src = first ? av : c->v;
+        Py_ssize_t k = intersect(src, nc, yc + lo, hi - lo, c->ia, c->ib, 0);
+        st->passed += k;
+        const i64 *yd = Y->diff + lo;
+        for (Py_ssize_t q = 0; q < k; q++) {
+            Py_ssize_t a = c->ia[q];
+            i64 w;
+            uint8_t fl;
+            if (first) {
+                w = w0;
+                fl = f0;
+                if (x->completes && __builtin_mul_overflow(w, ad[a], &w)) fl = 1;
+            } else {
+                w = c->w[a];
+                fl = c->f[a];
+            }
+            if (y->completes && __builtin_mul_overflow(w, yd[c->ib[q]], &w)) fl = 1;
+            c->v[q] = src[a];
+            c->w[q] = w;
+            c->f[q] = fl;
+        }
+        nc = k;
+        first = 0;
+        if (!nc) return 0;
+    }
+    if (!ctx->counting) {
+        for (Py_ssize_t q = 0; q < nc; q++) {
+            int room = rows_room(out);
+            if (room < 0) { st->err = room == -1 ? 2 : 3; st->err_row = r; return -1; }
+            Py_ssize_t at = out->n++;
+            int col = 0;
+            if (ctx->spread)
+                for (; col < P->k; col++) out->cols[col][at] = P->cols[col][r];
+            out->cols[col++][at] = c->v[q];
+            out->cols[col++][at] = c->w[q];
+            if (ctx->owner) out->cols[col][at] = i;
+            out->flags[at] = c->f[q];
+            st->flagged |= c->f[q];
+        }
+        return 0;
+    }
+    for (Py_ssize_t q = 0; q < nc; q++) {
+        st->flagged |= c->f[q];
+        st->total += c->w[q];
+    }
+    *written += nc;
+    return 0;
+}
+
+/* The extender with the fewest candidates for prefix row r (ties to the lowest), each counted
+ * by its range in its one layer, as `count_range` picks it (and counts the rows alive after
+ * each extender and the live rows' least counts in st); -1 when some extender has none. */
+static inline int pick_least(Ext *xs, const Prefix *P, int nx, Py_ssize_t r, Stats *st) {
+    i64 best = 0;
+    int who = -1, err = 0;
+    for (int j = 0; j < nx; j++) {
+        i64 c = ext_count(&xs[j], P, r, &err);
+        if (c <= 0) return -1;
+        st->alive[j]++;
+        if (who < 0 || c < best) { best = c; who = j; }
+    }
+    if (who >= 0) {
+        st->live++;
+        st->least += best;
+    }
+    return who;
+}
 
 static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1, Rows *out,
                          Stats *st) {
@@ -1118,9 +1399,31 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
     Py_ssize_t written = 0;
     int leftover = 0; /* filters a candidate is checked against (not bounds of its range) */
     for (int f = 0; f < nf; f++) leftover |= fs[f].kind == ITSELF || fs[f].op == NE;
+    /* every extender one layer and no leftover filter: the proposer's range is intersected
+     * with each validator's by merging (`merged`); with unit multiplicities wherever they
+     * multiply, a count of two extenders is the size of the one intersection (`plain`) */
+    int merged = nx >= 2 && !leftover, units = 1;
+    for (int j = 0; j < nx; j++) {
+        merged &= xs[j].nsource == 1;
+        units &= !xs[j].completes || (xs[j].nsource == 1 && xs[j].source[0].unit);
+    }
+    const int plain = merged && units && nx == 2 && !writing;
+    Cands cand = {0};
+    Marks *mk = plain && ctx->mark_ext >= 0 ? (Marks *)((char *)scratch + ctx->marks_at) : NULL;
     for (Py_ssize_t i = i0; i < i1; i++) {
-        Py_ssize_t r = ctx->live[i];
-        int t = (int)ctx->tag[i];
+        Py_ssize_t r;
+        int t;
+        if (ctx->live) {
+            r = ctx->live[i];
+            t = (int)ctx->tag[i];
+        } else {
+            /* counting for itself (`py_extend` without live rows): every prefix is counted
+             * here as `count_range` counts it, each extender by its one layer's range (no sum
+             * to overflow), and the fewest proposes */
+            r = i;
+            t = pick_least(xs, ctx->P, ctx->nx, r, st);
+            if (t < 0) continue;
+        }
         Ext *x = &xs[t];
         /* the bounds: filters comparing the value with a prefix column or a constant */
         i64 low = INT64_MIN, high = INT64_MAX;
@@ -1140,7 +1443,12 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
         for (int j = 0; j < nx; j++) xs[j].ready = 0;
         ext_ready(x, P, r);
         int nonempty = 0;
-        for (int l = 0; l < x->nsource; l++) {
+        if (x->nsource == 1) {
+            narrowed(x, low, high, &x->lo[0], &x->hi[0]);
+            x->cur[0] = x->lo[0];
+            nonempty = x->lo[0] < x->hi[0];
+        }
+        for (int l = 0; l < x->nsource && x->nsource > 1; l++) {
             const i64 *c = x->source[l].cols[x->p];
             if (x->lo[l] < x->hi[l] && low != INT64_MIN) x->lo[l] = bsearch_col(c, x->lo[l], x->hi[l], low, 0);
             if (x->lo[l] < x->hi[l] && high != INT64_MAX) x->hi[l] = bsearch_col(c, x->lo[l], x->hi[l], high, 1);
@@ -1150,6 +1458,15 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
         if (!nonempty) continue;
         i64 w0 = ctx->weight[r];
         uint8_t f0 = ctx->flags ? ctx->flags[r] : 0;
+        if (merged) {
+            Py_ssize_t next_r = i + 1 < i1 ? (ctx->live ? ctx->live[i + 1] : i + 1) : -1;
+            if (extend_merged(ctx, xs, t, r, i, low, high, w0, f0, plain, &cand, mk, next_r, out,
+                              st, &written) < 0) {
+                cands_free(&cand);
+                return;
+            }
+            continue;
+        }
         /* one layer (a first load, a static count): its key's values are distinct, each with
          * a diff that is not 0, so they are read straight along its column */
         const int single = x->nsource == 1;
@@ -1222,7 +1539,40 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
             out->flags[at] = fl;
         }
     }
+    cands_free(&cand);
     st->counted += written;
+}
+
+/* Whether a count's step marks values (see `Marks`): two extenders of one layer each, unit
+ * multiplicities wherever they multiply, no leftover filter, one keyed by the prefix's first
+ * column alone, and enough prefixes to pay for marking (at least 1/16 of that layer's rows);
+ * the marks cover its values' span, if that is not far sparser than its rows. Sets
+ * ctx->mark_ext, mark_low and mark_span and returns 0; -1 when not. */
+static int choose_marks(ExtendCtx *ctx, Ext *xs, Py_ssize_t prefixes) {
+    if (ctx->nx != 2) return -1;
+    for (int f = 0; f < ctx->nf; f++)
+        if (ctx->fs[f].kind == ITSELF || ctx->fs[f].op == NE) return -1;
+    int e = -1;
+    for (int j = 0; j < 2; j++) {
+        Ext *x = &xs[j];
+        if (x->nsource != 1 || (x->completes && !x->source[0].unit)) return -1;
+        if (e < 0 && x->p == 1 && x->key[0] == 0) e = j;
+    }
+    if (e < 0) return -1;
+    const Layer *L = &xs[e].source[0];
+    if (L->n == 0 || prefixes * 16 < L->n) return -1;
+    const i64 *c = L->cols[xs[e].p];
+    i64 lo = c[0], hi = c[0];
+    for (Py_ssize_t q = 1; q < L->n; q++) {
+        lo = c[q] < lo ? c[q] : lo;
+        hi = c[q] > hi ? c[q] : hi;
+    }
+    u64 span = (u64)hi - (u64)lo + 1;
+    if (span == 0 || span > ((u64)1 << 32) || span > 64 * (u64)L->n + 4096) return -1;
+    ctx->mark_ext = e;
+    ctx->mark_low = lo;
+    ctx->mark_span = span;
+    return 0;
 }
 
 /* extend(prefix columns, m, weight, flags or None, live, tag, start, stop, extenders, filters,
@@ -1234,9 +1584,12 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
  * completing extenders multiply their diff into the weight. Survivors are written in prefix
  * order: the prefix's columns and the value (out columns; or the value alone), the prefix's
  * position in `live` (owner), the weight and its overflow flag. Without out columns nothing
- * is written: the survivors are counted and their weights summed. Returns (survivors,
- * proposed, passed, flagged, err, err_row, err_ext, err_value, the weights' sum as high and
- * low 64 bits: 0 when writing). */
+ * is written: the survivors are counted and their weights summed. Live and tag None: the
+ * prefixes [start, stop) are counted and picked here first, as `count` would (every extender
+ * reading one layer: the last step of a count, in one pass). Returns (survivors, proposed,
+ * passed, flagged, err, err_row, err_ext, err_value, the weights' sum as high and low 64 bits:
+ * 0 when writing, and when counted here the prefixes kept, the sum of their least counts and
+ * the rows alive after each extender, summed; else zeros). */
 static PyObject *py_extend(PyObject *self, PyObject *args) {
     PyObject *cols_o, *weight_o, *flags_o, *live_o, *tag_o, *exts_o, *filters_o;
     PyObject *ocols_o, *oowner_o, *oweight_o, *oflags_o;
@@ -1261,8 +1614,18 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
     int ok = parse_exts(&h, exts_o, xs, &ctx.nx) == 0 && parse_prefix(&h, cols_o, m, &P) == 0;
     ok = ok && (ctx.weight = take(&h, weight_o, 8, 0, m, NULL, "weight"));
     if (ok && flags_o != Py_None) ok = (ctx.flags = take(&h, flags_o, 1, 0, m, NULL, "flags")) != NULL;
-    ok = ok && (ctx.live = take(&h, live_o, 8, 0, -1, &nlive, "live"));
-    ok = ok && (ctx.tag = take(&h, tag_o, 8, 0, nlive, NULL, "tag"));
+    if (live_o == Py_None) {
+        /* no live rows: every prefix is counted here (each extender by its one layer) */
+        nlive = m;
+        for (int j = 0; ok && j < ctx.nx; j++)
+            if (!xs[j].by_range || xs[j].nsource > 1) {
+                PyErr_SetString(PyExc_ValueError, "counting in extend needs one layer an extender");
+                ok = 0;
+            }
+    } else {
+        ok = ok && (ctx.live = take(&h, live_o, 8, 0, -1, &nlive, "live"));
+        ok = ok && (ctx.tag = take(&h, tag_o, 8, 0, nlive, NULL, "tag"));
+    }
     if (ok && (start < 0 || stop > nlive || start > stop)) {
         PyErr_SetString(PyExc_ValueError, "a piece outside the live rows");
         ok = 0;
@@ -1311,12 +1674,24 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
         }
         ok = ok && (out.flags = take(&h, oflags_o, 1, 1, cap, NULL, "out flags"));
     }
-    for (Py_ssize_t i = start; ok && i < stop; i++)
+    for (Py_ssize_t i = start; ok && ctx.live && i < stop; i++)
         if (ctx.live[i] < 0 || ctx.live[i] >= m || ctx.tag[i] < 0 || ctx.tag[i] >= ctx.nx) {
             PyErr_SetString(PyExc_ValueError, "a live row or tag out of range");
             ok = 0;
         }
     if (!ok) { release(&h); free(xs); return NULL; }
+    ctx.mark_ext = -1;
+    if (!writing && !choose_marks(&ctx, xs, stop - start)) {
+        /* each thread's scratch: the extenders, then its marks */
+        size_t words = (size_t)(ctx.mark_span >> 6) + 1;
+        size_t grown = xs_size + sizeof(Marks) + sizeof(u64) * words;
+        Ext *more = realloc(xs, grown);
+        if (!more) { release(&h); free(xs); return PyErr_NoMemory(); }
+        xs = more;
+        memset((char *)xs + xs_size, 0, grown - xs_size);
+        ctx.marks_at = xs_size;
+        xs_size = grown;
+    }
     Stats st = {0};
     Py_ssize_t n;
     Py_BEGIN_ALLOW_THREADS
@@ -1331,9 +1706,11 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
     /* the weights' sum as two longs: high * 2**64 + low (low unsigned) */
     i64 hi = (i64)(st.total >> 64);
     u64 lo = (u64)st.total;
-    return Py_BuildValue("nnniininLK", n, st.proposed, st.passed, st.flagged, st.err, st.err_row,
-                         st.err_ext, (Py_ssize_t)st.err_value, (long long)hi,
-                         (unsigned long long)lo);
+    Py_ssize_t alive = 0;
+    for (int j = 0; j < ctx.nx; j++) alive += st.alive[j];
+    return Py_BuildValue("nnniininLKnnn", n, st.proposed, st.passed, st.flagged, st.err,
+                         st.err_row, st.err_ext, (Py_ssize_t)st.err_value, (long long)hi,
+                         (unsigned long long)lo, st.live, st.least, alive);
 }
 
 /* -- reading text edge lists -------------------------------------------------------------- */
@@ -1414,6 +1791,51 @@ static Py_ssize_t parse_lines(const unsigned char *p, Py_ssize_t n, int arity, i
     return rows;
 }
 
+/* `parse_lines` for a block whose last byte is a line end (every block but perhaps a file's
+ * last): every scan stops at that '\n' at the latest, so no scan checks the block's end, and a
+ * field of at most 18 digits cannot leave the range (longer ones are read again, checked). */
+static Py_ssize_t parse_lines_nl(const unsigned char *p, Py_ssize_t n, int arity, i64 *out,
+                                 Py_ssize_t cap) {
+    Py_ssize_t i = 0, rows = 0;
+    while (i < n) {
+        while (blank(p[i])) i++;
+        if (p[i] == '\n') { i++; continue; }           /* a blank line */
+        if (p[i] == '#') {                              /* a comment line: anything to its end */
+            const unsigned char *end = memchr(p + i, '\n', (size_t)(n - i));
+            i = (Py_ssize_t)(end - p) + 1;
+            continue;
+        }
+        if (rows == cap) return -1;
+        for (int j = 0; j < arity; j++) {
+            if (j) {
+                if (!blank(p[i])) return -1;            /* fields apart by blanks */
+                while (blank(p[i])) i++;
+            }
+            int negative = 0;
+            if (p[i] == '+' || p[i] == '-') negative = p[i++] == '-';
+            Py_ssize_t first = i;
+            u64 v = 0;
+            while ((unsigned)(p[i] - '0') < 10u) v = v * 10 + (u64)(p[i++] - '0');
+            if (i == first) return -1;
+            if (i - first > 18) {
+                v = 0;
+                for (Py_ssize_t q = first; q < i; q++) {
+                    u64 d = (u64)(p[q] - '0');
+                    if (v > (UINT64_MAX - d) / 10) return -1;
+                    v = v * 10 + d;
+                }
+                if (negative ? v > (u64)1 << 63 : v > (u64)INT64_MAX) return -1;
+            }
+            out[(Py_ssize_t)j * cap + rows] = negative ? (i64)(0 - v) : (i64)v;
+        }
+        while (blank(p[i])) i++;
+        if (p[i] != '\n') return -1;                    /* more fields, or not a number */
+        i++;
+        rows++;
+    }
+    return rows;
+}
+
 /* parse_text(bytes, arity, out, cap) -> rows, or -1
  * A block of whole lines of a text edge list read by the strict rules alone: blank lines and
  * lines whose first non-blank is '#' skipped, every other line exactly `arity` fields of
@@ -1440,7 +1862,9 @@ static PyObject *py_parse_text(PyObject *self, PyObject *args) {
     }
     Py_ssize_t rows;
     Py_BEGIN_ALLOW_THREADS
-    rows = parse_lines(b.buf, b.len, arity, out, cap);
+    const unsigned char *text = b.buf;
+    rows = b.len && text[b.len - 1] == '\n' ? parse_lines_nl(text, b.len, arity, out, cap)
+                                            : parse_lines(text, b.len, arity, out, cap);
     Py_END_ALLOW_THREADS
     release(&h);
     PyBuffer_Release(&b);

@@ -59,6 +59,7 @@ from wcoj_core.kernel.step import (
     StepCounts,
     allocate,
     count,
+    count_and_extend,
     counts_source,
     extend,
     pieces,
@@ -290,12 +291,21 @@ def _descend(
         yield prefixes, None
         return
     step = rule.steps[k]
+    last = k + 1 == len(rule.steps)
+    if last and limits.counting:
+        # counted and extended in one pass where every extender reads one layer
+        mine = StepCounts(step.var.name)
+        got = count_and_extend(plan, step, prefixes, layers, mine, limits.threads)
+        if got is not None and not got.flagged:
+            tally.steps[k] = tally.steps[k].plus(mine)
+            tally.joins += got.joins
+            yield Counted(got.rows, got.total)
+            return
     live = count(plan, step, prefixes, layers, limits.threads)
     tally.joins += live.joins
     counts = tally.steps[k]
     counts.prefixes += len(live)
     counts.min_sum += int(live.least.sum())
-    last = k + 1 == len(rule.steps)
     whole = last and (limits.whole or limits.counting)
     cut = [(0, len(live))] if whole else pieces(live.least, limits.budget)
     for a, b in cut:

@@ -614,7 +614,7 @@ def native_outcome(
 ) -> Outcome:
     """What `native.extend` reported; a sum over layers leaving int64 raises
     `MultiplicityOverflow` naming the tuple (the extender's key columns, then the value)."""
-    n, proposed, passed, flagged, err, row, ext, value, high, low = outcome
+    n, proposed, passed, flagged, err, row, ext, value, high, low = outcome[:10]
     if err == 1:
         key = tuple(int(probes[k][row]) for k in keys[ext])
         raise MultiplicityOverflow(OVER_LAYERS, (*key, value))

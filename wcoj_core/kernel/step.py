@@ -321,6 +321,55 @@ def extend(
     return Extended(out, got.proposed + got.passed, got.rows, got.total, got.flagged)
 
 
+def count_and_extend(
+    plan: Plan,
+    step: Step,
+    prefixes: Prefixes,
+    layers: Layers,
+    counts: StepCounts,
+    threads: int = 1,
+) -> Extended | None:
+    """A count's last step in one pass, when every extender reads one layer (a first load,
+    a static count): each prefix counted and picked as `count` does it, then proposed and
+    validated as `extend` counting does, without the arrays of live rows, tags and least
+    counts; the step's counts as the two would add them (`joins`: the count's rows alive
+    after each extender, then the lookups). None when some extender reads several layers
+    (`count`, then `extend`)."""
+    names = list(prefixes.cols)
+    m = len(prefixes)
+    xs = [_native_extender(plan, x, names, layers, m) for x in step.extenders]
+    if any(x[1] is not None for x in xs):
+        return None
+    cols = contiguous(prefixes.cols.values())
+    outcome = native.extend(
+        cols,
+        m,
+        np.ascontiguousarray(prefixes.weight, dtype=I64),
+        prefixes.overflow,
+        None,
+        None,
+        0,
+        m,
+        xs,
+        native_filters(step, names),
+        None,
+        None,
+        None,
+        None,
+        0,
+        _threads(m, threads),
+        CHUNK_PREFIXES,
+    )
+    got = native_outcome(outcome, cols, [x[2] for x in xs])
+    live, least, alive = (int(v) for v in outcome[10:13])
+    counts.prefixes += live
+    counts.min_sum += least
+    counts.proposed += got.proposed
+    counts.validated += got.rows
+    made = allocate([*names, step.var], 0, ())
+    return Extended(made, alive + got.proposed + got.passed, got.rows, got.total, got.flagged)
+
+
 def allocate(vs: Sequence[Var], rows: int, lead: Sequence[Var]) -> Prefixes:
     """Empty columns for `rows` bindings of `vs`, those of `lead` as one column-major block.
 
