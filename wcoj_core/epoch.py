@@ -37,7 +37,7 @@ import numpy as np
 from wcoj_core import deploy, lineage
 from wcoj_core.budget import BudgetError, MemoryFigures, MemoryMeter, format_size
 from wcoj_core.deploy import Choice
-from wcoj_core.deploy.batches import BatchWriter
+from wcoj_core.deploy.batches import BatchWriter, encoded
 from wcoj_core.deploy.driver import estimate_rows, run_on_driver
 from wcoj_core.deploy.output import OutputChange
 from wcoj_core.deploy.work import RuleJob, Work
@@ -239,21 +239,37 @@ class EpochResult:
 
 @dataclass
 class _Timer:
+    """Wall and CPU seconds per phase. A phase may run inside another (the arrangements of the
+    relations' changes advanced while the rules phase runs, `EpochPass._derive`): its seconds
+    are its own, taken out of the enclosing phase's."""
+
     seconds: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
 
     stage: Any = None  # told each phase's name as it starts (the scratch folder's `stage`)
+    # The phases running, innermost last: each one's name and the seconds of phases inside it.
+    _open: list[tuple[str, list[float]]] = field(default_factory=list)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         start, cpu = clock.perf_counter(), clock.process_time()
+        inner = [0.0, 0.0]
+        self._open.append((name, inner))
         if self.stage is not None:
             self.stage.stage = name
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + clock.perf_counter() - start
-            self.cpu[name] = self.cpu.get(name, 0.0) + clock.process_time() - cpu
+            wall, used = clock.perf_counter() - start, clock.process_time() - cpu
+            self._open.pop()
+            self.seconds[name] = self.seconds.get(name, 0.0) + wall - inner[0]
+            self.cpu[name] = self.cpu.get(name, 0.0) + used - inner[1]
+            if self._open:
+                outer, held = self._open[-1]
+                held[0] += wall
+                held[1] += used
+                if self.stage is not None:
+                    self.stage.stage = outer
 
 
 class EpochPass:
@@ -451,9 +467,10 @@ class EpochPass:
             )
             streams = {name: self._stream(m, name) for name in distinct}
             self._room(work, layers, counted)
-            known = self._known()
-            self._start_batches(m, known)
-            self._start_indexes(m, known)
+            with self.timer.phase("write"):  # the writing of what is known, started early
+                known = self._known()
+                self._start_batches(m, known)
+                self._start_indexes(m, known)
             result = run_on_driver(
                 work,
                 layers,
@@ -869,22 +886,32 @@ class EpochPass:
         return out
 
     def _start_batches(self, m: Manifest, changes: Mapping[str, Layer]) -> None:
-        """Start writing small changes as their traces' batches at the epoch on the process's
-        file threads (`soon`): the files are made while the epoch goes on (the rules, the
-        arrangements), and `_stamped` takes each batch when the manifest is made. A dry pass
-        writes nothing; a state elsewhere than on this machine, or a large change, is written
-        when the manifest is made (`_batch`), as before."""
+        """Start writing small changes as their traces' batches at the epoch: each encoded
+        here, its folder and file made on the process's file threads (`soon`) while the epoch
+        goes on (the rules, the arrangements), and `_stamped` takes each batch when the
+        manifest is made. A dry pass writes nothing; a state elsewhere than on this machine,
+        or a large change, is written when the manifest is made (`_batch`), as before."""
         if self.dry or self.access.store.local_root is None:
             return
         for name, layer in changes.items():
             if name in self.soon or self._big(layer) or _bytes(layer) > SOON_BYTES:
                 continue
             columns = (m.trace(name) or Trace(name, _columns(self.served, name))).columns
+            file, data = encoded(
+                columns, np.asarray(layer.rows), np.asarray(layer.diff), self.epoch
+            )
             folder = new_batch_path(name, self.epoch, "k")
             self.written.append(folder)  # before it may exist: a failure removes it
-            started = soon(functools.partial(self._write_batch, folder, columns, layer))
+            put = functools.partial(self._put_batch, folder, file, data, len(layer))
+            started = soon(put)
             self.pending.append(started)
             self.soon[name] = started
+
+    def _put_batch(self, folder: str, name: str, data: Any, rows: int) -> Batch:
+        """A batch of one encoded file written into its new folder, its fsyncs started."""
+        files = self.access.files.write_encoded(folder, name, data)
+        sync_soon(self.access.store.root, folder)  # fsynced while the epoch goes on
+        return Batch(folder, self.epoch, rows, files)
 
     def _previous_chain(self) -> str:
         relations = [relation_trace_name(r) for r in self.served.specs]

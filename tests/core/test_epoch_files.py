@@ -51,17 +51,17 @@ def test_a_warm_epoch_writes_its_files_on_the_file_threads(
     for t in range(3):
         run.step(t, epoch_changes(t, run.graph))
     where: list[tuple[str, str]] = []
-    write_batch, write_file = BatchFiles.write, segments._write_file
+    write_batch, write_file = BatchFiles.write_encoded, segments._write_file
 
-    def batch(self: BatchFiles, rel: str, *args: Any, **kwargs: Any) -> Any:
+    def batch(self: BatchFiles, rel: str, *args: Any) -> Any:
         where.append(("batch", threading.current_thread().name))
-        return write_batch(self, rel, *args, **kwargs)
+        return write_batch(self, rel, *args)
 
     def segment(*args: Any) -> Any:
         where.append(("segment", threading.current_thread().name))
         return write_file(*args)
 
-    monkeypatch.setattr(BatchFiles, "write", batch)
+    monkeypatch.setattr(BatchFiles, "write_encoded", batch)
     monkeypatch.setattr(segments, "_write_file", segment)
     run.step(3, epoch_changes(3, run.graph))
     monkeypatch.undo()
@@ -114,15 +114,13 @@ def test_a_file_thread_failing_fails_the_epoch_and_leaves_nothing(
     changes = epoch_changes(2, run.graph)
     full = OSError(28, "No space left on device")
     calls: list[str] = []
-    write_batch, write_sealed = BatchFiles.write, segments.write_sealed
+    put, write_sealed = BatchFiles.put, segments.write_sealed
 
-    def batch(self: BatchFiles, rel: str, *args: Any, **kwargs: Any) -> Any:
-        calls.append(rel)
-        if "out" in rel.split("/")[1]:  # the output's batch, the others written
-            self._create_dir(self.full(rel))
-            self.remove(rel)
-            raise StateError(f"state {self.root}: cannot write a batch (No space left on device)")
-        return write_batch(self, rel, *args, **kwargs)
+    def batch(self: BatchFiles, path: str, data: Any) -> Any:
+        calls.append(path)
+        if "out" in path.split("/")[-3]:  # the output's batch fails, the others are written
+            raise full
+        return put(self, path, data)
 
     def sealed(target: str, write: Any, **kwargs: Any) -> Any:
         calls.append(target)
@@ -132,7 +130,7 @@ def test_a_file_thread_failing_fails_the_epoch_and_leaves_nothing(
 
     with monkeypatch.context() as patch:
         if which == "batch":
-            patch.setattr(BatchFiles, "write", batch)
+            patch.setattr(BatchFiles, "put", batch)
         else:
             patch.setattr(segments, "write_sealed", sealed)
         with pytest.raises(StateError, match="No space left on device"):
