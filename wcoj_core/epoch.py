@@ -727,6 +727,11 @@ class EpochPass:
         """The manifest after the epoch: a batch per changed trace at the epoch (replacing what
         it held), figures as of the epoch, every opened trace's index advanced to it."""
         served, access, t = self.served, self.access, self.epoch
+        # The files started before the rules are written by now (on a machine others load,
+        # their threads may not have run yet): the epoch's files exist in the order its work
+        # made them, the output's last, all before the commit begins.
+        for started in self.pending:
+            started.wait()
         staged: dict[str, _Out] = {}
         for rel, (_, eff) in self.effects.items():
             name = relation_trace_name(rel)

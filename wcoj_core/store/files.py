@@ -638,18 +638,28 @@ class _Syncers:
 
     def __init__(self, threads: int) -> None:
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # Files written (`soon`) one after another on a thread of their own: one writer
+        # contends for the GIL with the epoch, not eight.
+        self._writes: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         for i in range(threads):
-            threading.Thread(target=self._work, name=f"wcoj-sync-{i}", daemon=True).start()
+            threading.Thread(
+                target=self._work, args=(self._jobs,), name=f"wcoj-sync-{i}", daemon=True
+            ).start()
+        threading.Thread(
+            target=self._work, args=(self._writes,), name="wcoj-sync-files", daemon=True
+        ).start()
 
-    def _work(self) -> None:
+    @staticmethod
+    def _work(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
         while True:
-            job = self._jobs.get()
+            job = jobs.get()
             with contextlib.suppress(BaseException):  # each job hands on its own failure
                 job()
 
     def run(self, job: Callable[[], None]) -> None:
-        """Run `job` on one of the threads (it must not raise: it reports its own outcome)."""
-        self._jobs.put(job)
+        """Run `job` on the files' thread, after those given before it (it must not raise:
+        it reports its own outcome)."""
+        self._writes.put(job)
 
     def submit(self, paths: Sequence[str | Path]) -> _Pending:
         """Start fsyncing every one of `paths` on the threads; what to wait for."""
