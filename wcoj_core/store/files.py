@@ -16,6 +16,8 @@ the cheap check that a file is still the one written (`check_stamp`), the full o
 (`verify_ref`), files written sealed (`write_sealed`: hashed while written, read-only, in a
 folder nothing reads before the commit) and `sync_tree` for folders written by others (pyarrow,
 Spark) before the manifest naming them is committed. Every file created here honours the umask.
+The threads a process keeps for it start fsyncs early (`sync_soon`) and write an epoch's files
+while the epoch goes on (`soon`).
 """
 
 from __future__ import annotations
