@@ -25,7 +25,6 @@ disk they are written to is refused (`_room`).
 
 from __future__ import annotations
 
-import functools
 import time as clock
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -37,12 +36,12 @@ import numpy as np
 from wcoj_core import deploy, lineage
 from wcoj_core.budget import BudgetError, MemoryFigures, MemoryMeter, format_size
 from wcoj_core.deploy import Choice
-from wcoj_core.deploy.batches import BatchWriter, encoded
+from wcoj_core.deploy.batches import BatchWriter
 from wcoj_core.deploy.driver import estimate_rows, run_on_driver
 from wcoj_core.deploy.output import OutputChange
 from wcoj_core.deploy.work import RuleJob, Work
 from wcoj_core.errors import MultiplicityOverflow, StateError
-from wcoj_core.indexes import KEPT, Advancing, Opened, advance, identity, open_trace
+from wcoj_core.indexes import KEPT, Opened, advance, identity, open_trace
 from wcoj_core.input_land import Changes, Landed, land
 from wcoj_core.kernel.changes import counted_by, counts_delta, support_delta
 from wcoj_core.kernel.index import EpochLayers
@@ -60,8 +59,8 @@ from wcoj_core.meaning import (
 from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
 from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
-from wcoj_core.store.files import SOON_BYTES, Soon, soon, sync_soon
-from wcoj_core.store.manifest import Batch, Index, Manifest, Trace
+from wcoj_core.store.files import sync_soon
+from wcoj_core.store.manifest import Batch, Manifest, Trace
 from wcoj_core.store.names import new_batch_path
 from wcoj_core.traces import (
     counts_trace_name,
@@ -239,37 +238,21 @@ class EpochResult:
 
 @dataclass
 class _Timer:
-    """Wall and CPU seconds per phase. A phase may run inside another (the arrangements of the
-    relations' changes advanced while the rules phase runs, `EpochPass._derive`): its seconds
-    are its own, taken out of the enclosing phase's."""
-
     seconds: dict[str, float] = field(default_factory=dict)
     cpu: dict[str, float] = field(default_factory=dict)
 
     stage: Any = None  # told each phase's name as it starts (the scratch folder's `stage`)
-    # The phases running, innermost last: each one's name and the seconds of phases inside it.
-    _open: list[tuple[str, list[float]]] = field(default_factory=list)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         start, cpu = clock.perf_counter(), clock.process_time()
-        inner = [0.0, 0.0]
-        self._open.append((name, inner))
         if self.stage is not None:
             self.stage.stage = name
         try:
             yield
         finally:
-            wall, used = clock.perf_counter() - start, clock.process_time() - cpu
-            self._open.pop()
-            self.seconds[name] = self.seconds.get(name, 0.0) + wall - inner[0]
-            self.cpu[name] = self.cpu.get(name, 0.0) + used - inner[1]
-            if self._open:
-                outer, held = self._open[-1]
-                held[0] += wall
-                held[1] += used
-                if self.stage is not None:
-                    self.stage.stage = outer
+            self.seconds[name] = self.seconds.get(name, 0.0) + clock.perf_counter() - start
+            self.cpu[name] = self.cpu.get(name, 0.0) + clock.process_time() - cpu
 
 
 class EpochPass:
@@ -305,11 +288,6 @@ class EpochPass:
         self.deltas: dict[str, Layer] = {}
         self.effects: dict[str, tuple[Landed, Effect]] = {}
         self.pre: dict[str, Batch] = {}  # changes written before the rules ran (executors)
-        # Files being written on the file threads: batches by trace, indexes advanced, and every
-        # write started (waited for before a failing pass removes what it staged).
-        self.soon: dict[str, Soon[Batch]] = {}
-        self.advancing: dict[str, Advancing] = {}
-        self.pending: list[Soon[Any]] = []
         self.landed: dict[str, str] = {}  # each relation trace's landed digest
         self.chain = ""  # the epoch's chain (`wcoj_core.lineage`)
         # The memory budget's meter, and the scratch folder work beyond it spills into.
@@ -403,11 +381,6 @@ class EpochPass:
         return self._result(committed, choice, outputs, tallies, reports)
 
     def _discard(self) -> None:
-        for started in self.pending:
-            started.wait()  # before what it writes is removed
-        self.pending.clear()
-        self.soon.clear()
-        self.advancing.clear()
         self.access.store.discard(self.written)
 
     # -- land ---------------------------------------------------------------------------------
@@ -467,10 +440,6 @@ class EpochPass:
             )
             streams = {name: self._stream(m, name) for name in distinct}
             self._room(work, layers, counted)
-            with self.timer.phase("write"):  # the writing of what is known, started early
-                known = self._known()
-                self._start_batches(m, known)
-                self._start_indexes(m, known)
             result = run_on_driver(
                 work,
                 layers,
@@ -730,11 +699,6 @@ class EpochPass:
         """The manifest after the epoch: a batch per changed trace at the epoch (replacing what
         it held), figures as of the epoch, every opened trace's index advanced to it."""
         served, access, t = self.served, self.access, self.epoch
-        # The files started before the rules are written by now (on a machine others load,
-        # their threads may not have run yet): the epoch's files exist in the order its work
-        # made them, the output's last, all before the commit begins.
-        for started in self.pending:
-            started.wait()
         staged: dict[str, _Out] = {}
         for rel, (_, eff) in self.effects.items():
             name = relation_trace_name(rel)
@@ -755,30 +719,11 @@ class EpochPass:
                 figures = figures.plus(self._change(m, name, out), f"query {name[4:]!r}'s output")
             out.figures = figures
             staged[name] = out
-        self._start_batches(
-            m, {n: o.layer for n, o in staged.items() if o.batch is None and o.layer is not None}
-        )
         traces = dict(m.traces)
         reports: dict[str, TraceReport] = {}
         at_epoch = {n for n, tr in m.traces.items() if any(b.time == t for b in tr.batches)}
-        names = sorted(set(staged) | at_epoch | set(self.opened))
-        # Every index advanced first (its segments' files written on the file threads, as the
-        # batches are), then the batches taken: the main thread waits for files only at the end.
-        indexes: dict[str, Index | Advancing] = {}
-        for name in names:
+        for name in sorted(set(staged) | at_epoch | set(self.opened)):
             self._report(f"epoch {t}: writing {name}")
-            if name in self.advancing:  # advanced before the rules ran (`_start_indexes`)
-                indexes[name] = self.advancing[name]
-            elif name in self.opened and access.persist_index and not self.dry:
-                out = staged.get(name)
-                trace = traces.get(name) or Trace(name, _columns(served, name))
-                change = (
-                    self._arrays(m, name, out)
-                    if out is not None
-                    else Layer.empty(len(trace.columns))
-                )
-                indexes[name] = self._advanced(trace, change)
-        for name in names:
             trace = traces.get(name) or Trace(name, _columns(served, name))
             out = staged.get(name)
             kept = tuple(b for b in trace.batches if b.time != t)
@@ -787,9 +732,27 @@ class EpochPass:
                 batch = self._stamped(trace, out)
                 kept = tuple(sorted((*kept, batch), key=lambda b: b.time))
             trace = replace(trace, batches=kept)
-            if name in indexes:
-                found = indexes[name]
-                trace = replace(trace, index=found if isinstance(found, Index) else found.index())
+            if name in self.opened and access.persist_index and not self.dry:
+                opened = self.opened[name]
+                change = (
+                    self._arrays(m, name, out)
+                    if out is not None
+                    else Layer.empty(len(trace.columns))
+                )
+                if len(change) or len(opened.correction) or opened.rebuilt or trace.index is None:
+                    index = advance(
+                        access.store.root,
+                        opened,
+                        change,
+                        t,
+                        served.views[name],
+                        self.written,
+                        access.read_batch,
+                        spill=self.spill,
+                    )
+                else:
+                    index = replace(trace.index, time=t)
+                trace = replace(trace, index=index)
             traces[name] = trace
             figures = (
                 out.figures
@@ -797,55 +760,14 @@ class EpochPass:
                 else self._figures_before(m, name, upto=True)
             )
             reports[name] = TraceReport(name, batch, figures, _segments(trace))
-        assert not self.soon, f"batches written but not taken: {sorted(self.soon)}"
-        self.advancing.clear()
-        self.pending.clear()  # every write taken (or raised, and the pass fails)
         epoch = t if m.epoch is None else max(m.epoch, t)
         return replace(m, epoch=epoch, traces=traces, plan=served.record), reports
-
-    def _advanced(self, trace: Trace, change: Layer) -> Index | Advancing:
-        """An opened trace's index after the epoch changed it by `change`: advanced (its new
-        segments written on the file threads, for a state on this machine), or, when nothing
-        changed it, the same index as of the epoch."""
-        opened, index = self.opened[trace.name], trace.index
-        if index is not None and not (len(change) or len(opened.correction) or opened.rebuilt):
-            return replace(index, time=self.epoch)
-        access = self.access
-        self.advancing[trace.name] = advance(
-            access.store.root,
-            opened,
-            change,
-            self.epoch,
-            self.served.views[trace.name],
-            self.written,
-            access.read_batch,
-            spill=self.spill,
-            pending=self.pending if access.store.local_root is not None else None,
-            kept=KEPT,
-        )
-        return self.advancing[trace.name]
-
-    def _start_indexes(self, m: Manifest, changes: Mapping[str, Layer]) -> None:
-        """Advance the indexes of the traces whose changes are known before the rules run
-        (`_known`), their segments' files written on the file threads while the rules run
-        (`_advanced`); `_write` takes them."""
-        if self.dry or not self.access.persist_index:
-            return
-        for name, change in changes.items():
-            if name in self.opened and name not in self.advancing:
-                self._advanced(
-                    m.traces.get(name) or Trace(name, _columns(self.served, name)), change
-                )
 
     def _stamped(self, trace: Trace, out: _Out) -> Batch:
         """The trace's batch at the epoch (written now unless the executors or the derive step
         wrote it), with its figures and provenance."""
         batch = out.batch
-        started = self.soon.get(trace.name)
-        if started is not None:
-            batch = started.result()  # written on the file threads from this very change
-            del self.soon[trace.name]
-        elif batch is None:
+        if batch is None:
             assert out.layer is not None
             batch = self._batch(trace, out.layer)
         figures = out.figures if out.figures is not None else Figures()
@@ -855,23 +777,16 @@ class EpochPass:
     def _batch(self, trace: Trace, layer: Layer) -> Batch:
         """Write a layer as the trace's batch at the epoch (figures and provenance added when
         the manifest is made): a large one a chunk at a time."""
-        if self._big(layer):
+        if len(layer) * 8 * (layer.width + 2) > self.spill.run_bytes:
             out = self._writer(trace)
             for piece in chunks(layer, self.spill.chunk_rows(layer.width)):
                 out.write(np.asarray(piece.rows), np.asarray(piece.diff))
             return Batch(out.rel, self.epoch, out.rows, out.close())
         folder = new_batch_path(trace.name, self.epoch, "k")
         self.written.append(folder)
-        return self._write_batch(folder, trace.columns, layer)
-
-    def _big(self, layer: Layer) -> bool:
-        return len(layer) * 8 * (layer.width + 2) > self.spill.run_bytes
-
-    def _write_batch(self, folder: str, columns: Sequence[str], layer: Layer) -> Batch:
-        """A small layer written whole as the batch `folder` (new, named in `written`)."""
         files = self.access.files.write(
             folder,
-            columns,
+            trace.columns,
             np.asarray(layer.rows),
             np.asarray(layer.diff),
             self.epoch,
@@ -880,46 +795,6 @@ class EpochPass:
         if self.access.store.local_root is not None:
             sync_soon(self.access.store.root, folder)  # fsynced while the epoch goes on
         return Batch(folder, self.epoch, len(layer), files)
-
-    def _known(self) -> dict[str, Layer]:
-        """The changes whose batches are known before the rules run: each relation's (an
-        empty one too: every relation has a batch at every epoch it landed), what a set's
-        landed changes left unchanged, every counts change."""
-        out: dict[str, Layer] = {}
-        for rel, (_, eff) in self.effects.items():
-            out[relation_trace_name(rel)] = eff.change
-            if len(eff.ignored):
-                out[ignored_trace_name(rel)] = eff.ignored
-        out.update((n, layer) for n, layer in self.deltas.items() if n.startswith("counts/"))
-        return out
-
-    def _start_batches(self, m: Manifest, changes: Mapping[str, Layer]) -> None:
-        """Start writing small changes as their traces' batches at the epoch: each encoded
-        here, its folder and file made on the process's file threads (`soon`) while the epoch
-        goes on (the rules, the arrangements), and `_stamped` takes each batch when the
-        manifest is made. A dry pass writes nothing; a state elsewhere than on this machine,
-        or a large change, is written when the manifest is made (`_batch`), as before."""
-        if self.dry or self.access.store.local_root is None:
-            return
-        for name, layer in changes.items():
-            if name in self.soon or self._big(layer) or _bytes(layer) > SOON_BYTES:
-                continue
-            columns = (m.trace(name) or Trace(name, _columns(self.served, name))).columns
-            file, data = encoded(
-                columns, np.asarray(layer.rows), np.asarray(layer.diff), self.epoch
-            )
-            folder = new_batch_path(name, self.epoch, "k")
-            self.written.append(folder)  # before it may exist: a failure removes it
-            put = functools.partial(self._put_batch, folder, file, data, len(layer))
-            started = soon(put)
-            self.pending.append(started)
-            self.soon[name] = started
-
-    def _put_batch(self, folder: str, name: str, data: Any, rows: int) -> Batch:
-        """A batch of one encoded file written into its new folder, its fsyncs started."""
-        files = self.access.files.write_encoded(folder, name, data)
-        sync_soon(self.access.store.root, folder)  # fsynced while the epoch goes on
-        return Batch(folder, self.epoch, rows, files)
 
     def _previous_chain(self) -> str:
         relations = [relation_trace_name(r) for r in self.served.specs]
@@ -1085,10 +960,6 @@ class _Counting:
         if len(diff):
             self.total += exact_sum(diff)
             self.negative += int(np.count_nonzero(diff < 0))
-
-
-def _bytes(layer: Layer) -> int:
-    return len(layer) * 8 * (layer.width + 1)
 
 
 def _columns(served: Served, name: str) -> tuple[str, ...]:

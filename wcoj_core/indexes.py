@@ -29,13 +29,12 @@ binary search of millions of rows. A fresh process pays for neither.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -45,7 +44,7 @@ from wcoj_core.kernel.layer import Layer, arranged, merged
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView, Kind, Plan, Version
 from wcoj_core.store import segments
-from wcoj_core.store.files import SOON_BYTES, Soon, soon, stamp_of, sync_soon
+from wcoj_core.store.files import stamp_of, sync_soon
 from wcoj_core.store.manifest import Batch, Index, Level, Segment, Trace
 from wcoj_core.store.names import segment_name, trace_dir
 from wcoj_core.traces import counts_trace_name
@@ -232,19 +231,6 @@ class KeptSegments:
                 self._held.popitem(last=False)
         return layer
 
-    def hold(self, root: str, segment: Segment, layer: Layer) -> None:
-        """Keep a segment this process has just written, as `layer` (the very arrays written,
-        `segments.written_layer`), for the next epoch's `open`: the same checks of its file's
-        stamp (read when it was written) and size, no mapping made anew. Only a small layer
-        is held (its arrays are the process's memory, not a mapping's pages)."""
-        if not segment.files or not _small(layer):
-            return
-        stamps = tuple(ref.stamp for ref in segment.files.values())
-        with self._lock:
-            self._held[(os.fspath(root), segment.path)] = (segment, stamps, layer)
-            while len(self._held) > self.most:
-                self._held.popitem(last=False)
-
     def folded(self, segs: Sequence[Segment], layers: Sequence[Layer]) -> list[Layer]:
         """One view key's layers with its recent segments summed into one (a lookup then
         searches the base and one or two recent layers, not up to `MAX_RECENT` of them): made
@@ -289,20 +275,6 @@ class KeptSegments:
         with self._lock:
             self._held.clear()
             self._folds.clear()
-
-
-# The largest layer a process holds as its own arrays when it wrote its segment (`hold`).
-HOLD_BYTES = 1 << 18
-
-
-def _small(layer: Layer) -> bool:
-    mapped = isinstance(layer.rows, np.memmap) or isinstance(layer.diff, np.memmap)
-    return not mapped and _bytes(layer) <= HOLD_BYTES
-
-
-def _bytes(layer: Layer) -> int:
-    """A layer's bytes as its segment holds them (rows, diffs, search keys)."""
-    return len(layer) * 8 * (layer.width + 2)
 
 
 def _stamps(paths: Iterable[os.PathLike[str] | str]) -> tuple[object, ...]:
@@ -436,30 +408,16 @@ def advance(
     *,
     verify_merges: bool = True,
     spill: Spill | None = None,
-    pending: list[Soon[Any]] | None = None,
-    kept: KeptSegments | None = None,
-) -> Advancing:
+) -> Index:
     """The trace's index after epoch `time` changed it by `change`: it covers every batch up to
-    `time` (see the module). New segment files are added to `written` as soon as they may
-    exist (for the caller to discard on failure); with `pending`, a small one is written on the
-    process's file threads (`soon`) while the caller goes on, its handle added to `pending` as
-    soon as it is started (for the caller to wait for before it discards anything), and
-    `Advancing.index` waits for them. With `kept`, a small new segment is held there as the
-    layer written (`KeptSegments.hold`).
+    `time` (see the module). New segment folders are added to `written` as soon as they may
+    exist (for the caller to discard on failure).
 
     A merge reads segments whole and checks their digests: a damaged one is not merged but
     replaced, its view's base rebuilt from the batches (`Opened.rebuilt` says so). With
     `spill`, a large change is arranged a run at a time and segments are merged by a k-way
     merge of their mapped files (`wcoj_core.spill`): never two whole layers in memory."""
     folder = f"arrangements/{trace_dir(opened.name)}"
-
-    def write(layer: Layer, level: Level, key: ViewKey) -> Segment | Soon[Segment]:
-        made = _writer(root, folder, layer, level, key, written, kept)
-        if pending is None or _bytes(layer) > SOON_BYTES:
-            return made()
-        started = soon(made)
-        pending.append(started)
-        return started
 
     def arranged(layer: Layer, key: ViewKey) -> Layer:
         if spill is None:
@@ -471,16 +429,16 @@ def advance(
         return _sum(width, *layers) if spill is None else spill.merged(layers, width)
 
     delta = summed(len(opened.trace.columns), opened.correction, change)
-    out: list[Segment | Soon[Segment]] = []
+    out: list[Segment] = []
     for key in sorted(keys, key=repr):
         if opened.rebuilt or opened.index is None:
             # No index to build on: the whole trace after the epoch becomes the base (an empty
             # base too: the index then says the view is empty, rather than missing).
-            whole = summed(len(key[1]), *opened.at(key), arranged(change, key))
-            out.append(write(whole, Level.BASE, key))
+            base = summed(len(key[1]), *opened.at(key), arranged(change, key))
+            out.append(_write(root, folder, base, Level.BASE, key, written))
             continue
         segs = [s for s in opened.index.segments if _segment_key(s) == key]
-        base: list[Segment | Soon[Segment]] = [s for s in segs if s.level is Level.BASE]
+        base = [s for s in segs if s.level is Level.BASE]
         recent = [s for s in segs if s.level is not Level.BASE]
         fresh = arranged(delta, key) if len(delta) else None
         try:
@@ -489,41 +447,25 @@ def advance(
                     layers = [segments.open_segment(root, s, verify=verify_merges) for s in recent]
                     fresh = summed(len(key[1]), *layers, fresh)
                     recent = []
-                olds = [s for s in segs if s.level is Level.BASE]
-                base_rows = sum(s.rows for s in olds)
+                base_rows = sum(s.rows for s in base)
                 if len(fresh) > max(MERGE_MIN_ROWS, MERGE_SHARE * base_rows):
                     layers = [
-                        segments.open_segment(root, s, verify=verify_merges) for s in olds + recent
+                        segments.open_segment(root, s, verify=verify_merges) for s in base + recent
                     ]
                     merged_base = summed(len(key[1]), *layers, fresh)
-                    base = [write(merged_base, Level.BASE, key)]
+                    base = [_write(root, folder, merged_base, Level.BASE, key, written)]
                     recent, fresh = [], None
         except segments.DamagedFile as e:
             wanted = [b for b in opened.trace.batches if b.time < opened.before]
             whole = _signed(opened.trace, wanted, (), read_batch, opened)
             rebuilt = summed(len(key[1]), arranged(whole, key), arranged(change, key))
-            base = [write(rebuilt, Level.BASE, key)]
+            base = [_write(root, folder, rebuilt, Level.BASE, key, written)]
             recent, fresh = [], None
             opened.rebuilt, opened.damaged = str(e), True
-        out += [*base, *recent]
+        out += base + recent
         if fresh is not None and len(fresh):
-            out.append(write(fresh, Level.RECENT, key))
-    return Advancing(time, tuple(out))
-
-
-@dataclass(frozen=True)
-class Advancing:
-    """A trace's index after an epoch (`advance`), some of its new segments perhaps still being
-    written on the file threads: `index` waits for them (raising what a write raised)."""
-
-    time: int
-    segments: tuple[Segment | Soon[Segment], ...]
-
-    def index(self) -> Index:
-        return Index(
-            self.time,
-            tuple(s if isinstance(s, Segment) else s.result() for s in self.segments),
-        )
+            out.append(_write(root, folder, fresh, Level.RECENT, key, written))
+    return Index(time, tuple(out))
 
 
 def _sum(width: int, *layers: Layer) -> Layer:
@@ -542,41 +484,12 @@ def _sum(width: int, *layers: Layer) -> Layer:
 def _write(
     root: str, folder: str, layer: Layer, level: Level, key: ViewKey, written: list[str]
 ) -> Segment:
-    return _writer(root, folder, layer, level, key, written)()
-
-
-def _writer(
-    root: str,
-    folder: str,
-    layer: Layer,
-    level: Level,
-    key: ViewKey,
-    written: list[str],
-    kept: KeptSegments | None = None,
-) -> Callable[[], Segment]:
-    """A new segment of `layer` under `folder`: named in `written` now, its arrays made now,
-    its file written (and its fsync started) when the returned function is called; then held
-    by `kept` when given."""
     rel = f"{folder}/{segment_name()}"
     written.append(rel)
     pattern, order = key
-    make = segments.segment_writer(root, rel, layer, level=level, view=pattern, order=order)
-    held = segments.written_layer(layer) if kept is not None and _small(layer) else None
-    return functools.partial(_made, root, rel, make, kept, held)
-
-
-def _made(
-    root: str,
-    rel: str,
-    make: Callable[[], Segment],
-    kept: KeptSegments | None = None,
-    held: Layer | None = None,
-) -> Segment:
-    segment = make()
+    segment = segments.write_segment(root, rel, layer, level=level, view=pattern, order=order)
     if segment.files:
         sync_soon(root, rel)  # its fsync runs while the epoch goes on; the commit waits
-        if kept is not None and held is not None:
-            kept.hold(root, segment, held)
     return segment
 
 

@@ -242,22 +242,21 @@ def test_a_failed_write_applies_nothing(tmp_path: Path, monkeypatch: pytest.Monk
     before = engine.store.current()
     on_disk = folders(state)
     writes: list[str] = []
-    real = BatchFiles.put
+    real = BatchFiles.write
 
-    def failing(self: BatchFiles, path: str, data: Any) -> Any:
-        writes.append(path)
+    def failing(self: BatchFiles, rel: str, *args: Any, **kwargs: Any) -> Any:
+        writes.append(rel)
         if len(writes) == 3:
-            raise OSError(28, "No space left on device")
-        return real(self, path, data)
+            raise StateError(f"state {self.root}: cannot write a batch (No space left on device)")
+        return real(self, rel, *args, **kwargs)
 
-    # Every batch file is written by `put` (on the file threads, for a small epoch's).
-    monkeypatch.setattr(BatchFiles, "put", failing)
+    monkeypatch.setattr(BatchFiles, "write", failing)
     with pytest.raises(StateError, match="No space left"):
         engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
-    assert len(writes) >= 3
+    assert len(writes) == 3
     assert engine.store.current() == before
     assert folders(state) == on_disk == kept_paths(engine.store), "the staged folders were removed"
-    monkeypatch.setattr(BatchFiles, "put", real)
+    monkeypatch.setattr(BatchFiles, "write", real)
     engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
     graph = Counter(epochs[0])
     graph.update(epochs[1])

@@ -141,11 +141,18 @@ class BatchFiles:
         files = max(1, min(WRITE_FILES, n // WRITE_FILE_ROWS)) if threads else 1
         cuts = [n * i // files for i in range(files + 1)]
         folder = self.full(rel)
+        # Dictionaries for the time and the diffs only (a value or a few: a tiny page). The
+        # data columns hold ids with far too many distinct values for one: Arrow would build a
+        # dictionary until it overflows, then write them plain anyway, at twice the cost.
+        dictionary: Any = ["time", DIFF]
 
         def write_file(i: int) -> FileRef:
             lo, hi = cuts[i], cuts[i + 1]
-            name, data = encoded(columns, rows[lo:hi], diff[lo:hi], time, f"{part}-{i:03d}")
-            return self.put(f"{folder}/{name}", data)
+            table = changes_table(columns, rows[lo:hi], diff[lo:hi], time)
+            sink = pa.BufferOutputStream()
+            pq.write_table(table, sink, compression="snappy", use_dictionary=dictionary)
+            name = f"part-{part}-{i:03d}.snappy.parquet"
+            return self.put(f"{folder}/{name}", sink.getvalue())
 
         try:
             self._create_dir(folder)
@@ -160,20 +167,6 @@ class BatchFiles:
                 f"state {self.root}: cannot write a batch ({e.strerror or e}); nothing was applied"
             ) from e
         return tuple(written)
-
-    def write_encoded(self, rel: str, name: str, data: pa.Buffer) -> tuple[FileRef, ...]:
-        """A batch of one file encoded already (`encoded`) written into the new folder `rel`:
-        `write` less the encoding, which holds the GIL where writing files does not (so this
-        half runs on the file threads while the epoch goes on)."""
-        folder = self.full(rel)
-        try:
-            self._create_dir(folder)
-            return (self.put(f"{folder}/{name}", data),)
-        except OSError as e:
-            self.remove(rel)
-            raise StateError(
-                f"state {self.root}: cannot write a batch ({e.strerror or e}); nothing was applied"
-            ) from e
 
     def _create_dir(self, folder: str) -> None:
         """Make a batch's folder (and its trace's, when new): on a local disk one ``mkdir``
@@ -337,20 +330,6 @@ class BatchFiles:
         """The names of the files in a folder (relative), none when it is not there."""
         selector = pafs.FileSelector(self.full(rel), allow_not_found=True)
         return [info.base_name for info in self.fs.get_file_info(selector)]
-
-
-def encoded(
-    columns: Sequence[str], rows: np.ndarray, diff: np.ndarray, time: int, part: str = "0-000"
-) -> tuple[str, pa.Buffer]:
-    """Rows and diffs as one Parquet file of a batch: its name and bytes."""
-    table = changes_table(columns, rows, diff, time)
-    sink = pa.BufferOutputStream()
-    # Dictionaries for the time and the diffs only (a value or a few: a tiny page). The data
-    # columns hold ids with far too many distinct values for one: Arrow would build a
-    # dictionary until it overflows, then write them plain anyway, at twice the cost.
-    dictionary: Any = ["time", DIFF]
-    pq.write_table(table, sink, compression="snappy", use_dictionary=dictionary)
-    return f"part-{part}.snappy.parquet", sink.getvalue()
 
 
 def check_epoch(path: str, parquet: pq.ParquetFile, time: int) -> None:

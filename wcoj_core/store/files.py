@@ -16,8 +16,6 @@ the cheap check that a file is still the one written (`check_stamp`), the full o
 (`verify_ref`), files written sealed (`write_sealed`: hashed while written, read-only, in a
 folder nothing reads before the commit) and `sync_tree` for folders written by others (pyarrow,
 Spark) before the manifest naming them is committed. Every file created here honours the umask.
-The threads a process keeps for it start fsyncs early (`sync_soon`) and write an epoch's files
-while the epoch goes on (`soon`).
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol
 
 from wcoj_core.store.manifest import FileRef, Stamp
 from wcoj_core.store.names import temp_name
@@ -46,8 +44,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 CHUNK = 1 << 20  # files are hashed 1 MiB at a time
-
-T = TypeVar("T")
 
 
 class Kind(Enum):
@@ -74,8 +70,6 @@ class Files(Protocol):
     def uri(self, rel: str) -> str: ...
 
     def entries(self, rel: str) -> list[Entry]: ...
-
-    def names(self, rel: str) -> list[str]: ...
 
     def kind(self, rel: str) -> Kind | None: ...
 
@@ -172,16 +166,6 @@ class LocalFiles:
                     continue
                 out.append(Entry(e.name, st.st_mtime, _kind_of(st.st_mode)))
         return out
-
-    def names(self, rel: str) -> list[str]:
-        """The names in a folder (none when it is not a folder, or is a link to one): `entries`
-        without a stat of each (the manifests' folder, listed by every epoch's commit)."""
-        if self.kind(rel) is not Kind.DIR:
-            return []
-        try:
-            return os.listdir(self.path / rel)
-        except (FileNotFoundError, NotADirectoryError):  # deleted meanwhile
-            return []
 
     def kind(self, rel: str) -> Kind | None:
         """What is at `rel` (not following a link), None when nothing is; the root itself
@@ -377,9 +361,6 @@ class HadoopFiles:
             Entry(s.getPath().getName(), s.getModificationTime() / 1000.0, self._kind(s))
             for s in self._fs.listStatus(folder)
         ]
-
-    def names(self, rel: str) -> list[str]:
-        return [e.name for e in self.entries(rel)]
 
     @staticmethod
     def _kind(status: Any) -> Kind:
@@ -632,103 +613,38 @@ def _libc() -> Any:
 
 
 class _Syncers:
-    """Daemon threads that fsync paths for `sync_many` and run the work handed to `soon`.
-    Daemons, not a thread pool: Python joins a pool's threads at exit, and a Ctrl-C that lands
-    while the pool's locks are held (inside ``submit``) leaves the process waiting on them at
-    exit forever. A daemon is never waited for; an interrupted caller leaves at most a few
-    fsyncs or writes running, which are harmless (what they write no manifest names)."""
+    """Daemon threads that fsync paths for `sync_many`. Daemons, not a thread pool: Python
+    joins a pool's threads at exit, and a Ctrl-C that lands while the pool's locks are held
+    (inside ``submit``) leaves the process waiting on them at exit forever. A daemon is never
+    waited for; an interrupted caller leaves at most a few fsyncs running, which are harmless."""
 
     def __init__(self, threads: int) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        # Files written (`soon`) one after another on a thread of their own: one writer
-        # contends for the GIL with the epoch, not eight.
-        self._writes: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[
+            tuple[str | Path, queue.SimpleQueue[BaseException | None]]
+        ] = queue.SimpleQueue()
         for i in range(threads):
-            threading.Thread(
-                target=self._work, args=(self._jobs,), name=f"wcoj-sync-{i}", daemon=True
-            ).start()
-        threading.Thread(
-            target=self._work, args=(self._writes,), name="wcoj-sync-files", daemon=True
-        ).start()
+            threading.Thread(target=self._work, name=f"wcoj-sync-{i}", daemon=True).start()
 
-    @staticmethod
-    def _work(jobs: queue.SimpleQueue[Callable[[], None]]) -> None:
+    def _work(self) -> None:
         while True:
-            job = jobs.get()
-            with contextlib.suppress(BaseException):  # each job hands on its own failure
-                job()
-
-    def run(self, job: Callable[[], None]) -> None:
-        """Run `job` on the files' thread, after those given before it (it must not raise:
-        it reports its own outcome)."""
-        self._writes.put(job)
+            path, done = self._jobs.get()
+            try:
+                _fsync_path(path)
+            except BaseException as exc:  # handed to the caller, which raises it
+                done.put(exc)
+            else:
+                done.put(None)
 
     def submit(self, paths: Sequence[str | Path]) -> _Pending:
         """Start fsyncing every one of `paths` on the threads; what to wait for."""
         done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
         for path in paths:
-            self._jobs.put(functools.partial(_fsync_into, path, done))
+            self._jobs.put((path, done))
         return _Pending(done, len(paths))
 
     def sync(self, paths: Sequence[str | Path]) -> None:
         """fsync every one of `paths` on the threads; raise the first failure after all ran."""
         self.submit(paths).wait()
-
-
-def _fsync_into(path: str | Path, done: queue.SimpleQueue[BaseException | None]) -> None:
-    try:
-        _fsync_path(path)  # looked up when called (a test watches the fsyncs)
-    except BaseException as exc:  # handed to the caller, which raises it
-        done.put(exc)
-    else:
-        done.put(None)
-
-
-class Soon(Generic[T]):
-    """Work running on the process's file threads (`soon`): `result` waits for it and gives
-    what it returned, or raises what it raised."""
-
-    __slots__ = ("_done", "_error", "_value")
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self._value: T | None = None
-        self._error: BaseException | None = None
-
-    def _run(self, work: Callable[[], T]) -> None:
-        try:
-            self._value = work()
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._done.set()
-
-    def result(self) -> T:
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value  # type: ignore[return-value]
-
-    def wait(self) -> None:
-        """Wait for the work to end, whatever it gave (a failing epoch, before it removes what
-        the work wrote)."""
-        self._done.wait()
-
-
-# The most bytes of arrays an epoch hands to the file threads at once per file (`soon`): a
-# file's arrays stay alive until it is written, beside whatever the epoch makes meanwhile, so
-# a large one is written by the caller as before (a small epoch's files are kilobytes).
-SOON_BYTES = 8 << 20
-
-
-def soon(work: Callable[[], T]) -> Soon[T]:
-    """Run `work` — writing a file an epoch made, which the main thread need not wait for
-    until its commit — on the process's file threads, while the caller goes on. Creating a
-    folder or a file costs 0.1 to 0.4 ms on the disks we use, and the file systems' calls release
-    the GIL: done here, they overlap the epoch's computing."""
-    handle: Soon[T] = Soon()
-    _syncers().run(functools.partial(handle._run, work))
-    return handle
 
 
 class _Pending:

@@ -30,7 +30,7 @@ import os
 import stat
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,58 +74,20 @@ def write_segment(
     `root`: one new file (`wcoj_core.store.names.new_segment_path`), created exclusively,
     which nothing reads before a manifest names it. An empty layer is written as no file at
     all."""
-    return segment_writer(root, rel, layer, level=level, view=view, order=order)()
-
-
-def segment_writer(
-    root: str | os.PathLike[str],
-    rel: str,
-    layer: Layer,
-    *,
-    level: Level,
-    view: Pattern | None,
-    order: tuple[int, ...],
-) -> Callable[[], Segment]:
-    """`write_segment` in two halves: the arrays and the header are made now, from the
-    layer (on the caller's thread: a layer's search keys are made once, on first use), and the
-    file is written when the returned function is called, on any thread (it touches nothing
-    but those arrays and the file)."""
     order = tuple(order)
     if len(order) != layer.width:
         raise ValueError(f"order {order} for a layer of width {layer.width}")
     n = len(layer)
     if n == 0:
-        empty = Segment(level, view, order, 0, None, True, rel, {})
-        return lambda: empty
+        return Segment(level, view, order, 0, None, True, rel, {})
     target = os.path.join(_local_root(root), rel)
     keys = np.ascontiguousarray(layer.search_keys())
     rows = np.asarray(layer.rows, dtype=I64)
     columns = np.ascontiguousarray(rows.T)  # (w, n): column after column
     diff = np.ascontiguousarray(layer.diff, dtype=I64)
     header = _seg_header(n, layer.width, keys.dtype.str)
-    write = functools.partial(_write_layer, header=header, arrays=(columns, diff, keys))
-    made = Segment(level, view, order, n, layer.packing, layer.unit, rel)
-    return functools.partial(_write_file, root, target, write, made)
-
-
-def written_layer(layer: Layer) -> Layer:
-    """The layer `open_segment` maps from the segment of `layer` that `segment_writer` writes:
-    the same arrays, laid out as the file lays them out (columns contiguous), and no mark a
-    maker put on `layer` (`Layer.symmetric`)."""
-    keys = np.ascontiguousarray(layer.search_keys())
-    rows = np.ascontiguousarray(np.asarray(layer.rows, dtype=I64).T).T
-    diff = np.ascontiguousarray(layer.diff, dtype=I64)
-    return Layer(rows, diff, layer.packing, keys, layer.unit)
-
-
-def _write_file(
-    root: str | os.PathLike[str],
-    target: str,
-    write: Callable[[HashingWriter], None],
-    made: Segment,
-) -> Segment:
-    """A segment's file written (`segment_writer`), and `made` with it."""
     try:
+        write = functools.partial(_write_layer, header=header, arrays=(columns, diff, keys))
         try:
             ref = write_sealed(target, write)
         except FileNotFoundError:  # its trace's first segment: the trace's folder is new
@@ -135,7 +97,9 @@ def _write_file(
         raise StateError(
             f"state {root}: cannot write arrangement files ({e.strerror or e}); nothing was applied"
         ) from e
-    return replace(made, files={names.SEGMENT_LAYER: ref})
+    return Segment(
+        level, view, order, n, layer.packing, layer.unit, rel, {names.SEGMENT_LAYER: ref}
+    )
 
 
 # The header of a segment file: a magic, the layout's version, the width, the rows, the search

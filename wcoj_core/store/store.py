@@ -71,8 +71,6 @@ class Store:
         self.files = files
         self.root = files.root
         self._parsed: dict[int, Manifest] = {}  # generations read (a file is never rewritten)
-        # The folders each parsed generation references, made once per manifest read.
-        self._paths: dict[int, tuple[Manifest, set[str]]] = {}
         self._swept: float | None = None  # when a commit's pruning last looked for orphans
 
     # -- opening -----------------------------------------------------------------------------
@@ -205,7 +203,7 @@ class Store:
     # -- manifests ---------------------------------------------------------------------------
     def generations(self) -> list[int]:
         """The committed generations kept, oldest first."""
-        found = (names.generation_of(name) for name in self.files.names(names.MANIFESTS))
+        found = (names.generation_of(e.name) for e in self.files.entries(names.MANIFESTS))
         return sorted(g for g in found if g is not None)
 
     def _manifest_rel(self, generation: int) -> str:
@@ -264,13 +262,12 @@ class Store:
         new = replace(manifest, generation=expected.generation + 1)
         text = new.to_json()
         rel = self._manifest_rel(new.generation)
-        held = self._paths_of(expected.generation, expected)
-        paths = new.paths()
+        held = expected.paths()
         try:
             gens = self.generations()
             # The new folders made durable with the manifest's own content, then it is linked.
             created = (not gens or gens[-1] < new.generation) and self.files.create_exclusive(
-                rel, text, after=sorted(paths - held), durable=_folders_above(held)
+                rel, text, after=sorted(new.paths() - held), durable=_folders_above(held)
             )
         except OSError as e:
             raise StateError(f"state {self.root}: cannot commit ({e.strerror or e})") from e
@@ -285,7 +282,6 @@ class Store:
                 f"writer while this one was working; nothing was applied, reload and retry"
             )
         self._parsed[new.generation] = new
-        self._paths[new.generation] = (new, paths)
         # The commit stands whatever pruning meets (the next commit prunes again): nothing may
         # raise now, or a caller would take its committed folders for staged ones.
         with contextlib.suppress(Exception):
@@ -307,20 +303,9 @@ class Store:
         read it already, else by the light read of `referenced`)."""
         parsed = self._parsed.get(generation)
         if parsed is not None:
-            return set(parsed.traces), self._paths_of(generation, parsed)
+            return set(parsed.traces), parsed.paths()
         rel = self._manifest_rel(generation)
         return referenced(self.files.read_text(rel), self.uri(rel))
-
-    def _paths_of(self, generation: int, manifest: Manifest) -> set[str]:
-        """`manifest.paths()` of a parsed generation, made once (every commit's pruning asks
-        for those of every kept generation)."""
-        found = self._paths.get(generation)
-        if found is None or found[0] is not manifest:
-            found = (manifest, manifest.paths())
-            self._paths[generation] = found
-            while len(self._paths) > 2 * KEEP_MANIFESTS:
-                self._paths.pop(min(self._paths))
-        return found[1]
 
     def prune(self, now: float | None = None, *, orphans: bool = True) -> Pruned:
         """Drop manifests beyond the last `KEEP_MANIFESTS` and what no kept one references
