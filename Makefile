@@ -54,8 +54,9 @@ ui-prod: postgres java
 		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # Tests run on WORKERS processes (pytest-xdist), one per core of the machine we test on (2): the
-# suite keeps both cores busy (vmstat: 2% idle over a whole run), so a third worker only adds
-# contention (a run took 24 min 33 s with three; the previous stop's suite 21 min 31 s with two).
+# suite kept both cores busy (vmstat: 2% idle over a whole run), so a third worker only added
+# contention (24 min 33 s with three, 22 min 08 s with two). Since its JVMs stop their JIT at the
+# first tier (tests/spark-conf), the suite takes 18 min 06 s with two.
 # The end-to-end tests of one folder run one after another on one of them, the longest groups
 # first, in the order tests/tiers.py gives (--no-loadscope-reorder keeps it). WORKERS=0 runs them
 # all in this process.
