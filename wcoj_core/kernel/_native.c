@@ -1225,7 +1225,7 @@ static inline Py_ssize_t count_marked(const Marks *mk, const i64 *v, Py_ssize_t 
  * marked or worth marking (the next prefix has it too); -1 to merge instead. The side that is
  * not marked is tested bit by bit unless it is much longer than the marked side's range
  * within the bounds (then galloping through it is less work). */
-static Py_ssize_t marked_intersection(ExtendCtx *ctx, Ext *xs, int t, int j, Py_ssize_t r,
+static Py_ssize_t marked_intersection(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r,
                                       Py_ssize_t next_r, const i64 *a, Py_ssize_t na,
                                       const i64 *b, Py_ssize_t nb, Marks *mk) {
     int e = ctx->mark_ext;
@@ -1248,7 +1248,6 @@ static Py_ssize_t marked_intersection(ExtendCtx *ctx, Ext *xs, int t, int j, Py_
         mk->lo = lo;
         mk->hi = hi;
     }
-    (void)j;
     return count_marked(mk, other, nother, ctx->mark_low, ctx->mark_span);
 }
 
@@ -1307,8 +1306,8 @@ static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_
         Py_ssize_t lo, hi;
         narrowed(y, low, high, &lo, &hi);
         if (plain) {
-            Py_ssize_t k = mk ? marked_intersection(ctx, xs, t, j, r, next_r, av, na, yc + lo,
-                                                    hi - lo, mk)
+            Py_ssize_t k = mk ? marked_intersection(ctx, xs, t, r, next_r, av, na, yc + lo, hi - lo,
+                                                    mk)
                               : -1;
             if (k < 0) k = intersect(av, na, yc + lo, hi - lo, NULL, NULL, 1);
             st->passed += k;
