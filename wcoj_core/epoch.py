@@ -41,7 +41,7 @@ from wcoj_core.deploy.driver import estimate_rows, run_on_driver
 from wcoj_core.deploy.output import OutputChange
 from wcoj_core.deploy.work import RuleJob, Work
 from wcoj_core.errors import MultiplicityOverflow, StateError
-from wcoj_core.indexes import KEPT, Opened, advance, identity, open_trace
+from wcoj_core.indexes import KEPT, Opened, Streamed, advance, identity, open_trace
 from wcoj_core.input_land import Changes, Landed, land
 from wcoj_core.kernel.changes import counted_by, counts_delta, support_delta
 from wcoj_core.kernel.index import EpochLayers
@@ -342,6 +342,7 @@ class EpochPass:
                         served.views[name],
                         access.read_batch,
                         kept=KEPT,
+                        streamed=Streamed(access.read_chunks, self.spill),
                     )
                 KEPT.keep_only(access.store.root, _segment_paths(m))
             with self.timer.phase("land"):
@@ -749,6 +750,7 @@ class EpochPass:
                         self.written,
                         access.read_batch,
                         spill=self.spill,
+                        read_chunks=access.read_chunks,
                     )
                 else:
                     index = replace(trace.index, time=t)

@@ -133,6 +133,16 @@ ReadBatch = Callable[[Trace, Batch], Layer]
 ReadChunks = Callable[[Trace, Batch], Iterable[tuple[np.ndarray, np.ndarray]]]
 
 
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """How a trace is rebuilt from its batches within a memory budget: each batch read a piece
+    at a time (`read_chunks`), the pieces summed through `spill`'s sorted runs and every view
+    arranged by it (mapped from the scratch folder when they spilled)."""
+
+    read_chunks: ReadChunks
+    spill: Spill
+
+
 @dataclass
 class Opened:
     """A trace as of just before an epoch, through any view key.
@@ -318,23 +328,26 @@ def open_trace(
     *,
     verify: bool = False,
     kept: KeptSegments | None = None,
+    streamed: Streamed | None = None,
 ) -> Opened:
     """The trace as of just before epoch `before`, through every view key in `keys` (see the
-    module). A damaged or missing index is rebuilt from the batches; a damaged batch raises.
+    module). A damaged or missing index is rebuilt from the batches — with `streamed`, a piece
+    at a time within its budget, else each batch read whole; a damaged batch raises.
     With `kept` (and not `verify`), segments mapped by an earlier epoch are reused."""
     wanted = [b for b in trace.batches if b.time < before]
     index = trace.index
     keys = set(keys)
+
+    def rebuild(reason: str) -> Opened:
+        return _rebuild(trace, before, wanted, keys, read_batch, reason, streamed)
+
     if index is None or not index.segments:
-        reason = "" if not wanted else "the trace has no index"
-        return _rebuild(trace, before, wanted, keys, read_batch, reason)
+        return rebuild("" if not wanted else "the trace has no index")
     covered = {b.path for b in trace.batches if b.time <= index.time}
     held = {k: [s for s in index.segments if _segment_key(s) == k] for k in keys}
     if any(not segs for segs in held.values()):
         missing = [k for k, segs in held.items() if not segs]
-        found = _rebuild(
-            trace, before, wanted, keys, read_batch, f"the index lacks the view(s) {missing}"
-        )
+        found = rebuild(f"the index lacks the view(s) {missing}")
         found.damaged = True
         return found
 
@@ -348,7 +361,7 @@ def open_trace(
         if kept is not None and not verify:
             mapped = {k: kept.folded(held[k], layers) for k, layers in mapped.items()}
     except segments.DamagedFile as e:
-        found = _rebuild(trace, before, wanted, keys, read_batch, str(e))
+        found = rebuild(str(e))
         found.damaged = True
         return found
     opened = Opened(trace, before, mapped, Layer.empty(len(trace.columns)), index)
@@ -390,11 +403,33 @@ def _rebuild(
     keys: set[ViewKey],
     read_batch: ReadBatch,
     reason: str,
+    streamed: Streamed | None = None,
 ) -> Opened:
     opened = Opened(trace, before, {}, Layer.empty(len(trace.columns)), None, rebuilt=reason)
-    whole = _signed(trace, wanted, (), read_batch, opened)
-    opened.segments = {k: [arrange(whole, k)] if len(whole) else [] for k in keys}
+    if streamed is None or not wanted:
+        whole = _signed(trace, wanted, (), read_batch, opened)
+        opened.segments = {k: [arrange(whole, k)] if len(whole) else [] for k in keys}
+        return opened
+    whole = _summed_batches(trace, wanted, streamed, f"rebuilding the arrangements of {trace.name}")
+    opened.read_bytes += sum(f.size for b in wanted for f in b.files)
+    opened.segments = {k: [_arranged(streamed.spill, whole, k)] if len(whole) else [] for k in keys}
     return opened
+
+
+def _summed_batches(trace: Trace, batches: Iterable[Batch], streamed: Streamed, what: str) -> Layer:
+    """`batches` of `trace` summed into one sorted, consolidated layer a piece at a time (mapped
+    from the scratch folder when it spilled): no batch is held whole."""
+    sorter = streamed.spill.sorter(len(trace.columns), what)
+    for b in batches:
+        for rows, diff in streamed.read_chunks(trace, b):
+            sorter.add(rows, diff)
+    return sorter.layer()
+
+
+def _arranged(spill: Spill, layer: Layer, key: ViewKey) -> Layer:
+    """`arrange` of a layer of any size, within `spill`'s budget."""
+    pattern, order = key
+    return spill.arranged(layer, None if pattern is None else AtomView("", pattern), order)
 
 
 def advance(
@@ -408,6 +443,7 @@ def advance(
     *,
     verify_merges: bool = True,
     spill: Spill | None = None,
+    read_chunks: ReadChunks | None = None,
 ) -> Index:
     """The trace's index after epoch `time` changed it by `change`: it covers every batch up to
     `time` (see the module). New segment folders are added to `written` as soon as they may
@@ -416,14 +452,12 @@ def advance(
     A merge reads segments whole and checks their digests: a damaged one is not merged but
     replaced, its view's base rebuilt from the batches (`Opened.rebuilt` says so). With
     `spill`, a large change is arranged a run at a time and segments are merged by a k-way
-    merge of their mapped files (`wcoj_core.spill`): never two whole layers in memory."""
+    merge of their mapped files (`wcoj_core.spill`): never two whole layers in memory; with
+    `read_chunks` too, a damaged base is rebuilt from the batches a piece at a time."""
     folder = f"arrangements/{trace_dir(opened.name)}"
 
     def arranged(layer: Layer, key: ViewKey) -> Layer:
-        if spill is None:
-            return arrange(layer, key)
-        pattern, order = key
-        return spill.arranged(layer, None if pattern is None else AtomView("", pattern), order)
+        return arrange(layer, key) if spill is None else _arranged(spill, layer, key)
 
     def summed(width: int, *layers: Layer) -> Layer:
         return _sum(width, *layers) if spill is None else spill.merged(layers, width)
@@ -457,7 +491,11 @@ def advance(
                     recent, fresh = [], None
         except segments.DamagedFile as e:
             wanted = [b for b in opened.trace.batches if b.time < opened.before]
-            whole = _signed(opened.trace, wanted, (), read_batch, opened)
+            if spill is not None and read_chunks is not None and wanted:
+                what = f"rebuilding the arrangements of {opened.name}"
+                whole = _summed_batches(opened.trace, wanted, Streamed(read_chunks, spill), what)
+            else:
+                whole = _signed(opened.trace, wanted, (), read_batch, opened)
             rebuilt = summed(len(key[1]), arranged(whole, key), arranged(change, key))
             base = [_write(root, folder, rebuilt, Level.BASE, key, written)]
             recent, fresh = [], None
@@ -507,16 +545,12 @@ def rebuilt_index(
     if index is None:
         return None
     keys = {_segment_key(s) for s in index.segments}
-    sorter = spill.sorter(len(trace.columns), f"rebuilding the arrangements of {trace.name}")
-    for b in trace.visible(index.time):
-        for rows, diff in read_chunks(trace, b):
-            sorter.add(rows, diff)
-    whole = sorter.layer()  # mapped from the scratch folder when it spilled
+    streamed = Streamed(read_chunks, spill)
+    what = f"rebuilding the arrangements of {trace.name}"
+    whole = _summed_batches(trace, trace.visible(index.time), streamed, what)
     folder = f"arrangements/{trace_dir(trace.name)}"
     out = []
     for key in sorted(keys, key=repr):
-        pattern, order = key
-        view = None if pattern is None else AtomView("", pattern)
-        layer = spill.arranged(whole, view, order) if len(whole) else Layer.empty(len(order))
+        layer = _arranged(spill, whole, key) if len(whole) else Layer.empty(len(key[1]))
         out.append(_write(root, folder, layer, Level.BASE, key, written))
     return Index(index.time, tuple(out))

@@ -14,7 +14,7 @@ never the engine: one epoch (`wcoj_core.epoch`), the executors' Spark job
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +34,7 @@ from wcoj_core.store.store import Store
 from wcoj_core.traces import output_trace_name, relation_columns, relation_trace_name
 
 if TYPE_CHECKING:
+    import numpy as np
     from pyspark.sql import SparkSession
 
 __all__ = ["Served", "StateAccess", "served_specs"]
@@ -332,3 +333,10 @@ class StateAccess:
         return self.files.read_verified(
             batch.path, trace.columns, batch.files, batch.rows, batch.time
         )
+
+    def read_chunks(
+        self, trace: mf.Trace, batch: mf.Batch
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """A stored batch a record batch at a time (rows and diffs), with the same checks as
+        `read_batch`: sizes, digests, the batch's rows and its epoch."""
+        return self.files.verified_pieces(batch, trace.columns)
