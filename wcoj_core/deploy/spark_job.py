@@ -262,10 +262,11 @@ def _footer_figures(files: BatchFiles, folder: str, refs: Sequence[FileRef]) -> 
 
 
 def _bytes(size: str | None) -> int | None:
-    """A Spark size setting (``1g``, ``512m``, ``2048k``, bytes) in bytes.
+    """A Spark memory setting (``1g``, ``512m``, ``2048k``, or a number of MiB: the unit
+    Spark reads ``spark.executor.pyspark.memory`` in) in bytes.
 
-    >>> _bytes("1g"), _bytes("512m"), _bytes(None)
-    (1073741824, 536870912, None)
+    >>> _bytes("1g"), _bytes("512m"), _bytes("2048"), _bytes(None)
+    (1073741824, 536870912, 2147483648, None)
     """
     if not size:
         return None
@@ -273,4 +274,4 @@ def _bytes(size: str | None) -> int | None:
     text = size.strip().lower().removesuffix("b")
     if text and text[-1] in units:
         return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
+    return int(float(text) * (1 << 20))
