@@ -62,6 +62,7 @@ from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
 from wcoj_core.store.files import sync_soon
 from wcoj_core.store.manifest import Batch, Manifest, Trace
 from wcoj_core.store.names import new_batch_path
+from wcoj_core.store.segments import restamped
 from wcoj_core.traces import (
     counts_trace_name,
     output_trace_name,
@@ -753,7 +754,8 @@ class EpochPass:
                         read_chunks=access.read_chunks,
                     )
                 else:
-                    index = replace(trace.index, time=t)
+                    held = tuple(restamped(access.store.root, s) for s in trace.index.segments)
+                    index = replace(trace.index, time=t, segments=held)
                 trace = replace(trace, index=index)
             traces[name] = trace
             figures = (

@@ -500,7 +500,7 @@ def advance(
             base = [_write(root, folder, rebuilt, Level.BASE, key, written)]
             recent, fresh = [], None
             opened.rebuilt, opened.damaged = str(e), True
-        out += base + recent
+        out += [segments.restamped(root, s) for s in base + recent]
         if fresh is not None and len(fresh):
             out.append(_write(root, folder, fresh, Level.RECENT, key, written))
     return Index(time, tuple(out))

@@ -4,19 +4,23 @@ One engine applies epoch after epoch: its segments stay mapped between epochs, g
 on their second use, and its recent segments are summed in memory. Every epoch's output change
 and the accumulated output must equal the oracle's; a segment file rewritten in place between
 two epochs (its stamp changes) is opened and checked again, found damaged, and rebuilt from the
-batches, the answers still exact.
+batches, the answers still exact. A copied state's segments are hashed by its first epoch only:
+that epoch's commit records their new stamps.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 from pathlib import Path
 
+import pytest
 from test_engine_state import PATHS, TRIANGLES, Run, epoch_changes, specs
 
 from wcoj_core import indexes
 from wcoj_core.engine import Engine
+from wcoj_core.store import segments
 
 
 def warm_run(root: Path) -> Run:
@@ -92,3 +96,55 @@ def test_kept_segments_hold_a_bounded_number_of_descriptors(tmp_path: Path) -> N
         kept.open(store.root, segment)
     assert len(kept._held) == 4
     assert _descriptors() - before <= 4  # one file per segment
+
+
+def test_a_copied_state_hashes_its_segments_once_then_records_their_new_stamps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy of a state has the same bytes under new inodes and times: its first epoch finds
+    every segment's stamp changed and reads each file whole to check its sha256; that epoch's
+    commit records the stamps it verified (`segments.restamped`), so the next fresh process
+    hashes nothing. A file whose bytes changed in the copy is still caught."""
+    indexes.KEPT.clear()
+    original = tmp_path / "state"
+    run = Run(original, [TRIANGLES, PATHS])
+    for t in range(4):
+        run.step(t, epoch_changes(t, run.graph))
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    hashed: list[str] = []
+    sha256_file = segments.sha256_file
+
+    def counted(path):  # type: ignore[no-untyped-def]
+        hashed.append(os.fspath(path))
+        return sha256_file(path)
+
+    monkeypatch.setattr(segments, "sha256_file", counted)
+    run.root = copy
+    for t in range(4, 7):
+        indexes.KEPT.clear()  # each epoch a fresh process: nothing mapped or verified before
+        segments._VERIFIED.clear()
+        hashed.clear()
+        run.step(t, epoch_changes(t, run.graph))
+        run.check_accumulated()
+        if t == 4:
+            assert hashed and all(str(copy) in p for p in hashed), hashed
+        else:
+            assert hashed == [], (t, hashed)
+    # Bytes changed in a copy of the restamped state: its stamps change too, it is hashed and
+    # found damaged, rebuilt from the batches, and the answers stay exact.
+    again = tmp_path / "again"
+    shutil.copytree(copy, again)
+    index = run.engine.store.current().traces["rel/edge"].index
+    assert index is not None
+    segment = max(index.segments, key=lambda s: s.rows)
+    path = again / segment.file_path("layer")
+    data = bytearray(path.read_bytes())
+    data[-8] ^= 0xFF
+    path.write_bytes(bytes(data))
+    run.root = again
+    indexes.KEPT.clear()
+    segments._VERIFIED.clear()
+    result = run.step(7, epoch_changes(7, run.graph))
+    run.check_accumulated()
+    assert any("rel/edge" in line for line in result.metrics.rebuilt), result.metrics.rebuilt

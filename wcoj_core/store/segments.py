@@ -30,7 +30,7 @@ import os
 import stat
 import struct
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,7 @@ from wcoj_core.store.files import (
     stamp_of,
     write_sealed,
 )
-from wcoj_core.store.manifest import FileRef, Level, Pattern, Segment
+from wcoj_core.store.manifest import FileRef, Level, Pattern, Segment, Stamp
 
 
 def _write_layer(out: HashingWriter, header: bytes, arrays: Sequence[np.ndarray]) -> None:
@@ -161,6 +161,30 @@ def _npy_header(shape: tuple[int, ...], dtype: str, fortran: bool) -> bytes:
     return out.getvalue()
 
 
+# Segment files whose stamp differed from their ref's but whose bytes matched its sha256 when
+# this process hashed them (a state copied, moved or restored keeps its bytes but not its
+# inodes and times): path -> (the sha256, the stamp then seen). `restamped` gives the segment
+# with those stamps, for the next commit to record, so that only the first epoch after a copy
+# reads its segments whole, not every epoch until a `wcoj verify --repair`.
+_VERIFIED: dict[str, tuple[str, Stamp]] = {}
+
+
+def restamped(root: str | os.PathLike[str], segment: Segment) -> Segment:
+    """`segment` with the stamps of its files this process verified by their digest since their
+    stamps changed (see `_VERIFIED`); the same object when there are none."""
+    if not _VERIFIED:
+        return segment
+    refs = dict(segment.files)
+    for role, path in zip(segment.files, segment_files(root, segment), strict=True):
+        seen = _VERIFIED.get(path)
+        ref = refs[role]
+        if seen is not None and seen[0] == ref.sha256 and seen[1] != ref.stamp:
+            refs[role] = replace(ref, stamp=seen[1])
+    if refs == segment.files:
+        return segment
+    return replace(segment, files=refs)
+
+
 def _check(
     path: str | os.PathLike[str],
     ref: FileRef,
@@ -200,6 +224,8 @@ def _check(
                         f"its sha256 {sha[:12]}... differs from the manifest's "
                         f"{ref.sha256[:12]}... (its bytes changed since it was written)",
                     )
+                if ref.stamp is not None and stamp_of(st) != ref.stamp:
+                    _VERIFIED[where] = (sha, stamp_of(st))  # stat before the hash: no race
             if not keep or st.st_size == 0:
                 return None
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
