@@ -40,7 +40,7 @@ import numpy as np
 
 from wcoj_core.kernel.join import prepare
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer, arranged, merged
+from wcoj_core.kernel.layer import Layer, arranged, merged, summed_sorted
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView, Kind, Plan, Version
 from wcoj_core.store import segments
@@ -253,10 +253,10 @@ class KeptSegments:
                 total = found
                 break
             if held == ids[: len(held)]:
-                total = _sum(recent[0].width, found, *recent[len(held) :])
+                total = summed_sorted([found, *recent[len(held) :]])
                 break
         if total is None:
-            total = _sum(recent[0].width, *recent)
+            total = summed_sorted(recent)
         with self._lock:
             # Held with the layers it sums, so that their ids stay theirs while it is kept.
             self._folds[(ids, tuple(recent))] = total

@@ -642,3 +642,56 @@ def merged(layer: Layer, other: Layer) -> Layer:
         np.concatenate([layer.diff, other.diff]),
         what="merging two layers",
     )
+
+
+def summed_sorted(layers: Sequence[Layer], *, what: str = SUMMING) -> Layer:
+    """Layers of one width, each sorted and consolidated, summed into one (as `Layer.build`
+    of their rows). Their rows are packed in one box that holds them all, where one fits in
+    64 bits: the keys are then a few sorted runs, which a stable sort merges in a pass over
+    them (a radix sort of the whole would pass over them several times). Equal rows summed, a
+    sum leaving int64 raises `MultiplicityOverflow`, zeros dropped.
+
+    >>> a = Layer.build(np.array([[1, 5], [3, 0]]), np.array([1, 2]))
+    >>> b = Layer.build(np.array([[2, 9], [3, 0], [-4, 1]]), np.array([1, -2, 3]))
+    >>> s = summed_sorted([a, b])
+    >>> s.rows.tolist(), s.diff.tolist()
+    ([[-4, 1], [1, 5], [2, 9]], [3, 1, 1])
+    """
+    live = [layer for layer in layers if len(layer)]
+    if len(live) <= 1:
+        return live[0] if live else Layer.empty(layers[0].width if layers else 0)
+    boxes = [layer.packing for layer in live]
+    if any(box is None for box in boxes) or not live[0].width:
+        return Layer.build(
+            np.concatenate([np.asarray(layer.rows) for layer in live]),
+            np.concatenate([np.asarray(layer.diff, dtype=I64) for layer in live]),
+            what=what,
+        )
+    width = live[0].width
+    lows = tuple(min(box.lows[j] for box in boxes if box) for j in range(width))
+    highs = tuple(max(box.highs[j] for box in boxes if box) for j in range(width))
+    bits = tuple((h - lo).bit_length() for lo, h in zip(lows, highs, strict=True))
+    if sum(bits) > 64:
+        return Layer.build(
+            np.concatenate([np.asarray(layer.rows) for layer in live]),
+            np.concatenate([np.asarray(layer.diff, dtype=I64) for layer in live]),
+            what=what,
+        )
+    packing = Packing(lows, highs, bits)
+    keys = np.concatenate(
+        [
+            layer.search_keys() if layer.packing == packing else packing.pack(layer.rows)[0]
+            for layer in live
+        ]
+    )
+    diff = np.concatenate([np.asarray(layer.diff, dtype=I64) for layer in live])
+    order = np.argsort(keys, kind="stable")  # sorted runs: merged
+    keys = keys[order]
+    sums = np.empty(len(keys), dtype=I64)
+    kept = native.consolidate(keys, diff, order, sums)
+    if kept < 0:
+        at = -kept - 1
+        row = packing.unpack(keys[at : at + 1])[0]
+        raise MultiplicityOverflow(what, tuple(int(v) for v in row))
+    keys, diff = keys[:kept], sums[:kept]
+    return Layer(packing.unpack(keys), diff, packing, keys)
