@@ -247,10 +247,14 @@ def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect
 
 def _subset(layer: Layer, picked: np.ndarray, diff: np.ndarray) -> Layer:
     """The rows of a sorted layer at `picked` (increasing), with `diff` at those rows: still
-    sorted and consolidated."""
+    sorted and consolidated. A `symmetric` layer (an undirected relation's landed changes)
+    stays its own mirror: a tuple and its mirror landed with the same diff and held the same
+    multiplicity before (the relation is its own mirror in every epoch), so both are picked
+    with the same diff."""
     if len(picked) == len(layer):
-        return layer.with_diff(diff)
-    return Layer(layer.rows[picked], diff[picked])
+        return layer.with_diff(diff, symmetric=True)
+    out = Layer(layer.rows[picked], diff[picked])
+    return out.mirrored() if layer.symmetric and len(out) else out
 
 
 def _examples(
