@@ -708,10 +708,22 @@ class EpochPass:
             )
             if len(eff.ignored):
                 staged[ignored_trace_name(rel)] = _Out(eff.ignored, figures=Figures())
+        # An undirected relation's counts by its first and by its second column are one change
+        # (`counted_by`: the same layer) of traces that hold the same (the relation is its own
+        # mirror in every epoch, which the state's plan records): the lookup of the keys'
+        # old counts is made once, for traces whose figures before agree.
+        twins: dict[int, tuple[Figures, Figures]] = {}
         for name, layer in self.deltas.items():
             if name.startswith("counts/"):
                 out = _Out(layer, self.pre.get(name))
-                out.figures = self._figures_before(m, name).plus(self._change(m, name, out), name)
+                before = self._figures_before(m, name)
+                known = twins.get(id(layer))
+                if known is not None and known[0] == before:
+                    change = known[1]
+                else:
+                    change = self._change(m, name, out)
+                    twins[id(layer)] = (before, change)
+                out.figures = before.plus(change, name)
                 staged[name] = out
         for name, out in outputs.items():
             figures = self._figures_before(m, name)
