@@ -334,6 +334,9 @@ class EpochPass:
         m = served.registered(self.base)
         try:
             with self.timer.phase("open"):
+                mirrors = {
+                    relation_trace_name(r) for r, spec in served.specs.items() if spec.undirected
+                }
                 for name in served.indexed():
                     self.opened[name] = open_trace(
                         access.store.root,
@@ -342,6 +345,7 @@ class EpochPass:
                         served.views[name],
                         access.read_batch,
                         kept=KEPT,
+                        mirror=name in mirrors,
                     )
                 KEPT.keep_only(access.store.root, _segment_paths(m))
             with self.timer.phase("land"):

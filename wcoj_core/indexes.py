@@ -318,10 +318,15 @@ def open_trace(
     *,
     verify: bool = False,
     kept: KeptSegments | None = None,
+    mirror: bool = False,
 ) -> Opened:
     """The trace as of just before epoch `before`, through every view key in `keys` (see the
     module). A damaged or missing index is rebuilt from the batches; a damaged batch raises.
-    With `kept` (and not `verify`), segments mapped by an earlier epoch are reused."""
+    With `kept` (and not `verify`), segments mapped by an earlier epoch are reused. With
+    `mirror` (an undirected relation's trace: every tuple held with its mirror, in every
+    epoch), the reversed view is read from the identity's segments, which hold the same rows
+    in the same order: its own segments (kept up to date by `advance` all the same) are not
+    mapped, and the kernel's searches walk one layer's memory instead of two."""
     wanted = [b for b in trace.batches if b.time < before]
     index = trace.index
     keys = set(keys)
@@ -343,21 +348,34 @@ def open_trace(
             return segments.open_segment(root, s, verify=verify)
         return kept.open(root, s)
 
+    same = _mirrored_keys(keys, len(trace.columns)) if mirror and not verify else {}
     try:
-        mapped = {k: [opener(s) for s in segs] for k, segs in held.items()}
+        mapped = {k: [opener(s) for s in segs] for k, segs in held.items() if k not in same}
         if kept is not None and not verify:
             mapped = {k: kept.folded(held[k], layers) for k, layers in mapped.items()}
+        for k, other in same.items():
+            mapped[k] = mapped[other]
     except segments.DamagedFile as e:
         found = _rebuild(trace, before, wanted, keys, read_batch, str(e))
         found.damaged = True
         return found
     opened = Opened(trace, before, mapped, Layer.empty(len(trace.columns)), index)
-    opened.mapped = sum(segments.segment_bytes(s) for segs in held.values() for s in segs)
+    opened.mapped = sum(
+        segments.segment_bytes(s) for k, segs in held.items() if k not in same for s in segs
+    )
     plus = [b for b in wanted if b.path not in covered]
     wanted_paths = {b.path for b in wanted}
     minus = [b for b in trace.batches if b.path in covered and b.path not in wanted_paths]
     opened.correction = _signed(trace, plus, minus, read_batch, opened)
     return opened
+
+
+def _mirrored_keys(keys: Iterable[ViewKey], width: int) -> dict[ViewKey, ViewKey]:
+    """Of a binary trace that is its own mirror, the reversed view key (when it is read along
+    with the identity) and the identity that holds its rows."""
+    reverse, ident = (None, (1, 0)), identity(width)
+    keys = set(keys)
+    return {reverse: ident} if width == 2 and reverse in keys and ident in keys else {}
 
 
 def _segment_key(s: Segment) -> ViewKey:
