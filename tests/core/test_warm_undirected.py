@@ -1,0 +1,108 @@
+"""Warm epochs of an undirected graph against the naive oracle, as exact multisets.
+
+One `Engine` applies epoch after epoch in this process (as `wcoj-bench epochs` and a Dagster
+code server do): its segments are kept mapped between epochs (`indexes.KEPT`), its recent
+segments folded into one layer, and the undirected relation's reversed view read from its
+identity's segments (`open_trace(mirror=True)`); its changes and support changes stay marked
+as their own mirror, and its two counts traces share one lookup. Every epoch mixes inserts,
+deletes of present and absent edges, both directions given at once, repeats and self-loops;
+each epoch's output change, the accumulated output, the relation, its counts traces and their
+figures are compared with the oracle, with recent segments merged often and seldom.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from oracle import Oracle, naive_counts, stored
+
+from wcoj_core import indexes
+from wcoj_core.engine import Engine
+from wcoj_core.meaning import relation_specs
+from wcoj_core.query.builtins import builtin
+from wcoj_core.query.plan import Kind
+from wcoj_core.traces import counts_trace_name, output_trace_name, relation_trace_name
+
+Ups = list[tuple[tuple[int, ...], int]]
+
+
+def epoch_changes(rng: random.Random, present: set[tuple[int, int]], nodes: int) -> Ups:
+    ups: Ups = []
+    for _ in range(rng.randint(1, 14)):
+        a, b = rng.randrange(nodes), rng.randrange(nodes)
+        roll = rng.random()
+        if roll < 0.45:
+            ups.append(((a, b), 1))
+        elif roll < 0.7 and present:
+            x, y = rng.choice(sorted(present))
+            ups.append(((x, y) if rng.random() < 0.5 else (y, x), -1))
+        elif roll < 0.8:
+            ups.append(((a, b), -1))  # most likely absent
+        elif roll < 0.9:
+            ups += [((a, b), 1), ((b, a), 1)]  # both directions given
+        else:
+            ups.append(((a, a), 1))  # a self-loop, dropped
+    return ups
+
+
+def table(ups: Ups) -> pa.Table:
+    return pa.table(
+        {
+            "c0": [t[0] for t, _ in ups],
+            "c1": [t[1] for t, _ in ups],
+            "diff": [d for _, d in ups],
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "seed", "merge"),
+    [
+        ("triangles", 1, "default"),
+        ("triangles", 2, "seldom"),
+        ("4-cycles", 3, "default"),
+        ("4-cliques", 4, "seldom"),
+        ("2-paths", 5, "often"),
+    ],
+)
+def test_warm_epochs_of_an_undirected_set_match_the_oracle(
+    tmp_path, monkeypatch, name: str, seed: int, merge: str
+) -> None:
+    if merge == "seldom":
+        monkeypatch.setattr(indexes, "MAX_RECENT", 1000)
+        monkeypatch.setattr(indexes, "MERGE_MIN_ROWS", 10**9)
+    elif merge == "often":
+        monkeypatch.setattr(indexes, "MERGE_MIN_ROWS", 0)
+        monkeypatch.setattr(indexes, "MERGE_SHARE", 0.0)
+    indexes.KEPT.clear()
+    query = builtin(name)
+    specs = relation_specs({"edge": 2}, undirected=["edge"])
+    oracle = Oracle(query, specs)
+    engine = Engine(None, str(tmp_path / "state"), query, undirected=["edge"], deployment="driver")
+    rng = random.Random(seed)
+    nodes = 9
+    counts = [a for a in engine.served.arrangements if a.kind is Kind.COUNTS]
+    for t in range(14):
+        present = {e for e, d in oracle.state(t - 1)["edge"].items() if d}
+        ups = epoch_changes(rng, present, nodes)
+        oracle.land(t, {"edge": ups})
+        engine.apply(t, {"edge": table(ups)})
+        width = len(query.head)
+        got: Counter[tuple[int, ...]] = Counter()
+        for row in engine.change(query.name, t).to_pylist():
+            got[tuple(row[f"c{i}"] for i in range(width))] += row["diff"]
+        assert +got == +oracle.change(t) and -got == -oracle.change(t), f"epoch {t}: change"
+        out = oracle.output(t)
+        assert stored(engine, output_trace_name(query.name)) == out, f"epoch {t}: output"
+        edges = oracle.state(t)["edge"]
+        assert stored(engine, relation_trace_name("edge")) == edges, f"epoch {t}: edges"
+        for a in counts:
+            want = naive_counts(a, edges)
+            cname = counts_trace_name(a)
+            assert stored(engine, cname) == want, f"epoch {t}: {cname}"
+            assert engine.figures(cname)[:2] == (len(want), sum(want.values())), cname
+        assert engine.figures(relation_trace_name("edge"))[:2] == (len(edges), len(edges))
+        assert engine.count(query.name) == sum(out.values()), f"epoch {t}: count"
