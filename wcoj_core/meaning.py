@@ -41,7 +41,7 @@ import numpy as np
 
 from wcoj_core.errors import MultiplicityOverflow, QueryError
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer, lookup_sum
+from wcoj_core.kernel.layer import Layer, mirrored_lookup_sum
 from wcoj_core.kernel.multiplicity import LIMIT, exact_sum, total
 from wcoj_core.store.manifest import Meaning
 
@@ -204,7 +204,8 @@ def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect
         n = len(landed)
         ones = landed if landed.unit else landed.with_diff(np.ones(n, dtype=I64), symmetric=True)
         return Effect(ones, ones, Layer.empty(landed.width), Figures(n, n, 0))
-    held = lookup_sum(before, landed.rows) if len(landed) else np.zeros(0, dtype=I64)
+    # An undirected relation's changes are their own mirror, as it is: half of them looked up.
+    held = mirrored_lookup_sum(before, landed) if len(landed) else np.zeros(0, dtype=I64)
     if spec.meaning is Meaning.BAG:
         what = f"relation {spec.name!r}"
         figures = figures_change(held, landed.diff, landed.rows, what)

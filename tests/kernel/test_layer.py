@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 
 from wcoj_core.kernel.keys import encode
 from wcoj_core.errors import MultiplicityOverflow
-from wcoj_core.kernel.layer import Bound, Layer, enumerate_ranges, lookup_sum, summed_sorted
+from wcoj_core.kernel.layer import (
+    Bound,
+    Layer,
+    enumerate_ranges,
+    lookup_sum,
+    mirrored_lookup_sum,
+    summed_sorted,
+)
 
 
 def test_encoding_orders_rows_like_tuples_including_negatives() -> None:
@@ -166,3 +173,29 @@ def test_sorted_layers_summed_raise_an_overflow() -> None:
     big = Layer.build(np.array([[1], [2]]), np.array([2**62, 1]))
     with pytest.raises(MultiplicityOverflow):
         summed_sorted([big, big])
+
+
+@settings(max_examples=200)
+@given(
+    held=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), max_size=20),
+    changed=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), max_size=12),
+    lopsided=st.booleans(),
+)
+def test_a_mirrored_lookup_equals_a_whole_one(held, changed, lopsided) -> None:
+    """`mirrored_lookup_sum` (half an undirected change looked up, the rest read from the
+    mirrors) equals `lookup_sum` over a relation held in both directions; a layer marked
+    symmetric whose rows are not each other's mirrors is looked up whole."""
+    def both(pairs):
+        rows = [(a, b) for a, b in pairs if a != b] + [(b, a) for a, b in pairs if a != b]
+        return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+    rows = both(held)
+    layers = [Layer.build(rows, np.ones(len(rows), dtype=np.int64))] if len(rows) else []
+    rows = both(changed)
+    if lopsided and len(rows):
+        rows = rows[: len(rows) // 2 + 1]  # not its own mirror: the whole lookup
+    if not len(rows):
+        return
+    layer = Layer.build(rows, np.arange(1, len(rows) + 1, dtype=np.int64))
+    layer.symmetric = True
+    assert mirrored_lookup_sum(layers, layer).tolist() == lookup_sum(layers, layer.rows).tolist()

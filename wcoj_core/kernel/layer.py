@@ -482,6 +482,37 @@ def lookup_sum(layers: Sequence[Layer], rows: np.ndarray) -> np.ndarray:
     return lookup_sum_of(layers, columns_of(rows), len(rows))
 
 
+def mirrored_lookup_sum(layers: Sequence[Layer], mirrored: Layer) -> np.ndarray:
+    """`lookup_sum` of the rows of a `symmetric` layer over layers of a relation that is its
+    own mirror too (an undirected relation's, in every epoch): each row ``(a, b)`` with
+    ``a < b`` is looked up, and its sum is its mirror's. The mirrors are found among the
+    layer's own sorted keys; a layer whose rows turn out not to be each other's mirrors is
+    looked up whole.
+
+    >>> held = [Layer.build(np.array([[1, 2], [2, 1], [2, 3], [3, 2]]), np.ones(4, dtype=I64))]
+    >>> changes = Layer.build(np.array([[1, 2], [1, 4], [2, 1], [4, 1]]), np.ones(4, dtype=I64))
+    >>> mirrored_lookup_sum(held, changes.mirrored()).tolist()
+    [1, 0, 1, 0]
+    """
+    n, packing = len(mirrored), mirrored.packing
+    if not mirrored.symmetric or packing is None or n % 2:
+        return lookup_sum(layers, mirrored.rows)
+    a, b = mirrored.col(0), mirrored.col(1)
+    low = np.flatnonzero(a < b)
+    if 2 * len(low) != n:
+        return lookup_sum(layers, mirrored.rows)
+    keys = mirrored.search_keys()
+    mirrors, inside = packing.pack_columns([b[low], a[low]])
+    at = np.searchsorted(keys, mirrors)
+    if not inside.all() or not np.array_equal(keys[np.minimum(at, n - 1)], mirrors):
+        return lookup_sum(layers, mirrored.rows)
+    half = lookup_sum_of(layers, [a[low], b[low]], len(low))
+    out = np.empty(n, dtype=I64)
+    out[low] = half
+    out[at] = half
+    return out
+
+
 def lookup_sum_of(layers: Sequence[Layer], cols: Sequence[np.ndarray], m: int) -> np.ndarray:
     """`lookup_sum` of `m` rows given as columns (the sum is exact; one leaving int64 raises
     `MultiplicityOverflow`, naming the row). A layer wider than the columns gives the diff of
