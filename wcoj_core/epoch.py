@@ -299,6 +299,7 @@ class EpochPass:
         self.memory: MemoryFigures | None = None
         self.started = clock.monotonic()
         self.distinct: frozenset[str] = frozenset()  # outputs made consolidated (`_distinct`)
+        self.mirrors: set[str] = set()  # traces that are their own mirror (undirected)
         self.timer.stage = self.scratch
 
     def _report(self, what: str) -> None:
@@ -334,7 +335,8 @@ class EpochPass:
         m = served.registered(self.base)
         try:
             with self.timer.phase("open"):
-                mirrors = {
+                # An undirected relation's trace is its own mirror (`open_trace`, `advance`).
+                self.mirrors = {
                     relation_trace_name(r) for r, spec in served.specs.items() if spec.undirected
                 }
                 for name in served.indexed():
@@ -345,7 +347,7 @@ class EpochPass:
                         served.views[name],
                         access.read_batch,
                         kept=KEPT,
-                        mirror=name in mirrors,
+                        mirror=name in self.mirrors,
                     )
                 KEPT.keep_only(access.store.root, _segment_paths(m))
             with self.timer.phase("land"):
@@ -765,6 +767,7 @@ class EpochPass:
                         self.written,
                         access.read_batch,
                         spill=self.spill,
+                        mirror=name in self.mirrors,
                     )
                 else:
                     index = replace(trace.index, time=t)

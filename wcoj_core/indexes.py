@@ -33,7 +33,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -426,10 +426,16 @@ def advance(
     *,
     verify_merges: bool = True,
     spill: Spill | None = None,
+    mirror: bool = False,
 ) -> Index:
     """The trace's index after epoch `time` changed it by `change`: it covers every batch up to
     `time` (see the module). New segment folders are added to `written` as soon as they may
     exist (for the caller to discard on failure).
+
+    With `mirror` (an undirected relation's trace, its own mirror in every epoch, as each of
+    its changes is), the reversed view's segments are the identity's, named for the reversed
+    order: every one holds the same rows in the same order seen either way, so none is
+    written, merged or opened twice.
 
     A merge reads segments whole and checks their digests: a damaged one is not merged but
     replaced, its view's base rebuilt from the batches (`Opened.rebuilt` says so). With
@@ -448,42 +454,81 @@ def advance(
 
     delta = summed(len(opened.trace.columns), opened.correction, change)
     out: list[Segment] = []
-    for key in sorted(keys, key=repr):
-        if opened.rebuilt or opened.index is None:
-            # No index to build on: the whole trace after the epoch becomes the base (an empty
-            # base too: the index then says the view is empty, rather than missing).
-            base = summed(len(key[1]), *opened.at(key), arranged(change, key))
-            out.append(_write(root, folder, base, Level.BASE, key, written))
+    keys = sorted(keys, key=repr)
+    same = _mirrored_keys(keys, len(opened.trace.columns)) if mirror else {}
+    made: dict[ViewKey, list[Segment]] = {}
+    for key in keys:
+        if key in same and same[key] in made:
+            out += [replace(s, order=key[1]) for s in made[same[key]]]
             continue
-        segs = [s for s in opened.index.segments if _segment_key(s) == key]
-        base = [s for s in segs if s.level is Level.BASE]
-        recent = [s for s in segs if s.level is not Level.BASE]
-        fresh = arranged(delta, key) if len(delta) else None
-        try:
-            if fresh is not None and len(fresh):
-                if len(recent) + 1 > MAX_RECENT:
-                    layers = [segments.open_segment(root, s, verify=verify_merges) for s in recent]
-                    fresh = summed(len(key[1]), *layers, fresh)
-                    recent = []
-                base_rows = sum(s.rows for s in base)
-                if len(fresh) > max(MERGE_MIN_ROWS, MERGE_SHARE * base_rows):
-                    layers = [
-                        segments.open_segment(root, s, verify=verify_merges) for s in base + recent
-                    ]
-                    merged_base = summed(len(key[1]), *layers, fresh)
-                    base = [_write(root, folder, merged_base, Level.BASE, key, written)]
-                    recent, fresh = [], None
-        except segments.DamagedFile as e:
-            wanted = [b for b in opened.trace.batches if b.time < opened.before]
-            whole = _signed(opened.trace, wanted, (), read_batch, opened)
-            rebuilt = summed(len(key[1]), arranged(whole, key), arranged(change, key))
-            base = [_write(root, folder, rebuilt, Level.BASE, key, written)]
-            recent, fresh = [], None
-            opened.rebuilt, opened.damaged = str(e), True
-        out += base + recent
-        if fresh is not None and len(fresh):
-            out.append(_write(root, folder, fresh, Level.RECENT, key, written))
+        start = len(out)
+        _advance_view(
+            opened,
+            key,
+            change,
+            delta,
+            out,
+            root,
+            folder,
+            written,
+            read_batch,
+            verify_merges,
+            arranged,
+            summed,
+        )
+        made[key] = out[start:]
     return Index(time, tuple(out))
+
+
+def _advance_view(
+    opened: Opened,
+    key: ViewKey,
+    change: Layer,
+    delta: Layer,
+    out: list[Segment],
+    root: str,
+    folder: str,
+    written: list[str],
+    read_batch: ReadBatch,
+    verify_merges: bool,
+    arranged: Callable[[Layer, ViewKey], Layer],
+    summed: Callable[..., Layer],
+) -> None:
+    """One view key's segments after the epoch (`advance`), added to `out`."""
+    if opened.rebuilt or opened.index is None:
+        # No index to build on: the whole trace after the epoch becomes the base (an empty
+        # base too: the index then says the view is empty, rather than missing).
+        base = summed(len(key[1]), *opened.at(key), arranged(change, key))
+        out.append(_write(root, folder, base, Level.BASE, key, written))
+        return
+    segs = [s for s in opened.index.segments if _segment_key(s) == key]
+    base = [s for s in segs if s.level is Level.BASE]
+    recent = [s for s in segs if s.level is not Level.BASE]
+    fresh = arranged(delta, key) if len(delta) else None
+    try:
+        if fresh is not None and len(fresh):
+            if len(recent) + 1 > MAX_RECENT:
+                layers = [segments.open_segment(root, s, verify=verify_merges) for s in recent]
+                fresh = summed(len(key[1]), *layers, fresh)
+                recent = []
+            base_rows = sum(s.rows for s in base)
+            if len(fresh) > max(MERGE_MIN_ROWS, MERGE_SHARE * base_rows):
+                layers = [
+                    segments.open_segment(root, s, verify=verify_merges) for s in base + recent
+                ]
+                merged_base = summed(len(key[1]), *layers, fresh)
+                base = [_write(root, folder, merged_base, Level.BASE, key, written)]
+                recent, fresh = [], None
+    except segments.DamagedFile as e:
+        wanted = [b for b in opened.trace.batches if b.time < opened.before]
+        whole = _signed(opened.trace, wanted, (), read_batch, opened)
+        rebuilt = summed(len(key[1]), arranged(whole, key), arranged(change, key))
+        base = [_write(root, folder, rebuilt, Level.BASE, key, written)]
+        recent, fresh = [], None
+        opened.rebuilt, opened.damaged = str(e), True
+    out += base + recent
+    if fresh is not None and len(fresh):
+        out.append(_write(root, folder, fresh, Level.RECENT, key, written))
 
 
 def _sum(width: int, *layers: Layer) -> Layer:
