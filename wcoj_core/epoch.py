@@ -60,7 +60,7 @@ from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
 from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
 from wcoj_core.store.files import sync_soon
-from wcoj_core.store.manifest import Batch, Manifest, Trace
+from wcoj_core.store.manifest import Batch, Index, Manifest, Trace
 from wcoj_core.store.names import new_batch_path
 from wcoj_core.traces import (
     counts_trace_name,
@@ -740,6 +740,7 @@ class EpochPass:
         traces = dict(m.traces)
         reports: dict[str, TraceReport] = {}
         at_epoch = {n for n, tr in m.traces.items() if any(b.time == t for b in tr.batches)}
+        indexed: dict[int, tuple[Figures, frozenset[Any], Index]] = {}  # counts, by change
         for name in sorted(set(staged) | at_epoch | set(self.opened)):
             self._report(f"epoch {t}: writing {name}")
             trace = traces.get(name) or Trace(name, _columns(served, name))
@@ -757,7 +758,14 @@ class EpochPass:
                     if out is not None
                     else Layer.empty(len(trace.columns))
                 )
-                if len(change) or len(opened.correction) or opened.rebuilt or trace.index is None:
+                twin = indexed.get(id(change)) if len(change) else None
+                before = self._figures_before(m, name)
+                if twin is not None and twin[:2] == (before, served.views[name]):
+                    # An undirected relation's counts by its second column: the same change
+                    # (`counted_by`) of a trace that holds what its twin by the first column
+                    # holds, seen through the same keys. Its index is the twin's segments.
+                    index = twin[2]
+                elif len(change) or len(opened.correction) or opened.rebuilt or trace.index is None:
                     index = advance(
                         access.store.root,
                         opened,
@@ -769,6 +777,8 @@ class EpochPass:
                         spill=self.spill,
                         mirror=name in self.mirrors,
                     )
+                    if name.startswith("counts/") and len(change):
+                        indexed[id(change)] = (before, served.views[name], index)
                 else:
                     index = replace(trace.index, time=t)
                 trace = replace(trace, index=index)

@@ -120,6 +120,12 @@ def test_warm_epochs_of_an_undirected_set_match_the_oracle(
         if s.rows and s.view is None:
             paths.setdefault(tuple(s.order), set()).add(s.path)
     assert paths[(1, 0)] == paths[(0, 1)]
+    # The counts by the second column are indexed by the first's segments (its twin).
+    twins = [engine.store.current().trace(counts_trace_name(a)) for a in counts]
+    if len(twins) == 2:
+        assert [s.path for s in twins[0].index.segments] == [
+            s.path for s in twins[1].index.segments
+        ]
     opened = open_trace(
         engine.store.root, trace, 14, engine.views[name], engine.read_batch, verify=True
     )

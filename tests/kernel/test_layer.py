@@ -185,6 +185,7 @@ def test_a_mirrored_lookup_equals_a_whole_one(held, changed, lopsided) -> None:
     """`mirrored_lookup_sum` (half an undirected change looked up, the rest read from the
     mirrors) equals `lookup_sum` over a relation held in both directions; a layer marked
     symmetric whose rows are not each other's mirrors is looked up whole."""
+
     def both(pairs):
         rows = [(a, b) for a, b in pairs if a != b] + [(b, a) for a, b in pairs if a != b]
         return np.array(rows, dtype=np.int64).reshape(-1, 2)
