@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wcoj_core.kernel.keys import encode
 from wcoj_core.errors import MultiplicityOverflow
+from wcoj_core.kernel.keys import encode
 from wcoj_core.kernel.layer import (
     Bound,
     Layer,
