@@ -898,7 +898,10 @@ class EpochPass:
             deployment=choice.deployment.value,
             reason=choice.reason,
             join_rows=sum(tally.joins for tally in tallies.values()),
-            mapped_bytes=sum(o.mapped for o in self.opened.values()),
+            # each file once: an undirected relation's twin counts traces share theirs
+            mapped_bytes=sum(
+                {p: n for o in self.opened.values() for p, n in o.maps.items()}.values()
+            ),
             read_bytes=sum(o.read_bytes for o in self.opened.values()),
             rebuilt=tuple(
                 f"{n}: {o.rebuilt}" for n, o in self.opened.items() if o.rebuilt and o.damaged

@@ -153,6 +153,7 @@ class Opened:
     damaged: bool = False  # an index was there but could not be used
     mapped: int = 0
     read_bytes: int = 0
+    maps: dict[str, int] = field(default_factory=dict)  # the bytes of each segment mapped
     _derived: dict[ViewKey, list[Layer]] = field(default_factory=dict)
 
     @property
@@ -360,9 +361,10 @@ def open_trace(
         found.damaged = True
         return found
     opened = Opened(trace, before, mapped, Layer.empty(len(trace.columns)), index)
-    opened.mapped = sum(
-        segments.segment_bytes(s) for k, segs in held.items() if k not in same for s in segs
-    )
+    opened.maps = {
+        s.path: segments.segment_bytes(s) for k, segs in held.items() if k not in same for s in segs
+    }
+    opened.mapped = sum(opened.maps.values())
     plus = [b for b in wanted if b.path not in covered]
     wanted_paths = {b.path for b in wanted}
     minus = [b for b in trace.batches if b.path in covered and b.path not in wanted_paths]
