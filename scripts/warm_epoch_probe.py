@@ -12,8 +12,8 @@ and inserted over the epochs, as many deleted; the rest, with the deleted ones, 
 random direction; epoch 1 is the warm-up. Written to OUT.json and printed: the median wall and
 process-CPU milliseconds per epoch, every epoch's wall and CPU, the median of each phase's wall
 and CPU (`EpochMetrics.seconds`, `cpu_seconds`), the triangle count after every epoch (two
-checkouts must agree) and the load average. ``--profile FILE`` profiles epochs 2.. (cProfile, the main
-thread's CPU clock).
+checkouts must agree) and the load average. ``--profile FILE`` profiles epochs 2.. (cProfile,
+the main thread's CPU clock).
 """
 
 import sys
