@@ -136,3 +136,31 @@ def test_warm_epochs_of_an_undirected_set_match_the_oracle(
         rows = [] if held is None else [tuple(r) for r in held.rows.tolist()]
         assert rows == sorted(tuple(e[j] for j in order) for e in edges), key
     assert verify_state(engine.store).ok
+
+
+def test_the_executors_read_the_shared_segments_of_an_undirected_set(small, tmp_path) -> None:
+    """Epochs taking turns on the driver (which writes the reversed view and the second counts
+    as the identity's and the first's segments) and on the executors (which open every view
+    and every counts trace from the files, as named): each change equals the oracle's."""
+    query = builtin("triangles")
+    specs = relation_specs({"edge": 2}, undirected=["edge"])
+    oracle = Oracle(query, specs)
+    state = str(tmp_path / "state")
+    ways = [
+        Engine(small, state, query, undirected=["edge"], deployment=d)
+        for d in ("driver", "executors")
+    ]
+    rng = random.Random(11)
+    for t in range(8):
+        present = {e for e, d in oracle.state(t - 1)["edge"].items() if d}
+        ups = epoch_changes(rng, present, 10)
+        oracle.land(t, {"edge": ups})
+        engine = ways[(t // 2) % 2]
+        result = engine.apply(t, {"edge": table(ups)})
+        assert result.metrics.deployment == ("driver", "executors")[(t // 2) % 2] or t == 0
+        got: Counter[tuple[int, ...]] = Counter()
+        for row in engine.change(query.name, t).to_pylist():
+            got[(row["c0"], row["c1"], row["c2"])] += row["diff"]
+        expect = oracle.change(t)
+        assert +got == +expect and -got == -expect, f"epoch {t}"
+        assert stored(engine, output_trace_name(query.name)) == oracle.output(t), f"epoch {t}"
