@@ -140,24 +140,27 @@ def test_warm_epochs_of_an_undirected_set_match_the_oracle(
 
 def test_the_executors_read_the_shared_segments_of_an_undirected_set(small, tmp_path) -> None:
     """Epochs taking turns on the driver (which writes the reversed view and the second counts
-    as the identity's and the first's segments) and on the executors (which open every view
-    and every counts trace from the files, as named): each change equals the oracle's."""
+    as the identity's and the first's segments), on the executors and on sharded executors
+    (which open every view and every counts trace from the files, as named): each change
+    equals the oracle's."""
     query = builtin("triangles")
     specs = relation_specs({"edge": 2}, undirected=["edge"])
     oracle = Oracle(query, specs)
     state = str(tmp_path / "state")
     ways = [
-        Engine(small, state, query, undirected=["edge"], deployment=d)
-        for d in ("driver", "executors")
+        Engine(small, state, query, undirected=["edge"], deployment=d, executor_max_rows=rows)
+        for d, rows in (("driver", 10**9), ("executors", 10**9), ("executors", 16))
     ]
+    ways[2].one_task_rows = 0  # sharded: every arrangement cut in shards, prefixes routed
     rng = random.Random(11)
-    for t in range(8):
+    for t in range(9):
         present = {e for e, d in oracle.state(t - 1)["edge"].items() if d}
         ups = epoch_changes(rng, present, 10)
         oracle.land(t, {"edge": ups})
-        engine = ways[(t // 2) % 2]
+        way = (t // 2) % 3
+        engine = ways[way]
         result = engine.apply(t, {"edge": table(ups)})
-        assert result.metrics.deployment == ("driver", "executors")[(t // 2) % 2] or t == 0
+        assert result.metrics.deployment == ("driver", "executors", "executors")[way] or t == 0
         got: Counter[tuple[int, ...]] = Counter()
         for row in engine.change(query.name, t).to_pylist():
             got[(row["c0"], row["c1"], row["c2"])] += row["diff"]
