@@ -176,7 +176,7 @@ def verify_state(
             progress(path)
         files += len(records[0].files)
         size += segment_bytes(records[0])
-        found: list[tuple[str, str]] = []
+        problems_of: list[tuple[str, str]] = []
         for segment in records:
             if local is not None:
                 problems = [
@@ -189,8 +189,8 @@ def verify_state(
                     what = store.files.verify(rel, ref)
                     if what is not None:
                         problems.append((rel, what))
-            found += [p for p in problems if p not in found]
-        damaged.extend(_damage(rel, seen, what, current) for rel, what in found)
+            problems_of += [p for p in problems if p not in problems_of]
+        damaged.extend(_damage(rel, seen, what, current) for rel, what in problems_of)
     return VerifyReport(current, tuple(gens), files, size, tuple(damaged))
 
 
