@@ -60,7 +60,7 @@ from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
 from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
 from wcoj_core.store.files import sync_soon
-from wcoj_core.store.manifest import Batch, Manifest, Trace
+from wcoj_core.store.manifest import Batch, Index, Manifest, Trace
 from wcoj_core.store.names import new_batch_path
 from wcoj_core.store.segments import restamped
 from wcoj_core.traces import (
@@ -300,6 +300,7 @@ class EpochPass:
         self.memory: MemoryFigures | None = None
         self.started = clock.monotonic()
         self.distinct: frozenset[str] = frozenset()  # outputs made consolidated (`_distinct`)
+        self.mirrors: set[str] = set()  # traces that are their own mirror (undirected)
         self.timer.stage = self.scratch
 
     def _report(self, what: str) -> None:
@@ -335,6 +336,10 @@ class EpochPass:
         m = served.registered(self.base)
         try:
             with self.timer.phase("open"):
+                # An undirected relation's trace is its own mirror (`open_trace`, `advance`).
+                self.mirrors = {
+                    relation_trace_name(r) for r, spec in served.specs.items() if spec.undirected
+                }
                 for name in served.indexed():
                     self.opened[name] = open_trace(
                         access.store.root,
@@ -344,6 +349,7 @@ class EpochPass:
                         access.read_batch,
                         kept=KEPT,
                         streamed=Streamed(access.read_chunks, self.spill),
+                        mirror=name in self.mirrors,
                     )
                 KEPT.keep_only(access.store.root, _segment_paths(m))
             with self.timer.phase("land"):
@@ -710,10 +716,22 @@ class EpochPass:
             )
             if len(eff.ignored):
                 staged[ignored_trace_name(rel)] = _Out(eff.ignored, figures=Figures())
+        # An undirected relation's counts by its first and by its second column are one change
+        # (`counted_by`: the same layer) of traces that hold the same (the relation is its own
+        # mirror in every epoch, which the state's plan records): the lookup of the keys'
+        # old counts is made once, for traces whose figures before agree.
+        twins: dict[int, tuple[Figures, Figures]] = {}
         for name, layer in self.deltas.items():
             if name.startswith("counts/"):
                 out = _Out(layer, self.pre.get(name))
-                out.figures = self._figures_before(m, name).plus(self._change(m, name, out), name)
+                before = self._figures_before(m, name)
+                known = twins.get(id(layer))
+                if known is not None and known[0] == before:
+                    change = known[1]
+                else:
+                    change = self._change(m, name, out)
+                    twins[id(layer)] = (before, change)
+                out.figures = before.plus(change, name)
                 staged[name] = out
         for name, out in outputs.items():
             figures = self._figures_before(m, name)
@@ -724,6 +742,7 @@ class EpochPass:
         traces = dict(m.traces)
         reports: dict[str, TraceReport] = {}
         at_epoch = {n for n, tr in m.traces.items() if any(b.time == t for b in tr.batches)}
+        indexed: dict[int, tuple[Figures, frozenset[Any], Index]] = {}  # counts, by change
         for name in sorted(set(staged) | at_epoch | set(self.opened)):
             self._report(f"epoch {t}: writing {name}")
             trace = traces.get(name) or Trace(name, _columns(served, name))
@@ -741,7 +760,14 @@ class EpochPass:
                     if out is not None
                     else Layer.empty(len(trace.columns))
                 )
-                if len(change) or len(opened.correction) or opened.rebuilt or trace.index is None:
+                twin = indexed.get(id(change)) if len(change) else None
+                before = self._figures_before(m, name)
+                if twin is not None and twin[:2] == (before, served.views[name]):
+                    # An undirected relation's counts by its second column: the same change
+                    # (`counted_by`) of a trace that holds what its twin by the first column
+                    # holds, seen through the same keys. Its index is the twin's segments.
+                    index = twin[2]
+                elif len(change) or len(opened.correction) or opened.rebuilt or trace.index is None:
                     index = advance(
                         access.store.root,
                         opened,
@@ -752,7 +778,10 @@ class EpochPass:
                         access.read_batch,
                         spill=self.spill,
                         read_chunks=access.read_chunks,
+                        mirror=name in self.mirrors,
                     )
+                    if name.startswith("counts/") and len(change):
+                        indexed[id(change)] = (before, served.views[name], index)
                 else:
                     held = tuple(restamped(access.store.root, s) for s in trace.index.segments)
                     index = replace(trace.index, time=t, segments=held)
@@ -873,7 +902,10 @@ class EpochPass:
             deployment=choice.deployment.value,
             reason=choice.reason,
             join_rows=sum(tally.joins for tally in tallies.values()),
-            mapped_bytes=sum(o.mapped for o in self.opened.values()),
+            # each file once: an undirected relation's twin counts traces share theirs
+            mapped_bytes=sum(
+                {p: n for o in self.opened.values() for p, n in o.maps.items()}.values()
+            ),
             read_bytes=sum(o.read_bytes for o in self.opened.values()),
             rebuilt=tuple(
                 f"{n}: {o.rebuilt}" for n, o in self.opened.items() if o.rebuilt and o.damaged

@@ -33,14 +33,14 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from wcoj_core.kernel.join import prepare
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer, arranged, merged
+from wcoj_core.kernel.layer import Layer, arranged, merged, summed_sorted
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView, Kind, Plan, Version
 from wcoj_core.store import segments
@@ -163,6 +163,7 @@ class Opened:
     damaged: bool = False  # an index was there but could not be used
     mapped: int = 0
     read_bytes: int = 0
+    maps: dict[str, int] = field(default_factory=dict)  # the bytes of each segment mapped
     _derived: dict[ViewKey, list[Layer]] = field(default_factory=dict)
 
     @property
@@ -263,10 +264,10 @@ class KeptSegments:
                 total = found
                 break
             if held == ids[: len(held)]:
-                total = _sum(recent[0].width, found, *recent[len(held) :])
+                total = summed_sorted([found, *recent[len(held) :]])
                 break
         if total is None:
-            total = _sum(recent[0].width, *recent)
+            total = summed_sorted(recent)
         with self._lock:
             # Held with the layers it sums, so that their ids stay theirs while it is kept.
             self._folds[(ids, tuple(recent))] = total
@@ -329,11 +330,16 @@ def open_trace(
     verify: bool = False,
     kept: KeptSegments | None = None,
     streamed: Streamed | None = None,
+    mirror: bool = False,
 ) -> Opened:
     """The trace as of just before epoch `before`, through every view key in `keys` (see the
     module). A damaged or missing index is rebuilt from the batches — with `streamed`, a piece
     at a time within its budget, else each batch read whole; a damaged batch raises.
-    With `kept` (and not `verify`), segments mapped by an earlier epoch are reused."""
+    With `kept` (and not `verify`), segments mapped by an earlier epoch are reused. With
+    `mirror` (an undirected relation's trace: every tuple held with its mirror, in every
+    epoch), the reversed view is read from the identity's segments, which hold the same rows
+    in the same order: its own segments (kept up to date by `advance` all the same) are not
+    mapped, and the kernel's searches walk one layer's memory instead of two."""
     wanted = [b for b in trace.batches if b.time < before]
     index = trace.index
     keys = set(keys)
@@ -356,21 +362,35 @@ def open_trace(
             return segments.open_segment(root, s, verify=verify)
         return kept.open(root, s)
 
+    same = _mirrored_keys(keys, len(trace.columns)) if mirror and not verify else {}
     try:
-        mapped = {k: [opener(s) for s in segs] for k, segs in held.items()}
+        mapped = {k: [opener(s) for s in segs] for k, segs in held.items() if k not in same}
         if kept is not None and not verify:
             mapped = {k: kept.folded(held[k], layers) for k, layers in mapped.items()}
+        for k, other in same.items():
+            mapped[k] = mapped[other]
     except segments.DamagedFile as e:
         found = rebuild(str(e))
         found.damaged = True
         return found
     opened = Opened(trace, before, mapped, Layer.empty(len(trace.columns)), index)
-    opened.mapped = sum(segments.segment_bytes(s) for segs in held.values() for s in segs)
+    opened.maps = {
+        s.path: segments.segment_bytes(s) for k, segs in held.items() if k not in same for s in segs
+    }
+    opened.mapped = sum(opened.maps.values())
     plus = [b for b in wanted if b.path not in covered]
     wanted_paths = {b.path for b in wanted}
     minus = [b for b in trace.batches if b.path in covered and b.path not in wanted_paths]
     opened.correction = _signed(trace, plus, minus, read_batch, opened)
     return opened
+
+
+def _mirrored_keys(keys: Iterable[ViewKey], width: int) -> dict[ViewKey, ViewKey]:
+    """Of a binary trace that is its own mirror, the reversed view key (when it is read along
+    with the identity) and the identity that holds its rows."""
+    reverse, ident = (None, (1, 0)), identity(width)
+    keys = set(keys)
+    return {reverse: ident} if width == 2 and reverse in keys and ident in keys else {}
 
 
 def _segment_key(s: Segment) -> ViewKey:
@@ -444,10 +464,16 @@ def advance(
     verify_merges: bool = True,
     spill: Spill | None = None,
     read_chunks: ReadChunks | None = None,
+    mirror: bool = False,
 ) -> Index:
     """The trace's index after epoch `time` changed it by `change`: it covers every batch up to
     `time` (see the module). New segment folders are added to `written` as soon as they may
     exist (for the caller to discard on failure).
+
+    With `mirror` (an undirected relation's trace, its own mirror in every epoch, as each of
+    its changes is), the reversed view's segments are the identity's, named for the reversed
+    order: every one holds the same rows in the same order seen either way, so none is
+    written, merged or opened twice.
 
     A merge reads segments whole and checks their digests: a damaged one is not merged but
     replaced, its view's base rebuilt from the batches (`Opened.rebuilt` says so). With
@@ -464,46 +490,88 @@ def advance(
 
     delta = summed(len(opened.trace.columns), opened.correction, change)
     out: list[Segment] = []
-    for key in sorted(keys, key=repr):
-        if opened.rebuilt or opened.index is None:
-            # No index to build on: the whole trace after the epoch becomes the base (an empty
-            # base too: the index then says the view is empty, rather than missing).
-            base = summed(len(key[1]), *opened.at(key), arranged(change, key))
-            out.append(_write(root, folder, base, Level.BASE, key, written))
+    keys = sorted(keys, key=repr)
+    same = _mirrored_keys(keys, len(opened.trace.columns)) if mirror else {}
+    made: dict[ViewKey, list[Segment]] = {}
+    for key in keys:
+        if key in same and same[key] in made:
+            out += [replace(s, order=key[1]) for s in made[same[key]]]
             continue
-        segs = [s for s in opened.index.segments if _segment_key(s) == key]
-        base = [s for s in segs if s.level is Level.BASE]
-        recent = [s for s in segs if s.level is not Level.BASE]
-        fresh = arranged(delta, key) if len(delta) else None
-        try:
-            if fresh is not None and len(fresh):
-                if len(recent) + 1 > MAX_RECENT:
-                    layers = [segments.open_segment(root, s, verify=verify_merges) for s in recent]
-                    fresh = summed(len(key[1]), *layers, fresh)
-                    recent = []
-                base_rows = sum(s.rows for s in base)
-                if len(fresh) > max(MERGE_MIN_ROWS, MERGE_SHARE * base_rows):
-                    layers = [
-                        segments.open_segment(root, s, verify=verify_merges) for s in base + recent
-                    ]
-                    merged_base = summed(len(key[1]), *layers, fresh)
-                    base = [_write(root, folder, merged_base, Level.BASE, key, written)]
-                    recent, fresh = [], None
-        except segments.DamagedFile as e:
-            wanted = [b for b in opened.trace.batches if b.time < opened.before]
-            if spill is not None and read_chunks is not None and wanted:
-                what = f"rebuilding the arrangements of {opened.name}"
-                whole = _summed_batches(opened.trace, wanted, Streamed(read_chunks, spill), what)
-            else:
-                whole = _signed(opened.trace, wanted, (), read_batch, opened)
-            rebuilt = summed(len(key[1]), arranged(whole, key), arranged(change, key))
-            base = [_write(root, folder, rebuilt, Level.BASE, key, written)]
-            recent, fresh = [], None
-            opened.rebuilt, opened.damaged = str(e), True
-        out += [segments.restamped(root, s) for s in base + recent]
-        if fresh is not None and len(fresh):
-            out.append(_write(root, folder, fresh, Level.RECENT, key, written))
+        start = len(out)
+        _advance_view(
+            opened,
+            key,
+            change,
+            delta,
+            out,
+            root,
+            folder,
+            written,
+            read_batch,
+            verify_merges,
+            arranged,
+            summed,
+            Streamed(read_chunks, spill) if spill is not None and read_chunks is not None else None,
+        )
+        made[key] = out[start:]
     return Index(time, tuple(out))
+
+
+def _advance_view(
+    opened: Opened,
+    key: ViewKey,
+    change: Layer,
+    delta: Layer,
+    out: list[Segment],
+    root: str,
+    folder: str,
+    written: list[str],
+    read_batch: ReadBatch,
+    verify_merges: bool,
+    arranged: Callable[[Layer, ViewKey], Layer],
+    summed: Callable[..., Layer],
+    streamed: Streamed | None = None,
+) -> None:
+    """One view key's segments after the epoch (`advance`), added to `out`; with `streamed`, a
+    damaged base is rebuilt from the batches a piece at a time."""
+    if opened.rebuilt or opened.index is None:
+        # No index to build on: the whole trace after the epoch becomes the base (an empty
+        # base too: the index then says the view is empty, rather than missing).
+        base = summed(len(key[1]), *opened.at(key), arranged(change, key))
+        out.append(_write(root, folder, base, Level.BASE, key, written))
+        return
+    segs = [s for s in opened.index.segments if _segment_key(s) == key]
+    base = [s for s in segs if s.level is Level.BASE]
+    recent = [s for s in segs if s.level is not Level.BASE]
+    fresh = arranged(delta, key) if len(delta) else None
+    try:
+        if fresh is not None and len(fresh):
+            if len(recent) + 1 > MAX_RECENT:
+                layers = [segments.open_segment(root, s, verify=verify_merges) for s in recent]
+                fresh = summed(len(key[1]), *layers, fresh)
+                recent = []
+            base_rows = sum(s.rows for s in base)
+            if len(fresh) > max(MERGE_MIN_ROWS, MERGE_SHARE * base_rows):
+                layers = [
+                    segments.open_segment(root, s, verify=verify_merges) for s in base + recent
+                ]
+                merged_base = summed(len(key[1]), *layers, fresh)
+                base = [_write(root, folder, merged_base, Level.BASE, key, written)]
+                recent, fresh = [], None
+    except segments.DamagedFile as e:
+        wanted = [b for b in opened.trace.batches if b.time < opened.before]
+        if streamed is not None and wanted:
+            what = f"rebuilding the arrangements of {opened.name}"
+            whole = _summed_batches(opened.trace, wanted, streamed, what)
+        else:
+            whole = _signed(opened.trace, wanted, (), read_batch, opened)
+        rebuilt = summed(len(key[1]), arranged(whole, key), arranged(change, key))
+        base = [_write(root, folder, rebuilt, Level.BASE, key, written)]
+        recent, fresh = [], None
+        opened.rebuilt, opened.damaged = str(e), True
+    out += [segments.restamped(root, s) for s in base + recent]
+    if fresh is not None and len(fresh):
+        out.append(_write(root, folder, fresh, Level.RECENT, key, written))
 
 
 def _sum(width: int, *layers: Layer) -> Layer:

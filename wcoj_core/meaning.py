@@ -41,7 +41,7 @@ import numpy as np
 
 from wcoj_core.errors import MultiplicityOverflow, QueryError
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer, lookup_sum
+from wcoj_core.kernel.layer import Layer, mirrored_lookup_sum
 from wcoj_core.kernel.multiplicity import LIMIT, exact_sum, total
 from wcoj_core.store.manifest import Meaning
 
@@ -204,7 +204,8 @@ def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect
         n = len(landed)
         ones = landed if landed.unit else landed.with_diff(np.ones(n, dtype=I64), symmetric=True)
         return Effect(ones, ones, Layer.empty(landed.width), Figures(n, n, 0))
-    held = lookup_sum(before, landed.rows) if len(landed) else np.zeros(0, dtype=I64)
+    # An undirected relation's changes are their own mirror, as it is: half of them looked up.
+    held = mirrored_lookup_sum(before, landed) if len(landed) else np.zeros(0, dtype=I64)
     if spec.meaning is Meaning.BAG:
         what = f"relation {spec.name!r}"
         figures = figures_change(held, landed.diff, landed.rows, what)
@@ -247,10 +248,14 @@ def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect
 
 def _subset(layer: Layer, picked: np.ndarray, diff: np.ndarray) -> Layer:
     """The rows of a sorted layer at `picked` (increasing), with `diff` at those rows: still
-    sorted and consolidated."""
+    sorted and consolidated. A `symmetric` layer (an undirected relation's landed changes)
+    stays its own mirror: a tuple and its mirror landed with the same diff and held the same
+    multiplicity before (the relation is its own mirror in every epoch), so both are picked
+    with the same diff."""
     if len(picked) == len(layer):
-        return layer.with_diff(diff)
-    return Layer(layer.rows[picked], diff[picked])
+        return layer.with_diff(diff, symmetric=True)
+    out = Layer(layer.rows[picked], diff[picked])
+    return out.mirrored() if layer.symmetric and len(out) else out
 
 
 def _examples(

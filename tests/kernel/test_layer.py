@@ -9,11 +9,20 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.keys import encode
-from wcoj_core.kernel.layer import Bound, Layer, enumerate_ranges, lookup_sum
+from wcoj_core.kernel.layer import (
+    Bound,
+    Layer,
+    enumerate_ranges,
+    lookup_sum,
+    mirrored_lookup_sum,
+    summed_sorted,
+)
 
 
 def test_encoding_orders_rows_like_tuples_including_negatives() -> None:
@@ -125,3 +134,69 @@ def test_layer_searches_equal_a_scan_packed_or_not(data, probes) -> None:
         if x == a and passes(b, i)
     )
     assert got == expected
+
+
+@settings(max_examples=200)
+@given(
+    width=st.integers(1, 3),
+    parts=st.lists(
+        st.lists(st.tuples(st.integers(0, 3), st.integers(-2, 2)), max_size=12), max_size=4
+    ),
+    wide=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_sorted_layers_summed_by_a_merge_equal_a_naive_sum(width, parts, wide, seed) -> None:
+    """`summed_sorted` (the fold of a trace's recent segments) against a Counter over every
+    layer's rows: boxes that differ between layers, rows that cancel across them, and rows
+    too wide to pack (the fallback)."""
+    rng = np.random.default_rng(seed)
+    layers, naive = [], Counter()
+    for part in parts:
+        rows = np.array(
+            [[v * (2**40 if wide and j else 1) + j for j in range(width)] for v, _ in part],
+            dtype=np.int64,
+        ).reshape(-1, width)
+        rows += rng.integers(-5, 5, size=rows.shape) * (rng.random() < 0.5)
+        diff = np.array([d for _, d in part], dtype=np.int64)
+        layers.append(Layer.build(rows, diff))
+        for r, d in zip(rows.tolist(), diff.tolist(), strict=True):
+            naive[tuple(r)] += d
+    summed = summed_sorted(layers) if layers else Layer.empty(width)
+    expect = sorted((r, d) for r, d in naive.items() if d)
+    assert [tuple(r) for r in np.asarray(summed.rows).tolist()] == [r for r, _ in expect]
+    assert np.asarray(summed.diff).tolist() == [d for _, d in expect]
+    if len(summed) and summed.packing is not None:
+        assert np.array_equal(summed.search_keys(), summed.packing.pack(summed.rows)[0])
+
+
+def test_sorted_layers_summed_raise_an_overflow() -> None:
+    big = Layer.build(np.array([[1], [2]]), np.array([2**62, 1]))
+    with pytest.raises(MultiplicityOverflow):
+        summed_sorted([big, big])
+
+
+@settings(max_examples=200)
+@given(
+    held=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), max_size=20),
+    changed=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), max_size=12),
+    lopsided=st.booleans(),
+)
+def test_a_mirrored_lookup_equals_a_whole_one(held, changed, lopsided) -> None:
+    """`mirrored_lookup_sum` (half an undirected change looked up, the rest read from the
+    mirrors) equals `lookup_sum` over a relation held in both directions; a layer marked
+    symmetric whose rows are not each other's mirrors is looked up whole."""
+
+    def both(pairs):
+        rows = [(a, b) for a, b in pairs if a != b] + [(b, a) for a, b in pairs if a != b]
+        return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+    rows = both(held)
+    layers = [Layer.build(rows, np.ones(len(rows), dtype=np.int64))] if len(rows) else []
+    rows = both(changed)
+    if lopsided and len(rows):
+        rows = rows[: len(rows) // 2 + 1]  # not its own mirror: the whole lookup
+    if not len(rows):
+        return
+    layer = Layer.build(rows, np.arange(1, len(rows) + 1, dtype=np.int64))
+    layer.symmetric = True
+    assert mirrored_lookup_sum(layers, layer).tolist() == lookup_sum(layers, layer.rows).tolist()

@@ -55,6 +55,7 @@ from reliability_support import (
     write_changes,
 )
 
+from wcoj_core.deploy.batches import STATISTICS
 from wcoj_core.errors import DamagedBatch
 
 SET_KINDS = [
@@ -125,7 +126,13 @@ def same_size_parquet(path: Path) -> bytes:
             column[i] += delta
             changed = table.set_column(0, field, pa.array(column, type=field.type))
             sink = pa.BufferOutputStream()
-            pq.write_table(changed, sink, compression="snappy", use_dictionary=["time", "diff"])
+            pq.write_table(
+                changed,
+                sink,
+                compression="snappy",
+                use_dictionary=["time", "diff"],
+                write_statistics=STATISTICS,  # as a batch is written
+            )
             out = sink.getvalue().to_pybytes()
             if len(out) == len(data) and out != data:
                 return out

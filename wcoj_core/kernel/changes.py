@@ -98,9 +98,13 @@ def support_delta(
     new = total([old.copy(), delta.diff], namer, "summing a tuple's multiplicity and change")
     change = (new != 0).astype(I64) - (old != 0).astype(I64)
     keep = change != 0
+    # A `symmetric` delta (an undirected relation's) changes a tuple and its mirror alike, and
+    # both held the same before (the relation is its own mirror in every epoch): its support
+    # change is its own mirror too, so its counts by either column are one (`counted_by`).
     if keep.all():  # every tuple changed its support (a whole relation): same rows, same keys
-        return delta.with_diff(change)
-    return Layer(delta.rows[keep], change[keep])
+        return delta.with_diff(change, symmetric=True)
+    out = Layer(delta.rows[keep], change[keep])
+    return out.mirrored() if delta.symmetric and len(out) else out
 
 
 def counted_by(support: Layer, key: Sequence[int]) -> tuple[int, ...]:

@@ -482,6 +482,37 @@ def lookup_sum(layers: Sequence[Layer], rows: np.ndarray) -> np.ndarray:
     return lookup_sum_of(layers, columns_of(rows), len(rows))
 
 
+def mirrored_lookup_sum(layers: Sequence[Layer], mirrored: Layer) -> np.ndarray:
+    """`lookup_sum` of the rows of a `symmetric` layer over layers of a relation that is its
+    own mirror too (an undirected relation's, in every epoch): each row ``(a, b)`` with
+    ``a < b`` is looked up, and its sum is its mirror's. The mirrors are found among the
+    layer's own sorted keys; a layer whose rows turn out not to be each other's mirrors is
+    looked up whole.
+
+    >>> held = [Layer.build(np.array([[1, 2], [2, 1], [2, 3], [3, 2]]), np.ones(4, dtype=I64))]
+    >>> changes = Layer.build(np.array([[1, 2], [1, 4], [2, 1], [4, 1]]), np.ones(4, dtype=I64))
+    >>> mirrored_lookup_sum(held, changes.mirrored()).tolist()
+    [1, 0, 1, 0]
+    """
+    n, packing = len(mirrored), mirrored.packing
+    if not mirrored.symmetric or packing is None or n % 2:
+        return lookup_sum(layers, mirrored.rows)
+    a, b = mirrored.col(0), mirrored.col(1)
+    low = np.flatnonzero(a < b)
+    if 2 * len(low) != n:
+        return lookup_sum(layers, mirrored.rows)
+    keys = mirrored.search_keys()
+    mirrors, inside = packing.pack_columns([b[low], a[low]])
+    at = np.searchsorted(keys, mirrors)
+    if not inside.all() or not np.array_equal(keys[np.minimum(at, n - 1)], mirrors):
+        return lookup_sum(layers, mirrored.rows)
+    half = lookup_sum_of(layers, [a[low], b[low]], len(low))
+    out = np.empty(n, dtype=I64)
+    out[low] = half
+    out[at] = half
+    return out
+
+
 def lookup_sum_of(layers: Sequence[Layer], cols: Sequence[np.ndarray], m: int) -> np.ndarray:
     """`lookup_sum` of `m` rows given as columns (the sum is exact; one leaving int64 raises
     `MultiplicityOverflow`, naming the row). A layer wider than the columns gives the diff of
@@ -642,3 +673,56 @@ def merged(layer: Layer, other: Layer) -> Layer:
         np.concatenate([layer.diff, other.diff]),
         what="merging two layers",
     )
+
+
+def summed_sorted(layers: Sequence[Layer], *, what: str = SUMMING) -> Layer:
+    """Layers of one width, each sorted and consolidated, summed into one (as `Layer.build`
+    of their rows). Their rows are packed in one box that holds them all, where one fits in
+    64 bits: the keys are then a few sorted runs, which a stable sort merges in a pass over
+    them (a radix sort of the whole would pass over them several times). Equal rows summed, a
+    sum leaving int64 raises `MultiplicityOverflow`, zeros dropped.
+
+    >>> a = Layer.build(np.array([[1, 5], [3, 0]]), np.array([1, 2]))
+    >>> b = Layer.build(np.array([[2, 9], [3, 0], [-4, 1]]), np.array([1, -2, 3]))
+    >>> s = summed_sorted([a, b])
+    >>> s.rows.tolist(), s.diff.tolist()
+    ([[-4, 1], [1, 5], [2, 9]], [3, 1, 1])
+    """
+    live = [layer for layer in layers if len(layer)]
+    if len(live) <= 1:
+        return live[0] if live else Layer.empty(layers[0].width if layers else 0)
+    boxes = [layer.packing for layer in live]
+    if any(box is None for box in boxes) or not live[0].width:
+        return Layer.build(
+            np.concatenate([np.asarray(layer.rows) for layer in live]),
+            np.concatenate([np.asarray(layer.diff, dtype=I64) for layer in live]),
+            what=what,
+        )
+    width = live[0].width
+    lows = tuple(min(box.lows[j] for box in boxes if box) for j in range(width))
+    highs = tuple(max(box.highs[j] for box in boxes if box) for j in range(width))
+    bits = tuple((h - lo).bit_length() for lo, h in zip(lows, highs, strict=True))
+    if sum(bits) > 64:
+        return Layer.build(
+            np.concatenate([np.asarray(layer.rows) for layer in live]),
+            np.concatenate([np.asarray(layer.diff, dtype=I64) for layer in live]),
+            what=what,
+        )
+    packing = Packing(lows, highs, bits)
+    keys = np.concatenate(
+        [
+            layer.search_keys() if layer.packing == packing else packing.pack(layer.rows)[0]
+            for layer in live
+        ]
+    )
+    diff = np.concatenate([np.asarray(layer.diff, dtype=I64) for layer in live])
+    order = np.argsort(keys, kind="stable")  # sorted runs: merged
+    keys = keys[order]
+    sums = np.empty(len(keys), dtype=I64)
+    kept = native.consolidate(keys, diff, order, sums)
+    if kept < 0:
+        at = -kept - 1
+        row = packing.unpack(keys[at : at + 1])[0]
+        raise MultiplicityOverflow(what, tuple(int(v) for v in row))
+    keys, diff = keys[:kept], sums[:kept]
+    return Layer(packing.unpack(keys), diff, packing, keys)

@@ -71,6 +71,8 @@ class Files(Protocol):
 
     def entries(self, rel: str) -> list[Entry]: ...
 
+    def names(self, rel: str) -> list[str]: ...
+
     def kind(self, rel: str) -> Kind | None: ...
 
     def read_text(self, rel: str) -> str: ...
@@ -166,6 +168,16 @@ class LocalFiles:
                     continue
                 out.append(Entry(e.name, st.st_mtime, _kind_of(st.st_mode)))
         return out
+
+    def names(self, rel: str) -> list[str]:
+        """The names in a folder, as `entries` finds them, without each one's status (what
+        listing the manifests needs, several times an epoch)."""
+        if self.kind(rel) is not Kind.DIR:
+            return []
+        try:
+            return os.listdir(self.path / rel)
+        except (FileNotFoundError, NotADirectoryError):  # removed meanwhile
+            return []
 
     def kind(self, rel: str) -> Kind | None:
         """What is at `rel` (not following a link), None when nothing is; the root itself
@@ -361,6 +373,9 @@ class HadoopFiles:
             Entry(s.getPath().getName(), s.getModificationTime() / 1000.0, self._kind(s))
             for s in self._fs.listStatus(folder)
         ]
+
+    def names(self, rel: str) -> list[str]:
+        return [e.name for e in self.entries(rel)]
 
     @staticmethod
     def _kind(status: Any) -> Kind:

@@ -203,7 +203,7 @@ class Store:
     # -- manifests ---------------------------------------------------------------------------
     def generations(self) -> list[int]:
         """The committed generations kept, oldest first."""
-        found = (names.generation_of(e.name) for e in self.files.entries(names.MANIFESTS))
+        found = (names.generation_of(name) for name in self.files.names(names.MANIFESTS))
         return sorted(g for g in found if g is not None)
 
     def _manifest_rel(self, generation: int) -> str:

@@ -109,7 +109,9 @@ def verify_state(
     counted: dict[tuple[str, int, int, tuple[str, ...]], _Seen] = {}
     listed: dict[str, set[str]] = {}  # folder -> the names of the files a manifest lists
     segments: dict[str, _Seen] = {}
-    segment_of: dict[str, Segment] = {}
+    # A file's segment records, each distinct one once: an undirected relation's views and
+    # counts name one file in several records, and each record's sizes and digests are checked.
+    segment_of: dict[str, dict[tuple[object, ...], Segment]] = {}
     for m in manifests:
         for t in m.traces.values():
             for b in t.batches:
@@ -131,7 +133,8 @@ def verify_state(
                     seen = segments.setdefault(s.path, _Seen(t.name, t.index.time, [], True))
                     seen.since = min(seen.since, t.index.time)
                     seen.generations.append(m.generation)
-                    segment_of[s.path] = s
+                    record = (tuple(sorted(s.files.items())), s.rows, s.width, s.unit, s.packing)
+                    segment_of.setdefault(s.path, {}).setdefault(record, s)
     files = 0
     size = 0
     for (folder, name), seen in sorted(batches.items()):
@@ -168,21 +171,26 @@ def verify_state(
         damaged += _figures(store, manifests[-1], broken, memory or default_budget())
     local = store.local_root
     for path, seen in sorted(segments.items()):
-        segment = segment_of[path]
+        records = list(segment_of[path].values())
         if progress is not None:
             progress(path)
-        files += len(segment.files)
-        size += segment_bytes(segment)
-        if local is not None:
-            found = [(_relative(e.path, str(local)), e.what) for e in check_segment(local, segment)]
-        else:  # not on this machine: size and digest only
-            found = []
-            for role, ref in segment.files.items():
-                rel = segment.file_path(role)
-                what = store.files.verify(rel, ref)
-                if what is not None:
-                    found.append((rel, what))
-        damaged.extend(_damage(rel, seen, what, current) for rel, what in found)
+        files += len(records[0].files)
+        size += segment_bytes(records[0])
+        problems_of: list[tuple[str, str]] = []
+        for segment in records:
+            if local is not None:
+                problems = [
+                    (_relative(e.path, str(local)), e.what) for e in check_segment(local, segment)
+                ]
+            else:  # not on this machine: size and digest only
+                problems = []
+                for role, ref in segment.files.items():
+                    rel = segment.file_path(role)
+                    what = store.files.verify(rel, ref)
+                    if what is not None:
+                        problems.append((rel, what))
+            problems_of += [p for p in problems if p not in problems_of]
+        damaged.extend(_damage(rel, seen, what, current) for rel, what in problems_of)
     return VerifyReport(current, tuple(gens), files, size, tuple(damaged))
 
 
