@@ -36,8 +36,7 @@ from wcoj_core.kernel.join import (
     count_rule,
     delta_layer,
     run_rule,
-    shares,
-    weights,
+    share_ranges,
 )
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer
@@ -46,10 +45,6 @@ from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Plan
 from wcoj_core.spill import Spill
 from wcoj_core.store.manifest import Trace
 from wcoj_core.traces import counts_trace_name, relation_columns, relation_trace_name
-
-# A rule's delta of at most this many tuples is cut into shares by tuple count alone; a larger
-# one by the work its first step's counts predict (a count per tuple costs a lookup).
-WEIGH_ROWS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,12 +246,11 @@ def run_share(
         d = delta_layer(plan, rule, layers)
         if len(d):
             lo, hi = 0, len(d)
+            counting = job.output in work.counted
             if count > 1:
-                big = len(d) > WEIGH_ROWS
-                sizes = weights(plan, rule, layers) if big else np.ones(len(d), I64)
-                lo, hi = shares(sizes, count)[share]
+                lo, hi = share_ranges(plan, rule, layers, count, counting=counting)[share]
             pace = Pace(work.chunk_rows, work.budget, threads)
-            if job.output in work.counted:
+            if counting:
                 got = count_rule(plan, rule, layers, tally, (lo, hi), pace=pace)
                 yield Counted(job, got.rows, got.total)
                 yield Tallied(job, tally)
