@@ -427,8 +427,8 @@ class EpochPass:
         jobs = self._jobs(m)
         outputs: dict[str, _Out] = {}
         distinct = self.distinct = self._distinct(jobs)
+        counted = frozenset(n for n in distinct if self.count_only and n not in self.opened)
         if choice.on_driver or not jobs:
-            counted = frozenset(n for n in distinct if self.count_only and n not in self.opened)
             work = Work(
                 access.store.root,
                 self.epoch,
@@ -468,9 +468,12 @@ class EpochPass:
                 self.pre,
                 self.written,
                 distinct=distinct,
+                counted=counted,
             )
             for name, batch in outcome.batches.items():
                 outputs[name] = _Out(None, batch, outcome.totals.get(name, 0))
+            for name, (rows, total) in outcome.counted.items():
+                outputs[name] = _Out(None, None, total, count=rows)
             tallies = dict(outcome.tallies)
             if outcome.how:
                 choice = replace(choice, reason=f"{choice.reason}; {outcome.how}")

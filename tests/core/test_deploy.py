@@ -194,6 +194,50 @@ def test_a_static_evaluation_on_the_executors_is_written_by_the_tasks_unsummed(
     assert stored(engine, OUT) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
 
 
+def test_a_static_count_on_the_executors_is_counted_by_the_tasks_and_written_nowhere(
+    small: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`wcoj count` keeping nothing (`Engine.evaluate(count_only=True)`) on the executors: each
+    task counts its share of the bindings and sums their weights (`Work.counted`), with no
+    output folder to write into; the count, its total and every step's work are the driver's
+    and the oracle's. (An output over sets keeping every variable: over a bag it is indexed,
+    so made, on either deployment.)"""
+    from wcoj_core.deploy import executors
+    from wcoj_core.meaning import Meaning, RelationSpec
+
+    seen: list[tuple[frozenset[str], set[str], int]] = []
+    real = executors.run_on_executors
+
+    def spy(spark: SparkSession, work: Any, folders: Any, tasks: int) -> Any:
+        seen.append((work.counted, set(folders), tasks))
+        return real(spark, work, folders, tasks)
+
+    monkeypatch.setattr(executors, "run_on_executors", spy)
+    graph = graph_epochs(seed=7, epochs=0)[0]
+    expected = sum(naive_eval(TRIANGLES, {"edge": live(graph)}).values())
+    sets = {"edge": RelationSpec("edge", 2, Meaning.SET)}
+    figures = {}
+    for name in ("driver", "executors"):
+        root = tmp_path / name
+        engine = Engine(
+            small, str(root), TRIANGLES, relations=sets, deployment=name, executor_tasks=3
+        )
+        engine.one_task_rows = 0
+        result = engine.evaluate({"edge": edge_table(graph)}, count_only=True)
+        assert result.metrics.deployment == name
+        assert result.changes["triangles"] is None, name  # counted, not made
+        steps = sorted(
+            (s.rule, s.var, s.prefixes, s.min_count_sum, s.proposed, s.validated)
+            for s in result.metrics.steps
+        )
+        figures[name] = (result.count("triangles"), result.total("triangles"), steps)
+        assert not list(root.rglob("*.parquet")), name  # a dry run leaves nothing
+    assert expected > 0
+    assert figures["driver"][:2] == (expected, expected)
+    assert figures["executors"] == figures["driver"]
+    assert seen == [(frozenset({OUT}), set(), 3)]  # no folder for the counted output
+
+
 def test_writers_on_both_deployments_follow_each_other_and_the_merges(
     small: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

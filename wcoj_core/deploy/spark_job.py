@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from wcoj_core.deploy import Choice
@@ -39,12 +39,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What the executors wrote: a batch per output trace (figures not yet known), the sum of
-    each output's diffs, and what every rule did."""
+    each output's diffs, and what every rule did; for an output only counted, no batch but its
+    rows and the sum of their weights (`counted`)."""
 
     batches: dict[str, Batch]
     totals: dict[str, int]
     tallies: dict[RuleJob, RuleTally]
     how: str = ""  # how a sharded work ran otherwise than routed (for the epoch's reason)
+    counted: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def run_rules(
@@ -57,12 +59,15 @@ def run_rules(
     changes: Mapping[str, Batch],
     written: list[str],
     distinct: frozenset[str] = frozenset(),
+    counted: frozenset[str] = frozenset(),
 ) -> Outcome:
     """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (the
     changed traces' batches at the epoch, already written), for what `served` serves over the
     state `state` reaches; staged folders go to `written`.
     Outputs in `distinct` are made already consolidated (`EpochPass._distinct`): each task
-    writes its own, with no stage summing them."""
+    writes its own, with no stage summing them; those also in `counted` (a static count keeping
+    nothing, `Work.counted`) are only counted by the tasks that make them, nothing written
+    (replicated; the sharded stages write them as any other)."""
     state.spark(f"the kernel runs in Spark's executors ({choice.reason})")  # started, and why
     names = [*(f"rel/{r}" for r in served.relations), *served.counts_traces]
     sharded = choice.shards > 1
@@ -77,10 +82,19 @@ def run_rules(
         )
         for name in names
     )
-    work = Work(state.store.root, epoch, served.plans, reads, rules=tuple(jobs), distinct=distinct)
+    work = Work(
+        state.store.root,
+        epoch,
+        served.plans,
+        reads,
+        rules=tuple(jobs),
+        distinct=distinct,
+        counted=counted & distinct,
+    )
     work = _budgeted(served, state, work)
     try:
         if sharded and not _small_mapped(state, changes, reads):
+            work = replace(work, counted=frozenset())
             return _sharded(served, state, work, choice.shards, changes, written)
         outcome = _replicated(state, work, epoch, changes, written)
         if sharded:
@@ -145,7 +159,11 @@ def _replicated(
     from wcoj_core.deploy.executors import run_on_executors
 
     spark = state.spark("the kernel runs in Spark's executors")
-    folders = {name: new_batch_path(name, epoch, "x") for name in work.columns()}
+    folders = {
+        name: new_batch_path(name, epoch, "x")
+        for name in work.columns()
+        if name not in work.counted
+    }
     written += folders.values()
     rows = sum(b.rows for b in changes.values())
     tasks = 1 if rows <= state.one_task_rows and state.executors_warm else state.tasks()
@@ -156,7 +174,8 @@ def _replicated(
         name: Batch(folder, epoch, result.rows[name], refs[name])
         for name, folder in folders.items()
     }
-    return Outcome(batches, dict(result.totals), dict(result.tallies))
+    totals = {name: result.totals[name] for name in folders}
+    return Outcome(batches, totals, dict(result.tallies), counted=dict(result.counted))
 
 
 def _budgeted(served: Served, state: StateAccess, work: Work) -> Work:
