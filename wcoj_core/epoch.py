@@ -60,8 +60,9 @@ from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
 from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
 from wcoj_core.store.files import sync_soon
-from wcoj_core.store.manifest import Batch, Manifest, Trace
-from wcoj_core.store.names import new_batch_path
+from wcoj_core.store.manifest import Batch, Level, Manifest, Segment, Trace
+from wcoj_core.store.names import new_batch_path, new_segment_path
+from wcoj_core.store.segments import write_segment
 from wcoj_core.traces import (
     counts_trace_name,
     output_trace_name,
@@ -456,20 +457,31 @@ class EpochPass:
         else:
             from wcoj_core.deploy.spark_job import run_rules
 
+            # Replicated tasks on a state every executor reaches as files map the changes the
+            # driver consolidated (`TraceRead.mapped`); a dry pass then writes no batch at all.
+            ship = self.access.local and choice.shards == 1
+            mapped = {
+                name: self._shipped(name, layer) for name, layer in self.deltas.items() if ship
+            }
             for name, layer in self.deltas.items():
-                self.pre[name] = self._batch(m.traces[name], layer)
-            outcome = run_rules(
-                served,
-                self.access,
-                m,
-                self.epoch,
-                choice,
-                jobs,
-                self.pre,
-                self.written,
-                distinct=distinct,
-                counted=counted,
-            )
+                if not (ship and self.dry):
+                    self.pre[name] = self._batch(m.traces[name], layer)
+            try:
+                outcome = run_rules(
+                    served,
+                    self.access,
+                    m,
+                    self.epoch,
+                    choice,
+                    jobs,
+                    self.pre,
+                    self.written,
+                    distinct=distinct,
+                    counted=counted,
+                    mapped=mapped,
+                )
+            finally:
+                self.access.store.discard([s.path for s in mapped.values() if s.rows])
             for name, batch in outcome.batches.items():
                 outputs[name] = _Out(None, batch, outcome.totals.get(name, 0))
             for name, (rows, total) in outcome.counted.items():
@@ -776,6 +788,15 @@ class EpochPass:
         figures = out.figures if out.figures is not None else Figures()
         landed = self.landed.get(trace.name, "")
         return replace(batch, figures=figures.as_tuple(), landed=landed, inputs=self.chain)
+
+    def _shipped(self, name: str, layer: Layer) -> Segment:
+        """The epoch's change of a trace as one segment file for the executors' tasks to map
+        (removed once they ran: no manifest names it)."""
+        path = new_segment_path(name)
+        self.written.append(path)
+        identity_order = tuple(range(layer.width))
+        root = self.access.store.root
+        return write_segment(root, path, layer, level=Level.RECENT, view=None, order=identity_order)
 
     def _batch(self, trace: Trace, layer: Layer) -> Batch:
         """Write a layer as the trace's batch at the epoch (figures and provenance added when

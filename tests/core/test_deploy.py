@@ -199,17 +199,20 @@ def test_a_static_count_on_the_executors_is_counted_by_the_tasks_and_written_now
 ) -> None:
     """`wcoj count` keeping nothing (`Engine.evaluate(count_only=True)`) on the executors: each
     task counts its share of the bindings and sums their weights (`Work.counted`), with no
-    output folder to write into; the count, its total and every step's work are the driver's
+    output folder to write into, over the changes the driver wrote as segment files for them
+    to map (`TraceRead.mapped`); the count, its total and every step's work are the driver's
     and the oracle's. (An output over sets keeping every variable: over a bag it is indexed,
     so made, on either deployment.)"""
     from wcoj_core.deploy import executors
     from wcoj_core.meaning import Meaning, RelationSpec
 
     seen: list[tuple[frozenset[str], set[str], int]] = []
+    shipped: list[dict[str, tuple[int, int]]] = []
     real = executors.run_on_executors
 
     def spy(spark: SparkSession, work: Any, folders: Any, tasks: int) -> Any:
         seen.append((work.counted, set(folders), tasks))
+        shipped.append({r.name: (r.mapped.rows, len(r.delta)) for r in work.reads if r.mapped})
         return real(spark, work, folders, tasks)
 
     monkeypatch.setattr(executors, "run_on_executors", spy)
@@ -236,6 +239,11 @@ def test_a_static_count_on_the_executors_is_counted_by_the_tasks_and_written_now
     assert figures["driver"][:2] == (expected, expected)
     assert figures["executors"] == figures["driver"]
     assert seen == [(frozenset({OUT}), set(), 3)]  # no folder for the counted output
+    # The changes reach the tasks as the segment files the driver wrote (mapped there), and no
+    # batch is written for them: the pass keeps nothing.
+    (ways,) = shipped
+    assert ways["rel/edge"] == (sum(1 for d in graph.values() if d), 0)
+    assert {n for n in ways if n.startswith("counts/")} and all(b == 0 for _, b in ways.values())
 
 
 def test_writers_on_both_deployments_follow_each_other_and_the_merges(
@@ -341,8 +349,12 @@ def test_a_failed_task_applies_nothing(
 
     def truncating(served: Any, access: Any, m: Any, epoch: int, *rest: Any, **kw: Any):
         choice, jobs, pre, written = rest
-        batch = pre["rel/edge"]
-        path = state / batch.path / batch.files[0].name
+        # What the tasks read: the change mapped (a local state), else its batch.
+        segment = (kw.get("mapped") or {}).get("rel/edge")
+        if segment is not None:
+            path = state / segment.path
+        else:
+            path = state / pre["rel/edge"].path / pre["rel/edge"].files[0].name
         path.chmod(0o644)
         path.write_bytes(path.read_bytes()[:20])
         truncated.append(str(path))

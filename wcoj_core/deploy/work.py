@@ -43,7 +43,8 @@ from wcoj_core.kernel.layer import Layer
 from wcoj_core.query.ir import Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Plan
 from wcoj_core.spill import Spill
-from wcoj_core.store.manifest import Trace
+from wcoj_core.store.manifest import Segment, Trace
+from wcoj_core.store.segments import open_segment
 from wcoj_core.traces import counts_trace_name, relation_columns, relation_trace_name
 
 
@@ -55,7 +56,9 @@ class TraceRead:
 
     With `trace` (the manifest's entry) the old state is opened from the trace's index — its
     arrangement files mapped, through the view keys `keys` (`wcoj_core.indexes.open_trace`) —
-    rather than read from the batches `old`.
+    rather than read from the batches `old`. With `mapped`, the changes are the layer the
+    driver consolidated, written as one segment file (`wcoj_core.store.segments`) a task maps
+    rather than decoding and sorting the batch `delta` again.
     """
 
     name: str
@@ -66,6 +69,7 @@ class TraceRead:
     inline: pa.Table | None = None  # or the changes themselves (a small epoch's)
     trace: Trace | None = None
     keys: frozenset[ViewKey] = frozenset()
+    mapped: Segment | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +178,8 @@ def open_layers(
             deltas[r.name] = given[r.name]
         elif r.inline is not None:
             deltas[r.name] = changes_layer(r.columns, r.inline)
+        elif r.mapped is not None:
+            deltas[r.name] = open_segment(work.root, r.mapped)
         elif r.raw:
             deltas[r.name] = resident.files.read_files(r.columns, r.raw)
         elif any(b.rows for b in r.delta):
