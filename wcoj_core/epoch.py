@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time as clock
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -458,30 +459,40 @@ class EpochPass:
             from wcoj_core.deploy.spark_job import run_rules
 
             # Replicated tasks on a state every executor reaches as files map the changes the
-            # driver consolidated (`TraceRead.mapped`); a dry pass then writes no batch at all.
+            # driver consolidated (`TraceRead.mapped`): the batches, which only the commit reads
+            # then, are written on a thread while the job runs (a dry pass writes none).
             ship = self.access.local and choice.shards == 1
             mapped = {
                 name: self._shipped(name, layer) for name, layer in self.deltas.items() if ship
             }
-            for name, layer in self.deltas.items():
-                if not (ship and self.dry):
-                    self.pre[name] = self._batch(m.traces[name], layer)
+            if not ship:
+                self._batches(m)
+            later = ThreadPoolExecutor(1) if ship and not self.dry else None
             try:
-                outcome = run_rules(
-                    served,
-                    self.access,
-                    m,
-                    self.epoch,
-                    choice,
-                    jobs,
-                    self.pre,
-                    self.written,
-                    distinct=distinct,
-                    counted=counted,
-                    mapped=mapped,
-                )
+                pending = later.submit(self._batches, m) if later is not None else None
+                try:
+                    outcome = run_rules(
+                        served,
+                        self.access,
+                        m,
+                        self.epoch,
+                        choice,
+                        jobs,
+                        {} if ship else self.pre,
+                        self.written,
+                        distinct=distinct,
+                        counted=counted,
+                        mapped=mapped,
+                    )
+                finally:
+                    if pending is not None:
+                        wait([pending])  # written (or failed) before anything is discarded
+                    self.access.store.discard([s.path for s in mapped.values() if s.rows])
+                if pending is not None:
+                    pending.result()  # a batch that could not be written fails the epoch
             finally:
-                self.access.store.discard([s.path for s in mapped.values() if s.rows])
+                if later is not None:
+                    later.shutdown()
             for name, batch in outcome.batches.items():
                 outputs[name] = _Out(None, batch, outcome.totals.get(name, 0))
             for name, (rows, total) in outcome.counted.items():
@@ -788,6 +799,11 @@ class EpochPass:
         figures = out.figures if out.figures is not None else Figures()
         landed = self.landed.get(trace.name, "")
         return replace(batch, figures=figures.as_tuple(), landed=landed, inputs=self.chain)
+
+    def _batches(self, m: Manifest) -> None:
+        """The epoch's changes written as their traces' batches (`pre`), for the commit."""
+        for name, layer in self.deltas.items():
+            self.pre[name] = self._batch(m.traces[name], layer)
 
     def _shipped(self, name: str, layer: Layer) -> Segment:
         """The epoch's change of a trace as one segment file for the executors' tasks to map
