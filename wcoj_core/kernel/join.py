@@ -399,8 +399,8 @@ def bindings(plan: Plan, rule: DeltaRule, parts: list[Part]) -> Prefixes:
 # proposes any: its counts and key ranges are looked up at random places of the arrangements,
 # while the candidates are merged in order. Where the bindings are written (each projected and
 # encoded) a candidate weighs more than where they are only counted. Measured with the
-# compiled kernel on web-NotreDame's triangles (docs/benchmarks.md, "Balanced shares on the
-# executors").
+# compiled kernel on web-NotreDame's triangles (docs/benchmarks.md, "The executors' static
+# path, issue 29").
 PREFIX_WORK = 16
 PREFIX_WORK_COUNTED = 128
 # Shares are cut on the expected work of at most this many delta tuples, evenly spaced: the
