@@ -524,3 +524,24 @@ def test_sharded_tasks_map_the_arrangement_files_and_hold_no_shard(tmp_path: Pat
                 (held,) = cut
                 assert rows[mine].tolist() == np.asarray(held.rows).tolist(), (read.name, shard)
                 assert np.asarray(whole.diff)[mine].tolist() == np.asarray(held.diff).tolist()
+
+
+def test_the_driver_reads_counted_and_written_outputs_from_the_same_records() -> None:
+    """A task's records of an output only counted (its rows, and its weights' sum as text: it
+    may leave int64) and of an output written (its files) are read side by side."""
+    from wcoj_core.deploy.executors import COUNT, FILE, _written
+    from wcoj_core.deploy.work import Work
+
+    work = Work("/state", 0, {}, (), counted=frozenset({"out/a"}))
+    big = 2**63 + 5
+    records = [
+        {"kind": COUNT, "tag": 0, "c0": 5, "c1": None, "diff": 0, "path": str(big)},
+        {"kind": FILE, "tag": 1, "c0": 3, "c1": 4, "diff": 0, "path": "traces/b/p-1\t10\tab"},
+        {"kind": COUNT, "tag": 0, "c0": 2, "c1": None, "diff": 0, "path": "-1"},
+        {"kind": FILE, "tag": 1, "c0": 1, "c1": -2, "diff": 0, "path": "traces/b/p-2\t11\tcd"},
+    ]
+    got = _written(work, ["out/a", "out/b"], records)
+    assert got.counted == {"out/a": (7, big - 1)}
+    assert got.rows["out/b"] == 4 and got.totals["out/b"] == 2
+    assert got.files["out/b"] == ["traces/b/p-1", "traces/b/p-2"]
+    assert "out/a" not in got.files or not got.files["out/a"]

@@ -363,8 +363,8 @@ def _written(work: Work, names: list[str], records: Sequence[object]) -> Written
         kind, tag = r["kind"], r["tag"]  # type: ignore[index]
         if kind == COUNT:
             name = names[tag]
-            rows, total = counted[name]
-            counted[name] = (rows + r["c0"], total + int(r["path"]))  # type: ignore[index]
+            made, total = counted[name]
+            counted[name] = (made + r["c0"], total + int(r["path"]))  # type: ignore[index]
         elif kind == FILE:
             name = names[tag]
             path, size, sha = str(r["path"]).split("\t")  # type: ignore[index]
