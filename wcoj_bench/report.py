@@ -180,7 +180,7 @@ def commands(
     out["dagster-run"] = ["dagster-run", *dagster, *where, "--undirected", "edge", "--json"]
     out["scale"] = ["scale", *scale, *where, "--json"]  # whole processes: starts no Spark itself
     on = ["--master", cluster, "--deploy", "executors", "--undirected", "edge", *tiny, "--json"]
-    three = ["--methods", "wcoj,spark-sql,neighbour-array"]
+    three = ["--methods", "wcoj,wcoj-apply,spark-sql,neighbour-array"]
     out["cluster-static"] = ["static", *static[:2], "--repeat", "3", *three, *on]
     out["cluster-epochs"] = ["epochs", *epochs, "--methods", "recompute,wcoj", *on]
     out["cluster-curve-size"] = [

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time as clock
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -60,9 +61,9 @@ from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
 from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
 from wcoj_core.store.files import sync_soon
-from wcoj_core.store.manifest import Batch, Index, Manifest, Trace
-from wcoj_core.store.names import new_batch_path
-from wcoj_core.store.segments import restamped
+from wcoj_core.store.manifest import Batch, Index, Level, Manifest, Segment, Trace
+from wcoj_core.store.names import new_batch_path, new_segment_path
+from wcoj_core.store.segments import restamped, write_segment
 from wcoj_core.traces import (
     counts_trace_name,
     output_trace_name,
@@ -435,8 +436,8 @@ class EpochPass:
         jobs = self._jobs(m)
         outputs: dict[str, _Out] = {}
         distinct = self.distinct = self._distinct(jobs)
+        counted = frozenset(n for n in distinct if self.count_only and n not in self.opened)
         if choice.on_driver or not jobs:
-            counted = frozenset(n for n in distinct if self.count_only and n not in self.opened)
             work = Work(
                 access.store.root,
                 self.epoch,
@@ -464,21 +465,45 @@ class EpochPass:
         else:
             from wcoj_core.deploy.spark_job import run_rules
 
-            for name, layer in self.deltas.items():
-                self.pre[name] = self._batch(m.traces[name], layer)
-            outcome = run_rules(
-                served,
-                self.access,
-                m,
-                self.epoch,
-                choice,
-                jobs,
-                self.pre,
-                self.written,
-                distinct=distinct,
-            )
+            # Replicated tasks on a state every executor reaches as files map the changes the
+            # driver consolidated (`TraceRead.mapped`): the batches, which only the commit reads
+            # then, are written on a thread while the job runs (a dry pass writes none).
+            ship = self.access.local and choice.shards == 1
+            mapped = {
+                name: self._shipped(name, layer) for name, layer in self.deltas.items() if ship
+            }
+            if not ship:
+                self._batches(m)
+            later = ThreadPoolExecutor(1) if ship and not self.dry else None
+            try:
+                pending = later.submit(self._batches, m) if later is not None else None
+                try:
+                    outcome = run_rules(
+                        served,
+                        self.access,
+                        m,
+                        self.epoch,
+                        choice,
+                        jobs,
+                        {} if ship else self.pre,
+                        self.written,
+                        distinct=distinct,
+                        counted=counted,
+                        mapped=mapped,
+                    )
+                finally:
+                    if pending is not None:
+                        wait([pending])  # written (or failed) before anything is discarded
+                    self.access.store.discard([s.path for s in mapped.values() if s.rows])
+                if pending is not None:
+                    pending.result()  # a batch that could not be written fails the epoch
+            finally:
+                if later is not None:
+                    later.shutdown()
             for name, batch in outcome.batches.items():
                 outputs[name] = _Out(None, batch, outcome.totals.get(name, 0))
+            for name, (rows, total) in outcome.counted.items():
+                outputs[name] = _Out(None, None, total, count=rows)
             tallies = dict(outcome.tallies)
             if outcome.how:
                 choice = replace(choice, reason=f"{choice.reason}; {outcome.how}")
@@ -806,6 +831,20 @@ class EpochPass:
         figures = out.figures if out.figures is not None else Figures()
         landed = self.landed.get(trace.name, "")
         return replace(batch, figures=figures.as_tuple(), landed=landed, inputs=self.chain)
+
+    def _batches(self, m: Manifest) -> None:
+        """The epoch's changes written as their traces' batches (`pre`), for the commit."""
+        for name, layer in self.deltas.items():
+            self.pre[name] = self._batch(m.traces[name], layer)
+
+    def _shipped(self, name: str, layer: Layer) -> Segment:
+        """The epoch's change of a trace as one segment file for the executors' tasks to map
+        (removed once they ran: no manifest names it)."""
+        path = new_segment_path(name)
+        self.written.append(path)
+        identity_order = tuple(range(layer.width))
+        root = self.access.store.root
+        return write_segment(root, path, layer, level=Level.RECENT, view=None, order=identity_order)
 
     def _batch(self, trace: Trace, layer: Layer) -> Batch:
         """Write a layer as the trace's batch at the epoch (figures and provenance added when

@@ -194,6 +194,58 @@ def test_a_static_evaluation_on_the_executors_is_written_by_the_tasks_unsummed(
     assert stored(engine, OUT) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
 
 
+def test_a_static_count_on_the_executors_is_counted_by_the_tasks_and_written_nowhere(
+    small: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`wcoj count` keeping nothing (`Engine.evaluate(count_only=True)`) on the executors: each
+    task counts its share of the bindings and sums their weights (`Work.counted`), with no
+    output folder to write into, over the changes the driver wrote as segment files for them
+    to map (`TraceRead.mapped`); the count, its total and every step's work are the driver's
+    and the oracle's. (An output over sets keeping every variable: over a bag it is indexed,
+    so made, on either deployment.)"""
+    from wcoj_core.deploy import executors
+    from wcoj_core.meaning import Meaning, RelationSpec
+
+    seen: list[tuple[frozenset[str], set[str], int]] = []
+    shipped: list[dict[str, tuple[int, int]]] = []
+    real = executors.run_on_executors
+
+    def spy(spark: SparkSession, work: Any, folders: Any, tasks: int) -> Any:
+        seen.append((work.counted, set(folders), tasks))
+        shipped.append({r.name: (r.mapped.rows, len(r.delta)) for r in work.reads if r.mapped})
+        return real(spark, work, folders, tasks)
+
+    monkeypatch.setattr(executors, "run_on_executors", spy)
+    graph = graph_epochs(seed=7, epochs=0)[0]
+    expected = sum(naive_eval(TRIANGLES, {"edge": live(graph)}).values())
+    sets = {"edge": RelationSpec("edge", 2, Meaning.SET)}
+    figures = {}
+    for name in ("driver", "executors"):
+        root = tmp_path / name
+        engine = Engine(
+            small, str(root), TRIANGLES, relations=sets, deployment=name, executor_tasks=3
+        )
+        engine.one_task_rows = 0
+        result = engine.evaluate({"edge": edge_table(graph)}, count_only=True)
+        assert result.metrics.deployment == name
+        assert result.changes["triangles"] is None, name  # counted, not made
+        steps = sorted(
+            (s.rule, s.var, s.prefixes, s.min_count_sum, s.proposed, s.validated)
+            for s in result.metrics.steps
+        )
+        figures[name] = (result.count("triangles"), result.total("triangles"), steps)
+        assert not list(root.rglob("*.parquet")), name  # a dry run leaves nothing
+    assert expected > 0
+    assert figures["driver"][:2] == (expected, expected)
+    assert figures["executors"] == figures["driver"]
+    assert seen == [(frozenset({OUT}), set(), 3)]  # no folder for the counted output
+    # The changes reach the tasks as the segment files the driver wrote (mapped there), and no
+    # batch is written for them: the pass keeps nothing.
+    (ways,) = shipped
+    assert ways["rel/edge"] == (sum(1 for d in graph.values() if d), 0)
+    assert {n for n in ways if n.startswith("counts/")} and all(b == 0 for _, b in ways.values())
+
+
 def test_writers_on_both_deployments_follow_each_other_and_the_merges(
     small: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -297,8 +349,12 @@ def test_a_failed_task_applies_nothing(
 
     def truncating(served: Any, access: Any, m: Any, epoch: int, *rest: Any, **kw: Any):
         choice, jobs, pre, written = rest
-        batch = pre["rel/edge"]
-        path = state / batch.path / batch.files[0].name
+        # What the tasks read: the change mapped (a local state), else its batch.
+        segment = (kw.get("mapped") or {}).get("rel/edge")
+        if segment is not None:
+            path = state / segment.path
+        else:
+            path = state / pre["rel/edge"].path / pre["rel/edge"].files[0].name
         path.chmod(0o644)
         path.write_bytes(path.read_bytes()[:20])
         truncated.append(str(path))
@@ -468,3 +524,24 @@ def test_sharded_tasks_map_the_arrangement_files_and_hold_no_shard(tmp_path: Pat
                 (held,) = cut
                 assert rows[mine].tolist() == np.asarray(held.rows).tolist(), (read.name, shard)
                 assert np.asarray(whole.diff)[mine].tolist() == np.asarray(held.diff).tolist()
+
+
+def test_the_driver_reads_counted_and_written_outputs_from_the_same_records() -> None:
+    """A task's records of an output only counted (its rows, and its weights' sum as text: it
+    may leave int64) and of an output written (its files) are read side by side."""
+    from wcoj_core.deploy.executors import COUNT, FILE, _written
+    from wcoj_core.deploy.work import Work
+
+    work = Work("/state", 0, {}, (), counted=frozenset({"out/a"}))
+    big = 2**63 + 5
+    records = [
+        {"kind": COUNT, "tag": 0, "c0": 5, "c1": None, "diff": 0, "path": str(big)},
+        {"kind": FILE, "tag": 1, "c0": 3, "c1": 4, "diff": 0, "path": "traces/b/p-1\t10\tab"},
+        {"kind": COUNT, "tag": 0, "c0": 2, "c1": None, "diff": 0, "path": "-1"},
+        {"kind": FILE, "tag": 1, "c0": 1, "c1": -2, "diff": 0, "path": "traces/b/p-2\t11\tcd"},
+    ]
+    got = _written(work, ["out/a", "out/b"], records)
+    assert got.counted == {"out/a": (7, big - 1)}
+    assert got.rows["out/b"] == 4 and got.totals["out/b"] == 2
+    assert got.files["out/b"] == ["traces/b/p-1", "traces/b/p-2"]
+    assert "out/a" not in got.files or not got.files["out/a"]

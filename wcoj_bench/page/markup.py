@@ -91,6 +91,7 @@ LABELS = {
     "recompute": "recompute (Spark SQL binary plan)",
     "binary-delta": "binary-delta (delta rules, binary joins)",
     "wcoj": "wcoj",
+    "wcoj-apply": "wcoj-apply (the input applied: batches and the output written)",
     "wcoj-bag": "wcoj-bag (the relation an undirected bag)",
     "wcoj-executors": "wcoj-executors (the kernel in Spark's executors)",
     "spark-sql": "spark-sql (binary plan, `reference.py`)",

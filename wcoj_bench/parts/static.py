@@ -12,10 +12,13 @@ Parquet file.
 
 The methods, each counting the query's output (the sum of its multiplicities):
 
-* **wcoj** — exactly what `wcoj count` runs: the whole input applied as one epoch to a fresh,
-  empty state (batches written, the output written; no index files, which a count's throw-away
-  state does not keep), the count read from the epoch's figures. Its kernel runs where
-  ``--deploy`` says (default ``auto``: on the driver when the relations fit its limits).
+* **wcoj** — exactly what `wcoj count` runs (no ``--state``, no ``--output``): the whole input
+  evaluated as epoch 0 of a fresh, empty state that keeps nothing (`Engine.evaluate` with
+  ``count_only``: an output whose bindings are distinct is counted by the kernel, never made),
+  the count read from the epoch's figures. Its kernel runs where ``--deploy`` says (default
+  ``auto``: on the driver when the relations fit its limits).
+* **wcoj-apply** — the same input applied as one epoch and committed (batches written, the
+  output written; no index files): what ``wcoj count --state DIR`` runs.
 * **wcoj-executors** — the same with the kernel in Spark's executors (one job, the traces read
   by every task), what a state too large for the driver, or on a cluster's storage, gets.
 * **spark-sql** — Spark SQL's plan for the binary-join query `wcoj_core.reference` writes (one
@@ -102,6 +105,7 @@ STATIC_METHODS: dict[str, StaticMethod] = {
     m.name: m
     for m in (
         StaticMethod("wcoj", Runtime.SPARK, triangles_only=False),
+        StaticMethod("wcoj-apply", Runtime.SPARK, triangles_only=False),
         StaticMethod("wcoj-executors", Runtime.SPARK, triangles_only=False),
         StaticMethod("wcoj-count", Runtime.PROCESS, triangles_only=False),
         StaticMethod("wcoj-count-baseline", Runtime.PROCESS, triangles_only=False),
@@ -295,9 +299,10 @@ class Runner:
     own_seconds: list[float] = field(default_factory=lambda: [])
 
 
-def _wcoj(inputs: StaticInputs, deployment: str | None = None) -> Runner:
+def _wcoj(inputs: StaticInputs, deployment: str | None = None, *, apply: bool = False) -> Runner:
     where = deployment or inputs.deployment
     runs = inputs.root / ("wcoj" if deployment is None else f"wcoj-{deployment}")
+    runs = runs.with_name(runs.name + "-apply") if apply else runs
     phases: list[dict[str, float]] = []
     own_rows: list[int] = []
     deployments: list[str] = []
@@ -308,7 +313,10 @@ def _wcoj(inputs: StaticInputs, deployment: str | None = None) -> Runner:
             inputs.spark, str(state), inputs.query, relations=inputs.specs, deployment=where
         )
         engine.persist_index = False  # as `wcoj count` without --state
-        result = engine.apply(0, dict(inputs.once))
+        if apply:
+            result = engine.apply(0, dict(inputs.once))
+        else:
+            result = engine.evaluate(dict(inputs.once), count_only=True)
         phases.append(result.metrics.seconds)
         own_rows.append(result.metrics.join_rows)
         deployments.append(result.metrics.deployment)
@@ -458,6 +466,7 @@ def _wcoj_count(inputs: StaticInputs, baseline: bool = False) -> Runner:
 
 PREPARE: dict[str, Callable[[StaticInputs], Runner]] = {
     "wcoj": _wcoj,
+    "wcoj-apply": partial(_wcoj, apply=True),
     "wcoj-executors": partial(_wcoj, deployment="executors"),
     "spark-sql": _spark_sql,
     "neighbour-array": _neighbour_array,

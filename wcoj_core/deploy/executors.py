@@ -8,7 +8,8 @@ minute (measured with PySpark 4.3): an epoch that comes later finds a fresh work
 from a daemon that has imported the kernel already (`wcoj_core.deploy.daemon`), which maps the
 traces' arrangement files where the state keeps them (a state on other storage: reads the
 traces whole again). Every arrangement is replicated to every executor, and the
-work is split by ranges of each rule's delta tuples, balanced on the work the counts predict,
+work is split by ranges of each rule's delta tuples, balanced on the work the counts predict
+(`wcoj_core.kernel.join.share_ranges`, from a sample of the tuples),
 so a hub's tuples are spread over tasks like any others.
 
 Results leave the tasks as batch files, written where the state keeps them:
@@ -18,6 +19,10 @@ Results leave the tasks as batch files, written where the state keeps them:
   the others leave as rows;
 * **stage 2** (only when some output needs it): those rows, hash-partitioned by tuple, are
   summed and written by the task owning them.
+
+An output only counted (`Work.counted`: a static count keeping nothing, ``wcoj count``) is
+never written: each task counts its bindings and sums their weights in the kernel, and sends
+the two numbers.
 
 Tasks stream: bindings are projected and written (or sent on) a part at a time, so a task holds
 one part of its proposals, never its whole output; what a task sums (stage 2, or one task's
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -42,6 +47,7 @@ from wcoj_core.deploy.batches import BatchFiles, PartWriter
 from wcoj_core.deploy.resident import resident_for
 from wcoj_core.deploy.work import (
     Bindings,
+    Counted,
     Emitted,
     RuleJob,
     Tallied,
@@ -60,7 +66,7 @@ from wcoj_core.store.manifest import FileRef
 from wcoj_core.traces import DIFF
 
 # Record kinds in the rows a task returns.
-ROW, FILE, METRIC = 0, 1, 2
+ROW, FILE, METRIC, COUNT = 0, 1, 2, 3
 # Rows per Arrow batch a task sends on.
 SEND_ROWS = 1 << 16
 # Step fields of a METRIC record (c1), and the rule's joins (c0 = -1).
@@ -77,6 +83,8 @@ class Written:
     rows: Mapping[str, int]
     totals: Mapping[str, int]
     tallies: Mapping[RuleJob, RuleTally]
+    # Outputs only counted (`Work.counted`): their rows and the sum of their weights.
+    counted: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def clean(
         self, files: BatchFiles, folders: Mapping[str, str], work: Work
@@ -105,7 +113,8 @@ def run_on_executors(
     spark: SparkSession, work: Work, folders: Mapping[str, str], tasks: int
 ) -> Written:
     """Run a work in `tasks` Spark tasks; its outputs are written into `folders` (output trace
-    -> batch folder relative to the state). See the module.
+    -> batch folder relative to the state), but for the outputs only counted (`Work.counted`,
+    no folder). See the module.
 
     With one task, the task sums every output itself (there is no other share to meet): a
     small epoch is one stage, one task.
@@ -113,7 +122,7 @@ def run_on_executors(
     columns = work.columns()
     names = list(columns)
     width = max([3, *(len(c) for c in columns.values())])
-    direct = frozenset(work.emit) | work.distinct
+    direct = frozenset(work.emit) | work.distinct | work.counted
     summed = frozenset(n for n in names if n not in direct)
     schema = _schema(width)
     run_id = uuid.uuid4().hex[:8]
@@ -160,6 +169,7 @@ def _kernel_task(
     writers: dict[str, PartWriter] = {}
     spill = task_spill(work)
     kept: dict[str, Sorter] = {}  # summed here (one task), in sorted runs beyond its budget
+    counted: dict[str, tuple[int, int]] = {}  # outputs only counted: rows, the weights' sum
     jobs = {job: i for i, job in enumerate(work.rules)}
 
     def writer(name: str, share: int) -> PartWriter:
@@ -186,6 +196,9 @@ def _kernel_task(
                             kept[job.output].add(rows, diff)
                         else:
                             yield from out.rows(tag[job.output], rows, diff)
+                    case Counted(job, rows, total):
+                        before = counted.get(job.output, (0, 0))
+                        counted[job.output] = (before[0] + rows, before[1] + total)
                     case Tallied(job, tally):
                         yield from out.metrics(jobs[job], tally)
         for name, sorter in kept.items():
@@ -196,6 +209,8 @@ def _kernel_task(
         w.close()
         if w.rows:
             yield from out.file(tag[name], w)
+    for name, (rows, total) in counted.items():
+        yield from out.count(tag[name], rows, total)
     yield from out.flush()
 
 
@@ -312,6 +327,13 @@ class _Sender:
         record = f"{w.path}\t{ref.size}\t{ref.sha256}"
         yield from self._add(self._batch(FILE, np.array([tag]), cols, np.zeros(1, I64), [record]))
 
+    def count(self, tag: int, rows: int, total: int) -> Iterator[pa.RecordBatch]:
+        """An output only counted: its rows (c0) and the exact sum of its weights, as text (the
+        sum of a task's weights may leave int64, as the driver's count may)."""
+        cols = [np.array([rows], dtype=I64)]
+        batch = self._batch(COUNT, np.array([tag]), cols, np.zeros(1, I64), [str(total)])
+        yield from self._add(batch)
+
     def metrics(self, job: int, tally: RuleTally) -> Iterator[pa.RecordBatch]:
         steps, fields, values = [-1], [0], [tally.joins]
         for k, s in enumerate(tally.steps):
@@ -335,10 +357,15 @@ def _written(work: Work, names: list[str], records: Sequence[object]) -> Written
     rows = dict.fromkeys(names, 0)
     totals = dict.fromkeys(names, 0)
     tallies = {job: RuleTally.of(work.rule(job)) for job in work.rules}
+    counted = {n: (0, 0) for n in names if n in work.counted}
     jobs = list(work.rules)
     for r in records:
         kind, tag = r["kind"], r["tag"]  # type: ignore[index]
-        if kind == FILE:
+        if kind == COUNT:
+            name = names[tag]
+            made, total = counted[name]
+            counted[name] = (made + r["c0"], total + int(r["path"]))  # type: ignore[index]
+        elif kind == FILE:
             name = names[tag]
             path, size, sha = str(r["path"]).split("\t")  # type: ignore[index]
             files[name].append(path)
@@ -353,4 +380,4 @@ def _written(work: Work, names: list[str], records: Sequence[object]) -> Written
             else:
                 s: StepCounts = tally.steps[step]
                 setattr(s, FIELDS[field], getattr(s, FIELDS[field]) + value)
-    return Written(files, refs, rows, totals, tallies)
+    return Written(files, refs, rows, totals, tallies, counted)

@@ -7,13 +7,18 @@ the epoch's changes are written as batches first (the relation and counts change
 each task opens the old state itself: replicated (`executors`), a task maps the traces'
 arrangement files from the state's storage through the same `wcoj_core.indexes.open_trace` the
 driver uses — files, not memory, so a Python worker Spark ended after a minute idle costs its
-successor a few milliseconds, not a rebuild; sharded (`sharded`), the prefixes are routed to
+successor a few milliseconds, not a rebuild — and, on a state the executors reach as files,
+maps the epoch's changes too: the layers the driver consolidated, written as one segment file
+each (`TraceRead.mapped`, removed after the job), where decoding and sorting a batch again cost
+each task 0.1 s of a whole-graph epoch (a dry pass, keeping nothing, then writes no batch at
+all); sharded (`sharded`), the prefixes are routed to
 the shard owning each lookup's key, a task searching the same mapped files (a state on other
 storage: its shard cut from the batches) — and a small epoch of a sharded state runs in one
 task as the replicated ones do (`SMALL_MAPPED`): with the files mapped, a shard buys no memory.
 
-The tasks write the outputs' batches (each file with its size and digest); the driver gets
-the batches, the sum of each output's diffs and what every rule did.
+The tasks write the outputs' batches (each file with its size and digest), or only count an
+output nobody keeps (`Work.counted`); the driver gets the batches, the sum of each output's
+diffs (or its rows counted) and what every rule did.
 """
 
 from __future__ import annotations
@@ -21,14 +26,14 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from wcoj_core.deploy import Choice
 from wcoj_core.deploy.work import RuleJob, TraceRead, Work
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.join import RuleTally
-from wcoj_core.store.manifest import Batch, FileRef, Manifest, Trace
+from wcoj_core.store.manifest import Batch, FileRef, Manifest, Segment, Trace
 from wcoj_core.store.names import new_batch_path
 
 if TYPE_CHECKING:
@@ -39,12 +44,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What the executors wrote: a batch per output trace (figures not yet known), the sum of
-    each output's diffs, and what every rule did."""
+    each output's diffs, and what every rule did; for an output only counted, no batch but its
+    rows and the sum of their weights (`counted`)."""
 
     batches: dict[str, Batch]
     totals: dict[str, int]
     tallies: dict[RuleJob, RuleTally]
     how: str = ""  # how a sharded work ran otherwise than routed (for the epoch's reason)
+    counted: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def run_rules(
@@ -57,12 +64,17 @@ def run_rules(
     changes: Mapping[str, Batch],
     written: list[str],
     distinct: frozenset[str] = frozenset(),
+    counted: frozenset[str] = frozenset(),
+    mapped: Mapping[str, Segment] | None = None,
 ) -> Outcome:
     """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (the
-    changed traces' batches at the epoch, already written), for what `served` serves over the
-    state `state` reaches; staged folders go to `written`.
+    changed traces' batches at the epoch, already written; or, for a replicated work, the
+    changes as segment files the tasks map, `mapped`), for what `served` serves over the state
+    `state` reaches; staged folders go to `written`.
     Outputs in `distinct` are made already consolidated (`EpochPass._distinct`): each task
-    writes its own, with no stage summing them."""
+    writes its own, with no stage summing them; those also in `counted` (a static count keeping
+    nothing, `Work.counted`) are only counted by the tasks that make them, nothing written
+    (replicated; the sharded stages write them as any other)."""
     state.spark(f"the kernel runs in Spark's executors ({choice.reason})")  # started, and why
     names = [*(f"rel/{r}" for r in served.relations), *served.counts_traces]
     sharded = choice.shards > 1
@@ -74,13 +86,23 @@ def run_rules(
             (changes[name],) if name in changes else (),
             trace=m.traces[name] if not sharded or _mapped(state, m.traces[name]) else None,
             keys=served.views[name],
+            mapped=(mapped or {}).get(name) if not sharded else None,
         )
         for name in names
     )
-    work = Work(state.store.root, epoch, served.plans, reads, rules=tuple(jobs), distinct=distinct)
+    work = Work(
+        state.store.root,
+        epoch,
+        served.plans,
+        reads,
+        rules=tuple(jobs),
+        distinct=distinct,
+        counted=counted & distinct,
+    )
     work = _budgeted(served, state, work)
     try:
         if sharded and not _small_mapped(state, changes, reads):
+            work = replace(work, counted=frozenset())
             return _sharded(served, state, work, choice.shards, changes, written)
         outcome = _replicated(state, work, epoch, changes, written)
         if sharded:
@@ -145,9 +167,15 @@ def _replicated(
     from wcoj_core.deploy.executors import run_on_executors
 
     spark = state.spark("the kernel runs in Spark's executors")
-    folders = {name: new_batch_path(name, epoch, "x") for name in work.columns()}
+    folders = {
+        name: new_batch_path(name, epoch, "x")
+        for name in work.columns()
+        if name not in work.counted
+    }
     written += folders.values()
-    rows = sum(b.rows for b in changes.values())
+    rows = sum(
+        r.mapped.rows if r.mapped is not None else sum(b.rows for b in r.delta) for r in work.reads
+    )
     tasks = 1 if rows <= state.one_task_rows and state.executors_warm else state.tasks()
     result = run_on_executors(spark, work, folders, tasks)
     state.executors_warm = True
@@ -156,7 +184,8 @@ def _replicated(
         name: Batch(folder, epoch, result.rows[name], refs[name])
         for name, folder in folders.items()
     }
-    return Outcome(batches, dict(result.totals), dict(result.tallies))
+    totals = {name: result.totals[name] for name in folders}
+    return Outcome(batches, totals, dict(result.tallies), counted=dict(result.counted))
 
 
 def _budgeted(served: Served, state: StateAccess, work: Work) -> Work:

@@ -36,20 +36,16 @@ from wcoj_core.kernel.join import (
     count_rule,
     delta_layer,
     run_rule,
-    shares,
-    weights,
+    share_ranges,
 )
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.query.ir import Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Plan
 from wcoj_core.spill import Spill
-from wcoj_core.store.manifest import Trace
+from wcoj_core.store.manifest import Segment, Trace
+from wcoj_core.store.segments import open_segment
 from wcoj_core.traces import counts_trace_name, relation_columns, relation_trace_name
-
-# A rule's delta of at most this many tuples is cut into shares by tuple count alone; a larger
-# one by the work its first step's counts predict (a count per tuple costs a lookup).
-WEIGH_ROWS = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +56,9 @@ class TraceRead:
 
     With `trace` (the manifest's entry) the old state is opened from the trace's index — its
     arrangement files mapped, through the view keys `keys` (`wcoj_core.indexes.open_trace`) —
-    rather than read from the batches `old`.
+    rather than read from the batches `old`. With `mapped`, the changes are the layer the
+    driver consolidated, written as one segment file (`wcoj_core.store.segments`) a task maps
+    rather than decoding and sorting the batch `delta` again.
     """
 
     name: str
@@ -71,6 +69,7 @@ class TraceRead:
     inline: pa.Table | None = None  # or the changes themselves (a small epoch's)
     trace: Trace | None = None
     keys: frozenset[ViewKey] = frozenset()
+    mapped: Segment | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +178,8 @@ def open_layers(
             deltas[r.name] = given[r.name]
         elif r.inline is not None:
             deltas[r.name] = changes_layer(r.columns, r.inline)
+        elif r.mapped is not None:
+            deltas[r.name] = open_segment(work.root, r.mapped)
         elif r.raw:
             deltas[r.name] = resident.files.read_files(r.columns, r.raw)
         elif any(b.rows for b in r.delta):
@@ -251,12 +252,11 @@ def run_share(
         d = delta_layer(plan, rule, layers)
         if len(d):
             lo, hi = 0, len(d)
+            counting = job.output in work.counted
             if count > 1:
-                big = len(d) > WEIGH_ROWS
-                sizes = weights(plan, rule, layers) if big else np.ones(len(d), I64)
-                lo, hi = shares(sizes, count)[share]
+                lo, hi = share_ranges(plan, rule, layers, count, counting=counting)[share]
             pace = Pace(work.chunk_rows, work.budget, threads)
-            if job.output in work.counted:
+            if counting:
                 got = count_rule(plan, rule, layers, tally, (lo, hi), pace=pace)
                 yield Counted(job, got.rows, got.total)
                 yield Tallied(job, tally)

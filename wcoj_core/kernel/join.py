@@ -395,25 +395,66 @@ def bindings(plan: Plan, rule: DeltaRule, parts: list[Part]) -> Prefixes:
     return concat(parts, names, _lead(plan, rule))
 
 
-def weights(plan: Plan, rule: DeltaRule, layers: Layers) -> np.ndarray:
-    """Each delta tuple's expected work: its least candidate count at the rule's first step
-    (1 for a rule without steps), to cut the delta into pieces of similar work."""
+# A delta tuple the rule's start filters keep costs about this many candidates' work before it
+# proposes any: its counts and key ranges are looked up at random places of the arrangements,
+# while the candidates are merged in order. Where the bindings are written (each projected and
+# encoded) a candidate weighs more than where they are only counted. Measured with the
+# compiled kernel on web-NotreDame's triangles (docs/benchmarks.md, "The executors' static
+# path, issue 29").
+PREFIX_WORK = 16
+PREFIX_WORK_COUNTED = 128
+# Shares are cut on the expected work of at most this many delta tuples, evenly spaced: the
+# lookups of a whole 2 M-tuple delta cost each task 0.13 s, a sample a few milliseconds.
+WEIGH_SAMPLE = 1 << 16
+
+
+def weights(
+    plan: Plan,
+    rule: DeltaRule,
+    layers: Layers,
+    at: np.ndarray | None = None,
+    *,
+    counting: bool = False,
+) -> np.ndarray:
+    """The expected work of the delta tuples at positions `at` (every one: None): 0 for a tuple
+    the rule's start filters drop, else its least candidate count at the rule's first step
+    plus `PREFIX_WORK` (`PREFIX_WORK_COUNTED` when the bindings are only `counting`), to cut
+    the delta into pieces of similar work (1 for a kept tuple of a rule without steps)."""
     d = delta_layer(plan, rule, layers)
-    if not rule.steps or len(d) == 0:
-        return np.ones(len(d), dtype=I64)
+    m = len(d) if at is None else len(at)
     start = plan.atom_vars[rule.delta]
     columns = d.columns()
-    cols = {v: columns[i] for i, v in enumerate(start)}
+    cols = {v: columns[i] if at is None else columns[i][at] for i, v in enumerate(start)}
+    diff = d.diff if at is None else d.diff[at]
+    keep = Prefixes(dict(cols), diff).passing(rule.start_filters)
+    if not rule.steps or m == 0:
+        return keep.astype(I64)
     least: np.ndarray | None = None
     for x in rule.steps[0].extenders:
         keys = [cols.get(plan.atom_vars[x.atom][k]) for k in x.key]
         if any(c is None for c in keys):  # a key bound by a check, not by the delta: skip it
             continue
         n = lookup_sum_of(
-            layers.layers(*counts_source(x), x.version), [c for c in keys if c is not None], len(d)
+            layers.layers(*counts_source(x), x.version), [c for c in keys if c is not None], m
         )
         least = n if least is None else np.minimum(least, n)
-    return np.ones(len(d), dtype=I64) if least is None else np.maximum(least, 1)
+    if least is None:
+        return keep.astype(I64)
+    work = least + (PREFIX_WORK_COUNTED if counting else PREFIX_WORK)
+    return np.where(keep, work, 0)
+
+
+def share_ranges(
+    plan: Plan, rule: DeltaRule, layers: Layers, count: int, *, counting: bool = False
+) -> list[tuple[int, int]]:
+    """`count` consecutive ranges of the rule's delta tuples of about equal expected work
+    (`weights`), cut on an evenly spaced sample of at most `WEIGH_SAMPLE` tuples."""
+    n = len(delta_layer(plan, rule, layers))
+    stride = max(1, -(-n // WEIGH_SAMPLE))
+    at = None if stride == 1 else np.arange(0, n, stride, dtype=I64)
+    cuts = shares(weights(plan, rule, layers, at, counting=counting), count)
+    ends = [min(a * stride, n) for a, _ in cuts] + [n]
+    return list(itertools.pairwise(ends))
 
 
 def shares(sizes: np.ndarray, count: int) -> list[tuple[int, int]]:

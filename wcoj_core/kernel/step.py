@@ -92,6 +92,10 @@ class Prefixes:
             return self
         return self.where(_filter_mask(self, filters))
 
+    def passing(self, filters: Sequence[Filter]) -> np.ndarray:
+        """Which rows pass every filter (a boolean mask)."""
+        return _filter_mask(self, filters)
+
 
 @dataclass
 class StepCounts:
