@@ -232,11 +232,12 @@ def _staged(area: str) -> Callable[[Path, Path], bool]:
 MOMENTS: dict[str, tuple[Callable[[Path, Path], bool], int]] = {
     "first-batch-staged": (_staged(names.TRACES), 1),
     "first-segment-staged": (_staged(names.ARRANGEMENTS), 1),
-    # The fourth of an epoch's batch folders and segments (a triangle epoch stages eight: the
-    # fourth leaves half of them, and the commit, still to come).
-    "fourth-staged": (
+    # The third of an epoch's batch folders and segments (a triangle epoch of an undirected
+    # relation stages six: four batches and two segments, the reversed view and the second
+    # counts sharing the others'; the third leaves half of them, and the commit, still to come).
+    "third-staged": (
         lambda state, p: _staged(names.TRACES)(state, p) or _staged(names.ARRANGEMENTS)(state, p),
-        4,
+        3,
     ),
     "compaction-staged": (
         lambda state, p: _staged(names.TRACES)(state, p) and p.name.startswith("b-c-"),

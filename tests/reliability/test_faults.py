@@ -174,7 +174,7 @@ def test_a_killed_writer_then_an_hour_later_its_orphans_are_pruned(
 
     state = fresh_copy(world, tmp_path)
     folders = set(staged_folders(state))
-    signal_when(state, world.apply_args(state), "fourth-staged", signal.SIGKILL)
+    signal_when(state, world.apply_args(state), "third-staged", signal.SIGKILL)
     orphans = new_folders(state, folders)
     assert orphans
     assert run_wcoj(*world.apply_args(state)).code == 0

@@ -135,7 +135,7 @@ def big_history(tmp_path: Path) -> History:
     [
         "first-batch-staged",
         "first-segment-staged",
-        "fourth-staged",
+        "third-staged",
         "manifest-being-committed",
         "manifest-committed",
     ],
