@@ -56,7 +56,8 @@ ui-prod: postgres java
 # Tests run on WORKERS processes (pytest-xdist), one per core of the machine we test on (2): the
 # suite kept both cores busy (vmstat: 2% idle over a whole run), so a third worker only added
 # contention (24 min 33 s with three, 22 min 08 s with two). Since its JVMs stop their JIT at the
-# first tier (tests/spark-conf), the suite takes 18 min 06 s with two.
+# first tier (tests/spark-conf), the suite took 18 min 06 s with two (3c77859); 23 min 29 s at
+# f4ebae3, 21 tests more and the machine slower that night (see docs/benchmarks.md).
 # The end-to-end tests of one folder run one after another on one of them, the longest groups
 # first, in the order tests/tiers.py gives (--no-loadscope-reorder keeps it). WORKERS=0 runs them
 # all in this process.
