@@ -801,8 +801,7 @@ class EpochPass:
                         served.views[name],
                         self.written,
                         access.read_batch,
-                        spill=self.spill,
-                        read_chunks=access.read_chunks,
+                        streamed=Streamed(access.read_chunks, self.spill),
                         mirror=name in self.mirrors,
                     )
                     if name.startswith("counts/") and len(change):

@@ -462,8 +462,7 @@ def advance(
     read_batch: ReadBatch,
     *,
     verify_merges: bool = True,
-    spill: Spill | None = None,
-    read_chunks: ReadChunks | None = None,
+    streamed: Streamed | None = None,
     mirror: bool = False,
 ) -> Index:
     """The trace's index after epoch `time` changed it by `change`: it covers every batch up to
@@ -477,9 +476,10 @@ def advance(
 
     A merge reads segments whole and checks their digests: a damaged one is not merged but
     replaced, its view's base rebuilt from the batches (`Opened.rebuilt` says so). With
-    `spill`, a large change is arranged a run at a time and segments are merged by a k-way
-    merge of their mapped files (`wcoj_core.spill`): never two whole layers in memory; with
-    `read_chunks` too, a damaged base is rebuilt from the batches a piece at a time."""
+    `streamed`, a large change is arranged a run at a time, segments are merged by a k-way
+    merge of their mapped files (`wcoj_core.spill`), never two whole layers in memory, and a
+    damaged base is rebuilt from the batches a piece at a time."""
+    spill = streamed.spill if streamed is not None else None
     folder = f"arrangements/{trace_dir(opened.name)}"
 
     def arranged(layer: Layer, key: ViewKey) -> Layer:
@@ -511,7 +511,7 @@ def advance(
             verify_merges,
             arranged,
             summed,
-            Streamed(read_chunks, spill) if spill is not None and read_chunks is not None else None,
+            streamed,
         )
         made[key] = out[start:]
     return Index(time, tuple(out))
