@@ -12,8 +12,8 @@ prepared graph (`wcoj_bench.infra.prepared`: ``edges.parquet``, each undirected 
   deployment="executors", executor_max_rows=R)``: every arrangement cut into
   ``ceil(rows / R)`` shards (`wcoj_core.deploy.sharded`). Its epoch 0 is built on the cluster
   (``--build-on-cluster``: the whole graph as one sharded epoch) or copied from the driver's
-  state. A small epoch runs in one task over the mapped arrangement files
-  (`wcoj_core.deploy.spark_job.SMALL_MAPPED`); ``--routed`` runs it as routed stages instead.
+  state. Every epoch (the load included) runs in tasks searching the mapped arrangement files
+  (`wcoj_core.deploy.spark_job.OVER_FILES`); ``--routed`` runs them as routed stages instead.
 
 With ``--state DIR`` (a working copy of a state holding the graph, e.g. the bench's cached
 18.6 M-edge one, stamped again by ``wcoj verify --repair``) nothing is built: the cluster's
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--routed",
         action="store_true",
-        help="run even a small epoch as routed stages (one_task_rows = 0), not as one task",
+        help="run every epoch as routed stages, not as tasks over the mapped arrangement files",
     )
     p.add_argument(
         "--state",
@@ -243,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         if args.routed:
             cluster.one_task_rows = 0
+            cluster.routed = True
         report["routed"] = args.routed
         sampler.label = "spark start"
         start = clock.perf_counter()

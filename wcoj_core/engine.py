@@ -255,6 +255,15 @@ class Engine:
     def one_task_rows(self, rows: int) -> None:
         self.access.one_task_rows = rows
 
+    @property
+    def routed(self) -> bool:
+        """A sharded work runs as routed stages even over mapped files (`StateAccess.routed`)."""
+        return self.access.routed
+
+    @routed.setter
+    def routed(self, routed: bool) -> None:
+        self.access.routed = routed
+
     def spark(self, reason: str) -> SparkSession:
         """The Spark session, started now (announced with `reason`) if it is not running."""
         return self.access.spark(reason)

@@ -463,12 +463,13 @@ class EpochPass:
                 outputs[name] = self._output(m, name, change, streams.get(name))
             tallies = dict(result.tallies)
         else:
-            from wcoj_core.deploy.spark_job import run_rules
+            from wcoj_core.deploy.spark_job import routes, run_rules
 
-            # Replicated tasks on a state every executor reaches as files map the changes the
-            # driver consolidated (`TraceRead.mapped`): the batches, which only the commit reads
-            # then, are written on a thread while the job runs (a dry pass writes none).
-            ship = self.access.local and choice.shards == 1
+            # Tasks on a state every executor reaches as files (not routed stages) map the
+            # changes the driver consolidated (`TraceRead.mapped`): the batches, which only the
+            # commit reads then, are written on a thread while the job runs (a dry pass writes
+            # none).
+            ship = self.access.local and not routes(served, access, m, self.epoch, choice)
             mapped = {
                 name: self._shipped(name, layer) for name, layer in self.deltas.items() if ship
             }

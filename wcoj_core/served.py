@@ -267,7 +267,9 @@ class StateAccess:
     every executor mounts at the same path; a state on remote storage keeps batches only).
     `executor_tasks`: the tasks an epoch's work runs in on the executors (None: Spark's default
     parallelism). `one_task_rows`: a small executors' work (changed rows) runs in one task once
-    the executors are warm (`executors_warm`, set by the first Spark job)."""
+    the executors are warm (`executors_warm`, set by the first Spark job). `routed`: a sharded
+    work runs as routed stages even where its tasks could search the mapped arrangement files
+    (`wcoj_core.deploy.spark_job.routes`; tests and measurements of the routed stages)."""
 
     def __init__(
         self, store: Store, starter: SparkStarter, *, executor_tasks: int | None = None
@@ -276,6 +278,7 @@ class StateAccess:
         self.starter = starter
         self.executor_tasks = executor_tasks
         self.one_task_rows = ONE_TASK_ROWS
+        self.routed = False
         self.executors_warm = False
         self.persist_index = self.local
         self._files: BatchFiles | None = None

@@ -124,7 +124,8 @@ def engines(spark: SparkSession, root: Path) -> dict[str, Engine]:
         ),
     }
     made["executors-split"].one_task_rows = 0
-    made["executors-sharded"].one_task_rows = 0  # routed stages, however small the epoch
+    made["executors-sharded"].one_task_rows = 0
+    made["executors-sharded"].routed = True  # routed stages, however small the epoch
     return made
 
 
@@ -447,16 +448,19 @@ def test_the_choice_and_its_reason_are_recorded(small: SparkSession, tmp_path: P
     assert stored(engine, OUT) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
 
 
-def test_a_small_sharded_epoch_runs_in_one_task_over_the_mapped_arrangements(
-    small: SparkSession, tmp_path: Path
+@pytest.mark.parametrize("one_task_rows", [50_000, 0])
+def test_a_sharded_state_on_files_runs_its_epochs_as_tasks_over_the_mapped_arrangements(
+    small: SparkSession, tmp_path: Path, one_task_rows: int
 ) -> None:
-    """A state larger than an executor holds, small epochs (the default `one_task_rows`): each
-    after the first (which writes the arrangement files) runs its rules in one task searching
-    the mapped files rather than as routed stages (the epoch's reason says so), with the
+    """A state larger than an executor holds, on files every executor reaches: every epoch — the
+    first load (nothing held before it), small ones (one task with the default
+    `one_task_rows`) and large ones (split in tasks with 0) — runs its rules in tasks searching
+    the mapped arrangement files, not as routed stages (the epoch's reason says so), with the
     oracle's change."""
     engine = Engine(
         small, str(tmp_path / "s"), TRIANGLES, deployment="executors", executor_max_rows=600
     )
+    engine.one_task_rows = one_task_rows
     graph: Counter = Counter()
     sharded = 0
     epochs = graph_epochs(seed=11, epochs=3)
@@ -467,11 +471,41 @@ def test_a_small_sharded_epoch_runs_in_one_task_over_the_mapped_arrangements(
         expected.subtract(before)
         result = engine.apply_epoch(t, {"edge": edge_table(change)})
         assert change_of(engine, result) == Counter({k: v for k, v in expected.items() if v}), t
-        if t > 0 and "shards" in result.metrics.reason:  # epoch 0: no arrangement files yet
+        if "shards" in result.metrics.reason:
             sharded += 1
-            assert spark_job.SMALL_MAPPED in result.metrics.reason, result.metrics.reason
-    assert sharded == len(epochs) - 1
+            assert spark_job.OVER_FILES in result.metrics.reason, result.metrics.reason
+    assert sharded == len(epochs)
     assert stored(engine, OUT) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
+
+
+def test_a_sharded_work_is_routed_only_where_its_tasks_cannot_map_every_trace() -> None:
+    """`spark_job.routes`: routed stages for a sharded choice whose traces are not all in files
+    the tasks map (a trace with batches but no arrangement files, a state on remote storage),
+    or when asked for; tasks over the mapped files otherwise — an indexed trace, or one that
+    held nothing before the epoch (a first load)."""
+    from types import SimpleNamespace
+
+    from wcoj_core.deploy import Choice, Deployment
+
+    held = (SimpleNamespace(time=0),)  # a batch at epoch 0
+    indexed = SimpleNamespace(batches=held, index=SimpleNamespace(segments=("a segment",)))
+    unindexed = SimpleNamespace(batches=held, index=None)
+    served = SimpleNamespace(relations=("edge",), counts_traces=())
+    sharded, one = Choice(Deployment.EXECUTORS, "", 3), Choice(Deployment.EXECUTORS, "")
+
+    def routes(
+        trace: Any, epoch: int, choice: Choice = sharded, local: bool = True, routed: bool = False
+    ) -> bool:
+        state = SimpleNamespace(local=local, routed=routed)
+        m = SimpleNamespace(traces={"rel/edge": trace})
+        return spark_job.routes(served, state, m, epoch, choice)  # type: ignore[arg-type]
+
+    assert not routes(indexed, 1)
+    assert not routes(unindexed, 0)  # held nothing before epoch 0
+    assert routes(unindexed, 1)
+    assert routes(indexed, 1, local=False)
+    assert routes(indexed, 1, routed=True)
+    assert not routes(unindexed, 1, choice=one)
 
 
 def test_sharded_tasks_map_the_arrangement_files_and_hold_no_shard(tmp_path: Path) -> None:

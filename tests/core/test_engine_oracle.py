@@ -52,7 +52,9 @@ def engine_for(
         executor_max_rows=SHARD_ROWS if deployment.endswith("-sharded") else 10**9,
     )
     if deployment.endswith(("-split", "-sharded")):
-        engine.one_task_rows = 0  # split in tasks; sharded: routed stages, however small
+        engine.one_task_rows = 0  # split in tasks, however small
+    # Sharded: routed stages, even where its tasks could search the mapped arrangement files.
+    engine.routed = deployment.endswith("-sharded")
     return engine
 
 
@@ -234,6 +236,7 @@ def test_driver_and_executor_epochs_interleave_and_match_the_oracle(
         shard_rows = SHARD_ROWS if deployment.endswith("-sharded") else 10**9
         engine.limits = Limits(deployment.split("-")[0], executor_max_rows=shard_rows)
         engine.one_task_rows = 0 if deployment.endswith(("-split", "-sharded")) else 50_000
+        engine.routed = deployment.endswith("-sharded")
         before = naive_eval(query, state)
         for rel, ups in changes.items():
             for tup, d in ups:

@@ -152,6 +152,7 @@ def test_the_executors_read_the_shared_segments_of_an_undirected_set(small, tmp_
         for d, rows in (("driver", 10**9), ("executors", 10**9), ("executors", 16))
     ]
     ways[2].one_task_rows = 0  # sharded: every arrangement cut in shards, prefixes routed
+    ways[2].routed = True
     rng = random.Random(11)
     for t in range(9):
         present = {e for e, d in oracle.state(t - 1)["edge"].items() if d}

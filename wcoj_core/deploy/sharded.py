@@ -1,7 +1,9 @@
-"""The executors deployment, sharded: for traces larger than one executor holds.
+"""The executors deployment, sharded: for traces larger than one executor holds, on storage the
+tasks cannot map.
 
-When a work's traces do not fit an executor (`Choice.shards` > 1), no task holds a whole
-arrangement. Every arrangement a rule reads (a trace through an atom's view, its columns in the
+When a work's traces do not fit an executor (`Choice.shards` > 1) and its tasks cannot search
+mapped arrangement files instead (`wcoj_core.deploy.spark_job.routes`: a state on other
+storage, or routing asked for), no task holds a whole arrangement. Every arrangement a rule reads (a trace through an atom's view, its columns in the
 order the rule searches them) is cut into `shards` by its first column (`shard_of`), and the
 prefixes travel to the shard owning the key of each lookup, as in BigJoin: a rule becomes a
 chain of Spark stages, one per lookup, each a `repartition` on a routing column followed by a

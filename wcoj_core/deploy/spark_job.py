@@ -12,9 +12,12 @@ maps the epoch's changes too: the layers the driver consolidated, written as one
 each (`TraceRead.mapped`, removed after the job), where decoding and sorting a batch again cost
 each task 0.1 s of a whole-graph epoch (a dry pass, keeping nothing, then writes no batch at
 all); sharded (`sharded`), the prefixes are routed to
-the shard owning each lookup's key, a task searching the same mapped files (a state on other
-storage: its shard cut from the batches) — and a small epoch of a sharded state runs in one
-task as the replicated ones do (`SMALL_MAPPED`): with the files mapped, a shard buys no memory.
+the shard owning each lookup's key, each task holding its shard cut from the batches — for a
+state on other storage only: on a state the executors reach as files, a sharded work runs as
+the replicated one does (`routes`, `OVER_FILES`), its tasks searching the mapped arrangement
+files, whose pages are the page cache's, not the executor's memory: a shard buys no memory there,
+and the routed stages (a Spark stage per rule's phase) cost a large epoch minutes where split
+tasks take seconds.
 
 The tasks write the outputs' batches (each file with its size and digest), or only count an
 output nobody keeps (`Work.counted`); the driver gets the batches, the sum of each output's
@@ -76,19 +79,18 @@ def run_rules(
     nothing, `Work.counted`) are only counted by the tasks that make them, nothing written
     (replicated; the sharded stages write them as any other)."""
     state.spark(f"the kernel runs in Spark's executors ({choice.reason})")  # started, and why
-    names = [*(f"rel/{r}" for r in served.relations), *served.counts_traces]
-    sharded = choice.shards > 1
+    routed = routes(served, state, m, epoch, choice)
     reads = tuple(
         TraceRead(
             name,
             m.traces[name].columns,
             tuple(b for b in m.traces[name].batches if b.time < epoch),
             (changes[name],) if name in changes else (),
-            trace=m.traces[name] if not sharded or _mapped(state, m.traces[name]) else None,
+            trace=m.traces[name] if not routed or _mapped(state, m.traces[name]) else None,
             keys=served.views[name],
-            mapped=(mapped or {}).get(name) if not sharded else None,
+            mapped=None if routed else (mapped or {}).get(name),
         )
-        for name in names
+        for name in _read(served)
     )
     work = Work(
         state.store.root,
@@ -101,12 +103,12 @@ def run_rules(
     )
     work = _budgeted(served, state, work)
     try:
-        if sharded and not _small_mapped(state, changes, reads):
+        if routed:
             work = replace(work, counted=frozenset())
             return _sharded(served, state, work, choice.shards, changes, written)
         outcome = _replicated(state, work, epoch, changes, written)
-        if sharded:
-            return replace(outcome, how=SMALL_MAPPED)
+        if choice.shards > 1:
+            return replace(outcome, how=OVER_FILES)
         return outcome
     except Exception as e:
         overflow = overflow_in(e)
@@ -115,26 +117,42 @@ def run_rules(
         raise
 
 
+def _read(served: Served) -> list[str]:
+    """The traces an executors' work reads: every relation's and every counts trace."""
+    return [*(f"rel/{r}" for r in served.relations), *served.counts_traces]
+
+
+def routes(served: Served, state: StateAccess, m: Manifest, epoch: int, choice: Choice) -> bool:
+    """Whether a work at `epoch` runs as routed stages over shards (`_sharded`): a choice of
+    more than one shard whose tasks cannot search every trace's arrangement files themselves
+    (`_in_files`), or routing asked for (`StateAccess.routed`: tests and measurements). On
+    files, the tasks search the mapped arrangements as the replicated ones do, split by key
+    ranges of the delta as any replicated work is: what they touch is file pages, not memory
+    of theirs, so an executor smaller than the arrangements holds none of them."""
+    if choice.shards <= 1:
+        return False
+    if state.routed:
+        return True
+    return not all(_in_files(state, m.traces[name], epoch) for name in _read(served))
+
+
+def _in_files(state: StateAccess, trace: Trace, epoch: int) -> bool:
+    """Whether the executors' tasks open `trace` from files: it has arrangement files (an
+    index), or held nothing before `epoch` (a first load: the epoch's change is all of it), on
+    a state they reach as files."""
+    if _mapped(state, trace):
+        return True
+    return state.local and not any(b.time < epoch for b in trace.batches)
+
+
 def _mapped(state: StateAccess, trace: Trace) -> bool:
-    """Whether sharded tasks map a trace's arrangement files: it has an index, on a state they
-    reach as files. Otherwise each task cuts its shard from the batches (never the whole trace
-    read into a worker, as opening a trace without an index would)."""
+    """Whether tasks map a trace's arrangement files: it has an index, on a state they reach as
+    files. Otherwise a routed task cuts its shard from the batches (never the whole trace read
+    into a worker, as opening a trace without an index would)."""
     return state.local and trace.index is not None and bool(trace.index.segments)
 
 
-SMALL_MAPPED = "a small epoch: its rules in one task searching the mapped arrangement files"
-
-
-def _small_mapped(
-    state: StateAccess, changes: Mapping[str, Batch], reads: Sequence[TraceRead]
-) -> bool:
-    """Whether a sharded work runs as one task instead: a small epoch (at most
-    `StateAccess.one_task_rows` changed rows) whose every trace is mapped (`_mapped`). Its
-    tasks map the arrangement files rather than hold shards (`sharded.ShardLayers`), so a
-    shard buys no memory; the routed stages (several Spark stages per rule) only pay off when
-    an epoch's work is large enough to spread by key."""
-    small = sum(b.rows for b in changes.values()) <= state.one_task_rows
-    return small and all(r.trace is not None for r in reads)
+OVER_FILES = "its rules in tasks searching the mapped arrangement files (a shard buys no memory)"
 
 
 def overflow_in(e: BaseException) -> MultiplicityOverflow | None:
