@@ -64,11 +64,12 @@ ui-prod: postgres java
 WORKERS ?= 2
 PYTEST  = $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
-## test: the whole suite, every tier (fast, spark, e2e, slow): what CI runs. The browser test's
-##   Chromium and playwright-core are installed first where they can be (else that test skips).
+## test: the whole suite, every tier (fast, spark, e2e, slow): what CI runs, with its 30 slowest
+##   tests listed at the end. The browser test's Chromium and playwright-core are installed first
+##   where they can be (else that test skips).
 test: $(STAMP) java
 	@scripts/ui_test_deps.sh
-	$(PYTEST)
+	$(PYTEST) --durations=30
 
 ## test-fast: the fast tier: no JVM, no server, nothing marked slow; no Java needed.
 test-fast: $(STAMP)
