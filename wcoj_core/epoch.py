@@ -491,6 +491,7 @@ class EpochPass:
                         distinct=distinct,
                         counted=counted,
                         mapped=mapped,
+                        symmetric=frozenset(n for n in mapped if self.deltas[n].symmetric),
                     )
                 finally:
                     if pending is not None:

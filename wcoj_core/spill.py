@@ -604,10 +604,14 @@ class Spill:
 
     def arranged(self, layer: Layer, view: AtomView | None, order: tuple[int, ...]) -> Layer:
         """`wcoj_core.kernel.layer.arranged` of a layer of any size: a large one a piece at a
-        time, each piece arranged (sorted) in memory and the pieces merged."""
+        time, each piece arranged (sorted) in memory and the pieces merged. The layer itself
+        when it is already so: as stored, or a `symmetric` layer's columns swapped."""
         if not self.big(layer):
             return arranged_in_memory(layer, view, order)
-        if (view is None or view.is_identity) and tuple(order) == tuple(range(layer.width)):
+        if (view is None or view.is_identity) and (
+            tuple(order) == tuple(range(layer.width))
+            or (layer.symmetric and tuple(order) == (1, 0))
+        ):
             return layer
         key = (id(layer), None if view is None or view.is_identity else view.pattern, tuple(order))
         found = self.memo.get(key)

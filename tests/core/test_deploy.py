@@ -508,6 +508,35 @@ def test_a_sharded_work_is_routed_only_where_its_tasks_cannot_map_every_trace() 
     assert not routes(unindexed, 1, choice=one)
 
 
+def test_a_task_on_a_cluster_that_sets_no_worker_memory_takes_the_default_task_budget() -> None:
+    """`spark_job._budgeted`: with neither the engine's share (Spark in this process tree) nor
+    ``spark.executor.pyspark.memory``, a task's kernel pieces and spill are sized for
+    `work.TASK_MEMORY`, not left at the kernel's own limits (sized for no budget: a Python
+    worker reached 2 GB on a first load of 18.6 M edges); a set worker memory still decides."""
+    from types import SimpleNamespace
+
+    from wcoj_core.budget import MemoryBudget, Shares
+    from wcoj_core.deploy.work import TASK_MEMORY, Work
+    from wcoj_core.kernel.join import CHUNK_ROWS, PROPOSAL_BUDGET
+
+    plans = {"triangles": SimpleNamespace(query=TRIANGLES)}
+    work = Work("/state", 0, plans, ())  # type: ignore[arg-type]
+
+    def budgeted(conf: dict[str, str]) -> Work:
+        spark = SimpleNamespace(conf=SimpleNamespace(get=lambda k, d=None: conf.get(k, d)))
+        state = SimpleNamespace(spark=lambda _why: spark)
+        served = SimpleNamespace(worker_bytes=None)
+        return spark_job._budgeted(served, state, work)  # type: ignore[arg-type]
+
+    default = budgeted({})
+    shares = Shares.of(MemoryBudget(TASK_MEMORY, "a task"))
+    assert default.memory == TASK_MEMORY
+    assert default.chunk_rows == shares.chunk_rows(3) < CHUNK_ROWS
+    assert default.budget == shares.proposals(3) < PROPOSAL_BUDGET
+    small = budgeted({"spark.executor.pyspark.memory": "256m"})
+    assert small.memory == 256 << 20 and small.budget < default.budget
+
+
 def test_sharded_tasks_map_the_arrangement_files_and_hold_no_shard(tmp_path: Path) -> None:
     """A sharded task (`ShardLayers`) of a state with arrangement files searches them mapped:
     no batch is read into the worker, and the rows of its shard's keys are exactly the shard

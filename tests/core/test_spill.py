@@ -174,6 +174,24 @@ def test_a_large_layer_is_arranged_in_runs(scratch: Scratch, pattern) -> None:
     assert scratch.spilled > 0
 
 
+def test_a_large_symmetric_layer_is_its_own_reversed_arrangement(scratch: Scratch) -> None:
+    """A change marked `symmetric` (every edge in both directions, one diff: an undirected
+    relation's) is its own view with the columns swapped, however large: nothing is sorted or
+    spilled for it — the reversed view of a first load's whole graph was sorted in runs by every
+    task (and the driver) before. An unmarked layer of the same rows is still arranged in runs."""
+    rng = np.random.default_rng(4)
+    half = rng.integers(0, 500, size=(4_000, 2))
+    half = half[half[:, 0] != half[:, 1]]
+    both = np.concatenate([half, half[:, ::-1]])
+    layer = Layer.build(both, np.ones(len(both), dtype=np.int64))
+    assert tiny(scratch).arranged(layer.mirrored(), None, (1, 0)) is layer
+    assert scratch.spilled == 0
+    plain = Layer.build(both, np.ones(len(both), dtype=np.int64))
+    got = tiny(scratch).arranged(plain, None, (1, 0))
+    assert as_pairs(got) == as_pairs(arranged(plain, None, (1, 0))) == as_pairs(layer)
+    assert scratch.spilled > 0
+
+
 # -- whole epochs under a tiny budget ---------------------------------------------------------
 
 

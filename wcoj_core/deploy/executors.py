@@ -162,12 +162,11 @@ def _kernel_task(
     attempt = f"{run_id}-s{ctx.stageId()}-a{ctx.attemptNumber()}" if ctx else run_id
     shares = [int(i) for b in batches for i in b.column(0).to_numpy()]
     resident = resident_for(work.root)
-    layers = open_layers(work, resident)
+    spill = task_spill(work)
     columns = work.columns()
     tag = {n: i for i, n in enumerate(names)}
     out = _Sender(width)
     writers: dict[str, PartWriter] = {}
-    spill = task_spill(work)
     kept: dict[str, Sorter] = {}  # summed here (one task), in sorted runs beyond its budget
     counted: dict[str, tuple[int, int]] = {}  # outputs only counted: rows, the weights' sum
     jobs = {job: i for i, job in enumerate(work.rules)}
@@ -181,6 +180,8 @@ def _kernel_task(
         return writers[name]
 
     try:
+        # A change's views arranged through the spill: a first load's is the whole graph.
+        layers = open_layers(work, resident, arrange=spill.arranged)
         for share in shares:
             for item in run_share(work, layers, share, total):
                 match item:

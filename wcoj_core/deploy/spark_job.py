@@ -69,10 +69,12 @@ def run_rules(
     distinct: frozenset[str] = frozenset(),
     counted: frozenset[str] = frozenset(),
     mapped: Mapping[str, Segment] | None = None,
+    symmetric: frozenset[str] = frozenset(),
 ) -> Outcome:
     """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (the
     changed traces' batches at the epoch, already written; or, for a replicated work, the
-    changes as segment files the tasks map, `mapped`), for what `served` serves over the state
+    changes as segment files the tasks map, `mapped`, those in `symmetric` their own mirrors:
+    `TraceRead.symmetric`), for what `served` serves over the state
     `state` reaches; staged folders go to `written`.
     Outputs in `distinct` are made already consolidated (`EpochPass._distinct`): each task
     writes its own, with no stage summing them; those also in `counted` (a static count keeping
@@ -89,6 +91,7 @@ def run_rules(
             trace=m.traces[name] if not routed or _mapped(state, m.traces[name]) else None,
             keys=served.views[name],
             mapped=None if routed else (mapped or {}).get(name),
+            symmetric=name in symmetric,
         )
         for name in _read(served)
     )
@@ -210,15 +213,20 @@ def _budgeted(served: Served, state: StateAccess, work: Work) -> Work:
     """The work with the candidates a step proposes at once, and the delta tuples a rule takes
     at once, sized for an executor's Python worker: its share of the engine's budget when
     Spark runs in this process tree (`Served.worker_bytes`), else what
-    ``spark.executor.pyspark.memory`` sets (unset on a cluster: the kernel's own limits)."""
+    ``spark.executor.pyspark.memory`` sets, else a task's default (`work.TASK_MEMORY`, the
+    budget its spill takes then too: the kernel's own limits, sized for no budget, took a
+    worker to 2 GB on a first load of 18.6 M edges)."""
     from dataclasses import replace
 
     from wcoj_core.budget import MIN_BUDGET, MemoryBudget, Shares
+    from wcoj_core.deploy.work import TASK_MEMORY
 
     spark = state.spark("the kernel runs in Spark's executors")
-    limit = served.worker_bytes or _bytes(spark.conf.get("spark.executor.pyspark.memory", None))
-    if not limit:
-        return work
+    limit = (
+        served.worker_bytes
+        or _bytes(spark.conf.get("spark.executor.pyspark.memory", None))
+        or TASK_MEMORY
+    )
     width = max((len(p.query.vars) for p in work.plans.values()), default=1)
     worker = Shares.of(MemoryBudget(max(limit, MIN_BUDGET), "an executor's Python worker"))
     budget = max(1 << 10, min(work.budget, worker.proposals(width)))

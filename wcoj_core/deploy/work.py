@@ -16,7 +16,7 @@ counts changes computed). The driver runs the shares on threads; the executors, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ from wcoj_core.kernel.join import (
     share_ranges,
 )
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer
+from wcoj_core.kernel.layer import Layer, arranged
 from wcoj_core.query.ir import Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Plan
 from wcoj_core.spill import Spill
@@ -58,7 +58,9 @@ class TraceRead:
     arrangement files mapped, through the view keys `keys` (`wcoj_core.indexes.open_trace`) —
     rather than read from the batches `old`. With `mapped`, the changes are the layer the
     driver consolidated, written as one segment file (`wcoj_core.store.segments`) a task maps
-    rather than decoding and sorting the batch `delta` again.
+    rather than decoding and sorting the batch `delta` again; `symmetric` when that layer is
+    its own mirror (`Layer.mirrored`: an undirected relation's change), so that its reversed
+    view is the file itself, not a sort of it.
     """
 
     name: str
@@ -70,6 +72,7 @@ class TraceRead:
     trace: Trace | None = None
     keys: frozenset[ViewKey] = frozenset()
     mapped: Segment | None = None
+    symmetric: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +165,14 @@ Made = Emitted | Bindings | Counted | Tallied
 
 
 def open_layers(
-    work: Work, resident: Resident, given: Mapping[str, Layer] | None = None
+    work: Work,
+    resident: Resident,
+    given: Mapping[str, Layer] | None = None,
+    arrange: Callable[[Layer, AtomView | None, tuple[int, ...]], Layer] | None = None,
 ) -> EpochLayers:
     """The traces of a work as of its old state, with its changes (`given` ones first, then raw
-    files, then stored batches) and the counts changes it computes."""
+    files, then stored batches) and the counts changes it computes; a change's views arranged
+    by `arrange` (a task's spill: a first load's change is the whole graph)."""
     traces: dict[str, Any] = {
         r.name: opened_trace(work, r, resident)
         if r.trace is not None
@@ -180,11 +187,13 @@ def open_layers(
             deltas[r.name] = changes_layer(r.columns, r.inline)
         elif r.mapped is not None:
             deltas[r.name] = open_segment(work.root, r.mapped)
+            if r.symmetric:
+                deltas[r.name].mirrored()
         elif r.raw:
             deltas[r.name] = resident.files.read_files(r.columns, r.raw)
         elif any(b.rows for b in r.delta):
             deltas[r.name] = resident.read(r.columns, r.delta)
-    layers = EpochLayers(traces, deltas)  # type: ignore[arg-type]
+    layers = EpochLayers(traces, deltas, arrange=arrange or arranged)  # type: ignore[arg-type]
     by_view: dict[AtomView, list[Arrangement]] = {}
     for a in work.counts:
         by_view.setdefault(a.view, []).append(a)
