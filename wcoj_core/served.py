@@ -271,6 +271,8 @@ class StateAccess:
     work runs as routed stages even where its tasks could search the mapped arrangement files
     (`wcoj_core.deploy.spark_job.routes`; tests and measurements of the routed stages)."""
 
+    routed: bool = False
+
     def __init__(
         self, store: Store, starter: SparkStarter, *, executor_tasks: int | None = None
     ) -> None:
@@ -278,7 +280,6 @@ class StateAccess:
         self.starter = starter
         self.executor_tasks = executor_tasks
         self.one_task_rows = ONE_TASK_ROWS
-        self.routed = False
         self.executors_warm = False
         self.persist_index = self.local
         self._files: BatchFiles | None = None

@@ -304,6 +304,7 @@ def test_a_failed_epoch_leaves_the_state_intact(
         run.options["executor_max_rows"] = 40  # two shards (each phase is a Spark stage)
         # Routed stages even for this small epoch (not one task over the mapped files).
         monkeypatch.setattr(served_module, "ONE_TASK_ROWS", 0)
+        monkeypatch.setattr(served_module.StateAccess, "routed", True)
     run.spark = request.getfixturevalue("small") if deployment != "driver" else None
     options = run.options
     before = observe(run.engine, root)
