@@ -164,14 +164,28 @@ static int parse_layers(Held *h, PyObject *specs, Layer *out, int *count) {
     return 0;
 }
 
-/* First position in [a, b) whose value is >= v (or > v when `after`). */
+/* First position in [a, b) whose value is >= v (or > v when `after`). Branch-free: the
+ * half kept is chosen by a conditional move, not a jump, so a search whose path the branch
+ * predictor cannot guess (most: a key's place is as good as random) pays no mispredicted
+ * jump per level, only the loads. */
 static inline Py_ssize_t bsearch_col(const i64 *c, Py_ssize_t a, Py_ssize_t b, i64 v, int after) {
-    while (a < b) {
-        Py_ssize_t mid = a + ((b - a) >> 1);
-        if (c[mid] < v || (after && c[mid] == v)) a = mid + 1;
-        else b = mid;
+    Py_ssize_t n = b - a;
+    if (n <= 0) return a;
+    const i64 *base = c + a;
+    if (after) {
+        while (n > 1) {
+            Py_ssize_t half = n >> 1;
+            base = base[half] <= v ? base + half : base;
+            n -= half;
+        }
+        return (base - c) + (*base <= v);
     }
-    return a;
+    while (n > 1) {
+        Py_ssize_t half = n >> 1;
+        base = base[half] < v ? base + half : base;
+        n -= half;
+    }
+    return (base - c) + (*base < v);
 }
 
 /* As `bsearch_col`, galloping forward from `a` (the answer is expected near it). */
@@ -202,9 +216,10 @@ static void key_range(Layer *L, const i64 *key, int p, Py_ssize_t *lo, Py_ssize_
         j = 1;
     }
     for (; j < p && a < b; j++) {
+        /* a key's rows are few next to the rows searched: its end gallops from its start */
         const i64 *c = L->cols[j];
         a = bsearch_col(c, a, b, key[j], 0);
-        b = bsearch_col(c, a, b, key[j], 1);
+        b = a < b && c[a] == key[j] ? gallop_col(c, a, b, key[j], 1) : a;
     }
     memcpy(L->memo_key, key, sizeof(i64) * (size_t)p);
     L->memo_p = p;
@@ -212,6 +227,32 @@ static void key_range(Layer *L, const i64 *key, int p, Py_ssize_t *lo, Py_ssize_
     L->memo_hi = b;
     *lo = a;
     *hi = b;
+}
+
+/* Prefetching. A loop over probes (a lookup's rows, a count's prefixes) asks for the memory a
+ * later probe's search will read, in two stages: `PF_FAR` probes ahead the directory entry of
+ * its first key column, `PF_NEAR` ahead (that entry in cache by then) the key's first row in
+ * the column searched next and in the diffs. Each probe of a large layer otherwise waits for
+ * two or three misses one after the other; prefetched, the misses of several probes overlap.
+ * Only layers with a directory are prefetched (a layer without one is small enough to stay in
+ * cache, or is searched by a binary search whose path is not known ahead). */
+enum { PF_FAR = 16, PF_NEAR = 6 };
+
+static inline void prefetch_dir(const Layer *L, i64 k) {
+    if (!L->dir) return;
+    u64 off = (u64)k - (u64)L->dir_low;
+    if (off < (u64)L->dir_span) __builtin_prefetch(L->dir + off);
+}
+
+/* The first row of key k's range: column `col` (none when < 0) and the diffs (when `diff`). */
+static inline void prefetch_rows(const Layer *L, i64 k, int col, int diff) {
+    if (!L->dir) return;
+    u64 off = (u64)k - (u64)L->dir_low;
+    if (off >= (u64)L->dir_span) return;
+    Py_ssize_t at = L->dir[off];
+    if (at >= L->n) return;
+    if (col >= 0 && col < L->width) __builtin_prefetch(L->cols[col] + at);
+    if (diff) __builtin_prefetch(L->diff + at);
 }
 
 /* -- sorting and consolidating ------------------------------------------------------------ */
@@ -486,6 +527,13 @@ static inline void gather_key(const i64 *const *cols, const Py_ssize_t *at, int 
 static inline i64 row_diff(Layer *L, const i64 *key, Py_ssize_t *hint, i64 *last) {
     int w = L->width;
     if (w == 0) return L->n ? L->diff[0] : 0;
+    if (w == 1 && L->dir) {
+        /* a one-column layer holds each value once: its directory finds it in one step */
+        u64 off = (u64)key[0] - (u64)L->dir_low;
+        if (off >= (u64)L->dir_span) return 0;
+        Py_ssize_t at = L->dir[off];
+        return at < L->dir[off + 1] ? L->diff[at] : 0;
+    }
     Py_ssize_t lo, hi;
     int fresh = !(L->memo_p == w - 1);
     if (!fresh)
@@ -538,6 +586,11 @@ static PyObject *py_lookup(PyObject *self, PyObject *args) {
     i64 key[MAXW];
     for (int l = 0; l < nl; l++) { hint[l] = -1; last[l] = 0; }
     for (Py_ssize_t i = 0; i < m; i++) {
+        if (p > 0 && i + PF_FAR < m)
+            for (int l = 0; l < nl; l++) prefetch_dir(&L[l], cols[0][i + PF_FAR]);
+        if (p > 0 && i + PF_NEAR < m)
+            for (int l = 0; l < nl; l++)
+                prefetch_rows(&L[l], cols[0][i + PF_NEAR], p > 1 ? p - 1 : -1, 1);
         gather_key(cols, at, p, i, key);
         i128 s = 0;
         for (int l = 0; l < nl; l++) s += row_diff(&L[l], key, &hint[l], &last[l]);
@@ -978,6 +1031,26 @@ static Py_ssize_t run_pool(RangeFn fn, void *ctx, void *scratch, size_t scratch_
     return pl.pos;
 }
 
+/* Prefetch what counting prefix rows `far` (its directory entries; none when < 0) and `near`
+ * (their first rows) will read: each extender's counts layers, or its one source layer when it
+ * counts by the size of its key's range (the directory alone). */
+static inline void count_prefetch(Ext *xs, int nx, const Prefix *P, Py_ssize_t far,
+                                  Py_ssize_t near) {
+    for (int j = 0; j < nx; j++) {
+        Ext *x = &xs[j];
+        if (x->p == 0) continue;
+        const i64 *c0 = P->cols[x->key[0]];
+        if (x->by_range) {
+            if (x->nsource && far >= 0) prefetch_dir(&x->source[0], c0[far]);
+            continue;
+        }
+        for (int l = 0; l < x->ncounts; l++) {
+            if (far >= 0) prefetch_dir(&x->counts[l], c0[far]);
+            prefetch_rows(&x->counts[l], c0[near], x->p > 1 ? 1 : -1, 1);
+        }
+    }
+}
+
 /* -- count -------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -990,6 +1063,8 @@ static void count_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1,
     CountCtx *ctx = vctx;
     Ext *xs = scratch;
     for (Py_ssize_t r = i0; r < i1; r++) {
+        if (r + PF_NEAR < i1) count_prefetch(xs, ctx->nx, ctx->P, r + PF_FAR < i1 ? r + PF_FAR : -1,
+                                             r + PF_NEAR);
         i64 best = 0;
         int who = -1, err = 0;
         for (int j = 0; j < ctx->nx; j++) {
@@ -1387,6 +1462,23 @@ static inline int pick_least(Ext *xs, const Prefix *P, int nx, Py_ssize_t r, Sta
     return who;
 }
 
+/* Prefetch what extending prefix rows `far` (the directory entries of every extender's
+ * source layers; none when < 0) and `near` (each key's first rows: the column searched after
+ * the key's first, the diffs where they multiply) will read first. */
+static inline void extend_prefetch(Ext *xs, int nx, const Prefix *P, Py_ssize_t far,
+                                   Py_ssize_t near) {
+    for (int j = 0; j < nx; j++) {
+        Ext *x = &xs[j];
+        if (x->p == 0) continue;
+        const i64 *c0 = P->cols[x->key[0]];
+        for (int l = 0; l < x->nsource; l++) {
+            const Layer *L = &x->source[l];
+            if (far >= 0) prefetch_dir(L, c0[far]);
+            prefetch_rows(L, c0[near], 1, x->completes && !L->unit);
+        }
+    }
+}
+
 static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1, Rows *out,
                          Stats *st) {
     ExtendCtx *ctx = vctx;
@@ -1410,6 +1502,14 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
     Cands cand = {0};
     Marks *mk = plain && ctx->mark_ext >= 0 ? (Marks *)((char *)scratch + ctx->marks_at) : NULL;
     for (Py_ssize_t i = i0; i < i1; i++) {
+        if (i + PF_NEAR < i1) {
+            Py_ssize_t far = i + PF_FAR < i1 ? i + PF_FAR : -1, near = i + PF_NEAR;
+            if (ctx->live) {
+                far = far >= 0 ? ctx->live[far] : -1;
+                near = ctx->live[near];
+            }
+            extend_prefetch(xs, nx, P, far, near);
+        }
         Py_ssize_t r;
         int t;
         if (ctx->live) {
