@@ -104,6 +104,10 @@ typedef struct {
     Py_ssize_t memo_lo, memo_hi;
 } Layer;
 
+/* The diff of row `at`: 1 in a layer whose diffs are all 1 (a set's), read without touching
+ * its diffs (a row found in a large layer is a cache miss; its diff would be a second). */
+static inline i64 diff_at(const Layer *L, Py_ssize_t at) { return L->unit ? 1 : L->diff[at]; }
+
 /* A layer from its spec: (columns, diff, unit, directory or None, directory's low key). */
 static int parse_layer(Held *h, PyObject *spec, Layer *L) {
     PyObject *cols, *diff, *dir;
@@ -244,14 +248,21 @@ static inline void prefetch_dir(const Layer *L, i64 k) {
     if (off < (u64)L->dir_span) __builtin_prefetch(L->dir + off);
 }
 
-/* The first row of key k's range: column `col` (none when < 0) and the diffs (when `diff`). */
+/* The first rows of key k's range: in column `col` (none when < 0) up to `PF_LINES` cache
+ * lines of them (a search within the range, or a walk along it, then finds them in cache),
+ * and the first in the diffs (when `diff`). */
+enum { PF_LINES = 4 };
+
 static inline void prefetch_rows(const Layer *L, i64 k, int col, int diff) {
     if (!L->dir) return;
     u64 off = (u64)k - (u64)L->dir_low;
     if (off >= (u64)L->dir_span) return;
-    Py_ssize_t at = L->dir[off];
-    if (at >= L->n) return;
-    if (col >= 0 && col < L->width) __builtin_prefetch(L->cols[col] + at);
+    Py_ssize_t at = L->dir[off], end = L->dir[off + 1];
+    if (at >= end) return;
+    if (col >= 0 && col < L->width) {
+        const i64 *c = L->cols[col];
+        for (int q = 0; q < PF_LINES && at + 8 * q < end; q++) __builtin_prefetch(c + at + 8 * q);
+    }
     if (diff) __builtin_prefetch(L->diff + at);
 }
 
@@ -532,7 +543,7 @@ static inline i64 row_diff(Layer *L, const i64 *key, Py_ssize_t *hint, i64 *last
         u64 off = (u64)key[0] - (u64)L->dir_low;
         if (off >= (u64)L->dir_span) return 0;
         Py_ssize_t at = L->dir[off];
-        return at < L->dir[off + 1] ? L->diff[at] : 0;
+        return at < L->dir[off + 1] ? diff_at(L, at) : 0;
     }
     Py_ssize_t lo, hi;
     int fresh = !(L->memo_p == w - 1);
@@ -546,7 +557,7 @@ static inline i64 row_diff(Layer *L, const i64 *key, Py_ssize_t *hint, i64 *last
     else at = bsearch_col(L->cols[w - 1], lo, hi, v, 0);
     *hint = at;
     *last = v;
-    return (at < hi && L->cols[w - 1][at] == v) ? L->diff[at] : 0;
+    return (at < hi && L->cols[w - 1][at] == v) ? diff_at(L, at) : 0;
 }
 
 /* out[i] = the exact sum over the layers of row i's diff (the probe columns are whole rows).
@@ -756,7 +767,7 @@ static inline i64 ext_count(Ext *x, const Prefix *P, Py_ssize_t r, int *bad) {
         if (L->width == 0) { s += L->diff[0]; continue; }
         Py_ssize_t lo, hi;
         key_range(L, key, x->p, &lo, &hi);
-        if (lo < hi) s += L->diff[lo];
+        if (lo < hi) s += diff_at(L, lo);
     }
     if (s > INT64_MAX || s < INT64_MIN) { *bad = 1; return 0; }
     return (i64)s;
@@ -1175,7 +1186,7 @@ static inline i128 ext_find(Ext *x, i64 v) {
         const i64 *c = x->source[l].cols[x->p];
         Py_ssize_t at = gallop_col(c, x->cur[l], x->hi[l], v, 0);
         x->cur[l] = at;
-        if (at < x->hi[l] && c[at] == v) s += x->source[l].diff[at];
+        if (at < x->hi[l] && c[at] == v) s += diff_at(&x->source[l], at);
     }
     return s;
 }
@@ -1405,12 +1416,12 @@ static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_
             if (first) {
                 w = w0;
                 fl = f0;
-                if (x->completes && __builtin_mul_overflow(w, ad[a], &w)) fl = 1;
+                if (x->completes && !X->unit && __builtin_mul_overflow(w, ad[a], &w)) fl = 1;
             } else {
                 w = c->w[a];
                 fl = c->f[a];
             }
-            if (y->completes && __builtin_mul_overflow(w, yd[c->ib[q]], &w)) fl = 1;
+            if (y->completes && !Y->unit && __builtin_mul_overflow(w, yd[c->ib[q]], &w)) fl = 1;
             c->v[q] = src[a];
             c->w[q] = w;
             c->f[q] = fl;
@@ -1577,7 +1588,8 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
             if (single) {
                 if (sat >= shi) break;
                 v = scol[sat];
-                d = sdiff[sat++];
+                d = x->source[0].unit ? 1 : sdiff[sat];
+                sat++;
             } else {
                 /* the next candidate: the least value at the cursors, its diffs summed */
                 int found = 0;
@@ -1589,7 +1601,7 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
                 if (!found) break;
                 for (int l = 0; l < x->nsource; l++)
                     if (x->cur[l] < x->hi[l] && x->source[l].cols[x->p][x->cur[l]] == v) {
-                        d += x->source[l].diff[x->cur[l]];
+                        d += diff_at(&x->source[l], x->cur[l]);
                         x->cur[l]++;
                     }
                 if (d == 0) continue;
