@@ -4,8 +4,8 @@ one line naming the file and the way back for anything wrong."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -119,7 +119,7 @@ def test_the_text_is_the_canonical_json_of_the_whole_body() -> None:
     # later generation (a warm process) and names that JSON escapes included.
     m = example()
     odd = Trace(
-        "out/é\"q",
+        'out/é"q',
         ("a",),
         (Batch(f"traces/{names.trace_dir('out/q')}/b-k-2-0123456789ab", 2, 1, (), (1, 1, 0)),),
     )
