@@ -14,6 +14,14 @@ process-CPU milliseconds per epoch, every epoch's wall and CPU, the median of ea
 and CPU (`EpochMetrics.seconds`, `cpu_seconds`), the triangle count after every epoch (two
 checkouts must agree) and the load average. ``--profile FILE`` profiles epochs 2.. (cProfile,
 the main thread's CPU clock).
+
+``--alternate-kernel SO`` runs two compiled kernels in the one engine: the checkout's and the
+module file `SO` (another checkout's ``wcoj_core/kernel/_native*.so``, built from a source with
+the same functions and arguments), epochs 1, 2, 5, 6, 9, .. on `SO` and the others on the
+checkout's (pairs, so that the epochs merging recent segments fall on both). Every call of the
+kernel is timed (the thread's CPU clock): ``kernel_ms`` gives, for each kernel, the median per
+epoch of all its calls and of each function. The same Python runs both, against the same state,
+interleaved in time: the load and the machine's drift fall on both alike.
 """
 
 import sys
@@ -23,6 +31,7 @@ sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 sys.path.insert(0, code)
 
 import argparse  # noqa: E402
+import collections  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
@@ -67,7 +76,33 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=24)
     p.add_argument("--work", default="/tmp/warm-epoch-probe")
     p.add_argument("--profile", default="")
+    p.add_argument("--alternate-kernel", default="")
     a = p.parse_args()
+    spent: dict[str, float] = collections.defaultdict(float)
+    use = {"kernel": "checkout"}
+    if a.alternate_kernel:
+        from wcoj_core.kernel import native as loader
+
+        ours, theirs = loader.native, loader._load_file(Path(a.alternate_kernel))
+        if getattr(theirs, "SOURCE_HASH", None) == getattr(ours, "SOURCE_HASH", None):
+            raise SystemExit(f"{a.alternate_kernel} is this checkout's kernel")
+
+        def routed(name: str):
+            mine, other = getattr(ours, name), getattr(theirs, name)
+
+            def call(*args):
+                f = other if use["kernel"] == "alternate" else mine
+                start = time.thread_time()
+                try:
+                    return f(*args)
+                finally:
+                    spent[name] += time.thread_time() - start
+
+            return call
+
+        for name in [n for n in dir(ours) if callable(getattr(ours, n)) and hasattr(theirs, n)]:
+            if not name.startswith("_"):
+                setattr(ours, name, routed(name))
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     edges = edges_of(a.input, work)
@@ -103,7 +138,11 @@ def main() -> None:
 
         profile = cProfile.Profile(time.thread_time)
     walls, cpus, phases, cpu_phases, counts = [], [], [], [], []
+    kernels: dict[str, list[dict[str, float]]] = {"checkout": [], "alternate": []}
+    whole: dict[str, list[tuple[float, float]]] = {"checkout": [], "alternate": []}
     for t in range(1, n + 1):
+        use["kernel"] = "alternate" if a.alternate_kernel and t % 4 in (1, 2) else "checkout"
+        spent.clear()
         if profile is not None and t > 1:
             profile.enable()
         wall, cpu = time.perf_counter(), time.process_time()
@@ -111,6 +150,9 @@ def main() -> None:
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         if profile is not None:
             profile.disable()
+        if t > 1 and a.alternate_kernel:
+            kernels[use["kernel"]].append(dict(spent))
+            whole[use["kernel"]].append((wall, cpu))
         if t > 1:
             walls.append(wall)
             cpus.append(cpu)
@@ -132,6 +174,19 @@ def main() -> None:
         "counts": counts,
         "load": os.getloadavg(),
     }
+    if a.alternate_kernel:
+        out["kernel_ms"] = {
+            name: {
+                "epoch_wall": ms([w for w, _ in whole[which]]),
+                "epoch_cpu": ms([c for _, c in whole[which]]),
+                "all": ms([sum(e.values()) for e in kernels[which]]),
+                **{
+                    f: ms([e.get(f, 0.0) for e in kernels[which]])
+                    for f in sorted(set().union(*kernels[which]))
+                },
+            }
+            for which, name in (("checkout", code), ("alternate", a.alternate_kernel))
+        }
     Path(a.out).write_text(json.dumps(out) + "\n")
     print(json.dumps({k: v for k, v in out.items() if k not in ("walls_ms", "cpus_ms", "counts")}))
     if profile is not None:

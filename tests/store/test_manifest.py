@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from wcoj_core.store.manifest import (
     Segment,
     StatePlan,
     Trace,
+    canonical,
     digest_of,
 )
 
@@ -109,6 +111,23 @@ def test_round_trip_and_canonical_form() -> None:
     shuffled = Manifest(7, 1, None, m.plan, dict(reversed(list(m.traces.items()))))
     assert shuffled.to_json() == text
     assert Manifest().to_json() == Manifest.from_json(Manifest().to_json(), SRC).to_json()
+
+
+def test_the_text_is_the_canonical_json_of_the_whole_body() -> None:
+    # `to_json` puts the text together from each batch's text, made once per batch object:
+    # byte for byte what `canonical` makes of the whole body, the same batches met again in a
+    # later generation (a warm process) and names that JSON escapes included.
+    m = example()
+    odd = Trace(
+        'out/é"q',
+        ("a",),
+        (Batch(f"traces/{names.trace_dir('out/q')}/b-k-2-0123456789ab", 2, 1, (), (1, 1, 0)),),
+    )
+    for manifest in (m, m.with_trace(odd), replace(m.with_trace(odd), generation=8), Manifest()):
+        body = json.loads(manifest.to_json())
+        text = canonical(body) + "\n"
+        assert manifest.to_json() == text
+        assert body["digest"] == digest_of(body)
 
 
 def test_the_documented_shape() -> None:

@@ -104,6 +104,10 @@ typedef struct {
     Py_ssize_t memo_lo, memo_hi;
 } Layer;
 
+/* The diff of row `at`: 1 in a layer whose diffs are all 1 (a set's), read without touching
+ * its diffs (a row found in a large layer is a cache miss; its diff would be a second). */
+static inline i64 diff_at(const Layer *L, Py_ssize_t at) { return L->unit ? 1 : L->diff[at]; }
+
 /* A layer from its spec: (columns, diff, unit, directory or None, directory's low key). */
 static int parse_layer(Held *h, PyObject *spec, Layer *L) {
     PyObject *cols, *diff, *dir;
@@ -164,14 +168,28 @@ static int parse_layers(Held *h, PyObject *specs, Layer *out, int *count) {
     return 0;
 }
 
-/* First position in [a, b) whose value is >= v (or > v when `after`). */
+/* First position in [a, b) whose value is >= v (or > v when `after`). Branch-free: the
+ * half kept is chosen by a conditional move, not a jump, so a search whose path the branch
+ * predictor cannot guess (most: a key's place is as good as random) pays no mispredicted
+ * jump per level, only the loads. */
 static inline Py_ssize_t bsearch_col(const i64 *c, Py_ssize_t a, Py_ssize_t b, i64 v, int after) {
-    while (a < b) {
-        Py_ssize_t mid = a + ((b - a) >> 1);
-        if (c[mid] < v || (after && c[mid] == v)) a = mid + 1;
-        else b = mid;
+    Py_ssize_t n = b - a;
+    if (n <= 0) return a;
+    const i64 *base = c + a;
+    if (after) {
+        while (n > 1) {
+            Py_ssize_t half = n >> 1;
+            base = base[half] <= v ? base + half : base;
+            n -= half;
+        }
+        return (base - c) + (*base <= v);
     }
-    return a;
+    while (n > 1) {
+        Py_ssize_t half = n >> 1;
+        base = base[half] < v ? base + half : base;
+        n -= half;
+    }
+    return (base - c) + (*base < v);
 }
 
 /* As `bsearch_col`, galloping forward from `a` (the answer is expected near it). */
@@ -202,9 +220,10 @@ static void key_range(Layer *L, const i64 *key, int p, Py_ssize_t *lo, Py_ssize_
         j = 1;
     }
     for (; j < p && a < b; j++) {
+        /* a key's rows are few next to the rows searched: its end gallops from its start */
         const i64 *c = L->cols[j];
         a = bsearch_col(c, a, b, key[j], 0);
-        b = bsearch_col(c, a, b, key[j], 1);
+        b = a < b && c[a] == key[j] ? gallop_col(c, a, b, key[j], 1) : a;
     }
     memcpy(L->memo_key, key, sizeof(i64) * (size_t)p);
     L->memo_p = p;
@@ -212,6 +231,39 @@ static void key_range(Layer *L, const i64 *key, int p, Py_ssize_t *lo, Py_ssize_
     L->memo_hi = b;
     *lo = a;
     *hi = b;
+}
+
+/* Prefetching. A loop over probes (a lookup's rows, a count's prefixes) asks for the memory a
+ * later probe's search will read, in two stages: `PF_FAR` probes ahead the directory entry of
+ * its first key column, `PF_NEAR` ahead (that entry in cache by then) the key's first row in
+ * the column searched next and in the diffs. Each probe of a large layer otherwise waits for
+ * two or three misses one after the other; prefetched, the misses of several probes overlap.
+ * Only layers with a directory are prefetched (a layer without one is small enough to stay in
+ * cache, or is searched by a binary search whose path is not known ahead). */
+enum { PF_FAR = 16, PF_NEAR = 6 };
+
+static inline void prefetch_dir(const Layer *L, i64 k) {
+    if (!L->dir) return;
+    u64 off = (u64)k - (u64)L->dir_low;
+    if (off < (u64)L->dir_span) __builtin_prefetch(L->dir + off);
+}
+
+/* The first rows of key k's range: in column `col` (none when < 0) up to `PF_LINES` cache
+ * lines of them (a search within the range, or a walk along it, then finds them in cache),
+ * and the first in the diffs (when `diff`). */
+enum { PF_LINES = 4 };
+
+static inline void prefetch_rows(const Layer *L, i64 k, int col, int diff) {
+    if (!L->dir) return;
+    u64 off = (u64)k - (u64)L->dir_low;
+    if (off >= (u64)L->dir_span) return;
+    Py_ssize_t at = L->dir[off], end = L->dir[off + 1];
+    if (at >= end) return;
+    if (col >= 0 && col < L->width) {
+        const i64 *c = L->cols[col];
+        for (int q = 0; q < PF_LINES && at + 8 * q < end; q++) __builtin_prefetch(c + at + 8 * q);
+    }
+    if (diff) __builtin_prefetch(L->diff + at);
 }
 
 /* -- sorting and consolidating ------------------------------------------------------------ */
@@ -486,6 +538,13 @@ static inline void gather_key(const i64 *const *cols, const Py_ssize_t *at, int 
 static inline i64 row_diff(Layer *L, const i64 *key, Py_ssize_t *hint, i64 *last) {
     int w = L->width;
     if (w == 0) return L->n ? L->diff[0] : 0;
+    if (w == 1 && L->dir) {
+        /* a one-column layer holds each value once: its directory finds it in one step */
+        u64 off = (u64)key[0] - (u64)L->dir_low;
+        if (off >= (u64)L->dir_span) return 0;
+        Py_ssize_t at = L->dir[off];
+        return at < L->dir[off + 1] ? diff_at(L, at) : 0;
+    }
     Py_ssize_t lo, hi;
     int fresh = !(L->memo_p == w - 1);
     if (!fresh)
@@ -498,7 +557,7 @@ static inline i64 row_diff(Layer *L, const i64 *key, Py_ssize_t *hint, i64 *last
     else at = bsearch_col(L->cols[w - 1], lo, hi, v, 0);
     *hint = at;
     *last = v;
-    return (at < hi && L->cols[w - 1][at] == v) ? L->diff[at] : 0;
+    return (at < hi && L->cols[w - 1][at] == v) ? diff_at(L, at) : 0;
 }
 
 /* out[i] = the exact sum over the layers of row i's diff (the probe columns are whole rows).
@@ -538,6 +597,11 @@ static PyObject *py_lookup(PyObject *self, PyObject *args) {
     i64 key[MAXW];
     for (int l = 0; l < nl; l++) { hint[l] = -1; last[l] = 0; }
     for (Py_ssize_t i = 0; i < m; i++) {
+        if (p > 0 && i + PF_FAR < m)
+            for (int l = 0; l < nl; l++) prefetch_dir(&L[l], cols[0][i + PF_FAR]);
+        if (p > 0 && i + PF_NEAR < m)
+            for (int l = 0; l < nl; l++)
+                prefetch_rows(&L[l], cols[0][i + PF_NEAR], p > 1 ? p - 1 : -1, 1);
         gather_key(cols, at, p, i, key);
         i128 s = 0;
         for (int l = 0; l < nl; l++) s += row_diff(&L[l], key, &hint[l], &last[l]);
@@ -703,7 +767,7 @@ static inline i64 ext_count(Ext *x, const Prefix *P, Py_ssize_t r, int *bad) {
         if (L->width == 0) { s += L->diff[0]; continue; }
         Py_ssize_t lo, hi;
         key_range(L, key, x->p, &lo, &hi);
-        if (lo < hi) s += L->diff[lo];
+        if (lo < hi) s += diff_at(L, lo);
     }
     if (s > INT64_MAX || s < INT64_MIN) { *bad = 1; return 0; }
     return (i64)s;
@@ -978,6 +1042,26 @@ static Py_ssize_t run_pool(RangeFn fn, void *ctx, void *scratch, size_t scratch_
     return pl.pos;
 }
 
+/* Prefetch what counting prefix rows `far` (its directory entries; none when < 0) and `near`
+ * (their first rows) will read: each extender's counts layers, or its one source layer when it
+ * counts by the size of its key's range (the directory alone). */
+static inline void count_prefetch(Ext *xs, int nx, const Prefix *P, Py_ssize_t far,
+                                  Py_ssize_t near) {
+    for (int j = 0; j < nx; j++) {
+        Ext *x = &xs[j];
+        if (x->p == 0) continue;
+        const i64 *c0 = P->cols[x->key[0]];
+        if (x->by_range) {
+            if (x->nsource && far >= 0) prefetch_dir(&x->source[0], c0[far]);
+            continue;
+        }
+        for (int l = 0; l < x->ncounts; l++) {
+            if (far >= 0) prefetch_dir(&x->counts[l], c0[far]);
+            prefetch_rows(&x->counts[l], c0[near], x->p > 1 ? 1 : -1, 1);
+        }
+    }
+}
+
 /* -- count -------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -990,6 +1074,8 @@ static void count_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1,
     CountCtx *ctx = vctx;
     Ext *xs = scratch;
     for (Py_ssize_t r = i0; r < i1; r++) {
+        if (r + PF_NEAR < i1) count_prefetch(xs, ctx->nx, ctx->P, r + PF_FAR < i1 ? r + PF_FAR : -1,
+                                             r + PF_NEAR);
         i64 best = 0;
         int who = -1, err = 0;
         for (int j = 0; j < ctx->nx; j++) {
@@ -1100,7 +1186,7 @@ static inline i128 ext_find(Ext *x, i64 v) {
         const i64 *c = x->source[l].cols[x->p];
         Py_ssize_t at = gallop_col(c, x->cur[l], x->hi[l], v, 0);
         x->cur[l] = at;
-        if (at < x->hi[l] && c[at] == v) s += x->source[l].diff[at];
+        if (at < x->hi[l] && c[at] == v) s += diff_at(&x->source[l], at);
     }
     return s;
 }
@@ -1330,12 +1416,12 @@ static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_
             if (first) {
                 w = w0;
                 fl = f0;
-                if (x->completes && __builtin_mul_overflow(w, ad[a], &w)) fl = 1;
+                if (x->completes && !X->unit && __builtin_mul_overflow(w, ad[a], &w)) fl = 1;
             } else {
                 w = c->w[a];
                 fl = c->f[a];
             }
-            if (y->completes && __builtin_mul_overflow(w, yd[c->ib[q]], &w)) fl = 1;
+            if (y->completes && !Y->unit && __builtin_mul_overflow(w, yd[c->ib[q]], &w)) fl = 1;
             c->v[q] = src[a];
             c->w[q] = w;
             c->f[q] = fl;
@@ -1387,6 +1473,23 @@ static inline int pick_least(Ext *xs, const Prefix *P, int nx, Py_ssize_t r, Sta
     return who;
 }
 
+/* Prefetch what extending prefix rows `far` (the directory entries of every extender's
+ * source layers; none when < 0) and `near` (each key's first rows: the column searched after
+ * the key's first, the diffs where they multiply) will read first. */
+static inline void extend_prefetch(Ext *xs, int nx, const Prefix *P, Py_ssize_t far,
+                                   Py_ssize_t near) {
+    for (int j = 0; j < nx; j++) {
+        Ext *x = &xs[j];
+        if (x->p == 0) continue;
+        const i64 *c0 = P->cols[x->key[0]];
+        for (int l = 0; l < x->nsource; l++) {
+            const Layer *L = &x->source[l];
+            if (far >= 0) prefetch_dir(L, c0[far]);
+            prefetch_rows(L, c0[near], 1, x->completes && !L->unit);
+        }
+    }
+}
+
 static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1, Rows *out,
                          Stats *st) {
     ExtendCtx *ctx = vctx;
@@ -1410,6 +1513,14 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
     Cands cand = {0};
     Marks *mk = plain && ctx->mark_ext >= 0 ? (Marks *)((char *)scratch + ctx->marks_at) : NULL;
     for (Py_ssize_t i = i0; i < i1; i++) {
+        if (i + PF_NEAR < i1) {
+            Py_ssize_t far = i + PF_FAR < i1 ? i + PF_FAR : -1, near = i + PF_NEAR;
+            if (ctx->live) {
+                far = far >= 0 ? ctx->live[far] : -1;
+                near = ctx->live[near];
+            }
+            extend_prefetch(xs, nx, P, far, near);
+        }
         Py_ssize_t r;
         int t;
         if (ctx->live) {
@@ -1477,7 +1588,8 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
             if (single) {
                 if (sat >= shi) break;
                 v = scol[sat];
-                d = sdiff[sat++];
+                d = x->source[0].unit ? 1 : sdiff[sat];
+                sat++;
             } else {
                 /* the next candidate: the least value at the cursors, its diffs summed */
                 int found = 0;
@@ -1489,7 +1601,7 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
                 if (!found) break;
                 for (int l = 0; l < x->nsource; l++)
                     if (x->cur[l] < x->hi[l] && x->source[l].cols[x->p][x->cur[l]] == v) {
-                        d += x->source[l].diff[x->cur[l]];
+                        d += diff_at(&x->source[l], x->cur[l]);
                         x->cur[l]++;
                     }
                 if (d == 0) continue;

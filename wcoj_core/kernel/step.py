@@ -136,12 +136,15 @@ def counts_source(x: Extender) -> tuple[str, None, tuple[int, ...]]:
 class Live:
     """The prefixes a step's count kept (their positions), the extender with the fewest
     candidates for each (`tag`) and that number (`least`); `joins`, the rows out of the
-    count's lookups (each extender's prefixes still alive after it)."""
+    count's lookups (each extender's prefixes still alive after it); `extenders`, the step's
+    extenders as the count handed them to the kernel, for `extend` to hand on (None: made
+    again)."""
 
     rows: np.ndarray
     tag: np.ndarray
     least: np.ndarray
     joins: int
+    extenders: list[NativeExtender] | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -189,7 +192,7 @@ def count(plan: Plan, step: Step, prefixes: Prefixes, layers: Layers, threads: i
     kept = native.count(xs, cols, m, rows, tag, least, alive, _threads(m, threads), COUNT_CHUNK)
     if kept < 0:
         raise MultiplicityOverflow(OVER_LAYERS, tuple(int(c[-kept - 1]) for c in cols))
-    return Live(rows[:kept], tag[:kept], least[:kept], int(alive.sum()))
+    return Live(rows[:kept], tag[:kept], least[:kept], int(alive.sum()), xs)
 
 
 def count_of(plan: Plan, x: Extender, prefixes: Prefixes, layers: Layers) -> np.ndarray:
@@ -289,7 +292,11 @@ def extend(
     names = list(prefixes.cols)
     a, b = piece
     cap = 0 if counting else int(live.least[a:b].sum())
-    xs = [_native_extender(plan, x, names, layers, b - a) for x in step.extenders]
+    # The count's extenders, when it made them: the same layers (a directory the count made is
+    # the layer's, so the extenders made again for fewer probes would hold the same).
+    xs = live.extenders
+    if xs is None:
+        xs = [_native_extender(plan, x, names, layers, b - a) for x in step.extenders]
     made = allocate([*names, step.var], cap, lead)
     cols = contiguous(prefixes.cols.values())
     flags = np.empty(cap, dtype=np.uint8)

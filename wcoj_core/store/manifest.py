@@ -225,17 +225,17 @@ class Manifest:
         return {p for t in self.traces.values() for p in t.paths()}
 
     def to_json(self) -> str:
-        """Canonical JSON (sorted keys, no spaces, one line) with its ``digest``."""
-        body = _encode_manifest(self)
-        body.pop("digest", None)
-        rest = canonical(body)
+        """Canonical JSON (sorted keys, no spaces, one line) with its ``digest``.
+
+        The text is `canonical` of `_encode_manifest`'s body, put together from the canonical
+        text of each batch, made once per batch object (`_batch_text`): a warm process's
+        manifest holds the batches of every epoch since the last compaction, and encodes only
+        the epoch's new ones again."""
+        rest = _canonical_manifest(self)
         digest = hashlib.sha256(rest.encode()).hexdigest()
-        if min(body, default="~") > "digest":
-            # "digest" sorts first: the whole body's canonical JSON is the rest's with it put
-            # in front (the manifest encoded once, not twice).
-            return '{"digest":"' + digest + '"' + ("," if body else "") + rest[1:] + "\n"
-        body["digest"] = digest
-        return canonical(body) + "\n"
+        # "digest" sorts before every field of the body ("epoch", "format", ...): the whole
+        # canonical JSON is the rest's with it put in front.
+        return '{"digest":"' + digest + '",' + rest[1:] + "\n"
 
     @staticmethod
     def from_json(text: str, source: str, previous: str | None = None) -> Manifest:
@@ -320,6 +320,45 @@ def _encode_batch(b: Batch) -> dict[str, Any]:
     return out
 
 
+# The canonical text of batches, by identity as `_ENCODED`.
+_TEXTS: dict[int, tuple[Batch, str]] = {}
+
+
+def _batch_text(b: Batch) -> str:
+    """`canonical` of a batch's JSON values (made once per batch object)."""
+    found = _TEXTS.get(id(b))
+    if found is not None and found[0] is b:
+        return found[1]
+    if len(_TEXTS) >= 16384:
+        _TEXTS.clear()
+    text = canonical(_encode_batch(b))
+    _TEXTS[id(b)] = (b, text)
+    return text
+
+
+def _canonical_object(fields: Mapping[str, str]) -> str:
+    """The canonical JSON of an object whose values are given as canonical JSON text."""
+    return "{" + ",".join(f"{canonical(k)}:{fields[k]}" for k in sorted(fields)) + "}"
+
+
+def _canonical_trace(t: Trace) -> str:
+    """`canonical` of `_encode_trace(t)`, its batches' text made once each."""
+    encoded = _encode_trace(t, batches=False)
+    fields = {k: canonical(v) for k, v in encoded.items()}
+    fields["batches"] = "[" + ",".join(_batch_text(b) for b in t.batches) + "]"
+    return _canonical_object(fields)
+
+
+def _canonical_manifest(m: Manifest) -> str:
+    """`canonical` of `_encode_manifest(m)` (no digest), each trace put together by
+    `_canonical_trace`."""
+    body = _encode_manifest(m, traces=False)
+    fields = {k: canonical(v) for k, v in body.items()}
+    traces = {name: _canonical_trace(t) for name, t in m.traces.items()}
+    fields["traces"] = _canonical_object(traces)
+    return _canonical_object(fields)
+
+
 def _encode_batch_once(b: Batch) -> dict[str, Any]:
     out: dict[str, Any] = {
         "path": b.path,
@@ -362,10 +401,10 @@ def _encode_segment(s: Segment) -> dict[str, Any]:
     }
 
 
-def _encode_trace(t: Trace) -> dict[str, Any]:
-    return {
+def _encode_trace(t: Trace, *, batches: bool = True) -> dict[str, Any]:
+    """A trace as JSON values (without its batches when not `batches`)."""
+    out: dict[str, Any] = {
         "columns": list(t.columns),
-        "batches": [_encode_batch(b) for b in t.batches],
         "index": (
             None
             if t.index is None
@@ -375,6 +414,9 @@ def _encode_trace(t: Trace) -> dict[str, Any]:
             }
         ),
     }
+    if batches:
+        out["batches"] = [_encode_batch(b) for b in t.batches]
+    return out
 
 
 def _encode_plan(p: StatePlan | None) -> dict[str, Any] | None:
@@ -391,18 +433,22 @@ def _encode_plan(p: StatePlan | None) -> dict[str, Any] | None:
     }
 
 
-def _encode_manifest(m: Manifest) -> dict[str, Any]:
+def _encode_manifest(m: Manifest, *, traces: bool = True) -> dict[str, Any]:
+    """A manifest as JSON values, without its digest (and without its traces when not
+    `traces`)."""
     for name, t in m.traces.items():
         if name != t.name:
             raise ValueError(f"trace {t.name!r} is filed under {name!r}")
-    return {
+    out: dict[str, Any] = {
         "format": FORMAT,
         "generation": m.generation,
         "epoch": m.epoch,
         "frontier": m.frontier,
         "plan": _encode_plan(m.plan),
-        "traces": {name: _encode_trace(t) for name, t in m.traces.items()},
     }
+    if traces:
+        out["traces"] = {name: _encode_trace(t) for name, t in m.traces.items()}
+    return out
 
 
 # -- decoding: every field checked ---------------------------------------------------------------
