@@ -303,7 +303,8 @@ def _distinct(cols: Sequence[np.ndarray]) -> list[np.ndarray]:
 class _Wanted:
     """Distinct tuples (as columns) to find among stored rows, a chunk of rows at a time: by one
     binary search per row of its tuple packed into an int64 (each column's offset from the
-    wanted least value in the bits the wanted span needs) when the wanted tuples pack, else by
+    wanted least value in the bits the wanted span needs) when the wanted tuples pack — only for
+    the rows whose packed tuple hashes to a wanted one's slot —, else by
     one sort of the rows whose first value is wanted together with the wanted tuples."""
 
     def __init__(self, wanted: Sequence[np.ndarray]) -> None:
@@ -318,6 +319,12 @@ class _Wanted:
             keys = self._pack(self.wanted)
             self.order = np.argsort(keys, kind="stable")
             self.keys = keys[self.order]
+            # A table of the wanted keys' hash slots, at least 16 slots a key: a row whose slot
+            # is empty is not wanted, so most rows are ruled out by one lookup in a table that
+            # stays in cache, and only the few left are searched (no wanted key is ruled out).
+            self.slot_bits = max(10, (16 * self.m).bit_length())
+            self.slots = np.zeros(1 << self.slot_bits, dtype=bool)
+            self.slots[self._slot(self.keys)] = True
         self.firsts = np.unique(wanted[0]) if self.m else np.zeros(0, I64)
 
     def _pack(self, cols: Sequence[np.ndarray]) -> np.ndarray:
@@ -327,6 +334,11 @@ class _Wanted:
             key <<= width
             key |= c - I64(low)
         return key
+
+    def _slot(self, keys: np.ndarray) -> np.ndarray:
+        """Each key's slot in `slots` (Fibonacci hashing: the top bits of a multiple)."""
+        mixed = keys.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        return mixed >> np.uint64(64 - self.slot_bits)
 
     def find(self, cols: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """Pairs (i, j): wanted tuple i is row j of `cols`.
@@ -349,6 +361,8 @@ class _Wanted:
             inside &= (c >= low) & (c <= high)
         rows = np.flatnonzero(inside)
         key = self._pack([c[rows] for c in cols])
+        maybe = np.flatnonzero(self.slots[self._slot(key)])
+        rows, key = rows[maybe], key[maybe]
         at = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
         hit = self.keys[at] == key
         return self.order[at[hit]], rows[hit]

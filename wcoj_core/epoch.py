@@ -290,6 +290,9 @@ class EpochPass:
         self.deltas: dict[str, Layer] = {}
         self.effects: dict[str, tuple[Landed, Effect]] = {}
         self.pre: dict[str, Batch] = {}  # changes written before the rules ran (executors)
+        # Each layer written as a batch, by its id (the layer kept alive beside it): a layer
+        # two traces hold (a query's change that is its one rule's) is written once.
+        self.layer_batches: dict[int, tuple[Layer, tuple[str, ...], Batch]] = {}
         self.landed: dict[str, str] = {}  # each relation trace's landed digest
         self.chain = ""  # the epoch's chain (`wcoj_core.lineage`)
         # The memory budget's meter, and the scratch folder work beyond it spills into.
@@ -512,8 +515,13 @@ class EpochPass:
         for q in served.queries:
             out = output_trace_name(q)
             width = len(served.queries[q].head)
-            if served.keep_rules:
-                parts = [self._arrays(m, j.output, outputs[j.output]) for j in jobs if j.query == q]
+            ran = [j for j in jobs if j.query == q]
+            if served.keep_rules and len(ran) == 1:
+                # One rule ran (a first load, or one relation of several changed): the query's
+                # change is that rule's, as it is (a distinct one unsorted), the same batch.
+                outputs[out] = outputs[ran[0].output].shared()
+            elif served.keep_rules:
+                parts = [self._arrays(m, j.output, outputs[j.output]) for j in ran]
                 outputs[out] = _Out(self.spill.merged(parts, width, "summing the output change"))
             elif out not in outputs:
                 outputs[out] = _Out(Layer.empty(width))
@@ -828,10 +836,21 @@ class EpochPass:
         batch = out.batch
         if batch is None:
             assert out.layer is not None
-            batch = self._batch(trace, out.layer)
+            batch = self._batch_of(trace, out.layer)
         figures = out.figures if out.figures is not None else Figures()
         landed = self.landed.get(trace.name, "")
         return replace(batch, figures=figures.as_tuple(), landed=landed, inputs=self.chain)
+
+    def _batch_of(self, trace: Trace, layer: Layer) -> Batch:
+        """The batch of a layer: written once, whatever traces of its columns hold it (a
+        query's change that is its one rule's: both traces' batches name the same files, which
+        pruning keeps while any kept manifest names them)."""
+        known = self.layer_batches.get(id(layer))
+        if known is not None and known[0] is layer and known[1] == trace.columns:
+            return known[2]
+        batch = self._batch(trace, layer)
+        self.layer_batches[id(layer)] = (layer, trace.columns, batch)
+        return batch
 
     def _batches(self, m: Manifest) -> None:
         """The epoch's changes written as their traces' batches (`pre`), for the commit."""
@@ -1002,6 +1021,12 @@ class _Out:
     count: int = 0
     negative: int = 0  # of an output only counted: its tuples of a negative weight
     ordered: bool = True
+
+    def shared(self) -> _Out:
+        """The same change for another trace (its own figures): the same layer or batch."""
+        return _Out(
+            self.layer, self.batch, self.total, None, self.count, self.negative, self.ordered
+        )
 
     @property
     def rows(self) -> int:

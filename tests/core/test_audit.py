@@ -457,3 +457,23 @@ def test_web_notredame_audits_pass_warm_and_cold(tmp_path: Path, shared_data: Pa
     # The cost is printed, never asserted: timings are the benchmarks' (docs/benchmarks.md).
     print("\n".join(lines))
     assert len(ratios) == 4
+
+
+@given(st.data())
+def test_wanted_tuples_are_found_exactly_where_the_stored_rows_hold_them(
+    data: st.DataObject,
+) -> None:
+    """`_Wanted.find` (packed keys, a hash-slot table ruling rows out, binary searches) pairs
+    every wanted tuple with every stored row holding it, and nothing else."""
+    from wcoj_core.audit_sample import _Wanted
+
+    span = data.draw(st.sampled_from([3, 50, 1 << 20, 1 << 40]), label="span")
+    value = st.integers(0, span)
+    wanted = sorted(set(data.draw(st.lists(st.tuples(value, value), min_size=1), label="wanted")))
+    rows = data.draw(st.lists(st.tuples(value, value) | st.sampled_from(wanted)), label="rows")
+    finder = _Wanted([np.array(c, dtype=np.int64) for c in zip(*wanted, strict=True)])
+    cols = [np.array([r[j] for r in rows], dtype=np.int64) for j in range(2)]
+    i, j = finder.find(cols)
+    where = {t: k for k, t in enumerate(wanted)}
+    expected = sorted((where[r], n) for n, r in enumerate(rows) if r in where)
+    assert sorted(zip(i.tolist(), j.tolist(), strict=True)) == expected
