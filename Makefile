@@ -57,7 +57,9 @@ ui-prod: postgres java
 # suite kept both cores busy (vmstat: 2% idle over a whole run), so a third worker only added
 # contention (24 min 33 s with three, 22 min 08 s with two). Since its JVMs stop their JIT at the
 # first tier (tests/spark-conf), the suite took 18 min 06 s with two (3c77859); 23 min 29 s at
-# f4ebae3, 21 tests more and the machine slower that night (see docs/benchmarks.md).
+# f4ebae3, 21 tests more and the machine slower that night; 29 min 59 s at b1e5542 under another
+# engineer's load (7.5): 59.3 worker-minutes, the two workers ending 6 s apart, so the time is
+# the work's, not the order's (docs/benchmarks.md, "The suite at b1e5542").
 # The end-to-end tests of one folder run one after another on one of them, the longest groups
 # first, in the order tests/tiers.py gives (--no-loadscope-reorder keeps it). WORKERS=0 runs them
 # all in this process.

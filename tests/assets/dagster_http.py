@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +35,28 @@ JOB = "wcoj_epoch_job"
 PARTITION = "2020-01-01"
 STARTUP_SECONDS = 120
 RUN_SECONDS = 300
+
+# What the browser test (tests/assets/test_ui_backfill.py) drives the UI with.
+UI = Path(__file__).resolve().parent / "ui"
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def browser_missing() -> list[str]:
+    """What the browser test needs and is not installed (``scripts/ui_test_deps.sh`` installs
+    it where it can): nothing where the asset graph's backfills are clicked in a real browser."""
+    return [
+        what
+        for what, there in (
+            ("Chromium (apt-get install chromium)", CHROMIUM.exists()),
+            ("Node.js", shutil.which("node") is not None),
+            (
+                "playwright-core (npm --prefix tests/assets/ui install)",
+                (UI / "node_modules" / "playwright-core").is_dir(),
+            ),
+        )
+        if not there
+    ]
+
 
 # Runs go straight to the launcher (no daemon); nothing is reported home.
 INSTANCE_YAML = """\

@@ -8,6 +8,11 @@ over all four epochs, then one asset alone over two of them, with the keys the U
 selection before launching (``assetNodeAdditionalRequiredKeys``). Each backfill must be
 accepted, end in ONE successful run, and leave every epoch's output equal to the oracle's, with
 every asset materialized for every partition of the range.
+
+It runs where the browser test cannot (`dagster_http.browser_missing`): where Chromium, Node.js
+and playwright-core are installed, `test_ui_backfill.py` clicks the same two backfills in the
+asset graph, so the UI sends these requests itself (the keys it adds included), and checks the
+same runs, materializations and outputs; ``dagster dev`` and its backfills once, not twice.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import pytest
 from dagster_http import (
     DAGSTER,
     JOB,
+    browser_missing,
     failures,
     launch_asset_backfill,
     loaded_location,
@@ -79,6 +85,9 @@ def materialized(events: list[dict]) -> set[tuple[str, str]]:
     }
 
 
+@pytest.mark.skipif(
+    not browser_missing(), reason="the browser test clicks these backfills (test_ui_backfill.py)"
+)
 def test_a_backfill_launched_from_the_asset_graph_materializes_the_range_exactly(
     small: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

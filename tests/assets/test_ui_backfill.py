@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,6 +19,8 @@ import pytest
 from dagster_http import (
     DAGSTER,
     JOB,
+    UI,
+    browser_missing,
     failures,
     loaded_location,
     run_events,
@@ -37,23 +38,10 @@ from wcoj_assets.provenance import REBUILD_SENSOR
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import DEFAULT_SPECS, Topology
 
-UI = Path(__file__).resolve().parent / "ui"
 SCRIPT = UI / "asset_graph_backfill.mjs"
-CHROMIUM = Path("/usr/bin/chromium")
 EPOCHS = 4
 
-missing = [
-    what
-    for what, there in (
-        ("Chromium (apt-get install chromium)", CHROMIUM.exists()),
-        ("Node.js", shutil.which("node") is not None),
-        (
-            "playwright-core (npm --prefix tests/assets/ui install)",
-            (UI / "node_modules" / "playwright-core").is_dir(),
-        ),
-    )
-    if not there
-]
+missing = browser_missing()
 
 
 def click_backfill(url: str, first: str, last: str, asset: str, shots: Path) -> dict:

@@ -47,8 +47,9 @@ from wcoj_core.query.ir import Var
 from wcoj_core.query.parse import parse_query
 
 # Examples per fuzz test. The readers start Spark jobs (a few tenths of a second each), so they
-# get fewer than the pure-Python query checks.
-READER_EXAMPLES = 40
+# get fewer than the pure-Python query checks: the profile's (25 in CI, `tests/conftest.py`; the
+# same examples every run there), at most 40 (20 s a test under CI's load).
+READER_EXAMPLES = min(40, settings().max_examples)
 QUERY_EXAMPLES = 300
 
 Content = str | bytes | pa.Table | Callable[[Path], None]
