@@ -1024,9 +1024,7 @@ class _Out:
 
     def shared(self) -> _Out:
         """The same change for another trace (its own figures): the same layer or batch."""
-        return _Out(
-            self.layer, self.batch, self.total, None, self.count, self.negative, self.ordered
-        )
+        return replace(self, figures=None)
 
     @property
     def rows(self) -> int:

@@ -137,14 +137,13 @@ class Live:
     """The prefixes a step's count kept (their positions), the extender with the fewest
     candidates for each (`tag`) and that number (`least`); `joins`, the rows out of the
     count's lookups (each extender's prefixes still alive after it); `extenders`, the step's
-    extenders as the count handed them to the kernel, for `extend` to hand on (None: made
-    again)."""
+    extenders as the count handed them to the kernel, for `extend` to hand on."""
 
     rows: np.ndarray
     tag: np.ndarray
     least: np.ndarray
     joins: int
-    extenders: list[NativeExtender] | None = None
+    extenders: list[NativeExtender]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -292,11 +291,9 @@ def extend(
     names = list(prefixes.cols)
     a, b = piece
     cap = 0 if counting else int(live.least[a:b].sum())
-    # The count's extenders, when it made them: the same layers (a directory the count made is
-    # the layer's, so the extenders made again for fewer probes would hold the same).
+    # The count's extenders: the same layers (a directory the count made is the layer's, so
+    # extenders made again for fewer probes would hold the same).
     xs = live.extenders
-    if xs is None:
-        xs = [_native_extender(plan, x, names, layers, b - a) for x in step.extenders]
     made = allocate([*names, step.var], cap, lead)
     cols = contiguous(prefixes.cols.values())
     flags = np.empty(cap, dtype=np.uint8)
