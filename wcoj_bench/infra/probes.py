@@ -33,6 +33,7 @@ import json
 import sys
 import time as clock
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -337,7 +338,7 @@ def static(args: argparse.Namespace) -> dict[str, Any]:
         from wcoj_core.updates import total_diff
 
         spark = wspark.session(args.master, app_name="wcoj-bench-static", quiet=True)
-        frame = spark.read.parquet(f"file://{args.symmetric}")
+        frame = spark.read.parquet(Path(args.symmetric).resolve().as_uri())  # relative paths too
         loaded = clock.perf_counter()
         query = builtin("triangles")
         count = total_diff(spark.sql(reference_sql(query), None, r_edge=frame))
@@ -365,7 +366,7 @@ def generate_graph(args: argparse.Namespace) -> dict[str, Any]:
     conf = {"spark.driver.memory": "3g"}
     spark = wspark.session(args.master, conf, app_name="wcoj-bench-prepare", quiet=True)
     edges = canonical_undirected(generate(spark, args.input)).select("c0", "c1")
-    edges.write.parquet(f"file://{args.out}")
+    edges.write.parquet(Path(args.out).resolve().as_uri())
     spark.stop()
     return {"probe": "generate", "input": args.input, "out": args.out}
 
