@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from wcoj_core.errors import WcojError
@@ -60,7 +60,6 @@ def ranges(layer: Layer, probes: np.ndarray, seek: bool) -> tuple[np.ndarray, np
     return lo, hi
 
 
-@settings(max_examples=60)
 @given(
     seed=st.integers(0, 2**31),
     n=st.integers(1, 3000),
