@@ -284,7 +284,8 @@ static inline void prefetch_rows(const Layer *L, i64 k, int col, int diff) {
  * Once a call faulted, the process's next calls read ahead from their start, until a pass
  * finds nothing to read (its thread issued no read). Layers of fewer than `AHEAD_MIN_ROWS`
  * rows are searched as they are (a fault or two reads them whole). */
-enum { AHEAD_MIN_ROWS = 1 << 15, AHEAD_EVERY = 32 };
+enum { AHEAD_MIN_ROWS = 1 << 15, AHEAD_EVERY = 32, AHEAD_CHUNK = 1 << 16 /* probes a pass sorts at once */ };
+#define AHEAD_SLOW_NS 20000 /* a probe taking this long on average may have faulted (one in memory: ~1 us) */
 #define AHEAD_RANGE_BYTES ((size_t)1 << 20)  /* a key range's pages advised when this or less */
 #define AHEAD_PASS_BYTES ((size_t)256 << 20) /* and at most this much of ranges per pass */
 
@@ -324,6 +325,14 @@ static void advise(Advice *ad, const void *p, size_t len) {
     }
     madvise((void *)a, e - a, MADV_WILLNEED);
     ad->calls++;
+}
+
+/* Advise a span of any length: the kernel reads at most the larger of the device's read-ahead
+ * and its largest request per call (128 KB to a few MB). */
+static void advise_span(Advice *ad, const void *p, size_t len) {
+    const size_t piece = (size_t)128 << 10;
+    for (size_t at = 0; at < len; at += piece)
+        advise(ad, (const char *)p + at, len - at < piece ? len - at : piece);
 }
 
 /* A search for the first position in [a, a + n) whose value is >= v (> v when `after`), or,
@@ -485,46 +494,57 @@ static int ahead(const Want *wants, int nw, const i64 *const *cols, const i64 *l
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     Advice *ad = calloc(1, sizeof(Advice));
-    Py_ssize_t *rows = malloc(sizeof(Py_ssize_t) * (size_t)m);
-    Py_ssize_t *lo = malloc(sizeof(Py_ssize_t) * (size_t)m);
-    Py_ssize_t *hi = malloc(sizeof(Py_ssize_t) * (size_t)m);
-    Seek *s = malloc(sizeof(Seek) * 2 * (size_t)m);
-    const Py_ssize_t *sorted_at = NULL; /* the key `rows` is sorted and unique by */
-    int sorted_p = -1;
-    Py_ssize_t k = 0;
-    for (int w = 0; ad && rows && lo && hi && s && w < nw; w++) {
-        const Want *x = &wants[w];
-        const Layer *L = x->L;
-        if (L->n < ahead_min_rows || x->p < 1 || x->p > L->width) continue;
-        if (m * 4096 > L->n) {
-            for (int j = 0; j < L->width; j++) advise(ad, L->cols[j], sizeof(i64) * (size_t)L->n);
-            if (!L->unit && x->what & (AH_DIFFS | AH_DIFF0))
-                advise(ad, L->diff, sizeof(i64) * (size_t)L->n);
-            continue;
-        }
-        KeyOf key = {cols, x->at, x->p};
-        if (sorted_p != x->p || memcmp(sorted_at, x->at, sizeof(Py_ssize_t) * (size_t)x->p)) {
-            for (Py_ssize_t i = 0; i < m; i++) rows[i] = live ? live[i0 + i] : i0 + i;
-            qsort_r(rows, (size_t)m, sizeof(Py_ssize_t), key_cmp, &key);
-            k = 0;
-            for (Py_ssize_t i = 0; i < m; i++)
-                if (!k || key_cmp(&rows[k - 1], &rows[i], &key)) rows[k++] = rows[i];
-            sorted_at = x->at;
-            sorted_p = x->p;
-        }
-        ahead_keys(L, &key, rows, k, lo, hi, s, ad);
-        for (Py_ssize_t q = 0; q < k; q++) {
-            if (lo[q] >= hi[q]) continue;
-            size_t bytes = sizeof(i64) * (size_t)(hi[q] - lo[q]);
-            if (x->what & AH_DIFF0 && !L->unit) advise(ad, L->diff + lo[q], 8);
-            if (bytes > AHEAD_RANGE_BYTES || ad->range_bytes + bytes > AHEAD_PASS_BYTES) continue;
-            if (x->what & AH_RANGE && x->next < L->width) {
-                advise(ad, L->cols[x->next] + lo[q], bytes);
-                ad->range_bytes += bytes;
+    Py_ssize_t most = m < AHEAD_CHUNK ? m : AHEAD_CHUNK;
+    Py_ssize_t *rows = malloc(sizeof(Py_ssize_t) * (size_t)most);
+    Py_ssize_t *lo = malloc(sizeof(Py_ssize_t) * (size_t)most);
+    Py_ssize_t *hi = malloc(sizeof(Py_ssize_t) * (size_t)most);
+    Seek *s = malloc(sizeof(Seek) * 2 * (size_t)most);
+    int ok = ad && rows && lo && hi && s;
+    int searched[MAXX * MAXL];
+    for (int w = 0; ok && w < nw; w++) {
+        const Layer *L = wants[w].L;
+        searched[w] = L->n >= ahead_min_rows && wants[w].p >= 1 && wants[w].p <= L->width;
+        if (!searched[w] || m * 4096 <= L->n) continue;
+        /* probes many for the layer's size: its columns whole */
+        searched[w] = 0;
+        for (int j = 0; j < L->width; j++) advise_span(ad, L->cols[j], sizeof(i64) * (size_t)L->n);
+        if (!L->unit && wants[w].what & (AH_DIFFS | AH_DIFF0))
+            advise_span(ad, L->diff, sizeof(i64) * (size_t)L->n);
+    }
+    for (Py_ssize_t c0 = i0; ok && c0 < i1; c0 += most) {
+        Py_ssize_t c1 = c0 + most < i1 ? c0 + most : i1;
+        const Py_ssize_t *sorted_at = NULL; /* the key `rows` is sorted and unique by */
+        int sorted_p = -1;
+        Py_ssize_t k = 0;
+        for (int w = 0; w < nw; w++) {
+            const Want *x = &wants[w];
+            const Layer *L = x->L;
+            if (!searched[w]) continue;
+            KeyOf key = {cols, x->at, x->p};
+            if (sorted_p != x->p || memcmp(sorted_at, x->at, sizeof(Py_ssize_t) * (size_t)x->p)) {
+                for (Py_ssize_t i = c0; i < c1; i++) rows[i - c0] = live ? live[i] : i;
+                qsort_r(rows, (size_t)(c1 - c0), sizeof(Py_ssize_t), key_cmp, &key);
+                k = 0;
+                for (Py_ssize_t i = 0; i < c1 - c0; i++)
+                    if (!k || key_cmp(&rows[k - 1], &rows[i], &key)) rows[k++] = rows[i];
+                sorted_at = x->at;
+                sorted_p = x->p;
             }
-            if (x->what & AH_DIFFS && !L->unit) {
-                advise(ad, L->diff + lo[q], bytes);
-                ad->range_bytes += bytes;
+            ahead_keys(L, &key, rows, k, lo, hi, s, ad);
+            for (Py_ssize_t q = 0; q < k; q++) {
+                if (lo[q] >= hi[q]) continue;
+                size_t bytes = sizeof(i64) * (size_t)(hi[q] - lo[q]);
+                if (x->what & AH_DIFF0 && !L->unit) advise(ad, L->diff + lo[q], 8);
+                if (bytes > AHEAD_RANGE_BYTES || ad->range_bytes + bytes > AHEAD_PASS_BYTES)
+                    continue;
+                if (x->what & AH_RANGE && x->next < L->width) {
+                    advise_span(ad, L->cols[x->next] + lo[q], bytes);
+                    ad->range_bytes += bytes;
+                }
+                if (x->what & AH_DIFFS && !L->unit) {
+                    advise_span(ad, L->diff + lo[q], bytes);
+                    ad->range_bytes += bytes;
+                }
             }
         }
     }
@@ -562,7 +582,15 @@ typedef struct {
     Py_ssize_t i0, i1;
     int armed;
     long faults;
+    i64 since;          /* the clock at the last check */
+    Py_ssize_t checked; /* the probe then */
 } Watch;
+
+static inline i64 now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (i64)t.tv_sec * 1000000000 + t.tv_nsec;
+}
 
 static void watch_begin(Watch *wt) {
     wt->armed = 0;
@@ -584,12 +612,21 @@ static void watch_begin(Watch *wt) {
         return;
     }
     wt->armed = mode == AH_FAULTS;
-    if (wt->armed) wt->faults = thread_usage(1);
+    if (wt->armed) {
+        wt->faults = thread_usage(1);
+        wt->since = now_ns();
+        wt->checked = wt->i0;
+    }
 }
 
 static inline void watch_at(Watch *wt, Py_ssize_t i) {
     if (!wt->armed || (i - wt->i0) % AHEAD_EVERY != 1) return;
-    if (thread_usage(1) == wt->faults) return;
+    /* the clock first (tens of nanoseconds): only probes slow on average can have faulted */
+    i64 t = now_ns(), took = t - wt->since;
+    int slow = took > AHEAD_SLOW_NS * (i - wt->checked);
+    wt->since = t;
+    wt->checked = i;
+    if (!slow || thread_usage(1) == wt->faults) return;
     wt->armed = 0;
     __atomic_store_n(&ahead_on, AHEAD_ON, __ATOMIC_RELAXED);
     ahead(wt->wants, wt->nw, wt->cols, wt->live, i, wt->i1);
