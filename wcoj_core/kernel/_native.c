@@ -274,18 +274,28 @@ static inline void prefetch_rows(const Layer *L, i64 k, int col, int diff) {
 
 /* A layer mapped from a segment file whose pages are not in the page cache makes a search wait
  * for the disk: each page it reads is a major fault, one after the other, and the kernel reads
- * megabytes around each (the device's read-ahead) where the search needs one page. So when a
- * loop over probes finds that its thread faulted (its major faults are read every
- * `AHEAD_EVERY` probes), the probes left are first searched *level by level*, all at once:
- * every probe's next midpoint page is advised (madvise WILLNEED: the kernel queues the read of
- * that page alone and returns), then all are read, so the reads of every probe's search
- * overlap on the disk; the pages of the key ranges found (the column a loop walks next, the
- * diffs it reads) are advised the same way. The loop then runs as before, on pages in memory.
- * Once a call faulted, the process's next calls read ahead from their start, until a pass
- * finds nothing to read (its thread issued no read). Layers of fewer than `AHEAD_MIN_ROWS`
- * rows are searched as they are (a fault or two reads them whole). */
-enum { AHEAD_MIN_ROWS = 1 << 15, AHEAD_EVERY = 32, AHEAD_CHUNK = 1 << 16 /* probes a pass sorts at once */ };
-#define AHEAD_SLOW_NS 20000 /* a probe taking this long on average may have faulted (one in memory: ~1 us) */
+ * the device's whole read-ahead around each (8 MB on this machine's virtual disk: a cold
+ * 1,000-change epoch of the 44 M-edge state read 1.4 GB) where the search needs one page. So
+ * a loop over probes that finds itself cold first searches its probes *level by level*, all
+ * at once (`ahead`): every probe's next page is advised (madvise WILLNEED: the kernel queues
+ * the read of that page alone and returns; ~10 us a call here), then all are read, so the
+ * reads of every probe's search overlap on the disk, and the pages of the key ranges found
+ * (the column the loop walks next, the diffs it reads) are advised the same way. The loop then
+ * runs as before, on pages in memory, and answers as before (nothing but advice is made).
+ *
+ * When to read ahead (`Watch`): a process's first loop reads its first probe ahead alone and
+ * goes on only if that read anything; a loop whose probes turn slow (the clock, every
+ * `AHEAD_EVERY` probes) and its thread's major faults grew reads the rest of its probes ahead;
+ * once one has, the process's next loops read ahead from their start, until a pass finds
+ * nothing to read (its thread issued no read: the pages are in memory). A warm loop pays a
+ * clock read every `AHEAD_EVERY` probes and one `getrusage`. Layers of fewer than
+ * `AHEAD_MIN_ROWS` rows are searched as they are (a fault or two reads them whole). */
+enum {
+    AHEAD_MIN_ROWS = 1 << 15,
+    AHEAD_EVERY = 32,
+    AHEAD_CHUNK = 1 << 16, /* probes a pass sorts and searches at once */
+};
+#define AHEAD_SLOW_NS 20000 /* a probe this slow on average may have faulted (in memory: ~1 us) */
 #define AHEAD_RANGE_BYTES ((size_t)1 << 20)  /* a key range's pages advised when this or less */
 #define AHEAD_PASS_BYTES ((size_t)256 << 20) /* and at most this much of ranges per pass */
 
@@ -568,12 +578,8 @@ static int ahead_worth(const Want *wants, int nw) {
     return 0;
 }
 
-/* A loop's watch over its probes [i0, i1): `watch_begin` reads ahead before the first probe
- * when the process reads ahead now (AH_ALWAYS, or a call faulted and no pass since found its
- * pages in memory); a process's first loop reads its first probe's pages ahead alone and goes
- * on reading ahead only if that read anything. Otherwise `watch_at`, at probe i, reads the
- * rest ahead if the probes before it faulted (checked after the first probe and every
- * `AHEAD_EVERY`, by the thread's major faults). */
+/* A loop's watch over its probes [i0, i1) (see the section's comment): `watch_begin` before
+ * the first probe, `watch_at` before probe i. */
 typedef struct {
     const Want *wants;
     int nw;
