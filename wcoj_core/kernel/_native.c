@@ -287,13 +287,15 @@ static inline void prefetch_rows(const Layer *L, i64 k, int col, int diff) {
  * goes on only if that read anything; a loop whose probes turn slow (the clock, every
  * `AHEAD_EVERY` probes) and its thread's major faults grew reads the rest of its probes ahead;
  * once one has, the process's next loops read ahead from their start, until a pass finds
- * nothing to read (its thread issued no read: the pages are in memory). A warm loop pays a
+ * next to nothing to read (its thread read fewer than 1 in `AHEAD_WORTH` of the pages it
+ * advised: the pages are in memory, and advising one costs ~1 us). A warm loop pays a
  * clock read every `AHEAD_EVERY` probes and one `getrusage`. Layers of fewer than
  * `AHEAD_MIN_ROWS` rows are searched as they are (a fault or two reads them whole). */
 enum {
     AHEAD_MIN_ROWS = 1 << 15,
     AHEAD_EVERY = 32,
     AHEAD_CHUNK = 1 << 16, /* probes a pass sorts and searches at once */
+    AHEAD_WORTH = 16,      /* a pass that read fewer than 1 in this many pages it advised: warm */
 };
 #define AHEAD_SLOW_NS 20000 /* a probe this slow on average may have faulted (in memory: ~1 us) */
 #define AHEAD_RANGE_BYTES ((size_t)1 << 20)  /* a key range's pages advised when this or less */
@@ -493,7 +495,8 @@ static void ahead_keys(const Layer *L, const KeyOf *key, const Py_ssize_t *rows,
 }
 
 /* Read ahead what a loop over probe rows [i0, i1) (through `live` when given) will read of
- * each wanted layer (see the section's comment); returns whether this thread read anything. A
+ * each wanted layer (see the section's comment); returns whether it was worth it (this thread
+ * read at least one page in `AHEAD_WORTH` of those it advised). A
  * layer probed by a large share of its rows has its columns advised whole instead (its pages
  * are most of what the searches read). */
 static int ahead(const Want *wants, int nw, const i64 *const *cols, const i64 *live,
@@ -566,9 +569,13 @@ static int ahead(const Want *wants, int nw, const i64 *const *cols, const i64 *l
     __atomic_fetch_add(&ahead_ns, (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec),
                        __ATOMIC_RELAXED);
     __atomic_fetch_add(&ahead_passes, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&ahead_calls, ad ? ad->calls : 0, __ATOMIC_RELAXED);
+    long long calls = ad ? ad->calls : 0;
+    __atomic_fetch_add(&ahead_calls, calls, __ATOMIC_RELAXED);
     free(ad);
-    return thread_usage(0) != before;
+    /* worth it: the pages read (the thread's reads are counted in 512-byte blocks) are not a
+     * stray few among the pages advised */
+    long long pages = (long long)(thread_usage(0) - before) * 512 / (long long)page_bytes;
+    return pages > 0 && pages * AHEAD_WORTH >= calls;
 }
 
 /* Whether any wanted layer is large enough to read ahead. */
@@ -612,9 +619,9 @@ static void watch_begin(Watch *wt) {
         __atomic_store_n(&ahead_on, on, __ATOMIC_RELAXED);
     }
     if (on == AHEAD_ON) {
-        int read = ahead(wt->wants, wt->nw, wt->cols, wt->live, from, wt->i1);
-        /* nothing read: the pages were in memory (the process is warm) */
-        if (!read && mode == AH_FAULTS) __atomic_store_n(&ahead_on, AHEAD_OFF, __ATOMIC_RELAXED);
+        int worth = ahead(wt->wants, wt->nw, wt->cols, wt->live, from, wt->i1);
+        /* next to nothing read: the pages were in memory (the process is warm) */
+        if (!worth && mode == AH_FAULTS) __atomic_store_n(&ahead_on, AHEAD_OFF, __ATOMIC_RELAXED);
         return;
     }
     wt->armed = mode == AH_FAULTS;
