@@ -171,7 +171,7 @@ def test_a_warm_call_reads_nothing_ahead(tmp_path, ahead):
     layer = cold.open(evicted=False)
     probes = cold.probes(200, seed=4)
     native.read_ahead(FAULTS)
-    lookup_sum_of([layer], probes, 200)  # the process's first call: its first probe alone
+    lookup_sum_of([layer], probes, 200)  # the process's first call: its first probes alone
     made = passes()
     for _ in range(5):
         lookup_sum_of([layer], probes, 200)

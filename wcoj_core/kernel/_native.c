@@ -283,19 +283,20 @@ static inline void prefetch_rows(const Layer *L, i64 k, int col, int diff) {
  * (the column the loop walks next, the diffs it reads) are advised the same way. The loop then
  * runs as before, on pages in memory, and answers as before (nothing but advice is made).
  *
- * When to read ahead (`Watch`): a process's first loop reads its first probe ahead alone and
- * goes on only if that read anything; a loop whose probes turn slow (the clock, every
- * `AHEAD_EVERY` probes) and its thread's major faults grew reads the rest of its probes ahead;
- * once one has, the process's next loops read ahead from their start, until a pass finds
- * next to nothing to read (its thread read fewer than 1 in `AHEAD_WORTH` of the pages it
- * advised: the pages are in memory, and advising one costs ~1 us). A warm loop pays a
- * clock read every `AHEAD_EVERY` probes and one `getrusage`. Layers of fewer than
+ * When to read ahead (`Watch`): a process's first loop reads its first `AHEAD_SAMPLE` probes
+ * ahead and goes on if that was worth it (its thread read at least 1 in `AHEAD_WORTH` of the
+ * pages it advised; advising a page in memory costs ~1 us); a loop whose probes turn slow (the
+ * clock, every `AHEAD_EVERY` probes) and whose thread's major faults grew reads the rest of its
+ * probes ahead; once one has, the process's next loops read ahead from their start, until a
+ * pass is not worth it (the pages are in memory). A warm loop pays a clock read every
+ * `AHEAD_EVERY` probes and one `getrusage`. Layers of fewer than
  * `AHEAD_MIN_ROWS` rows are searched as they are (a fault or two reads them whole). */
 enum {
     AHEAD_MIN_ROWS = 1 << 15,
     AHEAD_EVERY = 32,
     AHEAD_CHUNK = 1 << 16, /* probes a pass sorts and searches at once */
     AHEAD_WORTH = 16,      /* a pass that read fewer than 1 in this many pages it advised: warm */
+    AHEAD_SAMPLE = 16,     /* the probes a process's first loop reads ahead to find out */
 };
 #define AHEAD_SLOW_NS 20000 /* a probe this slow on average may have faulted (in memory: ~1 us) */
 #define AHEAD_RANGE_BYTES ((size_t)1 << 20)  /* a key range's pages advised when this or less */
@@ -614,7 +615,7 @@ static void watch_begin(Watch *wt) {
     int on = mode == AH_ALWAYS ? AHEAD_ON : __atomic_load_n(&ahead_on, __ATOMIC_RELAXED);
     Py_ssize_t from = wt->i0;
     if (on == AHEAD_UNKNOWN) {
-        from = wt->i0 + 1 < wt->i1 ? wt->i0 + 1 : wt->i1;
+        from = wt->i0 + AHEAD_SAMPLE < wt->i1 ? wt->i0 + AHEAD_SAMPLE : wt->i1;
         on = ahead(wt->wants, wt->nw, wt->cols, wt->live, wt->i0, from) ? AHEAD_ON : AHEAD_OFF;
         __atomic_store_n(&ahead_on, on, __ATOMIC_RELAXED);
     }
