@@ -96,13 +96,15 @@ class Cold:
     def __init__(self, root: Path) -> None:
         rng = np.random.default_rng(7)
         n = 1 << 20
-        rows = np.column_stack(
-            [rng.integers(0, 1 << 17, size=n), rng.integers(0, 1 << 30, size=n)]
-        )
+        rows = np.column_stack([rng.integers(0, 1 << 17, size=n), rng.integers(0, 1 << 30, size=n)])
         self.built = Layer.build(rows, np.ones(n, dtype=I64))
         self.root = root
         self.segment = write_segment(
-            root, names.new_segment_path("rel/edge"), self.built, level=Level.BASE, view=None,
+            root,
+            names.new_segment_path("rel/edge"),
+            self.built,
+            level=Level.BASE,
+            view=None,
             order=(0, 1),
         )
         (self.path,) = segment_files(root, self.segment)
