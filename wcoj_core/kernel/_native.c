@@ -9,7 +9,9 @@
  * (`dir[k - low]` is the first row whose first column is at least k; `dir[span]` is n): a key
  * range is found by the directory or a binary search on the first column, then by binary
  * searches on the next columns within it. A probe that repeats the last key reuses its range,
- * and a value searched after a smaller one in the same range gallops forward from it.
+ * and a value searched after a smaller one in the same range gallops forward from it. A loop
+ * over a layer mapped from a file whose pages are not in memory first asks the OS for every
+ * page its probes will read, all at once ("reading ahead from disk").
  *
  * Multiplicities are int64. Sums over layers (and runs of equal rows) are made exactly in 128
  * bits and a sum leaving int64 is reported by its row (the caller raises, naming it); products
@@ -620,9 +622,10 @@ static void watch_begin(Watch *wt) {
         __atomic_store_n(&ahead_on, on, __ATOMIC_RELAXED);
     }
     if (on == AHEAD_ON) {
-        int worth = ahead(wt->wants, wt->nw, wt->cols, wt->live, from, wt->i1);
         /* next to nothing read: the pages were in memory (the process is warm) */
-        if (!worth && mode == AH_FAULTS) __atomic_store_n(&ahead_on, AHEAD_OFF, __ATOMIC_RELAXED);
+        if (from < wt->i1 && !ahead(wt->wants, wt->nw, wt->cols, wt->live, from, wt->i1) &&
+            mode == AH_FAULTS)
+            __atomic_store_n(&ahead_on, AHEAD_OFF, __ATOMIC_RELAXED);
         return;
     }
     wt->armed = mode == AH_FAULTS;
