@@ -37,6 +37,7 @@ from wcoj_core.kernel.join import (
     weights,
 )
 from wcoj_core.kernel.layer import Layer
+from wcoj_core.kernel.native import native
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Query
 from wcoj_core.query.plan import Kind, Plan, plan_query, valid_orders
@@ -176,6 +177,35 @@ def test_random_queries_match_the_oracle_in_the_kernel(data) -> None:
     }
     note(f"query: {query}")
     run_epochs(query, epochs, plan_query(query, orders=orders), data.draw)
+
+
+@contextmanager
+def reading_ahead() -> Iterator[None]:
+    """Every kernel call reads its pages ahead first, down to the smallest layer (`_native.c`,
+    "reading ahead from disk": what a call on a cold mapped layer does)."""
+    mode = native.read_ahead()[0]
+    native.read_ahead(2, 0)
+    try:
+        yield
+    finally:
+        native.read_ahead(mode, 1 << 15)
+
+
+@given(data=st.data())
+def test_random_queries_read_ahead_match_the_oracle(data) -> None:
+    """Reading ahead changes no answer: every call of every step reads ahead first."""
+    query = data.draw(queries(), label="query")
+    epochs = data.draw(
+        st.lists(
+            st.fixed_dictionaries({rel: updates(ar) for rel, ar in query.relations.items()}),
+            min_size=1,
+            max_size=3,
+        ),
+        label="epochs",
+    )
+    note(f"query: {query}")
+    with reading_ahead():
+        run_epochs(query, epochs, plan_query(query), data.draw)
 
 
 @given(data=st.data())

@@ -9,7 +9,9 @@
  * (`dir[k - low]` is the first row whose first column is at least k; `dir[span]` is n): a key
  * range is found by the directory or a binary search on the first column, then by binary
  * searches on the next columns within it. A probe that repeats the last key reuses its range,
- * and a value searched after a smaller one in the same range gallops forward from it.
+ * and a value searched after a smaller one in the same range gallops forward from it. A loop
+ * over a layer mapped from a file whose pages are not in memory first asks the OS for every
+ * page its probes will read, all at once ("reading ahead from disk").
  *
  * Multiplicities are int64. Sums over layers (and runs of equal rows) are made exactly in 128
  * bits and a sum leaving int64 is reported by its row (the caller raises, naming it); products
@@ -21,6 +23,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 typedef int64_t i64;
 typedef uint64_t u64;
@@ -264,6 +270,451 @@ static inline void prefetch_rows(const Layer *L, i64 k, int col, int diff) {
         for (int q = 0; q < PF_LINES && at + 8 * q < end; q++) __builtin_prefetch(c + at + 8 * q);
     }
     if (diff) __builtin_prefetch(L->diff + at);
+}
+
+/* -- reading ahead from disk -------------------------------------------------------------- */
+
+/* A layer mapped from a segment file whose pages are not in the page cache makes a search wait
+ * for the disk: each page it reads is a major fault, one after the other, and the kernel reads
+ * the device's whole read-ahead around each (8 MB on this machine's virtual disk: a cold
+ * 1,000-change epoch of the 44 M-edge state read 1.4 GB) where the search needs one page. So
+ * a loop over probes that finds itself cold first searches its probes *level by level*, all
+ * at once (`ahead`): every probe's next page is advised (madvise WILLNEED: the kernel queues
+ * the read of that page alone and returns; ~10 us a call here), then all are read, so the
+ * reads of every probe's search overlap on the disk, and the pages of the key ranges found
+ * (the column the loop walks next, the diffs it reads) are advised the same way. The loop then
+ * runs as before, on pages in memory, and answers as before (nothing but advice is made).
+ *
+ * When to read ahead (`Watch`): a process's first loop reads its first `AHEAD_SAMPLE` probes
+ * ahead and goes on if that was worth it (its thread read at least 1 in `AHEAD_WORTH` of the
+ * pages it advised; advising a page in memory costs ~1 us); a loop whose probes turn slow (the
+ * clock, every `AHEAD_EVERY` probes) and whose thread's major faults grew reads the rest of its
+ * probes ahead; once one has, the process's next loops read ahead from their start, until a
+ * pass is not worth it (the pages are in memory). A warm loop pays a clock read every
+ * `AHEAD_EVERY` probes and one `getrusage`. Layers of fewer than
+ * `AHEAD_MIN_ROWS` rows are searched as they are (a fault or two reads them whole). */
+enum {
+    AHEAD_MIN_ROWS = 1 << 15,
+    AHEAD_EVERY = 32,
+    AHEAD_CHUNK = 1 << 16, /* probes a pass sorts and searches at once */
+    AHEAD_WORTH = 16,      /* a pass that read fewer than 1 in this many pages it advised: warm */
+    AHEAD_SAMPLE = 16,     /* the probes a process's first loop reads ahead to find out */
+};
+#define AHEAD_SLOW_NS 20000 /* a probe this slow on average may have faulted (in memory: ~1 us) */
+#define AHEAD_RANGE_BYTES ((size_t)1 << 20)  /* a key range's pages advised when this or less */
+#define AHEAD_PASS_BYTES ((size_t)256 << 20) /* and at most this much of ranges per pass */
+
+/* AH_NEVER, AH_FAULTS (the default: read ahead after a fault), AH_ALWAYS (every call) */
+enum { AH_NEVER, AH_FAULTS, AH_ALWAYS };
+static int ahead_mode = AH_FAULTS;
+enum { AHEAD_OFF, AHEAD_ON, AHEAD_UNKNOWN };
+static int ahead_on = AHEAD_UNKNOWN; /* AHEAD_ON: calls read ahead first (see `Watch`) */
+static Py_ssize_t ahead_min_rows = AHEAD_MIN_ROWS; /* (smaller in tests) */
+static long long ahead_passes, ahead_calls, ahead_ns; /* passes, their madvise calls and time */
+
+static long thread_usage(int faults) {
+    struct rusage r;
+    if (getrusage(RUSAGE_THREAD, &r) != 0) return 0;
+    return faults ? r.ru_majflt : r.ru_inblock;
+}
+
+/* What a pass advised: the single pages advised lately (a direct-mapped table: a page many
+ * probes' searches read, or one search reads at several levels, is advised once), the range
+ * bytes and the calls made. */
+enum { ADVISED_SLOTS = 1 << 12 };
+typedef struct {
+    uintptr_t advised[ADVISED_SLOTS];
+    size_t range_bytes;
+    long long calls;
+} Advice;
+
+static uintptr_t page_bytes = 4096; /* the page size (set when the module loads) */
+
+static void advise(Advice *ad, const void *p, size_t len) {
+    uintptr_t page = page_bytes, mask = ~(page - 1);
+    uintptr_t a = (uintptr_t)p & mask, e = ((uintptr_t)p + (len ? len : 1) + page - 1) & mask;
+    if (e - a == page) {
+        uintptr_t *slot = &ad->advised[((a / page) * 0x9E3779B97F4A7C15ull) >> 52];
+        if (*slot == a) return;
+        *slot = a;
+    }
+    madvise((void *)a, e - a, MADV_WILLNEED);
+    ad->calls++;
+}
+
+/* Advise a span of any length: the kernel reads at most the larger of the device's read-ahead
+ * and its largest request per call (128 KB to a few MB). */
+static void advise_span(Advice *ad, const void *p, size_t len) {
+    const size_t piece = (size_t)128 << 10;
+    for (size_t at = 0; at < len; at += piece)
+        advise(ad, (const char *)p + at, len - at < piece ? len - at : piece);
+}
+
+/* A search for the first position in [a, a + n) whose value is >= v (> v when `after`), or,
+ * while `step` > 0, a gallop from a within [a, b) (`gallop_col`'s first phase). */
+typedef struct {
+    Py_ssize_t a, n, b, step;
+    i64 v;
+    int after;
+    uintptr_t page; /* the page it read last (read again: not advised again) */
+} Seek;
+
+/* The next position a seek reads (-1: none left), turning a gallop that has run out of room
+ * into its binary search. */
+static inline Py_ssize_t seek_next(Seek *x) {
+    if (x->step > 0) {
+        if (x->a + x->step < x->b) return x->a + x->step;
+        x->n = x->b - x->a;
+        x->step = 0;
+    }
+    return x->n > 1 ? x->a + (x->n >> 1) : -1;
+}
+
+/* Every seek in column c, as `bsearch_col` and `gallop_col` make them, one level at a time:
+ * the pages a level reads advised for all seeks before any is read. Each seek's answer is
+ * left in its `a`. */
+static void seek_all(const i64 *c, Seek *s, Py_ssize_t k, Advice *ad) {
+    uintptr_t mask = ~(page_bytes - 1);
+    for (Py_ssize_t q = 0; q < k; q++) {
+        s[q].page = (uintptr_t)(c + s[q].a) & mask;
+        if (s[q].n > 0 || s[q].step > 0) advise(ad, c + s[q].a, 8);
+    }
+    for (;;) {
+        int more = 0;
+        for (Py_ssize_t q = 0; q < k; q++) {
+            Seek *x = &s[q];
+            Py_ssize_t at = seek_next(x);
+            if (at < 0) continue;
+            more = 1;
+            uintptr_t page = (uintptr_t)(c + at) & mask;
+            if (page == x->page) continue;
+            x->page = page;
+            advise(ad, c + at, 8);
+        }
+        if (!more) break;
+        for (Py_ssize_t q = 0; q < k; q++) {
+            Seek *x = &s[q];
+            if (x->step > 0) { /* seek_next left it galloping: a + step < b */
+                i64 at = c[x->a + x->step];
+                if (at < x->v || (x->after && at == x->v)) {
+                    x->a += x->step;
+                    x->step <<= 1;
+                } else {
+                    x->n = x->step + 1; /* gallop_col's search of [a, a + step] */
+                    x->step = 0;
+                }
+                continue;
+            }
+            if (x->n <= 1) continue;
+            Py_ssize_t half = x->n >> 1;
+            i64 at = c[x->a + half];
+            if (x->after ? at <= x->v : at < x->v) x->a += half;
+            x->n -= half;
+        }
+    }
+    for (Py_ssize_t q = 0; q < k; q++) {
+        Seek *x = &s[q];
+        if (x->n == 1) x->a += x->after ? c[x->a] <= x->v : c[x->a] < x->v;
+        x->n = 0;
+    }
+}
+
+/* What a pass reads ahead in one layer: the key of p prefix (or probe) columns at[0..p), then
+ * what the loop reads of each key's range (bits of `what`). */
+enum { AH_RANGE = 1, AH_DIFFS = 2, AH_DIFF0 = 4 };
+
+typedef struct {
+    const Layer *L;
+    const Py_ssize_t *at;
+    int p;
+    int next; /* the column walked within a key's range (AH_RANGE) */
+    int what;
+} Want;
+
+typedef struct {
+    const i64 *const *cols;
+    const Py_ssize_t *at;
+    int p;
+} KeyOf;
+
+static int key_cmp(const void *x, const void *y, void *arg) {
+    const KeyOf *k = arg;
+    Py_ssize_t a = *(const Py_ssize_t *)x, b = *(const Py_ssize_t *)y;
+    for (int j = 0; j < k->p; j++) {
+        i64 u = k->cols[k->at[j]][a], w = k->cols[k->at[j]][b];
+        if (u != w) return u < w ? -1 : 1;
+    }
+    return 0;
+}
+
+/* The key ranges [lo[q], hi[q]) in L of the k probe rows `rows` (sorted by key, each key
+ * once), found by `seek_all` column after column (the first by L's directory when it has one);
+ * s has room for 2k seeks. */
+static void ahead_keys(const Layer *L, const KeyOf *key, const Py_ssize_t *rows, Py_ssize_t k,
+                       Py_ssize_t *lo, Py_ssize_t *hi, Seek *s, Advice *ad) {
+    for (Py_ssize_t q = 0; q < k; q++) {
+        lo[q] = 0;
+        hi[q] = L->n;
+    }
+    for (int j = 0; j < key->p; j++) {
+        const i64 *probe = key->cols[key->at[j]];
+        if (j == 0 && L->dir) {
+            for (Py_ssize_t q = 0; q < k; q++) {
+                u64 off = (u64)probe[rows[q]] - (u64)L->dir_low;
+                if (off >= (u64)L->dir_span) lo[q] = hi[q] = 0;
+                else { lo[q] = L->dir[off]; hi[q] = L->dir[off + 1]; }
+            }
+            continue;
+        }
+        /* as `key_range`: the key's first row by a binary search, its end galloping from it */
+        const i64 *c = L->cols[j];
+        Py_ssize_t ns = 0;
+        for (Py_ssize_t q = 0; q < k; q++)
+            if (lo[q] < hi[q]) s[ns++] = (Seek){lo[q], hi[q] - lo[q], hi[q], 0, probe[rows[q]], 0};
+        seek_all(c, s, ns, ad);
+        ns = 0;
+        for (Py_ssize_t q = 0; q < k; q++)
+            if (lo[q] < hi[q]) {
+                Py_ssize_t a = s[ns++].a;
+                if (a < hi[q]) advise(ad, c + a, 8); /* read next: may be the next page */
+            }
+        Seek *g = s + k; /* the gallops (s has room for 2k seeks) */
+        ns = 0;
+        for (Py_ssize_t q = 0; q < k; q++) {
+            if (lo[q] >= hi[q]) {
+                g[q] = (Seek){lo[q], 0, lo[q], 0, 0, 1};
+                continue;
+            }
+            Py_ssize_t a = s[ns++].a;
+            i64 v = probe[rows[q]];
+            if (a < hi[q] && c[a] == v) g[q] = (Seek){a, 0, hi[q], 1, v, 1};
+            else g[q] = (Seek){a, 0, a, 0, v, 1}; /* absent: the range is empty */
+            lo[q] = a;
+        }
+        seek_all(c, g, k, ad);
+        for (Py_ssize_t q = 0; q < k; q++)
+            if (lo[q] < hi[q]) hi[q] = g[q].a;
+    }
+}
+
+/* Read ahead what a loop over probe rows [i0, i1) (through `live` when given) will read of
+ * each wanted layer (see the section's comment); returns whether it was worth it (this thread
+ * read at least one page in `AHEAD_WORTH` of those it advised). A
+ * layer probed by a large share of its rows has its columns advised whole instead (its pages
+ * are most of what the searches read). */
+static int ahead(const Want *wants, int nw, const i64 *const *cols, const i64 *live,
+                 Py_ssize_t i0, Py_ssize_t i1) {
+    Py_ssize_t m = i1 - i0;
+    if (m <= 0) return 0;
+    long before = thread_usage(0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    Advice *ad = calloc(1, sizeof(Advice));
+    Py_ssize_t most = m < AHEAD_CHUNK ? m : AHEAD_CHUNK;
+    Py_ssize_t *rows = malloc(sizeof(Py_ssize_t) * (size_t)most);
+    Py_ssize_t *lo = malloc(sizeof(Py_ssize_t) * (size_t)most);
+    Py_ssize_t *hi = malloc(sizeof(Py_ssize_t) * (size_t)most);
+    Seek *s = malloc(sizeof(Seek) * 2 * (size_t)most);
+    int ok = ad && rows && lo && hi && s;
+    int searched[MAXX * MAXL];
+    for (int w = 0; ok && w < nw; w++) {
+        const Layer *L = wants[w].L;
+        searched[w] = L->n >= ahead_min_rows && wants[w].p >= 1 && wants[w].p <= L->width;
+        if (!searched[w] || m * 4096 <= L->n) continue;
+        /* probes many for the layer's size: its columns whole */
+        searched[w] = 0;
+        for (int j = 0; j < L->width; j++) advise_span(ad, L->cols[j], sizeof(i64) * (size_t)L->n);
+        if (!L->unit && wants[w].what & (AH_DIFFS | AH_DIFF0))
+            advise_span(ad, L->diff, sizeof(i64) * (size_t)L->n);
+    }
+    for (Py_ssize_t c0 = i0; ok && c0 < i1; c0 += most) {
+        Py_ssize_t c1 = c0 + most < i1 ? c0 + most : i1;
+        const Py_ssize_t *sorted_at = NULL; /* the key `rows` is sorted and unique by */
+        int sorted_p = -1;
+        Py_ssize_t k = 0;
+        for (int w = 0; w < nw; w++) {
+            const Want *x = &wants[w];
+            const Layer *L = x->L;
+            if (!searched[w]) continue;
+            KeyOf key = {cols, x->at, x->p};
+            if (sorted_p != x->p || memcmp(sorted_at, x->at, sizeof(Py_ssize_t) * (size_t)x->p)) {
+                for (Py_ssize_t i = c0; i < c1; i++) rows[i - c0] = live ? live[i] : i;
+                qsort_r(rows, (size_t)(c1 - c0), sizeof(Py_ssize_t), key_cmp, &key);
+                k = 0;
+                for (Py_ssize_t i = 0; i < c1 - c0; i++)
+                    if (!k || key_cmp(&rows[k - 1], &rows[i], &key)) rows[k++] = rows[i];
+                sorted_at = x->at;
+                sorted_p = x->p;
+            }
+            ahead_keys(L, &key, rows, k, lo, hi, s, ad);
+            for (Py_ssize_t q = 0; q < k; q++) {
+                if (lo[q] >= hi[q]) continue;
+                size_t bytes = sizeof(i64) * (size_t)(hi[q] - lo[q]);
+                if (x->what & AH_DIFF0 && !L->unit) advise(ad, L->diff + lo[q], 8);
+                if (bytes > AHEAD_RANGE_BYTES || ad->range_bytes + bytes > AHEAD_PASS_BYTES)
+                    continue;
+                if (x->what & AH_RANGE && x->next < L->width) {
+                    advise_span(ad, L->cols[x->next] + lo[q], bytes);
+                    ad->range_bytes += bytes;
+                }
+                if (x->what & AH_DIFFS && !L->unit) {
+                    advise_span(ad, L->diff + lo[q], bytes);
+                    ad->range_bytes += bytes;
+                }
+            }
+        }
+    }
+    free(rows);
+    free(lo);
+    free(hi);
+    free(s);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    __atomic_fetch_add(&ahead_ns, (t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec),
+                       __ATOMIC_RELAXED);
+    __atomic_fetch_add(&ahead_passes, 1, __ATOMIC_RELAXED);
+    long long calls = ad ? ad->calls : 0;
+    __atomic_fetch_add(&ahead_calls, calls, __ATOMIC_RELAXED);
+    free(ad);
+    /* worth it: the pages read (the thread's reads are counted in 512-byte blocks) are not a
+     * stray few among the pages advised */
+    long long pages = (long long)(thread_usage(0) - before) * 512 / (long long)page_bytes;
+    return pages > 0 && pages * AHEAD_WORTH >= calls;
+}
+
+/* Whether any wanted layer is large enough to read ahead. */
+static int ahead_worth(const Want *wants, int nw) {
+    for (int w = 0; w < nw; w++)
+        if (wants[w].L->n >= ahead_min_rows && wants[w].p >= 1) return 1;
+    return 0;
+}
+
+/* A loop's watch over its probes [i0, i1) (see the section's comment): `watch_begin` before
+ * the first probe, `watch_at` before probe i. */
+typedef struct {
+    const Want *wants;
+    int nw;
+    const i64 *const *cols;
+    const i64 *live;
+    Py_ssize_t i0, i1;
+    int armed;
+    long faults;
+    i64 since;          /* the clock at the last check */
+    Py_ssize_t checked; /* the probe then */
+} Watch;
+
+static inline i64 now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (i64)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static void watch_begin(Watch *wt) {
+    wt->armed = 0;
+    wt->faults = 0;
+    if (!ahead_worth(wt->wants, wt->nw)) return;
+    int mode = __atomic_load_n(&ahead_mode, __ATOMIC_RELAXED);
+    if (mode == AH_NEVER) return;
+    int on = mode == AH_ALWAYS ? AHEAD_ON : __atomic_load_n(&ahead_on, __ATOMIC_RELAXED);
+    Py_ssize_t from = wt->i0;
+    if (on == AHEAD_UNKNOWN) {
+        from = wt->i0 + AHEAD_SAMPLE < wt->i1 ? wt->i0 + AHEAD_SAMPLE : wt->i1;
+        on = ahead(wt->wants, wt->nw, wt->cols, wt->live, wt->i0, from) ? AHEAD_ON : AHEAD_OFF;
+        __atomic_store_n(&ahead_on, on, __ATOMIC_RELAXED);
+    }
+    if (on == AHEAD_ON) {
+        /* next to nothing read: the pages were in memory (the process is warm) */
+        if (from < wt->i1 && !ahead(wt->wants, wt->nw, wt->cols, wt->live, from, wt->i1) &&
+            mode == AH_FAULTS)
+            __atomic_store_n(&ahead_on, AHEAD_OFF, __ATOMIC_RELAXED);
+        return;
+    }
+    wt->armed = mode == AH_FAULTS;
+    if (wt->armed) {
+        wt->faults = thread_usage(1);
+        wt->since = now_ns();
+        wt->checked = wt->i0;
+    }
+}
+
+static inline void watch_at(Watch *wt, Py_ssize_t i) {
+    if (!wt->armed || (i - wt->i0) % AHEAD_EVERY != 1) return;
+    /* the clock first (tens of nanoseconds): only probes slow on average can have faulted */
+    i64 t = now_ns(), took = t - wt->since;
+    int slow = took > AHEAD_SLOW_NS * (i - wt->checked);
+    wt->since = t;
+    wt->checked = i;
+    if (!slow || thread_usage(1) == wt->faults) return;
+    wt->armed = 0;
+    __atomic_store_n(&ahead_on, AHEAD_ON, __ATOMIC_RELAXED);
+    ahead(wt->wants, wt->nw, wt->cols, wt->live, i, wt->i1);
+}
+
+/* seek_ranges(layer, probe columns, m, lo out, hi out) -> madvise calls: the key ranges
+ * `ahead` finds, level by level, for m probes in probe order (what `ranges` finds: a test). */
+static PyObject *py_seek_ranges(PyObject *self, PyObject *args) {
+    PyObject *layer_o, *probes_o, *lo_o, *hi_o;
+    Py_ssize_t m;
+    if (!PyArg_ParseTuple(args, "OOnOO", &layer_o, &probes_o, &m, &lo_o, &hi_o)) return NULL;
+    Held h = {.count = 0};
+    Layer L;
+    if (parse_layer(&h, layer_o, &L) < 0) { release(&h); return NULL; }
+    PyObject *fast = PySequence_Fast(probes_o, "probe columns");
+    if (!fast) { release(&h); return NULL; }
+    int p = (int)PySequence_Fast_GET_SIZE(fast);
+    const i64 *cols[MAXW];
+    Py_ssize_t at[MAXW];
+    int ok = p <= L.width;
+    if (!ok) PyErr_SetString(PyExc_ValueError, "more probe columns than the layer has");
+    for (int j = 0; ok && j < p; j++) {
+        cols[j] = take(&h, PySequence_Fast_GET_ITEM(fast, j), 8, 0, m, NULL, "probe column");
+        at[j] = j;
+        ok = cols[j] != NULL;
+    }
+    Py_DECREF(fast);
+    i64 *lo = ok ? take(&h, lo_o, 8, 1, m, NULL, "lo") : NULL;
+    i64 *hi = lo ? take(&h, hi_o, 8, 1, m, NULL, "hi") : NULL;
+    if (!hi) { release(&h); return NULL; }
+    Py_ssize_t *rows = malloc(sizeof(Py_ssize_t) * (size_t)(m ? m : 1));
+    Seek *s = malloc(sizeof(Seek) * 2 * (size_t)(m ? m : 1));
+    Advice *ad = calloc(1, sizeof(Advice));
+    if (!rows || !s || !ad) {
+        free(rows);
+        free(s);
+        free(ad);
+        release(&h);
+        return PyErr_NoMemory();
+    }
+    KeyOf key = {cols, at, p};
+    for (Py_ssize_t i = 0; i < m; i++) rows[i] = i;
+    Py_BEGIN_ALLOW_THREADS
+    ahead_keys(&L, &key, rows, m, (Py_ssize_t *)lo, (Py_ssize_t *)hi, s, ad);
+    Py_END_ALLOW_THREADS
+    long long calls = ad->calls;
+    free(rows);
+    free(s);
+    free(ad);
+    release(&h);
+    return PyLong_FromLongLong(calls);
+}
+
+/* read_ahead(mode or -1, least rows or -1): the mode (0 never, 1 after a fault, 2 always),
+ * whether the process reads ahead now, the passes made and the madvise calls they made; sets
+ * the mode when >= 0 (and the fewest rows of a layer read ahead, when >= 0: tests). */
+static PyObject *py_read_ahead(PyObject *self, PyObject *args) {
+    int mode = -1;
+    Py_ssize_t least = -1;
+    if (!PyArg_ParseTuple(args, "|in", &mode, &least)) return NULL;
+    if (mode > AH_ALWAYS) return PyErr_Format(PyExc_ValueError, "read-ahead mode %d (0, 1 or 2)", mode);
+    if (mode >= 0) {
+        __atomic_store_n(&ahead_mode, mode, __ATOMIC_RELAXED);
+        __atomic_store_n(&ahead_on, AHEAD_UNKNOWN, __ATOMIC_RELAXED);
+    }
+    if (least >= 0) __atomic_store_n(&ahead_min_rows, least, __ATOMIC_RELAXED);
+    return Py_BuildValue("iiLLd", __atomic_load_n(&ahead_mode, __ATOMIC_RELAXED),
+                         __atomic_load_n(&ahead_on, __ATOMIC_RELAXED),
+                         __atomic_load_n(&ahead_passes, __ATOMIC_RELAXED),
+                         __atomic_load_n(&ahead_calls, __ATOMIC_RELAXED),
+                         (double)__atomic_load_n(&ahead_ns, __ATOMIC_RELAXED) * 1e-9);
 }
 
 /* -- sorting and consolidating ------------------------------------------------------------ */
@@ -595,8 +1046,16 @@ static PyObject *py_lookup(PyObject *self, PyObject *args) {
     Py_ssize_t hint[MAXL];
     i64 last[MAXL];
     i64 key[MAXW];
-    for (int l = 0; l < nl; l++) { hint[l] = -1; last[l] = 0; }
+    Want wants[MAXL];
+    for (int l = 0; l < nl; l++) {
+        hint[l] = -1;
+        last[l] = 0;
+        wants[l] = (Want){&L[l], at, p, -1, AH_DIFF0};
+    }
+    Watch wt = {wants, nl, cols, NULL, 0, m};
+    watch_begin(&wt);
     for (Py_ssize_t i = 0; i < m; i++) {
+        watch_at(&wt, i);
         if (p > 0 && i + PF_FAR < m)
             for (int l = 0; l < nl; l++) prefetch_dir(&L[l], cols[0][i + PF_FAR]);
         if (p > 0 && i + PF_NEAR < m)
@@ -647,8 +1106,12 @@ static PyObject *py_ranges(PyObject *self, PyObject *args) {
     if (!hi) { release(&h); return NULL; }
     Py_BEGIN_ALLOW_THREADS
     i64 key[MAXW];
+    Want want = {&L, at, p, p, low ? AH_RANGE : 0};
+    Watch wt = {&want, 1, cols, NULL, 0, m};
+    watch_begin(&wt);
     for (Py_ssize_t i = 0; i < m; i++) {
         Py_ssize_t a, b;
+        watch_at(&wt, i);
         gather_key(cols, at, p, i, key);
         key_range(&L, key, p, &a, &b);
         if (low && a < b) {
@@ -1062,6 +1525,19 @@ static inline void count_prefetch(Ext *xs, int nx, const Prefix *P, Py_ssize_t f
     }
 }
 
+/* What counting reads (see `ahead`): each extender's key in its counts layers and the diff at
+ * its range's start, or its key's range in its one source layer. Returns the wants. */
+static int count_wants(Ext *xs, int nx, Want *out) {
+    int nw = 0;
+    for (int j = 0; j < nx; j++) {
+        Ext *x = &xs[j];
+        if (x->by_range && x->nsource) out[nw++] = (Want){&x->source[0], x->key, x->p, -1, 0};
+        for (int l = 0; !x->by_range && l < x->ncounts; l++)
+            out[nw++] = (Want){&x->counts[l], x->key, x->p, -1, AH_DIFF0};
+    }
+    return nw;
+}
+
 /* -- count -------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -1073,7 +1549,12 @@ static void count_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1,
                         Stats *st) {
     CountCtx *ctx = vctx;
     Ext *xs = scratch;
+    Want wants[MAXX * MAXL];
+    int nw = count_wants(xs, ctx->nx, wants);
+    Watch wt = {wants, nw, ctx->P->cols, NULL, i0, i1};
+    watch_begin(&wt);
     for (Py_ssize_t r = i0; r < i1; r++) {
+        watch_at(&wt, r);
         if (r + PF_NEAR < i1) count_prefetch(xs, ctx->nx, ctx->P, r + PF_FAR < i1 ? r + PF_FAR : -1,
                                              r + PF_NEAR);
         i64 best = 0;
@@ -1490,6 +1971,19 @@ static inline void extend_prefetch(Ext *xs, int nx, const Prefix *P, Py_ssize_t 
     }
 }
 
+/* What extending reads (see `ahead`): every extender's key in each of its source layers,
+ * the values of the key's range (proposed or validated) and its diffs where they multiply. */
+static int extend_wants(Ext *xs, int nx, Want *out) {
+    int nw = 0;
+    for (int j = 0; j < nx; j++) {
+        Ext *x = &xs[j];
+        for (int l = 0; l < x->nsource; l++)
+            out[nw++] = (Want){&x->source[l], x->key, x->p, x->p,
+                               AH_RANGE | (x->completes ? AH_DIFFS : 0)};
+    }
+    return nw;
+}
+
 static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1, Rows *out,
                          Stats *st) {
     ExtendCtx *ctx = vctx;
@@ -1512,7 +2006,12 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
     const int plain = merged && units && nx == 2 && !writing;
     Cands cand = {0};
     Marks *mk = plain && ctx->mark_ext >= 0 ? (Marks *)((char *)scratch + ctx->marks_at) : NULL;
+    Want wants[MAXX * MAXL];
+    int nw = extend_wants(xs, nx, wants);
+    Watch wt = {wants, nw, P->cols, ctx->live, i0, i1};
+    watch_begin(&wt);
     for (Py_ssize_t i = i0; i < i1; i++) {
+        watch_at(&wt, i);
         if (i + PF_NEAR < i1) {
             Py_ssize_t far = i + PF_FAR < i1 ? i + PF_FAR : -1, near = i + PF_NEAR;
             if (ctx->live) {
@@ -1995,6 +2494,8 @@ static PyMethodDef methods[] = {
     {"ranges", py_ranges, METH_VARARGS, "ranges(layer, probe columns, m, low or None, high or None, lo out, hi out)"},
     {"count", py_count, METH_VARARGS, "count(extenders, prefix columns, m, live, tag, least, alive) -> live rows, or -(row + 1)"},
     {"extend", py_extend, METH_VARARGS, "extend(...): propose, filter and validate one step's candidates"},
+    {"seek_ranges", py_seek_ranges, METH_VARARGS, "seek_ranges(layer, probe columns, m, lo out, hi out) -> madvise calls: the key ranges read ahead level by level"},
+    {"read_ahead", py_read_ahead, METH_VARARGS, "read_ahead(mode=-1, least rows=-1) -> (mode, reading ahead now, passes, madvise calls, seconds in passes): mode 0 never, 1 after a fault, 2 always"},
     {"lone_returns", py_lone_returns, METH_VARARGS, "lone_returns(bytes) -> whether a carriage return is not followed by a line feed"},
     {"newlines", py_newlines, METH_VARARGS, "newlines(bytes) -> how many line feeds it holds"},
     {"parse_text", py_parse_text, METH_VARARGS, "parse_text(bytes, arity, out, cap) -> data rows, or -1: a text block's fields into out[j * cap + row]"},
@@ -2008,6 +2509,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *mod = PyModule_Create(&module);
     if (!mod) return NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    if (page > 0) page_bytes = (uintptr_t)page;
     if (PyModule_AddStringConstant(mod, "SOURCE_HASH", WCOJ_SOURCE_HASH) < 0) {
         Py_DECREF(mod);
         return NULL;

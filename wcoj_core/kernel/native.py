@@ -139,4 +139,27 @@ def load() -> ModuleType:
     return _built(digest)
 
 
+# When a search faults on a mapped layer (its pages not in memory), the kernel reads the rest of
+# the call's pages ahead, all at once (`_native.c`, "reading ahead from disk"):
+# ``WCOJ_READ_AHEAD`` = ``faults`` (the default), ``never`` or ``always`` (every call; tests).
+READ_AHEAD_MODES = {"never": 0, "faults": 1, "always": 2}
+
+
+def read_ahead_mode(value: str | None) -> int:
+    """The kernel's read-ahead mode named by ``WCOJ_READ_AHEAD`` (unset: after a fault).
+
+    >>> read_ahead_mode(None), read_ahead_mode("always")
+    (1, 2)
+    """
+    if not value:
+        return READ_AHEAD_MODES["faults"]
+    try:
+        return READ_AHEAD_MODES[value.strip().lower()]
+    except KeyError:
+        raise WcojError(
+            f"WCOJ_READ_AHEAD={value!r}: expected one of {', '.join(READ_AHEAD_MODES)}"
+        ) from None
+
+
 native = load()
+native.read_ahead(read_ahead_mode(os.environ.get("WCOJ_READ_AHEAD")))
