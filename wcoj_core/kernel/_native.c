@@ -312,9 +312,15 @@ static int ahead_on = AHEAD_UNKNOWN; /* AHEAD_ON: calls read ahead first (see `W
 static Py_ssize_t ahead_min_rows = AHEAD_MIN_ROWS; /* (smaller in tests) */
 static long long ahead_passes, ahead_calls, ahead_ns; /* passes, their madvise calls and time */
 
+#ifdef RUSAGE_THREAD
+#define USAGE_OF RUSAGE_THREAD
+#else
+#define USAGE_OF RUSAGE_SELF /* (not Linux: the process's, a coarser watch) */
+#endif
+
 static long thread_usage(int faults) {
     struct rusage r;
-    if (getrusage(RUSAGE_THREAD, &r) != 0) return 0;
+    if (getrusage(USAGE_OF, &r) != 0) return 0;
     return faults ? r.ru_majflt : r.ru_inblock;
 }
 
@@ -447,6 +453,11 @@ static int key_cmp(const void *x, const void *y, void *arg) {
     return 0;
 }
 
+/* qsort's comparison by the key being sorted (qsort_r is not portable: glibc's and the BSDs'
+ * differ in their arguments) */
+static _Thread_local const KeyOf *sorting;
+static int sorting_cmp(const void *x, const void *y) { return key_cmp(x, y, (void *)sorting); }
+
 /* The key ranges [lo[q], hi[q]) in L of the k probe rows `rows` (sorted by key, each key
  * once), found by `seek_all` column after column (the first by L's directory when it has one);
  * s has room for 2k seeks. */
@@ -539,7 +550,8 @@ static int ahead(const Want *wants, int nw, const i64 *const *cols, const i64 *l
             KeyOf key = {cols, x->at, x->p};
             if (sorted_p != x->p || memcmp(sorted_at, x->at, sizeof(Py_ssize_t) * (size_t)x->p)) {
                 for (Py_ssize_t i = c0; i < c1; i++) rows[i - c0] = live ? live[i] : i;
-                qsort_r(rows, (size_t)(c1 - c0), sizeof(Py_ssize_t), key_cmp, &key);
+                sorting = &key;
+                qsort(rows, (size_t)(c1 - c0), sizeof(Py_ssize_t), sorting_cmp);
                 k = 0;
                 for (Py_ssize_t i = 0; i < c1 - c0; i++)
                     if (!k || key_cmp(&rows[k - 1], &rows[i], &key)) rows[k++] = rows[i];
