@@ -181,7 +181,7 @@ def test_a_warm_call_reads_nothing_ahead(tmp_path, ahead):
 
 
 def test_the_mode_is_named_by_the_environment() -> None:
-    assert read_ahead_mode(None) == FAULTS and read_ahead_mode(" Never ") == NEVER
+    assert read_ahead_mode(None) == NEVER and read_ahead_mode(" Faults ") == FAULTS
     with pytest.raises(WcojError, match="WCOJ_READ_AHEAD"):
         read_ahead_mode("sometimes")
     with pytest.raises(ValueError):

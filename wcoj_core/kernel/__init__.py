@@ -4,9 +4,10 @@ but its own parallel loops.
 One implementation of the algorithm, deployed by `wcoj_core.deploy` on the driver or inside
 Spark's executors. Its inner loops are C (`_native.c`, built by `pip install`; `native` loads
 it, never stale): sorting and consolidating, lookups, counting, and one pass of propose and
-validate per step, releasing the GIL and running on several threads when asked; a loop over a
-memory-mapped layer whose pages are not in memory asks the OS for all the pages its probes
-will read at once before it runs (``WCOJ_READ_AHEAD``: `native`). The naive
+validate per step, releasing the GIL and running on several threads when asked; with
+``WCOJ_READ_AHEAD=faults`` (off by default: see `native`), a loop over a memory-mapped layer
+whose pages are not in memory asks the OS for all the pages its probes will read at once before
+it runs. The naive
 oracle (`tests/oracle.py`) and the audit stay the independent checks.
 
 * `native` — the compiled module, loaded (or built once into a cache when stale);

@@ -285,7 +285,8 @@ static inline void prefetch_rows(const Layer *L, i64 k, int col, int diff) {
  * (the column the loop walks next, the diffs it reads) are advised the same way. The loop then
  * runs as before, on pages in memory, and answers as before (nothing but advice is made).
  *
- * When to read ahead (`Watch`): a process's first loop reads its first `AHEAD_SAMPLE` probes
+ * Only with WCOJ_READ_AHEAD=faults or always: the default is never (`wcoj_core.kernel.native`
+ * says why). When to read ahead (`Watch`): a process's first loop reads its first `AHEAD_SAMPLE` probes
  * ahead and goes on if that was worth it (its thread read at least 1 in `AHEAD_WORTH` of the
  * pages it advised; advising a page in memory costs ~1 us); a loop whose probes turn slow (the
  * clock, every `AHEAD_EVERY` probes) and whose thread's major faults grew reads the rest of its
@@ -304,9 +305,10 @@ enum {
 #define AHEAD_RANGE_BYTES ((size_t)1 << 20)  /* a key range's pages advised when this or less */
 #define AHEAD_PASS_BYTES ((size_t)256 << 20) /* and at most this much of ranges per pass */
 
-/* AH_NEVER, AH_FAULTS (the default: read ahead after a fault), AH_ALWAYS (every call) */
+/* AH_NEVER (the default: see `wcoj_core.kernel.native`), AH_FAULTS (read ahead after a
+ * fault), AH_ALWAYS (every call) */
 enum { AH_NEVER, AH_FAULTS, AH_ALWAYS };
-static int ahead_mode = AH_FAULTS;
+static int ahead_mode = AH_NEVER;
 enum { AHEAD_OFF, AHEAD_ON, AHEAD_UNKNOWN };
 static int ahead_on = AHEAD_UNKNOWN; /* AHEAD_ON: calls read ahead first (see `Watch`) */
 static Py_ssize_t ahead_min_rows = AHEAD_MIN_ROWS; /* (smaller in tests) */

@@ -139,20 +139,24 @@ def load() -> ModuleType:
     return _built(digest)
 
 
-# When a search faults on a mapped layer (its pages not in memory), the kernel reads the rest of
-# the call's pages ahead, all at once (`_native.c`, "reading ahead from disk"):
-# ``WCOJ_READ_AHEAD`` = ``faults`` (the default), ``never`` or ``always`` (every call; tests).
+# When a search faults on a mapped layer (its pages not in memory), the kernel can read the rest
+# of the call's pages ahead, all at once (`_native.c`, "reading ahead from disk"):
+# ``WCOJ_READ_AHEAD`` = ``never`` (the default), ``faults`` or ``always`` (every call; tests).
+# Off by default: it halves a fresh epoch on an evicted state (44 M edges: 0.89 s against
+# 1.79 s), but the first epochs on a state just loaded beside a 10 GB build, the page cache full
+# of freshly written files, took 30.6 and 19.2 s with it against 5.2 and 0.6 s without, for a
+# reason not yet found (docs/benchmarks.md, "A cold epoch's reads issued ahead").
 READ_AHEAD_MODES = {"never": 0, "faults": 1, "always": 2}
 
 
 def read_ahead_mode(value: str | None) -> int:
-    """The kernel's read-ahead mode named by ``WCOJ_READ_AHEAD`` (unset: after a fault).
+    """The kernel's read-ahead mode named by ``WCOJ_READ_AHEAD`` (unset: never).
 
-    >>> read_ahead_mode(None), read_ahead_mode("always")
-    (1, 2)
+    >>> read_ahead_mode(None), read_ahead_mode("faults")
+    (0, 1)
     """
     if not value:
-        return READ_AHEAD_MODES["faults"]
+        return READ_AHEAD_MODES["never"]
     try:
         return READ_AHEAD_MODES[value.strip().lower()]
     except KeyError:
