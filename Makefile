@@ -60,7 +60,9 @@ ui-prod: postgres java
 # f4ebae3, 21 tests more and the machine slower that night; 29 min 59 s at b1e5542 under another
 # engineer's load (7.5): 59.3 worker-minutes, the two workers ending 6 s apart, so the time is
 # the work's, not the order's (docs/benchmarks.md, "The suite at b1e5542"); 17 min 23 s at
-# a3d5e6e on an idle machine (1,529 passed, 1 skipped; the whole .ci/run 18 min 14 s).
+# a3d5e6e on an idle machine (1,529 passed, 1 skipped; the whole .ci/run 18 min 14 s); 21 min 53 s
+# at fc52b06 (1,538 passed, 1 skipped), the same idle machine slower that morning (its warm probe
+# on unchanged code 22 ms against 15 ms the night before).
 # The end-to-end tests of one folder run one after another on one of them, the longest groups
 # first, in the order tests/tiers.py gives (--no-loadscope-reorder keeps it). WORKERS=0 runs them
 # all in this process.
