@@ -663,6 +663,24 @@ static inline void watch_at(Watch *wt, Py_ssize_t i) {
     ahead(wt->wants, wt->nw, wt->cols, wt->live, i, wt->i1);
 }
 
+/* The probe columns (m rows each) into cols, at[j] = j: how many, or -1 with the error set
+ * (more than `most`: `too_many`). */
+static int probe_columns(Held *h, PyObject *probes_o, Py_ssize_t m, int most, const char *too_many,
+                         const i64 **cols, Py_ssize_t *at) {
+    PyObject *fast = PySequence_Fast(probes_o, "probe columns");
+    if (!fast) return -1;
+    int p = (int)PySequence_Fast_GET_SIZE(fast);
+    int ok = p <= most && p <= MAXW;
+    if (!ok) PyErr_SetString(PyExc_ValueError, too_many);
+    for (int j = 0; ok && j < p; j++) {
+        cols[j] = take(h, PySequence_Fast_GET_ITEM(fast, j), 8, 0, m, NULL, "probe column");
+        at[j] = j;
+        ok = cols[j] != NULL;
+    }
+    Py_DECREF(fast);
+    return ok ? p : -1;
+}
+
 /* seek_ranges(layer, probe columns, m, lo out, hi out) -> madvise calls: the key ranges
  * `ahead` finds, level by level, for m probes in probe order (what `ranges` finds: a test). */
 static PyObject *py_seek_ranges(PyObject *self, PyObject *args) {
@@ -672,19 +690,11 @@ static PyObject *py_seek_ranges(PyObject *self, PyObject *args) {
     Held h = {.count = 0};
     Layer L;
     if (parse_layer(&h, layer_o, &L) < 0) { release(&h); return NULL; }
-    PyObject *fast = PySequence_Fast(probes_o, "probe columns");
-    if (!fast) { release(&h); return NULL; }
-    int p = (int)PySequence_Fast_GET_SIZE(fast);
     const i64 *cols[MAXW];
     Py_ssize_t at[MAXW];
-    int ok = p <= L.width;
-    if (!ok) PyErr_SetString(PyExc_ValueError, "more probe columns than the layer has");
-    for (int j = 0; ok && j < p; j++) {
-        cols[j] = take(&h, PySequence_Fast_GET_ITEM(fast, j), 8, 0, m, NULL, "probe column");
-        at[j] = j;
-        ok = cols[j] != NULL;
-    }
-    Py_DECREF(fast);
+    int p = probe_columns(&h, probes_o, m, L.width, "more probe columns than the layer has", cols, at);
+    if (p < 0) { release(&h); return NULL; }
+    int ok = 1;
     i64 *lo = ok ? take(&h, lo_o, 8, 1, m, NULL, "lo") : NULL;
     i64 *hi = lo ? take(&h, hi_o, 8, 1, m, NULL, "hi") : NULL;
     if (!hi) { release(&h); return NULL; }
@@ -1035,19 +1045,11 @@ static PyObject *py_lookup(PyObject *self, PyObject *args) {
     Layer L[MAXL];
     int nl;
     if (parse_layers(&h, layers_o, L, &nl) < 0) { release(&h); return NULL; }
-    PyObject *fast = PySequence_Fast(probes_o, "probe columns");
-    if (!fast) { release(&h); return NULL; }
-    int p = (int)PySequence_Fast_GET_SIZE(fast);
     const i64 *cols[MAXW];
     Py_ssize_t at[MAXW];
-    int ok = p <= MAXW;
-    if (!ok) PyErr_SetString(PyExc_ValueError, "too many probe columns");
-    for (int j = 0; ok && j < p; j++) {
-        cols[j] = take(&h, PySequence_Fast_GET_ITEM(fast, j), 8, 0, m, NULL, "probe column");
-        at[j] = j;
-        ok = cols[j] != NULL;
-    }
-    Py_DECREF(fast);
+    int p = probe_columns(&h, probes_o, m, MAXW, "too many probe columns", cols, at);
+    if (p < 0) { release(&h); return NULL; }
+    int ok = 1;
     for (int l = 0; ok && l < nl; l++)
         if (L[l].width != p) {
             PyErr_Format(PyExc_ValueError, "%d probe columns for a layer of %d", p, L[l].width);
@@ -1096,19 +1098,12 @@ static PyObject *py_ranges(PyObject *self, PyObject *args) {
     Held h = {.count = 0};
     Layer L;
     if (parse_layer(&h, layer_o, &L) < 0) { release(&h); return NULL; }
-    PyObject *fast = PySequence_Fast(probes_o, "probe columns");
-    if (!fast) { release(&h); return NULL; }
-    int p = (int)PySequence_Fast_GET_SIZE(fast);
     const i64 *cols[MAXW];
     Py_ssize_t at[MAXW];
-    int ok = p <= L.width && (low_o == Py_None || p < L.width);
-    if (!ok) PyErr_SetString(PyExc_ValueError, "more probe columns than the layer has");
-    for (int j = 0; ok && j < p; j++) {
-        cols[j] = take(&h, PySequence_Fast_GET_ITEM(fast, j), 8, 0, m, NULL, "probe column");
-        at[j] = j;
-        ok = cols[j] != NULL;
-    }
-    Py_DECREF(fast);
+    int most = low_o == Py_None ? L.width : L.width - 1; /* a bounded next column needs room */
+    int p = probe_columns(&h, probes_o, m, most, "more probe columns than the layer has", cols, at);
+    if (p < 0) { release(&h); return NULL; }
+    int ok = 1;
     const i64 *low = NULL, *high = NULL;
     if (ok && low_o != Py_None) {
         low = take(&h, low_o, 8, 0, m, NULL, "low");
