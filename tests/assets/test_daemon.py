@@ -92,6 +92,16 @@ query {
 }
 """
 
+RUNS_QUERY = """
+query {
+  runsOrError {
+    __typename
+    ... on Runs { results { runId status tags { key value } } }
+    ... on PythonError { message }
+  }
+}
+"""
+
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 BACKFILL_RUNNING = {"REQUESTED", "CANCELING", "FAILING"}
 
@@ -144,7 +154,34 @@ def wait_for_rebuild(
         ):
             return launched
         time.sleep(5)
-    pytest.fail(f"the automation did not rebuild within {WAIT_SECONDS}s:\n{server.output()}")
+    pytest.fail(
+        f"the automation did not rebuild within {WAIT_SECONDS}s: {rebuild_state(server, state, expected)}"
+    )
+
+
+def rebuild_state(server: Webserver, state: Engine, expected: dict[int, Counter]) -> str:
+    """What a stalled rebuild left: the automation's backfills and their runs, the stale epochs,
+    the outputs that differ from the oracle's, every run's status, and the log's lines about
+    requests and failures (the tail alone is the daemon's idle ticks)."""
+    wrong = [n for n, e in expected.items() if multiset(state.output("triangles", n)) != e]
+    found = server.graphql(RUNS_QUERY)["runsOrError"]
+    runs = [
+        (r["runId"][:8], r["status"], {t["key"]: t["value"] for t in r["tags"]})
+        for r in found.get("results", [])
+    ]
+    log = server.log.read_text(errors="replace").splitlines() if server.log.exists() else []
+    notable = [
+        line
+        for line in log
+        if any(w in line for w in ("Tick produced", "ERROR", "Error", "backfill", "Backfill"))
+        and "produced 0 runs" not in line
+    ]
+    return (
+        f"\nbackfills: {automation_backfills(server)}\nstale: {state.stale()}"
+        f"\noutputs unlike the oracle's at epochs {wrong}\nruns: {runs}\nlog:\n"
+        + "\n".join(notable[-80:])
+        + f"\n...\n{server.output(20)}"
+    )
 
 
 def current_history(events: list[dict[str, Any]]) -> dict[tuple[str, str | None], bool]:
