@@ -2,7 +2,7 @@
 
 Format 3 writes each segment as one file (`wcoj_core.store.segments`); a state of format 2 still
 opens: its segments are read as they are until a merge writes their rows into a segment of one
-file, and its next commit writes a manifest of format 3 (which an older wcoj refuses on one
+file, and its next commit writes a manifest of format 4 (which an older wcoj refuses on one
 line, as a later format). The state of format 2 here is a state written now and rewritten as
 format 2 wrote it: every segment's one file replaced by its three ``.npy`` files (the headers
 numpy writes, which format 2 wrote), every kept manifest's segment entries, format and digest
@@ -114,7 +114,7 @@ def test_a_state_of_format_2_opens_and_stays_exact(tmp_path: Path, warm: bool) -
     store = Store.open(root, create=False)
     now = store.current()
     text = (root / "manifests" / names.manifest_name(now.generation)).read_text()
-    assert json.loads(text)["format"] == 3
+    assert json.loads(text)["format"] == 4
     assert json.loads((root / names.MARKER).read_text())["wcoj_state"] == 2  # never rewritten
     # Every segment written since is one file; the merges retired the three-file ones, and
     # pruning removed their files once no kept manifest named them.
@@ -131,22 +131,22 @@ def test_a_state_of_format_2_opens_and_stays_exact(tmp_path: Path, warm: bool) -
     assert verify_state(store).ok
 
 
-def test_an_older_wcoj_refuses_a_state_of_format_3_on_one_line(
+def test_an_older_wcoj_refuses_a_state_of_format_4_on_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What format 2's wcoj does with a manifest of format 3: it reads only its own format
-    (`READABLE` as it was), so the state is refused naming the later format."""
+    """What format 3's wcoj does with a manifest of format 4: it reads only the formats it
+    knew (`READABLE` as it was), so the state is refused naming the later format."""
     root = tmp_path / "state"
     run = Run(root, [TRIANGLES])
     run.step(0, epoch_changes(0, run.graph))
     manifest = next((root / "manifests").glob("*.json"))
-    monkeypatch.setattr(mf, "READABLE", (2,))
-    monkeypatch.setattr(mf, "FORMAT", 2)
+    monkeypatch.setattr(mf, "READABLE", (2, 3))
+    monkeypatch.setattr(mf, "FORMAT", 3)
     with pytest.raises(IncompatibleState) as e:
         Manifest.from_json(manifest.read_text(), str(manifest))
     assert str(e.value) == (
-        f"{manifest}: this state was created by a later wcoj (state format 3) and is not "
-        "readable by this one (format 2); use that wcoj"
+        f"{manifest}: this state was created by a later wcoj (state format 4) and is not "
+        "readable by this one (format 3); use that wcoj"
     )
 
 

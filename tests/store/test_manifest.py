@@ -1,4 +1,4 @@
-"""Manifests of state format 3 (format 2 still read): canonical JSON with a digest, every field checked on reading,
+"""Manifests of state format 4 (formats 2 and 3 still read): canonical JSON with a digest, every field checked on reading,
 one line naming the file and the way back for anything wrong."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_round_trip_and_canonical_form() -> None:
     assert text.endswith("\n") and text.count("\n") == 1
     raw = json.loads(text)
     assert raw["digest"] == digest_of(raw)
-    assert raw["format"] == 3
+    assert raw["format"] == 4
     # Insertion order does not matter: the JSON is canonical.
     shuffled = Manifest(7, 1, None, m.plan, dict(reversed(list(m.traces.items()))))
     assert shuffled.to_json() == text
@@ -277,15 +277,15 @@ def test_manifests_of_other_formats_are_refused() -> None:
         Manifest.from_json(old, SRC, PREV)
     assert str(e.value) == (
         f"{SRC}: this state was created by an earlier wcoj (state format 1) and is not readable "
-        f"by this one (format 3); re-create the state (apply its epochs into a new directory)"
+        f"by this one (format 4); re-create the state (apply its epochs into a new directory)"
     )
-    later = resealed(lambda r: r.__setitem__("format", 4))
+    later = resealed(lambda r: r.__setitem__("format", 5))
     with pytest.raises(IncompatibleState, match="a later wcoj"):
         Manifest.from_json(later, SRC)
 
 
 def test_segments_of_format_2_are_read() -> None:
-    """A format 2 manifest (segments: folders of three .npy files) is read; a format 3
+    """A format 2 manifest (segments: folders of three .npy files) is read; a format 3 or 4
     manifest may still name such segments (not merged yet) beside segments of one file; a
     format 2 manifest naming a segment of one file is damaged."""
 
@@ -293,7 +293,7 @@ def test_segments_of_format_2_are_read() -> None:
         seg(raw)["path"] = seg(raw)["path"].removesuffix(".seg")  # a folder of three files
         seg(raw)["files"] = LEGACY
 
-    for fmt in (2, 3):
+    for fmt in (2, 3, 4):
         m = Manifest.from_json(
             resealed(lambda r, f=fmt: (legacy(r), r.__setitem__("format", f))), SRC
         )
@@ -301,7 +301,7 @@ def test_segments_of_format_2_are_read() -> None:
         assert index is not None
         assert sorted(index.segments[0].files) == ["diff", "keys", "rows"]
         assert index.segments[0].files["rows"].name == "rows.npy"
-        assert json.loads(m.to_json())["format"] == 3  # written again as format 3
+        assert json.loads(m.to_json())["format"] == 4  # written again as format 4
     message = damaged(resealed(lambda r: r.__setitem__("format", 2)))
     assert "is a segment of one file, which format 2 does not have" in message
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from wcoj_core.errors import MultiplicityOverflow
+from wcoj_core.kernel import pages
 from wcoj_core.kernel.keys import I64, U64, Packing, encode
 from wcoj_core.kernel.multiplicity import Namer, row_namer, sums_at, total
 from wcoj_core.kernel.native import native
@@ -53,6 +54,22 @@ DIRECTORY_SPAN = 2
 # A sort of at least this many rows runs on this many threads (each radix pass shared out:
 # what a bulk load's landing sort takes on the driver); a smaller one stays on one thread.
 SORT_THREAD_ROWS = 1 << 20
+
+
+def directory_of(first: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """A sorted first column's directory, ``(dir, low)``: ``dir[k - low]`` is the first row at
+    or after value ``k`` and ``dir[span]`` the row count; None when the column's span is more
+    than `DIRECTORY_SPAN` longs per row (or the column is out of order or empty)."""
+    if not len(first):
+        return None
+    low, high = int(first[0]), int(first[-1])
+    span = high - low + 1
+    if span <= 0 or span > DIRECTORY_SPAN * len(first) + 1024:
+        return None  # too sparse (or, out of order, not a layer a search can trust)
+    table = np.empty(span + 1, dtype=I64)
+    pages.advise([first], pages.WILLNEED)  # a mapped column is read whole: ahead, at once
+    native.directory(np.ascontiguousarray(first, dtype=I64), table, low)
+    return table, low
 
 
 def usable_cores() -> int:
@@ -129,6 +146,7 @@ class Layer:
     """
 
     __slots__ = (
+        "_advice",
         "_cols",
         "_dir",
         "_keys",
@@ -164,6 +182,7 @@ class Layer:
         self._cols: tuple[np.ndarray, ...] | None = None
         self._unit = unit
         self._dir: tuple[np.ndarray, int] | None = None
+        self._advice: int | None = None  # the `pages` advice its mapped arrays were given
         self.symmetric = False
 
     def mirrored(self) -> Layer:
@@ -341,24 +360,31 @@ class Layer:
         ``dir[span]`` is the row count), and ``low``: None when the column's span is more
         than `DIRECTORY_SPAN` longs per row. Made once."""
         if self._dir is None and len(self) and self.width:
-            first = self.col(0)
-            low, high = int(first[0]), int(first[-1])
-            span = high - low + 1
-            if span <= 0 or span > DIRECTORY_SPAN * len(self) + 1024:
-                return None  # too sparse (or, out of order, not a layer a search can trust)
-            table = np.empty(span + 1, dtype=I64)
-            native.directory(first, table, low)
-            self._dir = (table, low)
+            self._dir = directory_of(self.col(0))
         return self._dir
+
+    def given_directory(self, table: np.ndarray, low: int) -> Layer:
+        """This layer with the directory of its first column that `directory` would make,
+        made already (a segment file keeps it: `wcoj_core.store.segments`; read from its
+        header and checked there, so that opening reads no row)."""
+        self._dir = (table, low)
+        return self
 
     def spec(self, probes: int = 0) -> Spec:
         """What the compiled kernel reads of the layer, for a call probing `probes` keys (its
-        directory when it has one, or when they are many)."""
+        directory when it has one, or when they are many). A mapped layer searched for few
+        keys is advised to read only the pages searched; for many, to read ahead (`pages`)."""
         found = self._dir
-        if found is None and probes and probes >= DIRECTORY_SHARE * len(self):
+        many = probes >= DIRECTORY_SHARE * len(self)
+        if found is None and probes and many:
             found = self.directory()
         d, low = (None, 0) if found is None else found
-        return (self.columns(), np.ascontiguousarray(self.diff, dtype=I64), self.unit, d, low)
+        cols, diff = self.columns(), np.ascontiguousarray(self.diff, dtype=I64)
+        advice = pages.NORMAL if many else pages.RANDOM
+        if probes and advice != self._advice:
+            self._advice = advice
+            pages.advise([*cols, diff, d], advice)
+        return (cols, diff, self.unit, d, low)
 
     def prepare(self, *widths: int) -> None:
         """Make now what searches make on first use (columns, the unit flag), so threads

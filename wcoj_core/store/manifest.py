@@ -1,4 +1,4 @@
-"""The manifest of state format 2: one commit point per generation, as frozen values and JSON.
+"""The manifest of state format 4: one commit point per generation, as frozen values and JSON.
 
 A `Manifest` names everything a generation of the state holds: the plan it serves, and per trace
 its batches (Parquet folders, the source of truth) and its index (memory-mapped segments). Its
@@ -8,8 +8,8 @@ shape (every field's type, ints for times and counts, no negative counts, paths 
 and raises one `DamagedState` whose one-line message names the file, what is wrong and the
 previous generation, which is the way back. A manifest of format 1 (written by an earlier wcoj)
 or of a later format is refused with `IncompatibleState`; one of format 2 (segments of three
-``.npy`` files, which format 3 still reads: `wcoj_core.store.segments`) is read, and the next
-commit writes format 3.
+``.npy`` files) or 3 (segment files without a directory) is read, as `wcoj_core.store.segments`
+still reads those segments, and the next commit writes format 4.
 """
 
 from __future__ import annotations
@@ -26,10 +26,12 @@ from wcoj_core.kernel.keys import Packing
 from wcoj_core.query.ir import Const
 from wcoj_core.store import names
 
-FORMAT = 3
+FORMAT = 4
 # The formats this wcoj reads: format 2 differs only in its segments' files (three ``.npy``
-# files each, where format 3 writes one), which a format 3 manifest may still name.
-READABLE = (2, 3)
+# files each, where format 3 writes one), which a format 3 manifest may still name; format 3
+# only in its segment files' layout (format 4's keep their first column's directory), which a
+# format 4 manifest may still name.
+READABLE = (2, 3, 4)
 
 Stamp = tuple[int, int, int]  # (st_ino, st_mtime_ns, st_ctime_ns) right after writing
 Pattern = tuple[int | Const, ...]  # an `AtomView` pattern (the relation is the trace's)
