@@ -130,14 +130,18 @@ class Cold:
         return [np.ascontiguousarray(np.asarray(self.built.col(j))[at]) for j in (0, 1)]
 
 
-def test_a_cold_lookup_reads_its_pages_ahead_and_faults_no_more(tmp_path, ahead):
+@pytest.mark.parametrize("m", [200, 300])  # each probe's pages / the layer's columns whole
+def test_a_cold_lookup_reads_its_pages_ahead_and_faults_no_more(tmp_path, ahead, m):
+    """Its segment keeps the first column's directory (format 4): its pages are read ahead
+    with the columns'."""
     cold = Cold(tmp_path)
-    probes = cold.probes(300, seed=1)
+    probes = cold.probes(m, seed=1)
 
     native.read_ahead(NEVER)
     layer = cold.open(evicted=True)
+    assert layer._dir is not None
     before = major_faults()
-    plain = lookup_sum_of([layer], probes, 300)
+    plain = lookup_sum_of([layer], probes, m)
     faulted = major_faults() - before
     del layer
     if faulted == 0:
@@ -146,7 +150,7 @@ def test_a_cold_lookup_reads_its_pages_ahead_and_faults_no_more(tmp_path, ahead)
     native.read_ahead(FAULTS)  # a fresh process's state: not known to be cold or warm yet
     layer = cold.open(evicted=True)
     before, made = major_faults(), passes()
-    read = lookup_sum_of([layer], probes, 300)
+    read = lookup_sum_of([layer], probes, m)
     assert np.array_equal(read, plain) and (read == 1).all()
     assert passes() > made, "the cold call read nothing ahead"
     assert major_faults() - before == 0, f"read ahead, it still faulted (without: {faulted})"
@@ -181,7 +185,7 @@ def test_a_warm_call_reads_nothing_ahead(tmp_path, ahead):
 
 
 def test_the_mode_is_named_by_the_environment() -> None:
-    assert read_ahead_mode(None) == NEVER and read_ahead_mode(" Faults ") == FAULTS
+    assert read_ahead_mode(None) == FAULTS and read_ahead_mode(" Never ") == NEVER
     with pytest.raises(WcojError, match="WCOJ_READ_AHEAD"):
         read_ahead_mode("sometimes")
     with pytest.raises(ValueError):

@@ -5,9 +5,9 @@ One implementation of the algorithm, deployed by `wcoj_core.deploy` on the drive
 Spark's executors. Its inner loops are C (`_native.c`, built by `pip install`; `native` loads
 it, never stale): sorting and consolidating, lookups, counting, and one pass of propose and
 validate per step, releasing the GIL and running on several threads when asked; with
-``WCOJ_READ_AHEAD=faults`` (off by default: see `native`), a loop over a memory-mapped layer
-whose pages are not in memory asks the OS for all the pages its probes will read at once before
-it runs. The naive
+reading ahead (``WCOJ_READ_AHEAD``, ``faults`` by default: see `native`), a loop over a
+memory-mapped layer whose pages are not in memory asks the OS for all the pages its probes will
+read at once before it runs (`pages` advises the mapping to read only those). The naive
 oracle (`tests/oracle.py`) and the audit stay the independent checks.
 
 * `native` — the compiled module, loaded (or built once into a cache when stale);
@@ -16,6 +16,8 @@ oracle (`tests/oracle.py`) and the audit stay the independent checks.
 * `layer` — consolidated sorted rows and the lookups and key ranges a step makes on them
   (built in memory, or opened from memory-mapped arrays without a pass over them; a directory
   of the first column when a call probes many keys);
+* `pages` — advice to the OS on how a mapped layer's pages are read (only those searched, or
+  ahead when read whole);
 * `index` — a trace in memory as base + recent layers (`TraceIndex`), and what an epoch reads
   (`EpochLayers`: old state, new state, the epoch's changes);
 * `step` — one step of a rule: count and pick in one pass, propose (narrowed by the order

@@ -285,8 +285,8 @@ static inline void prefetch_rows(const Layer *L, i64 k, int col, int diff) {
  * (the column the loop walks next, the diffs it reads) are advised the same way. The loop then
  * runs as before, on pages in memory, and answers as before (nothing but advice is made).
  *
- * Only with WCOJ_READ_AHEAD=faults or always: the default is never (`wcoj_core.kernel.native`
- * says why). When to read ahead (`Watch`): a process's first loop reads its first `AHEAD_SAMPLE` probes
+ * Only with WCOJ_READ_AHEAD=faults (the default) or always, not with never
+ * (`wcoj_core.kernel.native`). When to read ahead (`Watch`): a process's first loop reads its first `AHEAD_SAMPLE` probes
  * ahead and goes on if that was worth it (its thread read at least 1 in `AHEAD_WORTH` of the
  * pages it advised; advising a page in memory costs ~1 us); a loop whose probes turn slow (the
  * clock, every `AHEAD_EVERY` probes) and whose thread's major faults grew reads the rest of its
@@ -305,10 +305,10 @@ enum {
 #define AHEAD_RANGE_BYTES ((size_t)1 << 20)  /* a key range's pages advised when this or less */
 #define AHEAD_PASS_BYTES ((size_t)256 << 20) /* and at most this much of ranges per pass */
 
-/* AH_NEVER (the default: see `wcoj_core.kernel.native`), AH_FAULTS (read ahead after a
- * fault), AH_ALWAYS (every call) */
+/* AH_NEVER, AH_FAULTS (read ahead after a fault: the default, see `wcoj_core.kernel.native`),
+ * AH_ALWAYS (every call) */
 enum { AH_NEVER, AH_FAULTS, AH_ALWAYS };
-static int ahead_mode = AH_NEVER;
+static int ahead_mode = AH_FAULTS;
 enum { AHEAD_OFF, AHEAD_ON, AHEAD_UNKNOWN };
 static int ahead_on = AHEAD_UNKNOWN; /* AHEAD_ON: calls read ahead first (see `Watch`) */
 static Py_ssize_t ahead_min_rows = AHEAD_MIN_ROWS; /* (smaller in tests) */
@@ -472,6 +472,12 @@ static void ahead_keys(const Layer *L, const KeyOf *key, const Py_ssize_t *rows,
     for (int j = 0; j < key->p; j++) {
         const i64 *probe = key->cols[key->at[j]];
         if (j == 0 && L->dir) {
+            /* a directory mapped from its segment file is read ahead like a column: every
+             * probe's entries advised first, then read */
+            for (Py_ssize_t q = 0; q < k; q++) {
+                u64 off = (u64)probe[rows[q]] - (u64)L->dir_low;
+                if (off < (u64)L->dir_span) advise(ad, L->dir + off, 16);
+            }
             for (Py_ssize_t q = 0; q < k; q++) {
                 u64 off = (u64)probe[rows[q]] - (u64)L->dir_low;
                 if (off >= (u64)L->dir_span) lo[q] = hi[q] = 0;
@@ -534,9 +540,10 @@ static int ahead(const Want *wants, int nw, const i64 *const *cols, const i64 *l
         const Layer *L = wants[w].L;
         searched[w] = L->n >= ahead_min_rows && wants[w].p >= 1 && wants[w].p <= L->width;
         if (!searched[w] || m * 4096 <= L->n) continue;
-        /* probes many for the layer's size: its columns whole */
+        /* probes many for the layer's size: its columns whole (and its directory) */
         searched[w] = 0;
         for (int j = 0; j < L->width; j++) advise_span(ad, L->cols[j], sizeof(i64) * (size_t)L->n);
+        if (L->dir) advise_span(ad, L->dir, sizeof(i64) * (size_t)(L->dir_span + 1));
         if (!L->unit && wants[w].what & (AH_DIFFS | AH_DIFF0))
             advise_span(ad, L->diff, sizeof(i64) * (size_t)L->n);
     }

@@ -141,22 +141,23 @@ def load() -> ModuleType:
 
 # When a search faults on a mapped layer (its pages not in memory), the kernel can read the rest
 # of the call's pages ahead, all at once (`_native.c`, "reading ahead from disk"):
-# ``WCOJ_READ_AHEAD`` = ``never`` (the default), ``faults`` or ``always`` (every call; tests).
-# Off by default: it halves a fresh epoch on an evicted state (44 M edges: 0.89 s against
-# 1.79 s), but the first epochs on a state just loaded beside a 10 GB build, the page cache full
-# of freshly written files, took 30.6 and 19.2 s with it against 5.2 and 0.6 s without, for a
-# reason not yet found (docs/benchmarks.md, "A cold epoch's reads issued ahead").
+# ``WCOJ_READ_AHEAD`` = ``faults`` (the default), ``never`` or ``always`` (every call; tests).
+# With segments that keep their first column's directory and searches advised to read only their
+# pages (state format 4, `pages`), a cold fresh epoch at 18.6 M edges took 0.96 s reading ahead
+# against 1.52 s not (and 2.03 s before format 4), and the first epochs on a state loaded beside
+# a 10 GB build 0.52-0.99 s, where reading ahead before format 4 took 30.6 and 19.2 s there
+# (docs/benchmarks.md, "A cold epoch reads what it searches").
 READ_AHEAD_MODES = {"never": 0, "faults": 1, "always": 2}
 
 
 def read_ahead_mode(value: str | None) -> int:
-    """The kernel's read-ahead mode named by ``WCOJ_READ_AHEAD`` (unset: never).
+    """The kernel's read-ahead mode named by ``WCOJ_READ_AHEAD`` (unset: faults).
 
-    >>> read_ahead_mode(None), read_ahead_mode("faults")
-    (0, 1)
+    >>> read_ahead_mode(None), read_ahead_mode("never")
+    (1, 0)
     """
     if not value:
-        return READ_AHEAD_MODES["never"]
+        return READ_AHEAD_MODES["faults"]
     try:
         return READ_AHEAD_MODES[value.strip().lower()]
     except KeyError:

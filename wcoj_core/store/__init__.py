@@ -1,4 +1,4 @@
-"""A wcoj state on disk (format 3, format 2 still read): names, manifests, files, the store and its verification.
+"""A wcoj state on disk (format 4, formats 2 and 3 still read): names, manifests, files, the store and its verification.
 
 See docs/state.md. `Store` opens, commits and prunes a state; `wcoj_core.store.manifest` holds
 the values a manifest is made of; `wcoj_core.store.names` every name wcoj writes;
