@@ -167,3 +167,20 @@ def test_a_state_whose_segments_keep_directories_stays_exact(
     ]
     assert with_directory, "no segment kept a directory"
     indexes.KEPT.clear()
+
+
+def test_a_reader_takes_a_directory_whatever_the_writers_threshold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment smaller than `DIRECTORY_MIN_ROWS` written with a directory (a writer with a
+    lower threshold) opens with it: only what a directory can be is checked."""
+    rng = np.random.default_rng(12)
+    memory = layer_of(rng.integers(0, 500, size=(2_000, 2)))
+    monkeypatch.setattr(segments, "DIRECTORY_MIN_ROWS", 1)
+    segment = written(tmp_path, memory)
+    monkeypatch.undo()
+    assert len(memory) < segments.DIRECTORY_MIN_ROWS
+    mapped = open_segment(tmp_path, segment, verify=True)
+    assert mapped._dir is not None
+    keys = rng.integers(0, 510, size=(300, 2))
+    assert same_ranges(mapped.ranges(keys), layer_of(memory.rows).ranges(keys))

@@ -119,7 +119,8 @@ def write_segment(
 # first column that follows the search keys (`Layer.directory`: ``dir[k - low]`` is the first row
 # at or after ``k``): its ``low`` and its entries, 0 for none. A cold search then reads a page of
 # the directory where a binary search of the column read a page per halving (a fresh epoch on
-# 18.6 M edges: 54 MiB read instead of 95 MiB). Layout 1 (format 3) has no directory.
+# 18.6 M edges, its searches advised random: 54 MiB read instead of 95 MiB). Layout 1 (format 3)
+# has no directory.
 _SEG_MAGIC = b"\x93WCOJSEG"
 _SEG = struct.Struct("<8sIIQQc")
 _SEG_DIR = struct.Struct("<qQ")  # layout 2: the directory's low and entries, at byte 40
@@ -281,7 +282,8 @@ def _layer_expect(segment: Segment) -> tuple[bytes, Callable[[bytes], int | None
 
     A header is the segment's when it is byte for byte what `write_segment` writes for the
     segment's shape, in layout 1 or 2, with any directory a first column of `segment.rows`
-    rows can have (`DIRECTORY_SPAN`): the directory's bytes are the digest's to check."""
+    rows can have (`DIRECTORY_SPAN`; whatever the writer's `DIRECTORY_MIN_ROWS`): the
+    directory's bytes are the digest's to check."""
     n, w = segment.rows, segment.width
     keys = _key_dtype(segment)
     size = SEG_HEADER_BYTES + n * 8 * (w + 1) + n * keys.itemsize
@@ -293,7 +295,7 @@ def _layer_expect(segment: Segment) -> tuple[bytes, Callable[[bytes], int | None
         if layout not in (1, 2):
             return None
         low, entries = _directory_fields(found)
-        most = DIRECTORY_SPAN * n + 1025 if n >= DIRECTORY_MIN_ROWS and w else 0
+        most = DIRECTORY_SPAN * n + 1025 if w else 0  # what `directory_of` can make
         if entries > most or found != _seg_header(n, w, keys.str, low, entries, layout):
             return None
         return size + 8 * entries
