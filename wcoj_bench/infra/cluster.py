@@ -17,8 +17,10 @@ The cluster is for one machine: a user who needs more points ``--master`` at a r
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -146,12 +148,25 @@ def _spawn(
 
 
 def master_state(ui: str, timeout: float = 2.0) -> dict[str, object] | None:
-    """The master's JSON status page, or ``None`` when it does not answer."""
+    """The master's JSON status page, or ``None`` when it does not answer (or something that
+    does not speak HTTP answers on the port)."""
     try:
         with urllib.request.urlopen(f"{ui}/json/", timeout=timeout) as response:
             return json.loads(response.read().decode())
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         return None
+
+
+def bound_port(log: str | os.PathLike[str], service: str) -> int | None:
+    """The port the master's log says `service` started on (``sparkMaster``, ``MasterUI``):
+    Spark takes the next port when the one asked for was taken meanwhile — a free port picked
+    here may be bound by another process (a JVM's gateway, say) before the master binds it."""
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.findall(rf"Successfully started service '{service}' on port (\d+)", text)
+    return int(found[-1]) if found else None
 
 
 def alive_workers(state: dict[str, object] | None) -> int:
@@ -253,7 +268,20 @@ def up(
         started.append(master)
         handles.append(handle)
         record()
-        _wait(lambda: master_state(ui) is not None, master, handle, timeout, "the master to answer")
+        bound: dict[str, int] = {}
+
+        def answers() -> bool:
+            """Whether the master's UI answers, on the port its log says it bound (the one
+            asked for while the log does not say)."""
+            for service in ("sparkMaster", "MasterUI"):
+                if service not in bound and (at := bound_port(master.log, service)) is not None:
+                    bound[service] = at
+            return master_state(f"http://{HOST}:{bound.get('MasterUI', ui_port)}") is not None
+
+        _wait(answers, master, handle, timeout, "the master to answer")
+        master_url = f"spark://{HOST}:{bound.get('sparkMaster', port)}"
+        ui = f"http://{HOST}:{bound.get('MasterUI', ui_port)}"
+        record()
         say(f"master {master_url} (UI {ui}), pid {master.pid}")
         for n in range(1, workers + 1):
             work = root / f"work-{n}"
