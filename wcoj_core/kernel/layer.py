@@ -363,12 +363,11 @@ class Layer:
             self._dir = directory_of(self.col(0))
         return self._dir
 
-    def given_directory(self, table: np.ndarray, low: int) -> Layer:
+    def given_directory(self, table: np.ndarray, low: int) -> None:
         """This layer with the directory of its first column that `directory` would make,
         made already (a segment file keeps it: `wcoj_core.store.segments`; read from its
         header and checked there, so that opening reads no row)."""
         self._dir = (table, low)
-        return self
 
     def spec(self, probes: int = 0) -> Spec:
         """What the compiled kernel reads of the layer, for a call probing `probes` keys (its
