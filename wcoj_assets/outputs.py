@@ -1,4 +1,4 @@
-"""What the pipeline maintains, for code of your own: Arrow, pandas, polars or Spark, by annotation.
+"""What the pipeline maintains, for code of your own: whole or lazy, in the form an annotation names.
 
 The step stores its data itself (the state directory, never through an IO manager), so a
 downstream asset reads a query's output through `outputs_io_manager`, the IO manager of ``<q>``
@@ -9,11 +9,31 @@ in it), in the type its annotation names, as dagster-duckdb's and dagster-deltal
 managers do::
 
     @asset(partitions_def=..., automation_condition=follows_epochs())   # the same epochs
-    def top_vertices(triangles_deltas: pa.Table) -> ...:                 # a, b, c, diff
+    def top_vertices(triangles_deltas: pl.LazyFrame) -> ...:            # a, b, c, diff
         ...
 
-* ``pyarrow.Table`` (also an unannotated parameter), pandas ``DataFrame`` or polars
-  ``DataFrame``: read with pyarrow from the files the state's manifest lists — no JVM starts;
+Whole forms, read with pyarrow from the files the state's manifest lists (no JVM), each file
+checked against its size, digest and rows: ``pyarrow.Table`` (also an unannotated parameter),
+pandas ``DataFrame``, polars ``DataFrame``. Before it reads, a whole form is weighed against the
+process's memory (the resource's budget, or the process's own limit when smaller): one that would
+not fit is refused (`wcoj_core.budget.BudgetError`, one line: the rows, the bytes, the budget and
+the lazy forms), never left to fail midway.
+
+Lazy forms, over exactly the files the manifest lists, hold a piece at a time, so an aggregate of
+an output of any size stays within memory:
+
+* ``pyarrow.RecordBatchReader``: record batches streamed by pyarrow, each file's size, digest
+  and epoch checked before its rows are given, and each batch's rows against the manifest's;
+* a polars ``LazyFrame`` (``scan_parquet``; ``collect(engine="streaming")`` keeps it bounded) and
+  a DuckDB relation (``duckdb.DuckDBPyRelation``, on a connection of its own whose
+  ``memory_limit`` is the budget): each file is checked first as Spark's are
+  (`wcoj_core.state_read`), then read by polars or DuckDB when the query runs.
+
+A lazy form gives stored rows as they are: the change at an epoch is one row per tuple (as the
+engine writes it); the output as of an epoch is its batches' rows, in which a tuple may appear in
+several rows whose diffs sum to its multiplicity (zero once gone). Sums of ``diff`` are exact
+either way; group by the head variables and sum for one row per tuple.
+
 * a Spark ``DataFrame`` (``pyspark.sql.DataFrame``): read lazily by Spark, which the resource
   starts saying why (``starting Spark ...: <asset> reads <input> as a Spark DataFrame``).
 
@@ -25,7 +45,8 @@ says so. `read_output` does the same from Python, given an `wcoj_core.engine.Eng
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -34,13 +55,21 @@ from dagster import Failure, InputContext, IOManager, OutputContext, io_manager
 
 from wcoj_assets.graph import OUTPUTS_IO_MANAGER, AssetInfo, EpochGraph, Role
 from wcoj_assets.specs import head_columns
+from wcoj_core.budget import BudgetError, format_size, process_limit
+from wcoj_core.errors import WcojError
 from wcoj_core.traces import DIFF
 
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
     from wcoj_core.query.ir import Query
+    from wcoj_core.store.manifest import Batch, Trace
 
 __all__ = ["OUTPUTS_IO_MANAGER", "Form", "outputs_io_manager", "read_output"]
+
+# Copies of a whole output's columns held at once while it is read (the decoded files and the
+# form built from them; a consolidation's sorted layer when several batches are summed).
+WHOLE_COPIES = 2
+LAZY_FORMS = "pyarrow.RecordBatchReader, polars.LazyFrame or duckdb.DuckDBPyRelation"
 
 
 class Form(Enum):
@@ -50,46 +79,60 @@ class Form(Enum):
     PANDAS = "pandas.DataFrame"
     POLARS = "polars.DataFrame"
     SPARK = "pyspark.sql.DataFrame"
+    BATCHES = "pyarrow.RecordBatchReader"
+    LAZY_POLARS = "polars.LazyFrame"
+    DUCKDB = "duckdb.DuckDBPyRelation"
 
     @staticmethod
     def of(annotation: Any) -> Form:
         """The form an input's annotation names (Arrow when it names none).
 
-        >>> import pyarrow as pa, pandas as pd
+        >>> import pyarrow as pa, pandas as pd, polars as pl
         >>> Form.of(pa.Table), Form.of(pd.DataFrame), Form.of(None)
         (<Form.ARROW: 'pyarrow.Table'>, <Form.PANDAS: 'pandas.DataFrame'>, <Form.ARROW: 'pyarrow.Table'>)
+        >>> Form.of(pa.RecordBatchReader), Form.of(pl.LazyFrame), Form.of(pl.DataFrame)
+        (<Form.BATCHES: 'pyarrow.RecordBatchReader'>, <Form.LAZY_POLARS: 'polars.LazyFrame'>, <Form.POLARS: 'polars.DataFrame'>)
         """
-        module = getattr(annotation, "__module__", "") or ""
+        package = (getattr(annotation, "__module__", "") or "").split(".")[0].lstrip("_")
         name = getattr(annotation, "__name__", "") or ""
-        if name == "DataFrame" and module.startswith("pyspark"):
-            return Form.SPARK
-        if name == "DataFrame" and module.startswith("pandas"):
-            return Form.PANDAS
-        if name == "DataFrame" and module.startswith("polars"):
-            return Form.POLARS
-        return Form.ARROW
+        named = (
+            f for f in Form if f.value.startswith(f"{package}.") and f.value.endswith(f".{name}")
+        )
+        return next(named, Form.ARROW)
+
+    @property
+    def whole(self) -> bool:
+        """Whether the form holds the whole output in memory."""
+        return self in (Form.ARROW, Form.PANDAS, Form.POLARS)
 
 
 def read_output(
     engine: Engine, query: Query, epoch: int, *, change: bool = False, form: Form = Form.SPARK
 ) -> Any:
     """`query`'s output as of `epoch` (or with `change`, its change at `epoch`), with the
-    query's head variables as column names, then ``diff``, in `form`."""
+    query's head variables as column names, then ``diff``, in `form` (see the module)."""
+    from wcoj_core.state_read import listed, read_table
     from wcoj_core.traces import output_trace_name, relation_columns
 
     stored = relation_columns(len(query.head))
     names = head_columns(query)
-    trace = output_trace_name(query.name)
+    trace_name = output_trace_name(query.name)
     if form is Form.SPARK:
         from pyspark.sql import functions as F
 
         from wcoj_core.state_read import changes_at
 
-        df = changes_at(engine, trace, epoch) if change else engine.output(query.name, epoch)
+        df = changes_at(engine, trace_name, epoch) if change else engine.output(query.name, epoch)
         return df.select(*[F.col(c).alias(n) for c, n in zip(stored, names, strict=True)], DIFF)
-    from wcoj_core.state_read import read_table
-
-    table = stored_change(engine, trace, epoch) if change else read_table(engine, trace, epoch)
+    trace, batches = listed(engine, trace_name, epoch, change=change)
+    what = f"{query.name}{'_deltas' if change else ''} at epoch {epoch}"
+    if not form.whole:
+        return _lazy(engine, trace, batches, [*names, DIFF], form)
+    _fits(engine, what, form, sum(b.rows for b in batches), len(names) + 1)
+    if change:
+        table = stored_change(engine, trace_name, epoch)
+    else:
+        table = read_table(engine, trace_name, epoch)
     table = table.rename_columns([*names, DIFF])
     if form is Form.PANDAS:
         return table.to_pandas()
@@ -98,6 +141,52 @@ def read_output(
 
         return pl.from_arrow(table)
     return table
+
+
+def _fits(engine: Engine, what: str, form: Form, rows: int, columns: int) -> None:
+    """Raise `BudgetError` when `rows` rows of `columns` longs, read whole in `form`, would
+    not fit the engine's budget (or the process's own limit, when smaller)."""
+    need = rows * columns * 8 * WHOLE_COPIES
+    budget = engine.budget.bytes, f"the memory budget of {engine.budget.describe()}"
+    limit = process_limit()
+    if limit is not None and limit[0] < budget[0]:
+        budget = limit[0], f"{limit[1]} of {format_size(limit[0])}"
+    if need > budget[0]:
+        raise BudgetError(
+            f"{what} as a {form.value}: {rows:,} rows would take {format_size(need)} read "
+            f"whole, over {budget[1]}; annotate the input as a lazy form, which reads it a "
+            f"piece at a time ({LAZY_FORMS}), or raise the memory budget (`memory` of the resource)"
+        )
+
+
+def _lazy(engine: Engine, trace: Trace, batches: list[Batch], names: list[str], form: Form) -> Any:
+    """Stored batches in a lazy `form`, their columns named `names` (see the module)."""
+    stored = [*trace.columns, DIFF]
+    schema = pa.schema([pa.field(n, pa.int64()) for n in names])
+    if form is Form.BATCHES:
+
+        def pieces() -> Iterator[pa.RecordBatch]:
+            for b in batches:
+                for chunk in engine.files.iter_chunks(b, trace.columns, digests=True):
+                    arrays = [chunk.column(c).cast(pa.int64()) for c in stored]
+                    yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+        return pa.RecordBatchReader.from_batches(schema, pieces())
+    uris = [uri for b in batches for uri in engine.files.checked_uris(b)]
+    if form is Form.LAZY_POLARS:
+        import polars as pl
+
+        frame = (
+            pl.scan_parquet(uris) if uris else pl.LazyFrame(schema={c: pl.Int64 for c in stored})
+        )
+        return frame.select([pl.col(c).alias(n) for c, n in zip(stored, names, strict=True)])
+    import duckdb
+
+    config = {"memory_limit": f"{engine.budget.bytes}B", "temp_directory": tempfile.gettempdir()}
+    con = duckdb.connect(config=config)
+    relation = con.read_parquet(uris) if uris else con.from_arrow(schema.empty_table())
+    columns = ", ".join(f'"{c}" AS "{n}"' for c, n in zip(stored, names, strict=True))
+    return relation.project(columns) if uris else relation
 
 
 def stored_change(engine: Engine, name: str, epoch: int) -> pa.Table:
@@ -163,7 +252,11 @@ class _Outputs(IOManager):
             self._wcoj.starter().log = context.log.info
             self._wcoj.spark(f"an asset reads {who} at {last} as a Spark DataFrame")
         engine = self._wcoj.engine(self._graph.topology, create=False)
-        return read_output(engine, query, epochs.number(last), change=change, form=form)
+        try:
+            return read_output(engine, query, epochs.number(last), change=change, form=form)
+        except WcojError as e:  # a whole form refused, memory run out, a damaged batch: one line
+            lazy = f"; lazy forms: {LAZY_FORMS}" if isinstance(e, MemoryError) else ""
+            raise Failure(f"{e}{lazy}") from e
 
 
 def outputs_io_manager(
@@ -176,8 +269,9 @@ def outputs_io_manager(
         required_resource_keys={resource_key},
         description="Gives a query's output as of an epoch (`<q>`), or its change at an epoch "
         "(`<q>_deltas`), to downstream assets with the query's head variables as columns, then "
-        "diff: a pyarrow Table, pandas or polars DataFrame (no JVM) or a Spark DataFrame, as "
-        "the input's annotation says.",
+        "diff: whole (a pyarrow Table, pandas or polars DataFrame, refused when it would not "
+        "fit in memory) or lazy (a pyarrow RecordBatchReader, polars LazyFrame or DuckDB "
+        "relation) with no JVM, or a Spark DataFrame, as the input's annotation says.",
     )
     def wcoj_outputs(init_context: Any) -> _Outputs:
         return _Outputs(getattr(init_context.resources, resource_key), graph, outputs)

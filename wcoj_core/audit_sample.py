@@ -41,15 +41,12 @@ says so). An epoch whose change rows number at most `EXACT_DELTA` and whose stor
 
 from __future__ import annotations
 
-import hashlib
 import time as clock
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from wcoj_core.arrow import longs
 from wcoj_core.audit import (
@@ -73,8 +70,6 @@ from wcoj_core.audit import (
     _Side,
     _summed,
 )
-from wcoj_core.deploy.batches import check_epoch
-from wcoj_core.errors import DamagedBatch
 from wcoj_core.meaning import Figures
 from wcoj_core.query.ir import Atom, Query, Var
 from wcoj_core.store.manifest import Batch, Manifest, Trace
@@ -131,38 +126,11 @@ CHUNK = 1 << 20  # stored rows read at once
 def stored_chunks(
     engine: Engine, trace: Trace, batch: Batch
 ) -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
-    """A stored batch's rows (as columns) and diffs, a record batch at a time: exactly the files
+    """A stored batch's rows (as columns) and diffs, `CHUNK` rows at a time: exactly the files
     it lists, each hashed whole first (its size and digest against the manifest), their rows
-    against the batch's. Raises `DamagedBatch` naming the file."""
-    files = engine.files
-    held = 0
-    for ref in batch.files:
-        path = files.full(f"{batch.path}/{ref.name}")
-        digest, size = hashlib.sha256(), 0
-        try:
-            with files.fs.open_input_stream(path) as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-                    size += len(chunk)
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedBatch(path, f"cannot be read ({e})") from e
-        if size != ref.size:
-            raise DamagedBatch(path, f"{size} bytes, the manifest says {ref.size}")
-        if digest.hexdigest() != ref.sha256:
-            raise DamagedBatch(path, "its contents do not match its digest")
-        try:
-            parquet = pq.ParquetFile(path, filesystem=files.fs)
-            check_epoch(path, parquet, batch.time)
-            for part in parquet.iter_batches(CHUNK, columns=[*trace.columns, DIFF]):
-                held += part.num_rows
-                yield [longs(part.column(c)) for c in trace.columns], longs(part.column(DIFF))
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedBatch(path, f"not a readable batch ({e})") from e
-    if held != batch.rows:
-        raise DamagedBatch(
-            files.full(batch.path),
-            f"its files hold {held:,} rows, the manifest says {batch.rows:,}",
-        )
+    against the batch's (`BatchFiles.iter_chunks`). Raises `DamagedBatch` naming the file."""
+    for part in engine.files.iter_chunks(batch, trace.columns, digests=True, chunk_rows=CHUNK):
+        yield [longs(part.column(c)) for c in trace.columns], longs(part.column(DIFF))
 
 
 def _exact_sum(a: np.ndarray) -> int:

@@ -16,9 +16,14 @@ read (``wcoj verify`` names it) — and checks what it reads before using it:
   always, its digest too on a local disk unless its stamp (inode, modification and change
   times) shows it is the file written, and its rows (Parquet footers) against the batch's.
 
+`listed` gives the batches each reads (an epoch's change, or every batch visible as of an
+epoch), for a reader of its own: the lazy forms of `wcoj_assets.outputs`.
+
 Each takes what reaches the state (`Reach`): an `Engine`, or the `StateAccess` it holds.
 Columns are ``c0 .. c{k-1}`` and ``diff``. A damaged file raises `DamagedBatch` naming it and
-what is wrong; an unknown trace, or an epoch before a compaction frontier, `StateError`.
+what is wrong — only on evidence: memory running out while a file is read is `OutOfMemory`
+(`wcoj_core.errors.read_failure`); an unknown trace, or an epoch before a compaction frontier,
+`StateError`.
 """
 
 from __future__ import annotations
@@ -39,7 +44,15 @@ if TYPE_CHECKING:
     from wcoj_core.deploy.batches import BatchFiles
     from wcoj_core.store.store import Store
 
-__all__ = ["Reach", "accumulated", "change_table", "changes_at", "read_batches", "read_table"]
+__all__ = [
+    "Reach",
+    "accumulated",
+    "change_table",
+    "changes_at",
+    "listed",
+    "read_batches",
+    "read_table",
+]
 
 
 class Reach(Protocol):
@@ -85,18 +98,28 @@ def _read(state: Reach, trace: Trace, batches: list[Batch]) -> pa.Table:
     return _table(trace.columns, np.asarray(layer.rows), np.asarray(layer.diff))
 
 
+def listed(
+    state: Reach, name: str, epoch: int | None, *, change: bool = False
+) -> tuple[Trace, list[Batch]]:
+    """A trace and the batches a reader of it reads: its stored change at `epoch` (with
+    `change`; none when it has none), else every batch visible as of `epoch` (default: the
+    last)."""
+    if not change:
+        return _as_of(state, name, epoch)
+    _, trace = _trace(state, name)
+    return trace, [b for b in trace.batches if b.time == epoch]
+
+
 def read_table(state: Reach, name: str, time: int | None = None) -> pa.Table:
     """A trace as of `time` (default: the last epoch), consolidated, read with pyarrow from
     exactly the files the manifest lists, each checked (see the module)."""
-    trace, batches = _as_of(state, name, time)
-    return _read(state, trace, batches)
+    return _read(state, *listed(state, name, time))
 
 
 def change_table(state: Reach, name: str, epoch: int) -> pa.Table:
     """A trace's stored change at `epoch` (``c0 ..``, ``diff``; empty when none), read with
     pyarrow from exactly the files the manifest lists, each checked (see the module)."""
-    _, trace = _trace(state, name)
-    return _read(state, trace, [b for b in trace.batches if b.time == epoch])
+    return _read(state, *listed(state, name, epoch, change=True))
 
 
 def read_batches(state: Reach, trace: Trace, batches: list[Batch]) -> DataFrame:
@@ -115,11 +138,10 @@ def accumulated(state: Reach, name: str, time: int | None) -> DataFrame:
     """A trace as of `time` (default: the last epoch), consolidated, in Spark."""
     from wcoj_core.updates import consolidate
 
-    trace, batches = _as_of(state, name, time)
+    trace, batches = listed(state, name, time)
     return consolidate(read_batches(state, trace, batches), trace.columns)
 
 
 def changes_at(state: Reach, name: str, epoch: int) -> DataFrame:
     """A trace's stored change at `epoch` (columns.., diff), in Spark."""
-    _, trace = _trace(state, name)
-    return read_batches(state, trace, [b for b in trace.batches if b.time == epoch])
+    return read_batches(state, *listed(state, name, epoch, change=True))
