@@ -48,6 +48,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator, Sequence
 from enum import Enum
+from itertools import permutations
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -66,9 +67,13 @@ if TYPE_CHECKING:
 
 __all__ = ["OUTPUTS_IO_MANAGER", "Form", "outputs_io_manager", "read_output"]
 
-# Copies of a whole output's columns held at once while it is read (the decoded files and the
-# form built from them; a consolidation's sorted layer when several batches are summed).
-WHOLE_COPIES = 2
+# What a whole form holds at its peak, per byte of its columns: one stored batch read as it is
+# (its columns, and a file's bytes as read), several summed into one (their columns, the layer
+# they make and its sort); pandas copies the columns once more.
+READ_COPIES = 1.5
+SUMMED_COPIES = 5.5
+# The widest change whose column orders are each tried for the one it is sorted in.
+ORDERS_TRIED = 4
 LAZY_FORMS = "pyarrow.RecordBatchReader, polars.LazyFrame or duckdb.DuckDBPyRelation"
 
 
@@ -111,7 +116,7 @@ def read_output(
 ) -> Any:
     """`query`'s output as of `epoch` (or with `change`, its change at `epoch`), with the
     query's head variables as column names, then ``diff``, in `form` (see the module)."""
-    from wcoj_core.state_read import listed, read_table
+    from wcoj_core.state_read import listed
     from wcoj_core.traces import output_trace_name, relation_columns
 
     stored = relation_columns(len(query.head))
@@ -128,12 +133,8 @@ def read_output(
     what = f"{query.name}{'_deltas' if change else ''} at epoch {epoch}"
     if not form.whole:
         return _lazy(engine, trace, batches, [*names, DIFF], form)
-    _fits(engine, what, form, sum(b.rows for b in batches), len(names) + 1)
-    if change:
-        table = stored_change(engine, trace_name, epoch)
-    else:
-        table = read_table(engine, trace_name, epoch)
-    table = table.rename_columns([*names, DIFF])
+    _fits(engine, what, form, batches, len(names) + 1)
+    table = whole_table(engine, trace_name, epoch, change=change).rename_columns([*names, DIFF])
     if form is Form.PANDAS:
         return table.to_pandas()
     if form is Form.POLARS:
@@ -143,10 +144,12 @@ def read_output(
     return table
 
 
-def _fits(engine: Engine, what: str, form: Form, rows: int, columns: int) -> None:
-    """Raise `BudgetError` when `rows` rows of `columns` longs, read whole in `form`, would
-    not fit the engine's budget (or the process's own limit, when smaller)."""
-    need = rows * columns * 8 * WHOLE_COPIES
+def _fits(engine: Engine, what: str, form: Form, batches: list[Batch], columns: int) -> None:
+    """Raise `BudgetError` when `batches` (their rows of `columns` longs), read whole in `form`,
+    would not fit the engine's budget (or the process's own limit, when smaller)."""
+    rows = sum(b.rows for b in batches)
+    copies = (READ_COPIES if len(batches) <= 1 else SUMMED_COPIES) + (form is Form.PANDAS)
+    need = int(rows * columns * 8 * copies)
     budget = engine.budget.bytes, f"the memory budget of {engine.budget.describe()}"
     limit = process_limit()
     if limit is not None and limit[0] < budget[0]:
@@ -155,7 +158,8 @@ def _fits(engine: Engine, what: str, form: Form, rows: int, columns: int) -> Non
         raise BudgetError(
             f"{what} as a {form.value}: {rows:,} rows would take {format_size(need)} read "
             f"whole, over {budget[1]}; annotate the input as a lazy form, which reads it a "
-            f"piece at a time ({LAZY_FORMS}), or raise the memory budget (`memory` of the resource)"
+            f"piece at a time ({LAZY_FORMS}), or raise the memory budget (`memory` of the "
+            "resource)"
         )
 
 
@@ -189,29 +193,30 @@ def _lazy(engine: Engine, trace: Trace, batches: list[Batch], names: list[str], 
     return relation.project(columns) if uris else relation
 
 
-def stored_change(engine: Engine, name: str, epoch: int) -> pa.Table:
-    """A trace's stored change at `epoch`, as `wcoj_core.state_read.change_table` gives it (one row
-    per tuple, non-zero ``diff``, sorted; read from exactly the files the manifest lists, each
-    checked against its size, digest and rows) without sorting it again: the engine writes a
-    change's batch in that order, so its files, concatenated, are the table once one pass over
-    its columns confirms it (`wcoj_core.arrow.consolidated`). A batch that is not (none is
-    written so) is read by `change_table`."""
+def whole_table(engine: Engine, name: str, epoch: int, *, change: bool = False) -> pa.Table:
+    """A trace as `wcoj_core.state_read` gives it whole: its stored change at `epoch` (with
+    `change`) or its output as of `epoch` — one row per tuple, non-zero ``diff``, from exactly
+    the files the manifest lists, each checked against its size, digest and rows. One stored
+    batch is given as it is, not sorted again: the engine writes a batch consolidated and sorted
+    on some order of its columns (its variable order), so its files, concatenated, are the table
+    once one pass over its columns in that order confirms it (`wcoj_core.arrow.consolidated`);
+    the rows come in that order. Several batches (or one that is not: none is written so) are
+    summed and sorted (`read_table`, `change_table`)."""
     from wcoj_core.arrow import consolidated
-    from wcoj_core.state_read import change_table
+    from wcoj_core.state_read import change_table, listed, read_table
 
-    trace = engine.store.current().trace(name)
-    batches = [b for b in trace.batches if b.time == epoch] if trace is not None else []
-    if trace is None or len(batches) != 1:
-        return change_table(engine, name, epoch)
-    (batch,) = batches
-    tables = engine.files.verified_tables(
-        batch.path, trace.columns, batch.files, batch.rows, batch.time
-    )
-    names = [*trace.columns, DIFF]
-    if not tables or not consolidated(tables, trace.columns):
-        return change_table(engine, name, epoch)
-    schema = pa.schema([pa.field(n, pa.int64()) for n in names])  # as change_table's
-    return pa.concat_tables([t.select(names).cast(schema) for t in tables])
+    trace, batches = listed(engine, name, epoch, change=change)
+    if len(batches) == 1:
+        (batch,) = batches
+        tables = engine.files.verified_tables(
+            batch.path, trace.columns, batch.files, batch.rows, batch.time
+        )
+        orders = permutations(trace.columns) if len(trace.columns) <= ORDERS_TRIED else []
+        if tables and any(consolidated(tables, order) for order in orders):
+            names = [*trace.columns, DIFF]
+            schema = pa.schema([pa.field(n, pa.int64()) for n in names])  # as read_table's
+            return pa.concat_tables([t.select(names).cast(schema) for t in tables])
+    return change_table(engine, name, epoch) if change else read_table(engine, name, epoch)
 
 
 class _Outputs(IOManager):

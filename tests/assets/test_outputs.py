@@ -95,7 +95,7 @@ with dg.DagsterInstance.ephemeral() as instance:
     assert result.success
     # A whole form that would not fit is refused before it reads, on one line.
     from wcoj_assets import outputs
-    outputs.WHOLE_COPIES = 1 << 40
+    outputs.READ_COPIES = 1 << 40
     refused = mine.execute_in_process(
         partition_key="2024-03-02", instance=instance, asset_selection=[as_arrow.key],
         raise_on_error=False,
@@ -297,7 +297,8 @@ def test_a_whole_form_that_would_not_fit_is_refused_before_it_reads(
     )
     assert listed >= rows > 0
     # Each row as big as the whole budget: no output of a row or more fits.
-    monkeypatch.setattr(outputs, "WHOLE_COPIES", engine.budget.bytes)
+    monkeypatch.setattr(outputs, "READ_COPIES", engine.budget.bytes)
+    monkeypatch.setattr(outputs, "SUMMED_COPIES", engine.budget.bytes)
     opened: list[str] = []
     monkeypatch.setattr(BatchFiles, "verified_tables", lambda *a, **k: opened.append("read"))
     for form in (outputs.Form.ARROW, outputs.Form.PANDAS):
@@ -313,26 +314,42 @@ def test_a_whole_form_that_would_not_fit_is_refused_before_it_reads(
     assert sum(b.num_rows for b in reader) == listed
 
 
-def test_a_change_not_in_order_is_read_through_the_sorting_reader(
+def test_one_stored_batch_is_read_as_written_and_several_are_summed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A stored change the fast reader cannot confirm in order (none is written so) is read
-    by `change_table`, which sorts and consolidates it: the same rows either way."""
+    """A whole read gives one stored batch as the engine wrote it (consolidated, sorted on
+    some order of its columns: no sort again) and several summed and sorted (`read_table`):
+    the sorting readers' rows either way; a batch it cannot confirm in order (none is written
+    so) is read by them."""
     from wcoj_assets import outputs
-    from wcoj_core import arrow
-    from wcoj_core.arrow import consolidated
-    from wcoj_core.state_read import change_table
+    from wcoj_core import arrow, state_read
     from wcoj_core.traces import output_trace_name
+
+    def rows(table) -> list[tuple]:
+        return sorted(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
 
     engine, _, history = small_state(tmp_path, seed=7)
     name = output_trace_name("triangles")
+    sorting = {"change": state_read.change_table, "output": state_read.read_table}
+    called: list[str] = []
+    as_written = 0
     for epoch in range(len(history)):
-        fast = outputs.stored_change(engine, name, epoch)
-        assert fast.equals(change_table(engine, name, epoch))
-        assert consolidated([fast], ["c0", "c1", "c2"])  # what the engine writes
-        monkeypatch.setattr(arrow, "consolidated", lambda tables, columns: False)
-        assert outputs.stored_change(engine, name, epoch).equals(fast)
-        monkeypatch.undo()
+        for kind, read in sorting.items():
+            expected = read(engine, name, epoch)
+            monkeypatch.setattr(state_read, "change_table", lambda *a: called.append("c"))
+            monkeypatch.setattr(state_read, "read_table", lambda *a: called.append("r"))
+            if len(state_read.listed(engine, name, epoch, change=kind == "change")[1]) == 1:
+                fast = outputs.whole_table(engine, name, epoch, change=kind == "change")
+                assert not called, (epoch, kind)
+                assert rows(fast) == rows(expected) and fast.schema == expected.schema
+                as_written += 1
+            monkeypatch.undo()
+            monkeypatch.setattr(arrow, "consolidated", lambda tables, columns: False)
+            assert outputs.whole_table(engine, name, epoch, change=kind == "change").equals(
+                expected
+            )
+            monkeypatch.undo()
+    assert as_written == len(history) + 1  # every change, and the output at epoch 0
 
 
 @pytest.mark.slow
