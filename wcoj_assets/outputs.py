@@ -186,7 +186,10 @@ def _lazy(engine: Engine, trace: Trace, batches: list[Batch], names: list[str], 
         return frame.select([pl.col(c).alias(n) for c, n in zip(stored, names, strict=True)])
     import duckdb
 
-    config = {"memory_limit": f"{engine.budget.bytes}B", "temp_directory": tempfile.gettempdir()}
+    config: dict[str, Any] = {
+        "memory_limit": f"{engine.budget.bytes}B",
+        "temp_directory": tempfile.gettempdir(),
+    }
     con = duckdb.connect(config=config)
     relation = con.read_parquet(uris) if uris else con.from_arrow(schema.empty_table())
     columns = ", ".join(f'"{c}" AS "{n}"' for c, n in zip(stored, names, strict=True))
