@@ -165,6 +165,8 @@ def main() -> None:
     for side, code in sides.items():
         report[side] = got = run(code, state, "whole", out, "", limit)
         print(side, json.dumps(got), file=sys.stderr, flush=True)
+        if side == "whole":
+            assert "DamagedBatch" not in str(got) and "as a lazy form" in got["error"], got
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     (out / "report.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report))

@@ -12,31 +12,23 @@ managers do::
     def top_vertices(triangles_deltas: pl.LazyFrame) -> ...:            # a, b, c, diff
         ...
 
-Whole forms, read with pyarrow from the files the state's manifest lists (no JVM), each file
-checked against its size, digest and rows: ``pyarrow.Table`` (also an unannotated parameter),
-pandas ``DataFrame``, polars ``DataFrame``. Before it reads, a whole form is weighed against the
-process's memory (the resource's budget, or the process's own limit when smaller): one that would
-not fit is refused (`wcoj_core.budget.BudgetError`, one line: the rows, the bytes, the budget and
-the lazy forms), never left to fail midway.
-
-Lazy forms, over exactly the files the manifest lists, hold a piece at a time, so an aggregate of
-an output of any size stays within memory:
-
-* ``pyarrow.RecordBatchReader``: record batches streamed by pyarrow, each file's size, digest
-  and epoch checked before its rows are given, and each batch's rows against the manifest's;
-* a polars ``LazyFrame`` (``scan_parquet``; ``collect(engine="streaming")`` keeps it bounded) and
-  a DuckDB relation (``duckdb.DuckDBPyRelation``, on a connection of its own whose
-  ``memory_limit`` is the budget): each file is checked first as Spark's are
-  (`wcoj_core.state_read`), then read by polars or DuckDB when the query runs.
-
-A lazy form gives stored rows as they are: the change at an epoch is one row per tuple (as the
-engine writes it); the output as of an epoch is its batches' rows, in which a tuple may appear in
-several rows whose diffs sum to its multiplicity (zero once gone). Sums of ``diff`` are exact
-either way; group by the head variables and sum for one row per tuple.
-
-* a Spark ``DataFrame`` (``pyspark.sql.DataFrame``): read lazily by Spark, which the resource
+* **Whole**, read with pyarrow (no JVM), each file checked against its size, digest and rows:
+  ``pyarrow.Table`` (also an unannotated parameter), pandas or polars ``DataFrame``. Each is
+  weighed first against the resource's memory budget (or the process's own limit, when smaller):
+  one that would not fit is refused on one line (`wcoj_core.budget.BudgetError`: the rows, the
+  bytes, the budget, the lazy forms), never left to fail midway.
+* **Lazy**, a piece at a time, so that an aggregate of an output of any size stays within
+  memory: ``pyarrow.RecordBatchReader`` (each file's size, digest and epoch checked before its
+  rows are given, each batch's rows against the manifest's), a polars ``LazyFrame``
+  (``scan_parquet``; ``collect(engine="streaming")`` keeps it bounded) and a DuckDB relation
+  (on a connection of its own whose ``memory_limit`` is the budget) — their files checked first
+  as Spark's are (`wcoj_core.state_read`). They give the stored rows as they are: a change one
+  row per tuple (as the engine writes it), an output as of an epoch its batches' rows, in which
+  a tuple's diffs sum to its multiplicity (zero once gone).
+* **Spark** ``DataFrame`` (``pyspark.sql.DataFrame``): read lazily by Spark, which the resource
   starts saying why (``starting Spark ...: <asset> reads <input> as a Spark DataFrame``).
 
+Every form reads exactly the files the state's manifest lists, and no other.
 ``<q>`` gives the output as of the epoch; ``<q>_deltas`` its change at the epoch. A downstream
 asset without partitions (or one reading several epochs) gets ``<q>`` as of the last epoch it
 reads; the change is given one epoch at a time only, and asking for several is an error that
