@@ -30,9 +30,9 @@ from wcoj_core.cli.console import (
     note,
     say,
 )
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.indexes import rebuilt_index
 from wcoj_core.spill import Spill
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.files import check_stamp, file_ref, verify_ref
 from wcoj_core.store.manifest import Index
 from wcoj_core.store.store import Store

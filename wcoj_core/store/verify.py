@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 from wcoj_core.arrow import longs
 from wcoj_core.budget import MemoryBudget, Shares, default_budget
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.errors import StateError
 from wcoj_core.spill import Scratch, Spill, merge
 from wcoj_core.store import names
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.manifest import Batch, FileRef, Manifest, Segment
 from wcoj_core.store.segments import check_segment, segment_bytes
 from wcoj_core.store.store import Store
