@@ -20,6 +20,7 @@ import pytest
 from test_engine_state import PATHS, TRIANGLES, Run, epoch_changes, specs
 
 from wcoj_core import indexes
+from wcoj_core.check.verify import verify_state
 from wcoj_core.engine import Engine
 from wcoj_core.errors import IncompatibleState
 from wcoj_core.store import manifest as mf
@@ -28,7 +29,6 @@ from wcoj_core.store.files import file_ref
 from wcoj_core.store.manifest import Manifest, Segment, digest_of
 from wcoj_core.store.segments import open_segment
 from wcoj_core.store.store import Store
-from wcoj_core.store.verify import verify_state
 
 
 def as_format_2(root: Path) -> int:

@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 
 from wcoj_core.budget import MemoryBudget, Shares, default_budget
+from wcoj_core.check.verify import state_scratch, verify_state
 from wcoj_core.cli.console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -36,7 +37,6 @@ from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.files import check_stamp, file_ref, verify_ref
 from wcoj_core.store.manifest import Index
 from wcoj_core.store.store import Store
-from wcoj_core.store.verify import state_scratch, verify_state
 
 EXAMPLES = (
     "wcoj verify lake/tri",
