@@ -4,8 +4,8 @@ A segment of many rows whose first column is dense enough is written with the di
 `Layer.directory` would make (`wcoj_core.store.segments`), and opened with it, mapped: a cold
 search then reads a page of it instead of a page per halving of the column. Checked here: the
 directory read back is the one made in memory, and searches through it find what searches of the
-layer in memory find; a sparse column keeps none; a file of layout 1 (format 3, no directory)
-still opens; a header whose directory disagrees with the file is damaged, named; a mapped layer
+layer in memory find; a sparse column keeps none; a header whose directory disagrees with the
+file is damaged, named; a mapped layer
 searched for few keys is advised to read only its pages (`wcoj_core.kernel.pages`); and a state
 whose every segment keeps a directory stays exact against the oracle, epoch after epoch, in
 fresh engines and a warm one.
@@ -82,23 +82,6 @@ def test_a_sparse_or_small_segment_keeps_none(tmp_path: Path) -> None:
         keys = layer.search_keys().dtype.itemsize
         size = segments.SEG_HEADER_BYTES + len(layer) * (8 * 3 + keys)
         assert (tmp_path / segment.path).stat().st_size == size
-
-
-def test_a_segment_of_layout_1_still_opens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What state format 3 wrote: the header of layout 1, no directory after the keys."""
-    rng = np.random.default_rng(9)
-    memory = layer_of(rng.integers(0, 30_000, size=(100_000, 2)))
-    monkeypatch.setattr(segments, "SEG_LAYOUT", 1)
-    segment = written(tmp_path, memory)
-    monkeypatch.undo()
-    raw = (tmp_path / segment.path).read_bytes()
-    assert raw[8:12] == (1).to_bytes(4, "little") and len(raw) == 64 + len(memory) * 8 * 4
-    mapped = open_segment(tmp_path, segment, verify=True)
-    assert mapped._dir is None
-    keys = rng.integers(0, 30_000, size=(2_000, 1))
-    assert all(
-        np.array_equal(a, b) for a, b in zip(mapped.ranges(keys), memory.ranges(keys), strict=True)
-    )
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@ affects (the primitives of ``wcoj verify``).
 
 `verify_state` reads every kept generation's manifest and every file they name, once each:
 batch files (size and sha256, and their rows against the batch's row count) and segment files
-(size, ``.npy`` header, sha256). Each damaged file is reported with its trace, the first epoch
+(size, header, sha256; an earlier wcoj's, which is not read, as damaged). Each damaged file is reported with its trace, the first epoch
 it affects — a batch at time ``t`` every epoch from ``t`` on (through the traces and
 arrangements built from it), a segment every epoch from its index's time on — and whether it
 can be rebuilt: a segment can (from the batches), a batch cannot (it is the source of truth).
