@@ -31,8 +31,8 @@ from wcoj_assets.outputs import Form, read_output
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import DEFAULT_SPECS, Topology
 from wcoj_core import cli
+from wcoj_core.check.verify import verify_state
 from wcoj_core.errors import DamagedBatch, OutOfMemory
-from wcoj_core.store.verify import verify_state
 
 FAILURES = {
     "arrow": lambda: pa.ArrowMemoryError("malloc of size 33554432 failed"),
@@ -104,7 +104,7 @@ from wcoj_assets.outputs import Form, read_output
 from wcoj_assets.resources import WcojResource
 from wcoj_assets.specs import DEFAULT_SPECS, Topology
 from wcoj_core.errors import DamagedBatch, OutOfMemory
-from wcoj_core.store.verify import verify_state
+from wcoj_core.check.verify import verify_state
 
 topology = Topology.of(DEFAULT_SPECS)
 engine = WcojResource(storage=sys.argv[1]).engine(topology, create=False)

@@ -286,7 +286,7 @@ def test_a_whole_form_that_would_not_fit_is_refused_before_it_reads(
     file opened; the lazy forms still read it."""
     from wcoj_assets import outputs
     from wcoj_core.budget import BudgetError
-    from wcoj_core.deploy.batches import BatchFiles
+    from wcoj_core.store.batches import BatchFiles
     from wcoj_core.traces import output_trace_name
 
     engine, topology, _ = small_state(tmp_path)
