@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
+from wcoj_core.query.ir import Aggregate, Atom, CmpOp, Const, Filter, Query, Var
 
 ARITY = {"r": 2, "s": 2, "t": 3, "u": 1}
 VARS = [Var(n) for n in "abcd"]
@@ -20,7 +20,8 @@ Updates = list[tuple[tuple[int, ...], int]]
 @st.composite
 def queries(draw: st.DrawFn) -> Query:
     """Cyclic and acyclic queries over binary, ternary and unary relations, with repeated
-    relations, constants, repeated variables, filters and projections."""
+    relations, constants, repeated variables, filters, projections and aggregates (count()
+    and sum(x) over the projection's groups)."""
     n_atoms = draw(st.integers(1, 4))
     atoms = []
     for _ in range(n_atoms):
@@ -45,7 +46,9 @@ def queries(draw: st.DrawFn) -> Query:
         if right != left:
             filters.append(Filter(left, op, right))
     head = tuple(draw(st.lists(st.sampled_from(bound), max_size=3)))
-    return Query("q", head, tuple(atoms), tuple(filters))
+    aggregates = [None, None, Aggregate(), *(Aggregate(v) for v in bound)]
+    aggregate = draw(st.sampled_from(aggregates))
+    return Query("q", head, tuple(atoms), tuple(filters), aggregate)
 
 
 def updates(arity: int) -> st.SearchStrategy[Updates]:
