@@ -18,10 +18,11 @@ Updates = list[tuple[tuple[int, ...], int]]
 
 
 @st.composite
-def queries(draw: st.DrawFn) -> Query:
+def queries(draw: st.DrawFn, aggregates: bool = False) -> Query:
     """Cyclic and acyclic queries over binary, ternary and unary relations, with repeated
-    relations, constants, repeated variables, filters, projections and aggregates (count()
-    and sum(x) over the projection's groups)."""
+    relations, constants, repeated variables, filters and projections; with `aggregates`,
+    some aggregate their groups (count() or sum(x)). (Opt-in: a draw added to every query
+    would change the examples a derandomized profile gives every other test.)"""
     n_atoms = draw(st.integers(1, 4))
     atoms = []
     for _ in range(n_atoms):
@@ -46,8 +47,9 @@ def queries(draw: st.DrawFn) -> Query:
         if right != left:
             filters.append(Filter(left, op, right))
     head = tuple(draw(st.lists(st.sampled_from(bound), max_size=3)))
-    aggregates = [None, None, Aggregate(), *(Aggregate(v) for v in bound)]
-    aggregate = draw(st.sampled_from(aggregates))
+    aggregate = None
+    if aggregates:
+        aggregate = draw(st.sampled_from([None, Aggregate(), *(Aggregate(v) for v in bound)]))
     return Query("q", head, tuple(atoms), tuple(filters), aggregate)
 
 

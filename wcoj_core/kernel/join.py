@@ -164,7 +164,9 @@ def count_rule(
 ) -> Counted:
     """`run_rule`'s full bindings counted, not written: how many, and their weights' exact sum
     (a binding whose weight leaves int64 raises as in `run_rule`). What an output whose
-    bindings are all distinct tuples needs when only its count is asked for (`wcoj count`)."""
+    bindings are all distinct tuples needs when only its count is asked for (`wcoj count`;
+    not an aggregate's: `run_rule` counts its groups)."""
+    assert plan.query.aggregate is None, "an aggregate's rules run with run_rule"
     found = Counted(0, 0)
     limits = Limits(pace.budget, pace.threads, True, counting=True)
     for made in _chunks(plan, rule, layers, tally, rows, pace.chunk_rows, limits):
