@@ -384,12 +384,7 @@ def _grouped(plan: Plan, part: Part) -> Part:
     summed variable where the row binds it, runs of rows of one group added up, zeros
     dropped (a sum leaving int64 raises naming the group)."""
     p, kept = part
-    if kept is not None:
-        p = p.take(kept)
-    agg = plan.query.aggregate
-    if agg is not None and agg.var is not None and agg.var in p.cols:
-        p.scale(p.cols[agg.var])
-        check_overflow(plan, (p, None))
+    p = weighed(plan, p if kept is None else p.take(kept))
     cols = [p.cols[v] for v in plan.query.head]
     edge = np.zeros(len(p), dtype=bool)
     edge[:1] = True
@@ -400,6 +395,17 @@ def _grouped(plan: Plan, part: Part) -> Part:
     keep = starts[sums != 0]
     head = {v: c[keep] for v, c in zip(plan.query.head, cols, strict=True)}
     return Prefixes(head, sums[sums != 0]), None
+
+
+def weighed(plan: Plan, p: Prefixes) -> Prefixes:
+    """Bindings of a sum(x) query (or its prefixes counted without x) with each weight times
+    x where they bind it (a product leaving int64 raises naming the binding); others as they
+    are."""
+    agg = plan.query.aggregate
+    if agg is not None and agg.var is not None and agg.var in p.cols:
+        p.scale(p.cols[agg.var])
+        check_overflow(plan, (p, None))
+    return p
 
 
 def concat(parts: list[Part], vs: Sequence[Var], lead: Sequence[Var] = ()) -> Prefixes:
