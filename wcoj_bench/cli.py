@@ -60,7 +60,7 @@ from wcoj_bench import report
 from wcoj_bench.infra import cluster
 from wcoj_bench.infra.machine import machine_facts, machine_label
 from wcoj_bench.infra.measure import Sample
-from wcoj_bench.parts import backfill, cold, dagster_run, idle, scale
+from wcoj_bench.parts import aggregates, backfill, cold, dagster_run, idle, scale
 from wcoj_bench.parts.curves import (
     CURVE_METHODS,
     DEFAULT_EPOCH_SIZE,
@@ -334,6 +334,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, (_, help_text) in DELEGATED.items():
         commands.add_parser(name, help=help_text, add_help=False)
 
+    aggregates.add_parser(commands)
+    commands.choices["aggregates"].set_defaults(run=_aggregates)
     clu = commands.add_parser(
         "cluster", help="a Spark standalone cluster on 127.0.0.1, from the installed pyspark"
     )
@@ -758,6 +760,20 @@ def _dagster_run(args: argparse.Namespace) -> int:
 
 
 # --- cluster ------------------------------------------------------------------------------------
+
+
+def _aggregates(args: argparse.Namespace) -> int:
+    result = aggregates.run(args)
+    st, warm = result["static"]["median"], result["warm"]
+    say(
+        f"static: per-vertex {st['per-vertex']:.3f} s, triangles {st['triangles']:.3f} s, "
+        f"scipy {st['scipy']:.3f} s; warm: per-vertex "
+        f"{warm['triangles_per_vertex']['changes_per_second']:,} changes/s, triangles "
+        f"{warm['triangles']['changes_per_second']:,} changes/s"
+    )
+    for s in result["skew"]:
+        say(f"skew: N {s['N']:,}: {s['work_per_change']:,.0f} work per change")
+    return _finish(args, result)
 
 
 def _cluster(args: argparse.Namespace) -> int:

@@ -535,12 +535,14 @@ class EpochPass:
         (nothing is written: a static count's sample took a fifth of ca-HepPh's rules)."""
         if sum(len(d) for d in self.deltas.values()) < ESTIMATE_ROWS:
             return
-        if all(job.output in counting for job in work.rules):
-            return
+        plans = self.served.plans
+        if all(job.output in counting or plans[job.query].query.aggregate for job in work.rules):
+            return  # (an aggregate's change is summed as it is made: a row per changed group)
         estimates = estimate_rows(work, layers, self.served.shares)
         free = self.scratch.free_bytes()
+        aggregated = {j.output for j in work.rules if plans[j.query].query.aggregate}
         for name, rows in sorted(estimates.items()):
-            if name in counting:
+            if name in counting or name in aggregated:
                 continue
             width = len(_columns(self.served, name))
             need = rows * width if name in work.distinct else rows * 8 * (width + 1)
