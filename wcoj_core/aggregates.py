@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from wcoj_core.errors import QueryError
 from wcoj_core.query.ir import Query
@@ -70,14 +69,19 @@ def table(state: Reach, query: Query, time: int | None = None) -> pa.Table:
 
 
 def summary(values: pa.Table, top: int = TOP) -> dict[str, Any]:
-    """An aggregate's table in a few figures: its groups, the sum of its values and the `top`
-    groups of the largest values (each a list of its key, then its value), largest first."""
-    value = values.column_names[-1]
-    best = values.take(pc.select_k_unstable(values, top, [(value, "descending")]))
-    best = best.sort_by([(value, "descending"), *((c, "ascending") for c in best.column_names)])
-    total = pc.sum(values.column(value)).as_py() if values.num_rows else 0
-    rows = [list(r.values()) for r in best.to_pylist()]
-    return {"groups": values.num_rows, "total": total, "top": rows}
+    """An aggregate's table in a few figures: its groups, the exact sum of its values and the
+    `top` groups of the largest values (each a list of its key, then its value), largest first.
+
+    >>> summary(pa.table({"c0": [1, 2, 3], "count": [5, 9, 5]}), 2)
+    {'groups': 3, 'total': 19, 'top': [[2, 9], [1, 5]]}
+    """
+    from wcoj_core.kernel.multiplicity import exact_sum
+
+    cols = [values.column(j).to_numpy() for j in range(values.num_columns)]
+    value = cols[-1]
+    best = np.lexsort([*reversed(cols[:-1]), -value])[:top] if len(value) else []
+    rows = [[int(c[i]) for c in cols] for i in best]
+    return {"groups": values.num_rows, "total": exact_sum(value), "top": rows}
 
 
 def clustering(triangles: pa.Table, degrees: pa.Table) -> pa.Table:

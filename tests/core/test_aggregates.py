@@ -236,3 +236,37 @@ def test_the_audit_finds_a_wrong_value(tmp_path: Path) -> None:
     replace_output(engine, q.name, 1, rows, diff)
     audit = audit_epoch(engine, q.name, 1)
     assert not audit.passed and audit.examples[0].startswith(f"({int(rows[0, 0])},)")
+
+
+def test_the_command_line_keeps_an_aggregate_and_says_its_groups(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``apply`` epochs of a per-vertex sum: ``--output`` writes the table as of each epoch
+    (the value column named after the aggregate), ``--json`` ends with its groups and total,
+    ``status`` and ``explain`` say what it is; every table equals the oracle's."""
+    query = parse_query("w(a, sum(c)) :- edge(a, b), edge(b, c), edge(a, c), b < c")
+    specs = relation_specs({"edge": 2}, undirected=["edge"])
+    oracle = Oracle(query, specs)
+    state, rng = tmp_path / "state", random.Random(7)
+    for t in range(3):
+        ups: Ups = [
+            ((rng.randrange(12), rng.randrange(12)), rng.choice([1, 1, -1])) for _ in range(40)
+        ]
+        oracle.land(t, {"edge": ups})
+        changes, out = tmp_path / f"c{t}.csv", tmp_path / f"w{t}.csv"
+        pacsv.write_csv(table(ups), changes)
+        given = ["--changes", f"edge={changes}", "--undirected", "edge", "--output", str(out)]
+        where = ["--query", str(query), "--state", str(state), "--epoch", str(t)]
+        code = main(["apply", *where, *given, "--json"])
+        assert code == 0
+        doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        values = pacsv.read_csv(out)
+        assert values.column_names == ["c0", "sum_c"]
+        assert as_counter(values) == oracle.output(t), t
+        assert list(doc)[-2:] == ["groups", "total"]
+        assert (doc["groups"], doc["total"]) == (values.num_rows, sum(oracle.output(t).values()))
+    assert main(["status", str(state), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["queries"]["w"]
+    assert (status["aggregate"], status["groups"]) == ("sum_c", len(oracle.output(2)))
+    assert main(["explain", "--query", "triangles-per-vertex"]) == 0
+    assert "extend b counted: count() per group" in capsys.readouterr().out
