@@ -764,15 +764,16 @@ def _dagster_run(args: argparse.Namespace) -> int:
 
 def _aggregates(args: argparse.Namespace) -> int:
     result = aggregates.run(args)
-    st, warm = result["static"]["median"], result["warm"]
-    say(
-        f"static: per-vertex {st['per-vertex']:.3f} s, triangles {st['triangles']:.3f} s, "
-        f"scipy {st['scipy']:.3f} s; warm: per-vertex "
-        f"{warm['triangles_per_vertex']['changes_per_second']:,} changes/s, triangles "
-        f"{warm['triangles']['changes_per_second']:,} changes/s"
-    )
-    for s in result["skew"]:
-        say(f"skew: N {s['N']:,}: {s['work_per_change']:,.0f} work per change")
+    if "static" in result:
+        st = result["static"]["median"]
+        say(f"static seconds: {st}")
+    if "warm" in result:
+        rate = {
+            q: f["changes_per_second"] for q, f in result["warm"].items() if isinstance(f, dict)
+        }
+        say(f"warm changes per second: {rate}")
+    for s in result.get("skew", []):
+        say(f"skew: {s['query']}, N {s['N']:,}: {s['work_per_change']:,.0f} work per change")
     return _finish(args, result)
 
 

@@ -21,7 +21,9 @@ with pandas: loop-free, each edge once) held by an engine in this process (no Sp
 * **skew** — two hubs sharing ``N`` neighbours (``--hubs``, several N), then a stream of
   single-change epochs inserting and deleting the edge between the hubs: the kernel's work per
   change (candidates proposed plus validated, every step of every rule) for
-  ``triangles-per-vertex``, against N.
+  ``triangles-per-vertex`` and ``triangle-count``, against N, and the keys each change changes.
+
+``--parts`` runs some of them (default all three).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--delete-fraction", type=float, default=0.1, help="(default 0.1)")
     p.add_argument("--hubs", default="1000,4000,16000,64000", help="the skew part's N")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--parts", default="static,warm,skew", help="which parts (default all)")
     p.add_argument("--json", action="store_true", help="end with one JSON line")
 
 
@@ -180,29 +183,27 @@ def warm(edges: np.ndarray, changes: list[pa.Table]) -> dict[str, Any]:
 
 
 def skew(hubs: list[int], changes: int = 20) -> list[dict[str, Any]]:
-    """The skew part (see the module): work per change against N."""
+    """The skew part (see the module): work and changed keys per change against N."""
     out = []
-    for n in hubs:
+    for n, query in ((n, q) for n in hubs for q in (PER_VERTEX, builtin("triangle-count"))):
         leaves = np.arange(2, n + 2, dtype=np.int64)
-        edges = np.concatenate(
-            [
-                np.stack([np.zeros(n, np.int64), leaves], 1),
-                np.stack([np.ones(n, np.int64), leaves], 1),
-            ]
-        )
+        hub = [np.stack([np.full(n, h, np.int64), leaves], 1) for h in (0, 1)]
         with tempfile.TemporaryDirectory() as root:
-            engine = Engine(None, root, PER_VERTEX, relations=SPECS)
-            engine.apply(0, {"edge": edges_table(edges)})
-            work, seconds = [], []
+            engine = Engine(None, root, query, relations=SPECS)
+            engine.apply(0, {"edge": edges_table(np.concatenate(hub))})
+            work, seconds, keys = [], [], []
             for t in range(1, changes + 1):
                 hub_edge = edges_table(np.array([[0, 1]]), np.array([1 if t % 2 else -1]))
                 s, result = timed(lambda e=engine, t=t, c=hub_edge: e.apply(t, {"edge": c}))
                 seconds.append(s)
                 work.append(sum(m.proposed + m.validated for m in result.metrics.steps))
+                keys.append(result.metrics.outputs[query.name])
             out.append(
                 {
+                    "query": query.name,
                     "N": n,
                     "work_per_change": statistics.median(work),
+                    "keys_per_change": statistics.median(keys),
                     "median_seconds": round(statistics.median(seconds), 4),
                 }
             )
@@ -213,18 +214,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     path = args.input.split("=", 1)[1]
     edges = read_edges(path)
     result: dict[str, Any] = {"graph": Path(path).name, "edges": len(edges)}
-    result["static"] = static(edges, args.runs)
-    changes = workload(edges, args.epochs, args.epoch_size, args.delete_fraction, args.seed)
-    got = warm(edges, changes)
-    final = got.pop("final_table")
-    present = pa.concat_tables([edges_table(edges), *changes])
-    after = _final_edges(present)
-    counts = scipy_per_vertex(after, int(max(edges.max(), after.max())) + 1)
-    mine = np.zeros(len(counts), dtype=np.int64)
-    mine[final.column(0).to_numpy()] = final.column(1).to_numpy()
-    got["final_equals_scipy"] = bool(np.array_equal(mine, counts))
-    result["warm"] = got
-    result["skew"] = skew([int(x) for x in args.hubs.split(",")])
+    parts = args.parts.split(",")
+    if "static" in parts:
+        result["static"] = static(edges, args.runs)
+    if "warm" in parts:
+        changes = workload(edges, args.epochs, args.epoch_size, args.delete_fraction, args.seed)
+        got = warm(edges, changes)
+        final = got.pop("final_table")
+        after = _final_edges(pa.concat_tables([edges_table(edges), *changes]))
+        counts = scipy_per_vertex(after, int(max(edges.max(), after.max())) + 1)
+        mine = np.zeros(len(counts), dtype=np.int64)
+        mine[final.column(0).to_numpy()] = final.column(1).to_numpy()
+        got["final_equals_scipy"] = bool(np.array_equal(mine, counts))
+        result["warm"] = got
+    if "skew" in parts:
+        result["skew"] = skew([int(x) for x in args.hubs.split(",")])
     return result
 
 
