@@ -74,10 +74,10 @@ from wcoj_core.audit import (
     _Side,
     _summed,
 )
-from wcoj_core.deploy.batches import check_epoch
 from wcoj_core.errors import DamagedBatch
 from wcoj_core.meaning import Figures
 from wcoj_core.query.ir import Atom, Query, Var
+from wcoj_core.store.batches import check_epoch
 from wcoj_core.store.manifest import Batch, Manifest, Trace
 from wcoj_core.traces import DIFF, output_trace_name, relation_trace_name
 
