@@ -270,3 +270,30 @@ def test_the_command_line_keeps_an_aggregate_and_says_its_groups(
     assert (status["aggregate"], status["groups"]) == ("sum_c", len(oracle.output(2)))
     assert main(["explain", "--query", "triangles-per-vertex"]) == 0
     assert "extend b counted: count() per group" in capsys.readouterr().out
+
+
+def test_the_benchmark_part_checks_what_it_times(tmp_path: Path) -> None:
+    """``wcoj-bench aggregates`` on a small graph: its static counts equal scipy's, every warm
+    epoch passes a full audit and its last table equals scipy's recount; the two-hub stream's
+    work per change grows with N, the per-vertex change moving N + 2 groups."""
+    import argparse
+
+    from wcoj_bench.parts import aggregates as bench
+
+    path = SHARED / "ca-GrQc.txt.gz"
+    if not path.exists():
+        pytest.skip(f"{path} is not there")
+    args = argparse.Namespace(
+        input=f"edge={path}", runs=1, epochs=3, epoch_size=300, delete_fraction=0.2,
+        hubs="50,200", seed=3, parts="static,warm,skew",
+    )  # fmt: skip
+    got = bench.run(args)
+    assert got["static"]["exact"] and got["static"]["triangles"] == 48_260
+    warm = got["warm"]
+    assert warm["final_equals_scipy"] and warm["triangles_per_vertex"]["audited_epochs_passed"] == 3
+    skew = {(s["query"], s["N"]): s for s in got["skew"]}
+    assert skew[("triangles_per_vertex", 200)]["keys_per_change"] == 202
+    assert (
+        skew[("triangle_count", 200)]["work_per_change"]
+        > skew[("triangle_count", 50)]["work_per_change"]
+    )

@@ -87,7 +87,7 @@ def scipy_per_vertex(edges: np.ndarray, n: int) -> np.ndarray:
 
     both = np.concatenate([edges, edges[:, ::-1]])
     a = sp.csr_matrix((np.ones(len(both), dtype=np.int64), (both[:, 0], both[:, 1])), (n, n))
-    return np.asarray((a @ a).multiply(a).sum(axis=1)).ravel() // 2
+    return np.asarray(a.multiply(a @ a).sum(axis=1)).ravel() // 2
 
 
 def timed(fn: Any) -> tuple[float, Any]:
