@@ -76,7 +76,7 @@ def _trace(state: Reach, name: str) -> tuple[Manifest, Trace]:
     return m, trace
 
 
-def _as_of(state: Reach, name: str, time: int | None) -> tuple[Trace, list[Batch]]:
+def trace_as_of(state: Reach, name: str, time: int | None) -> tuple[Trace, list[Batch]]:
     """A trace and its batches as of `time` (default: the last epoch)."""
     m, trace = _trace(state, name)
     if time is not None and m.frontier is not None and time < m.frontier:
@@ -105,7 +105,7 @@ def listed(
     `change`; none when it has none), else every batch visible as of `epoch` (default: the
     last)."""
     if not change:
-        return _as_of(state, name, epoch)
+        return trace_as_of(state, name, epoch)
     _, trace = _trace(state, name)
     return trace, [b for b in trace.batches if b.time == epoch]
 
@@ -138,7 +138,7 @@ def accumulated(state: Reach, name: str, time: int | None) -> DataFrame:
     """A trace as of `time` (default: the last epoch), consolidated, in Spark."""
     from wcoj_core.updates import consolidate
 
-    trace, batches = listed(state, name, time)
+    trace, batches = trace_as_of(state, name, time)
     return consolidate(read_batches(state, trace, batches), trace.columns)
 
 
