@@ -373,3 +373,41 @@ def test_web_notredame_change_reads_as_arrow_without_a_jvm(
     assert out["columns"] == ["a", "b", "c", "diff"]
     # What the read costs is printed, never asserted: timings are the benchmarks'.
     print(f"web-NotreDame epoch 0 change as Arrow: {out}; whole process {elapsed:.2f} s")
+
+
+@pytest.mark.parametrize("form", ["arrow", "batches", "lazy_polars", "duckdb"])
+def test_an_aggregate_querys_output_in_each_form_sums_to_the_oracles_values(
+    tmp_path: Path, form: str
+) -> None:
+    """Triangles per vertex (``count()`` in its head) as of each epoch: whole, one row per
+    vertex with its value named ``count``; lazy, the stored changes of the values, which sum per
+    vertex to them. Both equal each vertex's triangles in the oracle's."""
+    import pyarrow as pa
+
+    from wcoj_assets.outputs import read_output
+    from wcoj_assets.resources import WcojResource
+    from wcoj_assets.specs import QuerySpec
+    from wcoj_core.query.builtins import BUILTINS
+
+    wanted = form_of(form)
+    specs = (*DEFAULT_SPECS, QuerySpec("per_vertex", BUILTINS["triangles-per-vertex"], ("edge",)))
+    topology = Topology.of(specs, undirected=["edge"])
+    engine = WcojResource(storage=str(tmp_path / "state")).engine(topology)
+    history = updates(seed=11, epochs=3, nodes=10, inserts=14, deletes=4)
+    for n, changes in enumerate(history):
+        columns = {"c0": [a for (a, _), _ in changes], "c1": [b for (_, b), _ in changes]}
+        engine.apply(n, {"edge": pa.table({**columns, "diff": [d for _, d in changes]})})
+    for epoch in range(len(history)):
+        expected: Counter = Counter()
+        for (a, b, c), k in set_oracle(topology, "triangles", history, epoch).items():
+            for v in (a, b, c):
+                expected[v] += k
+        query = topology.query("per_vertex")
+        rows = rows_of(read_output(engine, query, epoch, form=wanted), form)
+        assert rows and list(rows[0]) == ["a", "count"]
+        summed: Counter = Counter()
+        for r in rows:
+            summed[r["a"]] += r["count"]
+        if wanted.whole:
+            assert len(summed) == len(rows)
+        assert {k: v for k, v in summed.items() if v} == dict(expected), epoch
