@@ -41,7 +41,7 @@ from wcoj_core.epoch import (
     StepMetrics,
     ignored_trace_name,
 )
-from wcoj_core.errors import EpochAlreadyApplied, QueryError, StateError
+from wcoj_core.errors import DamagedBatch, EpochAlreadyApplied, QueryError, StateError
 from wcoj_core.indexes import ViewKey
 from wcoj_core.input_land import Changes, check_columns, is_dataframe
 from wcoj_core.kernel.layer import Layer
@@ -451,21 +451,32 @@ class Engine:
     def change_batches(self, query: str, epoch: int) -> Any:
         """A query's stored change at `epoch` as a stream of record batches (``c0 ..``,
         ``diff``), a file of its batch at a time (each checked against its digest): what a
-        caller writing an output of any size reads."""
+        caller writing an output of any size reads. Refused as `state_read.change_batches`
+        refuses; a file that commits retire while it is streamed is a `StateError` saying so."""
         import pyarrow as pa
 
         from wcoj_core.kernel.changes import batch_schema, changes_table
+        from wcoj_core.state_read import change_batches
 
-        name = output_trace_name(query)
-        trace = self.store.current().trace(name)
-        cols = self.trace_columns(name)
+        m = self.store.current()
+        trace, batches = change_batches(self.access, output_trace_name(query), epoch, m)
+        cols = list(trace.columns)
         schema = batch_schema(cols).remove(len(cols))  # without time
-        batches = [b for b in trace.batches if b.time == epoch] if trace is not None else []
 
         def read() -> Any:
             for batch in batches:
                 for ref in batch.files:
-                    layer = self.files.read_verified(batch.path, cols, (ref,))
+                    try:
+                        layer = self.files.read_verified(batch.path, cols, (ref,))
+                    except DamagedBatch:
+                        now = self.store.current()
+                        if now.generation == m.generation or batch.path in now.paths():
+                            raise
+                        raise StateError(
+                            f"the change of {query!r} at epoch {epoch} was retired by later "
+                            f"commits of {self.store.root} while it was read (generation "
+                            f"{m.generation}, now {now.generation}); read it again"
+                        ) from None
                     table = changes_table(cols, layer.rows, layer.diff, epoch)
                     yield from table.drop_columns(["time"]).to_batches()
 
