@@ -74,7 +74,7 @@ from wcoj_core.audit import (
     _summed,
 )
 from wcoj_core.deploy.batches import check_epoch
-from wcoj_core.errors import DamagedBatch
+from wcoj_core.errors import DamagedBatch, WcojError
 from wcoj_core.meaning import Figures
 from wcoj_core.query.ir import Atom, Query, Var
 from wcoj_core.store.manifest import Batch, Manifest, Trace
@@ -533,6 +533,15 @@ def sampled_audit(
         catch = min(stored_chance, missing_chance)
     before, recorded = figures_around(trace, epoch)
     problems = tally.problems(epoch, before, recorded)
+    total, recount = recounted(engine, query, epoch)
+    wrong = (
+        []
+        if total in (None, tally.change.count)
+        else [
+            f"the change's sum at epoch {epoch}: stored {tally.change.count:,}, recounted "
+            f"{total:,} (a tuple missing, extra or of a wrong multiplicity)"
+        ]
+    )
     method = (
         f"sampled (seed {seed}): {len(drawn_w):,} of {n:,} stored tuples drawn (each with "
         f"chance {stored_chance:.3g}), {len(reached[0]) if width else 0:,} tuples reached from "
@@ -542,11 +551,18 @@ def sampled_audit(
     )
     if audit.notes:
         method += "; " + "; ".join(audit.notes)
-    method += tally.read()
+    method += tally.read() + f"; {recount}"
+    misses = f"a wrong tuple outside the sample (each found with chance {catch:.3g})"
+    if total is not None:
+        misses = (
+            "errors leaving the change's sum as it is (a tuple replaced by another of its "
+            f"multiplicity, errors that cancel) outside the sample ({misses}); the recount is "
+            "the kernel's: an error of its joins themselves only when sampled"
+        )
     return Audit(
-        passed=mismatches == 0 and not problems,
+        passed=mismatches == 0 and not problems and not wrong,
         mismatches=mismatches,
-        examples=examples + problems,
+        examples=examples + wrong + problems,
         expected_rows=len(starts),
         actual_rows=n,
         joined_rows=audit.joined,
@@ -555,6 +571,24 @@ def sampled_audit(
         mode="sampled",
         figures="; ".join(problems) or "ok",
         catch=catch,
+        catch_sum=1.0 if total is not None else catch,
+        misses=misses,
+    )
+
+
+def recounted(engine: Engine, query: str, epoch: int) -> tuple[int | None, str]:
+    """The query's change total at `epoch` recounted whole by the engine (`Engine.recount`),
+    and what the audit's method says of it; None when it cannot be (the state is not on this
+    machine, or the pass fails: the sample's chance is then the check's)."""
+    if not engine.local:
+        return None, "the change's sum not recounted (the state is not on this machine)"
+    try:
+        total = engine.recount(epoch).get(query, 0)
+    except WcojError as e:
+        return None, f"the change's sum not recounted ({e})"
+    return total, (
+        "the change's sum recounted whole by the engine's kernel from the landed changes "
+        "(independent of the stored change, its files and figures): every error moving it found"
     )
 
 

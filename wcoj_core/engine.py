@@ -147,6 +147,7 @@ class Engine:
             worker_bytes=worker_bytes,
         )
         self.progress = progress
+        self._recounted: tuple[tuple[int, int], dict[str, int]] | None = None  # `recount`'s
         self.check_plan(manifest)
         if split is not None and not starter.started:
             # This process keeps its share, the JVM's heap is set to its own (unless ``--conf``
@@ -379,6 +380,27 @@ class Engine:
             check_columns(self.specs[rel], df, 0)
         epoch = 0 if base.epoch is None else base.epoch + 1
         return self._pass(base, epoch, changes, dry=True, count_only=count_only).run()
+
+    def recount(self, epoch: int) -> dict[str, int]:
+        """Each query's change total at `epoch` derived again, on this process, from the landed
+        changes the state keeps, by a pass that writes nothing and counts what the kernel can
+        count without making it: independent of the stored changes, their files and figures
+        (what `wcoj_core.audit_sample` checks a stored change's sum against). The last one is
+        kept for the generation it read: an audit of each query recounts once."""
+        m = self.store.current()
+        if self._recounted is None or self._recounted[0] != (m.generation, epoch):
+            served = dataclasses.replace(self.served, limits=Limits("driver"))
+            done = EpochPass(
+                served,
+                self.access,
+                m,
+                epoch,
+                self.stored_changes(m, epoch),
+                dry=True,
+                count_only=True,
+            ).run()
+            self._recounted = ((m.generation, epoch), dict(done.totals))
+        return self._recounted[1]
 
     def refresh(self) -> list[EpochResult]:
         """Derive every stale epoch again, oldest first (after a correction, to bring the
