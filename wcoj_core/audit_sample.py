@@ -25,9 +25,19 @@ whose change is large the audit checks, with the same independent joins:
   checked; for an epoch older than the index, in its batches before the epoch) and the figures
   follow.
 
+* **the change's sum, recounted** — the epoch derived again on this process from the landed
+  changes the state keeps (`Engine.recount`: a pass that writes nothing and counts in the
+  kernel what it need not make), its total compared with the stored change's: a missing or
+  extra tuple, or a wrong multiplicity, moves it, so `Audit.catch_sum` is 1. The recount is
+  independent of the stored change, its files and figures, not of the kernel: errors that
+  leave the sum as it is (a tuple replaced by another of its multiplicity) and errors of the
+  kernel's own joins are found by the sample only (`Audit.misses` says so). A state on remote
+  storage is not recounted (the sample's chance is then the check's).
+
 How many are drawn follows the change (`sample_sizes`: a quarter as many items as the epoch has
 change rows, half stored tuples, half change rows, between floors and caps), so the audit's work
-grows as the engine's does: at most about the engine's own pass at every epoch size.
+grows as the engine's does: at most about the engine's own pass at every epoch size, and the
+recount is the engine's pass less its writing.
 `Audit.catch` states the chance that one wrong tuple is found: the least of ``p`` and the chance
 a missing tuple's change row is drawn (times the share of the reached tuples kept). With ``w``
 wrong tuples, all are missed with chance at most ``(1 - catch)^w``. The seed is named in the

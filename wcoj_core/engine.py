@@ -386,18 +386,22 @@ class Engine:
         changes the state keeps, by a pass that writes nothing and counts what the kernel can
         count without making it: independent of the stored changes, their files and figures
         (what `wcoj_core.audit_sample` checks a stored change's sum against). The last one is
-        kept for the generation it read: an audit of each query recounts once."""
+        kept for the generation it read: an audit of each query recounts once. A trace with
+        nothing before the epoch (a first load) is read as empty, not as its index less the
+        epoch's batch."""
         m = self.store.current()
         if self._recounted is None or self._recounted[0] != (m.generation, epoch):
             served = dataclasses.replace(self.served, limits=Limits("driver"))
-            done = EpochPass(
-                served,
-                self.access,
+            base = dataclasses.replace(
                 m,
-                epoch,
-                self.stored_changes(m, epoch),
-                dry=True,
-                count_only=True,
+                traces={
+                    name: t if any(b.time < epoch for b in t.batches) else mf.Trace(name, t.columns)
+                    for name, t in m.traces.items()
+                },
+            )
+            changes = self.stored_changes(m, epoch)
+            done = EpochPass(
+                served, self.access, base, epoch, changes, dry=True, count_only=True
             ).run()
             self._recounted = ((m.generation, epoch), dict(done.totals))
         return self._recounted[1]
