@@ -51,15 +51,12 @@ says so). An epoch whose change rows number at most `EXACT_DELTA` and whose stor
 
 from __future__ import annotations
 
-import hashlib
 import time as clock
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from wcoj_core.arrow import longs
 from wcoj_core.audit import (
@@ -83,8 +80,7 @@ from wcoj_core.audit import (
     _Side,
     _summed,
 )
-from wcoj_core.deploy.batches import check_epoch
-from wcoj_core.errors import DamagedBatch, WcojError
+from wcoj_core.errors import WcojError
 from wcoj_core.meaning import Figures
 from wcoj_core.query.ir import Atom, Query, Var
 from wcoj_core.store.manifest import Batch, Manifest, Trace
@@ -132,9 +128,6 @@ def sample_sizes(rows: int, rules: int) -> tuple[int, int]:
     return stored, delta
 
 
-CHUNK = 1 << 20  # stored rows read at once
-
-
 # -- the stored change, streamed ---------------------------------------------------------------
 
 
@@ -142,37 +135,10 @@ def stored_chunks(
     engine: Engine, trace: Trace, batch: Batch
 ) -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
     """A stored batch's rows (as columns) and diffs, a record batch at a time: exactly the files
-    it lists, each hashed whole first (its size and digest against the manifest), their rows
-    against the batch's. Raises `DamagedBatch` naming the file."""
-    files = engine.files
-    held = 0
-    for ref in batch.files:
-        path = files.full(f"{batch.path}/{ref.name}")
-        digest, size = hashlib.sha256(), 0
-        try:
-            with files.fs.open_input_stream(path) as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-                    size += len(chunk)
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedBatch(path, f"cannot be read ({e})") from e
-        if size != ref.size:
-            raise DamagedBatch(path, f"{size} bytes, the manifest says {ref.size}")
-        if digest.hexdigest() != ref.sha256:
-            raise DamagedBatch(path, "its contents do not match its digest")
-        try:
-            parquet = pq.ParquetFile(path, filesystem=files.fs)
-            check_epoch(path, parquet, batch.time)
-            for part in parquet.iter_batches(CHUNK, columns=[*trace.columns, DIFF]):
-                held += part.num_rows
-                yield [longs(part.column(c)) for c in trace.columns], longs(part.column(DIFF))
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedBatch(path, f"not a readable batch ({e})") from e
-    if held != batch.rows:
-        raise DamagedBatch(
-            files.full(batch.path),
-            f"its files hold {held:,} rows, the manifest says {batch.rows:,}",
-        )
+    it lists, each hashed whole first (`BatchFiles.iter_chunks`: its size and digest against the
+    manifest), their rows against the batch's. Raises `DamagedBatch` naming the file."""
+    for part in engine.files.iter_chunks(batch, trace.columns, digests=True):
+        yield [longs(part.column(c)) for c in trace.columns], longs(part.column(DIFF))
 
 
 def _exact_sum(a: np.ndarray) -> int:
@@ -543,15 +509,6 @@ def sampled_audit(
         catch = min(stored_chance, missing_chance)
     before, recorded = figures_around(trace, epoch)
     problems = tally.problems(epoch, before, recorded)
-    total, recount = recounted(engine, query, epoch)
-    wrong = (
-        []
-        if total in (None, tally.change.count)
-        else [
-            f"the change's sum at epoch {epoch}: stored {tally.change.count:,}, recounted "
-            f"{total:,} (a tuple missing, extra or of a wrong multiplicity)"
-        ]
-    )
     method = (
         f"sampled (seed {seed}): {len(drawn_w):,} of {n:,} stored tuples drawn (each with "
         f"chance {stored_chance:.3g}), {len(reached[0]) if width else 0:,} tuples reached from "
@@ -561,18 +518,12 @@ def sampled_audit(
     )
     if audit.notes:
         method += "; " + "; ".join(audit.notes)
-    method += tally.read() + f"; {recount}"
-    misses = f"a wrong tuple outside the sample (each found with chance {catch:.3g})"
-    if total is not None:
-        misses = (
-            "errors leaving the change's sum as it is (a tuple replaced by another of its "
-            f"multiplicity, errors that cancel) outside the sample ({misses}); the recount is "
-            "the kernel's: an error of its joins themselves only when sampled"
-        )
+    recount = Recount.of(engine, query, epoch, tally.change.count, catch)
+    method += tally.read() + f"; {recount.note}"
     return Audit(
-        passed=mismatches == 0 and not problems and not wrong,
+        passed=mismatches == 0 and not problems and not recount.wrong,
         mismatches=mismatches,
-        examples=examples + wrong + problems,
+        examples=examples + recount.wrong + problems,
         expected_rows=len(starts),
         actual_rows=n,
         joined_rows=audit.joined,
@@ -581,25 +532,50 @@ def sampled_audit(
         mode="sampled",
         figures="; ".join(problems) or "ok",
         catch=catch,
-        catch_sum=1.0 if total is not None else catch,
-        misses=misses,
+        catch_sum=recount.catch,
+        misses=recount.misses,
     )
 
 
-def recounted(engine: Engine, query: str, epoch: int) -> tuple[int | None, str]:
-    """The query's change total at `epoch` recounted whole by the engine (`Engine.recount`),
-    and what the audit's method says of it; None when it cannot be (the state is not on this
-    machine, or the pass fails: the sample's chance is then the check's)."""
-    if not engine.local:
-        return None, "the change's sum not recounted (the state is not on this machine)"
-    try:
-        total = engine.recount(epoch).get(query, 0)
-    except WcojError as e:
-        return None, f"the change's sum not recounted ({e})"
-    return total, (
-        "the change's sum recounted whole by the engine's kernel from the landed changes "
-        "(independent of the stored change, its files and figures): every error moving it found"
-    )
+@dataclass(frozen=True, slots=True)
+class Recount:
+    """The stored change's sum against its recount (`Engine.recount`): what is wrong, what the
+    audit's method says of it, its chance to find a missing or extra tuple and what it can
+    miss. Not recounted (a state not on this machine, a pass that fails), the sample's chance
+    (`catch`) is the check's."""
+
+    wrong: list[str]
+    note: str
+    catch: float
+    misses: str
+
+    @classmethod
+    def of(cls, engine: Engine, query: str, epoch: int, stored: int, catch: float) -> Recount:
+        misses = f"a wrong tuple outside the sample (each found with chance {catch:.3g})"
+        try:
+            if not engine.local:
+                raise WcojError("the state is not on this machine")
+            total = engine.recount(epoch).get(query, 0)
+        except WcojError as e:
+            return cls([], f"the change's sum not recounted ({e})", catch, misses)
+        wrong = (
+            []
+            if total == stored
+            else [
+                f"the change's sum at epoch {epoch}: stored {stored:,}, recounted {total:,} (a "
+                "tuple missing, extra or of a wrong multiplicity)"
+            ]
+        )
+        note = (
+            "the change's sum recounted whole by the engine's kernel from the landed changes "
+            "(independent of the stored change, its files and figures)"
+        )
+        misses = (
+            "errors leaving the change's sum as it is (a tuple replaced by another of its "
+            f"multiplicity, errors that cancel) outside the sample ({misses}); the recount is "
+            "the kernel's: an error of its joins themselves only when sampled"
+        )
+        return cls(wrong, note, 1.0, misses)
 
 
 def old_state(
