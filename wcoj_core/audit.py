@@ -72,10 +72,10 @@ import numpy as np
 import pyarrow as pa
 
 from wcoj_core.arrow import consolidated, longs
-from wcoj_core.deploy.batches import read_tables
 from wcoj_core.errors import DamagedFile, QueryError, StateError
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Term, Var
 from wcoj_core.store import segments
+from wcoj_core.store.batches import read_tables
 from wcoj_core.store.manifest import Batch, Level, Manifest, Segment, Trace
 from wcoj_core.traces import DIFF, relation_trace_name
 

@@ -37,7 +37,6 @@ import numpy as np
 from wcoj_core import deploy, lineage
 from wcoj_core.budget import BudgetError, MemoryFigures, MemoryMeter, format_size
 from wcoj_core.deploy import Choice
-from wcoj_core.deploy.batches import BatchWriter
 from wcoj_core.deploy.driver import estimate_rows, run_on_driver
 from wcoj_core.deploy.output import OutputChange
 from wcoj_core.deploy.work import RuleJob, Work
@@ -60,6 +59,7 @@ from wcoj_core.meaning import (
 from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
 from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
+from wcoj_core.store.batches import BatchWriter
 from wcoj_core.store.files import sync_soon
 from wcoj_core.store.manifest import Batch, Index, Level, Manifest, Segment, Trace
 from wcoj_core.store.names import new_batch_path, new_segment_path

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 from wcoj_core.budget import MemoryBudget, Shares
 from wcoj_core.deploy import ONE_TASK_ROWS, Limits
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.errors import QueryError, StateError
 from wcoj_core.indexes import ViewKey, counts_names, plan_views
 from wcoj_core.kernel.layer import Layer
@@ -30,6 +29,7 @@ from wcoj_core.query.ir import Query, Var
 from wcoj_core.query.plan import Arrangement, Plan, check_width, plan_query
 from wcoj_core.session import SparkStarter
 from wcoj_core.store import manifest as mf
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.store import Store
 from wcoj_core.traces import output_trace_name, relation_columns, relation_trace_name
 

@@ -41,7 +41,7 @@ from wcoj_core.traces import DIFF
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from wcoj_core.deploy.batches import BatchFiles
+    from wcoj_core.store.batches import BatchFiles
     from wcoj_core.store.store import Store
 
 __all__ = [

@@ -197,7 +197,7 @@ def test_a_dropped_row_with_every_figure_made_consistent_is_caught(
     least 0.99 for a missing or extra tuple, and finds this one at least that often over 100
     seeds (every time: the change's sum is recounted whole), naming the sum; a clean epoch
     passes with the same statement."""
-    from wcoj_core.store.verify import verify_state
+    from wcoj_core.check.verify import verify_state
 
     monkeypatch.setattr(audit_sample, "EXACT_DELTA", -1)  # sampled, as a bulk load is
     engine = random_graph_state(tmp_path / "state")
