@@ -197,7 +197,7 @@ class Store:
         deleted or not copied. A folder made since was staged by a first epoch that never
         committed, as is anything while a commit's temporary manifest is there."""
         made = next((e for e in self.files.entries("") if e.name == names.MANIFESTS), None)
-        if made is not None and self.files.names(names.MANIFESTS):
+        if made is not None and any(map(names.is_manifest_temp, self.files.names(names.MANIFESTS))):
             return  # a first commit at work (or killed at work): its temporary manifest
         since = made.mtime if made is not None and made.kind is Kind.DIR else float("inf")
         for area in (names.TRACES, names.ARRANGEMENTS):
