@@ -52,6 +52,7 @@ __all__ = [
     "changes_at",
     "read_batches",
     "read_table",
+    "trace_as_of",
 ]
 
 
@@ -75,8 +76,12 @@ def _trace(state: Reach, m: Manifest, name: str) -> Trace:
     return trace
 
 
-def _as_of(state: Reach, m: Manifest, name: str, time: int | None) -> tuple[Trace, list[Batch]]:
-    """A trace and its batches as of `time` (default: the last epoch)."""
+def trace_as_of(
+    state: Reach, name: str, time: int | None, m: Manifest | None = None
+) -> tuple[Trace, list[Batch]]:
+    """A trace and its batches as of `time` (default: the last epoch) in `m` (default: the
+    current manifest)."""
+    m = state.store.current() if m is None else m
     trace = _trace(state, m, name)
     if time is not None and m.frontier is not None and time < m.frontier:
         raise StateError(
@@ -142,7 +147,7 @@ def _read(state: Reach, trace: Trace, batches: list[Batch]) -> pa.Table:
 def read_table(state: Reach, name: str, time: int | None = None) -> pa.Table:
     """A trace as of `time` (default: the last epoch), consolidated, read with pyarrow from
     exactly the files the manifest lists, each checked (see the module)."""
-    return _settled(state, lambda m: _read(state, *_as_of(state, m, name, time)))
+    return _settled(state, lambda m: _read(state, *trace_as_of(state, name, time, m)))
 
 
 def change_table(state: Reach, name: str, epoch: int) -> pa.Table:
@@ -167,7 +172,7 @@ def accumulated(state: Reach, name: str, time: int | None) -> DataFrame:
     """A trace as of `time` (default: the last epoch), consolidated, in Spark."""
     from wcoj_core.updates import consolidate
 
-    trace, batches = _as_of(state, state.store.current(), name, time)
+    trace, batches = trace_as_of(state, name, time)
     return consolidate(read_batches(state, trace, batches), trace.columns)
 
 
