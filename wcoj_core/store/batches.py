@@ -98,17 +98,12 @@ class BatchFiles:
         return read_tables(columns, tables)
 
     def iter_chunks(
-        self,
-        batch: Batch,
-        columns: Sequence[str],
-        *,
-        digests: bool = False,
-        chunk_rows: int = 1 << 16,
+        self, batch: Batch, columns: Sequence[str], *, digests: bool = False
     ) -> Iterator[pa.RecordBatch]:
-        """The data columns and diffs of a stored batch, a record batch (of at most
-        `chunk_rows`) at a time: exactly the files it lists, each checked by size before it is
-        read (with `digests`, by its sha256 too, hashed a block at a time: a file read in
-        pieces is otherwise not hashed), and their rows against the batch's."""
+        """The data columns and diffs of a stored batch, a record batch at a time: exactly the
+        files it lists, each checked by size before it is read (with `digests`, by its sha256
+        too, hashed a block at a time: a file read in pieces is otherwise not hashed), and
+        their rows against the batch's."""
         rows = 0
         for ref in batch.files:
             path = self.full(f"{batch.path}/{ref.name}")
@@ -118,7 +113,7 @@ class BatchFiles:
             try:
                 parquet = pq.ParquetFile(path, filesystem=self.fs)
                 check_epoch(path, parquet, batch.time)
-                for chunk in parquet.iter_batches(chunk_rows, columns=[*columns, DIFF]):
+                for chunk in parquet.iter_batches(columns=[*columns, DIFF]):
                     rows += chunk.num_rows
                     yield chunk
             except (OSError, MemoryError, pa.ArrowException) as e:
