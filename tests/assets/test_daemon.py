@@ -112,6 +112,8 @@ query Landed($partitions: [String!]) {
 """
 
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
+# The log lines a stalled rebuild's message shows: requests, launches and errors.
+NOTABLE = ("Tick produced", "Launching run", "ERROR", "Error", "backfill", "Backfill")
 BACKFILL_RUNNING = {"REQUESTED", "CANCELING", "FAILING"}
 
 
@@ -214,10 +216,7 @@ def rebuild_state(server: Webserver, state: Engine, expected: dict[int, Counter]
     ]
     log = server.log.read_text(errors="replace").splitlines() if server.log.exists() else []
     notable = [
-        line
-        for line in log
-        if any(w in line for w in ("Tick produced", "ERROR", "Error", "backfill", "Backfill"))
-        and "produced 0 runs" not in line
+        line for line in log if any(w in line for w in NOTABLE) and "produced 0 runs" not in line
     ]
     return (
         f"\nbackfills: {automation_backfills(server)}\nstale: {state.stale()}"
