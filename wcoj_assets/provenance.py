@@ -25,9 +25,9 @@ after a later run, or the run by hand, does). Dagster's declarative automation c
 deterministically: its sensor submits what one tick finds, as a backfill for more than one
 partition and a run for one, a tick may fall between the reports of one run, splitting a
 rebuild into several runs, and ``in_progress()`` does not see runs under the planned-events
-setting of `wcoj_assets.instance`. `automation_sensor` runs the declarative automation of assets of
-yours downstream of the pipeline's (`follows_epochs`). Launching the range by hand (the
-changes' metadata names its first epoch) works as well.
+setting of `wcoj_assets.instance`. `automation_sensor` runs the declarative automation of
+assets of yours downstream of the pipeline's (`follows_epochs`). Launching the range by hand
+(the changes' metadata names its first epoch) works as well.
 """
 
 from __future__ import annotations
