@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 from wcoj_core import deploy, lineage
 from wcoj_core.budget import MemoryBudget, Shares
 from wcoj_core.deploy import Choice, Limits
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.epoch import (
     EpochMetrics,
     EpochPass,
@@ -51,6 +50,7 @@ from wcoj_core.query.plan import Arrangement, Plan
 from wcoj_core.served import Served, StateAccess, served_specs
 from wcoj_core.session import SparkStarter, starter_of
 from wcoj_core.store import manifest as mf
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.store import Store
 from wcoj_core.traces import output_trace_name, relation_trace_name
 

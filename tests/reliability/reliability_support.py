@@ -42,9 +42,9 @@ import pytest
 from oracle import fold_epoch, naive_eval
 
 from wcoj_core import cli
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.query.builtins import builtin
 from wcoj_core.store import names
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.manifest import digest_of
 from wcoj_core.store.segments import open_segment
 from wcoj_core.store.store import Store

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
 from wcoj_core.store import names
 from wcoj_core.store.files import Files, Kind, LocalFiles, dangling, drop_early, files_for
-from wcoj_core.store.manifest import FORMAT, READABLE, FileRef, Manifest, referenced
+from wcoj_core.store.manifest import EARLIER, FORMAT, FileRef, Manifest, referenced
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -67,9 +67,10 @@ def marker_text() -> str:
 class Store:
     """A state directory (a local path, or any URI Hadoop reaches: see `files_for`)."""
 
-    def __init__(self, files: Files) -> None:
+    def __init__(self, files: Files, *, older: bool = False) -> None:
         self.files = files
         self.root = files.root
+        self.older = older  # manifests of an earlier format read too (`Manifest.from_json`)
         self._parsed: dict[int, Manifest] = {}  # generations read (a file is never rewritten)
         self._swept: float | None = None  # when a commit's pruning last looked for orphans
 
@@ -81,8 +82,10 @@ class Store:
         *,
         create: bool,
         spark_factory: Callable[[], SparkSession] | None = None,
+        older: bool = False,
     ) -> Store:
-        """The state at `root`; with `create`, a new one when `root` is new or empty.
+        """The state at `root`; with `create`, a new one when `root` is new or empty; with
+        `older`, manifests of formats 2 and 3 are read too (to rebuild their arrangements).
 
         Raises `StateError` for an empty path, a file, a directory that holds other things
         than a state (no marker), no state when not creating; `IncompatibleState` for a state
@@ -92,7 +95,7 @@ class Store:
         if not text.strip() or not text.removeprefix("file://").strip():
             raise StateError("the state path is empty: pass a directory")
         try:
-            store = cls(files_for(text, spark_factory))
+            store = cls(files_for(text, spark_factory), older=older)
             store._check_root(text, create)
         except OSError as e:
             raise StateError(f"state {text}: cannot open ({e.strerror or e})") from e
@@ -141,7 +144,7 @@ class Store:
         found = raw.get("wcoj_state") if isinstance(raw, dict) else None
         if type(found) is not int:
             raise DamagedState(f'{source}: damaged state marker (no "wcoj_state" number)')
-        if found not in READABLE:
+        if found not in (*EARLIER, FORMAT):  # a state's first format: its manifests say more
             which = "an earlier" if found < FORMAT else "a later"
             raise IncompatibleState(
                 f"{self.root}: this state was created by {which} wcoj (state format {found}) "
@@ -214,7 +217,9 @@ class Store:
         if found is None:
             rel = self._manifest_rel(generation)
             back = self.uri(self._manifest_rel(previous)) if previous is not None else None
-            found = Manifest.from_json(self.files.read_text(rel), self.uri(rel), back)
+            found = Manifest.from_json(
+                self.files.read_text(rel), self.uri(rel), back, older=self.older
+            )
             if found.generation != generation:
                 raise DamagedState(
                     f"{self.uri(rel)}: damaged manifest: it holds generation "
