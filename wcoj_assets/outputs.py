@@ -115,7 +115,7 @@ def stored_change(engine: Engine, name: str, epoch: int) -> pa.Table:
     if trace is None or len(batches) != 1:
         return change_table(engine, name, epoch)
     (batch,) = batches
-    tables = engine.files.verified_tables(
+    tables = engine.batches.verified_tables(
         batch.path, trace.columns, batch.files, batch.rows, batch.time
     )
     names = [*trace.columns, DIFF]

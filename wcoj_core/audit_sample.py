@@ -41,7 +41,6 @@ says so). An epoch whose change rows number at most `EXACT_DELTA` and whose stor
 
 from __future__ import annotations
 
-import hashlib
 import time as clock
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -134,22 +133,13 @@ def stored_chunks(
     """A stored batch's rows (as columns) and diffs, a record batch at a time: exactly the files
     it lists, each hashed whole first (its size and digest against the manifest), their rows
     against the batch's. Raises `DamagedBatch` naming the file."""
-    files = engine.files
+    files = engine.store.files
     held = 0
     for ref in batch.files:
-        path = files.full(f"{batch.path}/{ref.name}")
-        digest, size = hashlib.sha256(), 0
-        try:
-            with files.fs.open_input_stream(path) as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-                    size += len(chunk)
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedBatch(path, f"cannot be read ({e})") from e
-        if size != ref.size:
-            raise DamagedBatch(path, f"{size} bytes, the manifest says {ref.size}")
-        if digest.hexdigest() != ref.sha256:
-            raise DamagedBatch(path, "its contents do not match its digest")
+        rel = f"{batch.path}/{ref.name}"
+        path = files.full(rel)
+        engine.batches.check(rel, ref, digest=False)
+        engine.batches.check_digest(rel, ref)
         try:
             parquet = pq.ParquetFile(path, filesystem=files.fs)
             check_epoch(path, parquet, batch.time)
