@@ -72,14 +72,6 @@ class Location:
         full = f"{root}/{rel}" if rel else root
         return f"file://{full}" if self.local else full
 
-    def as_uri(self) -> str:
-        """The place as a URI (what Dagster's ``dagster/uri`` metadata shows).
-
-        >>> Location.of("/state/b-1").as_uri(), Location.of("s3a://b/s").as_uri()
-        ('file:///state/b-1', 's3a://b/s')
-        """
-        return self.spark_uri() if self.local else self.text
-
     def file_system(self) -> tuple[pafs.FileSystem, str]:
         """The pyarrow file system of the place, and its path in it (``s3a://`` is read as
         ``s3://``). Raises `StateError` (one line) when pyarrow cannot reach it.
