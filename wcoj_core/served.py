@@ -168,8 +168,9 @@ class Served:
 
     def indexed_outputs(self) -> list[str]:
         """The queries whose output is indexed: those whose output tuples may be held other
-        than once (a bag relation read, or a head dropping a variable), whose figures then need
-        lookups. An output over sets with every variable in its head holds each tuple once."""
+        than once (a bag relation read, a head dropping a variable, an aggregate: its values),
+        whose figures then need lookups. An output over sets with every variable in its head
+        holds each tuple once."""
         return _indexed_outputs(self.queries, self.specs)
 
     def indexed(self) -> list[str]:
@@ -251,7 +252,7 @@ def _indexed_outputs(queries: Mapping[str, Query], specs: Mapping[str, RelationS
     out = []
     for name, q in sorted(queries.items()):
         sets = all(specs[r].meaning is Meaning.SET for r in q.relations)
-        if not (sets and set(q.head) == set(q.vars)):
+        if not (sets and set(q.head) == set(q.vars)) or q.aggregate is not None:
             out.append(name)
     return out
 

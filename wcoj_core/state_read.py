@@ -63,7 +63,7 @@ def _trace(state: Reach, name: str) -> tuple[Manifest, Trace]:
     return m, trace
 
 
-def _as_of(state: Reach, name: str, time: int | None) -> tuple[Trace, list[Batch]]:
+def trace_as_of(state: Reach, name: str, time: int | None) -> tuple[Trace, list[Batch]]:
     """A trace and its batches as of `time` (default: the last epoch)."""
     m, trace = _trace(state, name)
     if time is not None and m.frontier is not None and time < m.frontier:
@@ -88,7 +88,7 @@ def _read(state: Reach, trace: Trace, batches: list[Batch]) -> pa.Table:
 def read_table(state: Reach, name: str, time: int | None = None) -> pa.Table:
     """A trace as of `time` (default: the last epoch), consolidated, read with pyarrow from
     exactly the files the manifest lists, each checked (see the module)."""
-    trace, batches = _as_of(state, name, time)
+    trace, batches = trace_as_of(state, name, time)
     return _read(state, trace, batches)
 
 
@@ -115,7 +115,7 @@ def accumulated(state: Reach, name: str, time: int | None) -> DataFrame:
     """A trace as of `time` (default: the last epoch), consolidated, in Spark."""
     from wcoj_core.updates import consolidate
 
-    trace, batches = _as_of(state, name, time)
+    trace, batches = trace_as_of(state, name, time)
     return consolidate(read_batches(state, trace, batches), trace.columns)
 
 

@@ -27,7 +27,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kernel", ("kernel", "kernel.*")),
     ("store", ("store", "store.*")),
     ("runtime", ("budget", "spill", "session", "spark", "deploy", "deploy.daemon")),
-    ("arrangements", ("meaning", "lineage", "indexes", "state_read", "compaction")),
+    ("arrangements", ("meaning", "lineage", "indexes", "state_read", "compaction", "aggregates")),
     ("io", ("generate", "input_read", "input_spark", "input_land")),
     ("served", ("served",)),
     ("deploy", ("deploy.*",)),

@@ -43,6 +43,7 @@ from wcoj_core.query.plan import AtomView
 # What a consolidation sums, and a lookup over layers, as an error names it.
 SUMMING = "summing the multiplicities of equal rows"
 OVER_LAYERS = "summing a row's multiplicities over layers"
+AGGREGATED = "an aggregate's sum"
 
 # A search of m keys gives the layer a directory of its first column when m is at least this
 # share of its rows, and the directory (one long per value of the column's span) is at most
@@ -659,8 +660,12 @@ def native_outcome(
     outcome: tuple[int, ...], probes: Sequence[np.ndarray], keys: Sequence[Sequence[int]]
 ) -> Outcome:
     """What `native.extend` reported; a sum over layers leaving int64 raises
-    `MultiplicityOverflow` naming the tuple (the extender's key columns, then the value)."""
+    `MultiplicityOverflow` naming the tuple (the extender's key columns, then the value), so
+    does an aggregate's sum (the prefix, and the value whose term left int64)."""
     n, proposed, passed, flagged, err, row, ext, value, high, low = outcome[:10]
+    if err == 4:  # an aggregate's term (the prefix and the value) or a prefix's sum
+        prefix = tuple(int(c[row]) for c in probes)
+        raise MultiplicityOverflow(AGGREGATED, (*prefix, value) if ext else prefix)
     if err == 1:
         key = tuple(int(probes[k][row]) for k in keys[ext])
         raise MultiplicityOverflow(OVER_LAYERS, (*key, value))

@@ -14,6 +14,11 @@ that step: it proposes or validates with its tuples' multiplicities; before that
 constrains by support (does any tuple with this prefix exist?), so each atom's multiplicity
 multiplies in exactly once.
 
+A rule of an aggregate query (`Query.aggregate`) binds, among the variables linked to those
+bound, the head's first, then the others, the summed variable last: when the last variable is
+not the head's, the kernel counts its candidates per group (weighted, or summed times their
+values) instead of enumerating them (`wcoj_core.kernel.join`).
+
 Atoms see their relation through an `AtomView`: constants select, a repeated variable selects
 equal columns, and the view's columns are the atom's distinct variables. Atoms with the same view
 share arrangements.
@@ -313,12 +318,17 @@ class _Scores:
         self.score[v] = score
         heapq.heappush(self.heap, (score, v))
 
-    def take(self) -> Var:
-        """The best unbound variable, now bound."""
-        while True:
-            score, v = heapq.heappop(self.heap)
-            if v not in self.bound and self.score[v] == score:
-                break
+    def take(self, rank: Mapping[Var, int] | None = None) -> Var:
+        """The best unbound variable, now bound; with `rank`, the best linked one of the least
+        rank (scanned)."""
+        if rank is not None:
+            free = (u for u in self.shape.position if u not in self.bound)
+            v = min(free, key=lambda u: (self.score[u][0] == 0, rank[u], self.score[u]))
+        else:
+            while True:
+                score, v = heapq.heappop(self.heap)
+                if v not in self.bound and self.score[v] == score:
+                    break
         self.bound.add(v)
         touched: dict[Var, None] = {}
         for i in self.shape.holders[v]:
@@ -331,11 +341,16 @@ class _Scores:
         return v
 
 
-def _choose_order(shape: _Shape, start: Sequence[Var]) -> list[Var]:
+def _choose_order(shape: _Shape, start: Sequence[Var], query: Query) -> list[Var]:
+    """A rule's variable order (an aggregate query's: see the module)."""
     scores = _Scores(shape, start)
     order = list(start)
+    rank = None
+    if query.aggregate is not None:
+        last = query.aggregate.var
+        rank = {v: 0 if v in query.head else 2 if v == last else 1 for v in shape.position}
     while len(order) < len(shape.position):
-        order.append(scores.take())
+        order.append(scores.take(rank))
     return order
 
 
@@ -361,7 +376,7 @@ def plan_rule(
     start = atom_vars[delta]
     all_filters = list(query.filters if filters is None else filters)
     if order is None:
-        order = _choose_order(shape, start)
+        order = _choose_order(shape, start, query)
     else:
         order = list(order)
         if tuple(order[: len(start)]) != start or sorted(order, key=str) != sorted(
