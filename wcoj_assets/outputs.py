@@ -117,11 +117,10 @@ def stored_change(engine: Engine, name: str, epoch: int) -> pa.Table:
     its columns confirms it (`wcoj_core.arrow.consolidated`). A batch that is not (none is
     written so) is read by `change_table`."""
     from wcoj_core.arrow import consolidated
-    from wcoj_core.state_read import change_table
+    from wcoj_core.state_read import change_batches, change_table
 
-    trace = engine.store.current().trace(name)
-    batches = [b for b in trace.batches if b.time == epoch] if trace is not None else []
-    if trace is None or len(batches) != 1:
+    trace, batches = change_batches(engine, name, epoch)
+    if len(batches) != 1:
         return change_table(engine, name, epoch)
     (batch,) = batches
     tables = engine.batches.verified_tables(
