@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from wcoj_core.arrow import longs
-from wcoj_core.errors import DamagedBatch, StateError
+from wcoj_core.errors import DamagedBatch, StateError, read_failure
 from wcoj_core.kernel.changes import changes_layer, changes_table, data_rows
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.kernel.multiplicity import exact_sum
@@ -82,8 +82,8 @@ class Batches:
                 for chunk in parquet.iter_batches(columns=[*columns, DIFF]):
                     rows += chunk.num_rows
                     yield chunk
-            except (OSError, pa.ArrowException) as e:
-                raise DamagedBatch(path, f"not a readable batch ({e})") from e
+            except (OSError, MemoryError, pa.ArrowException) as e:
+                raise read_failure(path, e, "not a readable batch") from e
         if rows != batch.rows:
             raise DamagedBatch(self.files.full(batch.path), _rows_differ(rows, batch.rows))
 
@@ -180,8 +180,8 @@ class Batches:
             try:
                 with self.files.fs.open_input_file(path) as f:
                     data = f.read_buffer()  # Arrow's memory (see input_read.arrow_owned)
-            except (OSError, pa.ArrowException) as e:
-                raise DamagedBatch(path, f"cannot be read ({e})") from e
+            except (OSError, MemoryError, pa.ArrowException) as e:
+                raise read_failure(path, e, "cannot be read") from e
             if len(data) != ref.size:
                 raise DamagedBatch(path, f"{len(data)} bytes, the manifest says {ref.size}")
             if hashlib.sha256(data).hexdigest() != ref.sha256:
@@ -192,8 +192,8 @@ class Batches:
                 if time is not None:
                     check_epoch(path, reader, time)
                 tables.append(reader.read(columns=[*columns, DIFF]))
-            except (OSError, pa.ArrowException) as e:
-                raise DamagedBatch(path, f"not a readable batch ({e})") from e
+            except (OSError, MemoryError, pa.ArrowException) as e:
+                raise read_failure(path, e, "not a readable batch") from e
         held = sum(t.num_rows for t in tables)
         if rows is not None and held != rows:
             raise DamagedBatch(self.files.full(rel), _rows_differ(held, rows))
@@ -215,8 +215,8 @@ class Batches:
                 parquet = pq.ParquetFile(path, filesystem=self.files.fs)
                 check_epoch(path, parquet, batch.time)
                 rows += parquet.metadata.num_rows
-            except (OSError, pa.ArrowException) as e:
-                raise DamagedBatch(path, f"not a readable batch ({e})") from e
+            except (OSError, MemoryError, pa.ArrowException) as e:
+                raise read_failure(path, e, "not a readable batch") from e
             uris.append(self.files.spark_uri(rel))
         if rows != batch.rows:
             raise DamagedBatch(self.files.full(batch.path), _rows_differ(rows, batch.rows))
@@ -233,7 +233,10 @@ class Batches:
     def check(self, rel: str, ref: FileRef, *, digest: bool = True) -> None:
         """Raise `DamagedBatch` unless the file `rel` is there with `ref`'s size (and, with
         `digest`, its sha256): `Files.verify`."""
-        what = self.files.verify(rel, ref, digest=digest)
+        try:
+            what = self.files.verify(rel, ref, digest=digest)
+        except (OSError, MemoryError, pa.ArrowException) as e:
+            raise read_failure(self.files.full(rel), e, "cannot be read") from e
         if what is not None:
             raise DamagedBatch(self.files.full(rel), what)
 
@@ -241,8 +244,8 @@ class Batches:
         """Raise `DamagedBatch` unless the file's sha256 is `ref`'s (read a block at a time)."""
         try:
             sha = self.files.digest(rel)[1]
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedBatch(self.files.full(rel), f"cannot be read ({e})") from e
+        except (OSError, MemoryError, pa.ArrowException) as e:
+            raise read_failure(self.files.full(rel), e, "cannot be read") from e
         if sha != ref.sha256:
             raise DamagedBatch(self.files.full(rel), "its contents do not match its digest")
 

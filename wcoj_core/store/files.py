@@ -41,6 +41,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from wcoj_core.errors import out_of_memory
 from wcoj_core.store.location import Location
 from wcoj_core.store.manifest import FileRef, Stamp
 from wcoj_core.store.names import temp_name
@@ -396,6 +397,8 @@ class Files:
                 return "missing" if kind is None else "is not a file"
             return _mismatch(info.size, ref, (lambda: self.digest(rel)[1]) if digest else None)
         except (OSError, pa.ArrowException) as e:
+            if out_of_memory(e):
+                raise  # no sign of damage (`wcoj_core.errors.read_failure`)
             return f"cannot be read ({e})"
 
 
@@ -468,6 +471,8 @@ def verify_ref(path: str | os.PathLike[str], ref: FileRef, *, digest: bool = Tru
     try:
         return _mismatch(st.st_size, ref, (lambda: sha256_file(path)[1]) if digest else None)
     except OSError as e:
+        if out_of_memory(e):
+            raise  # no sign of damage (`wcoj_core.errors.read_failure`)
         return f"cannot be read ({e.strerror or e})"
 
 
