@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from wcoj_core.kernel.layer import Layer
-from wcoj_core.store.batches import BatchFiles
+from wcoj_core.store.batches import Batches
 from wcoj_core.store.manifest import Level
 from wcoj_core.store.segments import write_segment
 
@@ -45,7 +45,7 @@ cseg = write_segment(
     view=None,
     order=(0,),
 )
-files = BatchFiles(root)
+files = Batches(root)
 rb = files.write(
     "traces/rel-x/b-k-0-000000000001",
     ["c0", "c1"],

@@ -46,6 +46,7 @@ from wcoj_core.kernel.layer import DIRECTORY_SPAN, Layer, directory_span
 from wcoj_core.kernel.stored import DAMAGED, DAMAGED_FILES, Stored
 from wcoj_core.store import names
 from wcoj_core.store.files import HashingWriter, sha256_file, write_sealed
+from wcoj_core.store.location import Location
 from wcoj_core.store.manifest import Level, Pattern, Segment
 
 # magic, layout, width, rows, directory low, directory entries, uint32 columns (bits),
@@ -351,8 +352,8 @@ def segment_path(root: str | os.PathLike[str], segment: Segment) -> str:
 
 
 def _local_root(root: str | os.PathLike[str]) -> str:
-    """A local state root (a path or a ``file://`` URI) as an absolute path string."""
-    return os.path.abspath(os.fspath(root).removeprefix("file://"))
+    """A local state root (a path or a ``file:`` URI) as an absolute path string."""
+    return Location.of(root).absolute()
 
 
 def segment_files(root: str | os.PathLike[str], segment: Segment) -> list[str]:
