@@ -42,11 +42,11 @@ ui: $(STAMP) java
 
 ## postgres: start the production instance's Postgres server (from a wheel) in .wcoj-postgres.
 postgres: $(STAMP)
-	$(BIN)/python -m wcoj_assets.instance postgres up --dir $(PG_DIR)
+	$(BIN)/python -m wcoj_bench.infra.postgres up --dir $(PG_DIR)
 
 ## postgres-down: stop it; its data stays in .wcoj-postgres for the next `make postgres`.
 postgres-down: $(STAMP)
-	$(BIN)/python -m wcoj_assets.instance postgres down --dir $(PG_DIR)
+	$(BIN)/python -m wcoj_bench.infra.postgres down --dir $(PG_DIR)
 
 ## ui-prod: the Dagster UI and daemon on http://127.0.0.1:3000 over the Postgres instance.
 ui-prod: postgres java
@@ -95,5 +95,5 @@ lint: $(STAMP)
 	$(BIN)/pyright
 
 clean:
-	-test ! -x $(BIN)/python || $(BIN)/python -m wcoj_assets.instance postgres down --dir $(PG_DIR)
+	-test ! -x $(BIN)/python || $(BIN)/python -m wcoj_bench.infra.postgres down --dir $(PG_DIR)
 	rm -rf $(VENV) $(DEMO) .pytest_cache .hypothesis spark-warehouse

@@ -462,49 +462,15 @@ def sampled_audit(
     tally = FigureTally(old_state(engine, trace, width, epoch, query), width)
     n = batch.rows if batch is not None else 0
     picks = _draw(audit.rng, n, stored_k)
-    drawn_cols: list[list[np.ndarray]] = []
-    drawn_diff: list[np.ndarray] = []
-    found_at: list[np.ndarray] = []
-    found_diff: list[np.ndarray] = []
-    at = 0
-    wanted = _Wanted(reached)
-    if batch is not None and trace is not None:
-        for cols, diff in stored_chunks(engine, trace, batch):
-            tally.add(cols, diff)
-            mine = picks[(picks >= at) & (picks < at + len(diff))] - at
-            drawn_cols.append([c[mine] for c in cols])
-            drawn_diff.append(diff[mine])
-            i, j = wanted.find(cols)
-            found_at.append(i)
-            found_diff.append(diff[j])
-            at += len(diff)
+    drawn, drawn_w, reached_w = _read_stored(engine, trace, batch, tally, picks, reached)
     stored_chance = _chance(n, stored_k)
-    # The tuples checked: those drawn from the stored change and those reached from its rows.
-    drawn = [
-        np.concatenate([d[j] for d in drawn_cols]) if drawn_cols else np.zeros(0, I64)
-        for j in range(width)
-    ]
-    drawn_w = np.concatenate(drawn_diff) if drawn_diff else np.zeros(0, I64)
-    reached_w = np.zeros(len(reached[0]) if width else 0, dtype=I64)
-    if found_at:
-        np.add.at(reached_w, np.concatenate(found_at), np.concatenate(found_diff))
     # A tuple both reached and drawn is one stored tuple: its value is taken once (the reached
     # one, summed over every row holding it, comes first in its run: the sort is stable).
     cols = [np.concatenate([b, a]) for a, b in zip(drawn, reached, strict=True)]
     weights = np.concatenate([reached_w, drawn_w])
     checked, stored_w, starts = _groups(cols, weights)
-    expected = None
-    while True:  # fewer tuples while their joins go past the budget (an aggregate's groups)
-        try:
-            expected = audit.expected(ran, [c[starts] for c in checked])
-            break
-        except TooMuch:
-            if len(starts) <= 16:
-                break
-            share = len(starts) // 4 / len(starts)
-            starts = np.sort(audit.rng.choice(starts, len(starts) // 4, replace=False))
-            stored_chance, missing_chance = stored_chance * share, missing_chance * share
-            audit.notes.append(f"{len(starts):,} of the tuples recomputed (joins past budget)")
+    expected, starts, share = _recompute_within_budget(audit, ran, checked, starts)
+    stored_chance, missing_chance = stored_chance * share, missing_chance * share
     stored: Block = ([c[starts] for c in checked], stored_w[starts])
     keep = np.flatnonzero(stored[1] != 0)
     stored = ([c[keep] for c in stored[0]], stored[1][keep])
@@ -544,6 +510,63 @@ def sampled_audit(
         catch_sum=recount.catch,
         misses=recount.misses,
     )
+
+
+def _read_stored(
+    engine: Engine,
+    trace: Trace | None,
+    batch: Batch | None,
+    tally: FigureTally,
+    picks: np.ndarray,
+    reached: Sequence[np.ndarray],
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Read the stored change once: every row into `tally`, the rows at `picks` drawn, and each
+    reached tuple's stored weight summed. Returns the drawn columns, their weights and the
+    reached tuples' weights."""
+    width = len(reached)
+    drawn_cols: list[list[np.ndarray]] = []
+    drawn_diff: list[np.ndarray] = []
+    found_at: list[np.ndarray] = []
+    found_diff: list[np.ndarray] = []
+    at = 0
+    wanted = _Wanted(reached)
+    if batch is not None and trace is not None:
+        for cols, diff in stored_chunks(engine, trace, batch):
+            tally.add(cols, diff)
+            mine = picks[(picks >= at) & (picks < at + len(diff))] - at
+            drawn_cols.append([c[mine] for c in cols])
+            drawn_diff.append(diff[mine])
+            i, j = wanted.find(cols)
+            found_at.append(i)
+            found_diff.append(diff[j])
+            at += len(diff)
+    drawn = [
+        np.concatenate([d[j] for d in drawn_cols]) if drawn_cols else np.zeros(0, I64)
+        for j in range(width)
+    ]
+    drawn_w = np.concatenate(drawn_diff) if drawn_diff else np.zeros(0, I64)
+    reached_w = np.zeros(len(reached[0]) if width else 0, dtype=I64)
+    if found_at:
+        np.add.at(reached_w, np.concatenate(found_at), np.concatenate(found_diff))
+    return drawn, drawn_w, reached_w
+
+
+def _recompute_within_budget(
+    audit: SampledAudit, ran: Sequence[int], checked: list[np.ndarray], starts: np.ndarray
+) -> tuple[Block | None, np.ndarray, float]:
+    """The checked tuples at `starts` recomputed, a quarter of them at a time while their joins
+    go past the budget (an aggregate's groups). Returns what was recomputed (None when even 16
+    tuples go past it), the tuples kept and the share of the tuples kept."""
+    share = 1.0
+    while True:
+        try:
+            return audit.expected(ran, [c[starts] for c in checked]), starts, share
+        except TooMuch:
+            if len(starts) <= 16:
+                return None, starts, share
+            share *= len(starts) // 4 / len(starts)
+            starts = np.sort(audit.rng.choice(starts, len(starts) // 4, replace=False))
+            audit.notes.append(f"{len(starts):,} of the tuples recomputed (joins past budget)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,9 +50,11 @@ from wcoj_support import Changes, Pipeline, failures, oracle, updates
 from wcoj_assets import instance as wi
 from wcoj_assets.checks import UPDATE_TRIPLES as CHECK
 from wcoj_assets.epochs import epoch_key, epoch_partitions
-from wcoj_assets.instance import dagster_env, prepare_home, running_postgres
+from wcoj_assets.instance import dagster_env, prepare_home
 from wcoj_assets.provenance import CURRENT, stale_reports
 from wcoj_assets.report import FINGERPRINT
+from wcoj_bench.infra import postgres as wpg
+from wcoj_bench.infra.postgres import running_postgres
 
 EPOCHS = 4  # 0..3 good; epoch 4 is the bad one
 BAD = EPOCHS
@@ -379,7 +381,7 @@ def test_both_instances_limit_the_tag_epoch_runs_carry() -> None:
 
     assert wi.SERIAL_TAG == SERIAL_TAG  # the instance module does not import Dagster
     assert f'key: "{SERIAL_TAG}"' in wi.SQLITE_YAML
-    server = wi.PostgresServer(Path("/srv/pg"), 5432, "secret")
+    server = wpg.PostgresServer(Path("/srv/pg"), 5432, "secret")
     assert f'key: "{SERIAL_TAG}"' in server.dagster_yaml()
     assert "secret" not in repr(server)
 
@@ -396,8 +398,8 @@ def test_the_command_line_on_a_folder_without_a_server(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     folder = str(tmp_path / "none")
-    assert wi.main(["postgres", "status", "--dir", folder]) == 3
-    assert wi.main(["postgres", "down", "--dir", folder]) == 0
+    assert wpg.main(["status", "--dir", folder]) == 3
+    assert wpg.main(["down", "--dir", folder]) == 0
     assert capsys.readouterr().out.splitlines() == [
         f"postgres: not running ({folder})",
         f"postgres: not running ({folder})",
@@ -413,8 +415,8 @@ def test_a_folder_the_servers_user_cannot_enter_is_refused(
 ) -> None:
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
-    assert wi.main(["postgres", "up", "--dir", str(private / "pg")]) == 2
+    assert wpg.main(["up", "--dir", str(private / "pg")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"instance: error: postgres: the server runs as {wi.SERVICE_USER}")
+    assert err.startswith(f"postgres: the server runs as {wpg.SERVICE_USER}")
     assert f"cannot enter {private} (mode 700)" in err
     assert not (private / "pg" / "data").exists()

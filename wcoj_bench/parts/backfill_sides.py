@@ -171,7 +171,8 @@ def bench_instance(kind: InstanceKind, root: Path, say: Say) -> Iterator[Dagster
     """
     from dagster import DagsterInstance
 
-    from wcoj_assets.instance import dagster_settings, prepare_home, running_postgres
+    from wcoj_assets.instance import dagster_settings, prepare_home
+    from wcoj_bench.infra.postgres import running_postgres
 
     if kind is InstanceKind.SQLITE:
         with dagster_settings(), DagsterInstance.from_config(str(prepare_home(root))) as instance:

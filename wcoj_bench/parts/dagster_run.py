@@ -158,7 +158,8 @@ def write_project(root: Path, graph: PreparedGraph, source: str, epochs: int) ->
 @contextmanager
 def homes(kind: str, work: Path, say: Say) -> Iterator[dict[str, Path]]:
     """A fresh Dagster home for the real job and one for the hollow job, of `kind`."""
-    from wcoj_assets.instance import prepare_home, running_postgres
+    from wcoj_assets.instance import prepare_home
+    from wcoj_bench.infra.postgres import running_postgres
 
     if kind == "sqlite":
         yield {job: prepare_home(work / job) for job in ("real", "hollow")}
