@@ -40,7 +40,7 @@ from wcoj_core.deploy import Choice
 from wcoj_core.deploy.driver import estimate_rows, run_on_driver
 from wcoj_core.deploy.output import OutputChange
 from wcoj_core.deploy.work import RuleJob, Work
-from wcoj_core.errors import MultiplicityOverflow, StateError
+from wcoj_core.errors import DamagedFile, MultiplicityOverflow, StateError
 from wcoj_core.indexes import KEPT, Opened, Streamed, advance, identity, open_trace
 from wcoj_core.input_land import Changes, Landed, land
 from wcoj_core.kernel.changes import counted_by, counts_delta, support_delta
@@ -48,6 +48,7 @@ from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import RuleTally
 from wcoj_core.kernel.layer import Layer, lookup_sum
 from wcoj_core.kernel.multiplicity import exact_sum
+from wcoj_core.kernel.stored import DAMAGED_FILES
 from wcoj_core.meaning import (
     Effect,
     Figures,
@@ -63,7 +64,7 @@ from wcoj_core.store.batches import BatchWriter
 from wcoj_core.store.files import sync_soon
 from wcoj_core.store.manifest import Batch, Index, Level, Manifest, Segment, Trace
 from wcoj_core.store.names import new_batch_path, new_segment_path
-from wcoj_core.store.segments import restamped, write_segment
+from wcoj_core.store.segments import write_segment
 from wcoj_core.traces import (
     counts_trace_name,
     output_trace_name,
@@ -289,6 +290,8 @@ class EpochPass:
         self.opened: dict[str, Opened] = {}
         self.deltas: dict[str, Layer] = {}
         self.effects: dict[str, tuple[Landed, Effect]] = {}
+        self.landings: dict[str, Landed] = {}  # each relation's landed changes (kept: `run`)
+        self.met: set[str] = set()  # segments found damaged by this pass
         self.pre: dict[str, Batch] = {}  # changes written before the rules ran (executors)
         # Each layer written as a batch, by its id (the layer kept alive beside it): a layer
         # two traces hold (a query's change that is its one rule's) is written once.
@@ -323,9 +326,20 @@ class EpochPass:
 
     # -- the pass -----------------------------------------------------------------------------
     def run(self) -> EpochResult:
+        """The pass (see the module). A segment found damaged as the pass reads it (a block
+        that does not match its checksum) stops the pass before anything is committed; the
+        pass is then made again from its landed changes, the segment's trace rebuilt from its
+        batches (`open_trace`), as often as segments are found damaged."""
         self.meter.start()
         try:
-            return self._run()
+            while True:
+                try:
+                    return self._run()
+                except DamagedFile as e:
+                    if e.path not in DAMAGED_FILES or e.path in self.met:
+                        raise
+                    self.met.add(e.path)
+                    self._again()
         finally:
             self.memory = self._figures()
             self.scratch.close()
@@ -395,12 +409,17 @@ class EpochPass:
     def _discard(self) -> None:
         self.access.store.discard(self.written)
 
+    def _again(self) -> None:
+        """Forget what a pass stopped by a damaged segment made, but its landed changes."""
+        self.written, self.opened, self.deltas, self.effects = [], {}, {}, {}
+        self.pre, self.layer_batches, self.landed = {}, {}, {}
+
     # -- land ---------------------------------------------------------------------------------
     def _land(self) -> None:
         served = self.served
         for rel, changes in sorted(self.changes.items()):
             spec = served.specs[rel]
-            landed = land(
+            landed = self.landings.get(rel) or land(
                 spec,
                 changes,
                 served.landing_rows,
@@ -412,6 +431,7 @@ class EpochPass:
                     f"epoch {self.epoch}: relation {rel!r} changes by more than "
                     f"{served.landing_rows:,} rows; apply it in smaller epochs"
                 )
+            self.landings[rel] = landed
             name = relation_trace_name(rel)
             before = self.opened[name].at(identity(spec.arity))
             eff = effects(spec, landed.layer, before, self.spill)
@@ -821,8 +841,7 @@ class EpochPass:
                     if name.startswith("counts/") and len(change):
                         indexed[id(change)] = (before, served.views[name], index)
                 else:
-                    held = tuple(restamped(access.store.root, s) for s in trace.index.segments)
-                    index = replace(trace.index, time=t, segments=held)
+                    index = replace(trace.index, time=t)
                 trace = replace(trace, index=index)
             traces[name] = trace
             figures = (
