@@ -381,10 +381,10 @@ def ask(
     query: Query | str,
     *,
     epoch: int | None = None,
-    given: Mapping[str, Sequence[int]] | None = None,
+    bind: Mapping[str, Sequence[int]] | None = None,
 ) -> pa.Table:
     """The answer to `query` (a `Query`, a built-in's name or query text) over the state at
-    `state` as of `epoch` (default: the latest), its variables in `given` bound to each of the
+    `state` as of `epoch` (default: the latest), its variables in `bind` bound to each of the
     values given (all lists of one length: one binding per position).
 
     >>> ask("/nowhere", "q(a) :- e(a)")
@@ -396,7 +396,7 @@ def ask(
 
     q = resolve_query(query) if isinstance(query, str) else query
     snapshot = Snapshot.open(state, epoch)
-    names = list(given or {})
+    names = list(bind or {})
     question = snapshot.question(q, names)
-    values = np.column_stack([np.asarray(given[n], dtype=I64) for n in names]) if given else None
+    values = np.column_stack([np.asarray(bind[n], dtype=I64) for n in names]) if bind else None
     return snapshot.ask(question, values)

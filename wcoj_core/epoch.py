@@ -230,12 +230,15 @@ class EpochResult:
         return tuple(r.epoch for r in self.rebuilt)
 
     def total(self, query: str) -> int:
-        """The sum of the multiplicities of `query`'s output change."""
-        return self.totals[query]
+        """The sum of the multiplicities of `query`'s output change (0 for a query attached
+        at a later epoch)."""
+        return self.totals.get(query, 0)
 
     def count(self, query: str) -> int:
-        """`query`'s output count (summed multiplicity) as of the epoch."""
-        return self.traces[output_trace_name(query)].figures.count
+        """`query`'s output count (summed multiplicity) as of the epoch (0 for a query
+        attached at a later epoch)."""
+        trace = self.traces.get(output_trace_name(query))
+        return 0 if trace is None else trace.figures.count
 
 
 @dataclass

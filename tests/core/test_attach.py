@@ -17,6 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import Oracle, naive_eval, signed_difference, stored
 
+from wcoj_core.audit import AuditMode
+from wcoj_core.audit_sample import audit_epoch
 from wcoj_core.cli import main
 from wcoj_core.engine import Engine
 from wcoj_core.errors import QueryError, StateError
@@ -177,6 +179,14 @@ def test_an_engine_attaches_a_new_query_when_asked_to(tmp_path: Path) -> None:
     want = signed_difference(naive_eval(tri, oracle.state(2)), naive_eval(tri, oracle.state(1)))
     got = Counter({(r["c0"],): r["diff"] for r in engine.change(tri.name, 2).to_pylist()})
     assert got == want
+    # The audit recomputes, by binary joins, the whole output at the epoch it was attached at
+    # and the change after it; before it there is nothing to audit.
+    for t in (1, 2):
+        for mode in (AuditMode.FULL, AuditMode.SAMPLED):
+            audit = audit_epoch(engine, tri.name, t, mode)
+            assert audit.passed and audit.expected_rows == audit.actual_rows > 0, (t, audit)
+    with pytest.raises(StateError, match=r"was attached to .* at epoch 1: it has no change"):
+        audit_epoch(engine, tri.name, 0)
 
 
 def test_wcoj_attach_and_detach(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
