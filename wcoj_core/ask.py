@@ -35,9 +35,10 @@ from wcoj_core.aggregates import value_name
 from wcoj_core.errors import DamagedFile, QueryError, StateError
 from wcoj_core.indexes import KEPT, Opened, ViewKey, identity, open_trace, view_key
 from wcoj_core.kernel.changes import counts_delta, output_changes
-from wcoj_core.kernel.join import Pace, RuleTally, prepare, run_rule
+from wcoj_core.kernel.join import Pace, RuleTally, prepare, run_from, run_rule
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import Layer, summed_sorted
+from wcoj_core.kernel.layer import Layer, summed_sorted, usable_cores
+from wcoj_core.kernel.step import Prefixes
 from wcoj_core.query.ir import Atom, Const, Query, Term, Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Kind, Plan, Version, plan_query
 from wcoj_core.store.batches import BatchFiles
@@ -49,6 +50,8 @@ __all__ = ["GIVEN", "Question", "Snapshot", "ask"]
 
 # The relation of bindings a question starts from (its given variables, then its constants).
 GIVEN = "_given"
+# The threads a question's compiled loops may use (a small one stays on one: `Pace`).
+THREADS = max(1, min(4, usable_cores()))
 # How many times a question is tried again when a commit beside it pruned a file it had not
 # opened yet (each try reads the current generation).
 RETRIES = 3
@@ -65,6 +68,10 @@ class Question:
     rule: DeltaRule
     given: tuple[Var, ...]
     constants: tuple[int, ...]
+    # Whether the answer's rows are the rule's full bindings projected on their non-constant
+    # variables, each binding made once (the kernel makes each binding of one rule once, its
+    # candidates merged over the layers): then they are not sorted or summed again.
+    distinct: bool = False
 
     @classmethod
     def of(
@@ -100,13 +107,15 @@ class Question:
 
         atoms = tuple(Atom(a.relation, tuple(term(t) for t in a.terms)) for a in query.atoms)
         bound = (*(known[g] for g in given), *fresh.values())
+        head = query.head
+        distinct = query.aggregate is None and len(set(head)) == len(head) == len(query.vars)
         if not bound:
             plan = plan_query(query, sizes)
-            return cls(query, plan, plan.rules[-1], (), ())
+            return cls(query, plan, plan.rules[-1], (), (), distinct)
         body = (Atom(GIVEN, bound), *atoms)
         rewritten = Query(query.name, query.head, body, query.filters, query.aggregate)
         plan = plan_query(rewritten, {**(sizes or {}), GIVEN: 1})
-        return cls(query, plan, plan.rules[0], bound, tuple(fresh))
+        return cls(query, plan, plan.rules[0], bound, tuple(fresh), distinct)
 
     @property
     def names(self) -> list[str]:
@@ -126,7 +135,6 @@ class Snapshot:
         self._opened: dict[str, Opened] = {}
         self._layers: dict[tuple[str, ViewKey], list[Layer]] = {}
         self._counts: dict[str, Arrangement] = {}
-        self._given = Layer.empty(0)
         self._whole: dict[tuple[str, ViewKey], Layer] = {}
         self._prepared: dict[int, Question] = {}
 
@@ -181,15 +189,29 @@ class Snapshot:
 
     def answer(
         self, question: Question, values: np.ndarray | Sequence[Sequence[int]] | None = None
-    ) -> Layer:
-        """The answer's rows (the head's columns) and their summed weights."""
-        self._given = _bindings(question, values)
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """The answer's columns (the head's) and each row's weight, summed: consolidated, in
+        the order the kernel makes them (see `Question.distinct`)."""
+        given = _bindings(question, values)
         self.prepare(question)
         plan, rule = question.plan, question.rule
-        parts = run_rule(plan, rule, self, RuleTally.of(rule), pace=Pace())
+        tally = RuleTally.of(rule)
+        pace = Pace(threads=THREADS)
+        if question.given:
+            parts = run_from(plan, rule, given, self, tally, pace=pace)
+        else:
+            parts = run_rule(plan, rule, self, tally, pace=pace)
         made = [p if kept is None else p.take(kept) for p, kept in parts]
-        rows, diff = output_changes(made, plan.query.head)
-        return Layer(rows, diff)
+        head = plan.query.head
+        if not question.distinct:
+            rows, diff = output_changes(made, head)
+            return [rows[:, j] for j in range(len(head))], diff
+        cols = [_joined([p.cols[v] for p in made]) for v in head]
+        diff = _joined([p.weight for p in made])
+        if not diff.all():
+            keep = np.flatnonzero(diff)
+            cols, diff = [c[keep] for c in cols], diff[keep]
+        return cols, diff
 
     def prepare(self, question: Question) -> None:
         """Open every trace `question` reads (a file pruned by a commit beside this one is
@@ -214,9 +236,7 @@ class Snapshot:
         return found
 
     def delta(self, name: str, view: AtomView | None, order: tuple[int, ...]) -> Layer:
-        """The tuples a rule starts from: the bindings, or (nothing bound) a whole relation."""
-        if name == relation_trace_name(GIVEN):
-            return self._given
+        """The tuples a whole question's rule starts from: its relation as of the epoch."""
         return _whole(self, name, view, order)
 
     def _find(self, name: str, view: AtomView | None, order: tuple[int, ...]) -> list[Layer]:
@@ -325,9 +345,9 @@ def _epoch_of(store: Store, m: Manifest, epoch: int | None) -> int:
     return epoch
 
 
-def _bindings(question: Question, values: np.ndarray | Sequence[Sequence[int]] | None) -> Layer:
-    """The ``_given`` relation: one row per binding of the given variables, each once, with
-    the constants appended."""
+def _bindings(question: Question, values: np.ndarray | Sequence[Sequence[int]] | None) -> Prefixes:
+    """The bindings a question starts from: one per binding of its given variables, each once,
+    with the constants appended (weights 1)."""
     width = len(question.given) - len(question.constants)
     if values is None:
         if width:
@@ -340,14 +360,16 @@ def _bindings(question: Question, values: np.ndarray | Sequence[Sequence[int]] |
             rows = rows.reshape(-1, 1)
         if rows.ndim != 2 or rows.shape[1] != width:
             raise QueryError(f"give {width} value(s) per binding, as many as the given variables")
-    if not question.given:
-        return Layer.empty(0)
-    consts = np.broadcast_to(
-        np.asarray(question.constants, dtype=I64), (len(rows), len(question.constants))
-    )
-    whole = np.hstack([rows, consts]) if len(question.constants) else rows
-    layer = Layer.build(whole, np.ones(len(whole), dtype=I64))
-    return layer.with_diff(np.ones(len(layer), dtype=I64))
+    if width == 1:
+        cols = [rows[:, 0].copy() if len(rows) == 1 else np.unique(rows[:, 0])]
+    elif width:
+        unique = Layer.build(rows, np.ones(len(rows), dtype=I64))
+        cols = [np.ascontiguousarray(unique.col(j)) for j in range(width)]
+    else:
+        cols = []
+    m = len(cols[0]) if cols else 1
+    cols += [np.full(m, c, dtype=I64) for c in question.constants]
+    return Prefixes(dict(zip(question.given, cols, strict=True)), np.ones(m, dtype=I64))
 
 
 def _counts_of(snapshot: Snapshot, a: Arrangement) -> Layer:
@@ -363,10 +385,15 @@ def _counts_of(snapshot: Snapshot, a: Arrangement) -> Layer:
     return counts_delta(support, a.key)
 
 
-def _table(question: Question, answer: Layer) -> pa.Table:
-    rows = np.asarray(answer.rows)
-    cols = [*(rows[:, j] for j in range(rows.shape[1])), np.asarray(answer.diff)]
-    return pa.Table.from_arrays([_longs(c) for c in cols], names=question.names)
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=I64)
+
+
+def _table(question: Question, answer: tuple[list[np.ndarray], np.ndarray]) -> pa.Table:
+    cols, diff = answer
+    return pa.Table.from_arrays([_longs(c) for c in (*cols, diff)], names=question.names)
 
 
 def _longs(values: np.ndarray) -> pa.Array:

@@ -66,7 +66,11 @@ def table(ups: Ups) -> pa.Table:
 def answered(values: pa.Table) -> Counter[tuple[int, ...]]:
     """An answer as the oracle gives one: head tuple -> multiplicity (or value)."""
     *keys, last = values.column_names
-    return Counter({tuple(r[k] for k in keys): r[last] for r in values.to_pylist() if r[last]})
+    rows = values.to_pylist()
+    assert all(r[last] for r in rows), "a zero in an answer"
+    got = Counter({tuple(r[k] for k in keys): r[last] for r in rows})
+    assert len(got) == len(rows), "a tuple twice in an answer"
+    return got
 
 
 def expected(query: Query, bind: dict[str, list[int]], relations: dict) -> Counter:
