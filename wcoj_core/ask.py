@@ -50,6 +50,8 @@ __all__ = ["GIVEN", "Question", "Snapshot", "ask"]
 
 # The relation of bindings a question starts from (its given variables, then its constants).
 GIVEN = "_given"
+# Bindings of a question's given variables: a row each (a value each, for one variable).
+Values = np.ndarray | Sequence[Sequence[int]] | Sequence[int]
 # The threads a question's compiled loops may use (a small one stays on one: `Pace`).
 THREADS = max(1, min(4, usable_cores()))
 # How many times a question is tried again when a commit beside it pruned a file it had not
@@ -172,9 +174,7 @@ class Snapshot:
         sizes = {r: self._trace(relation_trace_name(r)).rows(self.epoch) for r in query.relations}
         return Question.of(query, given, sizes)
 
-    def ask(
-        self, question: Question, values: np.ndarray | Sequence[Sequence[int]] | None = None
-    ) -> pa.Table:
+    def ask(self, question: Question, values: Values | None = None) -> pa.Table:
         """The answer to `question` (see the module); `values` one row per binding of its
         given variables (none: the question binds no variable of the caller's)."""
         for attempt in range(RETRIES + 1):
@@ -188,7 +188,7 @@ class Snapshot:
         raise AssertionError("unreachable")
 
     def answer(
-        self, question: Question, values: np.ndarray | Sequence[Sequence[int]] | None = None
+        self, question: Question, values: Values | None = None
     ) -> tuple[list[np.ndarray], np.ndarray]:
         """The answer's columns (the head's) and each row's weight, summed: consolidated, in
         the order the kernel makes them (see `Question.distinct`)."""
@@ -345,7 +345,7 @@ def _epoch_of(store: Store, m: Manifest, epoch: int | None) -> int:
     return epoch
 
 
-def _bindings(question: Question, values: np.ndarray | Sequence[Sequence[int]] | None) -> Prefixes:
+def _bindings(question: Question, values: Values | None) -> Prefixes:
     """The bindings a question starts from: one per binding of its given variables, each once,
     with the constants appended (weights 1)."""
     width = len(question.given) - len(question.constants)

@@ -368,3 +368,32 @@ def test_an_epoch_before_the_compaction_frontier_is_refused_naming_it(tmp_path: 
         Snapshot.open(str(root)).ask(Question.of(parse_query(TRIANGLES_AT), ["v"]))
     with pytest.raises(QueryError, match="_given names the bindings of a question"):
         Question.of(parse_query("q(a) :- _given(a)"))
+
+
+def test_the_benchmark_part_checks_what_it_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``wcoj-bench ask`` on a small graph: its answers equal scipy's neighbour sets (a missing
+    triangle on scipy's side is a `BenchError`), the attached 4-cliques equal the static count
+    and every later epoch's change equals the static state's, the relation untouched."""
+    import argparse
+
+    from wcoj_bench.infra.measure import BenchError
+    from wcoj_bench.parts import ask as bench
+
+    path = SHARED / "ca-GrQc.txt.gz"
+    if not path.exists():
+        pytest.skip(f"{path} is not there")
+    args = argparse.Namespace(
+        input=f"edge={path}", work=str(tmp_path), vertices=60, runs=1, cold_state=None,
+        epochs=2, epoch_size=200, delete_fraction=0.5, seed=3, parts="vertex,attach",
+    )  # fmt: skip
+    got = bench.run(args)
+    assert got["vertex"]["triangles"]["exact"] and got["vertex"]["4-cliques"]["exact"]
+    attach = got["attach"]
+    assert attach["relation_unchanged"] and attach["epochs_exact"] == 2
+    assert set(attach["bytes_added"]) == {"out/cliques4", "counts/edge/"}
+    real = bench.scipy_triangles
+    monkeypatch.setattr(bench, "scipy_triangles", lambda *a: real(*a)[1:])
+    with pytest.raises(BenchError, match="triangles at a vertex differs"):
+        bench.run(argparse.Namespace(**{**vars(args), "parts": "vertex"}))
