@@ -116,6 +116,10 @@ class Audit:
     mode: str = "full"  # "full" or "exact" (every tuple), or "sampled"
     figures: str = "ok"  # what the figures as of the epoch get wrong
     catch: float = 1.0  # the chance one wrong tuple is found (1.0: every tuple checked)
+    # The chance an error moving the change's sum (a missing or extra tuple, a wrong
+    # multiplicity) is found, and what the check can miss.
+    catch_sum: float = 1.0
+    misses: str = "nothing of the change: every tuple recomputed"
 
 
 @dataclass(frozen=True, slots=True)

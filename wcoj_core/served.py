@@ -26,7 +26,7 @@ from wcoj_core.indexes import ViewKey, counts_names, plan_views
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.meaning import Meaning, RelationSpec, relation_specs
 from wcoj_core.query.ir import Query, Var
-from wcoj_core.query.plan import Arrangement, Plan, plan_query
+from wcoj_core.query.plan import Arrangement, Plan, check_width, plan_query
 from wcoj_core.session import SparkStarter
 from wcoj_core.store import manifest as mf
 from wcoj_core.store.batches import BatchFiles
@@ -120,6 +120,8 @@ class Served:
         """Plan every query over shared arrangements (`specs` from `served_specs`; `sizes`
         each relation's rows, for the variable orders; `since` the epoch each query attached
         to the state after its first was attached at)."""
+        for q in queries:
+            check_width(q)  # before any input is read
         by_name = {q.name: q for q in queries}
         plans = {q.name: plan_query(q, sizes, (orders or {}).get(q.name)) for q in queries}
         arities: dict[str, int] = {}  # in the order the queries name them

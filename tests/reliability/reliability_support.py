@@ -709,6 +709,26 @@ def edit_manifest(path: Path, edit: Callable[[dict], object], *, redigest: bool)
 
 
 @contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """Make a folder tree unwritable: immutable for root (who ignores modes), else read-only."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-R", "+i", str(folder)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-R", "-i", str(folder)], check=True)
+        return
+    modes = {p: p.stat().st_mode for p in [folder, *folder.rglob("*")]}
+    for p in modes:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    try:
+        yield
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
+
+
+@contextmanager
 def small_file_system(where: Path, size: str = "64m") -> Iterator[Path]:
     """A tmpfs mounted at `where` (root only), unmounted afterwards."""
     where.mkdir()

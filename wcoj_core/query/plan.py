@@ -26,9 +26,10 @@ share arrangements.
 Planning is bounded: ordering a rule's variables costs about its atoms' terms times a logarithm
 (the scores of the variables next to the one just bound are updated, a heap gives the best), so
 a query of `n` atoms plans in about ``n^2 log n`` (a rule per atom, each binding every variable);
-a query of more than `MAX_ATOMS` atoms is refused in one line, and filters implied by
-transitivity are derived only among at most `IMPLIED_VARS` compared variables (they are
-implied: leaving them out changes no result).
+a query of more than `MAX_ATOMS` atoms is refused in one line (and one wider than the kernel
+runs by `check_width`, which the engine calls), and filters implied by transitivity are derived
+only among at most `IMPLIED_VARS` compared variables (they are implied: leaving them out changes
+no result).
 
 >>> from wcoj_core.query.parse import parse_query
 >>> plan = plan_query(parse_query("p(a, b, c) :- e(a, b), e(b, c), e(a, c)"))
@@ -52,6 +53,10 @@ from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
 # The most atoms a query may have: a plan holds one delta rule per atom, each binding every
 # variable, so a plan's size (and the time to make it) grows with the square of its atoms.
 MAX_ATOMS = 256
+# The most columns the kernel's layers and prefixes hold: a relation's arity and a query's head
+# are at most this wide, and a rule binds at most one variable more (its last step extends a
+# prefix of all the others).
+MAX_COLUMNS = 32
 # Filters implied by transitivity are derived among at most this many compared variables.
 IMPLIED_VARS = 64
 
@@ -450,6 +455,23 @@ def plan_query(
         implied=implied,
         rules=rules,
     )
+
+
+def check_width(query: Query) -> None:
+    """Refuse a query wider than the kernel runs (`MAX_COLUMNS`), naming what is too wide (the
+    engine plans no other; the planner itself plans any width, for `explain`)."""
+    rel, arity = max(query.relations.items(), key=lambda kv: kv[1])
+    wide = [
+        (arity > MAX_COLUMNS, f"relation {rel!r} has arity {arity}"),
+        (len(query.head) > MAX_COLUMNS, f"its head has {len(query.head)} variables"),
+        (len(query.vars) > MAX_COLUMNS + 1, f"its body binds {len(query.vars)} variables"),
+    ]
+    for too, what in wide:
+        if too:
+            raise QueryError(
+                f"query {query.name}: {what}; wcoj runs relations and heads of at most "
+                f"{MAX_COLUMNS} columns and bodies of at most {MAX_COLUMNS + 1} variables"
+            )
 
 
 def valid_orders(query: Query, delta: int) -> list[tuple[Var, ...]]:
