@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import statistics
 import sys
@@ -204,15 +203,18 @@ def fresh(state: str, vs: list[int], runs: int) -> dict[str, Any]:
 
 def cold(state: str, runs: int, seed: int) -> dict[str, Any]:
     """The cold part (see the module): one vertex asked of a large state, its pages dropped."""
-    m = Store.open(state, create=False).current()
-    rng = random.Random(seed)
-    trace = m.traces["rel/edge"]
-    tuples = trace.figures_at()[0]
+    from wcoj_core.served import StateAccess
+    from wcoj_core.session import starter_of
+    from wcoj_core.state_read import read_table
+
+    access = StateAccess.open(state, starter_of(None), create=False)
+    keys = read_table(access, "counts/edge/0").column("c0").to_numpy()  # vertices of degree > 0
+    tuples = access.store.current().traces["rel/edge"].figures_at()[0]
+    picks = np.random.default_rng(seed).choice(keys, size=runs, replace=False).tolist()
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     out: dict[str, list[float]] = {"evicted": [], "warm": []}
     rows: list[int] = []
-    for _ in range(runs):
-        v = rng.randrange(max(1, int(tuples**0.5)))
+    for v in picks:
         argv = wcoj("query", state, "--query", TRIANGLES_AT, "--bind", f"v={v}", "--json")
         evict(state)
         done = run_process(argv, env=env)
