@@ -397,3 +397,37 @@ def test_the_benchmark_part_checks_what_it_times(
     monkeypatch.setattr(bench, "scipy_triangles", lambda *a: real(*a)[1:])
     with pytest.raises(BenchError, match="triangles at a vertex differs"):
         bench.run(argparse.Namespace(**{**vars(args), "parts": "vertex"}))
+
+
+def test_a_question_during_an_epoch_reads_the_last_commit_and_never_holds_it_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked while an epoch has written everything but its manifest, a question answers as of
+    the last committed generation; the epoch then commits as it would alone, and the next
+    question sees it. Asking changes no generation."""
+    from wcoj_core.store.manifest import Manifest
+    from wcoj_core.store.store import Store
+
+    root = tmp_path / "state"
+    oracle = small_state(root)
+    ups: Ups = [((0, 1), 1), ((1, 2), 1), ((0, 2), 1), ((3, 4), -1)]
+    oracle.land(2, {"edge": ups})
+    seen: list[tuple[int, Counter]] = []
+    commit = Store.commit
+
+    def asked_first(self: Store, manifest: Manifest, expected: Manifest) -> Manifest:
+        snapshot = Snapshot.open(str(root))
+        seen.append(
+            (snapshot.generation, answered(snapshot.ask(snapshot.question(builtin("triangles")))))
+        )
+        return commit(self, manifest, expected)
+
+    monkeypatch.setattr(Store, "commit", asked_first)
+    Engine(None, str(root), builtin("triangles"), relations=oracle.specs).apply(
+        2, {"edge": table(ups)}
+    )
+    monkeypatch.undo()
+    assert seen == [(2, oracle.output(1))]
+    after = Snapshot.open(str(root))
+    assert after.generation == 3 and answered(ask(str(root), "triangles")) == oracle.output(2)
+    assert Store.open(root, create=False).current().generation == 3
