@@ -76,6 +76,12 @@ def attach(served: Served, access: StateAccess, names: Sequence[str]) -> Attache
     for name in names:
         if name in held.queries:
             raise QueryError(f"the state at {store.root} keeps query {name!r} already")
+        missing = sorted(set(served.queries[name].relations) - set(held.relations))
+        if missing:
+            raise QueryError(
+                f"query {name} reads {', '.join(missing)}, which the state at {store.root} does "
+                f"not hold (it holds {', '.join(sorted(held.relations)) or 'no relation'})"
+            )
     if not access.local:
         raise StateError(f"queries are attached to a local state; {store.root} is not")
     epoch, written = m.epoch, []

@@ -202,7 +202,14 @@ SMALL = [
     "oregon1_010331.txt.gz",
     "facebook_combined.txt.gz",
 ]
-LARGER = ["wiki-Vote.txt.gz", "ca-HepPh.txt.gz", "email-Enron.txt.gz"]
+LARGER = [
+    "wiki-Vote.txt.gz",
+    "ca-HepPh.txt.gz",
+    "email-Enron.txt.gz",
+    "soc-Epinions1.txt.gz",
+    "soc-Slashdot0902.txt.gz",
+    "web-NotreDame.txt.gz",
+]
 
 
 @pytest.mark.parametrize(

@@ -149,6 +149,12 @@ def test_attaching_copies_no_arrangement_and_detaching_drops_only_its_own(tmp_pa
         engine.output("cliques4", time=0)
     with pytest.raises(QueryError, match="keeps query 'cliques4' already"):
         engine.attach(["cliques4"])
+    other = {**specs, **relation_specs({"other": 2})}
+    stranger = Engine(
+        None, str(root), [builtin("triangles"), parse_query("q(a) :- other(a, b)")], relations=other
+    )
+    with pytest.raises(QueryError, match=r"reads other, which the state .* does not hold"):
+        stranger.attach(["q"])
     engine.detach(["cliques4"])
     assert engine.store.current().traces == before.traces
     assert sorted(engine.queries) == ["triangles"]
