@@ -13,7 +13,7 @@ applies whole epochs and reports every asset it made (those not selected as
 1. **reads** each relation's landing folder (`wcoj_assets.landing_read`: pyarrow for local files,
    Spark only for remote or very large ones) and checks every landed row (the reader, then
    `wcoj_assets.schemas.landed_problems`). Files too big to read at once are streamed and read
-   once: each batch is checked as the engine lands it (`LocalFiles.checked`), and a refused one
+   once: each batch is checked as the engine lands it (`LandedStream.checked`), and a refused one
    stops that epoch's apply before anything of it is committed (`Refused`). An epoch whose
    files hold bad rows — or with nothing landed, unless the resource declares empty epochs
    normal — fails ``update_triples`` for that epoch, listing every bad row (up to
@@ -59,7 +59,7 @@ from wcoj_assets import checks as ck
 from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
-from wcoj_assets.landing_read import LocalFiles, Refused, landed_files
+from wcoj_assets.landing_read import LandedStream, Refused, landed_files
 from wcoj_assets.report import LandedFigures, epoch_metadata
 from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
@@ -140,7 +140,7 @@ class EpochRun:
         self.lines: list[str] = []
         self.later_audits: list[tuple[AssetCheckKey, str, str, int]] = []
         # Epoch -> relation -> its streamed landed files and their check (`_read`).
-        self.streamed: dict[int, dict[str, tuple[LocalFiles, Any]]] = {}
+        self.streamed: dict[int, dict[str, tuple[LandedStream, Any]]] = {}
 
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
@@ -226,7 +226,7 @@ class EpochRun:
                     problems[rel] = rows[: ck.BAD_ROWS] or [str(e)]
                     continue
                 columns = relation_columns(arity)
-                if isinstance(read.rows, LocalFiles):
+                if isinstance(read.rows, LandedStream):
                     # Streamed: checked a batch at a time as the engine lands it, the files read
                     # once; a refusal then stops the apply (`Refused`) before anything commits.
                     def check(batch: Any, seen: int, t: int = t, columns: Any = columns) -> Any:
@@ -442,7 +442,7 @@ class EpochRun:
                 self.book.add(check, graph.epochs.key(e), provenance.stale(e, corrected, first))
         self.context.log.warning(
             f"epochs {later[0]}..{later[-1]} were derived before {corrected} changed: they fail "
-            f"`{ck.CURRENT}` until rebuilt (the automation sensor does it, or a backfill from "
+            f"`{ck.CURRENT}` until rebuilt (the rebuild sensor does it, or a backfill from "
             f"{first})"
         )
 

@@ -41,7 +41,7 @@ from wcoj_core.kernel.layer import Layer, summed_sorted, usable_cores
 from wcoj_core.kernel.step import Prefixes
 from wcoj_core.query.ir import Atom, Const, Query, Term, Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Kind, Plan, Version, plan_query
-from wcoj_core.store.batches import BatchFiles
+from wcoj_core.store.batches import Batches
 from wcoj_core.store.manifest import Manifest, Trace
 from wcoj_core.store.store import Store
 from wcoj_core.traces import counts_trace_name, relation_trace_name
@@ -133,7 +133,7 @@ class Snapshot:
         self.store = store
         self.manifest = manifest
         self.epoch = epoch
-        self.files = BatchFiles(store.root)
+        self.files = Batches(store.files)
         self._opened: dict[str, Opened] = {}
         self._layers: dict[tuple[str, ViewKey], list[Layer]] = {}
         self._counts: dict[str, Arrangement] = {}

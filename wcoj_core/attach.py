@@ -142,7 +142,7 @@ def _output(
     distinct = sets and set(query.head) == set(query.vars) and query.aggregate is None
     folder = new_batch_path(out, epoch, "k")
     written.append(folder)
-    writer = BatchWriter(access.files, folder, columns, epoch)
+    writer = BatchWriter(access.batches, folder, columns, epoch)
     work = Work(
         access.store.root,
         epoch,
@@ -229,7 +229,7 @@ def _counts_history(
             continue
         folder = new_batch_path(name, b.time, "k")
         written.append(folder)
-        files = access.files.write(
+        files = access.batches.write(
             folder, columns, np.asarray(change.rows), np.asarray(change.diff), b.time
         )
         figures = (len(counts), int(counts.diff.sum()), 0)
