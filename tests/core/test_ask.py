@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -337,6 +340,27 @@ def test_wcoj_query_writes_nothing_and_says_what_it_read(
     assert main(["query", str(root), "--query", per, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert doc["groups"] == doc["rows"] and doc["total"] == 3 * len(oracle.output(1))
+
+
+def test_wcoj_query_imports_no_spark_dagster_or_pandas(tmp_path: Path) -> None:
+    """A fresh ``wcoj query`` process answers without importing Spark, Dagster or pandas."""
+    root = tmp_path / "state"
+    oracle = small_state(root)
+    probe = (
+        "import sys\n"
+        "from wcoj_core.cli import main\n"
+        "sys.argv = ['wcoj', 'query', *sys.argv[1:]]\n"
+        "code = main()\n"
+        "heavy = {'pyspark', 'py4j', 'dagster', 'pandas'}\n"
+        "print(code, sorted({m.split('.')[0] for m in sys.modules} & heavy), file=sys.stderr)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    argv = [str(root), "--query", "triangles", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=env
+    )
+    assert done.stderr.strip() == "0 []", done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["rows"] == len(oracle.output(1))
 
 
 @pytest.mark.parametrize(
