@@ -231,12 +231,15 @@ class EpochResult:
         return tuple(r.epoch for r in self.rebuilt)
 
     def total(self, query: str) -> int:
-        """The sum of the multiplicities of `query`'s output change."""
-        return self.totals[query]
+        """The sum of the multiplicities of `query`'s output change (0 for a query attached
+        at a later epoch)."""
+        return self.totals.get(query, 0)
 
     def count(self, query: str) -> int:
-        """`query`'s output count (summed multiplicity) as of the epoch."""
-        return self.traces[output_trace_name(query)].figures.count
+        """`query`'s output count (summed multiplicity) as of the epoch (0 for a query
+        attached at a later epoch)."""
+        trace = self.traces.get(output_trace_name(query))
+        return 0 if trace is None else trace.figures.count
 
 
 @dataclass
@@ -309,6 +312,11 @@ class EpochPass:
         self.distinct: frozenset[str] = frozenset()  # outputs made consolidated (`_distinct`)
         self.mirrors: set[str] = set()  # traces that are their own mirror (undirected)
         self.timer.stage = self.scratch
+        # A query attached at a later epoch is left alone; one attached at this epoch has its
+        # whole output made again (`_whole`), not a change (`wcoj_core.attach`).
+        since = {q: served.since(q) for q in served.queries}
+        self.live = frozenset(q for q, s in since.items() if s is None or s <= epoch)
+        self.whole = frozenset(q for q, s in since.items() if s == epoch)
 
     def _report(self, what: str) -> None:
         """Tell `progress` how the pass goes (`what`, the bytes spilled, the memory peak), once
@@ -359,6 +367,8 @@ class EpochPass:
                     relation_trace_name(r) for r, spec in served.specs.items() if spec.undirected
                 }
                 for name in served.indexed():
+                    if name.startswith("out/") and name[4:] not in self.live:
+                        continue
                     self.opened[name] = open_trace(
                         access.store.root,
                         m.traces[name],
@@ -536,7 +546,11 @@ class EpochPass:
             out = output_trace_name(q)
             width = len(served.queries[q].head)
             ran = [j for j in jobs if j.query == q]
-            if served.keep_rules and len(ran) == 1:
+            if q in self.whole:
+                outputs[out] = self._whole(m, q, layers)
+            elif q not in self.live:
+                continue
+            elif served.keep_rules and len(ran) == 1:
                 # One rule ran (a first load, or one relation of several changed): the query's
                 # change is that rule's, as it is (a distinct one unsorted), the same batch.
                 outputs[out] = outputs[ran[0].output].shared()
@@ -705,6 +719,8 @@ class EpochPass:
         changed = {r for r in served.specs if relation_trace_name(r) in self.deltas}
         jobs: list[RuleJob] = []
         for name, plan in served.plans.items():
+            if name not in self.live or name in self.whole:
+                continue
             for rule in plan.rules:
                 if plan.query.atoms[rule.delta].relation not in changed:
                     continue
@@ -717,6 +733,18 @@ class EpochPass:
                 )
                 jobs.append(RuleJob(name, rule.delta, output))
         return jobs
+
+    def _whole(self, m: Manifest, query: str, layers: EpochLayers) -> _Out:
+        """The whole output of a query attached at this epoch, as of its new state: what the
+        query's trace holds at the epoch it was attached at (`wcoj_core.attach`)."""
+        from wcoj_core.ask import Question, Whole
+
+        question = Question.of(self.served.queries[query])
+        out = output_trace_name(query)
+        work = Work(self.access.store.root, self.epoch, {query: question.plan}, ())
+        work = replace(work, rules=(RuleJob(query, question.rule.delta, out),))
+        done = run_on_driver(work, Whole(layers), shares_of=self.served.shares, spill=self.spill)  # type: ignore[arg-type]
+        return self._output(m, out, done.changes[out], None)
 
     def _reads_empty(self, plan: Plan, rule: DeltaRule, changed: set[str]) -> bool:
         """Whether an atom of `rule` other than its delta reads a relation holding nothing at
@@ -969,7 +997,7 @@ class EpochPass:
             for job, tally in tallies.items()
             for s in tally.steps
         )
-        rules: dict[str, dict[int, RuleReport]] = {q: {} for q in served.queries}
+        rules: dict[str, dict[int, RuleReport]] = {q: {} for q in served.queries if q in self.live}
         for job, tally in tallies.items():
             rows = outputs[job.output].rows if served.keep_rules else 0
             rules[job.query][job.rule] = RuleReport(
@@ -978,7 +1006,9 @@ class EpochPass:
         metrics = EpochMetrics(
             epoch=self.epoch,
             changes={rel: len(eff.change) for rel, (_, eff) in sorted(self.effects.items())},
-            outputs={q: outputs[output_trace_name(q)].rows for q in served.queries},
+            outputs={
+                q: outputs[output_trace_name(q)].rows for q in served.queries if q in self.live
+            },
             steps=steps,
             seconds=self.timer.seconds,
             deployment=choice.deployment.value,
@@ -1010,9 +1040,10 @@ class EpochPass:
             )
             for rel, (landed, eff) in sorted(self.effects.items())
         }
-        totals = {q: outputs[output_trace_name(q)].sum for q in served.queries}
+        live = [q for q in served.queries if q in self.live]
+        totals = {q: outputs[output_trace_name(q)].sum for q in live}
         changes: dict[str, tuple[np.ndarray, np.ndarray] | None] = {
-            q: outputs[output_trace_name(q)].arrays for q in served.queries
+            q: outputs[output_trace_name(q)].arrays for q in live
         }
         return EpochResult(
             self.epoch,

@@ -107,6 +107,7 @@ def test_three_epochs_of_an_undirected_graph(
         "triangles": {
             "text": "triangles(a, b, c) :- edge(a, b), edge(b, c), edge(a, c), a < b, b < c",
             "relations": ["edge"],
+            "since": None,
             "count": 4,
             "counts": [{"epoch": t, "count": c} for t, c in enumerate(counts)],
         }

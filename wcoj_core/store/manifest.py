@@ -195,10 +195,13 @@ class RelationPlan:
 
 @dataclass(frozen=True, slots=True)
 class QueryPlan:
-    """A query the state serves: its normalized text and the relations it reads."""
+    """A query the state serves: its normalized text, the relations it reads and, for a query
+    attached to the state after its first epoch (`wcoj_core.attach`), the epoch it was attached
+    at: its output trace holds its whole output as of that epoch, then its changes."""
 
     text: str
     relations: tuple[str, ...]
+    since: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,7 +439,12 @@ def _encode_plan(p: StatePlan | None) -> dict[str, Any] | None:
             for name, r in p.relations.items()
         },
         "queries": {
-            name: {"text": q.text, "relations": list(q.relations)} for name, q in p.queries.items()
+            name: {
+                "text": q.text,
+                "relations": list(q.relations),
+                **({} if q.since is None else {"since": q.since}),
+            }
+            for name, q in p.queries.items()
         },
     }
 
@@ -740,7 +748,7 @@ def _plan(v: Any) -> StatePlan | None:
         _bad(f"expected an object, found {_show(qs)}", "plan.queries")
     for name, q in qs.items():
         here = f"plan.queries[{name!r}]"
-        q = _obj(q, here, ("text", "relations"))
+        q = _obj(q, here, ("text", "relations"), ("since",))
         used = tuple(
             _str(x, f"{here}.relations[{i}]")
             for i, x in enumerate(_list(q["relations"], f"{here}.relations"))
@@ -748,7 +756,8 @@ def _plan(v: Any) -> StatePlan | None:
         unknown = [x for x in used if x not in relations]
         if unknown:
             _bad(f"relation {unknown[0]!r} is not in plan.relations", f"{here}.relations")
-        queries[name] = QueryPlan(_str(q["text"], f"{here}.text"), used)
+        since = _opt_int(q.get("since"), f"{here}.since")
+        queries[name] = QueryPlan(_str(q["text"], f"{here}.text"), used, since)
     return StatePlan(relations, queries)
 
 
