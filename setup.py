@@ -20,6 +20,7 @@ setup(
             [SOURCE],
             define_macros=[("WCOJ_SOURCE_HASH", f'"{DIGEST}"')],
             extra_compile_args=["-O3", "-std=gnu11"],
+            libraries=["z"],
         )
     ]
 )

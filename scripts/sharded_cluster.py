@@ -59,7 +59,6 @@ from wcoj_core.budget import parse_size, process_memory
 from wcoj_core.engine import Engine
 from wcoj_core.query.builtins import builtin
 from wcoj_core.session import SparkStarter
-from wcoj_core.store.batches import BatchFiles
 
 OUT = "out/triangles"
 
@@ -131,7 +130,7 @@ def table(rows: np.ndarray) -> pa.Table:
 def output_change(engine: Engine, epoch: int) -> dict[tuple[int, ...], int]:
     """The output's batch of `epoch`, as a multiset (read whole: an epoch's change is small)."""
     trace = engine.store.current().traces[OUT]
-    files = BatchFiles(engine.store.root)
+    files = engine.batches
     batches = [b for b in trace.batches if b.time == epoch]
     layer = files.read_layer(trace.columns, batches)
     rows = np.asarray(layer.rows).tolist()
@@ -142,7 +141,7 @@ def fingerprint(engine: Engine, epoch: int) -> tuple[int, int, int]:
     """Rows, summed multiplicity and an order-free hash of the output's batch of `epoch`, read a
     record batch at a time (epoch 0's output is tens of millions of rows)."""
     trace = engine.store.current().traces[OUT]
-    files = BatchFiles(engine.store.root)
+    files = engine.batches
     rows = count = mixed = 0
     for b in trace.batches:
         if b.time != epoch:

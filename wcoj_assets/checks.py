@@ -239,6 +239,10 @@ def delta_rules(engine: Engine, query: str, epoch: int, full: bool = False) -> O
             "not evaluated: the independent delta-rule audit (wcoj_core.audit) is not available",
             checked=False,
         )
+    since = engine.served.since(query)
+    if since is not None and epoch < since:  # a query attached later (wcoj_core.attach)
+        note = f"{query} was attached at epoch {since}: the state keeps no change of it before"
+        return Outcome(True, {"checked": False, "note": note}, f"not evaluated: {note}", False)
     try:
         audit = audit_epoch(engine, query, epoch, AuditMode.FULL if full else AuditMode.SAMPLED)
     except Exception as e:  # a check that cannot run fails, saying why

@@ -27,8 +27,12 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from wcoj_assets.instance import automation_on, dagster_env, prepare_home
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 SENSOR = "wcoj_landing_sensor"
 
@@ -66,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.update(dagster_env())  # this process creates and executes the runs
 
     # Imported here: the instance reads DAGSTER_HOME, and Spark starts only when asked.
-    from dagster import DagsterEventType, DagsterInstance, build_sensor_context
+    from dagster import DagsterInstance, build_sensor_context
 
     from wcoj_assets.definitions import JOB_NAME, build_definitions
     from wcoj_assets.landing_write import generate_landing
@@ -102,42 +106,55 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     passed = failed = runs_failed = 0
     for request in requests or []:
-        key = request.partition_key
-        t0 = time.perf_counter()
-        result = job.execute_in_process(
-            run_config=QUIET_RUN,
-            partition_key=key,
-            instance=instance,
-            # The tags a sensor-launched run carries: the daemon then knows these run keys.
-            tags={
-                **request.tags,
-                "dagster/sensor_name": SENSOR,
-                "dagster/run_key": request.run_key or key,
-            },
-            raise_on_error=False,
-        )
-        checks = [
-            e.event_specific_data
-            for e in result.all_events
-            if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
-        ]
-        ok = sum(1 for c in checks if c.passed)  # type: ignore[union-attr]
-        passed += ok
-        failed += len(checks) - ok
-        runs_failed += not result.success
-        count = _metadata(result, "triangles", "count")
-        changes = _metadata(result, "edge_deltas", "rows landed")
-        print(
-            f"epoch {key}: run {'succeeded' if result.success else 'FAILED'}, changes {changes}, "
-            f"triangles {count}, checks {ok}/{len(checks)} passed, "
-            f"seconds {time.perf_counter() - t0:.1f}",
-            flush=True,
+        ok, checked, success = _run_epoch(job, instance, request)
+        passed, failed, runs_failed = (
+            passed + ok,
+            failed + checked - ok,
+            runs_failed + (not success),
         )
     print(
         f"total seconds {time.perf_counter() - started:.1f}; Dagster home {instance.root_directory}"
     )
     print(f"demo: {len(requests or [])} epochs, {passed} checks passed, {failed} failed")
     return 0 if failed == 0 and runs_failed == 0 and requests else 1
+
+
+def _run_epoch(
+    job: dg.JobDefinition, instance: dg.DagsterInstance, request: dg.RunRequest
+) -> tuple[int, int, bool]:
+    """Run one requested epoch in process as the sensor would have launched it; print its line.
+    Returns the checks passed, the checks evaluated and whether the run succeeded."""
+    from dagster import DagsterEventType
+
+    key = request.partition_key
+    t0 = time.perf_counter()
+    result = job.execute_in_process(
+        run_config=QUIET_RUN,
+        partition_key=key,
+        instance=instance,
+        # The tags a sensor-launched run carries: the daemon then knows these run keys.
+        tags={
+            **request.tags,
+            "dagster/sensor_name": SENSOR,
+            "dagster/run_key": request.run_key or key,
+        },
+        raise_on_error=False,
+    )
+    checks = [
+        e.event_specific_data
+        for e in result.all_events
+        if e.event_type == DagsterEventType.ASSET_CHECK_EVALUATION
+    ]
+    ok = sum(1 for c in checks if c.passed)  # type: ignore[union-attr]
+    count = _metadata(result, "triangles", "count")
+    changes = _metadata(result, "edge_deltas", "rows landed")
+    print(
+        f"epoch {key}: run {'succeeded' if result.success else 'FAILED'}, changes {changes}, "
+        f"triangles {count}, checks {ok}/{len(checks)} passed, "
+        f"seconds {time.perf_counter() - t0:.1f}",
+        flush=True,
+    )
+    return ok, len(checks), bool(result.success)
 
 
 def _metadata(result: object, asset: str, key: str) -> object:

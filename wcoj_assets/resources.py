@@ -1,9 +1,12 @@
 """The one resource every asset, check and sensor uses: the state, the landing location, Spark.
 
 `WcojResource` is configuration only until a step asks for something. `engine(topology)` is the
-`wcoj_core.engine.Engine` over the state serving every query of the code location (so
-arrangements are shared across queries), planned as the asset graph is (no size statistics) and
-keeping each delta rule's output (the rule assets show them). An epoch over a local state and
+`wcoj_core.engine.Engine` over the state serving every query of the code location and every
+query the state keeps (a second component pointed at the same storage shares its arrangements:
+a query the state does not keep yet is attached to it, made from them), planned as the asset
+graph is (no size statistics) and keeping each delta rule's output (the rule assets show them).
+`ask(query)` answers any query from the state's arrangements (`wcoj_core.ask`), for a user's
+asset or a notebook. An epoch over a local state and
 local landed files needs no Spark: the engine reads and writes with pyarrow and numpy.
 
 Spark starts only when a step needs it — landed files on remote storage or too big for the
@@ -26,7 +29,7 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dagster import ConfigurableResource, EnvVar, InitResourceContext
@@ -37,6 +40,7 @@ from wcoj_core.session import SparkStarter
 from wcoj_core.store.location import Location
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
     from wcoj_assets.specs import Topology
@@ -240,8 +244,25 @@ class WcojResource(ConfigurableResource):
                 deployment=self.deployment,
                 create=create,
                 memory=self.memory,
+                auto_attach=True,
             )
         return self._engines[key]
+
+    def ask(
+        self,
+        query: str,
+        *,
+        epoch: int | None = None,
+        bind: Mapping[str, Sequence[int]] | None = None,
+    ) -> pa.Table:
+        """Ask the state any query (a built-in's name or query text; constants allowed,
+        aggregate heads too) as of `epoch` (default: the latest), its variables in `bind`
+        bound to each of the values given: answered from the state's arrangements on this
+        process (`wcoj_core.ask`), no Spark, nothing written. A pyarrow table of the head's
+        variables and ``diff`` (an aggregate's value named after it)."""
+        from wcoj_core.ask import ask
+
+        return ask(self.storage_path(), query, epoch=epoch, bind=bind)
 
     def teardown_after_execution(self, context: InitResourceContext) -> None:
         if self._starter is not None:

@@ -22,6 +22,8 @@ Commands::
     wcoj-bench dagster-run --input edge=PATH --undirected edge [--epochs K] [--epoch-size N]
                        [--instance sqlite|postgres] [--scratch DIR] [--json]
     wcoj-bench backfill --input REL=PATH --undirected REL --epochs K --epoch-size N [--json]
+    wcoj-bench ask     --input edge=PATH [--vertices N] [--runs R] [--parts vertex,fresh,cold,attach]
+                       [--cold-state DIR] [--epochs K] [--epoch-size N] [--work DIR] [--json]
     wcoj-bench report  [--only PART] [--render-only] [--quick] [--root DIR] [--data DIR]
     wcoj-bench cluster up [--workers N] [--cores C] [--memory M] [--port P] [--ui-port P]
                        [--dir DIR]
@@ -60,7 +62,7 @@ from wcoj_bench import report
 from wcoj_bench.infra import cluster
 from wcoj_bench.infra.machine import machine_facts, machine_label
 from wcoj_bench.infra.measure import Sample
-from wcoj_bench.parts import aggregates, backfill, cold, dagster_run, idle, scale
+from wcoj_bench.parts import aggregates, ask, backfill, cold, dagster_run, idle, scale
 from wcoj_bench.parts.curves import (
     CURVE_METHODS,
     DEFAULT_EPOCH_SIZE,
@@ -336,6 +338,8 @@ def _parser() -> argparse.ArgumentParser:
 
     aggregates.add_parser(commands)
     commands.choices["aggregates"].set_defaults(run=_aggregates)
+    ask.add_parser(commands)
+    commands.choices["ask"].set_defaults(run=_ask)
     clu = commands.add_parser(
         "cluster", help="a Spark standalone cluster on 127.0.0.1, from the installed pyspark"
     )
@@ -776,6 +780,12 @@ def _aggregates(args: argparse.Namespace) -> int:
         say(f"warm changes per second: {rate}")
     for s in result.get("skew", []):
         say(f"skew: {s['query']}, N {s['N']:,}: {s['work_per_change']:,.0f} work per change")
+    return _finish(args, result)
+
+
+def _ask(args: argparse.Namespace) -> int:
+    result = ask.run(args)
+    ask.say_result(result, say)
     return _finish(args, result)
 
 

@@ -562,6 +562,24 @@ class _Relation:
         return _Path(terms, (src,) if src is not None else (), f"batches ({_order(order)})")
 
 
+class _Whole(_Relation):
+    """A relation as a query attached at the epoch reads it (`wcoj_core.attach`): nothing
+    before, all of it the change, so its delta rules give the whole output its trace holds at
+    that epoch. Its batches are scanned."""
+
+    def __init__(self, engine: Engine, trace: Trace | None, arity: int, epoch: int) -> None:
+        super().__init__(engine, trace, arity, epoch)
+        self.index = None
+        self.batches = tuple(b for b in self.batches if b.time <= epoch)
+
+    @property
+    def changed(self) -> bool:
+        return any(b.rows for b in self.batches)
+
+    def _signed(self, side: _Side, scan: bool) -> list[tuple[Batch, int]]:
+        return [] if side is _Side.OLD else [(b, 1) for b in self.batches]
+
+
 def _known_first(atom: Atom, bound: set[Var], arity: int) -> tuple[int, ...]:
     """The atom's columns, those holding a constant or a bound variable first.
 
@@ -872,8 +890,15 @@ def _relations(engine: Engine, query: str, epoch: int, manifest: Manifest) -> di
             f"epoch {epoch} of {engine.store.root} is at or before the compaction frontier "
             f"{manifest.frontier}: its changes are no longer kept apart"
         )
+    since = engine.served.since(query)
+    if since is not None and epoch < since:
+        raise StateError(
+            f"query {query!r} was attached to {engine.store.root} at epoch {since}: it has no "
+            f"change at epoch {epoch}"
+        )
+    kind = _Whole if epoch == since else _Relation
     return {
-        r: _Relation(engine, manifest.trace(relation_trace_name(r)), arity, epoch)
+        r: kind(engine, manifest.trace(relation_trace_name(r)), arity, epoch)
         for r, arity in q.relations.items()
     }
 

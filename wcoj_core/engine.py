@@ -72,6 +72,17 @@ LANDING_ROWS: int | None = None
 MAX_EPOCH = 2**62
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Given:
+    """What an engine was made with: what it plans again when the state's queries change."""
+
+    queries: tuple[Query, ...]
+    relations: Mapping[str, RelationSpec] | None
+    undirected: Sequence[str]
+    sizes: Mapping[str, int] | None
+    orders: Mapping[str, Mapping[int, Sequence[Var]]] | None
+
+
 class Engine:
     """Incremental worst-case-optimal evaluation of conjunctive queries over epochs.
 
@@ -107,23 +118,19 @@ class Engine:
         memory: MemoryBudget | int | str | None = None,
         progress: Callable[[str], None] | None = None,
         shares: Shares | None = None,
+        auto_attach: bool = False,
     ) -> None:
         from wcoj_core.deploy.driver import WORKERS
 
+        self.auto_attach = auto_attach
         budget = MemoryBudget.of(memory) if shares is None else shares.budget
-        qs = [queries] if isinstance(queries, Query) else list(queries)
-        specs = served_specs(qs, relations, undirected)
+        given = [queries] if isinstance(queries, Query) else list(queries)
+        served_specs(given, relations, undirected)  # the caller's queries and relations, checked
         starter = starter_of(spark)
         self.access = StateAccess.open(
             state_dir, starter, create=create, executor_tasks=executor_tasks
         )
         manifest = self.store.current()
-        if sizes is None:
-            sizes = {
-                rel: trace.rows()
-                for rel in specs
-                if (trace := manifest.trace(relation_trace_name(rel))) is not None
-            }
         # What each stage may hold (`shares` given: tests forcing every stage to spill).
         shares = Shares.of(budget, WORKERS) if shares is None else shares
         worker_bytes = 0
@@ -132,20 +139,17 @@ class Engine:
             # The epochs run in the executors: the budget is split with Spark (`_split`).
             split = Shares.of(budget, WORKERS).for_spark(starter.master, _cores(starter.master))
             shares, worker_bytes = split.driver, split.worker_bytes
-        limits = Limits(deployment, driver_max_rows, driver_epoch_rows, executor_max_rows)
-        self.served = Served.plan(
-            qs,
-            specs,
-            sizes,
-            orders,
-            limits=limits,
-            shares=shares,
-            budget=budget,
-            keep_rules=keep_rules,
-            landing_rows=landing_rows,
-            compact_every=compact_every,
-            worker_bytes=worker_bytes,
-        )
+        self._given = _Given(tuple(given), relations, undirected, sizes, orders)
+        self._planning: dict[str, Any] = {
+            "limits": Limits(deployment, driver_max_rows, driver_epoch_rows, executor_max_rows),
+            "shares": shares,
+            "budget": budget,
+            "keep_rules": keep_rules,
+            "landing_rows": landing_rows,
+            "compact_every": compact_every,
+            "worker_bytes": worker_bytes,
+        }
+        self.served = self._served(manifest)
         self.progress = progress
         self._recounted: tuple[tuple[int, int], dict[str, int]] | None = None  # `recount`'s
         self.check_plan(manifest)
@@ -154,6 +158,34 @@ class Engine:
             # set it), and each executor's Python worker sizes its pieces by its share.
             for key, value in split.conf().items():
                 starter.conf.setdefault(key, value)
+
+    def _served(self, manifest: mf.Manifest) -> Served:
+        """What this engine serves over a state whose current manifest is `manifest`: the
+        queries it was given and every query the state keeps (adopted from its plan, read
+        with the state's relations: an engine never drops a query a state keeps)."""
+        from wcoj_core.query.parse import parse_query
+
+        given, sizes = self._given.queries, self._given.sizes
+        held = manifest.plan or mf.StatePlan()
+        names = {q.name for q in given}
+        adopted = [parse_query(q.text) for n, q in held.queries.items() if n not in names]
+        specs = served_specs(given, self._given.relations, self._given.undirected)
+        for q in adopted:
+            for rel in q.relations:
+                r = held.relations[rel]
+                specs.setdefault(rel, RelationSpec(rel, r.arity, r.meaning, r.undirected))
+        qs = [*given, *adopted]
+        if sizes is None:
+            sizes = {
+                rel: trace.rows()
+                for rel in specs
+                if (trace := manifest.trace(relation_trace_name(rel))) is not None
+            }
+        since = {n: q.since for n, q in held.queries.items() if q.since is not None}
+        orders = self._given.orders
+        return Served.plan(
+            qs, served_specs(qs, specs), sizes, orders, since=since, **self._planning
+        )
 
     # -- what the engine serves (`Served`) and the state it serves it from (`StateAccess`) --
     @property
@@ -218,8 +250,54 @@ class Engine:
         return self.served.trace_columns(name)
 
     def check_plan(self, manifest: mf.Manifest) -> None:
-        """Refuse a state that serves something else than this engine (see the module)."""
+        """Refuse a state that serves something else than this engine (see the module); a
+        query the state keeps that this engine does not serve yet is adopted."""
+        held = manifest.plan.queries if manifest.plan is not None else {}
+        if any(n not in self.queries or self.served.since(n) != q.since for n, q in held.items()):
+            self.served = self._served(manifest)
         self.served.check(manifest, self.store.root)
+
+    def _attached(self, base: mf.Manifest) -> mf.Manifest:
+        """`base`, or the manifest after attaching the queries this serves that a state
+        holding epochs does not keep (`auto_attach`; else refused naming what to do)."""
+        pending = self.served.pending(base)
+        if not pending:
+            return base
+        if not self.auto_attach:
+            root = self.store.root
+            raise StateError(
+                f"the state at {root} holds epochs up to {base.epoch} and does not keep query "
+                f"{', '.join(pending)}: attach it first (wcoj attach {root} --query ..., or "
+                "Engine.attach), which makes its output from the kept arrangements"
+            )
+        self.attach(pending)
+        return self.store.current()
+
+    def attach(self, names: Sequence[str] | None = None) -> Any:
+        """Attach the queries `names` this engine serves (default: every one the state does
+        not keep) to a state that holds epochs (`wcoj_core.attach.attach`); what it did."""
+        from wcoj_core.attach import attach
+
+        base = self.store.current()
+        self.check_plan(base)
+        names = self.served.pending(base) if names is None else list(names)
+        unknown = sorted(set(names) - set(self.queries))
+        if unknown:
+            raise QueryError(f"this engine does not serve {', '.join(unknown)}")
+        done = attach(self.served, self.access, names)
+        self.served = self._served(self.store.current())
+        return done
+
+    def detach(self, names: Sequence[str]) -> mf.Manifest:
+        """Remove the queries `names` from the state with their own traces
+        (`wcoj_core.attach.detach`); this engine no longer serves them."""
+        from wcoj_core.attach import detach
+
+        committed = detach(self.store, names)
+        kept = tuple(q for q in self._given.queries if q.name not in names)
+        self._given = dataclasses.replace(self._given, queries=kept)
+        self.served = self._served(committed)
+        return committed
 
     @property
     def store(self) -> Store:
@@ -312,6 +390,7 @@ class Engine:
             raise StateError(f"epoch {epoch!r} is not a whole number from 0 to 2**62")
         base = self.store.current()
         self.check_plan(base)
+        base = self._attached(base)
         if not replace and base.epoch is not None and epoch <= base.epoch:
             raise EpochAlreadyApplied(
                 f"epoch {epoch} cannot be applied to {self.store.root}: epoch {base.epoch} is "
@@ -376,6 +455,7 @@ class Engine:
         made: its change (`EpochResult.changes`) is then None."""
         base = self.store.current()
         self.check_plan(base)
+        base = self._attached(base)
         for rel, df in changes.items():
             if rel not in self.specs:
                 raise QueryError(f"changes given for relation {rel!r}, which no query uses")
@@ -413,6 +493,8 @@ class Engine:
         state up to date without waiting for the next epoch); their results."""
         done: list[EpochResult] = []
         base = self.store.current()
+        self.check_plan(base)
+        base = self._attached(base)
         for stale in self.stale(base):
             done.append(self._pass(base, stale, self.stored_changes(base, stale)).run())
             base = self.store.current()

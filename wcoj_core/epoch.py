@@ -40,7 +40,7 @@ from wcoj_core.deploy import Choice
 from wcoj_core.deploy.driver import estimate_rows, run_on_driver
 from wcoj_core.deploy.output import OutputChange
 from wcoj_core.deploy.work import RuleJob, Work
-from wcoj_core.errors import MultiplicityOverflow, StateError
+from wcoj_core.errors import DamagedFile, MultiplicityOverflow, StateError
 from wcoj_core.indexes import KEPT, Opened, Streamed, advance, identity, open_trace
 from wcoj_core.input_land import Changes, Landed, land
 from wcoj_core.kernel.changes import counted_by, counts_delta, support_delta
@@ -48,6 +48,7 @@ from wcoj_core.kernel.index import EpochLayers
 from wcoj_core.kernel.join import RuleTally
 from wcoj_core.kernel.layer import Layer, lookup_sum
 from wcoj_core.kernel.multiplicity import exact_sum
+from wcoj_core.kernel.stored import DAMAGED_FILES
 from wcoj_core.meaning import (
     Effect,
     Figures,
@@ -63,7 +64,7 @@ from wcoj_core.store.batches import BatchWriter
 from wcoj_core.store.files import sync_soon
 from wcoj_core.store.manifest import Batch, Index, Level, Manifest, Segment, Trace
 from wcoj_core.store.names import new_batch_path, new_segment_path
-from wcoj_core.store.segments import restamped, write_segment
+from wcoj_core.store.segments import write_segment
 from wcoj_core.traces import (
     counts_trace_name,
     output_trace_name,
@@ -230,12 +231,15 @@ class EpochResult:
         return tuple(r.epoch for r in self.rebuilt)
 
     def total(self, query: str) -> int:
-        """The sum of the multiplicities of `query`'s output change."""
-        return self.totals[query]
+        """The sum of the multiplicities of `query`'s output change (0 for a query attached
+        at a later epoch)."""
+        return self.totals.get(query, 0)
 
     def count(self, query: str) -> int:
-        """`query`'s output count (summed multiplicity) as of the epoch."""
-        return self.traces[output_trace_name(query)].figures.count
+        """`query`'s output count (summed multiplicity) as of the epoch (0 for a query
+        attached at a later epoch)."""
+        trace = self.traces.get(output_trace_name(query))
+        return 0 if trace is None else trace.figures.count
 
 
 @dataclass
@@ -289,6 +293,8 @@ class EpochPass:
         self.opened: dict[str, Opened] = {}
         self.deltas: dict[str, Layer] = {}
         self.effects: dict[str, tuple[Landed, Effect]] = {}
+        self.landings: dict[str, Landed] = {}  # each relation's landed changes (kept: `run`)
+        self.met: set[str] = set()  # segments found damaged by this pass
         self.pre: dict[str, Batch] = {}  # changes written before the rules ran (executors)
         # Each layer written as a batch, by its id (the layer kept alive beside it): a layer
         # two traces hold (a query's change that is its one rule's) is written once.
@@ -306,6 +312,11 @@ class EpochPass:
         self.distinct: frozenset[str] = frozenset()  # outputs made consolidated (`_distinct`)
         self.mirrors: set[str] = set()  # traces that are their own mirror (undirected)
         self.timer.stage = self.scratch
+        # A query attached at a later epoch is left alone; one attached at this epoch has its
+        # whole output made again (`_whole`), not a change (`wcoj_core.attach`).
+        since = {q: served.since(q) for q in served.queries}
+        self.live = frozenset(q for q, s in since.items() if s is None or s <= epoch)
+        self.whole = frozenset(q for q, s in since.items() if s == epoch)
 
     def _report(self, what: str) -> None:
         """Tell `progress` how the pass goes (`what`, the bytes spilled, the memory peak), once
@@ -323,9 +334,20 @@ class EpochPass:
 
     # -- the pass -----------------------------------------------------------------------------
     def run(self) -> EpochResult:
+        """The pass (see the module). A segment found damaged as the pass reads it (a block
+        that does not match its checksum) stops the pass before anything is committed; the
+        pass is then made again from its landed changes, the segment's trace rebuilt from its
+        batches (`open_trace`), as often as segments are found damaged."""
         self.meter.start()
         try:
-            return self._run()
+            while True:
+                try:
+                    return self._run()
+                except DamagedFile as e:
+                    if e.path not in DAMAGED_FILES or e.path in self.met:
+                        raise
+                    self.met.add(e.path)
+                    self._again()
         finally:
             self.memory = self._figures()
             self.scratch.close()
@@ -345,6 +367,8 @@ class EpochPass:
                     relation_trace_name(r) for r, spec in served.specs.items() if spec.undirected
                 }
                 for name in served.indexed():
+                    if name.startswith("out/") and name[4:] not in self.live:
+                        continue
                     self.opened[name] = open_trace(
                         access.store.root,
                         m.traces[name],
@@ -395,12 +419,17 @@ class EpochPass:
     def _discard(self) -> None:
         self.access.store.discard(self.written)
 
+    def _again(self) -> None:
+        """Forget what a pass stopped by a damaged segment made, but its landed changes."""
+        self.written, self.opened, self.deltas, self.effects = [], {}, {}, {}
+        self.pre, self.layer_batches, self.landed = {}, {}, {}
+
     # -- land ---------------------------------------------------------------------------------
     def _land(self) -> None:
         served = self.served
         for rel, changes in sorted(self.changes.items()):
             spec = served.specs[rel]
-            landed = land(
+            landed = self.landings.get(rel) or land(
                 spec,
                 changes,
                 served.landing_rows,
@@ -412,6 +441,7 @@ class EpochPass:
                     f"epoch {self.epoch}: relation {rel!r} changes by more than "
                     f"{served.landing_rows:,} rows; apply it in smaller epochs"
                 )
+            self.landings[rel] = landed
             name = relation_trace_name(rel)
             before = self.opened[name].at(identity(spec.arity))
             eff = effects(spec, landed.layer, before, self.spill)
@@ -516,7 +546,11 @@ class EpochPass:
             out = output_trace_name(q)
             width = len(served.queries[q].head)
             ran = [j for j in jobs if j.query == q]
-            if served.keep_rules and len(ran) == 1:
+            if q in self.whole:
+                outputs[out] = self._whole(m, q, layers)
+            elif q not in self.live:
+                continue
+            elif served.keep_rules and len(ran) == 1:
                 # One rule ran (a first load, or one relation of several changed): the query's
                 # change is that rule's, as it is (a distinct one unsorted), the same batch.
                 outputs[out] = outputs[ran[0].output].shared()
@@ -685,6 +719,8 @@ class EpochPass:
         changed = {r for r in served.specs if relation_trace_name(r) in self.deltas}
         jobs: list[RuleJob] = []
         for name, plan in served.plans.items():
+            if name not in self.live or name in self.whole:
+                continue
             for rule in plan.rules:
                 if plan.query.atoms[rule.delta].relation not in changed:
                     continue
@@ -697,6 +733,18 @@ class EpochPass:
                 )
                 jobs.append(RuleJob(name, rule.delta, output))
         return jobs
+
+    def _whole(self, m: Manifest, query: str, layers: EpochLayers) -> _Out:
+        """The whole output of a query attached at this epoch, as of its new state: what the
+        query's trace holds at the epoch it was attached at (`wcoj_core.attach`)."""
+        from wcoj_core.ask import Question, Whole
+
+        question = Question.of(self.served.queries[query])
+        out = output_trace_name(query)
+        work = Work(self.access.store.root, self.epoch, {query: question.plan}, ())
+        work = replace(work, rules=(RuleJob(query, question.rule.delta, out),))
+        done = run_on_driver(work, Whole(layers), shares_of=self.served.shares, spill=self.spill)  # type: ignore[arg-type]
+        return self._output(m, out, done.changes[out], None)
 
     def _reads_empty(self, plan: Plan, rule: DeltaRule, changed: set[str]) -> bool:
         """Whether an atom of `rule` other than its delta reads a relation holding nothing at
@@ -821,8 +869,7 @@ class EpochPass:
                     if name.startswith("counts/") and len(change):
                         indexed[id(change)] = (before, served.views[name], index)
                 else:
-                    held = tuple(restamped(access.store.root, s) for s in trace.index.segments)
-                    index = replace(trace.index, time=t, segments=held)
+                    index = replace(trace.index, time=t)
                 trace = replace(trace, index=index)
             traces[name] = trace
             figures = (
@@ -950,7 +997,7 @@ class EpochPass:
             for job, tally in tallies.items()
             for s in tally.steps
         )
-        rules: dict[str, dict[int, RuleReport]] = {q: {} for q in served.queries}
+        rules: dict[str, dict[int, RuleReport]] = {q: {} for q in served.queries if q in self.live}
         for job, tally in tallies.items():
             rows = outputs[job.output].rows if served.keep_rules else 0
             rules[job.query][job.rule] = RuleReport(
@@ -959,7 +1006,9 @@ class EpochPass:
         metrics = EpochMetrics(
             epoch=self.epoch,
             changes={rel: len(eff.change) for rel, (_, eff) in sorted(self.effects.items())},
-            outputs={q: outputs[output_trace_name(q)].rows for q in served.queries},
+            outputs={
+                q: outputs[output_trace_name(q)].rows for q in served.queries if q in self.live
+            },
             steps=steps,
             seconds=self.timer.seconds,
             deployment=choice.deployment.value,
@@ -991,9 +1040,10 @@ class EpochPass:
             )
             for rel, (landed, eff) in sorted(self.effects.items())
         }
-        totals = {q: outputs[output_trace_name(q)].sum for q in served.queries}
+        live = [q for q in served.queries if q in self.live]
+        totals = {q: outputs[output_trace_name(q)].sum for q in live}
         changes: dict[str, tuple[np.ndarray, np.ndarray] | None] = {
-            q: outputs[output_trace_name(q)].arrays for q in served.queries
+            q: outputs[output_trace_name(q)].arrays for q in live
         }
         return EpochResult(
             self.epoch,

@@ -41,6 +41,7 @@ import numpy as np
 from wcoj_core.kernel.join import prepare
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, arranged, merged, summed_sorted
+from wcoj_core.kernel.stored import DAMAGED_FILES
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView, Kind, Plan, Version
 from wcoj_core.store import segments
@@ -228,7 +229,8 @@ class KeptSegments:
         key = (os.fspath(root), segment.path)
         with self._lock:
             found = self._held.get(key)
-        if found is not None and found[0] == segment and found[1] == _stamps(paths):
+        fresh = found is not None and found[0] == segment and found[1] == _stamps(paths)
+        if fresh and found is not None and paths[0] not in DAMAGED_FILES:
             with self._lock:
                 self._held.move_to_end(key)
             layer = found[2]
@@ -568,7 +570,7 @@ def _advance_view(
         base = [_write(root, folder, rebuilt, Level.BASE, key, written)]
         recent, fresh = [], None
         opened.rebuilt, opened.damaged = str(e), True
-    out += [segments.restamped(root, s) for s in base + recent]
+    out += base + recent
     if fresh is not None and len(fresh):
         out.append(_write(root, folder, fresh, Level.RECENT, key, written))
 

@@ -115,9 +115,11 @@ class Served:
         landing_rows: int | None = None,
         compact_every: int = 0,
         worker_bytes: int = 0,
+        since: Mapping[str, int] | None = None,
     ) -> Served:
         """Plan every query over shared arrangements (`specs` from `served_specs`; `sizes`
-        each relation's rows, for the variable orders)."""
+        each relation's rows, for the variable orders; `since` the epoch each query attached
+        to the state after its first was attached at)."""
         for q in queries:
             check_width(q)  # before any input is read
         by_name = {q.name: q for q in queries}
@@ -138,7 +140,7 @@ class Served:
                 for rel, spec in specs.items()
             },
             {
-                name: mf.QueryPlan(str(q), tuple(sorted(q.relations)))
+                name: mf.QueryPlan(str(q), tuple(sorted(q.relations)), (since or {}).get(name))
                 for name, q in sorted(by_name.items())
             },
         )
@@ -218,16 +220,19 @@ class Served:
             if ours.text != q.text:
                 raise StateError(
                     f"state {root} maintains query {name!r} as `{q.text}`; this run "
-                    f"gives `{ours.text}`: a state serves the query it was made for — use a new "
-                    "state (or another query name in a new state)"
+                    f"gives `{ours.text}`: a state keeps one query of a name — give this one "
+                    "another name (wcoj attach adds it), or detach the kept one first (wcoj detach)"
                 )
-        new = sorted(set(mine.queries) - set(held.queries))
-        if new and manifest.epoch is not None:
-            raise StateError(
-                f"state {root} holds epochs up to {manifest.epoch} for "
-                f"{', '.join(held.queries)}; query {', '.join(new)} cannot join it midway: "
-                "use a new state"
-            )
+
+    def pending(self, manifest: mf.Manifest) -> list[str]:
+        """The queries this serves that a state holding epochs does not keep yet: each is
+        attached (`wcoj_core.attach`) before an epoch is applied."""
+        held = manifest.plan.queries if manifest.plan is not None else {}
+        return [] if manifest.epoch is None else sorted(set(self.queries) - set(held))
+
+    def since(self, query: str) -> int | None:
+        """The epoch `query` was attached at (None: it is kept from the state's first)."""
+        return self.record.queries[query].since
 
     def registered(self, manifest: mf.Manifest) -> mf.Manifest:
         """The manifest with every trace this serves (new ones empty)."""

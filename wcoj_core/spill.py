@@ -355,9 +355,9 @@ class _Cursor:
             return
         n = len(self.layer)
         self.end = min(self.at + block, n)
-        rows = np.asarray(self.layer.rows[self.at : self.end])
+        rows, diff = self.layer.part(self.at, self.end)  # a mapped layer's made piece by piece
         self.rows = np.asfortranarray(rows, dtype=I64)
-        self.diff = np.array(self.layer.diff[self.at : self.end], dtype=I64)
+        self.diff = np.array(diff, dtype=I64)
         self.keys = _keys(self.rows, packing)
 
     @property
@@ -679,9 +679,10 @@ def slice_layer(layer: Layer, lo: int, hi: int) -> Layer:
     if lo == 0 and hi == len(layer):
         return layer
     keys = layer._keys  # pyright: ignore[reportPrivateUsage]
+    rows, diff = layer.part(lo, hi)
     out = Layer(
-        layer.rows[lo:hi],
-        layer.diff[lo:hi],
+        rows,
+        diff,
         layer.packing,
         None if keys is None else keys[lo:hi],
         layer._unit,  # pyright: ignore[reportPrivateUsage]

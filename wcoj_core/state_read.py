@@ -93,6 +93,12 @@ def trace_as_of(
             f"history before epoch {m.frontier} was compacted in {state.store.root}; "
             f"cannot read {name!r} as of epoch {time}"
         )
+    held = m.plan.queries.get(name[4:]) if m.plan is not None and name.startswith("out/") else None
+    if time is not None and held is not None and held.since is not None and time < held.since:
+        raise StateError(
+            f"query {name[4:]!r} was attached to {state.store.root} at epoch {held.since}: its "
+            f"output before it is not kept (ask the state: wcoj query --epoch {time})"
+        )
     return trace, list(trace.visible(time))
 
 

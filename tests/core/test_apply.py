@@ -429,7 +429,7 @@ def test_a_different_query_or_meaning_is_refused_naming_both(
         ),
         (
             [*base, "--query", "2-paths", "--undirected", "edge"],
-            ("also maintains query 'triangles'", "(serving: paths2)"),
+            ("does not keep query paths2", "attach it first (wcoj attach"),
         ),
     ]
     for argv, fragments in refusals:

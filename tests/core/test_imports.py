@@ -27,11 +27,14 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kernel", ("kernel", "kernel.*")),
     ("store", ("store", "store.*")),
     ("runtime", ("budget", "spill", "session", "spark", "deploy", "deploy.daemon")),
-    ("arrangements", ("meaning", "lineage", "indexes", "state_read", "compaction", "aggregates")),
+    (
+        "arrangements",
+        ("meaning", "lineage", "indexes", "state_read", "compaction", "aggregates", "ask"),
+    ),
     ("io", ("generate", "input_read", "input_spark", "input_land")),
     ("served", ("served",)),
     ("deploy", ("deploy.*",)),
-    ("epoch", ("epoch", "engine", "replay")),
+    ("epoch", ("epoch", "engine", "replay", "attach")),
     ("check", ("check", "check.*", "audit", "audit_sample", "reference")),
     ("cli", ("cli", "cli.*")),
 )

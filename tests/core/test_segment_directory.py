@@ -1,12 +1,13 @@
-"""Segment files that keep their first column's directory (state format 4, layout 2).
+"""Segment files that keep their first column's directory (state format 5, layout 3).
 
-A segment of many rows whose first column is dense enough is written with the directory
-`Layer.directory` would make (`wcoj_core.store.segments`), and opened with it, mapped: a cold
-search then reads a page of it instead of a page per halving of the column. Checked here: the
-directory read back is the one made in memory, and searches through it find what searches of the
-layer in memory find; a sparse column keeps none; a header whose directory disagrees with the
-file is damaged, named; and a state whose every segment keeps a directory stays exact against
-the oracle, epoch after epoch, in fresh engines and a warm one.
+A segment whose first column is dense enough (of many rows, or of two columns or more with no
+more values than rows) is written with the directory `Layer.directory` would make
+(`wcoj_core.store.segments`), which then stands for that column (not stored), and opened with
+it, mapped: a cold search reads a page of it instead of a page per halving of the column.
+Checked here: the directory read back is the one made in memory, and searches through it find
+what searches of the layer in memory find; a sparse column keeps none; a header whose directory
+disagrees with the file is damaged, named; and a state whose every segment keeps a directory
+stays exact against the oracle, epoch after epoch, in fresh engines and a warm one.
 """
 
 from __future__ import annotations
@@ -58,9 +59,10 @@ def test_a_dense_segment_keeps_its_directory_and_finds_the_same_rows(tmp_path: P
     assert table is not None and mapped._dir is not None
     assert mapped._dir[1] == low and np.array_equal(mapped._dir[0], table)
     assert not mapped._dir[0].flags.writeable  # a view of the read-only mapping, not a copy
+    assert mapped._dir[0].dtype == np.uint32 and mapped.spec()[0][0] is None  # it stands for c0
     path = tmp_path / segment.path
-    base = segments.SEG_HEADER_BYTES + len(memory) * 8 * (3 + 1) + len(memory) * 8
-    assert path.stat().st_size == base + 8 * len(table)
+    data = segments.HEADER_BYTES + -(-4 * len(table) // 8) * 8 + len(memory) * 8 * 2
+    assert path.stat().st_size == data + 4 * -(-data // 4096) + 8  # block sums, their sum
     keys = rng.integers(-60, 40_010, size=(5_000, 2))
     for m in (1, 2):
         fresh = open_segment(tmp_path, segment)  # its directory only: none made in memory
@@ -68,16 +70,17 @@ def test_a_dense_segment_keeps_its_directory_and_finds_the_same_rows(tmp_path: P
     assert segments.check_segment(tmp_path, segment) == []
 
 
-def test_a_sparse_or_small_segment_keeps_none(tmp_path: Path) -> None:
+def test_a_sparse_segment_keeps_none_a_small_dense_one_keeps_one(tmp_path: Path) -> None:
     rng = np.random.default_rng(8)
     sparse = layer_of(rng.integers(0, 1 << 40, size=(segments.DIRECTORY_MIN_ROWS, 2)))
-    small = layer_of(rng.integers(0, 10, size=(1_000, 2)))
-    for n, layer in enumerate((sparse, small)):
+    small = layer_of(rng.integers(0, 10**6, size=(1_000, 2)))
+    dense = layer_of(rng.integers(0, 10, size=(1_000, 2)))  # 10 values: fewer than its rows
+    for n, layer in enumerate((sparse, small, dense)):
         segment = written(tmp_path, layer, f"s-000000000000000{n + 1}.seg")
-        assert open_segment(tmp_path, segment)._dir is None
-        keys = layer.search_keys().dtype.itemsize
-        size = segments.SEG_HEADER_BYTES + len(layer) * (8 * 3 + keys)
-        assert (tmp_path / segment.path).stat().st_size == size
+        opened = open_segment(tmp_path, segment)
+        assert (opened._dir is None) == (layer is not dense)
+        assert (opened.spec()[0][0] is None) == (layer is dense)
+        assert np.array_equal(opened.rows, layer.rows)
 
 
 @pytest.mark.parametrize(
@@ -85,24 +88,20 @@ def test_a_sparse_or_small_segment_keeps_none(tmp_path: Path) -> None:
     [
         ("entries", 10**9, "not the manifest's segment"),
         ("entries", 5, "size does not match its header"),
-        ("low", 3, None),  # the bytes are the digest's: a stamp unchanged is trusted
+        ("low", 3, "does not match its checksum"),  # the header's block, checked at open
     ],
 )
 def test_a_header_that_disagrees_with_its_directory_is_damaged(
-    tmp_path: Path, field: str, value: int, problem: str | None
+    tmp_path: Path, field: str, value: int, problem: str
 ) -> None:
     rng = np.random.default_rng(10)
     segment = written(tmp_path, layer_of(rng.integers(0, 20_000, size=(80_000, 2))))
     path = tmp_path / segment.path
     raw = bytearray(path.read_bytes())
-    at = 40 if field == "low" else 48
+    at = 24 if field == "low" else 32
     raw[at : at + 8] = value.to_bytes(8, "little", signed=True)
     os.chmod(path, 0o644)
     path.write_bytes(bytes(raw))
-    if problem is None:  # rewritten in place: its stamp changed, so its digest is checked
-        with pytest.raises(DamagedFile, match="sha256"):
-            open_segment(tmp_path, segment)
-        return
     with pytest.raises(DamagedFile, match=problem):
         open_segment(tmp_path, segment)
 
@@ -130,7 +129,7 @@ def test_a_state_whose_segments_keep_directories_stays_exact(
     with_directory = [
         s
         for s in kept
-        if segments._directory_fields((tmp_path / "state" / s.path).read_bytes()[:64])[1]
+        if int.from_bytes((tmp_path / "state" / s.path).read_bytes()[32:40], "little")
     ]
     assert with_directory, "no segment kept a directory"
     indexes.KEPT.clear()

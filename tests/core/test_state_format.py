@@ -1,18 +1,19 @@
-"""A state written by state formats 2 and 3 (segments of three ``.npy`` files; one file of
-layout 1, without a directory) is refused on one line naming the command that rebuilds it;
-``wcoj verify --repair`` rebuilds its arrangements from its batches, and the state goes on,
-exact against the oracle.
+"""A state written by state formats 2 to 4 (segments of three ``.npy`` files; one file of
+int64 columns, diffs and search keys, of layout 1 without a directory or of layout 2) is refused
+on one line naming the command that rebuilds it; ``wcoj verify --repair`` rebuilds its
+arrangements from its batches, and the state goes on, exact against the oracle.
 
 The states of earlier formats here are states written now and rewritten as those formats wrote
 them: every segment's file replaced by its three ``.npy`` files (the headers numpy writes, which
-format 2 wrote), or by a file of layout 1 (the directory dropped), every kept manifest's
-segment entries, format and digest edited to match, the marker set back.
+format 2 wrote), or by a file of layout 1 or 2, every kept manifest's segment entries, format
+and digest edited to match, the marker set back.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ from wcoj_core.store.store import Store
 
 
 def as_format(root: Path, fmt: int) -> int:
-    """Rewrite the state at `root` as state format `fmt` (2 or 3) wrote it; the segments
+    """Rewrite the state at `root` as state format `fmt` (2, 3 or 4) wrote it; the segments
     rewritten."""
     store = Store.open(root, create=False)
     done: dict[str, tuple[str, dict[str, list]]] = {}
@@ -39,7 +40,7 @@ def as_format(root: Path, fmt: int) -> int:
         for trace in store.generation(g).traces.values():
             for s in trace.index.segments if trace.index is not None else ():
                 if s.path not in done:
-                    done[s.path] = (_three_files if fmt == 2 else _layout_1)(root, s)
+                    done[s.path] = _three_files(root, s) if fmt == 2 else _int64(root, s, fmt)
     for path in sorted((root / "manifests").glob("*.json")):
         raw = json.loads(path.read_text())
         raw["format"] = fmt
@@ -62,18 +63,23 @@ def _refs(files: dict[str, Path]) -> dict[str, list]:
     return out
 
 
-def _layout_1(root: Path, segment: Segment) -> tuple[str, dict[str, list]]:
-    """A segment file as format 3 wrote it: layout 1 in its header, no directory after the
-    keys; its path and files."""
+def _int64(root: Path, segment: Segment, fmt: int) -> tuple[str, dict[str, list]]:
+    """A segment file as format 3 or 4 wrote it (layout 1 or 2): a 64-byte header, the rows
+    column after column and the diffs as int64, the search keys, no directory (as either wrote
+    a small segment); its path and files."""
     if not segment.rows:
         return segment.path, {}
     path = root / segment.path
-    raw = bytearray(path.read_bytes())
-    entries = int.from_bytes(raw[48:56], "little")
-    raw[8:12] = (1).to_bytes(4, "little")
-    raw[40:56] = bytes(16)
+    layer = open_segment(root, segment, verify=True)
+    keys = np.ascontiguousarray(layer.search_keys())
+    header = struct.pack(
+        "<8sIIQQc", b"\x93WCOJSEG", fmt - 2, layer.width, len(layer), keys.dtype.itemsize,
+        keys.dtype.kind.encode(),
+    ).ljust(64, b"\0")  # fmt: skip
+    body = [np.ascontiguousarray(np.asarray(layer.rows).T), np.asarray(layer.diff), keys]
+    del layer
     path.unlink()
-    path.write_bytes(bytes(raw[: len(raw) - 8 * entries]))
+    path.write_bytes(header + b"".join(a.tobytes() for a in body))
     return segment.path, _refs({names.SEGMENT_LAYER: path})
 
 
@@ -100,7 +106,7 @@ def _three_files(root: Path, segment: Segment) -> tuple[str, dict[str, list]]:
     return path, _refs(files)
 
 
-@pytest.mark.parametrize("fmt", [2, 3])
+@pytest.mark.parametrize("fmt", [2, 3, 4])
 def test_a_state_of_an_earlier_format_is_refused_then_rebuilt_and_stays_exact(
     tmp_path: Path, fmt: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -123,7 +129,7 @@ def test_a_state_of_an_earlier_format_is_refused_then_rebuilt_and_stays_exact(
     assert cli.main(["verify", str(root), "--repair"]) == 0
     store = Store.open(root, create=False)
     text = (root / "manifests" / names.manifest_name(store.current().generation)).read_text()
-    assert json.loads(text)["format"] == 4
+    assert json.loads(text)["format"] == 5
     assert json.loads((root / names.MARKER).read_text())["wcoj_state"] == fmt  # not rewritten
     run.check_accumulated()  # through the rebuilt segments
     for t in range(5, 12):
@@ -132,22 +138,22 @@ def test_a_state_of_an_earlier_format_is_refused_then_rebuilt_and_stays_exact(
     assert verify_state(Store.open(root, create=False, older=True)).ok
 
 
-def test_an_older_wcoj_refuses_a_state_of_format_4_on_one_line(
+def test_an_older_wcoj_refuses_a_state_of_format_5_on_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What format 3's wcoj does with a manifest of format 4: it reads only the formats it
+    """What format 4's wcoj does with a manifest of format 5: it reads only the formats it
     knew, so the state is refused naming the later format."""
     root = tmp_path / "state"
     run = Run(root, [TRIANGLES])
     run.step(0, epoch_changes(0, run.graph))
     manifest = next((root / "manifests").glob("*.json"))
-    monkeypatch.setattr(mf, "EARLIER", (2,))
-    monkeypatch.setattr(mf, "FORMAT", 3)
+    monkeypatch.setattr(mf, "EARLIER", (2, 3))
+    monkeypatch.setattr(mf, "FORMAT", 4)
     with pytest.raises(IncompatibleState) as e:
         Manifest.from_json(manifest.read_text(), str(manifest))
     assert str(e.value) == (
-        f"{manifest}: this state was created by a later wcoj (state format 4) and is not "
-        "readable by this one (format 3); use that wcoj"
+        f"{manifest}: this state was created by a later wcoj (state format 5) and is not "
+        "readable by this one (format 4); use that wcoj"
     )
 
 

@@ -28,6 +28,7 @@ from wcoj_core.engine import Engine
 from wcoj_core.meaning import relation_specs
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.parse import parse_query
+from wcoj_core.store.names import trace_dir
 
 TRIANGLES = builtin("triangles")
 # Three epochs of an undirected edge list: (a, b, diff).
@@ -56,14 +57,27 @@ def applied(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
     return state
 
 
-def on_disk(state: Path, manifest: dict[str, Any], trace: str) -> int:
-    """The bytes of every file the manifest lists for `trace` (in its batch folders, and its
-    segments: each one file), read from disk."""
-    t = manifest["traces"][trace]
-    paths = [state / b["path"] for b in t["batches"]]
-    paths += [state / s["path"] for s in (t["index"] or {"segments": []})["segments"]]
-    files = [f for p in paths for f in (p.iterdir() if p.is_dir() else [p] if p.exists() else [])]
-    return sum(f.stat().st_size for f in files)
+def listed(state: Path, manifest: dict[str, Any], trace: str | None = None) -> set[Path]:
+    """Every file the manifest lists (for `trace`: in its own folders — an undirected
+    relation's reversed view and a second counts trace list segments another view or trace
+    holds, once on disk), each once."""
+    out: set[Path] = set()
+    for name, t in manifest["traces"].items():
+        if trace is not None and name != trace:
+            continue
+        own = f"arrangements/{trace_dir(name)}/"
+        paths = [state / b["path"] for b in t["batches"]]
+        segs = (t["index"] or {"segments": []})["segments"]
+        paths += [state / s["path"] for s in segs if s["path"].startswith(own)]
+        out |= {
+            f for p in paths for f in (p.iterdir() if p.is_dir() else [p] if p.exists() else [])
+        }
+    return out
+
+
+def on_disk(state: Path, manifest: dict[str, Any], trace: str | None = None) -> int:
+    """The bytes of `listed` files, read from disk."""
+    return sum(f.stat().st_size for f in listed(state, manifest, trace))
 
 
 def test_three_epochs_of_an_undirected_graph(
@@ -93,6 +107,7 @@ def test_three_epochs_of_an_undirected_graph(
         "triangles": {
             "text": "triangles(a, b, c) :- edge(a, b), edge(b, c), edge(a, c), a < b, b < c",
             "relations": ["edge"],
+            "since": None,
             "count": 4,
             "counts": [{"epoch": t, "count": c} for t, c in enumerate(counts)],
         }
@@ -127,6 +142,7 @@ def test_three_epochs_of_an_undirected_graph(
     assert lines[10].split() == ["trace", "rows", "tuples", "bytes", "batches", "segments"]
     assert lines[13].split()[:3] == ["out/triangles", "8", "4"]
     total = sum(t["bytes"] for t in traces.values())
+    assert total == on_disk(state, manifest)  # each file once: the state's files on disk
     assert lines[-1].split()[:3] == ["total", "44", f"{total:,}"]
 
 

@@ -56,7 +56,7 @@ from reliability_support import (
 )
 
 from wcoj_core.errors import DamagedBatch
-from wcoj_core.store.batches import STATISTICS
+from wcoj_core.store.batches import batch_options
 
 SET_KINDS = [
     "batch:rel/edge",
@@ -126,13 +126,8 @@ def same_size_parquet(path: Path) -> bytes:
             column[i] += delta
             changed = table.set_column(0, field, pa.array(column, type=field.type))
             sink = pa.BufferOutputStream()
-            pq.write_table(
-                changed,
-                sink,
-                compression="snappy",
-                use_dictionary=["time", "diff"],
-                write_statistics=STATISTICS,  # as a batch is written
-            )
+            data_columns = [c for c in table.column_names if c.startswith("c")]
+            pq.write_table(changed, sink, **batch_options(data_columns))  # as a batch is written
             out = sink.getvalue().to_pybytes()
             if len(out) == len(data) and out != data:
                 return out

@@ -1,4 +1,4 @@
-"""Manifests of state format 4 (formats 2 and 3 still read): canonical JSON with a digest, every field checked on reading,
+"""Manifests of state format 5 (formats 2 to 4 read by the repair): canonical JSON with a digest, every field checked on reading,
 one line naming the file and the way back for anything wrong."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def test_round_trip_and_canonical_form() -> None:
     assert text.endswith("\n") and text.count("\n") == 1
     raw = json.loads(text)
     assert raw["digest"] == digest_of(raw)
-    assert raw["format"] == 4
+    assert raw["format"] == 5
     # Insertion order does not matter: the JSON is canonical.
     shuffled = Manifest(7, 1, None, m.plan, dict(reversed(list(m.traces.items()))))
     assert shuffled.to_json() == text
@@ -267,17 +267,17 @@ def test_manifests_of_other_formats_are_refused() -> None:
         Manifest.from_json(old, SRC, PREV)
     assert str(e.value) == (
         f"{SRC}: this state was created by an earlier wcoj (state format 1) and is not readable "
-        f"by this one (format 4); re-create the state (apply its epochs into a new directory)"
+        f"by this one (format 5); re-create the state (apply its epochs into a new directory)"
     )
-    later = resealed(lambda r: r.__setitem__("format", 5))
+    later = resealed(lambda r: r.__setitem__("format", 6))
     with pytest.raises(IncompatibleState, match="a later wcoj"):
         Manifest.from_json(later, SRC)
 
 
-def test_manifests_of_formats_2_and_3_are_refused_naming_the_repair() -> None:
-    """A manifest of format 2 or 3 is refused on one line naming the command that rebuilds
+def test_manifests_of_formats_2_to_4_are_refused_naming_the_repair() -> None:
+    """A manifest of format 2, 3 or 4 is refused on one line naming the command that rebuilds
     its arrangements; that command reads it (`older`), its segments for the views they held,
-    without their files (not read: rebuilt). A format 4 manifest naming a segment an earlier
+    without their files (not read: rebuilt). A format 5 manifest naming a segment an earlier
     wcoj wrote (a folder of three files, not merged yet) reads it the same way."""
 
     def legacy(raw: dict[str, Any]) -> None:
@@ -285,7 +285,7 @@ def test_manifests_of_formats_2_and_3_are_refused_naming_the_repair() -> None:
         seg(raw)["files"] = LEGACY
 
     source = "/s/manifests/0000000003.json"
-    for fmt in (2, 3):
+    for fmt in (2, 3, 4):
         text = resealed(
             lambda r, f=fmt: (legacy(r) if f == 2 else None, r.__setitem__("format", f))
         )
@@ -299,7 +299,7 @@ def test_manifests_of_formats_2_and_3_are_refused_naming_the_repair() -> None:
         m = Manifest.from_json(text, source, older=True)
         index = m.traces["rel/edge"].index
         assert index is not None and all(s.files == {} for s in index.segments)
-        assert index.segments[0].rows == 64 and json.loads(m.to_json())["format"] == 4
+        assert index.segments[0].rows == 64 and json.loads(m.to_json())["format"] == 5
     m = Manifest.from_json(resealed(legacy), SRC)
     index = m.traces["rel/edge"].index
     assert index is not None and index.segments[0].files == {}

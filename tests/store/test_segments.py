@@ -1,6 +1,7 @@
 """Segments: layers written once as one file each and mapped on open — identical lookups, every
-kind of damage caught and named, opening in milliseconds without reading the data; a segment an
-earlier wcoj wrote (state formats 2 and 3) named as one this wcoj does not read."""
+kind of damage caught and named (at open, or when a search first touches the damaged block),
+opening in milliseconds without reading the data; a segment an earlier wcoj wrote (state formats
+2 to 4) named as one this wcoj does not read."""
 
 from __future__ import annotations
 
@@ -98,13 +99,16 @@ def test_round_trip_gives_identical_lookups(
 
 
 def test_written_files_are_sealed_and_mapped(tmp_path: Path) -> None:
-    layer = random_layer(np.random.default_rng(1), 1000, 2, False, False)
+    rows = np.random.default_rng(1).integers(0, 40, size=(1000, 2))
+    layer = Layer.build(rows, np.ones(1000, dtype=np.int64))
     segment = write(tmp_path, layer)
     assert (tmp_path / segment.path).is_file()  # the segment is its one file: no folder
     assert Path(segment_path(tmp_path, segment)).stat().st_mode & 0o222 == 0
     opened = open_segment(tmp_path, segment)
-    assert not opened.rows.flags.writeable
-    assert opened.rows.flags.f_contiguous
+    cols, diff = opened.spec()[:2]
+    assert cols[0] is None and diff.dtype == np.int32  # the directory stands for it; narrow
+    assert cols[1].dtype == np.uint32 and not cols[1].flags.writeable  # the file's, mapped
+    assert opened.rows.flags.f_contiguous and np.array_equal(opened.rows, layer.rows)
     assert segment_bytes(segment) == sum(f.size for f in segment.files.values())
     assert not [p for p in (tmp_path / segment.path).parent.iterdir() if p.name.endswith(".tmp")]
 
@@ -174,21 +178,31 @@ def test_a_size_that_disagrees_with_the_header(written: tuple[Path, Segment]) ->
     assert message == f"{path}: its size does not match its header (truncated or padded)"
 
 
-def test_bytes_flipped_in_the_middle(written: tuple[Path, Segment]) -> None:
+@pytest.mark.parametrize("where", ["middle", "table", "header"])
+def test_bytes_flipped_anywhere_are_caught_before_they_are_used(
+    written: tuple[Path, Segment], where: str
+) -> None:
+    """A byte changed below the file system (its stamp kept or not): the header's block and the
+    table of block checksums are checked at open, any other block when a search first reads it
+    — the search raises rather than answer from it; `verify` reads the file whole."""
     root, segment = written
     path = Path(segment_path(root, segment))
-    middle = path.stat().st_size // 2
-
-    def flip(d: bytearray) -> None:
-        d[middle] ^= 0xFF
-
-    rewrite(path, flip)  # in place: the stamp changed, so the digest is checked
-    message = damage(root, segment)
-    assert message.startswith(f"{path}: its sha256 ")
-    assert (
-        "differs from the manifest's" in message
-        and "its bytes changed since it was written" in message
-    )
+    good = open_segment(root, segment)
+    size = path.stat().st_size
+    at = {"middle": size // 2, "table": size - 12, "header": 20}[where]
+    rewrite(path, lambda d: d.__setitem__(at, d[at] ^ 0xFF))
+    if where != "middle":
+        assert damage(root, segment).startswith(f"{path}: its ")
+        return
+    opened = open_segment(root, segment)
+    with pytest.raises(DamagedFile, match="does not match its checksum"):
+        opened.lookup(np.asarray(good.rows))  # every row: the damaged block too
+    with pytest.raises(DamagedFile, match="does not match its checksum"):
+        _ = open_segment(root, segment).rows
+    assert "does not match its checksum" in damage(root, segment)  # found: not opened again
+    assert [e.what for e in check_segment(root, segment)] == [
+        "a block of it does not match its checksum (its bytes changed since it was written)"
+    ]
 
 
 def test_a_stale_digest_is_caught_when_verifying(written: tuple[Path, Segment]) -> None:
@@ -245,12 +259,12 @@ def rss() -> int:
 
 def test_opening_two_million_rows_reads_no_data(tmp_path: Path) -> None:
     n = 2_000_000
-    rng = np.random.default_rng(2)
-    rows = np.column_stack([np.arange(n) // 2, rng.integers(0, 1 << 20, size=n)])
+    rows = np.column_stack([np.arange(n) // 2, (np.arange(n) * 7919) % (1 << 20)])
     layer = Layer.build(rows, np.ones(n, dtype=np.int64))
     segment = write(tmp_path, layer)
     del layer, rows
-    assert segment_bytes(segment) > 30 * n  # 16 B rows + 8 B diff + 8 B keys per row (one file)
+    # 4 B a row (uint32 second column) and 4 B a value of the first (its directory): no diff
+    assert 6 * n < segment_bytes(segment) < 6.1 * n
     for _ in range(3):
         before = rss()
         opened = open_segment(tmp_path, segment)
@@ -269,7 +283,7 @@ def test_opening_two_million_rows_reads_no_data(tmp_path: Path) -> None:
         del opened
     assert best < 0.05, best  # milliseconds (and generous on a shared machine)
     opened = open_segment(tmp_path, segment)
-    assert opened.rows[-1, 0] == n // 2 - 1
+    assert opened.part(n - 1, n)[0][0, 0] == n // 2 - 1
     searched_in_place(opened, n, segment_bytes(segment))
 
 
@@ -285,17 +299,22 @@ def memory() -> tuple[int, int]:
 
 
 def searched_in_place(opened: Layer, n: int, size: int) -> None:
-    """Lookups and ranges on a mapped layer copy nothing and touch a few pages of its `size`
-    bytes (each page fault maps its neighbours too: a few probes keep them few)."""
+    """Lookups and ranges on a mapped layer copy nothing and read a few blocks of its `size`
+    bytes: each block read is checked first, so the blocks seen are what was read (the
+    resident file pages say less: a fault maps a whole folio of the page cache)."""
     rng = np.random.default_rng(5)
     probe = np.column_stack([rng.integers(0, n // 2, size=2), rng.integers(0, 1 << 20, size=2)])
-    anon, mapped = memory()
-    found = opened.lookup(np.concatenate([probe, np.asarray(opened.rows[[n // 3, -1]])]))
+    ends = [opened.part(i, i + 1)[0] for i in (n // 3, n - 1)]
+    anon, _ = memory()
+    seen = opened.spec()[6][2]
+    before = int(np.count_nonzero(seen))
+    found = opened.lookup(np.concatenate([probe, *ends]))
     lo, hi = opened.ranges(probe[:, :1])
     assert list(found[-2:]) == [1, 1] and bool((hi - lo <= 2).all())
-    anon_after, mapped_after = memory()
+    anon_after, _ = memory()
     assert anon_after - anon < 1 << 20
-    assert mapped_after - mapped < size // 4
+    assert int(np.count_nonzero(seen)) - before <= 3 * 4  # a key's entry, its rows: per probe
+    assert int(np.count_nonzero(seen)) < size // 4096 // 8
 
 
 def test_a_mapped_layer_of_byte_keys_is_searched_in_place(tmp_path: Path) -> None:
@@ -308,3 +327,21 @@ def test_a_mapped_layer_of_byte_keys_is_searched_in_place(tmp_path: Path) -> Non
     opened = open_segment(tmp_path, segment)
     assert opened.packing is None  # known from the keys: no pass over the rows to find out
     searched_in_place(opened, n, segment_bytes(segment))
+
+
+def test_a_one_column_layer_whose_directory_stands_for_its_column(tmp_path: Path) -> None:
+    """A large one-column layer (a counts arrangement, a unary relation) keeps its directory
+    and not its column; a call that proposes its values (a key of no column) gets the column
+    made, checked, and finds what the layer in memory finds."""
+    rng = np.random.default_rng(9)
+    rows = np.unique(rng.integers(0, 150_000, size=200_000)).reshape(-1, 1)
+    layer = Layer.build(rows, rng.integers(1, 4, size=len(rows)))
+    segment = write(tmp_path, layer)
+    opened = open_segment(tmp_path, segment)
+    assert opened.spec()[0][0] is None and opened.spec()[4] is not None
+    bound = [Bound(np.array([50_000]), True, False)]
+    got, want = find([opened], [], 1, bound), find([layer], [], 1, bound)
+    assert np.array_equal(got.rest, want.rest) and np.array_equal(got.diff, want.diff)
+    probes = rng.integers(0, 150_010, size=(500, 1))
+    assert np.array_equal(opened.lookup(probes), layer.lookup(probes))
+    assert np.array_equal(opened.rows, layer.rows) and np.array_equal(opened.diff, layer.diff)

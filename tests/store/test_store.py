@@ -78,7 +78,7 @@ def test_creates_in_a_new_or_empty_directory_then_reopens(tmp_path: Path) -> Non
     for root in (tmp_path / "new" / "deeper", tmp_path / "empty"):
         store = Store.open(root, create=True)
         marker = json.loads((root / names.MARKER).read_text())
-        assert marker["wcoj_state"] == 4
+        assert marker["wcoj_state"] == 5
         assert marker["by"] == f"wcoj {importlib.metadata.version('wcoj')}"  # the package's own
         assert store.current() == Manifest()
         epoch(store, 0)
@@ -96,10 +96,10 @@ def test_a_state_through_a_symbolic_link_opens(tmp_path: Path) -> None:
 def test_other_formats_are_refused(tmp_path: Path) -> None:
     root = tmp_path / "s"
     Store.open(root, create=True)
-    (root / names.MARKER).write_text('{"wcoj_state": 5}')
+    (root / names.MARKER).write_text('{"wcoj_state": 6}')
     with pytest.raises(IncompatibleState, match="a later wcoj"):
         Store.open(root, create=False)
-    for earlier in (2, 3):  # formats 2 and 3 are still read
+    for earlier in (2, 3, 4):  # their manifests say more (refused, naming the repair)
         (root / names.MARKER).write_text(f'{{"wcoj_state": {earlier}}}')
         assert Store.open(root, create=False).current() == Manifest()
     (root / names.MARKER).write_text("{nope")

@@ -173,6 +173,23 @@ def _fresh(
     return out
 
 
+def state_bytes(state: Path, edges: int) -> dict[str, Any]:
+    """What a state keeps on disk (every file's size) and its output traces' share; the rest
+    (the relation's history, every arrangement, counts, manifests) per undirected edge."""
+    total = sum(p.stat().st_size for p in state.rglob("*") if p.is_file())
+    outputs = sum(
+        p.stat().st_size
+        for d in (state / "traces").glob("out-*")
+        for p in d.rglob("*")
+        if p.is_file()
+    )
+    return {
+        "bytes": total,
+        "output_bytes": outputs,
+        "per_edge": round((total - outputs) / edges, 2),
+    }
+
+
 def load_once(run: ScaleRun, graph: PreparedGraph, methods: Sequence[str]) -> dict[str, Any]:
     """(1): the whole graph as one epoch, checked; the static methods beside it."""
     state = run.work / "load"
@@ -185,6 +202,8 @@ def load_once(run: ScaleRun, graph: PreparedGraph, methods: Sequence[str]) -> di
             f"{check['count']:,}"
         )
     load["rows_per_second"] = round(load["change_rows"] / max(load["seconds"], 1e-9))
+    load["state"] = state_bytes(state, graph.edge_count)
+    run.say(f"scale: the state keeps {load['state']['per_edge']} bytes an edge besides its outputs")
     statics = []
     for method in methods:
         got = run.static(graph, method)
@@ -246,6 +265,13 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             "op": "<=",
             "wanted": TREE_SLACK * budget,
             "measured": load["tree_anon_bytes"],
+        },
+        {
+            "target": "one-epoch load: bytes an undirected edge but the outputs' (issue 41)",
+            "key": "state_bytes_per_edge",
+            "op": "<=",
+            "wanted": 16,
+            "measured": load["state"]["per_edge"],
         },
         {
             "target": "one-epoch load: the count equals the independent count",

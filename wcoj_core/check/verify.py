@@ -147,7 +147,27 @@ def verify_state(
         what = store.files.verify(rel, ref)
         if what is not None:
             damaged.append(_damage(rel, seen, what, current))
-    bad = {d.path for d in damaged}
+    damaged += _row_damage(store, counted, refs, {d.path for d in damaged}, current)
+    damaged += _foreign(store, listed, counted, current)
+    if manifests and manifests[-1].generation == current:
+        broken = {d.path.rsplit("/", 1)[0] for d in damaged} | {d.path for d in damaged}
+        damaged += _figures(store, manifests[-1], broken, memory or default_budget())
+    seg_files, seg_size, seg_damage = _segment_damage(
+        store, segments, segment_of, current, progress
+    )
+    damaged += seg_damage
+    return VerifyReport(current, tuple(gens), files + seg_files, size + seg_size, tuple(damaged))
+
+
+def _row_damage(
+    store: Store,
+    counted: dict[tuple[str, int, int, tuple[str, ...]], _Seen],
+    refs: dict[tuple[str, str], FileRef],
+    bad: set[str],
+    current: int,
+) -> list[Damage]:
+    """Each batch entry whose files are sound but hold other rows or epochs than it says."""
+    damaged: list[Damage] = []
     entries = {
         (folder, listed_names)
         for folder, _, _, listed_names in counted
@@ -165,10 +185,20 @@ def verify_state(
             found = ", ".join(map(str, sorted(epochs)))
             what = f"its files hold rows of epoch(s) {found}, the manifest says epoch {time}"
             damaged.append(_damage(folder, seen, what, current))
-    damaged += _foreign(store, listed, counted, current)
-    if manifests and manifests[-1].generation == current:
-        broken = {d.path.rsplit("/", 1)[0] for d in damaged} | {d.path for d in damaged}
-        damaged += _figures(store, manifests[-1], broken, memory or default_budget())
+    return damaged
+
+
+def _segment_damage(
+    store: Store,
+    segments: dict[str, _Seen],
+    segment_of: dict[str, dict[tuple[object, ...], Segment]],
+    current: int,
+    progress: Callable[[str], None] | None,
+) -> tuple[int, int, list[Damage]]:
+    """Every distinct record of every segment checked (whole on this machine, by size and
+    digest elsewhere): the files, their bytes and the damage found."""
+    files = size = 0
+    damaged: list[Damage] = []
     local = store.local_root
     for path, seen in sorted(segments.items()):
         records = list(segment_of[path].values())
@@ -191,7 +221,7 @@ def verify_state(
                         problems.append((rel, what))
             problems_of += [p for p in problems if p not in problems_of]
         damaged.extend(_damage(rel, seen, what, current) for rel, what in problems_of)
-    return VerifyReport(current, tuple(gens), files, size, tuple(damaged))
+    return files, size, damaged
 
 
 def _held_rows(

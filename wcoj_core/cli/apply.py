@@ -340,31 +340,10 @@ def _report(
     if result.rebuilt or rebuilt:
         done = [r.epoch for r in (*result.rebuilt, *rebuilt)]
         say(f"derived again: epochs {', '.join(map(str, done))} (stale after a correction)")
-    written = None
     served = engine.queries[query]
     figures = result.traces[f"out/{query}"].figures
-    if output is not None and served.aggregate is not None:
-        from wcoj_core import aggregates
-
-        table = aggregates.table(engine, served, args.epoch)
-        written = write_tuples(
-            table, *output, force=args.force, inputs=list(changes.values()), state=args.state
-        )
-        say(f"output: {written} groups of {query} as of the epoch written to {output[0]}")
-    elif output is not None:
-        arrays = result.changes.get(query)
-        if arrays is None:  # read from its batch, a file at a time
-            table = engine.change_batches(query, args.epoch)
-        else:
-            from wcoj_core.kernel.changes import changes_table
-
-            rows, diff = arrays
-            cols = engine.trace_columns(f"out/{query}")
-            table = changes_table(cols, rows, diff, args.epoch).drop_columns(["time"])
-        written = write_tuples(
-            table, *output, force=args.force, inputs=list(changes.values()), state=args.state
-        )
-        say(f"output: {written} tuples of the epoch's change written to {output[0]}")
+    if output is not None:
+        _write_output(args, query, engine, result, output, changes)
     if args.json:
         emit_json(
             {
@@ -400,3 +379,37 @@ def _report(
             }
         )
     return EXIT_OK
+
+
+def _write_output(
+    args: argparse.Namespace,
+    query: str,
+    engine: Engine,
+    result: EpochResult,
+    output: Any,
+    changes: dict[str, str],
+) -> None:
+    """``--output``: an aggregate's groups as of the epoch, or the epoch's change of the output."""
+    served = engine.queries[query]
+    if served.aggregate is not None:
+        from wcoj_core import aggregates
+
+        table = aggregates.table(engine, served, args.epoch)
+        written = write_tuples(
+            table, *output, force=args.force, inputs=list(changes.values()), state=args.state
+        )
+        say(f"output: {written} groups of {query} as of the epoch written to {output[0]}")
+    else:
+        arrays = result.changes.get(query)
+        if arrays is None:  # read from its batch, a file at a time
+            table = engine.change_batches(query, args.epoch)
+        else:
+            from wcoj_core.kernel.changes import changes_table
+
+            rows, diff = arrays
+            cols = engine.trace_columns(f"out/{query}")
+            table = changes_table(cols, rows, diff, args.epoch).drop_columns(["time"])
+        written = write_tuples(
+            table, *output, force=args.force, inputs=list(changes.values()), state=args.state
+        )
+        say(f"output: {written} tuples of the epoch's change written to {output[0]}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time as clock
+from pathlib import Path
 from typing import Any
 
 from wcoj_core.cli import workspace
@@ -32,7 +33,7 @@ from wcoj_core.cli.console import (
     state_argument,
 )
 from wcoj_core.cli.inputs import check_files, parse_inputs
-from wcoj_core.cli.results import add_output_arguments, check_output, write_tuples
+from wcoj_core.cli.results import OutputFormat, add_output_arguments, check_output, write_tuples
 from wcoj_core.engine import Engine
 from wcoj_core.query.builtins import resolve_query
 from wcoj_core.query.ir import Query
@@ -145,6 +146,22 @@ def run(args: argparse.Namespace) -> int:
                 state=args.state,
             )
     warn_about(0, result)
+    _report(args, engine, query, result, (count, seconds, loaded - start), output, written)
+    return EXIT_OK
+
+
+def _report(
+    args: argparse.Namespace,
+    engine: Engine,
+    query: Query,
+    result: Any,
+    figures: tuple[int, float, float],
+    output: tuple[Path, OutputFormat] | None,
+    written: int | None,
+) -> None:
+    """The count's line (and the output's), and its JSON when asked; `figures` are the count
+    and the seconds of the evaluation and of reading the inputs."""
+    count, seconds, input_seconds = figures
     metrics = result.metrics
     output_rows = metrics.outputs.get(query.name, 0)
     memory = f"; {metrics.memory.describe()}" if metrics.memory is not None else ""
@@ -163,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
                 "query": query.name,
                 "count": count,
                 "seconds": round(seconds, 3),
-                "input_seconds": round(loaded - start, 3),
+                "input_seconds": round(input_seconds, 3),
                 "proposed": metrics.proposed,
                 "validated": metrics.validated,
                 "output_rows": output_rows,
@@ -176,7 +193,6 @@ def run(args: argparse.Namespace) -> int:
                 **({} if query.aggregate is None else {"groups": groups, "total": count}),
             }
         )
-    return EXIT_OK
 
 
 def _output_table(engine: Engine, query: Query, result: Any) -> Any:

@@ -61,8 +61,10 @@ class _VersionAction(argparse.Action):
 
 # The commands in the order ``--help`` lists them, each a module with `add_parser`; and those
 # that hold no arrays, which leave the allocator as it is (and so never import pyarrow).
-COMMANDS = ("count", "replay", "apply", "verify", "status", "explain")
+COMMANDS = ("count", "replay", "apply", "query", "attach", "detach", "verify", "status", "explain")
 NO_ARRAYS = frozenset({"status", "explain"})
+# A module holding more than one command, by command.
+MODULES = {"detach": "attach"}
 
 
 def _parser(named: Sequence[str]) -> argparse.ArgumentParser:
@@ -70,8 +72,8 @@ def _parser(named: Sequence[str]) -> argparse.ArgumentParser:
     parser = Parser(prog=PROG, description="Incremental worst-case-optimal joins on Spark.")
     parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in named:
-        importlib.import_module(f"wcoj_core.cli.{name}").add_parser(commands)
+    for module in dict.fromkeys(MODULES.get(name, name) for name in named):
+        importlib.import_module(f"wcoj_core.cli.{module}").add_parser(commands)
     return parser
 
 

@@ -9,8 +9,9 @@ takes milliseconds whatever the state's size, and imports neither pyarrow nor pa
   compaction frontier (history at or before it is merged, `wcoj_core.compaction`) and the stale
   epochs (derived from landed changes corrected since, `wcoj_core.lineage`);
 * every relation: its arity and meaning (a set or a bag, and whether undirected);
-* every query: its normalized text, its count (summed multiplicity of its output) now and at
-  each held epoch, from the figures each output batch records; an aggregate query's count is
+* every query: its normalized text (and ``since``, the epoch a query attached later was
+  attached at: `wcoj_core.attach`), its count (summed multiplicity of its output) now and at
+  each held epoch from then, from the figures each output batch records; an aggregate query's count is
   the sum of its values, and it says its groups (the keys its arrangement holds) and its
   value column (``aggregate``);
 * every trace: stored update rows, distinct tuples now, bytes on disk (batch and index files, as
@@ -84,8 +85,13 @@ def status_of(store: Store) -> dict[str, Any]:
             name: {
                 "text": q.text,
                 "relations": list(q.relations),
+                "since": q.since,
                 "count": _count(m, name, None),
-                "counts": [{"epoch": t, "count": _count(m, name, t)} for t in held],
+                "counts": [
+                    {"epoch": t, "count": _count(m, name, t)}
+                    for t in held
+                    if q.since is None or t >= q.since
+                ],
                 **_aggregate(m, name, q.text),
             }
             for name, q in (plan.queries.items() if plan is not None else ())
@@ -122,11 +128,12 @@ def lines(doc: dict[str, Any]) -> list[str]:
         out.append(f"relation {name}: arity {r['arity']}, {meaning}")
     stale = set(doc["stale"])
     for name, q in doc["queries"].items():
-        out.append(f"query {name}: {q['text']}")
+        since = "" if q["since"] is None else f" (attached at epoch {q['since']})"
+        out.append(f"query {name}: {q['text']}{since}")
         groups = f" over {q['groups']:,} groups" if "groups" in q else ""
         out.append(f"  count {q['count']:,}{groups} at epoch {doc['epoch']}")
         epochs: list[tuple[str, ...]] = [("epoch", "count", "change")]
-        previous: int | None = 0
+        previous: int | None = 0 if q["since"] is None else None
         for entry in q["counts"]:
             t, count = entry["epoch"], entry["count"]
             # At the frontier the epochs before are merged away: its change is not known.

@@ -10,7 +10,7 @@ exit status is 0 when nothing is damaged, 1 otherwise. With ``--repair`` the dam
 arrangement files of the current generation are rebuilt from the batches (and arrangement files
 whose stamp changed but whose digest matches — a restored backup — are stamped again) in one new
 generation; a damaged batch cannot be rebuilt (it is the source of truth) and is only reported.
-A state an earlier wcoj wrote (formats 2 and 3) is read too: its arrangement files, which this
+A state an earlier wcoj wrote (formats 2 to 4) is read too: its arrangement files, which this
 wcoj does not read, are reported and rebuilt the same way. No Spark starts for a local state.
 """
 

@@ -27,6 +27,7 @@
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 typedef int64_t i64;
 typedef uint64_t u64;
@@ -55,9 +56,11 @@ static void release(Held *h) {
     h->count = h->cap = 0;
 }
 
-/* A contiguous buffer of `itemsize`-byte items (of at least `need` items unless need < 0). */
-static void *take(Held *h, PyObject *obj, Py_ssize_t itemsize, int writable, Py_ssize_t need,
-                  Py_ssize_t *len, const char *what) {
+/* A contiguous buffer of `itemsize`-byte items (of at least `need` items unless need < 0); an
+ * itemsize of 0 takes items of 4 or 8 bytes, and the size found is left in `*len`'s place
+ * given by `size` (when not NULL). */
+static void *take_sized(Held *h, PyObject *obj, Py_ssize_t itemsize, int writable,
+                        Py_ssize_t need, Py_ssize_t *len, int *size, const char *what) {
     if (h->count == h->cap) {
         int cap = h->cap ? 2 * h->cap : 64;
         Py_buffer *grown = realloc(h->views, sizeof(Py_buffer) * (size_t)cap);
@@ -72,17 +75,25 @@ static void *take(Held *h, PyObject *obj, Py_ssize_t itemsize, int writable, Py_
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(obj, v, flags) < 0) return NULL;
     h->count++;
-    if (v->itemsize != itemsize || v->ndim > 1) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a 1-d array of %zd-byte items", what, itemsize);
+    int fits = itemsize ? v->itemsize == itemsize : v->itemsize == 4 || v->itemsize == 8;
+    if (!fits || v->ndim > 1) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a 1-d array of %zd-byte items", what,
+                     itemsize ? itemsize : 8);
         return NULL;
     }
-    Py_ssize_t n = v->len / itemsize;
+    if (size) *size = (int)v->itemsize;
+    Py_ssize_t n = v->len / v->itemsize;
     if (need >= 0 && n < need) {
         PyErr_Format(PyExc_ValueError, "%s: %zd items, at least %zd needed", what, n, need);
         return NULL;
     }
     if (len) *len = n;
     return v->buf;
+}
+
+static void *take(Held *h, PyObject *obj, Py_ssize_t itemsize, int writable, Py_ssize_t need,
+                  Py_ssize_t *len, const char *what) {
+    return take_sized(h, obj, itemsize, writable, need, len, NULL, what);
 }
 
 static int as_index(PyObject *seq, Py_ssize_t i, Py_ssize_t *out) {
@@ -95,15 +106,68 @@ static int as_index(PyObject *seq, Py_ssize_t i, Py_ssize_t *out) {
 
 /* -- layers ------------------------------------------------------------------------------- */
 
+/* A column: int64 values, or `narrow` ones (uint32 in a segment's column whose values all lie
+ * in [0, 2^32) and in a directory; int32 in a diff column). */
+typedef struct {
+    const void *p;
+    int narrow;
+} Col;
+
+static inline i64 col_at(Col c, Py_ssize_t i) {
+    return c.narrow ? (i64)((const uint32_t *)c.p)[i] : ((const i64 *)c.p)[i];
+}
+static inline const void *col_addr(Col c, Py_ssize_t i) {
+    return (const char *)c.p + (c.narrow ? 4 : 8) * i;
+}
+static inline Col col_from(Col c, Py_ssize_t i) { return (Col){col_addr(c, i), c.narrow}; }
+static inline size_t col_bytes(Col c, Py_ssize_t n) { return (size_t)n * (c.narrow ? 4u : 8u); }
+
+/* A layer mapped from a segment file is checked as it is read: the file is blocks of
+ * 2^shift bytes, each with its CRC-32 (`sums`, themselves checked when the file was opened);
+ * a block is checked when a search first touches it in the process (`seen`, shared by every
+ * call on the layer: 0 not yet, 1 as written, 2 damaged). A search that meets a damaged block
+ * finds nothing there; the caller sees the 2 and raises (`wcoj_core.store.segments`): no
+ * answer is made from bytes that are not the ones written. */
+typedef struct {
+    const uint8_t *base; /* the mapping (NULL: an unchecked layer, in memory) */
+    Py_ssize_t size;     /* the bytes the blocks cover */
+    const uint32_t *sums;
+    uint8_t *seen; /* one byte a block, then one more: 2 once any block is found damaged */
+    Py_ssize_t blocks;
+    int shift;
+} Guard;
+
+/* Whether the bytes [p, p + len) of the layer's file are as written (see `Guard`); bytes
+ * that are not the file's (an array made in memory from checked ones) are. */
+static int checked(const Guard *g, const void *p, size_t len) {
+    if (!g->base || !len) return 1;
+    Py_ssize_t off = (const uint8_t *)p - g->base, end = off + (Py_ssize_t)len;
+    if (off < 0 || end > g->size) return 1;
+    for (Py_ssize_t b = off >> g->shift; b <= (end - 1) >> g->shift; b++) {
+        uint8_t s = __atomic_load_n(&g->seen[b], __ATOMIC_RELAXED);
+        if (s == 1) continue;
+        if (s == 0) {
+            Py_ssize_t at = b << g->shift, most = (Py_ssize_t)1 << g->shift;
+            uInt n = (uInt)(g->size - at < most ? g->size - at : most);
+            s = crc32(0L, g->base + at, n) == g->sums[b] ? 1 : 2;
+            __atomic_store_n(&g->seen[b], s, __ATOMIC_RELAXED);
+            if (s == 2) __atomic_store_n(&g->seen[g->blocks], 2, __ATOMIC_RELAXED);
+        }
+        if (s != 1) return 0;
+    }
+    return 1;
+}
+
 typedef struct {
     Py_ssize_t n;
     int width;
-    const i64 *cols[MAXW];
-    const i64 *diff;
-    const i64 *dir; /* first-column directory, or NULL */
+    Col cols[MAXW]; /* cols[0].p NULL: the directory stands for the first column */
+    Col diff;       /* p NULL: none stored (a unit layer's) */
+    Col dir;        /* first-column directory (p NULL: none) */
     i64 dir_low;
     Py_ssize_t dir_span;
     int unit;
+    Guard g;
     /* the last key searched and its range (per call, per user) */
     i64 memo_key[MAXW];
     int memo_p;
@@ -112,14 +176,79 @@ typedef struct {
 
 /* The diff of row `at`: 1 in a layer whose diffs are all 1 (a set's), read without touching
  * its diffs (a row found in a large layer is a cache miss; its diff would be a second). */
-static inline i64 diff_at(const Layer *L, Py_ssize_t at) { return L->unit ? 1 : L->diff[at]; }
+static inline i64 diff_at(const Layer *L, Py_ssize_t at) {
+    if (L->unit) return 1;
+    return L->diff.narrow ? (i64)((const int32_t *)L->diff.p)[at] : ((const i64 *)L->diff.p)[at];
+}
 
-/* A layer from its spec: (columns, diff, unit, directory or None, directory's low key). */
+/* Whether rows [a, b) of columns from..width-1 and the diffs are as written (see `Guard`). */
+static int rows_checked(const Layer *L, int from, Py_ssize_t a, Py_ssize_t b) {
+    if (!L->g.base || a >= b) return 1;
+    for (int j = from; j < L->width; j++)
+        if (L->cols[j].p && !checked(&L->g, col_addr(L->cols[j], a), col_bytes(L->cols[j], b - a)))
+            return 0;
+    return L->unit || checked(&L->g, col_addr(L->diff, a), col_bytes(L->diff, b - a));
+}
+
+/* A column (or a directory: unsigned) of a spec into c (None: none, p NULL). */
+static int take_col(Held *h, PyObject *obj, Py_ssize_t need, Col *c, const char *what) {
+    c->p = NULL;
+    c->narrow = 0;
+    if (obj == Py_None) return 0;
+    int size = 8;
+    c->p = take_sized(h, obj, 0, 0, need, NULL, &size, what);
+    c->narrow = size == 4;
+    return c->p ? 0 : -1;
+}
+
+/* A guard from (the mapping's bytes, block sums, seen, shift[, the file's path]), or none
+ * from None. */
+static int parse_guard(Held *h, PyObject *guard, Guard *g) {
+    *g = (Guard){0};
+    if (guard == Py_None) return 0;
+    PyObject *base, *sums, *seen;
+    Py_ssize_t nb;
+    PyObject *path = NULL;
+    if (!PyArg_ParseTuple(guard, "OOOi|O", &base, &sums, &seen, &g->shift, &path)) return -1;
+    if (g->shift < 6 || g->shift > 30) {
+        PyErr_SetString(PyExc_ValueError, "a guard's blocks of 2^shift bytes: shift in [6, 30]");
+        return -1;
+    }
+    g->base = take(h, base, 1, 0, -1, &g->size, "mapping");
+    g->sums = g->base ? take(h, sums, 4, 0, -1, &nb, "block sums") : NULL;
+    g->seen = g->sums ? take(h, seen, 1, 1, nb + 1, NULL, "seen") : NULL;
+    if (!g->seen) return -1;
+    g->blocks = nb;
+    if (g->size > (nb << g->shift)) g->size = nb << g->shift;
+    return 0;
+}
+
+/* checked(guard, offset, length) -> whether those bytes of a mapped segment are as written,
+ * each block checked against its sum when first touched (see `Guard`). */
+static PyObject *py_checked(PyObject *self, PyObject *args) {
+    PyObject *guard_o;
+    Py_ssize_t off, len;
+    if (!PyArg_ParseTuple(args, "Onn", &guard_o, &off, &len)) return NULL;
+    Held h = {.count = 0};
+    Guard g;
+    if (parse_guard(&h, guard_o, &g) < 0) { release(&h); return NULL; }
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = off >= 0 && len >= 0 && checked(&g, g.base + off, (size_t)len);
+    Py_END_ALLOW_THREADS
+    release(&h);
+    return PyBool_FromLong(ok);
+}
+
+/* A layer from its spec: (columns (the first None when the directory stands for it), diff or
+ * None, rows, unit, directory or None, directory's low key, guard or None: (the mapping's
+ * bytes, block sums, seen, shift)). */
 static int parse_layer(Held *h, PyObject *spec, Layer *L) {
-    PyObject *cols, *diff, *dir;
+    PyObject *cols, *diff, *dir, *guard;
     int unit;
     long long low;
-    if (!PyArg_ParseTuple(spec, "OOpOL", &cols, &diff, &unit, &dir, &low)) return -1;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(spec, "OOnpOLO", &cols, &diff, &n, &unit, &dir, &low, &guard)) return -1;
     PyObject *fast = PySequence_Fast(cols, "a layer's columns");
     if (!fast) return -1;
     Py_ssize_t w = PySequence_Fast_GET_SIZE(fast);
@@ -128,28 +257,22 @@ static int parse_layer(Held *h, PyObject *spec, Layer *L) {
         PyErr_Format(PyExc_ValueError, "a layer of %zd columns (at most %d)", w, MAXW);
         return -1;
     }
-    Py_ssize_t n;
-    L->diff = take(h, diff, 8, 0, -1, &n, "diff");
-    if (!L->diff) { Py_DECREF(fast); return -1; }
     L->n = n;
     L->width = (int)w;
-    for (Py_ssize_t j = 0; j < w; j++) {
-        L->cols[j] = take(h, PySequence_Fast_GET_ITEM(fast, j), 8, 0, n, NULL, "column");
-        if (!L->cols[j]) { Py_DECREF(fast); return -1; }
-    }
-    Py_DECREF(fast);
     L->unit = unit;
-    L->dir = NULL;
-    L->dir_span = 0;
-    L->dir_low = (i64)low;
-    if (dir != Py_None) {
-        Py_ssize_t len;
-        L->dir = take(h, dir, 8, 0, -1, &len, "directory");
-        if (!L->dir) return -1;
-        L->dir_span = len - 1;
+    int ok = take_col(h, diff, n, &L->diff, "diff") == 0 && take_col(h, dir, 1, &L->dir, "directory") == 0;
+    for (Py_ssize_t j = 0; ok && j < w; j++)
+        ok = take_col(h, PySequence_Fast_GET_ITEM(fast, j), n, &L->cols[j], "column") == 0;
+    Py_DECREF(fast);
+    if (!ok) return -1;
+    if ((!L->diff.p && !unit) || (w && !L->cols[0].p && !L->dir.p)) {
+        PyErr_SetString(PyExc_ValueError, "a layer without its diffs or its first column");
+        return -1;
     }
+    L->dir_low = (i64)low;
+    L->dir_span = L->dir.p ? PyObject_Length(dir) - 1 : 0;
     L->memo_p = -1;
-    return 0;
+    return parse_guard(h, guard, &L->g);
 }
 
 static int parse_layers(Held *h, PyObject *specs, Layer *out, int *count) {
@@ -177,39 +300,63 @@ static int parse_layers(Held *h, PyObject *specs, Layer *out, int *count) {
 /* First position in [a, b) whose value is >= v (or > v when `after`). Branch-free: the
  * half kept is chosen by a conditional move, not a jump, so a search whose path the branch
  * predictor cannot guess (most: a key's place is as good as random) pays no mispredicted
- * jump per level, only the loads. */
-static inline Py_ssize_t bsearch_col(const i64 *c, Py_ssize_t a, Py_ssize_t b, i64 v, int after) {
-    Py_ssize_t n = b - a;
-    if (n <= 0) return a;
-    const i64 *base = c + a;
-    if (after) {
-        while (n > 1) {
-            Py_ssize_t half = n >> 1;
-            base = base[half] <= v ? base + half : base;
-            n -= half;
-        }
-        return (base - c) + (*base <= v);
+ * jump per level, only the loads. As `bsearch_col`, `gallop_col` gallops forward from `a`
+ * (the answer is expected near it). One of each per column type. */
+#define SEARCHES(T, S)                                                                          \
+    static inline Py_ssize_t bsearch_##S(const T *c, Py_ssize_t a, Py_ssize_t b, i64 v,        \
+                                         int after) {                                           \
+        Py_ssize_t n = b - a;                                                                   \
+        if (n <= 0) return a;                                                                   \
+        const T *base = c + a;                                                                  \
+        if (after) {                                                                            \
+            while (n > 1) {                                                                     \
+                Py_ssize_t half = n >> 1;                                                       \
+                base = (i64)base[half] <= v ? base + half : base;                               \
+                n -= half;                                                                      \
+            }                                                                                   \
+            return (base - c) + ((i64)*base <= v);                                              \
+        }                                                                                       \
+        while (n > 1) {                                                                         \
+            Py_ssize_t half = n >> 1;                                                           \
+            base = (i64)base[half] < v ? base + half : base;                                    \
+            n -= half;                                                                          \
+        }                                                                                       \
+        return (base - c) + ((i64)*base < v);                                                   \
+    }                                                                                           \
+    static inline Py_ssize_t gallop_##S(const T *c, Py_ssize_t a, Py_ssize_t b, i64 v,         \
+                                        int after) {                                            \
+        Py_ssize_t step = 1, lo = a;                                                            \
+        while (lo + step < b && ((i64)c[lo + step] < v || (after && (i64)c[lo + step] == v))) { \
+            lo += step;                                                                         \
+            step <<= 1;                                                                         \
+        }                                                                                       \
+        Py_ssize_t hi = lo + step < b ? lo + step + 1 : b;                                      \
+        return bsearch_##S(c, lo, hi, v, after);                                                \
     }
-    while (n > 1) {
-        Py_ssize_t half = n >> 1;
-        base = base[half] < v ? base + half : base;
-        n -= half;
-    }
-    return (base - c) + (*base < v);
+SEARCHES(i64, 64)
+SEARCHES(uint32_t, 32)
+
+static inline Py_ssize_t bsearch_col(Col c, Py_ssize_t a, Py_ssize_t b, i64 v, int after) {
+    return c.narrow ? bsearch_32(c.p, a, b, v, after) : bsearch_64(c.p, a, b, v, after);
 }
 
-/* As `bsearch_col`, galloping forward from `a` (the answer is expected near it). */
-static inline Py_ssize_t gallop_col(const i64 *c, Py_ssize_t a, Py_ssize_t b, i64 v, int after) {
-    Py_ssize_t step = 1, lo = a;
-    while (lo + step < b && (c[lo + step] < v || (after && c[lo + step] == v))) {
-        lo += step;
-        step <<= 1;
-    }
-    Py_ssize_t hi = lo + step < b ? lo + step + 1 : b;
-    return bsearch_col(c, lo, hi, v, after);
+static inline Py_ssize_t gallop_col(Col c, Py_ssize_t a, Py_ssize_t b, i64 v, int after) {
+    return c.narrow ? gallop_32(c.p, a, b, v, after) : gallop_64(c.p, a, b, v, after);
 }
 
-/* The rows [lo, hi) whose first p columns equal key (p <= width). */
+/* The rows [a, b) of directory entry `off` (empty when it is not, or its block is damaged). */
+static inline void dir_range(const Layer *L, u64 off, Py_ssize_t *a, Py_ssize_t *b) {
+    *a = *b = 0;
+    if (off >= (u64)L->dir_span || !checked(&L->g, col_addr(L->dir, (Py_ssize_t)off), col_bytes(L->dir, 2)))
+        return;
+    i64 x = col_at(L->dir, (Py_ssize_t)off), y = col_at(L->dir, (Py_ssize_t)off + 1);
+    if (x < 0 || y > L->n || x > y) return; /* (a directory that is not one: nothing) */
+    *a = x;
+    *b = y;
+}
+
+/* The rows [lo, hi) whose first p columns equal key (p <= width); in a checked layer, every
+ * byte of the columns searched and of the rows found checked first (see `Guard`). */
 static void key_range(Layer *L, const i64 *key, int p, Py_ssize_t *lo, Py_ssize_t *hi) {
     if (L->memo_p == p) {
         int same = 1;
@@ -219,18 +366,18 @@ static void key_range(Layer *L, const i64 *key, int p, Py_ssize_t *lo, Py_ssize_
     }
     Py_ssize_t a = 0, b = L->n;
     int j = 0;
-    if (p > 0 && L->dir) {
-        u64 off = (u64)key[0] - (u64)L->dir_low;
-        if (off >= (u64)L->dir_span) { a = b = 0; }
-        else { a = L->dir[off]; b = L->dir[off + 1]; }
+    if (p > 0 && L->dir.p) {
+        dir_range(L, (u64)key[0] - (u64)L->dir_low, &a, &b);
         j = 1;
     }
     for (; j < p && a < b; j++) {
         /* a key's rows are few next to the rows searched: its end gallops from its start */
-        const i64 *c = L->cols[j];
+        Col c = L->cols[j];
+        if (!checked(&L->g, col_addr(c, a), col_bytes(c, b - a))) { a = b; break; }
         a = bsearch_col(c, a, b, key[j], 0);
-        b = a < b && c[a] == key[j] ? gallop_col(c, a, b, key[j], 1) : a;
+        b = a < b && col_at(c, a) == key[j] ? gallop_col(c, a, b, key[j], 1) : a;
     }
+    if (!rows_checked(L, p, a, b)) a = b = 0;
     memcpy(L->memo_key, key, sizeof(i64) * (size_t)p);
     L->memo_p = p;
     L->memo_lo = a;
@@ -245,13 +392,14 @@ static void key_range(Layer *L, const i64 *key, int p, Py_ssize_t *lo, Py_ssize_
  * the column searched next and in the diffs. Each probe of a large layer otherwise waits for
  * two or three misses one after the other; prefetched, the misses of several probes overlap.
  * Only layers with a directory are prefetched (a layer without one is small enough to stay in
- * cache, or is searched by a binary search whose path is not known ahead). */
+ * cache, or is searched by a binary search whose path is not known ahead). A prefetch reads
+ * nothing the answer uses (an address it is given that is not the layer's is never faulted). */
 enum { PF_FAR = 16, PF_NEAR = 6 };
 
 static inline void prefetch_dir(const Layer *L, i64 k) {
-    if (!L->dir) return;
+    if (!L->dir.p) return;
     u64 off = (u64)k - (u64)L->dir_low;
-    if (off < (u64)L->dir_span) __builtin_prefetch(L->dir + off);
+    if (off < (u64)L->dir_span) __builtin_prefetch(col_addr(L->dir, (Py_ssize_t)off));
 }
 
 /* The first rows of key k's range: in column `col` (none when < 0) up to `PF_LINES` cache
@@ -260,16 +408,15 @@ static inline void prefetch_dir(const Layer *L, i64 k) {
 enum { PF_LINES = 4 };
 
 static inline void prefetch_rows(const Layer *L, i64 k, int col, int diff) {
-    if (!L->dir) return;
+    if (!L->dir.p) return;
     u64 off = (u64)k - (u64)L->dir_low;
     if (off >= (u64)L->dir_span) return;
-    Py_ssize_t at = L->dir[off], end = L->dir[off + 1];
-    if (at >= end) return;
-    if (col >= 0 && col < L->width) {
-        const i64 *c = L->cols[col];
-        for (int q = 0; q < PF_LINES && at + 8 * q < end; q++) __builtin_prefetch(c + at + 8 * q);
-    }
-    if (diff) __builtin_prefetch(L->diff + at);
+    Py_ssize_t at = col_at(L->dir, (Py_ssize_t)off), end = col_at(L->dir, (Py_ssize_t)off + 1);
+    if (at >= end || at < 0 || end > L->n) return;
+    if (col >= 0 && col < L->width && L->cols[col].p)
+        for (int q = 0; q < PF_LINES && at + 8 * q < end; q++)
+            __builtin_prefetch(col_addr(L->cols[col], at + 8 * q));
+    if (diff && L->diff.p) __builtin_prefetch(col_addr(L->diff, at));
 }
 
 /* -- reading ahead from disk -------------------------------------------------------------- */
@@ -381,11 +528,11 @@ static inline Py_ssize_t seek_next(Seek *x) {
 /* Every seek in column c, as `bsearch_col` and `gallop_col` make them, one level at a time:
  * the pages a level reads advised for all seeks before any is read. Each seek's answer is
  * left in its `a`. */
-static void seek_all(const i64 *c, Seek *s, Py_ssize_t k, Advice *ad) {
+static void seek_all(Col c, Seek *s, Py_ssize_t k, Advice *ad) {
     uintptr_t mask = ~(page_bytes - 1);
     for (Py_ssize_t q = 0; q < k; q++) {
-        s[q].page = (uintptr_t)(c + s[q].a) & mask;
-        if (s[q].n > 0 || s[q].step > 0) advise(ad, c + s[q].a, 8);
+        s[q].page = (uintptr_t)col_addr(c, s[q].a) & mask;
+        if (s[q].n > 0 || s[q].step > 0) advise(ad, col_addr(c, s[q].a), 8);
     }
     for (;;) {
         int more = 0;
@@ -394,16 +541,16 @@ static void seek_all(const i64 *c, Seek *s, Py_ssize_t k, Advice *ad) {
             Py_ssize_t at = seek_next(x);
             if (at < 0) continue;
             more = 1;
-            uintptr_t page = (uintptr_t)(c + at) & mask;
+            uintptr_t page = (uintptr_t)col_addr(c, at) & mask;
             if (page == x->page) continue;
             x->page = page;
-            advise(ad, c + at, 8);
+            advise(ad, col_addr(c, at), 8);
         }
         if (!more) break;
         for (Py_ssize_t q = 0; q < k; q++) {
             Seek *x = &s[q];
             if (x->step > 0) { /* seek_next left it galloping: a + step < b */
-                i64 at = c[x->a + x->step];
+                i64 at = col_at(c, x->a + x->step);
                 if (at < x->v || (x->after && at == x->v)) {
                     x->a += x->step;
                     x->step <<= 1;
@@ -415,14 +562,14 @@ static void seek_all(const i64 *c, Seek *s, Py_ssize_t k, Advice *ad) {
             }
             if (x->n <= 1) continue;
             Py_ssize_t half = x->n >> 1;
-            i64 at = c[x->a + half];
+            i64 at = col_at(c, x->a + half);
             if (x->after ? at <= x->v : at < x->v) x->a += half;
             x->n -= half;
         }
     }
     for (Py_ssize_t q = 0; q < k; q++) {
         Seek *x = &s[q];
-        if (x->n == 1) x->a += x->after ? c[x->a] <= x->v : c[x->a] < x->v;
+        if (x->n == 1) x->a += x->after ? col_at(c, x->a) <= x->v : col_at(c, x->a) < x->v;
         x->n = 0;
     }
 }
@@ -471,22 +618,25 @@ static void ahead_keys(const Layer *L, const KeyOf *key, const Py_ssize_t *rows,
     }
     for (int j = 0; j < key->p; j++) {
         const i64 *probe = key->cols[key->at[j]];
-        if (j == 0 && L->dir) {
+        if (j == 0 && L->dir.p) {
             /* a directory mapped from its segment file is read ahead like a column: every
-             * probe's entries advised first, then read */
+             * probe's entries advised first, then read (unchecked: what is read ahead is only
+             * advice, each entry kept within the layer's rows) */
             for (Py_ssize_t q = 0; q < k; q++) {
                 u64 off = (u64)probe[rows[q]] - (u64)L->dir_low;
-                if (off < (u64)L->dir_span) advise(ad, L->dir + off, 16);
+                if (off < (u64)L->dir_span) advise(ad, col_addr(L->dir, (Py_ssize_t)off), col_bytes(L->dir, 2));
             }
             for (Py_ssize_t q = 0; q < k; q++) {
                 u64 off = (u64)probe[rows[q]] - (u64)L->dir_low;
-                if (off >= (u64)L->dir_span) lo[q] = hi[q] = 0;
-                else { lo[q] = L->dir[off]; hi[q] = L->dir[off + 1]; }
+                lo[q] = hi[q] = 0;
+                if (off >= (u64)L->dir_span) continue;
+                i64 a = col_at(L->dir, (Py_ssize_t)off), b = col_at(L->dir, (Py_ssize_t)off + 1);
+                if (a >= 0 && a <= b && b <= L->n) { lo[q] = a; hi[q] = b; }
             }
             continue;
         }
         /* as `key_range`: the key's first row by a binary search, its end galloping from it */
-        const i64 *c = L->cols[j];
+        Col c = L->cols[j];
         Py_ssize_t ns = 0;
         for (Py_ssize_t q = 0; q < k; q++)
             if (lo[q] < hi[q]) s[ns++] = (Seek){lo[q], hi[q] - lo[q], hi[q], 0, probe[rows[q]], 0};
@@ -495,7 +645,7 @@ static void ahead_keys(const Layer *L, const KeyOf *key, const Py_ssize_t *rows,
         for (Py_ssize_t q = 0; q < k; q++)
             if (lo[q] < hi[q]) {
                 Py_ssize_t a = s[ns++].a;
-                if (a < hi[q]) advise(ad, c + a, 8); /* read next: may be the next page */
+                if (a < hi[q]) advise(ad, col_addr(c, a), 8); /* read next: may be the next page */
             }
         Seek *g = s + k; /* the gallops (s has room for 2k seeks) */
         ns = 0;
@@ -506,7 +656,7 @@ static void ahead_keys(const Layer *L, const KeyOf *key, const Py_ssize_t *rows,
             }
             Py_ssize_t a = s[ns++].a;
             i64 v = probe[rows[q]];
-            if (a < hi[q] && c[a] == v) g[q] = (Seek){a, 0, hi[q], 1, v, 1};
+            if (a < hi[q] && col_at(c, a) == v) g[q] = (Seek){a, 0, hi[q], 1, v, 1};
             else g[q] = (Seek){a, 0, a, 0, v, 1}; /* absent: the range is empty */
             lo[q] = a;
         }
@@ -542,10 +692,11 @@ static int ahead(const Want *wants, int nw, const i64 *const *cols, const i64 *l
         if (!searched[w] || m * 4096 <= L->n) continue;
         /* probes many for the layer's size: its columns whole (and its directory) */
         searched[w] = 0;
-        for (int j = 0; j < L->width; j++) advise_span(ad, L->cols[j], sizeof(i64) * (size_t)L->n);
-        if (L->dir) advise_span(ad, L->dir, sizeof(i64) * (size_t)(L->dir_span + 1));
+        for (int j = 0; j < L->width; j++)
+            if (L->cols[j].p) advise_span(ad, L->cols[j].p, col_bytes(L->cols[j], L->n));
+        if (L->dir.p) advise_span(ad, L->dir.p, col_bytes(L->dir, L->dir_span + 1));
         if (!L->unit && wants[w].what & (AH_DIFFS | AH_DIFF0))
-            advise_span(ad, L->diff, sizeof(i64) * (size_t)L->n);
+            advise_span(ad, L->diff.p, col_bytes(L->diff, L->n));
     }
     for (Py_ssize_t c0 = i0; ok && c0 < i1; c0 += most) {
         Py_ssize_t c1 = c0 + most < i1 ? c0 + most : i1;
@@ -571,15 +722,16 @@ static int ahead(const Want *wants, int nw, const i64 *const *cols, const i64 *l
             for (Py_ssize_t q = 0; q < k; q++) {
                 if (lo[q] >= hi[q]) continue;
                 size_t bytes = sizeof(i64) * (size_t)(hi[q] - lo[q]);
-                if (x->what & AH_DIFF0 && !L->unit) advise(ad, L->diff + lo[q], 8);
+                if (x->what & AH_DIFF0 && !L->unit) advise(ad, col_addr(L->diff, lo[q]), 8);
                 if (bytes > AHEAD_RANGE_BYTES || ad->range_bytes + bytes > AHEAD_PASS_BYTES)
                     continue;
-                if (x->what & AH_RANGE && x->next < L->width) {
-                    advise_span(ad, L->cols[x->next] + lo[q], bytes);
+                if (x->what & AH_RANGE && x->next < L->width && L->cols[x->next].p) {
+                    Col c = L->cols[x->next];
+                    advise_span(ad, col_addr(c, lo[q]), col_bytes(c, hi[q] - lo[q]));
                     ad->range_bytes += bytes;
                 }
                 if (x->what & AH_DIFFS && !L->unit) {
-                    advise_span(ad, L->diff + lo[q], bytes);
+                    advise_span(ad, col_addr(L->diff, lo[q]), col_bytes(L->diff, hi[q] - lo[q]));
                     ad->range_bytes += bytes;
                 }
             }
@@ -1019,13 +1171,12 @@ static inline void gather_key(const i64 *const *cols, const Py_ssize_t *at, int 
  * width-1 columns is memoized; its last column gallops from `*hint` when it moves forward. */
 static inline i64 row_diff(Layer *L, const i64 *key, Py_ssize_t *hint, i64 *last) {
     int w = L->width;
-    if (w == 0) return L->n ? L->diff[0] : 0;
-    if (w == 1 && L->dir) {
+    if (w == 0) return L->n && rows_checked(L, 0, 0, 1) ? diff_at(L, 0) : 0;
+    if (w == 1 && L->dir.p) {
         /* a one-column layer holds each value once: its directory finds it in one step */
-        u64 off = (u64)key[0] - (u64)L->dir_low;
-        if (off >= (u64)L->dir_span) return 0;
-        Py_ssize_t at = L->dir[off];
-        return at < L->dir[off + 1] ? diff_at(L, at) : 0;
+        Py_ssize_t at, end;
+        dir_range(L, (u64)key[0] - (u64)L->dir_low, &at, &end);
+        return at < end && rows_checked(L, 1, at, at + 1) ? diff_at(L, at) : 0;
     }
     Py_ssize_t lo, hi;
     int fresh = !(L->memo_p == w - 1);
@@ -1035,11 +1186,12 @@ static inline i64 row_diff(Layer *L, const i64 *key, Py_ssize_t *hint, i64 *last
     key_range(L, key, w - 1, &lo, &hi);
     i64 v = key[w - 1];
     Py_ssize_t at;
-    if (!fresh && *hint >= lo && *hint <= hi && v >= *last) at = gallop_col(L->cols[w - 1], *hint, hi, v, 0);
-    else at = bsearch_col(L->cols[w - 1], lo, hi, v, 0);
+    Col c = L->cols[w - 1];
+    if (!fresh && *hint >= lo && *hint <= hi && v >= *last) at = gallop_col(c, *hint, hi, v, 0);
+    else at = bsearch_col(c, lo, hi, v, 0);
     *hint = at;
     *last = v;
-    return (at < hi && L->cols[w - 1][at] == v) ? diff_at(L, at) : 0;
+    return (at < hi && col_at(c, at) == v) ? diff_at(L, at) : 0;
 }
 
 /* out[i] = the exact sum over the layers of row i's diff (the probe columns are whole rows).
@@ -1110,6 +1262,11 @@ static PyObject *py_ranges(PyObject *self, PyObject *args) {
     int most = low_o == Py_None ? L.width : L.width - 1; /* a bounded next column needs room */
     int p = probe_columns(&h, probes_o, m, most, "more probe columns than the layer has", cols, at);
     if (p < 0) { release(&h); return NULL; }
+    if (low_o != Py_None && !L.cols[p].p) { /* (and its values) */
+        PyErr_SetString(PyExc_ValueError, "bounds on a column the layer was given without");
+        release(&h);
+        return NULL;
+    }
     int ok = 1;
     const i64 *low = NULL, *high = NULL;
     if (ok && low_o != Py_None) {
@@ -1184,7 +1341,7 @@ static int parse_ext(Held *h, PyObject *spec, Ext *x) {
         if (as_index(fast, j, &x->key[j]) < 0) { Py_DECREF(fast); return -1; }
     Py_DECREF(fast);
     for (int l = 0; l < x->nsource; l++)
-        if (x->source[l].width != x->p + 1) {
+        if (x->source[l].width != x->p + 1 || !x->source[l].cols[x->p].p) {
             PyErr_SetString(PyExc_ValueError, "a source layer must be the key and one value");
             return -1;
         }
@@ -1243,7 +1400,7 @@ static inline i64 ext_count(Ext *x, const Prefix *P, Py_ssize_t r, int *bad) {
     i128 s = 0;
     for (int l = 0; l < x->ncounts; l++) {
         Layer *L = &x->counts[l];
-        if (L->width == 0) { s += L->diff[0]; continue; }
+        if (L->width == 0) { s += rows_checked(L, 0, 0, 1) ? diff_at(L, 0) : 0; continue; }
         Py_ssize_t lo, hi;
         key_range(L, key, x->p, &lo, &hi);
         if (lo < hi) s += diff_at(L, lo);
@@ -1681,42 +1838,56 @@ static inline void ext_ready(Ext *x, const Prefix *P, Py_ssize_t r) {
 static inline i128 ext_find(Ext *x, i64 v) {
     i128 s = 0;
     for (int l = 0; l < x->nsource; l++) {
-        const i64 *c = x->source[l].cols[x->p];
+        Col c = x->source[l].cols[x->p];
         Py_ssize_t at = gallop_col(c, x->cur[l], x->hi[l], v, 0);
         x->cur[l] = at;
-        if (at < x->hi[l] && c[at] == v) s += diff_at(&x->source[l], at);
+        if (at < x->hi[l] && col_at(c, at) == v) s += diff_at(&x->source[l], at);
     }
     return s;
 }
 
 /* The places of the values sorted runs a and b share (each run's values distinct), written to
  * ia and ib unless `count_only`; returns how many. A side 16 times shorter than the other
- * gallops through it, else the two are merged. */
-static inline Py_ssize_t intersect(const i64 *a, Py_ssize_t na, const i64 *b, Py_ssize_t nb,
-                                   Py_ssize_t *ia, Py_ssize_t *ib, int count_only) {
-    Py_ssize_t n = 0, i = 0, j = 0;
-    if (na * 16 < nb) {
-        for (; i < na && j < nb; i++) {
-            j = gallop_col(b, j, nb, a[i], 0);
-            if (j < nb && b[j] == a[i]) {
-                if (!count_only) { ia[n] = i; ib[n] = j; }
-                n++;
-                j++;
-            }
-        }
-        return n;
+ * gallops through it, else the two are merged. One per pair of column types. */
+#define INTERSECT(TA, SA, TB, SB)                                                               \
+    static Py_ssize_t isect_##SA##_##SB(const TA *a, Py_ssize_t na, const TB *b, Py_ssize_t nb, \
+                                        Py_ssize_t *ia, Py_ssize_t *ib, int count_only) {      \
+        Py_ssize_t n = 0, i = 0, j = 0;                                                         \
+        if (na * 16 < nb) {                                                                     \
+            for (; i < na && j < nb; i++) {                                                     \
+                j = gallop_##SB(b, j, nb, (i64)a[i], 0);                                        \
+                if (j < nb && (i64)b[j] == (i64)a[i]) {                                         \
+                    if (!count_only) { ia[n] = i; ib[n] = j; }                                  \
+                    n++;                                                                        \
+                    j++;                                                                        \
+                }                                                                               \
+            }                                                                                   \
+            return n;                                                                           \
+        }                                                                                       \
+        while (i < na && j < nb) {                                                              \
+            i64 x = (i64)a[i], y = (i64)b[j];                                                   \
+            if (x == y) {                                                                       \
+                if (!count_only) { ia[n] = i; ib[n] = j; }                                      \
+                n++;                                                                            \
+            }                                                                                   \
+            i += x <= y;                                                                        \
+            j += y <= x;                                                                        \
+        }                                                                                       \
+        return n;                                                                               \
     }
+INTERSECT(i64, 64, i64, 64)
+INTERSECT(i64, 64, uint32_t, 32)
+INTERSECT(uint32_t, 32, i64, 64)
+INTERSECT(uint32_t, 32, uint32_t, 32)
+
+static Py_ssize_t intersect(Col a, Py_ssize_t na, Col b, Py_ssize_t nb, Py_ssize_t *ia,
+                            Py_ssize_t *ib, int count_only) {
     if (nb * 16 < na) return intersect(b, nb, a, na, ib, ia, count_only);
-    while (i < na && j < nb) {
-        i64 x = a[i], y = b[j];
-        if (x == y) {
-            if (!count_only) { ia[n] = i; ib[n] = j; }
-            n++;
-        }
-        i += x <= y;
-        j += y <= x;
-    }
-    return n;
+    if (a.narrow)
+        return b.narrow ? isect_32_32(a.p, na, b.p, nb, ia, ib, count_only)
+                        : isect_32_64(a.p, na, b.p, nb, ia, ib, count_only);
+    return b.narrow ? isect_64_32(a.p, na, b.p, nb, ia, ib, count_only)
+                    : isect_64_64(a.p, na, b.p, nb, ia, ib, count_only);
 }
 
 /* A prefix's candidates while they are validated by merging: values, weights, flags, and the
@@ -1785,24 +1956,26 @@ typedef struct {
 
 static inline u64 *mark_words(Marks *mk) { return (u64 *)(mk + 1); }
 
-static void mark_range(Marks *mk, const i64 *c, Py_ssize_t lo, Py_ssize_t hi, i64 low, int on) {
+static void mark_range(Marks *mk, Col c, Py_ssize_t lo, Py_ssize_t hi, i64 low, int on) {
     u64 *bits = mark_words(mk);
     for (Py_ssize_t q = lo; q < hi; q++) {
-        u64 off = (u64)c[q] - (u64)low;
+        u64 off = (u64)col_at(c, q) - (u64)low;
         if (on) bits[off >> 6] |= (u64)1 << (off & 63);
         else bits[off >> 6] &= ~((u64)1 << (off & 63));
     }
 }
 
 /* How many of the values v[0..n) are marked. */
-static inline Py_ssize_t count_marked(const Marks *mk, const i64 *v, Py_ssize_t n, i64 low,
-                                      u64 span) {
+#define COUNT_MARKED(T)                                                                         \
+    for (Py_ssize_t q = 0; q < n; q++) {                                                        \
+        u64 off = (u64)(i64)((const T *)v.p)[q] - (u64)low;                                     \
+        k += off < span ? (Py_ssize_t)((bits[off >> 6] >> (off & 63)) & 1) : 0;                 \
+    }
+static inline Py_ssize_t count_marked(const Marks *mk, Col v, Py_ssize_t n, i64 low, u64 span) {
     const u64 *bits = mark_words((Marks *)mk);
     Py_ssize_t k = 0;
-    for (Py_ssize_t q = 0; q < n; q++) {
-        u64 off = (u64)v[q] - (u64)low;
-        k += off < span ? (Py_ssize_t)((bits[off >> 6] >> (off & 63)) & 1) : 0;
-    }
+    if (v.narrow) { COUNT_MARKED(uint32_t) }
+    else { COUNT_MARKED(i64) }
     return k;
 }
 
@@ -1812,10 +1985,10 @@ static inline Py_ssize_t count_marked(const Marks *mk, const i64 *v, Py_ssize_t 
  * not marked is tested bit by bit unless it is much longer than the marked side's range
  * within the bounds (then galloping through it is less work). */
 static Py_ssize_t marked_intersection(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r,
-                                      Py_ssize_t next_r, const i64 *a, Py_ssize_t na,
-                                      const i64 *b, Py_ssize_t nb, Marks *mk) {
+                                      Py_ssize_t next_r, Col a, Py_ssize_t na, Col b,
+                                      Py_ssize_t nb, Marks *mk) {
     int e = ctx->mark_ext;
-    const i64 *other = e == t ? b : a;
+    Col other = e == t ? b : a;
     Py_ssize_t nother = e == t ? nb : na, nmarked = e == t ? na : nb;
     if (nother > 16 * nmarked + 64) return -1;
     const Prefix *P = ctx->P;
@@ -1824,7 +1997,7 @@ static Py_ssize_t marked_intersection(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t
         if (next_r < 0 || P->cols[0][next_r] != key) return -1;
         Ext *x = &xs[e];
         Layer *L = &x->source[0];
-        const i64 *c = L->cols[x->p];
+        Col c = L->cols[x->p];
         if (mk->on) mark_range(mk, c, mk->lo, mk->hi, ctx->mark_low, 0);
         Py_ssize_t lo, hi;
         key_range(L, &key, 1, &lo, &hi);
@@ -1843,7 +2016,7 @@ static Py_ssize_t marked_intersection(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t
  * starts from the last answer: the same low's start is reused, a higher bound gallops forward
  * from the last place, a lower one searches within it. */
 static inline void narrowed(Ext *x, i64 low, i64 high, Py_ssize_t *plo, Py_ssize_t *phi) {
-    const i64 *c = x->source[0].cols[x->p];
+    Col c = x->source[0].cols[x->p];
     Py_ssize_t a = x->lo[0], b = x->hi[0];
     int again = x->nmemo;
     for (int j = 0; again && j < x->p; j++) again = x->nkey[j] == x->kv[j];
@@ -1900,8 +2073,7 @@ static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_
     const Prefix *P = ctx->P;
     Ext *x = &xs[t];
     const Layer *X = &x->source[0];
-    const i64 *av = X->cols[x->p] + x->cur[0];
-    const i64 *ad = X->diff + x->cur[0];
+    Col av = col_from(X->cols[x->p], x->cur[0]);
     Py_ssize_t na = x->hi[0] - x->cur[0];
     st->proposed += na;
     int first = 1;
@@ -1911,14 +2083,14 @@ static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_
         Ext *y = &xs[j];
         ext_ready(y, P, r);
         const Layer *Y = &y->source[0];
-        const i64 *yc = Y->cols[y->p];
+        Col yc = Y->cols[y->p];
         Py_ssize_t lo, hi;
         narrowed(y, low, high, &lo, &hi);
         if (plain) {
-            Py_ssize_t k = mk ? marked_intersection(ctx, xs, t, r, next_r, av, na, yc + lo, hi - lo,
-                                                    mk)
+            Py_ssize_t k = mk ? marked_intersection(ctx, xs, t, r, next_r, av, na,
+                                                    col_from(yc, lo), hi - lo, mk)
                               : -1;
-            if (k < 0) k = intersect(av, na, yc + lo, hi - lo, NULL, NULL, 1);
+            if (k < 0) k = intersect(av, na, col_from(yc, lo), hi - lo, NULL, NULL, 1);
             st->passed += k;
             if (k) {
                 st->flagged |= f0;
@@ -1928,10 +2100,9 @@ static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_
             return 0;
         }
         if (cands_room(c, nc) < 0) { st->err = 3; st->err_row = r; return -1; }
-        const i64 *src = first ? av : c->v;
-        Py_ssize_t k = intersect(src, nc, yc + lo, hi - lo, c->ia, c->ib, 0);
+        Col src = first ? av : (Col){c->v, 0};
+        Py_ssize_t k = intersect(src, nc, col_from(yc, lo), hi - lo, c->ia, c->ib, 0);
         st->passed += k;
-        const i64 *yd = Y->diff + lo;
         for (Py_ssize_t q = 0; q < k; q++) {
             Py_ssize_t a = c->ia[q];
             i64 w;
@@ -1939,13 +2110,15 @@ static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_
             if (first) {
                 w = w0;
                 fl = f0;
-                if (x->completes && !X->unit && __builtin_mul_overflow(w, ad[a], &w)) fl = 1;
+                if (x->completes && !X->unit && __builtin_mul_overflow(w, diff_at(X, x->cur[0] + a), &w))
+                    fl = 1;
             } else {
                 w = c->w[a];
                 fl = c->f[a];
             }
-            if (y->completes && !Y->unit && __builtin_mul_overflow(w, yd[c->ib[q]], &w)) fl = 1;
-            c->v[q] = src[a];
+            if (y->completes && !Y->unit && __builtin_mul_overflow(w, diff_at(Y, lo + c->ib[q]), &w))
+                fl = 1;
+            c->v[q] = col_at(src, a);
             c->w[q] = w;
             c->f[q] = fl;
         }
@@ -2107,7 +2280,7 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
             nonempty = x->lo[0] < x->hi[0];
         }
         for (int l = 0; l < x->nsource && x->nsource > 1; l++) {
-            const i64 *c = x->source[l].cols[x->p];
+            Col c = x->source[l].cols[x->p];
             if (x->lo[l] < x->hi[l] && low != INT64_MIN) x->lo[l] = bsearch_col(c, x->lo[l], x->hi[l], low, 0);
             if (x->lo[l] < x->hi[l] && high != INT64_MAX) x->hi[l] = bsearch_col(c, x->lo[l], x->hi[l], high, 1);
             x->cur[l] = x->lo[l];
@@ -2128,27 +2301,27 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
         /* one layer (a first load, a static count): its key's values are distinct, each with
          * a diff that is not 0, so they are read straight along its column */
         const int single = x->nsource == 1;
-        const i64 *scol = x->source[0].cols[x->p], *sdiff = x->source[0].diff;
+        Col scol = x->source[0].cols[x->p];
         Py_ssize_t sat = x->cur[0], shi = x->hi[0];
         for (;;) {
             i64 v = 0;
             i128 d = 0;
             if (single) {
                 if (sat >= shi) break;
-                v = scol[sat];
-                d = x->source[0].unit ? 1 : sdiff[sat];
+                v = col_at(scol, sat);
+                d = diff_at(&x->source[0], sat);
                 sat++;
             } else {
                 /* the next candidate: the least value at the cursors, its diffs summed */
                 int found = 0;
                 for (int l = 0; l < x->nsource; l++)
                     if (x->cur[l] < x->hi[l]) {
-                        i64 c = x->source[l].cols[x->p][x->cur[l]];
+                        i64 c = col_at(x->source[l].cols[x->p], x->cur[l]);
                         if (!found || c < v) { v = c; found = 1; }
                     }
                 if (!found) break;
                 for (int l = 0; l < x->nsource; l++)
-                    if (x->cur[l] < x->hi[l] && x->source[l].cols[x->p][x->cur[l]] == v) {
+                    if (x->cur[l] < x->hi[l] && col_at(x->source[l].cols[x->p], x->cur[l]) == v) {
                         d += diff_at(&x->source[l], x->cur[l]);
                         x->cur[l]++;
                     }
@@ -2225,11 +2398,13 @@ static int choose_marks(ExtendCtx *ctx, Ext *xs, Py_ssize_t prefixes) {
     if (e < 0) return -1;
     const Layer *L = &xs[e].source[0];
     if (L->n == 0 || prefixes * 16 < L->n) return -1;
-    const i64 *c = L->cols[xs[e].p];
-    i64 lo = c[0], hi = c[0];
+    Col c = L->cols[xs[e].p];
+    if (!c.p || !checked(&L->g, c.p, col_bytes(c, L->n))) return -1;
+    i64 lo = col_at(c, 0), hi = lo;
     for (Py_ssize_t q = 1; q < L->n; q++) {
-        lo = c[q] < lo ? c[q] : lo;
-        hi = c[q] > hi ? c[q] : hi;
+        i64 v = col_at(c, q);
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
     }
     u64 span = (u64)hi - (u64)lo + 1;
     if (span == 0 || span > ((u64)1 << 32) || span > 64 * (u64)L->n + 4096) return -1;
@@ -2552,6 +2727,7 @@ static PyMethodDef methods[] = {
     {"ranges", py_ranges, METH_VARARGS, "ranges(layer, probe columns, m, low or None, high or None, lo out, hi out)"},
     {"count", py_count, METH_VARARGS, "count(extenders, prefix columns, m, live, tag, least, alive) -> live rows, or -(row + 1)"},
     {"extend", py_extend, METH_VARARGS, "extend(...): propose, filter and validate one step's candidates"},
+    {"checked", py_checked, METH_VARARGS, "checked(guard, offset, length) -> whether those bytes of a mapped segment match their blocks' sums"},
     {"seek_ranges", py_seek_ranges, METH_VARARGS, "seek_ranges(layer, probe columns, m, lo out, hi out) -> madvise calls: the key ranges read ahead level by level"},
     {"read_ahead", py_read_ahead, METH_VARARGS, "read_ahead(mode=-1, least rows=-1) -> (mode, reading ahead now, passes, madvise calls, seconds in passes): mode 0 never, 1 after a fault, 2 always"},
     {"lone_returns", py_lone_returns, METH_VARARGS, "lone_returns(bytes) -> whether a carriage return is not followed by a line feed"},

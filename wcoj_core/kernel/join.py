@@ -217,20 +217,50 @@ def _chunks(
     for at in range(lo, hi, step):
         part = slice(at, min(at + step, hi))
         cols = {v: columns[i][part] for i, v in enumerate(start)}
-        prefixes = Prefixes(cols, d.diff[part])
-        prefixes = _checked(plan, rule, prefixes, layers, tally)
-        prefixes = prefixes.filtered(rule.start_filters)
-        if not rule.steps and limits.counting:
-            check_overflow(plan, (prefixes, None))
-            total = int(np.asarray(prefixes.weight, dtype=object).sum()) if len(prefixes) else 0
-            yield Counted(len(prefixes), total)
-            continue
-        for made in _descend(plan, rule, 0, prefixes, layers, tally, limits, lead):
-            if not isinstance(made, Counted):
-                check_overflow(plan, made)
-                if plan.query.aggregate is not None:
-                    made = _grouped(plan, made)
-            yield made
+        yield from _started(plan, rule, Prefixes(cols, d.diff[part]), layers, tally, limits, lead)
+
+
+def run_from(
+    plan: Plan,
+    rule: DeltaRule,
+    prefixes: Prefixes,
+    layers: Layers,
+    tally: RuleTally,
+    *,
+    pace: Pace = Pace(),
+) -> Iterator[Part]:
+    """`run_rule` started from given bindings of the rule's first variables (`rule.start`)
+    and their weights, instead of its delta atom's tuples (`wcoj_core.ask`: the bindings a
+    question is asked for): their atoms checked, their filters applied, then every step."""
+    limits = Limits(pace.budget, pace.threads, False, counting=False)
+    for made in _started(plan, rule, prefixes, layers, tally, limits, _lead(plan, rule)):
+        assert not isinstance(made, Counted)
+        yield made
+
+
+def _started(
+    plan: Plan,
+    rule: DeltaRule,
+    prefixes: Prefixes,
+    layers: Layers,
+    tally: RuleTally,
+    limits: Limits,
+    lead: Sequence[Var],
+) -> Iterator[Part | Counted]:
+    """A rule's steps from some bindings of its first variables (see `_chunks`)."""
+    prefixes = _checked(plan, rule, prefixes, layers, tally)
+    prefixes = prefixes.filtered(rule.start_filters)
+    if not rule.steps and limits.counting:
+        check_overflow(plan, (prefixes, None))
+        total = int(np.asarray(prefixes.weight, dtype=object).sum()) if len(prefixes) else 0
+        yield Counted(len(prefixes), total)
+        return
+    for made in _descend(plan, rule, 0, prefixes, layers, tally, limits, lead):
+        if not isinstance(made, Counted):
+            check_overflow(plan, made)
+            if plan.query.aggregate is not None:
+                made = _grouped(plan, made)
+        yield made
 
 
 def starved(rule: DeltaRule, layers: Layers) -> bool:

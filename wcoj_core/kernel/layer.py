@@ -14,14 +14,15 @@ A trace read as of some time is a few layers (a large base, a small recent layer
 delta): a lookup sums them and a proposal sums the rows found in several of them.
 
 A search reads the layer's columns where they lie (`Layer.col`: rows kept column-major, as
-`sort` builds them and memory-mapped files hold them), so no search allocates or passes over
-the layer. A call that probes a large share of a layer's keys first gives the layer a
-*directory* of its first column (`Layer.directory`, kept with the layer): a key's rows are then
-found in one step, the way a CSR matrix finds a row.
+`sort` builds them; a layer mapped from a segment file, `Layer.mapped`, searched as the file
+holds it — `uint32` columns, a directory for its first column — `Stored`, each block checked
+when first read), so no search allocates or passes over the layer. A call that probes a large
+share of a layer's keys first gives the layer a *directory* of its first column
+(`Layer.directory`, kept with the layer): a key's rows are then found in one step, the way a
+CSR matrix finds a row.
 
 Sorting packs each row into one ``uint64`` when the columns' spans fit (`Packing`) and sorts
-those keys with the kernel's radix sort; the packed keys are what a persisted layer stores as
-its `search_keys`. Sums of multiplicities (equal rows consolidated, a row's diffs over layers)
+those keys with the kernel's radix sort (`search_keys`: made from the rows when asked). Sums of multiplicities (equal rows consolidated, a row's diffs over layers)
 are exact: one that leaves int64 raises `MultiplicityOverflow` (`wcoj_core.kernel.multiplicity`).
 """
 
@@ -37,6 +38,7 @@ from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.keys import I64, U64, Packing, encode
 from wcoj_core.kernel.multiplicity import Namer, row_namer, sums_at, total
 from wcoj_core.kernel.native import native
+from wcoj_core.kernel.stored import Spec, Stored, damaged
 from wcoj_core.query.ir import Const
 from wcoj_core.query.plan import AtomView
 
@@ -56,15 +58,22 @@ DIRECTORY_SPAN = 2
 SORT_THREAD_ROWS = 1 << 20
 
 
+def directory_span(n: int, low: int, high: int) -> int | None:
+    """The entries (less one) of the directory of a sorted first column of `n` rows from `low`
+    to `high`; None when that is more than `DIRECTORY_SPAN` per row (or out of order)."""
+    span = high - low + 1
+    return span if 0 < span <= DIRECTORY_SPAN * n + 1024 else None
+
+
 def directory_of(first: np.ndarray) -> tuple[np.ndarray, int] | None:
     """A sorted first column's directory, ``(dir, low)``: ``dir[k - low]`` is the first row at
     or after value ``k`` and ``dir[span]`` the row count; None when the column's span is more
     than `DIRECTORY_SPAN` longs per row (or the column is out of order or empty)."""
     if not len(first):
         return None
-    low, high = int(first[0]), int(first[-1])
-    span = high - low + 1
-    if span <= 0 or span > DIRECTORY_SPAN * len(first) + 1024:
+    low = int(first[0])
+    span = directory_span(len(first), low, int(first[-1]))
+    if span is None:
         return None  # too sparse (or, out of order, not a layer a search can trust)
     table = np.empty(span + 1, dtype=I64)
     native.directory(np.ascontiguousarray(first, dtype=I64), table, low)
@@ -80,9 +89,6 @@ def usable_cores() -> int:
 
 
 SORT_THREADS = max(1, min(4, usable_cores()))
-
-# What the compiled kernel is handed for a layer (see `Layer.spec`).
-Spec = tuple[tuple[np.ndarray, ...], np.ndarray, bool, np.ndarray | None, int]
 
 _MIN, _MAX = np.iinfo(I64).min, np.iinfo(I64).max
 
@@ -129,11 +135,11 @@ class Layer:
     ``Layer(rows, diff, packing, packed, unit)``: `rows` (``n x w`` int64) and `diff` (``n``
     int64) consolidated and sorted; `packing` the layer's `Packing` (None: found on first use,
     or none when `packed` holds bytes); `packed` its `search_keys` when known (the packed
-    ``uint64`` keys with a packing, `encode` bytes without) — what a persisted layer stores;
-    `unit` whether every diff is 1 (None: found on first use; given, never recomputed). A layer
-    opened from memory-mapped files is given all of them, and its `rows` in Fortran order (each
-    column contiguous, read in place by `col`): opening it and every search then cost no pass
-    over its rows.
+    ``uint64`` keys with a packing, `encode` bytes without); `unit` whether every diff is 1
+    (None: found on first use; given, never recomputed). A layer mapped from a segment file
+    (`mapped`) is given its packing and unit and searched where its arrays lie: opening it and
+    every search then cost no pass over its rows, whose int64 `rows` and `diff` are made only
+    when asked for (`part`: a piece of them).
 
     A layer is never changed once built: its arrays may be shared with whoever built it, and
     may be read-only memory-mapped arrays — nothing may write into them.
@@ -146,13 +152,15 @@ class Layer:
 
     __slots__ = (
         "_cols",
+        "_diff",
         "_dir",
         "_keys",
+        "_n",
         "_packing",
         "_packs",
+        "_rows",
+        "_stored",
         "_unit",
-        "diff",
-        "rows",
         "symmetric",
     )
 
@@ -169,8 +177,9 @@ class Layer:
                 raise ValueError(f"{len(packed)} search keys for a layer of {len(diff)} rows")
             if packing is None and packed.dtype.kind != "V" and rows.shape[1] and len(packed):
                 raise ValueError("packed search keys without their packing")
-        self.rows = rows
-        self.diff = diff
+        self._rows: np.ndarray | None = rows
+        self._diff: np.ndarray | None = diff
+        self._n, self._stored = len(diff), None
         self._packing = packing
         # Whether the rows pack: known from a packing, or from keys that are bytes.
         self._packs: bool | None = True if packing is not None else None
@@ -181,6 +190,49 @@ class Layer:
         self._unit = unit
         self._dir: tuple[np.ndarray, int] | None = None
         self.symmetric = False
+
+    @classmethod
+    def mapped(
+        cls, n: int, width: int, stored: Stored, packing: Packing | None, unit: bool
+    ) -> Layer:
+        """A layer of `n` rows held as a segment file holds them (`Stored`): searched where they
+        lie; its `rows` and `diff` made (and checked) only when asked for, `part` a piece at a
+        time."""
+        layer = cls(np.zeros((0, width), dtype=I64), np.zeros(0, dtype=I64), packing, None, unit)
+        layer._rows = layer._diff = None
+        layer._n, layer._stored = n, stored
+        layer._packs = packing is not None  # (the manifest's word: no pass over the rows)
+        if stored.dir is not None:
+            layer._dir = (stored.dir, stored.low)
+        return layer
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The rows (``n x w`` int64): a mapped layer's made on first use (`part`)."""
+        if self._rows is None:
+            self._rows = self.part(0, self._n)[0]
+        return self._rows
+
+    @property
+    def diff(self) -> np.ndarray:
+        """Each row's multiplicity (int64): a mapped layer's made on first use."""
+        if self._diff is None:
+            assert self._stored is not None
+            d = self._stored.diff
+            ones = d is None
+            self._diff = (
+                np.ones(self._n, dtype=I64)
+                if ones
+                else self._stored.checked(d, 0, self._n).astype(I64)
+            )
+        return self._diff
+
+    def part(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows [lo, hi) and their diffs, made from a mapped layer's file (checked) without
+        making the rest."""
+        if self._stored is None:
+            return self.rows[lo:hi], self.diff[lo:hi]
+        return self._stored.part(self._n, lo, hi)
 
     def mirrored(self) -> Layer:
         """This layer, marked `symmetric` (its maker made every row in both directions with
@@ -295,7 +347,8 @@ class Layer:
         """The same rows (and search keys) with other diffs, none of them 0 (`symmetric`: the
         caller knows the new diffs keep the layer its own mirror)."""
         layer = Layer(self.rows, diff, self._packing, self._keys)
-        layer._packs, layer._cols, layer._dir = self._packs, self._cols, self._dir
+        layer._packs, layer._cols = self._packs, self._cols
+        layer._dir = self._dir if self._stored is None else None  # (a file's: checked there)
         layer.symmetric = symmetric and self.symmetric
         return layer
 
@@ -304,11 +357,11 @@ class Layer:
         return cls(np.zeros((0, width), dtype=I64), np.zeros(0, dtype=I64))
 
     def __len__(self) -> int:
-        return len(self.diff)
+        return self._n
 
     @property
     def width(self) -> int:
-        return self.rows.shape[1]
+        return len(self._stored.cols) if self._stored is not None else self.rows.shape[1]
 
     @property
     def packing(self) -> Packing | None:
@@ -347,7 +400,7 @@ class Layer:
         return self.columns()[j]
 
     def columns(self) -> tuple[np.ndarray, ...]:
-        """Every column, contiguous (made once)."""
+        """Every column, contiguous int64 (made once)."""
         if self._cols is None:
             self._cols = contiguous(self.rows[:, j] for j in range(self.width))
         return self._cols
@@ -355,32 +408,38 @@ class Layer:
     def directory(self) -> tuple[np.ndarray, int] | None:
         """The first row at or after each value of the first column (``dir[k - low]``;
         ``dir[span]`` is the row count), and ``low``: None when the column's span is more
-        than `DIRECTORY_SPAN` longs per row. Made once."""
+        than `DIRECTORY_SPAN` longs per row. Made once (a segment file holds a large layer's);
+        a mapped layer's is made from its stored column, checked)."""
         if self._dir is None and len(self) and self.width:
-            self._dir = directory_of(self.col(0))
+            s = self._stored
+            if s is None:
+                self._dir = directory_of(self.col(0))
+            elif (c := s.cols[0]) is not None and directory_span(self._n, int(c[0]), int(c[-1])):
+                self._dir = directory_of(s.checked(c, 0, self._n).astype(I64))
         return self._dir
 
-    def given_directory(self, table: np.ndarray, low: int) -> None:
-        """This layer with the directory of its first column that `directory` would make,
-        made already (a segment file keeps it: `wcoj_core.store.segments`; read from its
-        header and checked there, so that opening reads no row)."""
-        self._dir = (table, low)
-
-    def spec(self, probes: int = 0) -> Spec:
+    def spec(self, probes: int = 0, *, values: bool = False) -> Spec:
         """What the compiled kernel reads of the layer, for a call probing `probes` keys (its
-        directory when it has one, or when they are many)."""
+        directory when it has one, or when they are many): a mapped layer's arrays as its file
+        holds them, with their guard. `values`: the call reads the first column's values (a
+        key of no column: a one-column layer's values proposed), which a mapped one-column
+        layer whose directory stands for it then gets made (once, checked)."""
         found = self._dir
         if found is None and probes and probes >= DIRECTORY_SHARE * len(self):
             found = self.directory()
         d, low = (None, 0) if found is None else found
+        s = self._stored
+        if s is not None:
+            cols = (self.col(0),) if values and s.cols[0] is None and self.width == 1 else s.cols
+            return (cols, s.diff, self._n, self.unit, d, low, s.guard)
         cols, diff = self.columns(), np.ascontiguousarray(self.diff, dtype=I64)
-        return (cols, diff, self.unit, d, low)
+        return (cols, diff, len(self), self.unit, d, low, None)
 
     def prepare(self, *widths: int) -> None:
         """Make now what searches make on first use (columns, the unit flag), so threads
         searching at once only read (no pass over the rows when the layer was given them)."""
         del widths
-        if len(self):
+        if len(self) and self._stored is None:
             _ = self.unit, self.columns()
 
     def ranges(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -390,7 +449,9 @@ class Layer:
     def ranges_of(self, cols: Sequence[np.ndarray], m: int) -> tuple[np.ndarray, np.ndarray]:
         """`ranges` of `m` keys given as columns."""
         lo, hi = np.empty(m, dtype=I64), np.empty(m, dtype=I64)
-        native.ranges(self.spec(m), contiguous(cols), m, None, None, lo, hi)
+        spec = self.spec(m)
+        native.ranges(spec, contiguous(cols), m, None, None, lo, hi)
+        damaged([spec])
         return lo, hi
 
     def span_of(
@@ -402,7 +463,9 @@ class Layer:
             return self.ranges_of(cols, m)
         low, high = inclusive_bounds(bounds, m)
         lo, hi = np.empty(m, dtype=I64), np.empty(m, dtype=I64)
-        native.ranges(self.spec(m), contiguous(cols), m, low, high, lo, hi)
+        spec = self.spec(m, values=not cols)
+        native.ranges(spec, contiguous(cols), m, low, high, lo, hi)  # (a key of p columns)
+        damaged([spec])
         return lo, hi
 
     def narrow_of(
@@ -431,7 +494,12 @@ class Layer:
         if len(cols) != self.width:
             lo, hi = self.ranges_of(cols, m)
             found = hi > lo
-            return np.where(found, self.diff[np.minimum(lo, len(self) - 1)], 0).astype(I64)
+            if self.unit:
+                return found.astype(I64)
+            # (a mapped layer's diffs where found: the search checked their blocks)
+            diff = self.diff if self._stored is None else self._stored.diff
+            assert diff is not None
+            return np.where(found, diff[np.minimum(lo, len(self) - 1)], 0).astype(I64)
         return lookup_sum_of([self], cols, m)
 
     def contains_of(self, cols: Sequence[np.ndarray], m: int) -> np.ndarray:
@@ -541,7 +609,9 @@ def lookup_sum_of(layers: Sequence[Layer], cols: Sequence[np.ndarray], m: int) -
         found = [layer.lookup_of(cols, m) for layer in held]
         return total([found[0].copy(), *found[1:]], row_namer(cols), OVER_LAYERS)
     probes = contiguous(cols)
-    bad = native.lookup([layer.spec(m) for layer in held], probes, m, out)
+    specs = [layer.spec(m) for layer in held]
+    bad = native.lookup(specs, probes, m, out)
+    damaged(specs)
     if bad >= 0:
         raise MultiplicityOverflow(OVER_LAYERS, row_namer(probes)(bad))
     return out
@@ -622,17 +692,20 @@ def find(
         for i, b in enumerate(bounds)
     ]
     held = [layer for layer in layers if len(layer)]
-    ext = ([layer.spec(m) for layer in held], None, tuple(range(p)), True)
+    ext = ([layer.spec(m, values=not p) for layer in held], None, tuple(range(p)), True)
     probes = contiguous([*cols, *extras])
     live = np.arange(m, dtype=I64)
     tag = np.zeros(m, dtype=I64)
     weight = np.ones(m, dtype=I64)
     args = (probes, m, weight, None, live, tag, 0, m, [ext], filters)
     counted = native.extend(*args, None, None, None, None, 0)
+    damaged(ext[0])
     n = _checked_outcome(counted, probes, ext[2])
     owner, value = np.empty(n, dtype=I64), np.empty(n, dtype=I64)
     diff, flags = np.empty(n, dtype=I64), np.empty(n, dtype=np.uint8)
-    _checked_outcome(native.extend(*args, (value,), owner, diff, flags, n), probes, ext[2])
+    outcome = native.extend(*args, (value,), owner, diff, flags, n)
+    damaged(ext[0])
+    _checked_outcome(outcome, probes, ext[2])
     return Found(owner, value.reshape(-1, 1), diff)
 
 

@@ -78,6 +78,7 @@ def build(target: Path, digest: str) -> None:
         f"-I{include}",
         f'-DWCOJ_SOURCE_HASH="{digest}"',
         str(SOURCE),
+        "-lz",  # zlib's CRC-32, which checks a segment's blocks
         "-o",
         tmp,
     ]

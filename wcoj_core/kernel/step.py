@@ -29,6 +29,7 @@ from wcoj_core.kernel.layer import (
     Layer,
     NativeFilter,
     contiguous,
+    damaged,
     lookup_sum_of,
     native_outcome,
     present,
@@ -174,7 +175,12 @@ def _native_extender(
     if len(source) > 1:
         counts = [layer.spec(m) for layer in layers.layers(*counts_source(x), x.version)]
     key = tuple(names.index(plan.atom_vars[x.atom][k]) for k in x.key)
-    return [layer.spec(m) for layer in source], counts, key, x.completes
+    return [layer.spec(m, values=not key) for layer in source], counts, key, x.completes
+
+
+def _damaged(xs: Sequence[NativeExtender]) -> None:
+    """Raise for a mapped layer of the extenders in which the kernel found a damaged block."""
+    damaged(spec for x in xs for spec in [*x[0], *(x[1] or ())])
 
 
 def count(plan: Plan, step: Step, prefixes: Prefixes, layers: Layers, threads: int = 1) -> Live:
@@ -189,6 +195,7 @@ def count(plan: Plan, step: Step, prefixes: Prefixes, layers: Layers, threads: i
     alive = np.empty(len(xs), dtype=I64)
     cols = contiguous(prefixes.cols.values())
     kept = native.count(xs, cols, m, rows, tag, least, alive, _threads(m, threads), COUNT_CHUNK)
+    _damaged(xs)
     if kept < 0:
         raise MultiplicityOverflow(OVER_LAYERS, tuple(int(c[-kept - 1]) for c in cols))
     return Live(rows[:kept], tag[:kept], least[:kept], int(alive.sum()), xs)
@@ -321,6 +328,7 @@ def extend(
         per,
         value,
     )
+    _damaged(xs)
     got = native_outcome(outcome, cols, [x[2] for x in xs])
     n = 0 if counting else got.rows
     counts.proposed += got.proposed
@@ -377,6 +385,7 @@ def count_and_extend(
         per,
         value,
     )
+    _damaged(xs)
     got = native_outcome(outcome, cols, [x[2] for x in xs])
     live, least, alive = (int(v) for v in outcome[10:13])
     counts.prefixes += live
@@ -410,19 +419,21 @@ def propose(
     m = len(mine)
     held = [layer for layer in source if len(layer)]
     key = tuple(names.index(plan.atom_vars[x.atom][k]) for k in x.key)
-    xs = [([layer.spec(m) for layer in held], None, key, x.completes)]
+    xs = [([layer.spec(m, values=not key) for layer in held], None, key, x.completes)]
     cols = contiguous(mine.cols.values())
     rows = np.arange(m, dtype=I64)
     tag = np.zeros(m, dtype=I64)
     args = (cols, m, np.ascontiguousarray(mine.weight, dtype=I64), mine.overflow, rows, tag)
     filters = native_filters(step, names)
     counted = native.extend(*args, 0, m, xs, filters, None, None, None, None, 0)
+    _damaged(xs)
     cap = native_outcome(counted, cols, [key]).rows
     made = allocate([*names, step.var], cap, ())
     flags = np.empty(cap, dtype=np.uint8)
     outcome = native.extend(
         *args, 0, m, xs, filters, tuple(made.cols.values()), None, made.weight, flags, cap
     )
+    _damaged(xs)
     got = native_outcome(outcome, cols, [key])
     made.overflow = flags[: got.rows].view(bool) if got.flagged else None
     return made, got.proposed

@@ -1,4 +1,4 @@
-"""A wcoj state on disk (format 4): every byte wcoj writes there.
+"""A wcoj state on disk (format 5): every byte wcoj writes there.
 
 See docs/state.md. `Store` opens, commits and prunes a state; `wcoj_core.store.manifest` holds
 the values a manifest is made of; `wcoj_core.store.names` every name wcoj writes;

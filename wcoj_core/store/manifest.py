@@ -1,4 +1,4 @@
-"""The manifest of state format 4: one commit point per generation, as frozen values and JSON.
+"""The manifest of state format 5: one commit point per generation, as frozen values and JSON.
 
 A `Manifest` names everything a generation of the state holds: the plan it serves, and per trace
 its batches (Parquet folders, the source of truth) and its index (memory-mapped segments). Its
@@ -7,7 +7,7 @@ of the canonical JSON of everything else. `Manifest.from_json` checks the digest
 shape (every field's type, ints for times and counts, no negative counts, paths that wcoj makes)
 and raises one `DamagedState` whose one-line message names the file, what is wrong and the
 previous generation, which is the way back. A manifest of another format is refused with
-`IncompatibleState`, one of formats 2 and 3 naming the command that rebuilds its arrangements
+`IncompatibleState`, one of formats 2 to 4 naming the command that rebuilds its arrangements
 from its batches (``wcoj verify --repair``, which reads it with `older`: its segments' files
 are not read, only what they held, and rebuilt).
 """
@@ -26,11 +26,12 @@ from wcoj_core.kernel.keys import Packing
 from wcoj_core.query.ir import Const
 from wcoj_core.store import names
 
-FORMAT = 4
+FORMAT = 5
 # Earlier formats whose batches are this one's but whose segment files this wcoj does not read
-# (format 2: three ``.npy`` files each; format 3: one file without its first column's directory):
-# refused, save by the repair that rebuilds their arrangements.
-EARLIER = (2, 3)
+# (format 2: three ``.npy`` files each; format 3: one file of int64 columns, diffs and keys;
+# format 4: the same with a directory): refused, save by the repair that rebuilds their
+# arrangements.
+EARLIER = (2, 3, 4)
 
 Stamp = tuple[int, int, int]  # (st_ino, st_mtime_ns, st_ctime_ns) right after writing
 Pattern = tuple[int | Const, ...]  # an `AtomView` pattern (the relation is the trace's)
@@ -156,10 +157,14 @@ class Trace:
         return found
 
     def bytes(self) -> int:
-        """The size of every file the trace's batches and index segments hold."""
+        """The size of every file the trace's batches and index segments hold, each file once
+        and only the trace's own: an undirected relation's reversed view lists its identity's
+        segments, a second counts trace its first's (`docs/state.md`), held once on disk."""
         size = sum(f.size for b in self.batches for f in b.files)
+        own = f"{names.ARRANGEMENTS}/{names.trace_dir(self.name)}/"
         if self.index is not None:
-            size += sum(f.size for s in self.index.segments for f in s.files.values())
+            held = {s.path: s for s in self.index.segments if s.path.startswith(own)}
+            size += sum(f.size for s in held.values() for f in s.files.values())
         return size
 
     def with_batch(self, batch: Batch) -> Trace:
@@ -190,10 +195,13 @@ class RelationPlan:
 
 @dataclass(frozen=True, slots=True)
 class QueryPlan:
-    """A query the state serves: its normalized text and the relations it reads."""
+    """A query the state serves: its normalized text, the relations it reads and, for a query
+    attached to the state after its first epoch (`wcoj_core.attach`), the epoch it was attached
+    at: its output trace holds its whole output as of that epoch, then its changes."""
 
     text: str
     relations: tuple[str, ...]
+    since: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,7 +439,12 @@ def _encode_plan(p: StatePlan | None) -> dict[str, Any] | None:
             for name, r in p.relations.items()
         },
         "queries": {
-            name: {"text": q.text, "relations": list(q.relations)} for name, q in p.queries.items()
+            name: {
+                "text": q.text,
+                "relations": list(q.relations),
+                **({} if q.since is None else {"since": q.since}),
+            }
+            for name, q in p.queries.items()
         },
     }
 
@@ -735,7 +748,7 @@ def _plan(v: Any) -> StatePlan | None:
         _bad(f"expected an object, found {_show(qs)}", "plan.queries")
     for name, q in qs.items():
         here = f"plan.queries[{name!r}]"
-        q = _obj(q, here, ("text", "relations"))
+        q = _obj(q, here, ("text", "relations"), ("since",))
         used = tuple(
             _str(x, f"{here}.relations[{i}]")
             for i, x in enumerate(_list(q["relations"], f"{here}.relations"))
@@ -743,7 +756,8 @@ def _plan(v: Any) -> StatePlan | None:
         unknown = [x for x in used if x not in relations]
         if unknown:
             _bad(f"relation {unknown[0]!r} is not in plan.relations", f"{here}.relations")
-        queries[name] = QueryPlan(_str(q["text"], f"{here}.text"), used)
+        since = _opt_int(q.get("since"), f"{here}.since")
+        queries[name] = QueryPlan(_str(q["text"], f"{here}.text"), used, since)
     return StatePlan(relations, queries)
 
 

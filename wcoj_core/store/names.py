@@ -27,10 +27,9 @@ ARRANGEMENTS = "arrangements"
 SCRATCH = "scratch"
 
 # A segment's files (none for a segment of no rows), by role: since state format 3 one, the
-# segment itself (`SEGMENT_LAYER`); a segment of format 2 is a folder of three (`SEGMENT_FILES`,
-# still read).
+# segment itself; a segment of format 2 is a folder of three ``.npy`` files (`is_segment_file`:
+# recognised, not read).
 SEGMENT_LAYER = "layer"
-SEGMENT_FILES = ("rows", "diff", "keys")
 
 _MANIFEST = re.compile(r"(\d{10,})\.json")
 _MANIFEST_TEMP = re.compile(r"\.\d{10,}\.json\.[0-9a-f]{32}\.tmp")
@@ -156,20 +155,12 @@ def is_own_segment(name: str) -> bool:
     return _SEGMENT.fullmatch(name) is not None
 
 
-def segment_file(role: str) -> str:
-    """The file of a segment folder (state format 2) holding `role` (one of `SEGMENT_FILES`).
-
-    >>> segment_file("keys"), is_segment_file("keys.npy"), is_segment_file("notes.txt")
-    ('keys.npy', True, False)
-    """
-    if role not in SEGMENT_FILES:
-        raise ValueError(
-            f"a segment file is one of {(SEGMENT_LAYER, *SEGMENT_FILES)}, got {role!r}"
-        )
-    return f"{role}.npy"
-
-
 def is_segment_file(name: str) -> bool:
+    """Whether `name` is a file of a segment folder (state format 2).
+
+    >>> is_segment_file("keys.npy"), is_segment_file("notes.txt")
+    (True, False)
+    """
     return _SEGMENT_FILE.fullmatch(name) is not None
 
 

@@ -2,23 +2,29 @@
 
 A segment (`wcoj_core.store.manifest.Segment`) is one sorted, consolidated `Layer` written once
 as one new uncompressed file, ``arrangements/<trace dir>/s-<hex16>.seg``, in no folder of its
-own: a 64-byte header (`_seg_header`: a magic, the rows, the width, the search keys' type and
-the first column's directory), then the layer's arrays one after another, each at an offset the
-header fixes — the rows column by column (each column contiguous), the diffs (int64), the search
-keys (packed ``uint64``, or order-preserving bytes: `Layer.search_keys`) and, for a segment of
-many rows whose first column is dense enough, that column's directory (`Layer.directory`), so
-that a cold search reads one page of it instead of a page per halving of the column.
-`write_segment` hashes the bytes as it writes them, makes the file read-only and records its
-size, sha256 and stamp (inode, mtime, ctime).
+own (layout 3, state format 5; docs/state.md says what each byte is):
 
-`open_segment` maps the file (one ``mmap``): it reads the header, never the data, so opening
-costs O(1) and a lookup touches only the pages it searches. It checks the file against the
-manifest first — present, the recorded size, the header the segment's shape gives, the same
-stamp — and reads it whole to check its digest only when the stamp differs (the file was
-rewritten in place, copied or restored) or when asked. Any mismatch raises `DamagedFile` naming
-the file: the caller rebuilds the segment from the trace's batches and warns. So does a segment
-an earlier wcoj wrote (state formats 2 and 3: a folder of three ``.npy`` files, or a file of
-layout 1 without a directory), which this one does not read.
+* a 64-byte header (`_HEAD`): a magic, the layout, the width, the rows, the first column's
+  directory (its low key, entries and item size), which columns are ``uint32``, the diffs'
+  item size (0: none), whether the first column is stored, the block size;
+* the arrays, each at an offset the header fixes, 8-byte aligned: the directory
+  (``dir[k - low]`` is the first row whose first column is at least ``k``; in a layer of two
+  columns or more it stands for the first column, which is then not stored), the columns
+  (``uint32`` where every value lies in [0, 2^32), else int64), the diffs (int32 or int64; none
+  in a set's layer, whose diffs are all 1). No search key is stored: the kernel searches the
+  columns, and a sort packs them again when it needs keys;
+* the CRC-32 of each block of ``2^BLOCK_SHIFT`` bytes of all of the above, then the CRC-32 of
+  that table and its length: every byte of the file is checked before it is used.
+
+`write_segment` writes it a piece at a time (a mapped layer's rows made a piece at a time), hashes
+it (sha256, for `wcoj verify` and copies) and records its size, sha256 and stamp.
+
+`open_segment` maps the file (one ``mmap``) and checks what opening reads: the file's size, the
+header against the manifest's segment, the block table against its CRC and the header's block
+against the table. Every other block is checked by the kernel when a search first touches it in
+the process (`wcoj_core.kernel.stored`): the cost follows the pages an epoch reads. Any
+mismatch raises `DamagedFile` naming the file; the caller rebuilds the segment from the trace's
+batches and warns. A segment an earlier wcoj wrote (another layout) is one it does not read.
 """
 
 from __future__ import annotations
@@ -28,35 +34,164 @@ import mmap
 import os
 import stat
 import struct
-from collections.abc import Callable, Sequence
-from dataclasses import replace
-from typing import Any
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
 from wcoj_core.errors import DamagedFile, StateError
-from wcoj_core.kernel.keys import I64, U64
-from wcoj_core.kernel.layer import DIRECTORY_SPAN, Layer, directory_of
+from wcoj_core.kernel.keys import I64
+from wcoj_core.kernel.layer import DIRECTORY_SPAN, Layer, directory_span
+from wcoj_core.kernel.stored import DAMAGED, DAMAGED_FILES, Stored
 from wcoj_core.store import names
-from wcoj_core.store.files import (
-    CHUNK,
-    HashingWriter,
-    sha256_file,
-    stamp_of,
-    write_sealed,
-)
+from wcoj_core.store.files import HashingWriter, sha256_file, write_sealed
 from wcoj_core.store.location import Location
-from wcoj_core.store.manifest import FileRef, Level, Pattern, Segment, Stamp
+from wcoj_core.store.manifest import Level, Pattern, Segment
+
+# magic, layout, width, rows, directory low, directory entries, uint32 columns (bits),
+# diff item size, directory item size, first column stored, block shift
+_HEAD = struct.Struct("<8sIIQqQIBBBB")
+_MAGIC = b"\x93WCOJSEG"
+HEADER_BYTES = 64
+SEG_LAYOUT = 3
+BLOCK_SHIFT = 12  # 4 KiB blocks: a cold search reads a page and checks that page
+# A segment of fewer rows keeps no directory unless it holds no more entries than rows.
+DIRECTORY_MIN_ROWS = 1 << 16
+# Rows made at once while writing a mapped layer.
+_PIECE = 1 << 20
+_U32 = 1 << 32
 
 
-def _write_layer(out: HashingWriter, header: bytes, arrays: Sequence[np.ndarray]) -> None:
-    """A segment file: its header, then each array's bytes (C order), written straight from
-    the arrays."""
-    out.write(header)
-    for array in arrays:
-        flat = array.reshape(-1).view(np.uint8)
-        for start in range(0, len(flat), CHUNK):
-            out.write(flat[start : start + CHUNK].data)
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What a segment's header says: the arrays' item sizes and where they lie."""
+
+    rows: int
+    width: int
+    low: int
+    entries: int
+    narrow: int  # bit j: column j is uint32
+    diff: int  # 0, 4 or 8
+    dirsize: int  # 4 or 8 (when entries)
+    first: bool  # the first column stored
+
+    def arrays(self) -> Iterator[tuple[str, int, str, int]]:
+        """Each array: (role, its offset, its dtype, its items), in file order."""
+        at = HEADER_BYTES
+        parts = [("dir", "u4" if self.dirsize == 4 else "i8", self.entries)] if self.entries else []
+        for j in range(self.width):
+            if j or self.first:
+                parts.append((f"c{j}", "u4" if self.narrow >> j & 1 else "i8", self.rows))
+        if self.diff:
+            parts.append(("diff", "i4" if self.diff == 4 else "i8", self.rows))
+        for role, dtype, count in parts:
+            yield role, at, dtype, count
+            at += -(-count * int(dtype[1]) // 8) * 8
+
+    @property
+    def data_bytes(self) -> int:
+        end = HEADER_BYTES
+        for _, at, dtype, count in self.arrays():
+            end = at + -(-count * int(dtype[1]) // 8) * 8
+        return end
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.data_bytes >> BLOCK_SHIFT)
+
+    @property
+    def size(self) -> int:
+        return self.data_bytes + 4 * self.blocks + 8
+
+    def header(self) -> bytes:
+        packed = _HEAD.pack(
+            _MAGIC, SEG_LAYOUT, self.width, self.rows, self.low, self.entries, self.narrow,
+            self.diff, self.dirsize, int(self.first), BLOCK_SHIFT,
+        )  # fmt: skip
+        return packed.ljust(HEADER_BYTES, b"\0")
+
+
+def _pieces(layer: Layer) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for lo in range(0, len(layer), _PIECE):
+        yield layer.part(lo, lo + _PIECE)
+
+
+def _shape(layer: Layer) -> tuple[_Shape, np.ndarray | None]:
+    """A layer's segment shape, and its first column's directory when it keeps one."""
+    n, w = len(layer), layer.width
+    lows, highs = [np.iinfo(I64).max] * w, [np.iinfo(I64).min] * w
+    dlow, dhigh = 0, 0
+    for rows, diff in _pieces(layer):
+        for j in range(w):
+            lows[j], highs[j] = (
+                min(lows[j], int(rows[:, j].min())),
+                max(highs[j], int(rows[:, j].max())),
+            )
+        dlow, dhigh = min(dlow, int(diff.min())), max(dhigh, int(diff.max()))
+    narrow = sum(1 << j for j in range(w) if lows[j] >= 0 and highs[j] < _U32)
+    unit = layer.unit
+    dsize = 0 if unit else 4 if dlow >= -(1 << 31) and dhigh < 1 << 31 else 8
+    span = directory_span(n, lows[0], highs[0]) if w else None
+    table = None
+    if span is not None and (n >= DIRECTORY_MIN_ROWS or (w >= 2 and span <= n)):
+        counts = np.zeros(span + 1, dtype=I64)
+        for rows, _ in _pieces(layer):
+            counts[1:] += np.bincount(rows[:, 0] - lows[0], minlength=span)
+        table = np.cumsum(counts)
+        table = table.astype(np.uint32) if n < _U32 else table
+    entries = 0 if table is None else len(table)
+    dirsize = 0 if table is None else table.itemsize
+    low = lows[0] if table is not None else 0
+    shape = _Shape(n, w, low, entries, narrow, dsize, dirsize, table is None)
+    return shape, table
+
+
+class _Blocks:
+    """A segment file being written: every byte hashed (sha256, by `out`) and each block's
+    CRC-32 kept."""
+
+    def __init__(self, out: HashingWriter) -> None:
+        self.out = out
+        self.sums: list[int] = []
+        self.crc, self.filled = 0, 0
+
+    def write(self, data: bytes | memoryview) -> None:
+        view, size = memoryview(data).cast("B"), 1 << BLOCK_SHIFT
+        self.out.write(view)
+        while len(view):
+            take = min(size - self.filled, len(view))
+            self.crc = zlib.crc32(view[:take], self.crc)
+            self.filled += take
+            view = view[take:]
+            if self.filled == size:
+                self.sums.append(self.crc)
+                self.crc, self.filled = 0, 0
+
+    def pad(self) -> None:
+        if self.out.size % 8:
+            self.write(bytes(8 - self.out.size % 8))
+
+    def close(self) -> None:
+        if self.filled:
+            self.sums.append(self.crc)
+        table = np.array(self.sums, dtype="<u4").tobytes()
+        self.out.write(table)
+        self.out.write(struct.pack("<II", zlib.crc32(table), len(self.sums)))
+
+
+def _write_layer(out: HashingWriter, layer: Layer, shape: _Shape, table: np.ndarray | None) -> None:
+    blocks = _Blocks(out)
+    blocks.write(shape.header())
+    for role, _, dtype, _ in shape.arrays():
+        if role == "dir":
+            assert table is not None
+            blocks.write(table.astype("<" + dtype).data)
+        for rows, diff in _pieces(layer) if role != "dir" else ():
+            values = diff if role == "diff" else rows[:, int(role[1:])]
+            blocks.write(np.ascontiguousarray(values, dtype="<" + dtype).data)
+        blocks.pad()
+    blocks.close()
 
 
 def write_segment(
@@ -79,20 +214,9 @@ def write_segment(
     if n == 0:
         return Segment(level, view, order, 0, None, True, rel, {})
     target = os.path.join(_local_root(root), rel)
-    keys = np.ascontiguousarray(layer.search_keys())
-    rows = np.asarray(layer.rows, dtype=I64)
-    columns = np.ascontiguousarray(rows.T)  # (w, n): column after column
-    diff = np.ascontiguousarray(layer.diff, dtype=I64)
-    arrays = [columns, diff, keys]
-    low, entries = 0, 0
-    if n >= DIRECTORY_MIN_ROWS and layer.width:
-        found = directory_of(columns[0])
-        if found is not None:
-            arrays.append(found[0])
-            low, entries = found[1], len(found[0])
-    header = _seg_header(n, layer.width, keys.dtype.str, low, entries)
+    shape, table = _shape(layer)
     try:
-        write = functools.partial(_write_layer, header=header, arrays=arrays)
+        write = functools.partial(_write_layer, layer=layer, shape=shape, table=table)
         try:
             ref = write_sealed(target, write)
         except FileNotFoundError:  # its trace's first segment: the trace's folder is new
@@ -107,156 +231,118 @@ def write_segment(
     )
 
 
-# The header of a segment file: a magic, the layout's version, the width, the rows, the search
-# keys' item size and kind (``u``: packed uint64, ``V``: bytes), padded to 64 bytes (so every
-# array after it starts at a multiple of 8), with the directory of the first column that follows
-# the search keys (`Layer.directory`: ``dir[k - low]`` is the first row at or after ``k``): its
-# ``low`` and its entries, 0 for none. A cold search then reads a page of the directory where a
-# binary search of the column reads a page per halving. Layout 2 is state format 4's; layout 1
-# (format 3, no directory) is not read.
-_SEG_MAGIC = b"\x93WCOJSEG"
-_SEG = struct.Struct("<8sIIQQc")
-_SEG_DIR = struct.Struct("<qQ")  # the directory's low and entries, at byte 40
-_SEG_DIR_AT = 40
-SEG_HEADER_BYTES = 64
-SEG_LAYOUT = 2
-# Segments of fewer rows keep no directory: small ones are summed in memory before a search.
-DIRECTORY_MIN_ROWS = 1 << 16
+def _read_shape(where: str, found: bytes, segment: Segment) -> _Shape:
+    """The shape a segment file's header gives, checked against the manifest's segment."""
+    if len(found) < HEADER_BYTES or not found.startswith(_MAGIC):
+        raise DamagedFile(where, "its header is damaged (not a wcoj segment file)")
+    fields = _HEAD.unpack_from(found)
+    if fields[1] != SEG_LAYOUT:
+        raise DamagedFile(where, f"{EARLIER} (layout {fields[1]}), which this one does not read")
+    _, _, width, rows, low, entries, narrow, dsize, dirsize, first, shift = fields
+    shape = _Shape(rows, width, low, entries, narrow, dsize, dirsize, bool(first))
+    most = DIRECTORY_SPAN * rows + 1025 if width else 0  # what a directory can be
+    sane = (
+        (rows, width) == (segment.rows, segment.width)
+        and shift == BLOCK_SHIFT
+        and dsize in ((0,) if segment.unit else (4, 8))
+        and narrow < 1 << width
+        and (entries == 0 or (dirsize in (4, 8) and 2 <= entries <= most))
+        and (first or entries)
+        and found == shape.header()
+    )
+    if not sane:
+        raise DamagedFile(
+            where,
+            f"its header says {rows} rows of {width} columns, which is not the manifest's segment",
+        )
+    return shape
 
 
-@functools.lru_cache(maxsize=4096)
-def _seg_header(rows: int, width: int, keys: str, low: int = 0, entries: int = 0) -> bytes:
-    dtype = np.dtype(keys)
-    packed = _SEG.pack(_SEG_MAGIC, SEG_LAYOUT, width, rows, dtype.itemsize, dtype.kind.encode())
-    header = bytearray(packed.ljust(SEG_HEADER_BYTES, b"\0"))
-    _SEG_DIR.pack_into(header, _SEG_DIR_AT, low, entries)
-    return bytes(header)
-
-
-def _directory_fields(header: bytes) -> tuple[int, int]:
-    """A segment file's directory (``low``, entries) as its header says; (0, 0) for none."""
-    low, entries = _SEG_DIR.unpack_from(header, _SEG_DIR_AT)
-    return low, entries
-
-
-def _key_dtype(segment: Segment) -> np.dtype[Any]:
-    """The search keys' type of a segment: uint64 when it packs (or has no column), else
-    bytes of 8 per column."""
-    w = segment.width
-    packed = segment.packing is not None or w == 0  # no column: uint64 zeros
-    return np.dtype(U64) if packed else np.dtype(f"V{8 * w}")
-
-
-# Segment files whose stamp differed from their ref's but whose bytes matched its sha256 when
-# this process hashed them (a state copied, moved or restored keeps its bytes but not its
-# inodes and times): path -> (the sha256, the stamp then seen). `restamped` gives the segment
-# with those stamps, for the next commit to record, so that only the first epoch after a copy
-# reads its segments whole, not every epoch until a `wcoj verify --repair`.
-_VERIFIED: dict[str, tuple[str, Stamp]] = {}
-
-
-def restamped(root: str | os.PathLike[str], segment: Segment) -> Segment:
-    """`segment` with the stamps of its files this process verified by their digest since their
-    stamps changed (see `_VERIFIED`); the same object when there are none."""
-    if not _VERIFIED:
-        return segment
-    refs = dict(segment.files)
-    for role, path in zip(segment.files, segment_files(root, segment), strict=True):
-        seen = _VERIFIED.get(path)
-        ref = refs[role]
-        if seen is not None and seen[0] == ref.sha256 and seen[1] != ref.stamp:
-            refs[role] = replace(ref, stamp=seen[1])
-    if refs == segment.files:
-        return segment
-    return replace(segment, files=refs)
-
-
-def _check(
-    path: str | os.PathLike[str],
-    ref: FileRef,
-    size: Callable[[bytes], int | None],
-    *,
-    digest: bool | None,
-    keep: bool = False,
-) -> mmap.mmap | None:
-    """Check a segment file against its ref, its header and the size that header implies
-    (`size`: None for a header that is not the segment's, `_seg_problem` says why); with
-    `keep`, the file mapped read-only.
-
-    `digest`: True reads the file whole to check its sha256, False never does (a copy checked
-    when made), None does when the stamp differs from the ref's.
-    """
-    where = os.fspath(path)
+def _map(path: str, segment: Segment) -> tuple[mmap.mmap, _Shape]:
+    """A segment's file mapped, its size, header and block table checked (see the module)."""
+    ref = segment.files[names.SEGMENT_LAYER]
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
-                raise DamagedFile(where, "is not a file")
+                raise DamagedFile(path, "is not a file")
             if st.st_size != ref.size:
-                raise DamagedFile(where, f"is {st.st_size} bytes, the manifest says {ref.size}")
-            found = f.read(SEG_HEADER_BYTES)
-            expected = size(found)
-            if expected is None:
-                raise DamagedFile(where, _seg_problem(found))
-            if expected != st.st_size:
-                raise DamagedFile(where, "its size does not match its header (truncated or padded)")
-            if digest or (digest is None and stamp_of(st) != ref.stamp):
-                _, sha = sha256_file(path)
-                if sha != ref.sha256:
-                    raise DamagedFile(
-                        where,
-                        f"its sha256 {sha[:12]}... differs from the manifest's "
-                        f"{ref.sha256[:12]}... (its bytes changed since it was written)",
-                    )
-                if ref.stamp is not None and stamp_of(st) != ref.stamp:
-                    _VERIFIED[where] = (sha, stamp_of(st))  # stat before the hash: no race
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if keep else None
+                raise DamagedFile(path, f"is {st.st_size} bytes, the manifest says {ref.size}")
+            shape = _read_shape(path, f.read(HEADER_BYTES), segment)
+            if shape.size != st.st_size:
+                raise DamagedFile(path, "its size does not match its header (truncated or padded)")
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), shape
     except FileNotFoundError:
-        raise DamagedFile(where, "missing (the manifest names it)") from None
+        raise DamagedFile(path, "missing (the manifest names it)") from None
     except IsADirectoryError:
-        raise DamagedFile(where, "is not a file") from None
+        raise DamagedFile(path, "is not a file") from None
     except OSError as e:
-        raise DamagedFile(where, f"cannot be read ({e.strerror or e})") from None
+        raise DamagedFile(path, f"cannot be read ({e.strerror or e})") from None
 
 
-def _layer_expect(segment: Segment) -> tuple[Callable[[bytes], int | None], np.dtype[Any]]:
-    """The file's size for the header found (None for one that is not the segment's), and the
-    segment's search keys' type.
-
-    A header is the segment's when it is byte for byte what `write_segment` writes for the
-    segment's shape, with any directory a first column of `segment.rows` rows can have
-    (`DIRECTORY_SPAN`; whatever the writer's `DIRECTORY_MIN_ROWS`): the directory's bytes are
-    the digest's to check."""
-    n, w = segment.rows, segment.width
-    keys = _key_dtype(segment)
-    size = SEG_HEADER_BYTES + n * 8 * (w + 1) + n * keys.itemsize
-
-    def sized(found: bytes) -> int | None:
-        if len(found) != SEG_HEADER_BYTES or not found.startswith(_SEG_MAGIC):
-            return None
-        low, entries = _directory_fields(found)
-        most = DIRECTORY_SPAN * n + 1025 if w else 0  # what `directory_of` can make
-        if entries > most or found != _seg_header(n, w, keys.str, low, entries):
-            return None
-        return size + 8 * entries
-
-    return sized, keys
-
-
-def _seg_problem(found: bytes) -> str:
-    """What is wrong with a segment file's header that is not the expected one."""
-    if len(found) < _SEG.size or not found.startswith(_SEG_MAGIC):
-        return "its header is damaged (not a wcoj segment file)"
-    _, version, width, rows, itemsize, kind = _SEG.unpack_from(found)
-    if version != SEG_LAYOUT:
-        return f"{EARLIER} (layout {version}), which this one does not read"
-    return (
-        f"its header says {rows} rows of {width} columns (layout {version}, keys "
-        f"{kind.decode(errors='replace')}{itemsize}), which is not the manifest's segment"
+def _stored(path: str, mapped: mmap.mmap, shape: _Shape) -> Stored:
+    """The mapped file's arrays and their guard, the block table and the header's block
+    checked."""
+    whole = np.frombuffer(mapped, dtype=np.uint8)
+    at = shape.data_bytes
+    crc, blocks = struct.unpack_from("<II", mapped, at + 4 * shape.blocks)
+    if zlib.crc32(memoryview(mapped)[at : at + 4 * shape.blocks]) != crc or blocks != shape.blocks:
+        raise DamagedFile(path, "its table of block checksums is damaged")
+    sums = whole[at : at + 4 * shape.blocks].view("<u4")
+    seen = np.zeros(shape.blocks + 1, dtype=np.uint8)
+    guard = (whole[: shape.data_bytes], sums, seen, BLOCK_SHIFT, path)
+    arrays = {
+        role: np.frombuffer(mapped, dtype="<" + dtype, count=count, offset=at)
+        for role, at, dtype, count in shape.arrays()
+    }
+    stored = Stored(
+        tuple(arrays.get(f"c{j}") for j in range(shape.width)),
+        arrays.get("diff"),
+        arrays.get("dir"),
+        shape.low,
+        guard,
     )
+    stored.checked(whole, 0, HEADER_BYTES)
+    return stored
 
 
-# What a segment of state format 2 or 3 is, to a reader that does not read it.
+def open_segment(root: str | os.PathLike[str], segment: Segment, *, verify: bool = False) -> Layer:
+    """The layer of a segment of the local state `root`, its file memory-mapped: checked
+    (see the module; with `verify`, read whole against the manifest's sha256), mapped once,
+    its arrays views at their offsets.
+
+    Raises `DamagedFile` for a file that is missing, of another size, with a header that
+    disagrees with the segment (an earlier wcoj's included) or a damaged block table.
+    """
+    if segment.rows == 0:
+        return Layer.empty(segment.width)
+    path = segment_path(root, segment)
+    if not segment.files:
+        raise _unread(path)
+    if path in DAMAGED_FILES:
+        raise DamagedFile(path, DAMAGED)
+    if verify:
+        _digest(path, segment)
+    mapped, shape = _map(path, segment)
+    stored = _stored(path, mapped, shape)
+    return Layer.mapped(segment.rows, segment.width, stored, segment.packing, segment.unit)
+
+
+def _digest(path: str, segment: Segment) -> None:
+    ref = segment.files[names.SEGMENT_LAYER]
+    try:
+        _, sha = sha256_file(path)
+    except OSError as e:
+        raise DamagedFile(path, f"cannot be read ({e.strerror or e})") from None
+    if sha != ref.sha256:
+        raise DamagedFile(
+            path,
+            f"its sha256 {sha[:12]}... differs from the manifest's {ref.sha256[:12]}... "
+            "(its bytes changed since it was written)",
+        )
+
+
+# What a segment of an earlier state format is, to a reader that does not read it.
 EARLIER = "a segment file of an earlier wcoj"
 
 
@@ -280,47 +366,19 @@ def _unread(path: str) -> DamagedFile:
     return DamagedFile(path, f"{EARLIER} (state format 2: three .npy files), not read by this one")
 
 
-def open_segment(root: str | os.PathLike[str], segment: Segment, *, verify: bool = False) -> Layer:
-    """The layer of a segment of the local state `root`, its file memory-mapped: checked,
-    mapped once, its arrays views at their offsets.
-
-    Raises `DamagedFile` for a file that is missing, of another size, with a header that
-    disagrees with the segment (an earlier wcoj's included), or — checked when its stamp
-    changed, or always with `verify` — whose bytes differ from the manifest's sha256.
-    """
-    if segment.rows == 0:
-        return Layer.empty(segment.width)
-    path = segment_path(root, segment)
-    if not segment.files:
-        raise _unread(path)
-    sized, keys = _layer_expect(segment)
-    ref = segment.files[names.SEGMENT_LAYER]
-    mapped = _check(path, ref, sized, digest=True if verify else None, keep=True)
-    assert mapped is not None
-    n, w = segment.rows, segment.width
-    at = SEG_HEADER_BYTES
-    rows = np.frombuffer(mapped, dtype=I64, count=n * w, offset=at).reshape((w, n)).T
-    at += n * w * 8
-    diff = np.frombuffer(mapped, dtype=I64, count=n, offset=at)
-    at += n * 8
-    packed = np.frombuffer(mapped, dtype=keys, count=n, offset=at)
-    layer = Layer(rows, diff, segment.packing, packed, segment.unit)
-    low, entries = _directory_fields(mapped[:SEG_HEADER_BYTES])
-    if entries:
-        at += n * keys.itemsize
-        layer.given_directory(np.frombuffer(mapped, dtype=I64, count=entries, offset=at), low)
-    return layer
-
-
 def check_segment(root: str | os.PathLike[str], segment: Segment) -> list[DamagedFile]:
-    """A segment's file's damage (read whole), without mapping it."""
+    """A segment's file's damage (read whole: its sha256, header and every block), without
+    keeping it mapped."""
     if segment.rows == 0:
         return []
     path = segment_path(root, segment)
     if not segment.files:
         return [_unread(path)]
     try:
-        _check(path, segment.files[names.SEGMENT_LAYER], _layer_expect(segment)[0], digest=True)
+        mapped, shape = _map(path, segment)
+        stored = _stored(path, mapped, shape)
+        stored.checked(stored.guard[0], 0, shape.data_bytes)
+        _digest(path, segment)
     except DamagedFile as e:
         return [e]
     return []

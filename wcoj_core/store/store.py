@@ -85,7 +85,7 @@ class Store:
         older: bool = False,
     ) -> Store:
         """The state at `root`; with `create`, a new one when `root` is new or empty; with
-        `older`, manifests of formats 2 and 3 are read too (to rebuild their arrangements).
+        `older`, manifests of formats 2 to 4 are read too (to rebuild their arrangements).
 
         Raises `StateError` for an empty path, a file, a directory that holds other things
         than a state (no marker), no state when not creating, remote storage pyarrow cannot
