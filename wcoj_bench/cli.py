@@ -5,7 +5,7 @@ Commands::
     wcoj-bench epochs  [--query Q] --input REL=PATH ... --epochs K --epoch-size N [--skew D]
                        [--seed S] [--methods recompute,binary-delta,wcoj] [--json]
     wcoj-bench static  [--query Q] --input REL=PATH ... [--undirected REL] [--repeat R]
-                       [--methods wcoj,wcoj-executors,spark-sql,neighbour-array,duckdb,kuzu,scipy]
+                       [--methods wcoj,wcoj-executors,spark-sql,neighbour-array,duckdb,kuzu,scipy,tc]
                        [--json]
     wcoj-bench curve size --input REL=rmat:seed=S ... [--sizes E,..] [--epoch-size N]
                        [--epochs K] [--methods binary-delta,wcoj] [--plot PNG] [--save JSON]
@@ -172,7 +172,7 @@ def _parser() -> argparse.ArgumentParser:
     st = commands.add_parser(
         "static",
         help="count the whole input once per method: wcoj, Spark SQL, neighbour arrays, DuckDB, "
-        "Kuzu, scipy",
+        "Kuzu, scipy, the peer C counter tc",
     )
     _add_inputs(st)
     st.add_argument("--repeat", type=int, default=3, metavar="R", help="timed runs per method")
@@ -542,6 +542,8 @@ def _static(args: argparse.Namespace) -> int:
         )
     summary = result.to_dict()
     say(f"count {result.count}: every method agrees")
+    for name, why in result.skipped.items():
+        say(f"{name} skipped: {why}")
     for name, m in summary["methods"].items():
         rows = "" if m["join_rows"] is None else f", join rows {m['join_rows']}"
         say(

@@ -1,10 +1,13 @@
 """`wcoj-bench static`: every method counts the oracle's triangles, disagreement stops it.
 
 Timings are not asserted (benchmarks measure, tests check). What is asserted: on one small graph
-every method — wcoj, the Spark SQL binary plan, the neighbour-array intersection, DuckDB, Kùzu and
-scipy, and `wcoj count` run as a baseline program — reports the triangle count of the naive oracle; a method whose count differs stops the
-benchmark before anything is reported; the triangle-only methods refuse other queries (and a
-relation not read as undirected); the command's JSON carries the figures it promises.
+every method — wcoj, the Spark SQL binary plan, the neighbour-array intersection, DuckDB, Kùzu,
+scipy, the peer C counter tc, and `wcoj count` run as a baseline program — reports the triangle
+count of the naive oracle; a method whose count differs stops the benchmark before anything is
+reported; the triangle-only methods refuse other queries (and a relation not read as
+undirected); tc, built once into a cache, counts what the oracle counts (ids beyond uint32
+relabelled), and without a C compiler it is skipped with its reason while the others run; the
+command's JSON carries the figures it promises.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from oracle import naive_eval
 from pyspark.sql import SparkSession
 
 from wcoj_bench import cli
+from wcoj_bench.infra import peer
 from wcoj_bench.parts import static as static_bench
 from wcoj_bench.parts.epochs import BenchError
 from wcoj_bench.parts.static import STATIC_METHODS, Runner, StaticInputs, check_methods
@@ -60,7 +65,7 @@ def test_every_method_counts_the_oracles_triangles(
     report = json.loads(out[-1])
     assert report["command"] == "bench" and report["mode"] == "static"
     assert report["check"] == "passed" and report["count"] == oracle
-    assert set(report["methods"]) == set(STATIC_METHODS)
+    assert set(report["methods"]) == set(STATIC_METHODS) and report["skipped"] == {}
     for name, m in report["methods"].items():
         assert m["count"] == oracle, name
         assert len(m["seconds"]) == 1 and m["median_seconds"] >= 0
@@ -76,7 +81,7 @@ def test_every_method_counts_the_oracles_triangles(
     phases = set(report["methods"]["wcoj-apply"]["phases"])
     assert phases >= {"open", "land", "rules", "write", "commit"}
     assert report["methods"]["wcoj"]["deployments"] == ["driver"]
-    for key in ("speedup_vs_spark_sql", "speedup_vs_neighbour_array"):
+    for key in ("speedup_vs_spark_sql", "speedup_vs_neighbour_array", "count_seconds_over_tc"):
         assert report[key] > 0
     assert report["undirected_edges"] * 2 == report["input_rows"]["edge"]
     # One flushed progress line per run, warm-ups included, before the summary.
@@ -154,3 +159,38 @@ def test_the_command_refuses_in_one_line(capsys: pytest.CaptureFixture[str]) -> 
     assert "duckdb count undirected triangles only" in errors[0]
     assert "unrecognized arguments: --epochs 3" in errors[1]
     assert "--repeat must be at least 1" in errors[2]
+
+
+def test_tc_counts_the_oracles_triangles_on_any_ids(tmp_path: Path) -> None:
+    # Two 4-cliques sharing vertex 7 (8 triangles) and edge 3 9, ids negative and past uint32.
+    big = 2**32 + 5
+    cliques = [(a, b) for k in ((-2, 1, 3, 7), (7, 9, 11, big)) for a in k for b in k if a < b]
+    edges = {(a, b): 1 for a, b in [*cliques, (3, 9)]}
+    symmetric = {**edges, **{(b, a): 1 for a, b in edges}}
+    expected = sum(naive_eval(TRIANGLES, {"edge": symmetric}).values())
+    assert expected == 9  # the two cliques' 8, and 3 7 9
+    src, dst = (np.array(c, dtype=np.int64) for c in zip(*edges, strict=True))
+    program = peer.build_tc(cache=tmp_path / "cache")
+    assert peer.build_tc(cache=tmp_path / "cache") == program  # built once, then reused
+    peer.write_pairs(src, dst, tmp_path / "edges.u32")
+    pairs = np.fromfile(tmp_path / "edges.u32", dtype="<u4").reshape(-1, 2)
+    assert len(pairs) == len(edges) and bool((pairs[:, 0] < pairs[:, 1]).all())
+    assert peer.run_tc(program, tmp_path / "edges.u32") == expected
+
+
+def test_tc_without_a_compiler_is_skipped_with_its_reason(
+    small: SparkSession, oracle: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(peer.shutil, "which", lambda _name: None)
+    result = static_bench.static_bench(
+        small,
+        TRIANGLES,
+        {"edge": generate(small, GRAPH)},
+        str(tmp_path),
+        undirected=frozenset({"edge"}),
+        methods=["wcoj", "tc", "scipy"],
+        repeat=1,
+    )
+    assert result.skipped == {"tc": "no C compiler (cc or gcc) on PATH"}
+    assert set(result.methods) == {"wcoj", "scipy"} and result.count == oracle
+    assert "count_seconds_over_tc" not in result.to_dict()

@@ -99,6 +99,7 @@ LABELS = {
     "duckdb": "duckdb (SQL)",
     "kuzu": "kuzu (Cypher)",
     "scipy": "scipy (`sum((U @ U) ∘ U)`, from the deduplicated edges)",
+    "tc": "tc (the peer C counter `../shared/peers/tc.c`, exec to exit)",
     "wcoj-count": "wcoj-count (the `wcoj count` process, exec to exit)",
     "wcoj-count-baseline": "wcoj-count-baseline (the same, another checkout's program)",
 }

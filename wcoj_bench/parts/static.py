@@ -38,14 +38,18 @@ The methods, each counting the query's output (the sum of its multiplicities):
   matrix ``U`` (the machine's practical limit for a single-threaded count), timed from the
   deduplicated edge array (each undirected edge in both directions, as ``wcoj count`` lands
   them) through orientation (``src < dst``), relabelling, the CSR build and the masked product.
+* **tc** — the peer C counter (`wcoj_bench.infra.peer`: ``../shared/peers/tc.c``, built with the
+  machine's C compiler, OpenMP when it has it): (degree, id) orientation and sorted-list merges,
+  on the same deduplicated edges written as ``uint32`` pairs; timed exec to exit (after one
+  untimed warm-up run). Without a compiler it is skipped with a one-line reason.
 
-The last four count undirected triangles only: they refuse any query other than the built-in
+The last five count undirected triangles only: they refuse any query other than the built-in
 ``triangles`` over a relation read with ``--undirected``. What is timed: for the Spark methods,
 from DataFrames over the input Parquet to the count on the driver (after one untimed warm-up
 run each, so that the JVM's code generation is not charged to the first method); for duckdb and
 kuzu, the query alone — loading the edges into DuckDB's table and Kùzu's node and relationship
 tables happens before, untimed; for scipy, from the deduplicated edge array (above); for the
-``wcoj count`` processes, exec to exit (after one untimed warm-up run each: the input's pages
+``wcoj count`` and ``tc`` processes, exec to exit (after one untimed warm-up run each: the input's pages
 in the page cache, the kernel's compiled module loaded once). Between Spark runs Spark's cache is cleared, untimed, so no run reads
 what an earlier one kept.
 
@@ -74,6 +78,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from wcoj_bench.infra.measure import BenchError, MemoryWatch, SparkMeter
+from wcoj_bench.infra.peer import PeerMissing, build_tc, run_tc, write_pairs
 from wcoj_bench.parts.epochs import specs_for
 from wcoj_core.engine import Engine
 from wcoj_core.input_spark import canonical_undirected
@@ -114,6 +119,7 @@ STATIC_METHODS: dict[str, StaticMethod] = {
         StaticMethod("duckdb", Runtime.LOCAL, triangles_only=True, package="duckdb"),
         StaticMethod("kuzu", Runtime.LOCAL, triangles_only=True, package="kuzu"),
         StaticMethod("scipy", Runtime.LOCAL, triangles_only=True, package="scipy"),
+        StaticMethod("tc", Runtime.PROCESS, triangles_only=True),
     )
 }
 STATIC_DEFAULT = tuple(m for m in STATIC_METHODS if m != "wcoj-count-baseline")
@@ -438,6 +444,14 @@ def _scipy(inputs: StaticInputs) -> Runner:
     return Runner(run)
 
 
+def _tc(inputs: StaticInputs) -> Runner:
+    program = build_tc()
+    edges = inputs.edges()
+    pairs = inputs.root / "local" / "edges.u32"
+    write_pairs(edges.src, edges.dst, pairs)
+    return Runner(partial(run_tc, program, pairs))
+
+
 def _wcoj_count(inputs: StaticInputs, baseline: bool = False) -> Runner:
     command = inputs.command
     if command is None:
@@ -473,6 +487,7 @@ PREPARE: dict[str, Callable[[StaticInputs], Runner]] = {
     "duckdb": _duckdb,
     "kuzu": _kuzu,
     "scipy": _scipy,
+    "tc": _tc,
     "wcoj-count": _wcoj_count,
     "wcoj-count-baseline": partial(_wcoj_count, baseline=True),
 }
@@ -525,6 +540,7 @@ class StaticResult:
     input_rows: dict[str, int]
     undirected_edges: int | None
     methods: dict[str, StaticMethodResult]
+    skipped: dict[str, str] = field(default_factory=lambda: {})  # method -> why
 
     def ratio(self, method: str) -> float:
         """How many times longer `method` took than wcoj (median against median)."""
@@ -540,6 +556,7 @@ class StaticResult:
             "repeat": self.repeat,
             "input_rows": self.input_rows,
             "undirected_edges": self.undirected_edges,
+            "skipped": self.skipped,
             "methods": {
                 name: {
                     "median_seconds": round(m.median, 3),
@@ -573,6 +590,13 @@ class StaticResult:
             # issue 29: `wcoj count`'s own seconds against scipy's, in the same run
             own = statistics.median(count.own_seconds)
             out["count_seconds_over_scipy"] = round(own / self.methods["scipy"].median, 3)
+        if "tc" in self.methods:
+            # issue 47: against the peer's whole process, in the same run
+            tc = self.methods["tc"].median
+            out["wcoj_over_tc"] = round(self.methods["wcoj"].median / tc, 2)
+            if count is not None and count.own_seconds:
+                out["count_seconds_over_tc"] = round(statistics.median(count.own_seconds) / tc, 2)
+                out["count_process_over_tc"] = round(count.median / tc, 2)
         base = self.methods.get("wcoj-count-baseline")
         if count is not None and base is not None:
             out["count_speedup_vs_baseline"] = round(base.median / count.median, 3)
@@ -604,9 +628,14 @@ def static_bench(
     watch = MemoryWatch()
     expected: tuple[str, int] | None = None
     results: dict[str, StaticMethodResult] = {}
+    skipped: dict[str, str] = {}
     for name in chosen:
         method = STATIC_METHODS[name]
-        runner = PREPARE[name](inputs)
+        try:
+            runner = PREPARE[name](inputs)
+        except PeerMissing as missing:
+            skipped[name] = str(missing)
+            continue
         first = 1 if method.runtime is Runtime.LOCAL else 0
         seconds: list[float] = []
         warm_up: float | None = None
@@ -651,14 +680,15 @@ def static_bench(
         )
     watch.close()
     assert expected is not None
-    local = any(STATIC_METHODS[m].runtime is Runtime.LOCAL for m in chosen)
+    collected = any(STATIC_METHODS[m].runtime is Runtime.LOCAL or m == "tc" for m in chosen)
     return StaticResult(
         query=query.name,
         count=expected[1],
         repeat=repeat,
         input_rows=inputs.rows,
-        undirected_edges=len(inputs.edges().src) if local else None,
+        undirected_edges=len(inputs.edges().src) if collected else None,
         methods=results,
+        skipped=skipped,
     )
 
 
