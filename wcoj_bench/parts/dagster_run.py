@@ -254,16 +254,16 @@ class Runner:
 
 
 def _change(state: Path, epoch: int) -> Any:
-    """The output change of `QUERY` at `epoch` in a state, as (rows, diffs)."""
+    """The output change of `QUERY` at `epoch` in a state, as (rows, diffs): read only, so the
+    state may keep other queries too (the quick start's ``per_vertex``)."""
     from wcoj_bench.infra.measure import change_arrays
-    from wcoj_core.engine import Engine
-    from wcoj_core.meaning import relation_specs
-    from wcoj_core.query.builtins import resolve_query
+    from wcoj_core.served import StateAccess
+    from wcoj_core.session import starter_of
+    from wcoj_core.state_read import change_table
+    from wcoj_core.traces import output_trace_name
 
-    q = resolve_query(QUERY)
-    specs = relation_specs(dict(q.relations), undirected=[RELATION])
-    engine = Engine(None, str(state), q, relations=specs, create=False)
-    table = engine.change(q.name, epoch)
+    access = StateAccess.open(str(state), starter_of(None), create=False)
+    table = change_table(access, output_trace_name(QUERY), epoch)
     return change_arrays(table, [c for c in table.column_names if c != "diff"])
 
 
