@@ -27,7 +27,8 @@ from wcoj_support import (
     updates,
 )
 
-from wcoj_assets.checks import BINARY_JOIN, CURRENT, DELTA_RULES
+from wcoj_assets.checks import BINARY_JOIN, CURRENT, DELTA_RULES, NON_NEGATIVE
+from wcoj_assets.definitions import VERIFY_JOB
 from wcoj_assets.epochs import epoch_key
 from wcoj_assets.report import INTERNAL
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec
@@ -97,15 +98,26 @@ def test_every_check_runs_for_its_epoch_and_passes(scenario: Scenario) -> None:
     for n, result in enumerate(scenario.results):
         found = checks(result)
         due = n % EVERY == EVERY - 1  # one epoch in EVERY: epoch 2
-        # The binary join reports only where it ran: elsewhere it stays SKIPPED, never passed.
+        # The binary join reports only where it ran; the epoch job does not plan it, so that
+        # nowhere else is it SKIPPED (drawn red) or passed. Its status is the latest run's.
+        logs = scenario.pipeline.instance.all_logs(result.run_id)
+        planned = {
+            e.dagster_event.event_specific_data.check_name
+            for e in logs
+            if e.dagster_event
+            and e.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION_PLANNED"
+        }
+        assert BINARY_JOIN not in planned and len(planned) == CHECKS_PER_EPOCH - len(QUERIES) - 2
         assert len(found) == CHECKS_PER_EPOCH - (0 if due else len(QUERIES))
         assert all(c.passed for c in found), [c for c in found if not c.passed]
-        assert {c.partition for c in found} == {epoch_key(n)}
+        assert {c.partition for c in found if c.name != BINARY_JOIN} == {epoch_key(n)}
         audits = [c for c in found if c.name == DELTA_RULES]
         assert {c.asset for c in audits} == {f"{q}_deltas" for q in QUERIES}
         assert all(c.metadata["checked"] and c.metadata["mismatches"] == 0 for c in audits)
         correctness = [c for c in found if c.name == BINARY_JOIN]
         assert {c.asset for c in correctness} == (set(QUERIES) if due else set())
+        assert all(c.partition is None for c in correctness)
+        assert all(c.metadata["partition"] == epoch_key(n) for c in correctness)
         assert all(c.metadata["checked"] and c.metadata["mismatches"] == 0 for c in correctness)
 
 
@@ -215,6 +227,14 @@ def test_a_tampered_output_batch_fails_the_binary_join_check(scenario: Scenario)
     last = EPOCHS - 1
     rows, diff = stored_change(p, "triangles", 1)
     replace_output(p, "triangles", 1, [*rows, [100, 101, 102]], [*diff, 1])
+    # The verify job finds it at epoch 1, applying nothing: the change and the output are wrong.
+    verified = {
+        (c.asset, c.name): c.passed
+        for c in checks(p.run(1, job=p.defs.resolve_job_def(VERIFY_JOB)))
+    }
+    assert not verified.pop(("triangles", BINARY_JOIN))
+    assert not verified.pop(("triangles_deltas", DELTA_RULES))
+    assert all(verified.values()), verified
     on_demand = {"ops": {"wcoj_epochs": {"config": {"binary_join": True}}}}
     result = p.run(last, run_config=on_demand)
     found = {(c.asset, c.name): c for c in checks(result)}
@@ -229,6 +249,33 @@ def test_a_tampered_output_batch_fails_the_binary_join_check(scenario: Scenario)
     assert p.run(1).success
     again = {(c.asset, c.name): c for c in checks(p.run(last, run_config=on_demand))}
     assert again[("triangles", BINARY_JOIN)].passed
+
+
+def test_the_verify_job_checks_an_epoch_as_stored_and_applies_nothing(scenario: Scenario) -> None:
+    """One click verifies an epoch: the verify job runs every check but the landed files' on the
+    epoch as the state holds it (the binary join too), materializes and commits nothing; an epoch
+    the state does not hold fails each check, saying so."""
+    p = scenario.pipeline
+    before = p.generation()
+    verify = p.defs.resolve_job_def(VERIFY_JOB)
+    result = p.run(1, job=verify)
+    assert result.success, failures(result)
+    assert materializations(result) == [] and p.generation() == before
+    found = {(c.asset, c.name): c for c in checks(result)}
+    expected = {("edge_snapshot", NON_NEGATIVE)}
+    for q in QUERIES:
+        expected |= {(f"{q}_deltas", CURRENT), (f"{q}_deltas", DELTA_RULES), (q, BINARY_JOIN)}
+    assert set(found) == expected
+    assert all(c.passed for c in found.values()), [c for c in found.values() if not c.passed]
+    for c in found.values():
+        where = c.metadata["partition"] if c.name == BINARY_JOIN else c.partition
+        assert where == epoch_key(1), c
+
+    result = p.run(EPOCHS + 5, job=verify)  # never applied
+    found = checks(result)
+    assert len(found) == len(expected) and not any(c.passed for c in found)
+    said = f"epoch {EPOCHS + 5} ({epoch_key(EPOCHS + 5)}) is not in the state: run it first"
+    assert all(c.metadata["error"] == said for c in found), found
 
 
 @pytest.mark.parametrize("kind", ["drop", "add", "flip"])
