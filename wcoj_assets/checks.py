@@ -110,8 +110,9 @@ class CheckReporting(Enum):
         return CheckReporting.EVERY if epochs <= PER_PARTITION_LIMIT else CheckReporting.NEWS
 
 
-def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
-    """The checks of `graph` (see the module), on its translated keys."""
+def check_specs(graph: EpochGraph, rebuild_sensor: str) -> list[AssetCheckSpec]:
+    """The checks of `graph` (see the module), on its translated keys; `rebuild_sensor` names
+    the pipeline's automation sensor."""
     partitions = graph.epochs.partitions()
     specs: list[AssetCheckSpec] = []
     for info in graph.of_role(Role.CHANGES):
@@ -148,7 +149,7 @@ def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
                 description="The partition was derived from the relations' history as it is "
                 "now: no epoch up to it was corrected since. After a corrected epoch is re-run, "
                 "every later partition is reported failed until it is rebuilt (the automation "
-                "sensor `wcoj_rebuild_sensor` does it, or a backfill from that epoch).",
+                f"sensor `{rebuild_sensor}` does it, or a backfill from that epoch).",
             ),
             AssetCheckSpec(
                 DELTA_RULES,
@@ -275,7 +276,7 @@ def binary_join(engine: Engine, query: Query, epoch: int, partition: str) -> Out
         result.equal,
         {
             "checked": True,
-            "epoch": epoch,
+            "epoch": str(epoch),
             "partition": partition,
             "mismatches": result.mismatches,
             "expected_rows": result.expected_rows,
@@ -314,11 +315,15 @@ def report(
 ) -> Iterator[AssetCheckResult | AssetCheckEvaluation]:
     """Every check's results of a run (see the module): in a run of one partition an
     `AssetCheckResult` per check selected and evaluated there; in a range run an
-    `AssetCheckEvaluation` per partition that `reporting` picks (and, under ``news``, the
-    range's summary); an evaluation of its own for every evaluated partition of a check the run
-    did not select, and for partitions outside the run. A check without partitions (the binary
-    join) reports its one evaluation of the run, naming its partition in the metadata."""
+    `AssetCheckEvaluation` per partition that `reporting` picks, and the range's summary as the
+    check's result (Dagster then counts the check as yielded: no "did not yield expected outputs"
+    line); an evaluation of its own for every evaluated partition of a check the run did not
+    select, and for partitions outside the run. A check without partitions (the binary join)
+    reports its one evaluation of the run, naming its partition in the metadata; a run without
+    partitions (a check's *Execute* in the UI) an evaluation at the epoch's partition and one
+    without, the run's own row."""
     single = bool(context.has_partition_key)
+    unpartitioned = not single and not context.has_partition_key_range  # a check's Execute
     reporting = reporting.for_range(len(run_partitions))
     selected = set(context.selected_asset_check_keys)
     partitioned = {spec.key for spec in specs if spec.partitions_def is not None}
@@ -343,25 +348,30 @@ def report(
         for asset, partitions in wanted.items()
     }
     for spec in specs:
-        key = spec.key
+        key, whole = spec.key, spec.key not in partitioned
         outcomes = book.outcomes.get(key, {})
         ours = [(p, outcomes[p]) for p in run_partitions if p in outcomes]
-        whole = key not in partitioned
-        if key in selected and (outcomes if whole else single and ours):
-            outcome = outcomes[own[key][-1]] if whole else ours[0][1]
-            yield AssetCheckResult(
-                asset_key=key.asset_key,
-                check_name=key.name,
-                passed=outcome.passed,
-                metadata=dict(outcome.metadata),
-                description=outcome.description,
-            )
-            if whole:
-                continue
-        elif key in selected and ours and reporting is CheckReporting.NEWS:
-            yield _summary(key, ours, own.get(key, []), reporting)
-        for partition in own.get(key, []):
-            outcome = outcomes[partition]
+        apart: list[str | None] = list(own.get(key, []))
+        if key in selected and ours and unpartitioned and not whole:
+            # The run's own row (no partition: an AssetCheckResult cannot find its target there).
+            apart.append(None)
+        elif key in selected and (outcomes if whole else ours) and not unpartitioned:
+            # The run's result of the check, which Dagster counts as the check's output.
+            if whole or single:
+                last = outcomes[apart[-1]] if whole else ours[-1][1]
+                yield AssetCheckResult(
+                    asset_key=key.asset_key,
+                    check_name=key.name,
+                    passed=last.passed,
+                    metadata=dict(last.metadata),
+                    description=last.description,
+                )
+                apart = [] if whole else apart
+            else:
+                yield _summary(key, ours, apart, reporting)
+        for partition in apart:
+            at = partition if partition is not None else ours[-1][0]
+            outcome = outcomes[at]
             yield AssetCheckEvaluation(
                 asset_key=key.asset_key,
                 check_name=key.name,
@@ -369,7 +379,7 @@ def report(
                 partition=None if whole else partition,
                 metadata=dict(outcome.metadata),
                 description=outcome.description,
-                target_materialization_data=targets.get(key.asset_key, {}).get(partition),
+                target_materialization_data=targets.get(key.asset_key, {}).get(at),
                 blocking=spec.blocking,
                 severity=AssetCheckSeverity.ERROR,
             )
@@ -420,15 +430,17 @@ def _summary(
             f"failed at {len(failed)} partition(s): {', '.join(failed[:5])}; each failing "
             "partition carries its own result"
         )
-    elif outcomes and reporting is CheckReporting.NEWS:
-        first, last = outcomes[0][0], outcomes[-1][0]
+    elif reporting is CheckReporting.NEWS:
         description = (
-            f"passed at every partition evaluated ({len(outcomes)}, {first}..{last}); reported "
-            f"per partition: {len(own)} (failures and recoveries only: the others show "
-            "SKIPPED in this run, passing)"
+            f"passed at every partition evaluated ({len(outcomes)}, {metadata['partitions']}); "
+            f"reported per partition: {len(own)} (failures and recoveries only: the others "
+            "show SKIPPED in this run, passing)"
         )
     else:
-        description = None
+        description = (
+            f"passed at every partition of the run ({len(outcomes)}, "
+            f"{metadata['partitions']}), each with its own evaluation"
+        )
     return AssetCheckResult(
         asset_key=key.asset_key,
         check_name=key.name,

@@ -192,7 +192,7 @@ def build_definitions(
             Epochs(start),
             translate,
             automation=rebuild_condition,
-            checks=check_specs,
+            checks=lambda graph: check_specs(graph, names.rebuild_sensor),
             io_manager_key=names.outputs,
         )
         key = names.resource

@@ -46,6 +46,7 @@ import time as clock
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from dagster import (
@@ -66,7 +67,7 @@ from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
 from wcoj_assets.landing_read import LocalFiles, Refused, landed_files
-from wcoj_assets.report import LandedFigures, epoch_metadata
+from wcoj_assets.report import LandedFigures, epoch_metadata, unit
 from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
 from wcoj_core.traces import relation_trace_name
@@ -152,16 +153,17 @@ class EpochRun:
         self.later_audits: list[tuple[AssetCheckKey, str, str, int]] = []
         # Epoch -> relation -> its streamed landed files and their check (`_read`).
         self.streamed: dict[int, dict[str, tuple[LocalFiles, Any]]] = {}
+        self.counted: dict[tuple[int, str], int] = {}  # (epoch, relation) -> streamed rows
 
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
         freeze_heap_at_exit()
         starter = self.wcoj.starter()
         starter.log = context.log.info
-        pairs = epochs_of(context, graph.epochs)
         if context.run.tags.get(VERIFY_TAG) or not self.selected:  # the verify job, or checks
-            yield from self._verify(pairs)
+            yield from self._verify()
             return
+        pairs = epochs_of(context, graph.epochs)
         changes, landed, refused = self._read(pairs)
         applied = [(k, t) for k, t in pairs if refused is None or t < refused[1]]
         done: list[tuple[str, int]] = []
@@ -249,8 +251,11 @@ class EpochRun:
                 if isinstance(read.rows, LocalFiles):
                     # Streamed: checked a batch at a time as the engine lands it, the files read
                     # once; a refusal then stops the apply (`Refused`) before anything commits.
-                    def check(batch: Any, seen: int, t: int = t, columns: Any = columns) -> Any:
-                        return arrow_problems(batch, columns, t, seen)
+                    def check(
+                        batch: Any, seen: int, at: Any = (t, rel), columns: Any = columns
+                    ) -> Any:
+                        self.counted[at] = seen + batch.num_rows
+                        return arrow_problems(batch, columns, at[0], seen)
 
                     self.streamed.setdefault(t, {})[rel] = (read.rows, check)
                     changes[t][rel] = read.rows.checked(check, ck.BAD_ROWS)
@@ -309,14 +314,20 @@ class EpochRun:
             check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
             lines = [f"epoch {t} ({key}): {line}" for line in problems.get(rel, [])]
             metadata: dict[str, Any] = {
-                "epoch": t,
+                "epoch": str(t),
                 "depth": "schema and data",
                 "problems found": len(lines),
             }
             if lines:
                 metadata["errors"] = MetadataValue.json(lines[: ck.BAD_ROWS])
+            shown = "; ".join(lines[:3])
             summary = (
-                f"{len(lines)} problem(s), nothing applied: " + "; ".join(lines[:3])
+                f"{len(lines)} problem(s), nothing applied: {shown}"
+                + (
+                    f"; the first 3 of {len(lines)} shown, every one under errors"
+                    if len(lines) > 3
+                    else ""
+                )
                 if lines
                 else None
             )
@@ -341,14 +352,21 @@ class EpochRun:
         """Record an applied epoch: its assets' metadata and its per-epoch checks (with
         `audit_later`, its audit started in a thread of its own: `_settle`)."""
         graph, t = self.graph, result.epoch
+        landed = {  # streamed rows are counted as they are checked
+            rel: f if f.rows is not None else replace(f, rows=self.counted.get((t, rel)))
+            for rel, f in (landed or {}).items()
+        }
         self.metadata[key] = epoch_metadata(graph, engine, result, landed)
         self._epoch_checks(engine, key, result, rebuilt=False, audit_later=audit_later)
         out = ", ".join(
             f"{q} {result.count(q):,} ({result.total(q):+,})" for q in graph.topology.plans
         )
-        changed = sum(r.changed for r in result.relations.values())
+        changed = ", ".join(
+            f"{rel} {r.changed // unit(graph, rel)[1]:,} {unit(graph, rel)[0]} changed"
+            for rel, r in result.relations.items()
+        )
         self.lines.append(
-            f"epoch {t} ({key}): {changed:,} tuples changed; {out}; "
+            f"epoch {t} ({key}): {changed}; {out}; "
             f"{result.metrics.total_seconds:.3f} s on the {result.metrics.deployment}"
         )
 
@@ -489,34 +507,51 @@ class EpochRun:
                 continue
             key = graph.epochs.key(chosen)
             query = graph.topology.query(info.query or "")
+            self.context.log.info(
+                f"{ck.BINARY_JOIN} of {query.name} at epoch {chosen} ({key}): recomputing the "
+                "output with Spark SQL"
+            )
             try:
                 outcome = ck.binary_join(engine, query, chosen, key)
             except Exception as e:  # a check that cannot run fails, saying why
                 what = f"{type(e).__name__}: {e}"
-                outcome = ck.Outcome(False, {"error": what, "epoch": chosen}, what)
+                outcome = ck.Outcome(False, {"error": what, "epoch": str(chosen)}, what)
             self.book.add(check, key, outcome)
+            self.context.log.info(
+                f"{ck.BINARY_JOIN} of {query.name} at epoch {chosen}: "
+                + ("passed" if outcome.passed else "FAILED")
+                + f" in {outcome.metadata.get('seconds', '?')} s"
+            )
 
     # -- verifying -------------------------------------------------------------------------------
-    def _verify(self, pairs: Sequence[tuple[str, int]]) -> Iterator[Any]:
-        """The selected checks of the run's epochs as the state holds them (a run tagged
-        `VERIFY_TAG`, or of checks alone): nothing applied, nothing materialized. An epoch the
-        state does not hold fails each."""
+    def _verify(self) -> Iterator[Any]:
+        """The selected checks of the run's epochs (a run without partitions: the state's last
+        epoch) as the state holds them (a run tagged `VERIFY_TAG`, or of checks alone): nothing
+        applied, nothing materialized. An epoch the state does not hold fails each."""
         from wcoj_core.lineage import epochs_of as held_epochs
 
-        graph, selected = self.graph, set(self.context.selected_asset_check_keys)
+        context, graph = self.context, self.graph
+        selected = set(context.selected_asset_check_keys)
         engine = self.wcoj.engine(graph.topology, create=False)
         held, stale = set(held_epochs(engine.store.current())), set(engine.stale())
+        if context.has_partition_key or context.has_partition_key_range:
+            pairs = epochs_of(context, graph.epochs)
+        else:
+            last = engine.epoch if engine.epoch is not None else 0
+            pairs = [(graph.epochs.key(last), last)]
         if any(c.name == ck.UPDATE_TRIPLES for c in selected):
             self._read(pairs)
         for key, t in pairs:
             what = f"epoch {t} ({key}) is not in the state: run it first"
-            missing = ck.Outcome(False, {"epoch": t, "error": what}, what)
+            missing = ck.Outcome(False, {"epoch": str(t), "error": what}, what)
             for info in graph.of_role(Role.SNAPSHOT, Role.QUERY_CHANGES):
                 asset = graph.key(info.name)
                 for name in (ck.NON_NEGATIVE, ck.CURRENT, ck.DELTA_RULES):
                     check = AssetCheckKey(asset, name)
                     if check not in selected:
                         continue
+                    if t not in held and name == ck.CURRENT:
+                        continue  # no history yet: not stale, and nothing for the automation
                     if t not in held:
                         outcome = missing
                     elif name == ck.NON_NEGATIVE:

@@ -96,14 +96,14 @@ def follows_epochs() -> AutomationCondition:
 
 def current(epoch: int, rebuilt: bool = False) -> Outcome:
     """`current_history` of an epoch the run just derived."""
-    return Outcome(True, {"epoch": epoch, "rebuilt": rebuilt})
+    return Outcome(True, {"epoch": str(epoch), "rebuilt": rebuilt})
 
 
 def stale(epoch: int, since: str, backfill_from: str) -> Outcome:
     """`current_history` of a later epoch derived before `since` was corrected."""
     return Outcome(
         False,
-        {"epoch": epoch, "stale since": since, "backfill_from": backfill_from},
+        {"epoch": str(epoch), "stale since": since, "backfill_from": backfill_from},
         f"derived before {since} was re-run from corrected changes",
     )
 
@@ -114,7 +114,7 @@ def verified(epoch: int, is_stale: bool) -> Outcome:
         return current(epoch)
     return Outcome(
         False,
-        {"epoch": epoch, "stale": True},
+        {"epoch": str(epoch), "stale": True},
         "derived from changes corrected since: rebuild it (the automation sensor, or a backfill "
         "from the first stale epoch)",
     )

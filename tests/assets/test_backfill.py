@@ -116,9 +116,16 @@ def test_a_range_gives_each_partition_its_own_check_status_by_default(scenario: 
     (join,) = [c for c in results if c.check_name == BINARY_JOIN]
     assert join.passed and join.partition is None
     assert join.metadata["partition"].value == epoch_key(EPOCHS - 1)
-    # No range-level result to misread: each partitioned check's evaluation names its partition.
-    assert all(c.partition is not None for c in results if c is not join)
-    assert len(results) == 4 * EPOCHS + 1
+    # Each partitioned check's evaluations name their partitions, and the range's result (the
+    # check's output, so no "did not yield expected outputs" line) says they all passed.
+    summaries = [c for c in results if c.partition is None and c is not join]
+    assert len(summaries) == 4 and all(c.passed for c in summaries)
+    assert all(
+        c.description.startswith("passed at every partition of the run (4, ") for c in summaries
+    )
+    assert len(results) == 4 * EPOCHS + 1 + 4
+    said = [e.user_message for e in scenario.pipeline.instance.all_logs(scenario.run_id)]
+    assert not [m for m in said if "did not yield or return expected outputs" in m]
 
 
 def test_with_every_each_partition_shows_its_own_check_status(

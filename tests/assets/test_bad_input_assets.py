@@ -174,6 +174,9 @@ def every_bad_row_listed(p: Pipeline) -> None:
         errors = check.metadata["errors"]
         lines = [e.split(", line ")[1].split(",")[0] for e in errors]
         assert lines == ["3", "5", "6", "8"], errors  # every bad row, in file order
+        said = check.description or ""  # what it counts, what it shows, where the rest are
+        assert said.startswith("4 problem(s), nothing applied: ") and said.count("epoch 1 (") == 3
+        assert said.endswith("; the first 3 of 4 shown, every one under errors"), said
         assert check.metadata["problems found"] == 4
         assert materializations(result) == []
     finally:

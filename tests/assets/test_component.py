@@ -230,6 +230,18 @@ def dg(*args: str, cwd: Path, src: bool = False) -> subprocess.CompletedProcess[
 K4 = "k4(a, b, c, d) :- edge(a, b), edge(a, c), edge(a, d), edge(b, c), edge(b, d), edge(c, d)"
 
 
+def test_a_checks_description_names_the_components_own_sensor() -> None:
+    _, defs = load({**ATTRIBUTES, "name": "graphs"})
+    (spec,) = [
+        s
+        for a in defs.assets or ()
+        for s in getattr(a, "check_specs", ())
+        if s.name == "current_history" and s.asset_key == AssetKey("triangles_deltas")
+    ]
+    assert "`graphs_rebuild_sensor`" in (spec.description or "")
+    assert "wcoj_rebuild_sensor" not in (spec.description or "")
+
+
 def test_a_second_component_over_the_same_relation_is_refused_naming_both_files() -> None:
     """Two components each maintaining a query over ``edge`` define ``edge_deltas`` twice:
     refused with both files and what to do (Dagster alone says ``Duplicate asset key``). The

@@ -161,6 +161,7 @@ class Check:
     passed: bool
     partition: str | None
     metadata: dict[str, Any]
+    description: str | None = None
 
 
 class Pipeline:
@@ -283,6 +284,7 @@ def checks(result: ExecuteInProcessResult) -> list[Check]:
                     e.passed,
                     e.partition,
                     {k: v.value for k, v in e.metadata.items()},
+                    e.description,
                 )
             )
     return out
