@@ -557,8 +557,11 @@ class EpochRun:
                     elif name == ck.NON_NEGATIVE:
                         negative = engine.figures(relation_trace_name(info.relation or ""), t)[2]
                         outcome = ck.non_negative(info.relation or "", t, negative)
+                    elif name == ck.CURRENT and t in stale:
+                        first = graph.epochs.key(min(stale))
+                        outcome = provenance.stale(t, "an earlier epoch", first)
                     elif name == ck.CURRENT:
-                        outcome = provenance.verified(t, t in stale)
+                        outcome = provenance.current(t)
                     else:
                         outcome = ck.delta_rules(engine, info.query or "", t)
                     self.book.add(check, key, outcome)
@@ -567,10 +570,5 @@ class EpochRun:
             self._binary_joins(engine, pairs, joins)
         for check in joins if pairs[-1][1] not in held else ():
             self.book.add(check, pairs[-1][0], missing)
-        yield from ck.report(
-            self.context,
-            graph.check_specs,
-            self.book,
-            [k for k, _ in pairs],
-            self.wcoj.check_reporting,
-        )
+        keys = [k for k, _ in pairs]
+        yield from ck.report(context, graph.check_specs, self.book, keys, self.wcoj.check_reporting)

@@ -113,18 +113,6 @@ def stale(epoch: int, since: str, backfill_from: str) -> Outcome:
     )
 
 
-def verified(epoch: int, is_stale: bool) -> Outcome:
-    """`current_history` of an epoch the verify job checks as the state holds it."""
-    if not is_stale:
-        return current(epoch)
-    return Outcome(
-        False,
-        {"epoch": str(epoch), "stale": True},
-        "derived from changes corrected since: rebuild it (the automation sensor, or a backfill "
-        "from the first stale epoch)",
-    )
-
-
 def reported_failed(instance: Any, asset: AssetKey | str, keys: Sequence[str]) -> set[str]:
     """The partitions among `keys` whose latest `current_history` evaluation failed
     (`wcoj_assets.checks.latest_failed`)."""
