@@ -56,10 +56,10 @@ from wcoj_bench.infra.cluster import Cluster
 from wcoj_bench.infra.measure import tree_pids
 from wcoj_bench.infra.prepared import epoch_changes
 from wcoj_core.budget import parse_size, process_memory
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.engine import Engine
 from wcoj_core.query.builtins import builtin
 from wcoj_core.session import SparkStarter
+from wcoj_core.store.batches import BatchFiles
 
 OUT = "out/triangles"
 

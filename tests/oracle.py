@@ -12,7 +12,9 @@ that is absent counts as empty. Evaluation has exact bag semantics: the multipli
 tuple is the sum, over every binding of the body variables that matches every atom (constants
 equal, repeated variables equal) and passes every filter, of the product of the multiplicities
 of the matched tuples -- one factor per atom, so a relation used twice contributes two factors.
-Results that sum to zero are dropped. The search backtracks over the atoms in body order. Each
+Results that sum to zero are dropped. An aggregate head (``count()``, ``sum(x)``) groups by
+the head's variables: ``count()`` is exactly that sum of products, ``sum(x)`` the same sum with
+each product times the binding's ``x``. The search backtracks over the atoms in body order. Each
 atom is looked up through a hash index on the positions already bound when it is reached (built
 on first use), and each filter is checked as soon as its last variable is bound.
 
@@ -117,11 +119,14 @@ def naive_eval(query: Query, relations: Relations) -> Counter[tuple[int, ...]]:
     steps = _plan_steps(query, slots)
     lookups: list[dict[tuple[int, ...], _Bucket] | None] = [None] * len(steps)
     head_slots = tuple(slots[v] for v in query.head)
+    agg = query.aggregate
+    summed = None if agg is None or agg.var is None else slots[agg.var]
     out: Counter[tuple[int, ...]] = Counter()
 
     def visit(depth: int, weight: int) -> None:
         if depth == len(steps):
-            out[tuple(values[s] for s in head_slots)] += weight
+            times = 1 if summed is None else values[summed]
+            out[tuple(values[s] for s in head_slots)] += weight * times
             return
         step = steps[depth]
         lookup = lookups[depth]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
+from wcoj_core.query.ir import Aggregate, Atom, CmpOp, Const, Filter, Query, Var
 
 ARITY = {"r": 2, "s": 2, "t": 3, "u": 1}
 VARS = [Var(n) for n in "abcd"]
@@ -18,9 +18,11 @@ Updates = list[tuple[tuple[int, ...], int]]
 
 
 @st.composite
-def queries(draw: st.DrawFn) -> Query:
+def queries(draw: st.DrawFn, aggregates: bool = False) -> Query:
     """Cyclic and acyclic queries over binary, ternary and unary relations, with repeated
-    relations, constants, repeated variables, filters and projections."""
+    relations, constants, repeated variables, filters and projections; with `aggregates`,
+    some aggregate their groups (count() or sum(x)). (Opt-in: a draw added to every query
+    would change the examples a derandomized profile gives every other test.)"""
     n_atoms = draw(st.integers(1, 4))
     atoms = []
     for _ in range(n_atoms):
@@ -45,7 +47,10 @@ def queries(draw: st.DrawFn) -> Query:
         if right != left:
             filters.append(Filter(left, op, right))
     head = tuple(draw(st.lists(st.sampled_from(bound), max_size=3)))
-    return Query("q", head, tuple(atoms), tuple(filters))
+    aggregate = None
+    if aggregates:
+        aggregate = draw(st.sampled_from([None, Aggregate(), *(Aggregate(v) for v in bound)]))
+    return Query("q", head, tuple(atoms), tuple(filters), aggregate)
 
 
 def updates(arity: int) -> st.SearchStrategy[Updates]:

@@ -246,6 +246,8 @@ def delta_rules(engine: Engine, query: str, epoch: int, full: bool = False) -> O
             "examples": examples,
             "mode": audit.mode,
             "chance_to_find_a_wrong_tuple": round(float(audit.catch), 6),
+            "chance_to_find_a_missing_or_extra_tuple": round(float(audit.catch_sum), 6),
+            "can_miss": audit.misses,
             "figures": audit.figures,
             "method": audit.method,
         },

@@ -362,7 +362,11 @@ def base_spec(info: AssetInfo, topology: Topology) -> AssetSpec:
             name: f"head variable {v.name}, stored as c{i}"
             for i, (v, name) in enumerate(zip(q.head, info.columns, strict=True))
         }
-        metadata["dagster/column_schema"] = table_schema(info.columns, described)
+        schema = table_schema(info.columns, described)
+        if q.aggregate is not None and info.role is Role.OUTPUT:  # the groups' values
+            value = TableColumn(q.aggregate.name, "long", f"the group's {q.aggregate}")
+            schema = TableSchema([*schema.columns[:-1], value])
+        metadata["dagster/column_schema"] = schema
     elif info.role is Role.COUNTS:
         schema = table_schema(info.columns)
         cols = [TableColumn(c.name, c.type, f"key column {c.name}") for c in schema.columns[:-1]]

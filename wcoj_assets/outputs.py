@@ -5,7 +5,8 @@ downstream asset reads a query's output through `outputs_io_manager`, the IO man
 and ``<q>_deltas`` (registered as ``wcoj_outputs``, or ``<name>_outputs`` for a named pipeline).
 An asset of your own that takes one of them as a parameter receives the query's head variables
 as columns, then ``diff`` (the signed multiplicity; for an output, how many times the tuple is
-in it), in the type its annotation names, as dagster-duckdb's and dagster-deltalake's IO
+in it; an aggregate query's ``<q>`` names it after the aggregate, ``count`` or ``sum_<x>``: each
+group's value, read from its arrangement), in the type its annotation names, as dagster-duckdb's and dagster-deltalake's IO
 managers do::
 
     @asset(partitions_def=..., automation_condition=follows_epochs())   # the same epochs
@@ -78,22 +79,30 @@ def read_output(
 ) -> Any:
     """`query`'s output as of `epoch` (or with `change`, its change at `epoch`), with the
     query's head variables as column names, then ``diff``, in `form`."""
+    from wcoj_core import aggregates
     from wcoj_core.traces import output_trace_name, relation_columns
 
     stored = relation_columns(len(query.head))
     names = head_columns(query)
     trace = output_trace_name(query.name)
+    value = DIFF if change else aggregates.value_name(query)
     if form is Form.SPARK:
         from pyspark.sql import functions as F
 
         from wcoj_core.state_read import changes_at
 
         df = changes_at(engine, trace, epoch) if change else engine.output(query.name, epoch)
-        return df.select(*[F.col(c).alias(n) for c, n in zip(stored, names, strict=True)], DIFF)
+        cols = [F.col(c).alias(n) for c, n in zip(stored, names, strict=True)]
+        return df.select(*cols, F.col(DIFF).alias(value))
     from wcoj_core.state_read import read_table
 
-    table = stored_change(engine, trace, epoch) if change else read_table(engine, trace, epoch)
-    table = table.rename_columns([*names, DIFF])
+    if change:
+        table = stored_change(engine, trace, epoch)
+    elif query.aggregate is not None:
+        table = aggregates.table(engine, query, epoch)
+    else:
+        table = read_table(engine, trace, epoch)
+    table = table.rename_columns([*names, value])
     if form is Form.PANDAS:
         return table.to_pandas()
     if form is Form.POLARS:
@@ -111,11 +120,10 @@ def stored_change(engine: Engine, name: str, epoch: int) -> pa.Table:
     its columns confirms it (`wcoj_core.arrow.consolidated`). A batch that is not (none is
     written so) is read by `change_table`."""
     from wcoj_core.arrow import consolidated
-    from wcoj_core.state_read import change_table
+    from wcoj_core.state_read import change_batches, change_table
 
-    trace = engine.store.current().trace(name)
-    batches = [b for b in trace.batches if b.time == epoch] if trace is not None else []
-    if trace is None or len(batches) != 1:
+    trace, batches = change_batches(engine, name, epoch)
+    if len(batches) != 1:
         return change_table(engine, name, epoch)
     (batch,) = batches
     tables = engine.files.verified_tables(

@@ -41,6 +41,7 @@ from wcoj_assets.graph import AssetInfo, EpochGraph, Role
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
     from wcoj_core.epoch import EpochResult, SegmentReport, TraceReport
+    from wcoj_core.query.ir import Query
 
 EXAMPLES = 10
 INTERNAL = "engine (internal)"
@@ -221,6 +222,7 @@ def _figures(
             added, removed = _added_removed(result, q, rows)
             return {
                 "count": f.count if f else 0,
+                **_aggregate(engine, graph.topology.query(q), result.epoch, rows),
                 "added": added,
                 "removed": removed,
                 "net": result.totals.get(q, 0),
@@ -239,6 +241,26 @@ def _figures(
                 },
             }
     raise AssertionError(info.role)
+
+
+def _aggregate(engine: Engine, query: Query, epoch: int, changed: int) -> dict[str, Any]:
+    """An aggregate query's figures: the sum of its values, its groups, the keys the epoch
+    changed and the groups of the largest values (`wcoj_core.aggregates.summary`); {} for
+    another query."""
+    if query.aggregate is None:
+        return {}
+    from wcoj_core import aggregates
+
+    found = aggregates.summary(aggregates.table(engine, query, epoch))
+    head = [*(v.name for v in query.head), query.aggregate.name]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(f"{v:,}" for v in row) + " |" for row in found["top"]]
+    return {
+        "total": found["total"],
+        "groups": found["groups"],
+        "changed keys": changed,
+        f"top {aggregates.TOP}": MetadataValue.md("\n".join(lines)),
+    }
 
 
 def _changes(

@@ -60,7 +60,7 @@ from wcoj_bench import report
 from wcoj_bench.infra import cluster
 from wcoj_bench.infra.machine import machine_facts, machine_label
 from wcoj_bench.infra.measure import Sample
-from wcoj_bench.parts import backfill, cold, dagster_run, idle, scale
+from wcoj_bench.parts import aggregates, backfill, cold, dagster_run, idle, scale
 from wcoj_bench.parts.curves import (
     CURVE_METHODS,
     DEFAULT_EPOCH_SIZE,
@@ -334,6 +334,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, (_, help_text) in DELEGATED.items():
         commands.add_parser(name, help=help_text, add_help=False)
 
+    aggregates.add_parser(commands)
+    commands.choices["aggregates"].set_defaults(run=_aggregates)
     clu = commands.add_parser(
         "cluster", help="a Spark standalone cluster on 127.0.0.1, from the installed pyspark"
     )
@@ -758,6 +760,21 @@ def _dagster_run(args: argparse.Namespace) -> int:
 
 
 # --- cluster ------------------------------------------------------------------------------------
+
+
+def _aggregates(args: argparse.Namespace) -> int:
+    result = aggregates.run(args)
+    if "static" in result:
+        st = result["static"]["median"]
+        say(f"static seconds: {st}")
+    if "warm" in result:
+        rate = {
+            q: f["changes_per_second"] for q, f in result["warm"].items() if isinstance(f, dict)
+        }
+        say(f"warm changes per second: {rate}")
+    for s in result.get("skew", []):
+        say(f"skew: {s['query']}, N {s['N']:,}: {s['work_per_change']:,.0f} work per change")
+    return _finish(args, result)
 
 
 def _cluster(args: argparse.Namespace) -> int:

@@ -42,7 +42,7 @@ bindings disagree (some hang off a hub on one side, others on the other), they a
 their cheapest atom and each group goes on in its own order: a join distributes over a union, so
 the sum is unchanged, and a hub never piles up rows that another order avoids. Filters apply as
 soon as their variables are bound; the head projects (repeated head variables too) and equal
-tuples are summed.
+tuples are summed: an aggregate's groups (a sum(x)'s weights times x).
 
 **Exact arithmetic.** A binding's weight is the product of its atoms' multiplicities, as in
 the tests' oracle: int64 while a bound on the magnitudes proves it fits, Python ints otherwise —
@@ -72,10 +72,10 @@ import numpy as np
 import pyarrow as pa
 
 from wcoj_core.arrow import consolidated, longs
-from wcoj_core.deploy.batches import read_tables
 from wcoj_core.errors import DamagedFile, QueryError, StateError
 from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Term, Var
 from wcoj_core.store import segments
+from wcoj_core.store.batches import read_tables
 from wcoj_core.store.manifest import Batch, Level, Manifest, Segment, Trace
 from wcoj_core.traces import DIFF, relation_trace_name
 
@@ -116,6 +116,10 @@ class Audit:
     mode: str = "full"  # "full" or "exact" (every tuple), or "sampled"
     figures: str = "ok"  # what the figures as of the epoch get wrong
     catch: float = 1.0  # the chance one wrong tuple is found (1.0: every tuple checked)
+    # The chance an error moving the change's sum (a missing or extra tuple, a wrong
+    # multiplicity) is found, and what the check can miss.
+    catch_sum: float = 1.0
+    misses: str = "nothing of the change: every tuple recomputed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -781,7 +785,11 @@ class _Rules:
     def _extend(self, b: _Bindings, applied: list[Filter], rest: list[int]) -> None:
         """Join the cheapest next atom, per group of bindings when they disagree."""
         if not rest:
-            self.out.append(([b.values[v] for v in self.query.head], b.weight))
+            agg = self.query.aggregate
+            weight = (
+                b.weight if agg is None or agg.var is None else _times(b.weight, b.values[agg.var])
+            )
+            self.out.append(([b.values[v] for v in self.query.head], weight))
             return
         candidates = self._candidates(b, [f for f in self.query.filters if f not in applied], rest)
         sizes = np.stack([p.sizes() for p in candidates])

@@ -25,31 +25,39 @@ whose change is large the audit checks, with the same independent joins:
   checked; for an epoch older than the index, in its batches before the epoch) and the figures
   follow.
 
+* **the change's sum, recounted** — the epoch derived again on this process from the landed
+  changes the state keeps (`Engine.recount`: a pass that writes nothing and counts in the
+  kernel what it need not make), its total compared with the stored change's: a missing or
+  extra tuple, or a wrong multiplicity, moves it, so `Audit.catch_sum` is 1. The recount is
+  independent of the stored change, its files and figures, not of the kernel: errors that
+  leave the sum as it is (a tuple replaced by another of its multiplicity) and errors of the
+  kernel's own joins are found by the sample only (`Audit.misses` says so). A state on remote
+  storage is not recounted (the sample's chance is then the check's).
+
 How many are drawn follows the change (`sample_sizes`: a quarter as many items as the epoch has
 change rows, half stored tuples, half change rows, between floors and caps), so the audit's work
-grows as the engine's does: at most about the engine's own pass at every epoch size.
+grows as the engine's does: at most about the engine's own pass at every epoch size, and the
+recount is the engine's pass less its writing.
 `Audit.catch` states the chance that one wrong tuple is found: the least of ``p`` and the chance
 a missing tuple's change row is drawn (times the share of the reached tuples kept). With ``w``
 wrong tuples, all are missed with chance at most ``(1 - catch)^w``. The seed is named in the
 method: an audit run again with it checks the same sample.
 
 Joins stop at `JOINED` rows: a sample that would cost more is drawn again, smaller (the audit
-says so). An epoch whose change rows number at most `EXACT_DELTA` and whose stored change at most
+says so, and its chance shrinks with it): change rows a quarter as many, then the tuples
+recomputed (an aggregate's groups each sum many bindings). An epoch whose change rows number at most `EXACT_DELTA` and whose stored change at most
 `EXACT_STORED` tuples is audited in full instead (`Audit.catch` 1.0), if its joins stay within
 `JOINED`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time as clock
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from wcoj_core.arrow import longs
 from wcoj_core.audit import (
@@ -73,8 +81,7 @@ from wcoj_core.audit import (
     _Side,
     _summed,
 )
-from wcoj_core.deploy.batches import check_epoch
-from wcoj_core.errors import DamagedBatch
+from wcoj_core.errors import WcojError
 from wcoj_core.meaning import Figures
 from wcoj_core.query.ir import Atom, Query, Var
 from wcoj_core.store.manifest import Batch, Manifest, Trace
@@ -122,9 +129,6 @@ def sample_sizes(rows: int, rules: int) -> tuple[int, int]:
     return stored, delta
 
 
-CHUNK = 1 << 20  # stored rows read at once
-
-
 # -- the stored change, streamed ---------------------------------------------------------------
 
 
@@ -132,37 +136,10 @@ def stored_chunks(
     engine: Engine, trace: Trace, batch: Batch
 ) -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
     """A stored batch's rows (as columns) and diffs, a record batch at a time: exactly the files
-    it lists, each hashed whole first (its size and digest against the manifest), their rows
-    against the batch's. Raises `DamagedBatch` naming the file."""
-    files = engine.files
-    held = 0
-    for ref in batch.files:
-        path = files.full(f"{batch.path}/{ref.name}")
-        digest, size = hashlib.sha256(), 0
-        try:
-            with files.fs.open_input_stream(path) as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-                    size += len(chunk)
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedBatch(path, f"cannot be read ({e})") from e
-        if size != ref.size:
-            raise DamagedBatch(path, f"{size} bytes, the manifest says {ref.size}")
-        if digest.hexdigest() != ref.sha256:
-            raise DamagedBatch(path, "its contents do not match its digest")
-        try:
-            parquet = pq.ParquetFile(path, filesystem=files.fs)
-            check_epoch(path, parquet, batch.time)
-            for part in parquet.iter_batches(CHUNK, columns=[*trace.columns, DIFF]):
-                held += part.num_rows
-                yield [longs(part.column(c)) for c in trace.columns], longs(part.column(DIFF))
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedBatch(path, f"not a readable batch ({e})") from e
-    if held != batch.rows:
-        raise DamagedBatch(
-            files.full(batch.path),
-            f"its files hold {held:,} rows, the manifest says {batch.rows:,}",
-        )
+    it lists, each hashed whole first (`BatchFiles.iter_chunks`: its size and digest against the
+    manifest), their rows against the batch's. Raises `DamagedBatch` naming the file."""
+    for part in engine.files.iter_chunks(batch, trace.columns, digests=True):
+        yield [longs(part.column(c)) for c in trace.columns], longs(part.column(DIFF))
 
 
 def _exact_sum(a: np.ndarray) -> int:
@@ -516,13 +493,21 @@ def sampled_audit(
     cols = [np.concatenate([b, a]) for a, b in zip(drawn, reached, strict=True)]
     weights = np.concatenate([reached_w, drawn_w])
     checked, stored_w, starts = _groups(cols, weights)
+    expected = None
+    while True:  # fewer tuples while their joins go past the budget (an aggregate's groups)
+        try:
+            expected = audit.expected(ran, [c[starts] for c in checked])
+            break
+        except TooMuch:
+            if len(starts) <= 16:
+                break
+            share = len(starts) // 4 / len(starts)
+            starts = np.sort(audit.rng.choice(starts, len(starts) // 4, replace=False))
+            stored_chance, missing_chance = stored_chance * share, missing_chance * share
+            audit.notes.append(f"{len(starts):,} of the tuples recomputed (joins past budget)")
     stored: Block = ([c[starts] for c in checked], stored_w[starts])
     keep = np.flatnonzero(stored[1] != 0)
     stored = ([c[keep] for c in stored[0]], stored[1][keep])
-    try:
-        expected = audit.expected(ran, [c[starts] for c in checked])
-    except TooMuch:
-        expected = None
     if expected is None:
         mismatches, examples = 0, []
         audit.notes.append("the sampled tuples could not be recomputed within the budget")
@@ -542,11 +527,12 @@ def sampled_audit(
     )
     if audit.notes:
         method += "; " + "; ".join(audit.notes)
-    method += tally.read()
+    recount = Recount.of(engine, query, epoch, tally.change.count, catch)
+    method += tally.read() + f"; {recount.note}"
     return Audit(
-        passed=mismatches == 0 and not problems,
+        passed=mismatches == 0 and not problems and not recount.wrong,
         mismatches=mismatches,
-        examples=examples + problems,
+        examples=examples + recount.wrong + problems,
         expected_rows=len(starts),
         actual_rows=n,
         joined_rows=audit.joined,
@@ -555,7 +541,50 @@ def sampled_audit(
         mode="sampled",
         figures="; ".join(problems) or "ok",
         catch=catch,
+        catch_sum=recount.catch,
+        misses=recount.misses,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Recount:
+    """The stored change's sum against its recount (`Engine.recount`): what is wrong, what the
+    audit's method says of it, its chance to find a missing or extra tuple and what it can
+    miss. Not recounted (a state not on this machine, a pass that fails), the sample's chance
+    (`catch`) is the check's."""
+
+    wrong: list[str]
+    note: str
+    catch: float
+    misses: str
+
+    @classmethod
+    def of(cls, engine: Engine, query: str, epoch: int, stored: int, catch: float) -> Recount:
+        misses = f"a wrong tuple outside the sample (each found with chance {catch:.3g})"
+        try:
+            if not engine.local:
+                raise WcojError("the state is not on this machine")
+            total = engine.recount(epoch).get(query, 0)
+        except WcojError as e:
+            return cls([], f"the change's sum not recounted ({e})", catch, misses)
+        wrong = (
+            []
+            if total == stored
+            else [
+                f"the change's sum at epoch {epoch}: stored {stored:,}, recounted {total:,} (a "
+                "tuple missing, extra or of a wrong multiplicity)"
+            ]
+        )
+        note = (
+            "the change's sum recounted whole by the engine's kernel from the landed changes "
+            "(independent of the stored change, its files and figures)"
+        )
+        misses = (
+            "errors leaving the change's sum as it is (a tuple replaced by another of its "
+            f"multiplicity, errors that cancel) outside the sample ({misses}); the recount is "
+            "the kernel's: an error of its joins themselves only when sampled"
+        )
+        return cls(wrong, note, 1.0, misses)
 
 
 def old_state(

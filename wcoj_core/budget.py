@@ -2,10 +2,11 @@
 
 A process is given one budget — ``--memory 4g`` on ``wcoj apply``, ``count`` and ``replay``,
 ``memory:`` on the Dagster resource — or takes the default derived from the machine
-(`default_budget`: a quarter of its physical memory, at least 1 GiB). The budget bounds the
-process's *anonymous* memory (``RssAnon``: numpy arrays, Arrow buffers, Python objects), not
-the page cache behind the files it maps (arrangements, spilled runs): those pages are clean or
-written back, and the kernel reclaims them before it kills anything.
+(`default_budget`: a quarter of its physical memory, at least 1 GiB); a budget given that the
+machine (or the process's own limit) cannot back is refused (`MemoryBudget.backed`). The budget
+bounds the process's *anonymous* memory (``RssAnon``: numpy arrays, Arrow buffers, Python
+objects), not the page cache behind the files it maps (arrangements, spilled runs): those pages
+are clean or written back, and the kernel reclaims them before it kills anything.
 
 `Shares` cuts a budget into what each stage may hold at once, after a fixed reserve for the
 interpreter and its libraries: the rows a sort takes before it writes a sorted run (`run_bytes`),
@@ -130,8 +131,23 @@ class MemoryBudget:
         if memory is None:
             return default_budget()
         if isinstance(memory, str):
-            return cls(parse_size(memory), f"--memory {memory.strip()}")
-        return cls(int(memory))
+            return cls(parse_size(memory), f"--memory {memory.strip()}").backed()
+        return cls(int(memory)).backed()
+
+    def backed(self) -> MemoryBudget:
+        """This budget, refused (`BudgetError`) when it is more than the machine's memory or
+        the process's own limit: a budget is what the process holds before it spills, so one
+        that cannot be backed never spills and the system runs out of memory first."""
+        found = [(machine_memory(), "this machine's memory"), process_limit(), (1 << 62, "")]
+        most, what = min((n, w) for n, w in (f or (None, "") for f in found) if n is not None)
+        what = what.replace("its ", "this process's ", 1)
+        if self.bytes <= most:
+            return self
+        raise BudgetError(
+            f"a memory budget of {format_size(self.bytes)} is more than {what} "
+            f"({format_size(most)}): the process would run out of memory before it spilled; "
+            f"give at most {format_size(most)}"
+        )
 
     def describe(self) -> str:
         """The budget and where it came from.

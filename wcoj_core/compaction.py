@@ -22,10 +22,10 @@ from dataclasses import replace
 import numpy as np
 
 from wcoj_core import lineage
-from wcoj_core.deploy.batches import BatchFiles, BatchWriter
 from wcoj_core.errors import StateError
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.spill import Spill, merge
+from wcoj_core.store.batches import BatchFiles, BatchWriter
 from wcoj_core.store.manifest import Batch, FileRef, Manifest, Trace
 from wcoj_core.store.names import new_batch_path
 

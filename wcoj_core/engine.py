@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 from wcoj_core import deploy, lineage
 from wcoj_core.budget import MemoryBudget, Shares
 from wcoj_core.deploy import Choice, Limits
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.epoch import (
     EpochMetrics,
     EpochPass,
@@ -41,7 +40,7 @@ from wcoj_core.epoch import (
     StepMetrics,
     ignored_trace_name,
 )
-from wcoj_core.errors import EpochAlreadyApplied, QueryError, StateError
+from wcoj_core.errors import DamagedBatch, EpochAlreadyApplied, QueryError, StateError
 from wcoj_core.indexes import ViewKey
 from wcoj_core.input_land import Changes, check_columns, is_dataframe
 from wcoj_core.kernel.layer import Layer
@@ -51,6 +50,7 @@ from wcoj_core.query.plan import Arrangement, Plan
 from wcoj_core.served import Served, StateAccess, served_specs
 from wcoj_core.session import SparkStarter, starter_of
 from wcoj_core.store import manifest as mf
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.store import Store
 from wcoj_core.traces import output_trace_name, relation_trace_name
 
@@ -147,6 +147,7 @@ class Engine:
             worker_bytes=worker_bytes,
         )
         self.progress = progress
+        self._recounted: tuple[tuple[int, int], dict[str, int]] | None = None  # `recount`'s
         self.check_plan(manifest)
         if split is not None and not starter.started:
             # This process keeps its share, the JVM's heap is set to its own (unless ``--conf``
@@ -380,6 +381,31 @@ class Engine:
         epoch = 0 if base.epoch is None else base.epoch + 1
         return self._pass(base, epoch, changes, dry=True, count_only=count_only).run()
 
+    def recount(self, epoch: int) -> dict[str, int]:
+        """Each query's change total at `epoch` derived again, on this process, from the landed
+        changes the state keeps, by a pass that writes nothing and counts what the kernel can
+        count without making it: independent of the stored changes, their files and figures
+        (what `wcoj_core.audit_sample` checks a stored change's sum against). The last one is
+        kept for the generation it read: an audit of each query recounts once. A trace with
+        nothing before the epoch (a first load) is read as empty, not as its index less the
+        epoch's batch."""
+        m = self.store.current()
+        if self._recounted is None or self._recounted[0] != (m.generation, epoch):
+            served = dataclasses.replace(self.served, limits=Limits("driver"))
+            base = dataclasses.replace(
+                m,
+                traces={
+                    name: t if any(b.time < epoch for b in t.batches) else mf.Trace(name, t.columns)
+                    for name, t in m.traces.items()
+                },
+            )
+            changes = self.stored_changes(m, epoch)
+            done = EpochPass(
+                served, self.access, base, epoch, changes, dry=True, count_only=True
+            ).run()
+            self._recounted = ((m.generation, epoch), dict(done.totals))
+        return self._recounted[1]
+
     def refresh(self) -> list[EpochResult]:
         """Derive every stale epoch again, oldest first (after a correction, to bring the
         state up to date without waiting for the next epoch); their results."""
@@ -451,21 +477,32 @@ class Engine:
     def change_batches(self, query: str, epoch: int) -> Any:
         """A query's stored change at `epoch` as a stream of record batches (``c0 ..``,
         ``diff``), a file of its batch at a time (each checked against its digest): what a
-        caller writing an output of any size reads."""
+        caller writing an output of any size reads. Refused as `state_read.change_batches`
+        refuses; a file that commits retire while it is streamed is a `StateError` saying so."""
         import pyarrow as pa
 
         from wcoj_core.kernel.changes import batch_schema, changes_table
+        from wcoj_core.state_read import change_batches
 
-        name = output_trace_name(query)
-        trace = self.store.current().trace(name)
-        cols = self.trace_columns(name)
+        m = self.store.current()
+        trace, batches = change_batches(self.access, output_trace_name(query), epoch, m)
+        cols = list(trace.columns)
         schema = batch_schema(cols).remove(len(cols))  # without time
-        batches = [b for b in trace.batches if b.time == epoch] if trace is not None else []
 
         def read() -> Any:
             for batch in batches:
                 for ref in batch.files:
-                    layer = self.files.read_verified(batch.path, cols, (ref,))
+                    try:
+                        layer = self.files.read_verified(batch.path, cols, (ref,))
+                    except DamagedBatch:
+                        now = self.store.current()
+                        if now.generation == m.generation or batch.path in now.paths():
+                            raise
+                        raise StateError(
+                            f"the change of {query!r} at epoch {epoch} was retired by later "
+                            f"commits of {self.store.root} while it was read (generation "
+                            f"{m.generation}, now {now.generation}); read it again"
+                        ) from None
                     table = changes_table(cols, layer.rows, layer.diff, epoch)
                     yield from table.drop_columns(["time"]).to_batches()
 

@@ -37,7 +37,6 @@ import numpy as np
 from wcoj_core import deploy, lineage
 from wcoj_core.budget import BudgetError, MemoryFigures, MemoryMeter, format_size
 from wcoj_core.deploy import Choice
-from wcoj_core.deploy.batches import BatchWriter
 from wcoj_core.deploy.driver import estimate_rows, run_on_driver
 from wcoj_core.deploy.output import OutputChange
 from wcoj_core.deploy.work import RuleJob, Work
@@ -60,6 +59,7 @@ from wcoj_core.meaning import (
 from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version
 from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
+from wcoj_core.store.batches import BatchWriter
 from wcoj_core.store.files import sync_soon
 from wcoj_core.store.manifest import Batch, Index, Level, Manifest, Segment, Trace
 from wcoj_core.store.names import new_batch_path, new_segment_path
@@ -535,12 +535,14 @@ class EpochPass:
         (nothing is written: a static count's sample took a fifth of ca-HepPh's rules)."""
         if sum(len(d) for d in self.deltas.values()) < ESTIMATE_ROWS:
             return
-        if all(job.output in counting for job in work.rules):
-            return
+        plans = self.served.plans
+        if all(job.output in counting or plans[job.query].query.aggregate for job in work.rules):
+            return  # (an aggregate's change is summed as it is made: a row per changed group)
         estimates = estimate_rows(work, layers, self.served.shares)
         free = self.scratch.free_bytes()
+        aggregated = {j.output for j in work.rules if plans[j.query].query.aggregate}
         for name, rows in sorted(estimates.items()):
-            if name in counting:
+            if name in counting or name in aggregated:
                 continue
             width = len(_columns(self.served, name))
             need = rows * width if name in work.distinct else rows * 8 * (width + 1)
@@ -725,13 +727,15 @@ class EpochPass:
         evaluation), its head keeping every variable. Every layer that rule reads is then one
         consolidated batch, so its delta tuples, proposals and validations are distinct: each
         full binding is made once, with a product of non-zero multiplicities, and a head with
-        every variable maps distinct bindings to distinct tuples. Skipping the sum spares
+        every variable maps distinct bindings to distinct tuples (an aggregate's are summed per
+        group, and its values are not 1: never distinct). Skipping the sum spares
         sorting the whole output (8.9 M triangles for web-NotreDame)."""
         out: set[str] = set()
         for name, plan in self.served.plans.items():
             ran = [j for j in jobs if j.query == name]
             fresh = all(self._held_nothing(r) for r in plan.query.relations)
-            if fresh and len(ran) == 1 and set(plan.query.head) == set(plan.query.vars):
+            whole = set(plan.query.head) == set(plan.query.vars) and not plan.query.aggregate
+            if fresh and len(ran) == 1 and whole:
                 out.add(ran[0].output)
         return frozenset(out)
 

@@ -299,10 +299,9 @@ def _stamps(paths: Iterable[os.PathLike[str] | str]) -> tuple[object, ...]:
 
 
 def kept_most() -> int:
-    """How many segments a process keeps mapped: a segment's file is a mapping (three for a
-    segment of state format 2), and Python's ``mmap`` holds a file descriptor for each. At most
-    128 segments (at most 384 descriptors: every segment of a few states), and never more than
-    a twelfth of the process's descriptor limit, so a long-lived process (a Dagster code
+    """How many segments a process keeps mapped: a segment's file is a mapping, and Python's
+    ``mmap`` holds a file descriptor for each. At most 128 segments (every segment of a few
+    states), and never more than a twelfth of the process's descriptor limit, so a long-lived process (a Dagster code
     server, a notebook, a test worker) opening state after state neither runs out of
     descriptors nor holds thousands of them."""
     try:

@@ -85,7 +85,7 @@ Rows = list[pa.ChunkedArray]  # a block's rows: one int64 array per column of th
 
 
 def _rows(columns: Sequence[np.ndarray | pa.ChunkedArray]) -> Rows:
-    """Columns as int64 Arrow arrays (numpy arrays copied, Arrow ones cast without copying)."""
+    """Columns as int64 Arrow arrays (numpy arrays wrapped, Arrow ones cast, neither copied)."""
     out: Rows = []
     for column in columns:
         if isinstance(column, np.ndarray):
@@ -515,7 +515,9 @@ def _text_fast(block: bytes, arity: int) -> Rows | None:
     rows = native.parse_text(block, arity, out, cap)
     if rows < 0:
         return None
-    return _rows([out[j * cap : j * cap + rows] for j in range(arity)])
+    # Copied: Arrow wraps an array without copying, and a view would keep all of `out` (sized
+    # for a line of two bytes a field) alive while the landing holds the block's rows.
+    return _rows([out[j * cap : j * cap + rows].copy() for j in range(arity)])
 
 
 def arrow_owned(data: bytes) -> pa.Buffer:

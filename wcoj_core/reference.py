@@ -3,7 +3,8 @@
 The correctness check recomputes a query from the relations as of an epoch with no WCOJ machinery
 at all — one self-join per atom, equality conditions for shared variables, constants and repeated
 variables, the filters, and a ``GROUP BY`` of the head summing the product of the atoms'
-multiplicities (bag semantics, as the tests' oracle evaluates it) — and compares the result
+multiplicities (bag semantics, as the tests' oracle evaluates it; an aggregate's groups, a
+sum(x) times x) — and compares the result
 with the maintained output as multisets: a full outer join on the head, a mismatch wherever the
 two multiplicities differ.
 
@@ -80,7 +81,10 @@ def reference_sql(
 
     for f in query.filters:
         where.append(f"{term_sql(f.left)} {_SQL_OP.get(f.op, f.op.value)} {term_sql(f.right)}")
-    weight = " * ".join(f"a{i}.{DIFF}" for i in range(len(query.atoms)))
+    factors = [f"a{i}.{DIFF}" for i in range(len(query.atoms))]
+    if query.aggregate is not None and query.aggregate.var is not None:
+        factors.append(first[query.aggregate.var])  # sum(x): each binding's weight times x
+    weight = " * ".join(factors)
     head = [first[v] for v in query.head]
     select = [f"{h} AS c{i}" for i, h in enumerate(head)] + [f"SUM({weight}) AS {DIFF}"]
     lines = [f"SELECT {', '.join(select)}", *joins]

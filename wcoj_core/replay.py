@@ -54,7 +54,7 @@ from wcoj_core.errors import InputError, QueryError, StateError, WcojError, list
 from wcoj_core.input_spark import canonical_undirected
 from wcoj_core.meaning import RelationSpec
 from wcoj_core.query.ir import Query
-from wcoj_core.traces import DIFF, TIME, relation_columns
+from wcoj_core.traces import DIFF, TIME, output_trace_name, relation_columns
 from wcoj_core.updates import consolidate, update_schema
 
 # Salts keep the three draws about one tuple independent of each other.
@@ -101,6 +101,7 @@ class ReplayResult:
     final_count: int
     check: CheckOutcome
     mismatches: int | None  # tuples whose multiplicities differ; None when the check was skipped
+    groups: int | None = None  # an aggregate query's groups at the end (its final count: the sum)
 
     @property
     def epochs(self) -> int:
@@ -120,6 +121,7 @@ class ReplayResult:
             "seconds_per_epoch": [round(s, 3) for s in self.seconds_per_epoch],
             "median_seconds": round(self.median_seconds, 3),
             "epoch_metrics": [m.to_dict() for m in self.metrics],
+            **({} if self.groups is None else {"groups": self.groups, "total": self.final_count}),
         }
 
 
@@ -307,4 +309,7 @@ def replay(
         final_count=final_count,
         check=outcome,
         mismatches=mismatches,
+        groups=None
+        if query.aggregate is None
+        else engine.figures(output_trace_name(query.name))[0],
     )

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 
 from wcoj_core.budget import MemoryBudget, Shares
 from wcoj_core.deploy import ONE_TASK_ROWS, Limits
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.errors import QueryError, StateError
 from wcoj_core.indexes import ViewKey, counts_names, plan_views
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.meaning import Meaning, RelationSpec, relation_specs
 from wcoj_core.query.ir import Query, Var
-from wcoj_core.query.plan import Arrangement, Plan, plan_query
+from wcoj_core.query.plan import Arrangement, Plan, check_width, plan_query
 from wcoj_core.session import SparkStarter
 from wcoj_core.store import manifest as mf
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.store import Store
 from wcoj_core.traces import output_trace_name, relation_columns, relation_trace_name
 
@@ -118,6 +118,8 @@ class Served:
     ) -> Served:
         """Plan every query over shared arrangements (`specs` from `served_specs`; `sizes`
         each relation's rows, for the variable orders)."""
+        for q in queries:
+            check_width(q)  # before any input is read
         by_name = {q.name: q for q in queries}
         plans = {q.name: plan_query(q, sizes, (orders or {}).get(q.name)) for q in queries}
         arities: dict[str, int] = {}  # in the order the queries name them
@@ -168,8 +170,9 @@ class Served:
 
     def indexed_outputs(self) -> list[str]:
         """The queries whose output is indexed: those whose output tuples may be held other
-        than once (a bag relation read, or a head dropping a variable), whose figures then need
-        lookups. An output over sets with every variable in its head holds each tuple once."""
+        than once (a bag relation read, a head dropping a variable, an aggregate: its values),
+        whose figures then need lookups. An output over sets with every variable in its head
+        holds each tuple once."""
         return _indexed_outputs(self.queries, self.specs)
 
     def indexed(self) -> list[str]:
@@ -251,7 +254,7 @@ def _indexed_outputs(queries: Mapping[str, Query], specs: Mapping[str, RelationS
     out = []
     for name, q in sorted(queries.items()):
         sets = all(specs[r].meaning is Meaning.SET for r in q.relations)
-        if not (sets and set(q.head) == set(q.vars)):
+        if not (sets and set(q.head) == set(q.vars)) or q.aggregate is not None:
             out.append(name)
     return out
 

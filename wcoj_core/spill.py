@@ -26,6 +26,8 @@ falls back to order-preserving bytes (`encode`) when the box needs more than 64 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -37,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from wcoj_core.budget import Shares
+from wcoj_core.errors import StateError
 from wcoj_core.kernel.keys import I64, U64, Packing, encode
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.kernel.layer import arranged as arranged_in_memory
@@ -75,13 +78,28 @@ class Scratch:
     @property
     def folder(self) -> Path:
         if self._folder is None:
-            name = scratch_name()
-            if self.root is None:
-                self._folder = Path(tempfile.mkdtemp(prefix="wcoj-scratch-"))
-            else:
-                self._folder = self.root / name
-                self._folder.mkdir(parents=True, exist_ok=False)
+            with self.writing():
+                if self.root is None:
+                    self._folder = Path(tempfile.mkdtemp(prefix="wcoj-scratch-"))
+                else:
+                    (self.root / (name := scratch_name())).mkdir(parents=True, exist_ok=False)
+                    self._folder = self.root / name
         return self._folder
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """What writes into the folder: an `OSError` there (a read-only folder, an I/O error;
+        not memory running out) is a `StateError` naming the folder."""
+        try:
+            yield
+        except OSError as e:
+            if e.errno == errno.ENOMEM:
+                raise
+            where = self._folder or self.root or tempfile.gettempdir()
+            raise StateError(
+                f"cannot spill to {where} ({e.strerror or e}): the work stopped and nothing "
+                "was applied (make the folder writable, or give more --memory to spill less)"
+            ) from e
 
     @property
     def used(self) -> bool:
@@ -246,16 +264,18 @@ class LayerWriter:
     def _open(self) -> None:
         self._files = [self.scratch.path(f"col{j}") for j in range(self.width)]
         self._files += [self.scratch.path("diff"), self.scratch.path("keys")]
-        self._handles = [open(p, "wb") for p in self._files]  # noqa: SIM115 (closed in finish)
+        with self.scratch.writing():
+            self._handles = [open(p, "wb") for p in self._files]  # noqa: SIM115 (closed in finish)
 
     def _write(self, rows: np.ndarray, diff: np.ndarray, keys: np.ndarray) -> None:
         self.scratch.check_room(rows.nbytes + diff.nbytes + keys.nbytes)
         arrays = [rows[:, j] for j in range(self.width)] + [diff, keys]
         n = 0
-        for handle, a in zip(self._handles, arrays, strict=True):
-            data = np.ascontiguousarray(a)
-            handle.write(data.view(np.uint8).data)  # type: ignore[attr-defined]
-            n += data.nbytes
+        with self.scratch.writing():
+            for handle, a in zip(self._handles, arrays, strict=True):
+                data = np.ascontiguousarray(a)
+                handle.write(data.view(np.uint8).data)  # type: ignore[attr-defined]
+                n += data.nbytes
         self.scratch.counted(n)
 
     def finish(self) -> Layer:
@@ -269,11 +289,12 @@ class LayerWriter:
         cols, diff_file, key_file = self._files[: self.width], self._files[-2], self._files[-1]
         base = self.scratch.path("layer")
         rows_path = Path(f"{base}-rows.npy")
-        _assemble(rows_path, _header((n, self.width), np.dtype(I64), True), cols)
         diff_path = Path(f"{base}-diff.npy")
-        _assemble(diff_path, _header((n,), np.dtype(I64), False), [diff_file])
         keys_path = Path(f"{base}-keys.npy")
-        _assemble(keys_path, _header((n,), key_dtype, False), [key_file])
+        with self.scratch.writing():
+            _assemble(rows_path, _header((n, self.width), np.dtype(I64), True), cols)
+            _assemble(diff_path, _header((n,), np.dtype(I64), False), [diff_file])
+            _assemble(keys_path, _header((n,), key_dtype, False), [key_file])
         rows = load(rows_path) if n else np.zeros((0, self.width), dtype=I64)
         layer = Layer(rows, load(diff_path), self.packing, load(keys_path), self._unit)
         return layer
@@ -527,8 +548,9 @@ def write_run(scratch: Scratch, layer: Layer) -> Layer:
     scratch.check_room(len(layer) * 8 * (layer.width + 1))
     rows_path = Path(f"{scratch.path('run')}.npy")
     diff_path = Path(f"{scratch.path('run')}.npy")
-    n = save(rows_path, np.asarray(layer.rows, dtype=I64))
-    n += save(diff_path, np.asarray(layer.diff, dtype=I64))
+    with scratch.writing():
+        n = save(rows_path, np.asarray(layer.rows, dtype=I64))
+        n += save(diff_path, np.asarray(layer.diff, dtype=I64))
     scratch.counted(n)
     run = Layer(load(rows_path), load(diff_path), layer.packing, None, None)
     return run

@@ -18,28 +18,42 @@ read (``wcoj verify`` names it) — and checks what it reads before using it:
 
 Each takes what reaches the state (`Reach`): an `Engine`, or the `StateAccess` it holds.
 Columns are ``c0 .. c{k-1}`` and ``diff``. A damaged file raises `DamagedBatch` naming it and
-what is wrong; an unknown trace, or an epoch before a compaction frontier, `StateError`.
+what is wrong; an unknown trace, a trace as of an epoch before the compaction frontier, or a
+change at an epoch at or before it (merged into the frontier's batch) or after the last epoch
+applied (`change_batches`), `StateError`. A read uses one manifest: when a file it names is
+gone because commits meanwhile retired it, the read starts again from the new manifest, which
+names the epoch's batches or refuses the epoch (`_settled`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 from wcoj_core.arrow import long_array
-from wcoj_core.errors import StateError
+from wcoj_core.errors import DamagedBatch, StateError
 from wcoj_core.store.manifest import Batch, Manifest, Trace
 from wcoj_core.traces import DIFF
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from wcoj_core.deploy.batches import BatchFiles
+    from wcoj_core.store.batches import BatchFiles
     from wcoj_core.store.store import Store
 
-__all__ = ["Reach", "accumulated", "change_table", "changes_at", "read_batches", "read_table"]
+__all__ = [
+    "Reach",
+    "accumulated",
+    "change_batches",
+    "change_table",
+    "changes_at",
+    "read_batches",
+    "read_table",
+    "trace_as_of",
+]
 
 
 class Reach(Protocol):
@@ -55,23 +69,68 @@ class Reach(Protocol):
     def spark(self, reason: str) -> SparkSession: ...
 
 
-def _trace(state: Reach, name: str) -> tuple[Manifest, Trace]:
-    m = state.store.current()
+def _trace(state: Reach, m: Manifest, name: str) -> Trace:
     trace = m.trace(name)
     if trace is None:
         raise StateError(f"{name!r} is not in the state at {state.store.root}")
-    return m, trace
+    return trace
 
 
-def _as_of(state: Reach, name: str, time: int | None) -> tuple[Trace, list[Batch]]:
-    """A trace and its batches as of `time` (default: the last epoch)."""
-    m, trace = _trace(state, name)
+def trace_as_of(
+    state: Reach, name: str, time: int | None, m: Manifest | None = None
+) -> tuple[Trace, list[Batch]]:
+    """A trace and its batches as of `time` (default: the last epoch) in `m` (default: the
+    current manifest)."""
+    m = state.store.current() if m is None else m
+    trace = _trace(state, m, name)
     if time is not None and m.frontier is not None and time < m.frontier:
         raise StateError(
             f"history before epoch {m.frontier} was compacted in {state.store.root}; "
             f"cannot read {name!r} as of epoch {time}"
         )
     return trace, list(trace.visible(time))
+
+
+def change_batches(
+    state: Reach, name: str, epoch: int, m: Manifest | None = None
+) -> tuple[Trace, list[Batch]]:
+    """A trace and its batches at `epoch` in `m` (default: the current manifest): refused when
+    the epoch's change is not what they hold — at or before the compaction frontier (merged
+    into the frontier's batch) or after the last epoch applied (not committed yet)."""
+    m = state.store.current() if m is None else m
+    trace = _trace(state, m, name)
+    if m.frontier is not None and epoch <= m.frontier:
+        raise StateError(
+            f"the change of {name!r} at epoch {epoch} is not kept: history up to epoch "
+            f"{m.frontier} (the compaction frontier) was merged in {state.store.root}; read "
+            f"a change after it, or the output as of an epoch from {m.frontier} on"
+        )
+    if m.epoch is None or epoch > m.epoch:
+        last = "none is" if m.epoch is None else f"the last is {m.epoch}"
+        raise StateError(
+            f"epoch {epoch} is not applied to {state.store.root} yet ({last}): no change of "
+            f"{name!r} to read"
+        )
+    return trace, [b for b in trace.batches if b.time == epoch]
+
+
+T = TypeVar("T")
+
+
+def _settled(state: Reach, read: Callable[[Manifest], T]) -> T:
+    """`read` of the current manifest; when a file it names is gone or unreadable and the
+    state has meanwhile committed a later generation (which may have retired it), `read` of
+    that one (a few times at most: each must be a new commit)."""
+    m = state.store.current()
+    for _ in range(3):
+        try:
+            return read(m)
+        except DamagedBatch:
+            now = state.store.current()
+            if now.generation == m.generation:
+                raise
+            m = now
+    return read(m)
 
 
 def _table(columns: tuple[str, ...], rows: np.ndarray, diff: np.ndarray) -> pa.Table:
@@ -88,15 +147,13 @@ def _read(state: Reach, trace: Trace, batches: list[Batch]) -> pa.Table:
 def read_table(state: Reach, name: str, time: int | None = None) -> pa.Table:
     """A trace as of `time` (default: the last epoch), consolidated, read with pyarrow from
     exactly the files the manifest lists, each checked (see the module)."""
-    trace, batches = _as_of(state, name, time)
-    return _read(state, trace, batches)
+    return _settled(state, lambda m: _read(state, *trace_as_of(state, name, time, m)))
 
 
 def change_table(state: Reach, name: str, epoch: int) -> pa.Table:
     """A trace's stored change at `epoch` (``c0 ..``, ``diff``; empty when none), read with
     pyarrow from exactly the files the manifest lists, each checked (see the module)."""
-    _, trace = _trace(state, name)
-    return _read(state, trace, [b for b in trace.batches if b.time == epoch])
+    return _settled(state, lambda m: _read(state, *change_batches(state, name, epoch, m)))
 
 
 def read_batches(state: Reach, trace: Trace, batches: list[Batch]) -> DataFrame:
@@ -115,11 +172,10 @@ def accumulated(state: Reach, name: str, time: int | None) -> DataFrame:
     """A trace as of `time` (default: the last epoch), consolidated, in Spark."""
     from wcoj_core.updates import consolidate
 
-    trace, batches = _as_of(state, name, time)
+    trace, batches = trace_as_of(state, name, time)
     return consolidate(read_batches(state, trace, batches), trace.columns)
 
 
 def changes_at(state: Reach, name: str, epoch: int) -> DataFrame:
     """A trace's stored change at `epoch` (columns.., diff), in Spark."""
-    _, trace = _trace(state, name)
-    return read_batches(state, trace, [b for b in trace.batches if b.time == epoch])
+    return read_batches(state, *change_batches(state, name, epoch))

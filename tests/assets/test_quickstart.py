@@ -7,8 +7,10 @@ graph does: epoch 0 the graph as a SNAP edge list listing every edge in BOTH dir
 epochs that delete present edges named in either direction, re-insert present ones, delete absent
 ones and insert new ones. A fresh Python process loads the project as ``dagster dev`` would
 (``edges.definitions``) and runs ``wcoj_epoch_job`` for each epoch's partition. Each epoch's
-``triangles`` count must equal a from-scratch count of the graph *as a set*; the changes' metadata
-counts the inserts and deletes that changed nothing. No JVM starts for these local epochs; then a
+``triangles`` count must equal a from-scratch count of the graph *as a set*, so must the
+``per_vertex`` aggregate (each vertex's triangles: three times as many in all) and the user's
+``in_triangles``, which reads that table as a pyarrow Table; the changes' metadata counts the
+inserts and deletes that changed nothing. No JVM starts for these local epochs; then a
 run asking for the binary-join recomputation starts Spark, says why on one line, and the resource
 stops the session it started when the run ends.
 """
@@ -35,18 +37,24 @@ pytestmark = pytest.mark.e2e  # the README's quick start, as a project
 RUNNER = """
 import json, sys
 sys.path.insert(0, "src")
+import dagster as dg
 from dagster import DagsterEventType, DagsterInstance
 from pyspark import SparkContext
 from edges.definitions import defs
 
 loaded = defs()
 job = loaded.resolve_job_def("triangles_epoch_job")
+mine = loaded.resolve_implicit_global_asset_job_def()
+users = [dg.AssetKey("busiest_vertices"), dg.AssetKey("in_triangles")]
 out = {"epochs": [], "jvm": []}
 with DagsterInstance.ephemeral() as instance:
     for key in sys.argv[1:]:
         result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False)
-        found = {"success": result.success, "metadata": {}, "checks": {}}
-        for event in result.all_events:
+        reports = mine.execute_in_process(
+            partition_key=key, instance=instance, asset_selection=users, raise_on_error=False
+        )
+        found = {"success": result.success and reports.success, "metadata": {}, "checks": {}}
+        for event in [*result.all_events, *reports.all_events]:
             if event.event_type == DagsterEventType.ASSET_MATERIALIZATION:
                 m = event.event_specific_data.materialization
                 found["metadata"][m.asset_key.to_user_string()] = {
@@ -191,6 +199,9 @@ def test_the_quick_start_keeps_the_triangles_of_the_graph_as_a_set(tmp_path: Pat
         assert epoch["success"], (t, ran.stderr[-3000:])
         assert all(epoch["checks"].values()), (t, epoch["checks"])
         assert epoch["metadata"]["triangles"]["count"] == expected[t], t
+        per_vertex = epoch["metadata"]["per_vertex"]
+        assert (per_vertex["total"], per_vertex["count"]) == (3 * expected[t],) * 2, t
+        assert epoch["metadata"]["in_triangles"]["triangles"] == expected[t], t
         deltas = epoch["metadata"]["edge_deltas"]
         found = (deltas["ignored (already present)"], deltas["ignored (not present)"])
         assert found == ignored[t], t  # in edges, as the user landed them

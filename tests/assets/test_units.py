@@ -132,6 +132,8 @@ QUERIES = [
     "fixed(b) :- edge(3, b), edge(b, c), c >= 2",
     "pairs(a, d) :- edge(a, b), other(d, 1, a)",
     "any() :- edge(a, b), edge(b, a)",
+    BUILTINS["triangles-per-vertex"],
+    "weighed(a, sum(c)) :- edge(a, b), edge(b, c), c > 1",
 ]
 
 

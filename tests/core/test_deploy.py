@@ -30,12 +30,12 @@ from pyspark.sql import SparkSession
 
 from wcoj_core import indexes
 from wcoj_core.deploy import Limits, spark_job
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.deploy.executors import Written
 from wcoj_core.deploy.sharded import Router
 from wcoj_core.engine import Engine, EpochResult
 from wcoj_core.errors import InputError, StateError
 from wcoj_core.query.builtins import builtin
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.manifest import Batch
 from wcoj_core.store.store import Store
 

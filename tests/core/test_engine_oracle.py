@@ -123,7 +123,7 @@ def run_and_compare(
 
 @given(data=st.data())
 def test_random_queries_match_the_oracle(small: SparkSession, tmp_path_factory, data) -> None:
-    query = data.draw(queries(), label="query")
+    query = data.draw(queries(aggregates=True), label="query")
     epochs = data.draw(
         st.lists(
             st.fixed_dictionaries({rel: updates(ar) for rel, ar in query.relations.items()}),
@@ -214,7 +214,7 @@ def test_driver_and_executor_epochs_interleave_and_match_the_oracle(
     """
     from wcoj_core import indexes as index
 
-    query = data.draw(queries(), label="query")
+    query = data.draw(queries(aggregates=True), label="query")
     epochs = data.draw(
         st.lists(
             st.fixed_dictionaries({rel: updates(ar) for rel, ar in query.relations.items()}),

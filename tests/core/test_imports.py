@@ -1,4 +1,5 @@
-"""The house reads top to bottom: no import cycle among the modules of `wcoj_core`.
+"""The house reads top to bottom: every module of `wcoj_core` imports only modules of its own
+floor or the floors below it (`FLOORS`), and no import cycle runs inside a floor.
 
 Every module's source is parsed (`ast`, nothing imported) and every import in it counted — at
 the top, under ``if TYPE_CHECKING:``, inside functions — because a back-edge hidden in a
@@ -12,11 +13,28 @@ from __future__ import annotations
 
 import ast
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "wcoj_core"
+
+# The floors of `wcoj_core`, bottom first: a module by its name, a package's modules by
+# ``name.*``. A new module must be placed on one (the test names it until it is).
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ground", ("wcoj_core", "errors", "fence", "memory", "arrow")),
+    ("query", ("query", "query.*", "traces", "updates")),
+    ("kernel", ("kernel", "kernel.*")),
+    ("store", ("store", "store.*")),
+    ("runtime", ("budget", "spill", "session", "spark", "deploy", "deploy.daemon")),
+    ("arrangements", ("meaning", "lineage", "indexes", "state_read", "compaction", "aggregates")),
+    ("io", ("generate", "input_read", "input_spark", "input_land")),
+    ("served", ("served",)),
+    ("deploy", ("deploy.*",)),
+    ("epoch", ("epoch", "engine", "replay")),
+    ("check", ("check", "check.*", "audit", "audit_sample", "reference")),
+    ("cli", ("cli", "cli.*")),
+)
 
 
 def modules(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
@@ -159,6 +177,53 @@ def test_wcoj_core_has_no_import_cycle() -> None:
     graph = import_graph(modules())
     found = cycles(graph)
     assert not found, "import cycles in wcoj_core:\n" + "\n".join(describe(graph, c) for c in found)
+
+
+def floor_of(module: str, floors: Sequence[tuple[str, tuple[str, ...]]] = FLOORS) -> int | None:
+    """The floor of a module (its index in `floors`): its own name's, else its package's
+    ``.*`` pattern's, the nearest package first.
+
+    >>> floor_of("wcoj_core.store.batches"), floor_of("wcoj_core.deploy"), floor_of("wcoj_core.x")
+    (3, 4, None)
+    """
+    name = module.removeprefix(f"{PACKAGE}.") if module != PACKAGE else PACKAGE
+    exact = {p: i for i, (_, patterns) in enumerate(floors) for p in patterns}
+    if name in exact:
+        return exact[name]
+    while "." in name:
+        name = name.rpartition(".")[0]
+        if f"{name}.*" in exact:
+            return exact[f"{name}.*"]
+    return None
+
+
+def upward(graph: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """Every import that runs up a floor, and every module on no floor, one line each."""
+    known = modules()
+    found = [f"{m} is on no floor: add it to FLOORS" for m in graph if floor_of(m) is None]
+    for m, targets in sorted(graph.items()):
+        here = floor_of(m)
+        for target, line in sorted(targets.items()):
+            there = floor_of(target)
+            if here is None or there is None or there <= here:
+                continue
+            found.append(
+                f"{m} ({FLOORS[here][0]}, {known[m].relative_to(ROOT)}:{line}) imports "
+                f"{target} ({FLOORS[there][0]})"
+            )
+    return found
+
+
+def test_no_import_runs_up_a_floor() -> None:
+    found = upward(import_graph(modules()))
+    assert not found, "imports that run up the floors of wcoj_core:\n" + "\n".join(found)
+
+
+def test_an_import_up_a_floor_is_found() -> None:
+    """The floor check is not vacuous: the store importing the engine is named."""
+    graph = import_graph(modules())
+    graph["wcoj_core.store.batches"] = {**graph["wcoj_core.store.batches"], "wcoj_core.engine": 7}
+    assert any(line.startswith("wcoj_core.store.batches (store,") for line in upward(graph))
 
 
 def test_the_walk_sees_every_kind_of_import(tmp_path: Path) -> None:

@@ -74,6 +74,10 @@ def test_builtin_order_and_names() -> None:
         "4-cycles",
         "4-cliques",
         "2-paths",
+        "triangle-count",
+        "triangles-per-vertex",
+        "edge-support",
+        "degrees",
     ]
     assert [builtin(n).name for n in BUILTINS] == [
         "triangles",
@@ -82,6 +86,10 @@ def test_builtin_order_and_names() -> None:
         "cycles4",
         "cliques4",
         "paths2",
+        "triangle_count",
+        "triangles_per_vertex",
+        "edge_support",
+        "degrees",
     ]
 
 

@@ -19,13 +19,13 @@ from oracle import Oracle, naive_delta, stored
 
 from wcoj_core.audit import AuditMode
 from wcoj_core.audit_sample import audit_epoch
+from wcoj_core.check.verify import verify_state
 from wcoj_core.engine import Engine
 from wcoj_core.meaning import relation_specs
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.parse import parse_query
 from wcoj_core.store.manifest import Batch
 from wcoj_core.store.store import KEEP_MANIFESTS
-from wcoj_core.store.verify import verify_state
 from wcoj_core.traces import output_trace_name, rule_trace_name
 
 TRIANGLES = builtin("triangles")

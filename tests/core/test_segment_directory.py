@@ -4,16 +4,13 @@ A segment of many rows whose first column is dense enough is written with the di
 `Layer.directory` would make (`wcoj_core.store.segments`), and opened with it, mapped: a cold
 search then reads a page of it instead of a page per halving of the column. Checked here: the
 directory read back is the one made in memory, and searches through it find what searches of the
-layer in memory find; a sparse column keeps none; a file of layout 1 (format 3, no directory)
-still opens; a header whose directory disagrees with the file is damaged, named; a mapped layer
-searched for few keys is advised to read only its pages (`wcoj_core.kernel.pages`); and a state
-whose every segment keeps a directory stays exact against the oracle, epoch after epoch, in
-fresh engines and a warm one.
+layer in memory find; a sparse column keeps none; a header whose directory disagrees with the
+file is damaged, named; and a state whose every segment keeps a directory stays exact against
+the oracle, epoch after epoch, in fresh engines and a warm one.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from pathlib import Path
 
@@ -22,7 +19,6 @@ import pytest
 from test_engine_state import PATHS, TRIANGLES, Run, epoch_changes
 
 from wcoj_core import indexes
-from wcoj_core.kernel import pages
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.store import segments
 from wcoj_core.store.manifest import Level
@@ -61,7 +57,7 @@ def test_a_dense_segment_keeps_its_directory_and_finds_the_same_rows(tmp_path: P
     table, low = memory.directory() or (None, 0)
     assert table is not None and mapped._dir is not None
     assert mapped._dir[1] == low and np.array_equal(mapped._dir[0], table)
-    assert isinstance(pages.mapping_of(mapped._dir[0]), mmap.mmap)
+    assert not mapped._dir[0].flags.writeable  # a view of the read-only mapping, not a copy
     path = tmp_path / segment.path
     base = segments.SEG_HEADER_BYTES + len(memory) * 8 * (3 + 1) + len(memory) * 8
     assert path.stat().st_size == base + 8 * len(table)
@@ -82,23 +78,6 @@ def test_a_sparse_or_small_segment_keeps_none(tmp_path: Path) -> None:
         keys = layer.search_keys().dtype.itemsize
         size = segments.SEG_HEADER_BYTES + len(layer) * (8 * 3 + keys)
         assert (tmp_path / segment.path).stat().st_size == size
-
-
-def test_a_segment_of_layout_1_still_opens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What state format 3 wrote: the header of layout 1, no directory after the keys."""
-    rng = np.random.default_rng(9)
-    memory = layer_of(rng.integers(0, 30_000, size=(100_000, 2)))
-    monkeypatch.setattr(segments, "SEG_LAYOUT", 1)
-    segment = written(tmp_path, memory)
-    monkeypatch.undo()
-    raw = (tmp_path / segment.path).read_bytes()
-    assert raw[8:12] == (1).to_bytes(4, "little") and len(raw) == 64 + len(memory) * 8 * 4
-    mapped = open_segment(tmp_path, segment, verify=True)
-    assert mapped._dir is None
-    keys = rng.integers(0, 30_000, size=(2_000, 1))
-    assert all(
-        np.array_equal(a, b) for a, b in zip(mapped.ranges(keys), memory.ranges(keys), strict=True)
-    )
 
 
 @pytest.mark.parametrize(
@@ -126,18 +105,6 @@ def test_a_header_that_disagrees_with_its_directory_is_damaged(
         return
     with pytest.raises(DamagedFile, match=problem):
         open_segment(tmp_path, segment)
-
-
-def test_a_mapped_layer_searched_for_few_keys_reads_only_its_pages(tmp_path: Path) -> None:
-    rng = np.random.default_rng(11)
-    memory = layer_of(rng.integers(0, 1 << 20, size=(100_000, 2)))
-    mapped = open_segment(tmp_path, written(tmp_path, memory))
-    assert pages.advise(memory.columns(), pages.RANDOM) == 0  # in memory: nothing to advise
-    assert pages.advise(mapped.columns(), pages.RANDOM) == 2
-    mapped.ranges(rng.integers(0, 1 << 20, size=(10, 1)))
-    assert mapped._advice == pages.RANDOM
-    mapped.ranges(rng.integers(0, 1 << 20, size=(len(mapped) // 8, 1)))
-    assert mapped._advice == pages.NORMAL
 
 
 @pytest.mark.parametrize("warm", [False, True])

@@ -1,12 +1,12 @@
-"""A state written by state format 2 (each segment three ``.npy`` files) against the oracle.
+"""A state written by state formats 2 and 3 (segments of three ``.npy`` files; one file of
+layout 1, without a directory) is refused on one line naming the command that rebuilds it;
+``wcoj verify --repair`` rebuilds its arrangements from its batches, and the state goes on,
+exact against the oracle.
 
-Format 3 writes each segment as one file (`wcoj_core.store.segments`); a state of format 2 still
-opens: its segments are read as they are until a merge writes their rows into a segment of one
-file, and its next commit writes a manifest of format 4 (which an older wcoj refuses on one
-line, as a later format). The state of format 2 here is a state written now and rewritten as
-format 2 wrote it: every segment's one file replaced by its three ``.npy`` files (the headers
-numpy writes, which format 2 wrote), every kept manifest's segment entries, format and digest
-edited to match, the marker set back to 2.
+The states of earlier formats here are states written now and rewritten as those formats wrote
+them: every segment's file replaced by its three ``.npy`` files (the headers numpy writes, which
+format 2 wrote), or by a file of layout 1 (the directory dropped), every kept manifest's
+segment entries, format and digest edited to match, the marker set back.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_engine_state import PATHS, TRIANGLES, Run, epoch_changes, specs
+from test_engine_state import PATHS, TRIANGLES, Run, epoch_changes
 
-from wcoj_core import indexes
-from wcoj_core.engine import Engine
+from wcoj_core import cli, indexes
+from wcoj_core.check.verify import verify_state
 from wcoj_core.errors import IncompatibleState
 from wcoj_core.store import manifest as mf
 from wcoj_core.store import names
@@ -28,29 +28,53 @@ from wcoj_core.store.files import file_ref
 from wcoj_core.store.manifest import Manifest, Segment, digest_of
 from wcoj_core.store.segments import open_segment
 from wcoj_core.store.store import Store
-from wcoj_core.store.verify import verify_state
 
 
-def as_format_2(root: Path) -> int:
-    """Rewrite the state at `root` as state format 2 wrote it; the segments rewritten."""
+def as_format(root: Path, fmt: int) -> int:
+    """Rewrite the state at `root` as state format `fmt` (2 or 3) wrote it; the segments
+    rewritten."""
     store = Store.open(root, create=False)
     done: dict[str, tuple[str, dict[str, list]]] = {}
     for g in store.generations():
         for trace in store.generation(g).traces.values():
             for s in trace.index.segments if trace.index is not None else ():
                 if s.path not in done:
-                    done[s.path] = _three_files(root, s)
+                    done[s.path] = (_three_files if fmt == 2 else _layout_1)(root, s)
     for path in sorted((root / "manifests").glob("*.json")):
         raw = json.loads(path.read_text())
-        raw["format"] = 2
+        raw["format"] = fmt
         for trace in raw["traces"].values():
             for s in (trace["index"] or {}).get("segments", ()):
                 s["path"], s["files"] = done[s["path"]]
         raw["digest"] = digest_of(raw)
         os.chmod(path, 0o644)
         path.write_text(json.dumps(raw, sort_keys=True, separators=(",", ":")) + "\n")
-    (root / names.MARKER).write_text('{"wcoj_state": 2}\n')
+    (root / names.MARKER).write_text(f'{{"wcoj_state": {fmt}}}\n')
     return len(done)
+
+
+def _refs(files: dict[str, Path]) -> dict[str, list]:
+    out = {}
+    for role, target in files.items():
+        os.chmod(target, 0o444)
+        ref = file_ref(target)
+        out[role] = [ref.name, ref.size, ref.sha256, list(ref.stamp or ())]
+    return out
+
+
+def _layout_1(root: Path, segment: Segment) -> tuple[str, dict[str, list]]:
+    """A segment file as format 3 wrote it: layout 1 in its header, no directory after the
+    keys; its path and files."""
+    if not segment.rows:
+        return segment.path, {}
+    path = root / segment.path
+    raw = bytearray(path.read_bytes())
+    entries = int.from_bytes(raw[48:56], "little")
+    raw[8:12] = (1).to_bytes(4, "little")
+    raw[40:56] = bytes(16)
+    path.unlink()
+    path.write_bytes(bytes(raw[: len(raw) - 8 * entries]))
+    return segment.path, _refs({names.SEGMENT_LAYER: path})
 
 
 def _three_files(root: Path, segment: Segment) -> tuple[str, dict[str, list]]:
@@ -68,79 +92,56 @@ def _three_files(root: Path, segment: Segment) -> tuple[str, dict[str, list]]:
     (root / segment.path).unlink()
     folder = root / path
     folder.mkdir()
-    out = {}
+    files = {}
     for role, array in arrays.items():
-        target = folder / f"{role}.npy"
-        with open(target, "wb") as f:
+        files[role] = folder / f"{role}.npy"
+        with open(files[role], "wb") as f:
             np.lib.format.write_array(f, array, version=(1, 0))
-        os.chmod(target, 0o444)
-        ref = file_ref(target)
-        out[role] = [ref.name, ref.size, ref.sha256, list(ref.stamp or ())]
-    return path, out
+    return path, _refs(files)
 
 
-def legacy_files(root: Path) -> set[str]:
-    return {str(p.relative_to(root)) for p in (root / "arrangements").rglob("*.npy")}
-
-
-@pytest.mark.parametrize("warm", [False, True])
-def test_a_state_of_format_2_opens_and_stays_exact(tmp_path: Path, warm: bool) -> None:
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_a_state_of_an_earlier_format_is_refused_then_rebuilt_and_stays_exact(
+    tmp_path: Path, fmt: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     indexes.KEPT.clear()
     root = tmp_path / "state"
     run = Run(root, [TRIANGLES, PATHS])
     for t in range(5):
         run.step(t, epoch_changes(t, run.graph))
-    assert as_format_2(root) > 0
+    assert as_format(root, fmt) > 0
     indexes.KEPT.clear()  # a process of the earlier wcoj wrote it
-    old = Store.open(root, create=False).current()
-    assert (
-        json.loads((root / "manifests" / names.manifest_name(old.generation)).read_text())["format"]
-        == 2
+    with pytest.raises(IncompatibleState) as e:
+        run.check_accumulated()
+    assert str(e.value) == (
+        f"{root}: this state was written by an earlier wcoj (state format {fmt}), whose "
+        f"arrangement files this one does not read; rebuild them from its batches: "
+        f"wcoj verify --repair {root}"
     )
-    assert all(
-        sorted(s.files) == ["diff", "keys", "rows"]
-        for t in old.traces.values()
-        for s in (t.index.segments if t.index is not None else ())
-        if s.rows
-    )
-    legacy = legacy_files(root)
-    assert legacy
-    run.check_accumulated()  # read through the three-file segments
-    if warm:
-        run.keep = Engine(None, str(root), run.queries, relations=specs(run.queries))
-    for t in range(5, 20):
+    assert cli.main(["verify", str(root)]) == 1  # every segment named, not read
+    assert "earlier wcoj" in capsys.readouterr().out
+    assert cli.main(["verify", str(root), "--repair"]) == 0
+    store = Store.open(root, create=False)
+    text = (root / "manifests" / names.manifest_name(store.current().generation)).read_text()
+    assert json.loads(text)["format"] == 4
+    assert json.loads((root / names.MARKER).read_text())["wcoj_state"] == fmt  # not rewritten
+    run.check_accumulated()  # through the rebuilt segments
+    for t in range(5, 12):
         run.step(t, epoch_changes(t, run.graph))
         run.check_accumulated()
-    store = Store.open(root, create=False)
-    now = store.current()
-    text = (root / "manifests" / names.manifest_name(now.generation)).read_text()
-    assert json.loads(text)["format"] == 4
-    assert json.loads((root / names.MARKER).read_text())["wcoj_state"] == 2  # never rewritten
-    # Every segment written since is one file; the merges retired the three-file ones, and
-    # pruning removed their files once no kept manifest named them.
-    kept = [
-        s
-        for g in store.generations()
-        for t in store.generation(g).traces.values()
-        for s in (t.index.segments if t.index is not None else ())
-        if s.rows
-    ]
-    named = {s.file_path(role) for s in kept for role in s.files}
-    assert legacy_files(root) <= named
-    assert any(names.SEGMENT_LAYER in s.files for s in kept)
-    assert verify_state(store).ok
+    assert verify_state(Store.open(root, create=False, older=True)).ok
 
 
 def test_an_older_wcoj_refuses_a_state_of_format_4_on_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What format 3's wcoj does with a manifest of format 4: it reads only the formats it
-    knew (`READABLE` as it was), so the state is refused naming the later format."""
+    knew, so the state is refused naming the later format."""
     root = tmp_path / "state"
     run = Run(root, [TRIANGLES])
     run.step(0, epoch_changes(0, run.graph))
     manifest = next((root / "manifests").glob("*.json"))
-    monkeypatch.setattr(mf, "READABLE", (2, 3))
+    monkeypatch.setattr(mf, "EARLIER", (2,))
     monkeypatch.setattr(mf, "FORMAT", 3)
     with pytest.raises(IncompatibleState) as e:
         Manifest.from_json(manifest.read_text(), str(manifest))

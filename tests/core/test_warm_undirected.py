@@ -20,13 +20,13 @@ import pytest
 from oracle import Oracle, naive_counts, stored
 
 from wcoj_core import indexes
+from wcoj_core.check.verify import verify_state
 from wcoj_core.engine import Engine
 from wcoj_core.indexes import open_trace
 from wcoj_core.kernel.layer import summed_sorted
 from wcoj_core.meaning import relation_specs
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.plan import Kind
-from wcoj_core.store.verify import verify_state
 from wcoj_core.traces import counts_trace_name, output_trace_name, relation_trace_name
 
 Ups = list[tuple[tuple[int, ...], int]]

@@ -42,9 +42,9 @@ import pytest
 from oracle import fold_epoch, naive_eval
 
 from wcoj_core import cli
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.query.builtins import builtin
 from wcoj_core.store import names
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.manifest import digest_of
 from wcoj_core.store.segments import open_segment
 from wcoj_core.store.store import Store
@@ -706,6 +706,26 @@ def edit_manifest(path: Path, edit: Callable[[dict], object], *, redigest: bool)
 
 
 # -- small file systems ---------------------------------------------------------------------------
+
+
+@contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """Make a folder tree unwritable: immutable for root (who ignores modes), else read-only."""
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-R", "+i", str(folder)], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(["chattr", "-R", "-i", str(folder)], check=True)
+        return
+    modes = {p: p.stat().st_mode for p in [folder, *folder.rglob("*")]}
+    for p in modes:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    try:
+        yield
+    finally:
+        for p, mode in modes.items():
+            p.chmod(mode)
 
 
 @contextmanager

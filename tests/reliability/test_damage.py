@@ -55,8 +55,8 @@ from reliability_support import (
     write_changes,
 )
 
-from wcoj_core.deploy.batches import STATISTICS
 from wcoj_core.errors import DamagedBatch
+from wcoj_core.store.batches import STATISTICS
 
 SET_KINDS = [
     "batch:rel/edge",

@@ -7,10 +7,7 @@ room gives exactly the state of an undisturbed run (the world both fault modules
 
 from __future__ import annotations
 
-import os
-import subprocess
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,6 +17,7 @@ from reliability_support import (
     free,
     manifest_files,
     one_line_error,
+    read_only,
     referenced_files,
     run_wcoj,
     small_file_system,
@@ -88,26 +86,6 @@ def test_a_disk_full_while_writing_arrangements_is_a_clear_error(
 ) -> None:
     """Room for the epoch's batches, not for all of its segments."""
     full_disk_case(world, footprint, tmp_path, lambda total, manifest: int(share * total))
-
-
-@contextmanager
-def read_only(folder: Path) -> Iterator[None]:
-    """Make a folder tree unwritable: immutable for root (who ignores modes), else read-only."""
-    if os.geteuid() == 0:
-        subprocess.run(["chattr", "-R", "+i", str(folder)], check=True)
-        try:
-            yield
-        finally:
-            subprocess.run(["chattr", "-R", "-i", str(folder)], check=True)
-        return
-    modes = {p: p.stat().st_mode for p in [folder, *folder.rglob("*")]}
-    for p in modes:
-        p.chmod(0o555 if p.is_dir() else 0o444)
-    try:
-        yield
-    finally:
-        for p, mode in modes.items():
-            p.chmod(mode)
 
 
 UNWRITABLE = [

@@ -44,6 +44,7 @@ from oracle import fold_epoch, naive_eval
 from reliability_support import History, small_history, wcoj_here
 
 from wcoj_core.audit_sample import audit_epoch
+from wcoj_core.check.verify import verify_state
 from wcoj_core.engine import Engine
 from wcoj_core.errors import WcojError
 from wcoj_core.meaning import relation_specs
@@ -52,7 +53,6 @@ from wcoj_core.query.parse import parse_query
 from wcoj_core.state_read import change_table, read_table
 from wcoj_core.store.manifest import digest_of
 from wcoj_core.store.store import Store
-from wcoj_core.store.verify import verify_state
 
 CALL_SECONDS = 30.0  # the longest any one reader's call may take
 QUERY_SECONDS = 30.0  # the longest `wcoj explain` of one query text may take

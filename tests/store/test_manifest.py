@@ -177,7 +177,7 @@ def test_an_edited_or_truncated_manifest_is_damaged() -> None:
     assert "missing 'digest'" in damaged(text.replace('"digest"', '"dijest"'))
 
 
-# A segment's three files as state format 2 wrote them (format 3 reads them still).
+# A segment's three files as state format 2 wrote them (not read any more).
 LEGACY = {
     role: [f"{role}.npy", size, SHA, [1234 + i, 1700000000000000000, 1700000000000000001]]
     for i, (role, size) in enumerate((("rows", 1152), ("diff", 640), ("keys", 640)))
@@ -245,16 +245,6 @@ SHAPES = [
         "expected 's-0123456789abcdef.seg'",
     ),
     (
-        lambda r: seg(r).update(
-            path=seg(r)["path"].removesuffix(".seg"), files={**LEGACY, "keys": LEGACY["diff"]}
-        ),
-        "expected 'keys.npy'",
-    ),
-    (
-        lambda r: seg(r).__setitem__("path", seg(r)["path"].removesuffix(".seg")),
-        "expected files ['rows', 'diff', 'keys'] for 64 rows, found ['layer']",
-    ),
-    (
         lambda r: r["plan"]["relations"]["edge"].__setitem__("meaning", "multiset"),
         "expected 'set' or 'bag'",
     ),
@@ -284,26 +274,35 @@ def test_manifests_of_other_formats_are_refused() -> None:
         Manifest.from_json(later, SRC)
 
 
-def test_segments_of_format_2_are_read() -> None:
-    """A format 2 manifest (segments: folders of three .npy files) is read; a format 3 or 4
-    manifest may still name such segments (not merged yet) beside segments of one file; a
-    format 2 manifest naming a segment of one file is damaged."""
+def test_manifests_of_formats_2_and_3_are_refused_naming_the_repair() -> None:
+    """A manifest of format 2 or 3 is refused on one line naming the command that rebuilds
+    its arrangements; that command reads it (`older`), its segments for the views they held,
+    without their files (not read: rebuilt). A format 4 manifest naming a segment an earlier
+    wcoj wrote (a folder of three files, not merged yet) reads it the same way."""
 
     def legacy(raw: dict[str, Any]) -> None:
         seg(raw)["path"] = seg(raw)["path"].removesuffix(".seg")  # a folder of three files
         seg(raw)["files"] = LEGACY
 
-    for fmt in (2, 3, 4):
-        m = Manifest.from_json(
-            resealed(lambda r, f=fmt: (legacy(r), r.__setitem__("format", f))), SRC
+    source = "/s/manifests/0000000003.json"
+    for fmt in (2, 3):
+        text = resealed(
+            lambda r, f=fmt: (legacy(r) if f == 2 else None, r.__setitem__("format", f))
         )
+        with pytest.raises(IncompatibleState) as e:
+            Manifest.from_json(text, source)
+        assert str(e.value) == (
+            f"/s: this state was written by an earlier wcoj (state format {fmt}), whose "
+            "arrangement files this one does not read; rebuild them from its batches: "
+            "wcoj verify --repair /s"
+        )
+        m = Manifest.from_json(text, source, older=True)
         index = m.traces["rel/edge"].index
-        assert index is not None
-        assert sorted(index.segments[0].files) == ["diff", "keys", "rows"]
-        assert index.segments[0].files["rows"].name == "rows.npy"
-        assert json.loads(m.to_json())["format"] == 4  # written again as format 4
-    message = damaged(resealed(lambda r: r.__setitem__("format", 2)))
-    assert "is a segment of one file, which format 2 does not have" in message
+        assert index is not None and all(s.files == {} for s in index.segments)
+        assert index.segments[0].rows == 64 and json.loads(m.to_json())["format"] == 4
+    m = Manifest.from_json(resealed(legacy), SRC)
+    index = m.traces["rel/edge"].index
+    assert index is not None and index.segments[0].files == {}
 
 
 def test_trace_helpers() -> None:

@@ -1,6 +1,6 @@
 """Segments: layers written once as one file each and mapped on open — identical lookups, every
-kind of damage caught and named, opening in milliseconds without reading the data; a segment of
-state format 2 (three .npy files) still opens the same way."""
+kind of damage caught and named, opening in milliseconds without reading the data; a segment an
+earlier wcoj wrote (state formats 2 and 3) named as one this wcoj does not read."""
 
 from __future__ import annotations
 
@@ -17,13 +17,12 @@ import pytest
 from wcoj_core.errors import DamagedFile
 from wcoj_core.kernel.layer import Bound, Layer, find
 from wcoj_core.store import names
-from wcoj_core.store.files import file_ref
 from wcoj_core.store.manifest import Index, Level, Manifest, Segment, Trace, digest_of
 from wcoj_core.store.segments import (
     check_segment,
     open_segment,
     segment_bytes,
-    segment_paths,
+    segment_path,
     write_segment,
 )
 
@@ -96,48 +95,13 @@ def test_round_trip_gives_identical_lookups(
         assert index is not None and index.segments == (segment,)
         same_lookups(layer, open_segment(tmp_path, index.segments[0]), rng)
         same_lookups(layer, open_segment(tmp_path, segment, verify=True), rng)
-        # The same layer as state format 2 wrote it: three .npy files, read as well.
-        legacy = legacy_segment(tmp_path, segment, layer)
-        raw = json.loads(
-            Manifest(1, 0, traces={TRACE: Trace(TRACE, columns, (), Index(0, (legacy,)))}).to_json()
-        )
-        raw["format"] = 2
-        raw["digest"] = digest_of(raw)
-        again = Manifest.from_json(json.dumps(raw), "m")
-        assert again.traces[TRACE].index == Index(0, (legacy,))
-        same_lookups(layer, open_segment(tmp_path, legacy), rng)
-        same_lookups(layer, open_segment(tmp_path, legacy, verify=True), rng)
-
-
-def legacy_segment(root: Path, segment: Segment, layer: Layer) -> Segment:
-    """`segment` as state format 2 wrote it: ``rows`` (Fortran order), ``diff`` and ``keys`` as
-    version 1.0 ``.npy`` files in a new folder, sealed and stamped (`np.save` writes the
-    headers wcoj wrote)."""
-    path = f"arrangements/{names.trace_dir(TRACE)}/{names.segment_name().removesuffix('.seg')}"
-    if segment.rows == 0:
-        return dataclasses.replace(segment, path=path)
-    folder = root / path
-    folder.mkdir()
-    files = {}
-    for role, array in (
-        ("rows", np.asfortranarray(layer.rows)),
-        ("diff", np.asarray(layer.diff)),
-        ("keys", np.asarray(layer.search_keys())),
-    ):
-        target = folder / f"{role}.npy"
-        with open(target, "wb") as f:
-            np.lib.format.write_array(f, array, version=(1, 0))
-        os.chmod(target, 0o444)
-        files[role] = file_ref(target)
-    return dataclasses.replace(segment, path=path, files=files)
 
 
 def test_written_files_are_sealed_and_mapped(tmp_path: Path) -> None:
     layer = random_layer(np.random.default_rng(1), 1000, 2, False, False)
     segment = write(tmp_path, layer)
     assert (tmp_path / segment.path).is_file()  # the segment is its one file: no folder
-    for path in segment_paths(tmp_path, segment).values():
-        assert path.stat().st_mode & 0o222 == 0
+    assert Path(segment_path(tmp_path, segment)).stat().st_mode & 0o222 == 0
     opened = open_segment(tmp_path, segment)
     assert not opened.rows.flags.writeable
     assert opened.rows.flags.f_contiguous
@@ -173,14 +137,14 @@ def damage(root: Path, segment: Segment, *, verify: bool = False) -> str:
 
 def test_a_missing_file(written: tuple[Path, Segment]) -> None:
     root, segment = written
-    path = segment_paths(root, segment)["layer"]
+    path = Path(segment_path(root, segment))
     path.unlink()
     assert damage(root, segment) == f"{path}: missing (the manifest names it)"
 
 
 def test_a_truncated_file(written: tuple[Path, Segment]) -> None:
     root, segment = written
-    path = segment_paths(root, segment)["layer"]
+    path = Path(segment_path(root, segment))
     size = path.stat().st_size
     os.chmod(path, 0o644)
     os.truncate(path, size - 8)
@@ -189,7 +153,7 @@ def test_a_truncated_file(written: tuple[Path, Segment]) -> None:
 
 def test_a_damaged_header(written: tuple[Path, Segment]) -> None:
     root, segment = written
-    path = segment_paths(root, segment)["layer"]
+    path = Path(segment_path(root, segment))
     rewrite(path, lambda d: d.__setitem__(0, 0))  # the magic
     assert damage(root, segment) == (f"{path}: its header is damaged (not a wcoj segment file)")
     rewrite(path, lambda d: d.__setitem__(0, 0x93))
@@ -203,7 +167,7 @@ def test_a_damaged_header(written: tuple[Path, Segment]) -> None:
 
 def test_a_size_that_disagrees_with_the_header(written: tuple[Path, Segment]) -> None:
     root, segment = written
-    path = segment_paths(root, segment)["layer"]
+    path = Path(segment_path(root, segment))
     rewrite(path, lambda d: d.extend(b"\0" * 8))
     files = {"layer": dataclasses.replace(segment.files["layer"], size=path.stat().st_size)}
     message = damage(root, dataclasses.replace(segment, files=files))
@@ -212,7 +176,7 @@ def test_a_size_that_disagrees_with_the_header(written: tuple[Path, Segment]) ->
 
 def test_bytes_flipped_in_the_middle(written: tuple[Path, Segment]) -> None:
     root, segment = written
-    path = segment_paths(root, segment)["layer"]
+    path = Path(segment_path(root, segment))
     middle = path.stat().st_size // 2
 
     def flip(d: bytearray) -> None:
@@ -233,7 +197,7 @@ def test_a_stale_digest_is_caught_when_verifying(written: tuple[Path, Segment]) 
     stale = dataclasses.replace(segment, files=files)
     open_segment(root, stale)  # the stamp is the one written: the digest is trusted
     message = damage(root, stale, verify=True)
-    assert message.startswith(f"{segment_paths(root, segment)['layer']}: its sha256 ")
+    assert message.startswith(f"{segment_path(root, segment)}: its sha256 ")
 
 
 def test_a_size_mismatch(written: tuple[Path, Segment]) -> None:
@@ -244,29 +208,31 @@ def test_a_size_mismatch(written: tuple[Path, Segment]) -> None:
     assert message.endswith(f"is {ref.size} bytes, the manifest says {ref.size + 1}")
 
 
-def test_damage_to_a_segment_of_format_2(tmp_path: Path) -> None:
-    """A segment of three .npy files (state format 2) is checked as it always was: a damaged
-    .npy header, a wrong shape, a file missing, each named."""
-    layer = random_layer(np.random.default_rng(7), 5000, 2, False, True)
-    segment = legacy_segment(tmp_path, write(tmp_path, layer), layer)
-    root = tmp_path
-    path = segment_paths(root, segment)["diff"]
-    rewrite(path, lambda d: d.__setitem__(0, 0))  # the magic
-    assert damage(root, segment).startswith(f"{path}: its .npy header is damaged")
-    rewrite(path, lambda d: d.__setitem__(slice(0, 8), b"\x93NUMPY\x07\x00"))
-    assert damage(root, segment) == f"{path}: its .npy header is damaged (version 7.0, not 1.0)"
-    rewrite(path, lambda d: d.__setitem__(slice(0, 8), b"\x93NUMPY\x01\x00"))
-    open_segment(root, segment)  # restored: the stamp changed, the digest is the same
-    rows = segment_paths(root, segment)["rows"]
-    n = segment.rows
-    shape, wrong = f"({n}, 2)".encode(), f"({n}, 3)".encode()
-    rewrite(rows, lambda d: d.__setitem__(slice(None), d.replace(shape, wrong)))
-    message = damage(root, segment)
-    assert message.startswith(f"{rows}: its header says shape ({n}, 3) of int64")
-    assert f"the manifest shape ({n}, 2) of int64" in message
-    keys = segment_paths(root, segment)["keys"]
-    keys.unlink()
-    assert str(check_segment(root, segment)[-1]) == f"{keys}: missing (the manifest names it)"
+def test_an_earlier_wcojs_segment_is_named_not_read(written: tuple[Path, Segment]) -> None:
+    """A segment file of layout 1 (state format 3) and a folder of three .npy files (format 2)
+    that a format 4 manifest still names: neither is read, each named as an earlier wcoj's (the
+    caller rebuilds it from the batches)."""
+    root, segment = written
+    path = Path(segment_path(root, segment))
+    rewrite(path, lambda d: d.__setitem__(slice(8, 12), (1).to_bytes(4, "little")))
+    assert damage(root, segment) == (
+        f"{path}: a segment file of an earlier wcoj (layout 1), which this one does not read"
+    )
+    folder = f"arrangements/{names.trace_dir(TRACE)}/{names.segment_name().removesuffix('.seg')}"
+    (root / folder).mkdir()
+    raw = json.loads(
+        Manifest(
+            1, 0, traces={TRACE: Trace(TRACE, ("c0", "c1"), (), Index(0, (segment,)))}
+        ).to_json()
+    )
+    ref = ["rows.npy", 8, "0" * 64, [1, 2, 3]]
+    raw["traces"][TRACE]["index"]["segments"][0] |= {"path": folder, "files": {"rows": ref}}
+    raw["digest"] = digest_of(raw)
+    (old,) = Manifest.from_json(json.dumps(raw), "m").traces[TRACE].index.segments  # type: ignore[union-attr]
+    assert old.path == folder and old.files == {} and old.rows == segment.rows
+    expected = f"{root / folder}: a segment file of an earlier wcoj (state format 2: three .npy files), not read by this one"
+    assert damage(root, old) == expected
+    assert [str(e) for e in check_segment(root, old)] == [expected]
 
 
 # -- opening costs O(files) --------------------------------------------------------------------

@@ -133,7 +133,7 @@ def test_a_hadoop_root_needs_spark_and_a_local_one_never_asks(tmp_path: Path) ->
 
 def test_importing_the_store_imports_no_spark() -> None:
     code = (
-        "import sys, wcoj_core.store, wcoj_core.store.verify, wcoj_core.store.segments;"
+        "import sys, wcoj_core.store, wcoj_core.check.verify, wcoj_core.store.segments;"
         "assert 'pyspark' not in sys.modules, 'pyspark imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -15,15 +15,15 @@ from store_support import epoch
 
 from wcoj_core import cli
 from wcoj_core.budget import MemoryBudget
-from wcoj_core.deploy.batches import BatchFiles
+from wcoj_core.check.verify import _summed_figures, verify_state
 from wcoj_core.indexes import arrange, rebuilt_index
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.query.builtins import builtin
 from wcoj_core.spill import Scratch, Spill
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.manifest import Level, Trace
 from wcoj_core.store.segments import open_segment
 from wcoj_core.store.store import Store
-from wcoj_core.store.verify import _summed_figures, verify_state
 
 
 def flip_middle(path: Path) -> None:

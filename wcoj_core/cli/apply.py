@@ -17,7 +17,9 @@ change nothing (a set's present tuple inserted, or absent one deleted) and a bag
 with a negative multiplicity are warned about, naming a few. Prints one line with the changes,
 the output change's rows, the output's count and the seconds per phase; ``--output FILE`` also
 writes the epoch's output change (``c0 ..``, ``diff``) as Parquet or CSV; ``--json`` ends with
-one JSON line. An interruption says whether the epoch was applied.
+one JSON line. For an aggregate query ``--output`` writes its table as of the epoch (the
+groups' columns, then the value named after the aggregate) and the JSON ends with ``groups``
+and ``total``. An interruption says whether the epoch was applied.
 """
 
 from __future__ import annotations
@@ -339,7 +341,17 @@ def _report(
         done = [r.epoch for r in (*result.rebuilt, *rebuilt)]
         say(f"derived again: epochs {', '.join(map(str, done))} (stale after a correction)")
     written = None
-    if output is not None:
+    served = engine.queries[query]
+    figures = result.traces[f"out/{query}"].figures
+    if output is not None and served.aggregate is not None:
+        from wcoj_core import aggregates
+
+        table = aggregates.table(engine, served, args.epoch)
+        written = write_tuples(
+            table, *output, force=args.force, inputs=list(changes.values()), state=args.state
+        )
+        say(f"output: {written} groups of {query} as of the epoch written to {output[0]}")
+    elif output is not None:
         arrays = result.changes.get(query)
         if arrays is None:  # read from its batch, a file at a time
             table = engine.change_batches(query, args.epoch)
@@ -360,7 +372,7 @@ def _report(
                 "query": query,
                 "epoch": args.epoch,
                 "count": count,
-                "rows": result.traces[f"out/{query}"].figures.rows,
+                "rows": figures.rows,
                 "change_rows": metrics.outputs.get(query, 0),
                 "change_total": result.total(query),
                 "seconds": round(seconds, 3),
@@ -384,6 +396,7 @@ def _report(
                 },
                 "rebuilt": [r.epoch for r in (*result.rebuilt, *rebuilt)],
                 **({} if output is None else {"output": str(output[0])}),
+                **({} if served.aggregate is None else {"groups": figures.rows, "total": count}),
             }
         )
     return EXIT_OK

@@ -7,7 +7,9 @@ to a fresh state (`evaluate_static`), each relation with its meaning (``--undire
 ``--set``, ``--bag``, as ``apply`` reads them: an undirected relation is the set of its edges, in
 both directions). Prints one line ``count: N (seconds ...)``; ``--output FILE`` also writes the
 output's tuples (``c0 ..``, ``diff``) as Parquet or CSV; ``--json`` ends with one JSON line
-holding at least ``count`` and ``seconds``. With ``--state DIR`` (new or empty) the state is
+holding at least ``count`` and ``seconds``. An aggregate query's output is its table: the line
+also says its groups, ``count`` is the sum of its values, ``--output`` names the value column
+after the aggregate (``count``, ``sum_<x>``) and the JSON ends with ``groups`` and ``total``. With ``--state DIR`` (new or empty) the state is
 kept, arrangements included, for later ``wcoj apply`` epochs.
 """
 
@@ -33,6 +35,7 @@ from wcoj_core.cli.inputs import check_files, parse_inputs
 from wcoj_core.cli.results import add_output_arguments, check_output, write_tuples
 from wcoj_core.engine import Engine
 from wcoj_core.query.builtins import resolve_query
+from wcoj_core.query.ir import Query
 
 EXAMPLES = (
     "wcoj count --query triangles --input edge=graph.txt.gz --undirected edge",
@@ -135,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         written = None
         if output is not None:
             written = write_tuples(
-                _output_table(engine, query.name, result),
+                _output_table(engine, query, result),
                 *output,
                 force=args.force,
                 inputs=list(inputs.values()),
@@ -145,8 +148,10 @@ def run(args: argparse.Namespace) -> int:
     metrics = result.metrics
     output_rows = metrics.outputs.get(query.name, 0)
     memory = f"; {metrics.memory.describe()}" if metrics.memory is not None else ""
+    groups = result.traces[f"out/{query.name}"].figures.rows
+    grouped = "" if query.aggregate is None else f"groups {groups:,}; "
     say(
-        f"count: {count} (seconds {seconds:.3f}; proposed {metrics.proposed}, "
+        f"count: {count} ({grouped}seconds {seconds:.3f}; proposed {metrics.proposed}, "
         f"validated {metrics.validated}, output rows {output_rows}{memory})"
     )
     if output is not None:
@@ -168,18 +173,24 @@ def run(args: argparse.Namespace) -> int:
                 },
                 "metrics": metrics.to_dict(),
                 **({} if output is None else {"output": str(output[0])}),
+                **({} if query.aggregate is None else {"groups": groups, "total": count}),
             }
         )
     return EXIT_OK
 
 
-def _output_table(engine: Engine, query: str, result: Any) -> Any:
-    """The output's tuples (the change of its first epoch) as an Arrow table."""
-    arrays = result.changes.get(query)
+def _output_table(engine: Engine, query: Query, result: Any) -> Any:
+    """The output's tuples (the change of its first epoch) as an Arrow table (an aggregate's
+    values named after it)."""
+    if query.aggregate is not None:
+        from wcoj_core import aggregates
+
+        return aggregates.table(engine, query, 0)
+    arrays = result.changes.get(query.name)
     if arrays is None:  # read from its batch, a file at a time
-        return engine.change_batches(query, 0)
+        return engine.change_batches(query.name, 0)
     from wcoj_core.kernel.changes import changes_table
 
     rows, diff = arrays
-    cols = engine.trace_columns(f"out/{query}")
+    cols = engine.trace_columns(f"out/{query.name}")
     return changes_table(cols, rows, diff, 0).drop_columns(["time"])

@@ -10,7 +10,9 @@ takes milliseconds whatever the state's size, and imports neither pyarrow nor pa
   epochs (derived from landed changes corrected since, `wcoj_core.lineage`);
 * every relation: its arity and meaning (a set or a bag, and whether undirected);
 * every query: its normalized text, its count (summed multiplicity of its output) now and at
-  each held epoch, from the figures each output batch records;
+  each held epoch, from the figures each output batch records; an aggregate query's count is
+  the sum of its values, and it says its groups (the keys its arrangement holds) and its
+  value column (``aggregate``);
 * every trace: stored update rows, distinct tuples now, bytes on disk (batch and index files, as
   the manifest lists them), batches and index segments.
 
@@ -84,6 +86,7 @@ def status_of(store: Store) -> dict[str, Any]:
                 "relations": list(q.relations),
                 "count": _count(m, name, None),
                 "counts": [{"epoch": t, "count": _count(m, name, t)} for t in held],
+                **_aggregate(m, name, q.text),
             }
             for name, q in (plan.queries.items() if plan is not None else ())
         },
@@ -120,7 +123,8 @@ def lines(doc: dict[str, Any]) -> list[str]:
     stale = set(doc["stale"])
     for name, q in doc["queries"].items():
         out.append(f"query {name}: {q['text']}")
-        out.append(f"  count {q['count']:,} at epoch {doc['epoch']}")
+        groups = f" over {q['groups']:,} groups" if "groups" in q else ""
+        out.append(f"  count {q['count']:,}{groups} at epoch {doc['epoch']}")
         epochs: list[tuple[str, ...]] = [("epoch", "count", "change")]
         previous: int | None = 0
         for entry in q["counts"]:
@@ -150,6 +154,18 @@ def _count(m: Manifest, query: str, time: int | None) -> int:
     """A query's output count as of `time` (its last epoch for None), from the figures."""
     trace = m.trace(output_trace_name(query))
     return trace.figures_at(time)[1] if trace is not None else 0
+
+
+def _aggregate(m: Manifest, query: str, text: str) -> dict[str, Any]:
+    """An aggregate query's value column and groups (the keys its arrangement holds); {} for
+    another query."""
+    from wcoj_core.query.parse import parse_query
+
+    aggregate = parse_query(text).aggregate
+    if aggregate is None:
+        return {}
+    trace = m.trace(output_trace_name(query))
+    return {"aggregate": aggregate.name, "groups": trace.figures_at()[0] if trace else 0}
 
 
 def _committed(store: Store, m: Manifest) -> str | None:

@@ -10,7 +10,8 @@ exit status is 0 when nothing is damaged, 1 otherwise. With ``--repair`` the dam
 arrangement files of the current generation are rebuilt from the batches (and arrangement files
 whose stamp changed but whose digest matches — a restored backup — are stamped again) in one new
 generation; a damaged batch cannot be rebuilt (it is the source of truth) and is only reported.
-No Spark starts for a local state.
+A state an earlier wcoj wrote (formats 2 and 3) is read too: its arrangement files, which this
+wcoj does not read, are reported and rebuilt the same way. No Spark starts for a local state.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import dataclasses
 
 from wcoj_core.budget import MemoryBudget, Shares, default_budget
+from wcoj_core.check.verify import state_scratch, verify_state
 from wcoj_core.cli.console import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -30,13 +32,12 @@ from wcoj_core.cli.console import (
     note,
     say,
 )
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.indexes import rebuilt_index
 from wcoj_core.spill import Spill
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.files import check_stamp, file_ref, verify_ref
 from wcoj_core.store.manifest import Index
 from wcoj_core.store.store import Store
-from wcoj_core.store.verify import state_scratch, verify_state
 
 EXAMPLES = (
     "wcoj verify lake/tri",
@@ -64,7 +65,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    store = Store.open(args.state, create=False)
+    store = Store.open(args.state, create=False, older=True)  # an earlier format: repaired
     before = store.generations()
     try:
         return _verify(args, store)

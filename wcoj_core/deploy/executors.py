@@ -43,7 +43,6 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from wcoj_core.deploy.batches import BatchFiles, PartWriter
 from wcoj_core.deploy.resident import resident_for
 from wcoj_core.deploy.work import (
     Bindings,
@@ -62,6 +61,7 @@ from wcoj_core.kernel.join import RuleTally
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.step import StepCounts
 from wcoj_core.spill import Sorter, Spill, merge
+from wcoj_core.store.batches import BatchFiles, PartWriter
 from wcoj_core.store.manifest import FileRef
 from wcoj_core.traces import DIFF
 

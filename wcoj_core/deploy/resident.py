@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.kernel.changes import data_rows
 from wcoj_core.kernel.index import TraceIndex, ViewKey
 from wcoj_core.kernel.layer import Layer, view_rows
 from wcoj_core.memory import keep_freed_memory
 from wcoj_core.query.plan import AtomView
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.manifest import Batch
 from wcoj_core.traces import DIFF
 

@@ -20,7 +20,7 @@ hash partitioning sends to ``p`` (`Router`), so each task sees exactly one shard
 
 Counts changes are computed the same way (the old multiplicity of each changed tuple, looked up
 in its shard), then summed per key by Spark; every output is summed by Spark before it is
-written.
+written (an aggregate's per group: its full bindings, each weighed, are what the stages make).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from wcoj_core.deploy.resident import Resident, Shape, resident_for, shard_of
 from wcoj_core.deploy.work import RuleJob, Work, opened_trace
 from wcoj_core.kernel.changes import data_rows
-from wcoj_core.kernel.join import RuleTally, check_overflow
+from wcoj_core.kernel.join import RuleTally, check_overflow, weighed
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, lookup_sum_of
 from wcoj_core.kernel.step import (
@@ -321,7 +321,8 @@ def _routed(
 ) -> pa.RecordBatch:
     if nxt < len(all_phases):
         route = router.route(_key(plan, rule, all_phases[nxt], p), _salt(p, cols))
-    else:
+    else:  # the rule's bindings, summed by Spark per head tuple (a sum(x)'s weighed by x)
+        p = weighed(plan, p)
         route = np.zeros(len(p), dtype=I64)
     return _batch(p, cols, route, joins, proposed)
 

@@ -40,8 +40,8 @@ from wcoj_core.store.manifest import Batch, FileRef, Manifest, Segment, Trace
 from wcoj_core.store.names import new_batch_path
 
 if TYPE_CHECKING:
-    from wcoj_core.deploy.batches import BatchFiles
     from wcoj_core.served import Served, StateAccess
+    from wcoj_core.store.batches import BatchFiles
 
 
 @dataclass(frozen=True, slots=True)

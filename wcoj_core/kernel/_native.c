@@ -1401,7 +1401,8 @@ typedef struct {
     Py_ssize_t proposed, passed, counted;
     i128 total; /* the survivors' weights summed */
     int flagged;
-    int err;            /* 1: a sum left int64, 2: output past capacity, 3: out of memory */
+    int err; /* 1: a sum left int64, 2: output past capacity, 3: out of memory, 4: an aggregate's
+              * term (err_ext 1) or prefix sum (0) left int64 */
     Py_ssize_t err_row; /* the prefix row */
     int err_ext;
     i64 err_value;
@@ -1760,6 +1761,8 @@ typedef struct {
     const uint8_t *flags;
     int nx, nf, owner, spread; /* write the owner / the prefix's columns */
     int counting;              /* write nothing: count the survivors and sum their weights */
+    i64 *per;                  /* counting: each prefix's sum, at its row (an aggregate's) */
+    int value;                 /* counting: sum weight x value (an aggregate's sum(x)) */
     Filt fs[MAXF];
     /* marking (see `Marks`): the extender whose values are marked (-1: none), where its marks
      * lie in a thread's scratch, and the values they cover */
@@ -1863,6 +1866,29 @@ static inline void narrowed(Ext *x, i64 low, i64 high, Py_ssize_t *plo, Py_ssize
     *phi = hi;
 }
 
+/* A survivor's weight w (of value v) into the sum: times v for a sum(x) (err 4 when that term
+ * leaves int64, naming the prefix row and the value). */
+static inline int add_term(const ExtendCtx *ctx, Stats *st, Py_ssize_t r, i64 w, i64 v) {
+    if (!ctx->value) { st->total += w; return 0; }
+    i128 p = (i128)w * v;
+    if (p > INT64_MAX || p < INT64_MIN) {
+        st->err = 4; st->err_row = r; st->err_ext = 1; st->err_value = v;
+        return -1;
+    }
+    st->total += p;
+    return 0;
+}
+
+/* Prefix row r's sum s into ctx->per (err 4 when it leaves int64). */
+static inline int put_sum(const ExtendCtx *ctx, Stats *st, Py_ssize_t r, i128 s) {
+    if (s > INT64_MAX || s < INT64_MIN) {
+        st->err = 4; st->err_row = r; st->err_ext = 0;
+        return -1;
+    }
+    ctx->per[r] = (i64)s;
+    return 0;
+}
+
 /* One prefix's step by merging (see `extend_range`): the proposer x's range [cur, hi) (already
  * within the bounds [low, high]) intersected with each other extender's range within the same
  * bounds, in the extenders' order, as the galloping path validates them one after another
@@ -1945,7 +1971,7 @@ static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_
     }
     for (Py_ssize_t q = 0; q < nc; q++) {
         st->flagged |= c->f[q];
-        st->total += c->w[q];
+        if (add_term(ctx, st, r, c->w[q], c->v[q]) < 0) return -1;
     }
     *written += nc;
     return 0;
@@ -2019,13 +2045,15 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
         merged &= xs[j].nsource == 1;
         units &= !xs[j].completes || (xs[j].nsource == 1 && xs[j].source[0].unit);
     }
-    const int plain = merged && units && nx == 2 && !writing;
+    const int plain = merged && units && nx == 2 && !writing && !ctx->value;
     Cands cand = {0};
     Marks *mk = plain && ctx->mark_ext >= 0 ? (Marks *)((char *)scratch + ctx->marks_at) : NULL;
     Want wants[MAXX * MAXL];
     int nw = extend_wants(xs, nx, wants);
     Watch wt = {wants, nw, P->cols, ctx->live, i0, i1};
     watch_begin(&wt);
+    Py_ssize_t pr = -1; /* the prefix row summed into ctx->per, from st->total at `base` */
+    i128 base = 0;
     for (Py_ssize_t i = i0; i < i1; i++) {
         watch_at(&wt, i);
         if (i + PF_NEAR < i1) {
@@ -2047,8 +2075,13 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
              * to overflow), and the fewest proposes */
             r = i;
             t = pick_least(xs, ctx->P, ctx->nx, r, st);
-            if (t < 0) continue;
         }
+        if (ctx->per) {
+            if (pr >= 0 && put_sum(ctx, st, pr, st->total - base) < 0) break;
+            pr = r;
+            base = st->total;
+        }
+        if (t < 0) continue;
         Ext *x = &xs[t];
         /* the bounds: filters comparing the value with a prefix column or a constant */
         i64 low = INT64_MIN, high = INT64_MAX;
@@ -2152,7 +2185,11 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
             }
             if (!pass) continue;
             st->flagged |= fl;
-            if (!writing) { written++; st->total += w; continue; }
+            if (!writing) {
+                written++;
+                if (add_term(ctx, st, r, w, v) < 0) { cands_free(&cand); return; }
+                continue;
+            }
             int room = rows_room(out);
             if (room < 0) { st->err = room == -1 ? 2 : 3; st->err_row = r; return; }
             Py_ssize_t at = out->n++;
@@ -2165,6 +2202,7 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
             out->flags[at] = fl;
         }
     }
+    if (ctx->per && pr >= 0 && !st->err) put_sum(ctx, st, pr, st->total - base);
     cands_free(&cand);
     st->counted += written;
 }
@@ -2203,14 +2241,15 @@ static int choose_marks(ExtendCtx *ctx, Ext *xs, Py_ssize_t prefixes) {
 
 /* extend(prefix columns, m, weight, flags or None, live, tag, start, stop, extenders, filters,
  *        out columns or None, out owner or None, out weight, out flags, capacity, threads,
- *        chunk)
+ *        chunk, per or None, value)
  * Live prefixes [start, stop): the extender tagged proposes the values of its key's range
  * (within the filters' bounds), summed over its layers (zero sums dropped); each candidate
  * passes the leftover filters, then every other extender validates it (its summed diff not 0);
  * completing extenders multiply their diff into the weight. Survivors are written in prefix
  * order: the prefix's columns and the value (out columns; or the value alone), the prefix's
  * position in `live` (owner), the weight and its overflow flag. Without out columns nothing
- * is written: the survivors are counted and their weights summed. Live and tag None: the
+ * is written: the survivors are counted and their weights summed (times their values with
+ * `value`), each prefix's sum also written at its row of `per` when given. Live and tag None: the
  * prefixes [start, stop) are counted and picked here first, as `count` would (every extender
  * reading one layer: the last step of a count, in one pass). Returns (survivors, proposed,
  * passed, flagged, err, err_row, err_ext, err_value, the weights' sum as high and low 64 bits:
@@ -2218,13 +2257,13 @@ static int choose_marks(ExtendCtx *ctx, Ext *xs, Py_ssize_t prefixes) {
  * the rows alive after each extender, summed; else zeros). */
 static PyObject *py_extend(PyObject *self, PyObject *args) {
     PyObject *cols_o, *weight_o, *flags_o, *live_o, *tag_o, *exts_o, *filters_o;
-    PyObject *ocols_o, *oowner_o, *oweight_o, *oflags_o;
+    PyObject *ocols_o, *oowner_o, *oweight_o, *oflags_o, *per_o = Py_None;
     Py_ssize_t m, start, stop, cap;
-    int threads = 1;
+    int threads = 1, value = 0;
     Py_ssize_t chunk = 1 << 11;
-    if (!PyArg_ParseTuple(args, "OnOOOOnnOOOOOOn|in", &cols_o, &m, &weight_o, &flags_o, &live_o,
+    if (!PyArg_ParseTuple(args, "OnOOOOnnOOOOOOn|inOp", &cols_o, &m, &weight_o, &flags_o, &live_o,
                           &tag_o, &start, &stop, &exts_o, &filters_o, &ocols_o, &oowner_o,
-                          &oweight_o, &oflags_o, &cap, &threads, &chunk))
+                          &oweight_o, &oflags_o, &cap, &threads, &chunk, &per_o, &value))
         return NULL;
     Held h = {.count = 0};
     Py_ssize_t nxs = PySequence_Size(exts_o);
@@ -2277,6 +2316,9 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
     }
     int writing = ocols_o != Py_None;
     ctx.counting = !writing;
+    ctx.value = value && !writing;
+    if (ok && !writing && per_o != Py_None)
+        ok = (ctx.per = take(&h, per_o, 8, 1, m, NULL, "per")) != NULL;
     if (ok && writing) {
         PyObject *fast = PySequence_Fast(ocols_o, "out columns");
         ok = fast != NULL;

@@ -27,6 +27,14 @@ writes), descending to the next step piece by piece (depth first). `run_rule` yi
 bindings in parts as they are made (`count_rule` only counts them and sums their weights);
 `RuleTally` adds up what every step did.
 
+**Aggregates** (`Query.aggregate`): a rule whose last variable is not the head's counts it per
+prefix instead (`_counted`, the kernel's counting mode writing each prefix's sum: its
+candidates' weights, times their values for the summed variable) and yields the prefixes with
+those sums as weights; whatever a rule yields is then summed per group as it comes (`_grouped`:
+weights times the summed variable where it is bound, runs of one group added up, zeros
+dropped), so no full binding is held unless the last variable is the head's (each is then a
+partial sum of its own group).
+
 Multiplicities are checked, never wrapped (`wcoj_core.kernel.multiplicity`). A binding's weight
 is the product of the multiplicities of its atoms, each as of the version the rule reads (the
 delta atom's change, the others old or new): a full binding of a delta rule whose exact weight
@@ -53,7 +61,8 @@ import numpy as np
 from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.index import Layers
 from wcoj_core.kernel.keys import I64
-from wcoj_core.kernel.layer import DIRECTORY_SHARE, Layer, lookup_sum_of
+from wcoj_core.kernel.layer import AGGREGATED, DIRECTORY_SHARE, Layer, lookup_sum_of
+from wcoj_core.kernel.multiplicity import row_namer, sums_at
 from wcoj_core.kernel.step import (
     Prefixes,
     StepCounts,
@@ -66,7 +75,7 @@ from wcoj_core.kernel.step import (
     support_source,
 )
 from wcoj_core.query.ir import Var
-from wcoj_core.query.plan import DeltaRule, Plan, Version
+from wcoj_core.query.plan import DeltaRule, Plan, Step, Version
 from wcoj_core.traces import relation_trace_name
 
 # A rule takes its delta tuples this many at a time.
@@ -155,7 +164,9 @@ def count_rule(
 ) -> Counted:
     """`run_rule`'s full bindings counted, not written: how many, and their weights' exact sum
     (a binding whose weight leaves int64 raises as in `run_rule`). What an output whose
-    bindings are all distinct tuples needs when only its count is asked for (`wcoj count`)."""
+    bindings are all distinct tuples needs when only its count is asked for (`wcoj count`;
+    not an aggregate's: `run_rule` counts its groups)."""
+    assert plan.query.aggregate is None, "an aggregate's rules run with run_rule"
     found = Counted(0, 0)
     limits = Limits(pace.budget, pace.threads, True, counting=True)
     for made in _chunks(plan, rule, layers, tally, rows, pace.chunk_rows, limits):
@@ -217,6 +228,8 @@ def _chunks(
         for made in _descend(plan, rule, 0, prefixes, layers, tally, limits, lead):
             if not isinstance(made, Counted):
                 check_overflow(plan, made)
+                if plan.query.aggregate is not None:
+                    made = _grouped(plan, made)
             yield made
 
 
@@ -292,6 +305,9 @@ def _descend(
         return
     step = rule.steps[k]
     last = k + 1 == len(rule.steps)
+    if last and plan.query.aggregate is not None and step.var not in plan.query.head:
+        yield _counted(plan, step, prefixes, layers, tally, k, limits.threads)
+        return
     if last and limits.counting:
         # counted and extended in one pass where every extender reads one layer
         mine = StepCounts(step.var.name)
@@ -327,6 +343,69 @@ def _descend(
             yield part.made, None
         elif len(part.made):
             yield from _descend(plan, rule, k + 1, part.made, layers, tally, limits, lead)
+
+
+def _counted(
+    plan: Plan,
+    step: Step,
+    prefixes: Prefixes,
+    layers: Layers,
+    tally: RuleTally,
+    k: int,
+    threads: int,
+) -> Part:
+    """An aggregate rule's last step counted per prefix (see the module): the prefixes, each
+    weighted by its candidates' summed weights (times their values when the step binds the
+    summed variable); a binding whose weight leaves int64 raises as in `run_rule`."""
+    agg = plan.query.aggregate
+    value = agg is not None and step.var == agg.var
+    per = np.zeros(len(prefixes), dtype=I64)
+    mine = StepCounts(step.var.name)
+    got = count_and_extend(plan, step, prefixes, layers, mine, threads, per, value)
+    if got is None or got.flagged:
+        per[:] = 0
+        mine = StepCounts(step.var.name)
+        live = count(plan, step, prefixes, layers, threads)
+        mine.prefixes += len(live)
+        mine.min_sum += int(live.least.sum())
+        span = (0, len(live))
+        got = extend(plan, step, prefixes, live, span, layers, mine, (), threads, True, per, value)
+        tally.joins += live.joins
+        if got.flagged:  # a binding's weight left int64: written again, to name it
+            made = extend(plan, step, prefixes, live, span, layers, StepCounts(""))
+            check_overflow(plan, (made.made, None))
+    tally.joins += got.joins
+    tally.steps[k] = tally.steps[k].plus(mine)
+    return Prefixes(dict(prefixes.cols), per), None
+
+
+def _grouped(plan: Plan, part: Part) -> Part:
+    """An aggregate rule's part as partial sums of its groups: each row's weight times the
+    summed variable where the row binds it, runs of rows of one group added up, zeros
+    dropped (a sum leaving int64 raises naming the group)."""
+    p, kept = part
+    p = weighed(plan, p if kept is None else p.take(kept))
+    cols = [p.cols[v] for v in plan.query.head]
+    edge = np.zeros(len(p), dtype=bool)
+    edge[:1] = True
+    for c in cols:
+        edge[1:] |= c[1:] != c[:-1]
+    starts = np.flatnonzero(edge)
+    sums = sums_at(p.weight, starts, row_namer(cols), AGGREGATED) if len(p) else p.weight
+    keep = starts[sums != 0]
+    head = {v: c[keep] for v, c in zip(plan.query.head, cols, strict=True)}
+    return Prefixes(head, sums[sums != 0]), None
+
+
+def weighed(plan: Plan, p: Prefixes) -> Prefixes:
+    """Bindings of a sum(x) query (or its prefixes counted without x) with each weight times
+    x where they bind it (a product leaving int64 raises naming the binding); others as they
+    are."""
+    agg = plan.query.aggregate
+    if agg is not None and agg.var is not None and agg.var in p.cols:
+        p.scale(p.cols[agg.var])
+        check_overflow(plan, (p, None))
+    return p
 
 
 def concat(parts: list[Part], vs: Sequence[Var], lead: Sequence[Var] = ()) -> Prefixes:

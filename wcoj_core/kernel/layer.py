@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from wcoj_core.errors import MultiplicityOverflow
-from wcoj_core.kernel import pages
 from wcoj_core.kernel.keys import I64, U64, Packing, encode
 from wcoj_core.kernel.multiplicity import Namer, row_namer, sums_at, total
 from wcoj_core.kernel.native import native
@@ -44,6 +43,7 @@ from wcoj_core.query.plan import AtomView
 # What a consolidation sums, and a lookup over layers, as an error names it.
 SUMMING = "summing the multiplicities of equal rows"
 OVER_LAYERS = "summing a row's multiplicities over layers"
+AGGREGATED = "an aggregate's sum"
 
 # A search of m keys gives the layer a directory of its first column when m is at least this
 # share of its rows, and the directory (one long per value of the column's span) is at most
@@ -67,7 +67,6 @@ def directory_of(first: np.ndarray) -> tuple[np.ndarray, int] | None:
     if span <= 0 or span > DIRECTORY_SPAN * len(first) + 1024:
         return None  # too sparse (or, out of order, not a layer a search can trust)
     table = np.empty(span + 1, dtype=I64)
-    pages.advise([first], pages.WILLNEED)  # a mapped column is read whole: ahead, at once
     native.directory(np.ascontiguousarray(first, dtype=I64), table, low)
     return table, low
 
@@ -146,7 +145,6 @@ class Layer:
     """
 
     __slots__ = (
-        "_advice",
         "_cols",
         "_dir",
         "_keys",
@@ -182,7 +180,6 @@ class Layer:
         self._cols: tuple[np.ndarray, ...] | None = None
         self._unit = unit
         self._dir: tuple[np.ndarray, int] | None = None
-        self._advice: int | None = None  # the `pages` advice its mapped arrays were given
         self.symmetric = False
 
     def mirrored(self) -> Layer:
@@ -371,18 +368,12 @@ class Layer:
 
     def spec(self, probes: int = 0) -> Spec:
         """What the compiled kernel reads of the layer, for a call probing `probes` keys (its
-        directory when it has one, or when they are many). A mapped layer searched for few
-        keys is advised to read only the pages searched; for many, to read ahead (`pages`)."""
+        directory when it has one, or when they are many)."""
         found = self._dir
-        many = probes >= DIRECTORY_SHARE * len(self)
-        if found is None and probes and many:
+        if found is None and probes and probes >= DIRECTORY_SHARE * len(self):
             found = self.directory()
         d, low = (None, 0) if found is None else found
         cols, diff = self.columns(), np.ascontiguousarray(self.diff, dtype=I64)
-        advice = pages.NORMAL if many else pages.RANDOM
-        if probes and advice != self._advice:
-            self._advice = advice
-            pages.advise([*cols, diff, d], advice)
         return (cols, diff, self.unit, d, low)
 
     def prepare(self, *widths: int) -> None:
@@ -669,8 +660,12 @@ def native_outcome(
     outcome: tuple[int, ...], probes: Sequence[np.ndarray], keys: Sequence[Sequence[int]]
 ) -> Outcome:
     """What `native.extend` reported; a sum over layers leaving int64 raises
-    `MultiplicityOverflow` naming the tuple (the extender's key columns, then the value)."""
+    `MultiplicityOverflow` naming the tuple (the extender's key columns, then the value), so
+    does an aggregate's sum (the prefix, and the value whose term left int64)."""
     n, proposed, passed, flagged, err, row, ext, value, high, low = outcome[:10]
+    if err == 4:  # an aggregate's term (the prefix and the value) or a prefix's sum
+        prefix = tuple(int(c[row]) for c in probes)
+        raise MultiplicityOverflow(AGGREGATED, (*prefix, value) if ext else prefix)
     if err == 1:
         key = tuple(int(probes[k][row]) for k in keys[ext])
         raise MultiplicityOverflow(OVER_LAYERS, (*key, value))

@@ -142,11 +142,8 @@ def load() -> ModuleType:
 # When a search faults on a mapped layer (its pages not in memory), the kernel can read the rest
 # of the call's pages ahead, all at once (`_native.c`, "reading ahead from disk"):
 # ``WCOJ_READ_AHEAD`` = ``faults`` (the default), ``never`` or ``always`` (every call; tests).
-# With segments that keep their first column's directory and searches advised to read only their
-# pages (state format 4, `pages`), a cold fresh epoch at 18.6 M edges took 0.96 s reading ahead
-# against 1.52 s not (and 2.03 s before format 4), and the first epochs on a state loaded beside
-# a 10 GB build 0.52-0.99 s, where reading ahead before format 4 took 30.6 and 19.2 s there
-# (docs/benchmarks.md, "A cold epoch reads what it searches").
+# It is the one way a cold segment's pages are read ahead (docs/benchmarks.md, "One way to read
+# a cold segment": the A/B that kept it).
 READ_AHEAD_MODES = {"never": 0, "faults": 1, "always": 2}
 
 

@@ -282,12 +282,15 @@ def extend(
     lead: Sequence[Var] = (),
     threads: int = 1,
     counting: bool = False,
+    per: np.ndarray | None = None,
+    value: bool = False,
 ) -> Extended:
     """Propose and validate, for the live prefixes of `piece`: each one's extender with the
     fewest candidates proposes, every other validates; the bindings come out in prefix
     order, the step's variable last. The columns of `lead` (variables of the bindings) are
     written as one column-major block (`head_block`). With `counting`, nothing is written:
-    the bindings are counted and their weights summed."""
+    the bindings are counted and their weights summed (times the step's variable with
+    `value`), each prefix's sum also written at its row of `per` when given (an aggregate)."""
     names = list(prefixes.cols)
     a, b = piece
     cap = 0 if counting else int(live.least[a:b].sum())
@@ -315,6 +318,8 @@ def extend(
         cap,
         _threads(b - a, threads),
         CHUNK_PREFIXES,
+        per,
+        value,
     )
     got = native_outcome(outcome, cols, [x[2] for x in xs])
     n = 0 if counting else got.rows
@@ -336,13 +341,15 @@ def count_and_extend(
     layers: Layers,
     counts: StepCounts,
     threads: int = 1,
+    per: np.ndarray | None = None,
+    value: bool = False,
 ) -> Extended | None:
     """A count's last step in one pass, when every extender reads one layer (a first load,
     a static count): each prefix counted and picked as `count` does it, then proposed and
     validated as `extend` counting does, without the arrays of live rows, tags and least
     counts; the step's counts as the two would add them (`joins`: the count's rows alive
     after each extender, then the lookups). None when some extender reads several layers
-    (`count`, then `extend`)."""
+    (`count`, then `extend`). `per` and `value` as `extend` takes them."""
     names = list(prefixes.cols)
     m = len(prefixes)
     xs = [_native_extender(plan, x, names, layers, m) for x in step.extenders]
@@ -367,6 +374,8 @@ def count_and_extend(
         0,
         _threads(m, threads),
         CHUNK_PREFIXES,
+        per,
+        value,
     )
     got = native_outcome(outcome, cols, [x[2] for x in xs])
     live, least, alive = (int(v) for v in outcome[10:13])

@@ -38,6 +38,19 @@ BUILTINS: dict[str, str] = {
     ),
     # Paths of two edges.
     "2-paths": "paths2(a, b, c) :- edge(a, b), edge(b, c)",
+    # Aggregates (counted, never enumerated), over a symmetric `edge`: the triangles,
+    "triangle-count": (
+        "triangle_count(count()) :- edge(a, b), edge(b, c), edge(a, c), a < b, b < c"
+    ),
+    # the triangles holding each vertex (each pair of its neighbours b < c that are adjacent),
+    "triangles-per-vertex": (
+        "triangles_per_vertex(a, count()) :- edge(a, b), edge(b, c), edge(a, c), b < c"
+    ),
+    # the triangles holding each edge a < b (its support, as truss decomposition peels it),
+    "edge-support": "edge_support(a, b, count()) :- edge(a, b), edge(b, c), edge(a, c), a < b",
+    # and each vertex's degree: with triangles-per-vertex, its local clustering coefficient
+    # (`wcoj_core.aggregates.clustering`).
+    "degrees": "degrees(a, count()) :- edge(a, b)",
 }
 
 # What a name given to `resolve_query` looks like: no parentheses, no ':-', no spaces.
@@ -52,7 +65,7 @@ def builtin(name: str) -> Query:
     >>> builtin("5-cycles")
     Traceback (most recent call last):
       ...
-    wcoj_core.errors.QueryError: unknown built-in query '5-cycles'; the built-in queries are triangles, directed-triangles, 3-cycles, 4-cycles, 4-cliques, 2-paths
+    wcoj_core.errors.QueryError: unknown built-in query '5-cycles'; the built-in queries are triangles, directed-triangles, 3-cycles, 4-cycles, 4-cliques, 2-paths, triangle-count, triangles-per-vertex, edge-support, degrees
     """
     text = BUILTINS.get(name)
     if text is None:
@@ -72,7 +85,7 @@ def resolve_query(spec: str) -> Query:
     >>> resolve_query("triangle")
     Traceback (most recent call last):
       ...
-    wcoj_core.errors.QueryError: unknown built-in query 'triangle'; the built-in queries are triangles, directed-triangles, 3-cycles, 4-cycles, 4-cliques, 2-paths; or pass query text such as 'p(a, b) :- edge(a, b)'
+    wcoj_core.errors.QueryError: unknown built-in query 'triangle'; the built-in queries are triangles, directed-triangles, 3-cycles, 4-cycles, 4-cliques, 2-paths, triangle-count, triangles-per-vertex, edge-support, degrees; or pass query text such as 'p(a, b) :- edge(a, b)'
     """
     name = spec.strip()
     if name in BUILTINS:

@@ -1,4 +1,5 @@
-"""Plan -> deterministic text, for humans, golden tests and Dagster metadata."""
+"""Plan -> deterministic text, for humans, golden tests and Dagster metadata (an aggregate's
+last step says when its candidates are counted per group rather than enumerated)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ def explain_rule(plan: Plan, rule: DeltaRule) -> str:
         lines.append(f"    validate {atoms[c.atom]}#{c.atom} {c.version.value}")
     if rule.start_filters:
         lines.append(f"    filter {_filters(rule.start_filters)}")
-    for step in rule.steps:
-        lines.append(f"  extend {step.var}")
+    agg = plan.query.aggregate
+    for k, step in enumerate(rule.steps):
+        counted = agg is not None and k == len(rule.steps) - 1 and step.var not in plan.query.head
+        lines.append(f"  extend {step.var}" + (f" counted: {agg} per group" if counted else ""))
         for x in step.extenders:
             lines.append(f"    count/propose/validate {_extender(plan, x)}")
         if step.filters:

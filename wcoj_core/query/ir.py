@@ -9,6 +9,11 @@ per column. Comparisons relate two terms. The validating constructors of `Query`
 query meaningful: at least one atom, every head and filter variable bound by some atom, and one
 arity per relation.
 
+A head may end with an `Aggregate`, ``count()`` or ``sum(x)``: the query's output is then one
+value per group (the head's variables): the sum, over the group's bindings, of their weights
+(``count()``) or of their weights times ``x`` (``sum(x)``). Both are linear in the weights, so
+an aggregate's change is the aggregate of the join's change, and the delta rules carry over.
+
 >>> q = Query("p", (Var("a"),), (Atom("e", (Var("a"), Const(1))),))
 >>> q.relations
 {'e': 2}
@@ -157,6 +162,24 @@ class Filter:
         return f"{self.left} {self.op.value} {self.right}"
 
 
+AGGREGATES = ("count", "sum")
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """A linear aggregate ending a head: ``count()`` (`var` None) or ``sum(var)``."""
+
+    var: Var | None = None
+
+    @property
+    def name(self) -> str:
+        """The value column's name: ``count`` or ``sum_<var>``."""
+        return "count" if self.var is None else f"sum_{self.var}"
+
+    def __str__(self) -> str:
+        return "count()" if self.var is None else f"sum({self.var})"
+
+
 @dataclass(frozen=True, slots=True)
 class Query:
     """A conjunctive query: a head, body atoms and comparison filters."""
@@ -165,6 +188,7 @@ class Query:
     head: tuple[Var, ...]
     atoms: tuple[Atom, ...]
     filters: tuple[Filter, ...] = ()
+    aggregate: Aggregate | None = None
     relations: dict[str, int] = field(init=False, compare=False, hash=False, repr=False)
     _vars: tuple[Var, ...] = field(init=False, compare=False, hash=False, repr=False)
 
@@ -182,8 +206,9 @@ class Query:
                     f"{atom.arity} ({atom}); a relation has one arity"
                 )
         bound = {v for atom in self.atoms for v in atom.vars}
-        for v in self.head:
-            if v not in bound:
+        used = (*self.head, *(() if self.aggregate is None else (self.aggregate.var,)))
+        for v in used:
+            if v is not None and v not in bound:
                 raise QueryError(
                     f"head variable {v.name!r} does not appear in any atom of the body"
                 )
@@ -207,4 +232,5 @@ class Query:
 
     def __str__(self) -> str:
         body = [str(a) for a in self.atoms] + [str(f) for f in self.filters]
-        return f"{self.name}({', '.join(map(str, self.head))}) :- {', '.join(body)}"
+        head = [*map(str, self.head), *([] if self.aggregate is None else [str(self.aggregate)])]
+        return f"{self.name}({', '.join(head)}) :- {', '.join(body)}"

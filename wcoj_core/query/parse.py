@@ -2,7 +2,8 @@
 
 The accepted language is Datalog-style conjunctive queries::
 
-    query := IDENT '(' [IDENT (',' IDENT)*] ')' ':-' item (',' item)* ['.']
+    query := IDENT '(' [head (',' head)*] ')' ':-' item (',' item)* ['.']
+    head  := IDENT | 'count' '(' ')' | 'sum' '(' IDENT ')'   an aggregate: the head's last
     item  := IDENT '(' [term (',' term)*] ')'      an atom
            | term OP term                          a filter
     term  := IDENT | INT                           a variable or a 64-bit integer such as -3
@@ -18,7 +19,8 @@ Contract:
   the offending token (or of the end of the text) and a message naming what was found and what
   was expected;
 * text that parses but is not a valid query (no atom in the body, a relation used with two
-  arities, an unbound head or filter variable, a filter between two constants) raises
+  arities, an unbound head or filter variable, a filter between two constants, an aggregate
+  that is not linear or not last in the head) raises
   `QueryError` whose message starts with the line and column of the offending part;
 * anything else yields a `Query`, and ``parse_query(str(q)) == q`` for every parsed ``q``.
 
@@ -40,7 +42,7 @@ from enum import Enum
 from typing import NoReturn
 
 from wcoj_core.errors import QueryError, QuerySyntaxError
-from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Term, Var
+from wcoj_core.query.ir import AGGREGATES, Aggregate, Atom, CmpOp, Const, Filter, Query, Term, Var
 
 _INT_MIN = -(2**63)
 _INT_MAX = 2**63 - 1
@@ -235,7 +237,7 @@ class _Parser:
     def parse(self) -> Query:
         name = self.expect(_Kind.IDENT, "the query name (an identifier)")
         self.expect(_Kind.LPAREN, f"'(' after the query name {name.text!r}")
-        head = self.parse_head()
+        head, aggregate = self.parse_head()
         self.expect(_Kind.IMPLIES, "':-' between the head and the body")
         atoms: list[tuple[Atom, _Token]] = []
         filters: list[tuple[Filter, _Token]] = []
@@ -259,27 +261,48 @@ class _Parser:
                 break
             else:
                 self.fail("',', '.' or end of query after a body item")
-        return self.build(name, head, atoms, filters)
+        return self.build(name, head, atoms, filters, aggregate)
 
-    def parse_head(self) -> list[tuple[Var, _Token]]:
-        """The head variables up to and including ')'."""
+    def parse_head(self) -> tuple[list[tuple[Var, _Token]], tuple[Aggregate, _Token] | None]:
+        """The head's variables and its aggregate (if any), up to and including ')'."""
         head: list[tuple[Var, _Token]] = []
+        aggregate: tuple[Aggregate, _Token] | None = None
         if self.peek().kind is _Kind.RPAREN:
             self.advance()
-            return head
+            return head, aggregate
         expected = "a variable or ')' after '('"
         while True:
             if self.peek().kind is not _Kind.IDENT:
                 self.fail(f"{expected} (head arguments must be variables)")
             token = self.advance()
-            head.append((Var(token.text), token))
+            if aggregate is not None:
+                raise _located(token, f"{aggregate[0]} must be the head's last argument")
+            if self.peek().kind is _Kind.LPAREN:
+                aggregate = (self.parse_aggregate(token), token)
+            else:
+                head.append((Var(token.text), token))
             if self.peek().kind is _Kind.RPAREN:
                 self.advance()
-                return head
+                return head, aggregate
             if self.peek().kind is not _Kind.COMMA:
                 self.fail("',' or ')' after a head variable")
             self.advance()
             expected = "a variable after ','"
+
+    def parse_aggregate(self, name: _Token) -> Aggregate:
+        """``count()`` or ``sum(x)`` after its name; any other function is refused."""
+        if name.text not in AGGREGATES:
+            raise _located(
+                name,
+                f"{name.text}() is not an aggregate wcoj keeps: the aggregates are count() and "
+                "sum(x), the linear ones (their change is the aggregate of the join's change)",
+            )
+        self.advance()  # '('
+        var = None
+        if name.text == "sum":
+            var = Var(self.expect(_Kind.IDENT, "a variable in sum( )").text)
+        self.expect(_Kind.RPAREN, f"')' closing {name.text}(" + (" x)" if var else ")"))
+        return Aggregate(var)
 
     def parse_item(self, after: str) -> Atom | Filter:
         """One body item: an atom ``rel(t, ...)`` or a filter ``t OP t``."""
@@ -341,6 +364,7 @@ class _Parser:
         head: list[tuple[Var, _Token]],
         atoms: list[tuple[Atom, _Token]],
         filters: list[tuple[Filter, _Token]],
+        aggregate: tuple[Aggregate, _Token] | None = None,
     ) -> Query:
         """Check what makes the query meaningful, reporting positions, then build the IR."""
         if not atoms:
@@ -360,7 +384,8 @@ class _Parser:
                     "a relation has one arity",
                 )
         bound = {v for atom, _ in atoms for v in atom.vars}
-        for v, token in head:
+        summed = [] if aggregate is None or aggregate[0].var is None else [aggregate]
+        for v, token in [*head, *((a.var, t) for a, t in summed if a.var is not None)]:
             if v not in bound:
                 raise _located(
                     token,
@@ -380,4 +405,5 @@ class _Parser:
             tuple(v for v, _ in head),
             tuple(a for a, _ in atoms),
             tuple(f for f, _ in filters),
+            None if aggregate is None else aggregate[0],
         )

@@ -14,6 +14,11 @@ that step: it proposes or validates with its tuples' multiplicities; before that
 constrains by support (does any tuple with this prefix exist?), so each atom's multiplicity
 multiplies in exactly once.
 
+A rule of an aggregate query (`Query.aggregate`) binds, among the variables linked to those
+bound, the head's first, then the others, the summed variable last: when the last variable is
+not the head's, the kernel counts its candidates per group (weighted, or summed times their
+values) instead of enumerating them (`wcoj_core.kernel.join`).
+
 Atoms see their relation through an `AtomView`: constants select, a repeated variable selects
 equal columns, and the view's columns are the atom's distinct variables. Atoms with the same view
 share arrangements.
@@ -21,9 +26,10 @@ share arrangements.
 Planning is bounded: ordering a rule's variables costs about its atoms' terms times a logarithm
 (the scores of the variables next to the one just bound are updated, a heap gives the best), so
 a query of `n` atoms plans in about ``n^2 log n`` (a rule per atom, each binding every variable);
-a query of more than `MAX_ATOMS` atoms is refused in one line, and filters implied by
-transitivity are derived only among at most `IMPLIED_VARS` compared variables (they are
-implied: leaving them out changes no result).
+a query of more than `MAX_ATOMS` atoms is refused in one line (and one wider than the kernel
+runs by `check_width`, which the engine calls), and filters implied by transitivity are derived
+only among at most `IMPLIED_VARS` compared variables (they are implied: leaving them out changes
+no result).
 
 >>> from wcoj_core.query.parse import parse_query
 >>> plan = plan_query(parse_query("p(a, b, c) :- e(a, b), e(b, c), e(a, c)"))
@@ -47,6 +53,10 @@ from wcoj_core.query.ir import Atom, CmpOp, Const, Filter, Query, Var
 # The most atoms a query may have: a plan holds one delta rule per atom, each binding every
 # variable, so a plan's size (and the time to make it) grows with the square of its atoms.
 MAX_ATOMS = 256
+# The most columns the kernel's layers and prefixes hold: a relation's arity and a query's head
+# are at most this wide, and a rule binds at most one variable more (its last step extends a
+# prefix of all the others).
+MAX_COLUMNS = 32
 # Filters implied by transitivity are derived among at most this many compared variables.
 IMPLIED_VARS = 64
 
@@ -313,12 +323,17 @@ class _Scores:
         self.score[v] = score
         heapq.heappush(self.heap, (score, v))
 
-    def take(self) -> Var:
-        """The best unbound variable, now bound."""
-        while True:
-            score, v = heapq.heappop(self.heap)
-            if v not in self.bound and self.score[v] == score:
-                break
+    def take(self, rank: Mapping[Var, int] | None = None) -> Var:
+        """The best unbound variable, now bound; with `rank`, the best linked one of the least
+        rank (scanned)."""
+        if rank is not None:
+            free = (u for u in self.shape.position if u not in self.bound)
+            v = min(free, key=lambda u: (self.score[u][0] == 0, rank[u], self.score[u]))
+        else:
+            while True:
+                score, v = heapq.heappop(self.heap)
+                if v not in self.bound and self.score[v] == score:
+                    break
         self.bound.add(v)
         touched: dict[Var, None] = {}
         for i in self.shape.holders[v]:
@@ -331,11 +346,16 @@ class _Scores:
         return v
 
 
-def _choose_order(shape: _Shape, start: Sequence[Var]) -> list[Var]:
+def _choose_order(shape: _Shape, start: Sequence[Var], query: Query) -> list[Var]:
+    """A rule's variable order (an aggregate query's: see the module)."""
     scores = _Scores(shape, start)
     order = list(start)
+    rank = None
+    if query.aggregate is not None:
+        last = query.aggregate.var
+        rank = {v: 0 if v in query.head else 2 if v == last else 1 for v in shape.position}
     while len(order) < len(shape.position):
-        order.append(scores.take())
+        order.append(scores.take(rank))
     return order
 
 
@@ -361,7 +381,7 @@ def plan_rule(
     start = atom_vars[delta]
     all_filters = list(query.filters if filters is None else filters)
     if order is None:
-        order = _choose_order(shape, start)
+        order = _choose_order(shape, start, query)
     else:
         order = list(order)
         if tuple(order[: len(start)]) != start or sorted(order, key=str) != sorted(
@@ -435,6 +455,23 @@ def plan_query(
         implied=implied,
         rules=rules,
     )
+
+
+def check_width(query: Query) -> None:
+    """Refuse a query wider than the kernel runs (`MAX_COLUMNS`), naming what is too wide (the
+    engine plans no other; the planner itself plans any width, for `explain`)."""
+    rel, arity = max(query.relations.items(), key=lambda kv: kv[1])
+    wide = [
+        (arity > MAX_COLUMNS, f"relation {rel!r} has arity {arity}"),
+        (len(query.head) > MAX_COLUMNS, f"its head has {len(query.head)} variables"),
+        (len(query.vars) > MAX_COLUMNS + 1, f"its body binds {len(query.vars)} variables"),
+    ]
+    for too, what in wide:
+        if too:
+            raise QueryError(
+                f"query {query.name}: {what}; wcoj runs relations and heads of at most "
+                f"{MAX_COLUMNS} columns and bodies of at most {MAX_COLUMNS + 1} variables"
+            )
 
 
 def valid_orders(query: Query, delta: int) -> list[tuple[Var, ...]]:

@@ -11,7 +11,7 @@ reads, creates exclusively, syncs and deletes them through the `Files` interface
   exclusively writes a temporary file and renames it; the rename is atomic and refuses an
   existing target on HDFS; on object stores without atomic rename, run one writer at a time.
 
-And what format 2 needs of local files: a `FileRef` of a written file (size, sha256, stamp),
+And what a state needs of local files: a `FileRef` of a written file (size, sha256, stamp),
 the cheap check that a file is still the one written (`check_stamp`), the full one
 (`verify_ref`), files written sealed (`write_sealed`: hashed while written, read-only, in a
 folder nothing reads before the commit) and `sync_tree` for folders written by others (pyarrow,

@@ -6,10 +6,10 @@ JSON (docs/state.md) is canonical — keys sorted, no spaces — and carries ``d
 of the canonical JSON of everything else. `Manifest.from_json` checks the digest and the whole
 shape (every field's type, ints for times and counts, no negative counts, paths that wcoj makes)
 and raises one `DamagedState` whose one-line message names the file, what is wrong and the
-previous generation, which is the way back. A manifest of format 1 (written by an earlier wcoj)
-or of a later format is refused with `IncompatibleState`; one of format 2 (segments of three
-``.npy`` files) or 3 (segment files without a directory) is read, as `wcoj_core.store.segments`
-still reads those segments, and the next commit writes format 4.
+previous generation, which is the way back. A manifest of another format is refused with
+`IncompatibleState`, one of formats 2 and 3 naming the command that rebuilds its arrangements
+from its batches (``wcoj verify --repair``, which reads it with `older`: its segments' files
+are not read, only what they held, and rebuilt).
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from wcoj_core.query.ir import Const
 from wcoj_core.store import names
 
 FORMAT = 4
-# The formats this wcoj reads: format 2 differs only in its segments' files (three ``.npy``
-# files each, where format 3 writes one), which a format 3 manifest may still name; format 3
-# only in its segment files' layout (format 4's keep their first column's directory), which a
-# format 4 manifest may still name.
-READABLE = (2, 3, 4)
+# Earlier formats whose batches are this one's but whose segment files this wcoj does not read
+# (format 2: three ``.npy`` files each; format 3: one file without its first column's directory):
+# refused, save by the repair that rebuilds their arrangements.
+EARLIER = (2, 3)
 
 Stamp = tuple[int, int, int]  # (st_ino, st_mtime_ns, st_ctime_ns) right after writing
 Pattern = tuple[int | Const, ...]  # an `AtomView` pattern (the relation is the trace's)
@@ -90,9 +89,9 @@ class Segment:
 
     `view` is the pattern of the `AtomView` the layer is seen through (None: the trace as
     stored), `order` its columns' order, `path` relative to the state and `files` its files by
-    role, none when `rows` is 0: since state format 3 the segment is one file, `path` itself
-    (role ``layer``); a segment of format 2 is a folder, `path`, of three (``rows``, ``diff``,
-    ``keys``).
+    role: one file, `path` itself (role ``layer``); none when `rows` is 0, or for a segment an
+    earlier wcoj wrote (a folder of three files, or any of a manifest of format 2 or 3), which
+    is not read: only rebuilt from the batches.
     """
 
     level: Level
@@ -110,9 +109,8 @@ class Segment:
 
     def file_path(self, role: str) -> str:
         """A file of the segment, relative to the state."""
-        if names.is_segment_file_path(self.path):
-            return self.path
-        return f"{self.path}/{self.files[role].name}"
+        del role  # one file since state format 3
+        return self.path
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,11 +238,14 @@ class Manifest:
         return '{"digest":"' + digest + '",' + rest[1:] + "\n"
 
     @staticmethod
-    def from_json(text: str, source: str, previous: str | None = None) -> Manifest:
+    def from_json(
+        text: str, source: str, previous: str | None = None, *, older: bool = False
+    ) -> Manifest:
         """Parse and check a manifest read from `source`; `previous` names the previous
-        generation's file (for the message), None when there is none."""
+        generation's file (for the message), None when there is none. With `older`, one of
+        format 2 or 3 too (see the module)."""
         try:
-            return _decode_manifest(text, source)
+            return _decode_manifest(text, source, older)
         except _Bad as bad:
             way_back = (
                 f"the previous generation {previous} is the way back"
@@ -652,26 +653,19 @@ def _segment(v: Any, where: str, fmt: int = FORMAT) -> Segment:
     files_raw = raw["files"]
     if not isinstance(files_raw, dict):
         _bad(f"expected an object, found {_show(files_raw)}", f"{where}.files")
-    # Since format 3 a segment is one file, its path; one of format 2 (which a format 3
-    # manifest names until it is merged) a folder of three.
-    one_file = names.is_segment_file_path(path)
-    if one_file and fmt < 3:
-        _bad(
-            f"{path!r} is a segment of one file, which format {fmt} does not have", f"{where}.path"
-        )
-    roles = ((names.SEGMENT_LAYER,) if one_file else names.SEGMENT_FILES) if rows else ()
-    if sorted(files_raw) != sorted(roles):
-        _bad(
-            f"expected files {list(roles)} for {rows} rows, found {sorted(files_raw)}",
-            f"{where}.files",
-        )
     files: dict[str, FileRef] = {}
-    for role in roles:
-        ref = _file_ref(files_raw[role], f"{where}.files.{role}", True)
-        name = path.rpartition("/")[2] if one_file else names.segment_file(role)
-        if ref.name != name:
-            _bad(f"expected {name!r}, found {ref.name!r}", f"{where}.files")
-        files[role] = ref
+    if fmt == FORMAT and names.is_segment_file_path(path):  # else an earlier wcoj's: not read
+        roles = (names.SEGMENT_LAYER,) if rows else ()
+        if sorted(files_raw) != sorted(roles):
+            _bad(
+                f"expected files {list(roles)} for {rows} rows, found {sorted(files_raw)}",
+                f"{where}.files",
+            )
+        for role in roles:
+            ref = _file_ref(files_raw[role], f"{where}.files.{role}", True)
+            if ref.name != path.rpartition("/")[2]:
+                _bad(f"expected {path.rpartition('/')[2]!r}, found {ref.name!r}", f"{where}.files")
+            files[role] = ref
     return Segment(
         level,
         view,
@@ -753,7 +747,7 @@ def _plan(v: Any) -> StatePlan | None:
     return StatePlan(relations, queries)
 
 
-def _decode_manifest(text: str, source: str) -> Manifest:
+def _decode_manifest(text: str, source: str, older: bool = False) -> Manifest:
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
@@ -761,7 +755,14 @@ def _decode_manifest(text: str, source: str) -> Manifest:
     if not isinstance(raw, dict):
         _bad(f"expected an object, found {_show(raw)}", "")
     fmt = raw.get("format")
-    if type(fmt) is int and fmt not in READABLE:
+    if type(fmt) is int and fmt in EARLIER and not older:
+        state = source.rpartition(f"/{names.MANIFESTS}/")[0] or source
+        raise IncompatibleState(
+            f"{state}: this state was written by an earlier wcoj (state format {fmt}), whose "
+            f"arrangement files this one does not read; rebuild them from its batches: "
+            f"wcoj verify --repair {state}"
+        )
+    if type(fmt) is int and fmt != FORMAT and fmt not in EARLIER:
         which = "an earlier" if fmt < FORMAT else "a later"
         advice = (
             "re-create the state (apply its epochs into a new directory)"

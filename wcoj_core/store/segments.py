@@ -9,33 +9,27 @@ keys (packed ``uint64``, or order-preserving bytes: `Layer.search_keys`) and, fo
 many rows whose first column is dense enough, that column's directory (`Layer.directory`), so
 that a cold search reads one page of it instead of a page per halving of the column.
 `write_segment` hashes the bytes as it writes them, makes the file read-only and records its
-size, sha256 and stamp (inode, mtime, ctime). A segment of state format 3 (layout 1) has no
-directory: it opens the same way, and its layer makes one when searched for many keys.
-
-A segment written by wcoj before state format 3 is a folder of the same arrays as three ``.npy``
-files (``rows``, n x w in Fortran order, ``diff`` and ``keys``); such a segment still opens, the
-same way, until a merge writes its rows into a new segment of one file.
+size, sha256 and stamp (inode, mtime, ctime).
 
 `open_segment` maps the file (one ``mmap``): it reads the header, never the data, so opening
 costs O(1) and a lookup touches only the pages it searches. It checks the file against the
 manifest first — present, the recorded size, the header the segment's shape gives, the same
 stamp — and reads it whole to check its digest only when the stamp differs (the file was
 rewritten in place, copied or restored) or when asked. Any mismatch raises `DamagedFile` naming
-the file: the caller rebuilds the segment from the trace's batches and warns.
+the file: the caller rebuilds the segment from the trace's batches and warns. So does a segment
+an earlier wcoj wrote (state formats 2 and 3: a folder of three ``.npy`` files, or a file of
+layout 1 without a directory), which this one does not read.
 """
 
 from __future__ import annotations
 
 import functools
-import io
-import math
 import mmap
 import os
 import stat
 import struct
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -47,7 +41,6 @@ from wcoj_core.store import names
 from wcoj_core.store.files import (
     CHUNK,
     HashingWriter,
-    local_path,
     sha256_file,
     stamp_of,
     write_sealed,
@@ -91,12 +84,12 @@ def write_segment(
     diff = np.ascontiguousarray(layer.diff, dtype=I64)
     arrays = [columns, diff, keys]
     low, entries = 0, 0
-    if SEG_LAYOUT >= 2 and n >= DIRECTORY_MIN_ROWS and layer.width:
+    if n >= DIRECTORY_MIN_ROWS and layer.width:
         found = directory_of(columns[0])
         if found is not None:
             arrays.append(found[0])
             low, entries = found[1], len(found[0])
-    header = _seg_header(n, layer.width, keys.dtype.str, low, entries, SEG_LAYOUT)
+    header = _seg_header(n, layer.width, keys.dtype.str, low, entries)
     try:
         write = functools.partial(_write_layer, header=header, arrays=arrays)
         try:
@@ -115,15 +108,14 @@ def write_segment(
 
 # The header of a segment file: a magic, the layout's version, the width, the rows, the search
 # keys' item size and kind (``u``: packed uint64, ``V``: bytes), padded to 64 bytes (so every
-# array after it starts at a multiple of 8). Layout 2 (state format 4) adds the directory of the
-# first column that follows the search keys (`Layer.directory`: ``dir[k - low]`` is the first row
-# at or after ``k``): its ``low`` and its entries, 0 for none. A cold search then reads a page of
-# the directory where a binary search of the column read a page per halving (a fresh epoch on
-# 18.6 M edges, its searches advised random: 54 MiB read instead of 95 MiB). Layout 1 (format 3)
-# has no directory.
+# array after it starts at a multiple of 8), with the directory of the first column that follows
+# the search keys (`Layer.directory`: ``dir[k - low]`` is the first row at or after ``k``): its
+# ``low`` and its entries, 0 for none. A cold search then reads a page of the directory where a
+# binary search of the column reads a page per halving. Layout 2 is state format 4's; layout 1
+# (format 3, no directory) is not read.
 _SEG_MAGIC = b"\x93WCOJSEG"
 _SEG = struct.Struct("<8sIIQQc")
-_SEG_DIR = struct.Struct("<qQ")  # layout 2: the directory's low and entries, at byte 40
+_SEG_DIR = struct.Struct("<qQ")  # the directory's low and entries, at byte 40
 _SEG_DIR_AT = 40
 SEG_HEADER_BYTES = 64
 SEG_LAYOUT = 2
@@ -132,21 +124,16 @@ DIRECTORY_MIN_ROWS = 1 << 16
 
 
 @functools.lru_cache(maxsize=4096)
-def _seg_header(
-    rows: int, width: int, keys: str, low: int = 0, entries: int = 0, layout: int = SEG_LAYOUT
-) -> bytes:
+def _seg_header(rows: int, width: int, keys: str, low: int = 0, entries: int = 0) -> bytes:
     dtype = np.dtype(keys)
-    packed = _SEG.pack(_SEG_MAGIC, layout, width, rows, dtype.itemsize, dtype.kind.encode())
+    packed = _SEG.pack(_SEG_MAGIC, SEG_LAYOUT, width, rows, dtype.itemsize, dtype.kind.encode())
     header = bytearray(packed.ljust(SEG_HEADER_BYTES, b"\0"))
-    if layout >= 2:
-        _SEG_DIR.pack_into(header, _SEG_DIR_AT, low, entries)
+    _SEG_DIR.pack_into(header, _SEG_DIR_AT, low, entries)
     return bytes(header)
 
 
 def _directory_fields(header: bytes) -> tuple[int, int]:
     """A segment file's directory (``low``, entries) as its header says; (0, 0) for none."""
-    if _SEG.unpack_from(header)[1] < 2:
-        return 0, 0
     low, entries = _SEG_DIR.unpack_from(header, _SEG_DIR_AT)
     return low, entries
 
@@ -157,42 +144,6 @@ def _key_dtype(segment: Segment) -> np.dtype[Any]:
     w = segment.width
     packed = segment.packing is not None or w == 0  # no column: uint64 zeros
     return np.dtype(U64) if packed else np.dtype(f"V{8 * w}")
-
-
-@dataclass(frozen=True, slots=True)
-class _Expect:
-    """What a segment file's header must say."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-    fortran: bool
-
-
-def _expect(segment: Segment, role: str) -> _Expect:
-    """What a legacy segment file (an ``.npy`` of format 2) must hold."""
-    n, w = segment.rows, segment.width
-    if role == "rows":
-        return _Expect((n, w), np.dtype(I64), n > 1 and w > 1)
-    if role == "diff":
-        return _Expect((n,), np.dtype(I64), False)
-    return _Expect((n,), _key_dtype(segment), False)
-
-
-def _header(expect: _Expect) -> bytes:
-    """The exact ``.npy`` (1.0) header `write_segment` writes for an array of this shape."""
-    return _npy_header(expect.shape, expect.dtype.str, expect.fortran)
-
-
-@functools.lru_cache(maxsize=4096)
-def _npy_header(shape: tuple[int, ...], dtype: str, fortran: bool) -> bytes:
-    out = io.BytesIO()
-    header = {
-        "descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
-        "fortran_order": fortran,
-        "shape": shape,
-    }
-    np.lib.format.write_array_header_1_0(out, header)
-    return out.getvalue()
 
 
 # Segment files whose stamp differed from their ref's but whose bytes matched its sha256 when
@@ -222,20 +173,17 @@ def restamped(root: str | os.PathLike[str], segment: Segment) -> Segment:
 def _check(
     path: str | os.PathLike[str],
     ref: FileRef,
-    header: bytes,
-    size: int | Callable[[bytes], int | None],
-    problem: Callable[[bytes], str],
+    size: Callable[[bytes], int | None],
     *,
     digest: bool | None,
     keep: bool = False,
 ) -> mmap.mmap | None:
-    """Check a segment file against its ref, the header it must start with and the size that
-    header implies; with `keep`, the file mapped read-only (None when it is empty).
+    """Check a segment file against its ref, its header and the size that header implies
+    (`size`: None for a header that is not the segment's, `_seg_problem` says why); with
+    `keep`, the file mapped read-only.
 
-    The header must be byte for byte the one `write_segment` writes for the segment's shape
-    (read, never parsed: `problem` says what is wrong with one that differs). `digest`: True
-    reads the file whole to check its sha256, False never does (a copy checked when made),
-    None does when the stamp differs from the ref's.
+    `digest`: True reads the file whole to check its sha256, False never does (a copy checked
+    when made), None does when the stamp differs from the ref's.
     """
     where = os.fspath(path)
     try:
@@ -245,11 +193,10 @@ def _check(
                 raise DamagedFile(where, "is not a file")
             if st.st_size != ref.size:
                 raise DamagedFile(where, f"is {st.st_size} bytes, the manifest says {ref.size}")
-            found = f.read(len(header))
-            # The header found says which layout, hence the size (a callable `size`).
-            expected = size(found) if callable(size) else (size if found == header else None)
+            found = f.read(SEG_HEADER_BYTES)
+            expected = size(found)
             if expected is None:
-                raise DamagedFile(where, problem(found))
+                raise DamagedFile(where, _seg_problem(found))
             if expected != st.st_size:
                 raise DamagedFile(where, "its size does not match its header (truncated or padded)")
             if digest or (digest is None and stamp_of(st) != ref.stamp):
@@ -262,9 +209,7 @@ def _check(
                     )
                 if ref.stamp is not None and stamp_of(st) != ref.stamp:
                     _VERIFIED[where] = (sha, stamp_of(st))  # stat before the hash: no race
-            if not keep or st.st_size == 0:
-                return None
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if keep else None
     except FileNotFoundError:
         raise DamagedFile(where, "missing (the manifest names it)") from None
     except IsADirectoryError:
@@ -273,17 +218,14 @@ def _check(
         raise DamagedFile(where, f"cannot be read ({e.strerror or e})") from None
 
 
-# -- one file per segment (state format 3) ---------------------------------------------------
-
-
-def _layer_expect(segment: Segment) -> tuple[bytes, Callable[[bytes], int | None], np.dtype[Any]]:
-    """A segment file's header without a directory, the file's size for the header found (None
-    for one that is not the segment's), and its search keys' type.
+def _layer_expect(segment: Segment) -> tuple[Callable[[bytes], int | None], np.dtype[Any]]:
+    """The file's size for the header found (None for one that is not the segment's), and the
+    segment's search keys' type.
 
     A header is the segment's when it is byte for byte what `write_segment` writes for the
-    segment's shape, in layout 1 or 2, with any directory a first column of `segment.rows`
-    rows can have (`DIRECTORY_SPAN`; whatever the writer's `DIRECTORY_MIN_ROWS`): the
-    directory's bytes are the digest's to check."""
+    segment's shape, with any directory a first column of `segment.rows` rows can have
+    (`DIRECTORY_SPAN`; whatever the writer's `DIRECTORY_MIN_ROWS`): the directory's bytes are
+    the digest's to check."""
     n, w = segment.rows, segment.width
     keys = _key_dtype(segment)
     size = SEG_HEADER_BYTES + n * 8 * (w + 1) + n * keys.itemsize
@@ -291,16 +233,13 @@ def _layer_expect(segment: Segment) -> tuple[bytes, Callable[[bytes], int | None
     def sized(found: bytes) -> int | None:
         if len(found) != SEG_HEADER_BYTES or not found.startswith(_SEG_MAGIC):
             return None
-        layout = _SEG.unpack_from(found)[1]
-        if layout not in (1, 2):
-            return None
         low, entries = _directory_fields(found)
         most = DIRECTORY_SPAN * n + 1025 if w else 0  # what `directory_of` can make
-        if entries > most or found != _seg_header(n, w, keys.str, low, entries, layout):
+        if entries > most or found != _seg_header(n, w, keys.str, low, entries):
             return None
         return size + 8 * entries
 
-    return _seg_header(n, w, keys.str), sized, keys
+    return sized, keys
 
 
 def _seg_problem(found: bytes) -> str:
@@ -308,18 +247,55 @@ def _seg_problem(found: bytes) -> str:
     if len(found) < _SEG.size or not found.startswith(_SEG_MAGIC):
         return "its header is damaged (not a wcoj segment file)"
     _, version, width, rows, itemsize, kind = _SEG.unpack_from(found)
+    if version != SEG_LAYOUT:
+        return f"{EARLIER} (layout {version}), which this one does not read"
     return (
         f"its header says {rows} rows of {width} columns (layout {version}, keys "
         f"{kind.decode(errors='replace')}{itemsize}), which is not the manifest's segment"
     )
 
 
-def _open_layer(segment: Segment, path: str, *, digest: bool | None) -> Layer:
-    """A segment of one file: checked, mapped once, its arrays views at their offsets."""
+# What a segment of state format 2 or 3 is, to a reader that does not read it.
+EARLIER = "a segment file of an earlier wcoj"
+
+
+def segment_path(root: str | os.PathLike[str], segment: Segment) -> str:
+    """The local path of a segment's file (or of an earlier wcoj's folder of three)."""
+    return f"{_local_root(root)}/{segment.path}"
+
+
+def _local_root(root: str | os.PathLike[str]) -> str:
+    """A local state root (a path or a ``file://`` URI) as an absolute path string."""
+    return os.path.abspath(os.fspath(root).removeprefix("file://"))
+
+
+def segment_files(root: str | os.PathLike[str], segment: Segment) -> list[str]:
+    """The local paths of a segment's files: its one file, none when it has no rows or is an
+    earlier wcoj's (what a warm open checks the stamps of, every segment every epoch)."""
+    return [segment_path(root, segment)] if segment.files else []
+
+
+def _unread(path: str) -> DamagedFile:
+    return DamagedFile(path, f"{EARLIER} (state format 2: three .npy files), not read by this one")
+
+
+def open_segment(root: str | os.PathLike[str], segment: Segment, *, verify: bool = False) -> Layer:
+    """The layer of a segment of the local state `root`, its file memory-mapped: checked,
+    mapped once, its arrays views at their offsets.
+
+    Raises `DamagedFile` for a file that is missing, of another size, with a header that
+    disagrees with the segment (an earlier wcoj's included), or — checked when its stamp
+    changed, or always with `verify` — whose bytes differ from the manifest's sha256.
+    """
+    if segment.rows == 0:
+        return Layer.empty(segment.width)
+    path = segment_path(root, segment)
+    if not segment.files:
+        raise _unread(path)
+    sized, keys = _layer_expect(segment)
     ref = segment.files[names.SEGMENT_LAYER]
-    header, sized, keys = _layer_expect(segment)
-    mapped = _check(path, ref, header, sized, _seg_problem, digest=digest, keep=True)
-    assert mapped is not None  # a segment of rows is never empty
+    mapped = _check(path, ref, sized, digest=True if verify else None, keep=True)
+    assert mapped is not None
     n, w = segment.rows, segment.width
     at = SEG_HEADER_BYTES
     rows = np.frombuffer(mapped, dtype=I64, count=n * w, offset=at).reshape((w, n)).T
@@ -335,116 +311,18 @@ def _open_layer(segment: Segment, path: str, *, digest: bool | None) -> Layer:
     return layer
 
 
-def is_layer_file(segment: Segment) -> bool:
-    """Whether a segment is one file (state format 3), not three ``.npy`` files."""
-    return names.SEGMENT_LAYER in segment.files
-
-
-# -- three .npy files per segment (state format 2: still read) ------------------------------
-
-
-def _npy_problem(expect: _Expect) -> Callable[[bytes], str]:
-    def problem(found: bytes) -> str:
-        """What is wrong with a header that is not the expected one (parsed only now)."""
-        try:
-            f = io.BytesIO(found + b"\n" * 64)
-            version = np.lib.format.read_magic(f)
-            if version != (1, 0):
-                raise ValueError(f"version {version[0]}.{version[1]}, not 1.0")
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        except Exception as e:  # a damaged header fails in many ways (tokenize errors too)
-            return f"its .npy header is damaged ({e})"
-        return (
-            f"its header says shape {tuple(shape)} of {dtype}"
-            f"{' (Fortran order)' if fortran else ''}, the manifest shape {expect.shape} of "
-            f"{expect.dtype}{' (Fortran order)' if expect.fortran else ''}"
-        )
-
-    return problem
-
-
-def _check_npy(
-    path: str | os.PathLike[str], ref: FileRef, expect: _Expect, *, digest: bool | None
-) -> mmap.mmap | None:
-    header = _header(expect)
-    size = len(header) + math.prod(expect.shape) * expect.dtype.itemsize
-    return _check(path, ref, header, size, _npy_problem(expect), digest=digest, keep=True)
-
-
-def _map_npy(mapped: mmap.mmap | None, expect: _Expect) -> np.ndarray:
-    """A legacy file's array, mapped read-only (pages read on first touch)."""
-    count = math.prod(expect.shape)
-    if count == 0 or mapped is None:
-        return np.empty(expect.shape, dtype=expect.dtype)
-    offset = len(_header(expect))
-    flat = np.frombuffer(mapped, dtype=expect.dtype, count=count, offset=offset)
-    if len(expect.shape) == 1:
-        return flat
-    rows, width = expect.shape
-    return flat.reshape((width, rows)).T if expect.fortran else flat.reshape(expect.shape)
-
-
-def _open_npy(segment: Segment, paths: Mapping[str, str], *, digest: bool | None) -> Layer:
-    arrays: dict[str, np.ndarray] = {}
-    for role, ref in segment.files.items():
-        expect = _expect(segment, role)
-        arrays[role] = _map_npy(_check_npy(paths[role], ref, expect, digest=digest), expect)
-    return Layer(arrays["rows"], arrays["diff"], segment.packing, arrays["keys"], segment.unit)
-
-
-# -- either layout ------------------------------------------------------------------------------
-
-
-def segment_paths(root: str | os.PathLike[str], segment: Segment) -> dict[str, Path]:
-    """The local path of each file of a segment, by role."""
-    top = local_path(os.fspath(root))
-    return {role: top / segment.file_path(role) for role in segment.files}
-
-
-def segment_files(root: str | os.PathLike[str], segment: Segment) -> list[str]:
-    """`segment_paths`' paths, as strings (what a warm open checks the stamps of, every
-    segment every epoch: no `Path` made)."""
-    top = _local_root(root)
-    return [f"{top}/{segment.file_path(role)}" for role in segment.files]
-
-
-def _local_root(root: str | os.PathLike[str]) -> str:
-    """A local state root (a path or a ``file://`` URI) as an absolute path string."""
-    return os.path.abspath(os.fspath(root).removeprefix("file://"))
-
-
-def open_segment(root: str | os.PathLike[str], segment: Segment, *, verify: bool = False) -> Layer:
-    """The layer of a segment of the local state `root`, its file(s) memory-mapped.
-
-    Raises `DamagedFile` for a file that is missing, of another size, with a header that
-    disagrees with the segment, or — checked when its stamp changed, or always with `verify` —
-    whose bytes differ from the manifest's sha256.
-    """
-    if segment.rows == 0:
-        return Layer.empty(segment.width)
-    digest = True if verify else None
-    paths = dict(zip(segment.files, segment_files(root, segment), strict=True))
-    if is_layer_file(segment):
-        return _open_layer(segment, paths[names.SEGMENT_LAYER], digest=digest)
-    return _open_npy(segment, paths, digest=digest)
-
-
 def check_segment(root: str | os.PathLike[str], segment: Segment) -> list[DamagedFile]:
-    """Every damaged file of a segment (each file read whole), without mapping any."""
-    found: list[DamagedFile] = []
-    for role, path in segment_paths(root, segment).items():
-        try:
-            if role == names.SEGMENT_LAYER:
-                header, sized, _ = _layer_expect(segment)
-                _check(path, segment.files[role], header, sized, _seg_problem, digest=True)
-            else:
-                expect = _expect(segment, role)
-                header = _header(expect)
-                size = len(header) + math.prod(expect.shape) * expect.dtype.itemsize
-                _check(path, segment.files[role], header, size, _npy_problem(expect), digest=True)
-        except DamagedFile as e:
-            found.append(e)
-    return found
+    """A segment's file's damage (read whole), without mapping it."""
+    if segment.rows == 0:
+        return []
+    path = segment_path(root, segment)
+    if not segment.files:
+        return [_unread(path)]
+    try:
+        _check(path, segment.files[names.SEGMENT_LAYER], _layer_expect(segment)[0], digest=True)
+    except DamagedFile as e:
+        return [e]
+    return []
 
 
 def segment_bytes(segment: Segment) -> int:

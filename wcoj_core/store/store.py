@@ -1,10 +1,14 @@
 """A state directory: its marker, its manifests, the commit and the pruning of what is unused.
 
-`Store.open` checks the marker (``wcoj-state.json``) and creates a state only in a directory that
-does not exist or is empty: a directory holding anything else is never taken for a state. A
-generation is committed by creating the next manifest file exclusively (`Store.commit`): of two
-writers racing for it exactly one wins, the other gets `ConcurrentCommit`; the folders the new
-manifest names are made durable first.
+`Store.open` checks the marker (``wcoj-state.json``) and creates a state (its marker and
+``manifests/``) only in a directory that does not exist or is empty: a directory holding anything
+else is never taken for a state. A state without a manifest whose ``traces/`` or
+``arrangements/`` hold folders older than its ``manifests/`` (or that has no ``manifests/``)
+lost its manifests: it is refused by `Store.open` and `Store.current`, never taken for a new
+state (a new history would then prune the old one). A generation is committed by creating the
+next manifest file exclusively (`Store.commit`): of two writers racing for it exactly one wins,
+the other gets `ConcurrentCommit`; the generation a writer built on must still be there; the
+folders the new manifest names are made durable first.
 
 After each commit, `Store.prune` keeps the last `KEEP_MANIFESTS` manifests and removes what
 none of them references, under three rules that keep a user's files safe:
@@ -15,7 +19,7 @@ none of them references, under three rules that keep a user's files safe:
   once; anything else unreferenced (staged by a writer that failed, or is still at work) only
   once it is older than `ORPHAN_AGE` (looked for by a store's first commit, then at most every
   `SWEEP_SECONDS`);
-* when any manifest cannot be read, nothing is deleted.
+* when any manifest cannot be read, or none is there, nothing is deleted.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import TYPE_CHECKING
 from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
 from wcoj_core.store import names
 from wcoj_core.store.files import Files, Kind, LocalFiles, dangling, drop_early, files_for
-from wcoj_core.store.manifest import FORMAT, READABLE, FileRef, Manifest, referenced
+from wcoj_core.store.manifest import EARLIER, FORMAT, FileRef, Manifest, referenced
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -67,9 +71,10 @@ def marker_text() -> str:
 class Store:
     """A state directory (a local path, or any URI Hadoop reaches: see `files_for`)."""
 
-    def __init__(self, files: Files) -> None:
+    def __init__(self, files: Files, *, older: bool = False) -> None:
         self.files = files
         self.root = files.root
+        self.older = older  # manifests of an earlier format read too (`Manifest.from_json`)
         self._parsed: dict[int, Manifest] = {}  # generations read (a file is never rewritten)
         self._swept: float | None = None  # when a commit's pruning last looked for orphans
 
@@ -81,8 +86,10 @@ class Store:
         *,
         create: bool,
         spark_factory: Callable[[], SparkSession] | None = None,
+        older: bool = False,
     ) -> Store:
-        """The state at `root`; with `create`, a new one when `root` is new or empty.
+        """The state at `root`; with `create`, a new one when `root` is new or empty; with
+        `older`, manifests of formats 2 and 3 are read too (to rebuild their arrangements).
 
         Raises `StateError` for an empty path, a file, a directory that holds other things
         than a state (no marker), no state when not creating; `IncompatibleState` for a state
@@ -92,7 +99,7 @@ class Store:
         if not text.strip() or not text.removeprefix("file://").strip():
             raise StateError("the state path is empty: pass a directory")
         try:
-            store = cls(files_for(text, spark_factory))
+            store = cls(files_for(text, spark_factory), older=older)
             store._check_root(text, create)
         except OSError as e:
             raise StateError(f"state {text}: cannot open ({e.strerror or e})") from e
@@ -106,7 +113,7 @@ class Store:
                 raise StateError(dangling(shown, files.path))
             if not create:
                 raise StateError(f"no wcoj state at {shown}")
-            files.mkdirs("")
+            files.mkdirs(names.MANIFESTS)
             self._create_marker()
         elif kind is not Kind.DIR:
             raise StateError(
@@ -124,8 +131,11 @@ class Store:
                 raise StateError(f"no wcoj state at {shown} (no {names.MARKER})")
             if not create:
                 raise StateError(f"no wcoj state at {shown}")
+            files.mkdirs(names.MANIFESTS)
             self._create_marker()
         self._check_marker()
+        if not self.generations():
+            self._refuse_lost_manifests()
 
     def _create_marker(self) -> None:
         self.files.create_exclusive(names.MARKER, marker_text())  # a racing creator wins too
@@ -141,7 +151,7 @@ class Store:
         found = raw.get("wcoj_state") if isinstance(raw, dict) else None
         if type(found) is not int:
             raise DamagedState(f'{source}: damaged state marker (no "wcoj_state" number)')
-        if found not in READABLE:
+        if found not in (*EARLIER, FORMAT):  # a state's first format: its manifests say more
             which = "an earlier" if found < FORMAT else "a later"
             raise IncompatibleState(
                 f"{self.root}: this state was created by {which} wcoj (state format {found}) "
@@ -181,6 +191,25 @@ class Store:
             "; else pass a new or empty directory"
         )
 
+    def _refuse_lost_manifests(self) -> None:
+        """A state without a manifest whose traces or arrangements hold a folder made before
+        its ``manifests/`` was last changed (or that has no ``manifests/``): its manifests were
+        deleted or not copied. A folder made since was staged by a first epoch that never
+        committed, as is anything while a commit's temporary manifest is there."""
+        made = next((e for e in self.files.entries("") if e.name == names.MANIFESTS), None)
+        if made is not None and any(map(names.is_manifest_temp, self.files.names(names.MANIFESTS))):
+            return  # a first commit at work (or killed at work): its temporary manifest
+        since = made.mtime if made is not None and made.kind is Kind.DIR else float("inf")
+        for area in (names.TRACES, names.ARRANGEMENTS):
+            for tdir in self.files.entries(area):
+                if any(e.mtime < since for e in self.files.entries(f"{area}/{tdir.name}")):
+                    raise StateError(
+                        f"{self.root} holds {area}/ but no manifest ({names.MANIFESTS}/ was "
+                        f"deleted, emptied or not copied): its history cannot be read without "
+                        f"one, so nothing was read or changed; restore {names.MANIFESTS}/ from "
+                        f"a backup, or pass a new directory"
+                    )
+
     # -- paths -------------------------------------------------------------------------------
     def uri(self, rel: str) -> str:
         """The full path (or URI) of something in the state."""
@@ -214,7 +243,9 @@ class Store:
         if found is None:
             rel = self._manifest_rel(generation)
             back = self.uri(self._manifest_rel(previous)) if previous is not None else None
-            found = Manifest.from_json(self.files.read_text(rel), self.uri(rel), back)
+            found = Manifest.from_json(
+                self.files.read_text(rel), self.uri(rel), back, older=self.older
+            )
             if found.generation != generation:
                 raise DamagedState(
                     f"{self.uri(rel)}: damaged manifest: it holds generation "
@@ -231,6 +262,7 @@ class Store:
         try:
             gens = self.generations()
             if not gens:
+                self._refuse_lost_manifests()
                 return Manifest()
             return self._read(gens[-1], gens[-2] if len(gens) > 1 else None)
         except OSError as e:
@@ -265,17 +297,29 @@ class Store:
         held = expected.paths()
         try:
             gens = self.generations()
+            if expected.generation not in (0, *gens) and not (gens and gens[-1] >= new.generation):
+                raise StateError(
+                    f"state {self.root}: generation {expected.generation}, which this writer "
+                    f"built on, is gone from {names.MANIFESTS}/ (deleted meanwhile); nothing "
+                    f"was applied: restore {names.MANIFESTS}/ from a backup"
+                )
             # The new folders made durable with the manifest's own content, then it is linked.
             created = (not gens or gens[-1] < new.generation) and self.files.create_exclusive(
                 rel, text, after=sorted(new.paths() - held), durable=_folders_above(held)
             )
-        except OSError as e:
-            raise StateError(f"state {self.root}: cannot commit ({e.strerror or e})") from e
-        except Exception as e:  # a Java exception from a Hadoop file system
+        except Exception as e:  # an OSError, or a Java exception from a Hadoop file system
             if isinstance(e, StateError):
                 raise
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise StateError(f"state {self.root}: cannot commit ({first})") from e
+            why = e.strerror if isinstance(e, OSError) and e.strerror else first
+            if self._holds(rel, text):  # linked: only making it durable failed
+                raise StateError(
+                    f"state {self.root}: generation {new.generation} was committed, but "
+                    f"making it durable failed ({why}): a crash may lose it"
+                ) from e
+            raise StateError(
+                f"state {self.root}: cannot commit ({why}); nothing was applied"
+            ) from e
         if not created:
             raise ConcurrentCommit(
                 f"state {self.root}: generation {new.generation} was committed by another "
@@ -291,6 +335,13 @@ class Store:
             if sweep:
                 self._swept = now
         return new
+
+    def _holds(self, rel: str, text: str) -> bool:
+        """Whether the file `rel` holds `text` (False when it cannot be read)."""
+        try:
+            return self.files.read_text(rel) == text
+        except Exception:
+            return False
 
     # -- pruning -----------------------------------------------------------------------------
     def _real_dir(self, rel: str) -> bool:
@@ -315,6 +366,8 @@ class Store:
         process would find nothing that old)."""
         now = time.time() if now is None else now
         gens = self.generations()
+        if not gens:
+            return Pruned(skipped="no manifest: nothing is deleted without one")
         kept, dropped = gens[-KEEP_MANIFESTS:], gens[:-KEEP_MANIFESTS]
         live: set[str] = set()
         retired: set[str] = set()

@@ -3,7 +3,7 @@ affects (the primitives of ``wcoj verify``).
 
 `verify_state` reads every kept generation's manifest and every file they name, once each:
 batch files (size and sha256, and their rows against the batch's row count) and segment files
-(size, ``.npy`` header, sha256). Each damaged file is reported with its trace, the first epoch
+(size, header, sha256; an earlier wcoj's, which is not read, as damaged). Each damaged file is reported with its trace, the first epoch
 it affects — a batch at time ``t`` every epoch from ``t`` on (through the traces and
 arrangements built from it), a segment every epoch from its index's time on — and whether it
 can be rebuilt: a segment can (from the batches), a batch cannot (it is the source of truth).
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 from wcoj_core.arrow import longs
 from wcoj_core.budget import MemoryBudget, Shares, default_budget
-from wcoj_core.deploy.batches import BatchFiles
 from wcoj_core.errors import StateError
 from wcoj_core.spill import Scratch, Spill, merge
 from wcoj_core.store import names
+from wcoj_core.store.batches import BatchFiles
 from wcoj_core.store.manifest import Batch, FileRef, Manifest, Segment
 from wcoj_core.store.segments import check_segment, segment_bytes
 from wcoj_core.store.store import Store

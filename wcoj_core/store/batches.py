@@ -1,9 +1,8 @@
-"""Batches read and written with pyarrow: what the kernel's deployments do with state files.
+"""A state's batches, read and written with pyarrow: the Parquet codec of update triples.
 
 A state's batches are Parquet folders (see `wcoj_core.store`). Spark reads them as DataFrames;
-the deployments of the kernel read them into `Layer`s and write their results as batches of the
-same schema, with pyarrow, wherever they run: on the driver, or inside a Spark task on an
-executor. `BatchFiles` reaches a state through a pyarrow file system made from its root:
+everything else reads them here into `Layer`s and writes batches of the same schema, with
+pyarrow, wherever it runs: on the driver, or inside a Spark task on an executor. `BatchFiles` reaches a state through a pyarrow file system made from its root:
 
 * a local path (or ``file://``) — the local file system; on a cluster this must be storage
   every executor mounts at the same path (a cluster on one machine, NFS);
