@@ -1,7 +1,7 @@
 """The Dagster code location of wcoj: epoch partitions, one step per epoch range, every asset.
 
 * `definitions` — `build_definitions(specs, name=...)` and the default `defs`, loaded lazily
-  (``wcoj_epoch_job``, the landing sensor, the automation sensor, the ``wcoj`` resource and
+  (``wcoj_epoch_job``, the landing, rebuild and automation sensors, the ``wcoj`` resource and
   ``wcoj_outputs`` IO manager; with a name, each named after it); `component` — the same as the
   Dagster component `WcojComponent`, configured by a ``defs.yaml`` and named after its folder;
 * `specs` — `QuerySpec`, the default spec (``triangles`` over ``edge``), the relations' meanings
@@ -9,8 +9,8 @@
   `epochs` — epoch numbers as daily partition keys from a first day;
 * `pipeline` — the one step: read, check, apply each epoch in one engine pass, report;
   `report` — each asset's figures per epoch; `checks` — the checks and how their per-partition
-  results reach Dagster; `provenance` — `current_history` and the automation rebuilding what a
-  correction left stale; `schemas` — pandera schemas;
+  results reach Dagster; `provenance` — `current_history`, the sensor rebuilding what a
+  correction left stale, and the automation of assets of yours; `schemas` — pandera schemas;
 * `outputs` — a query's output or change for downstream assets, in the type they annotate
   (Arrow, pandas, polars with no JVM; Spark);
 * `landing_read` — finding and reading landing folders; `sensors` — the landing sensor;

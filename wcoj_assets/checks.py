@@ -112,7 +112,7 @@ class CheckReporting(Enum):
 
 def check_specs(graph: EpochGraph, rebuild_sensor: str) -> list[AssetCheckSpec]:
     """The checks of `graph` (see the module), on its translated keys; `rebuild_sensor` names
-    the pipeline's automation sensor."""
+    the pipeline's rebuild sensor."""
     partitions = graph.epochs.partitions()
     specs: list[AssetCheckSpec] = []
     for info in graph.of_role(Role.CHANGES):
@@ -148,7 +148,7 @@ def check_specs(graph: EpochGraph, rebuild_sensor: str) -> list[AssetCheckSpec]:
                 partitions_def=partitions,
                 description="The partition was derived from the relations' history as it is "
                 "now: no epoch up to it was corrected since. After a corrected epoch is re-run, "
-                "every later partition is reported failed until it is rebuilt (the automation "
+                "every later partition is reported failed until it is rebuilt (the rebuild "
                 f"sensor `{rebuild_sensor}` does it, or a backfill from that epoch).",
             ),
             AssetCheckSpec(

@@ -53,7 +53,8 @@ its attributes.
 carry only what the component owns, named after it: ``name`` (default: the folder of its
 ``defs.yaml``, ``triangles`` for ``defs/triangles/defs.yaml``) prefixes the job
 (``triangles_epoch_job``), the step (``triangles_epochs``), the sensors
-(``triangles_landing_sensor``, ``triangles_rebuild_sensor``), the resource (``triangles_wcoj``)
+(``triangles_landing_sensor``, ``triangles_rebuild_sensor``, ``triangles_automation_sensor``),
+the resource (``triangles_wcoj``)
 and the IO manager of its results (``triangles_outputs``); the component sets no executor of the
 code location (its job runs its one step in process). Two components — say triangles over
 ``edge`` and 3-cycles over ``follows``, each with its own storage and landing — live in one

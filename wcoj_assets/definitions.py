@@ -6,8 +6,9 @@ manifest commit per epoch, a range of epochs in one run); the resource ``wcoj``
 (`WcojResource`), the IO manager ``wcoj_outputs`` through which assets of your own read a
 query's output (`wcoj_assets.outputs`), the job ``wcoj_epoch_job`` (that step, for one epoch or a
 range), the job ``wcoj_verify_job`` (every check but the landed files' on the epochs as the
-state holds them: nothing applied or materialized), the landing sensor (the way epochs run daily) and the automation sensor that rebuilds
-what a corrected epoch left stale (`wcoj_assets.provenance`). With a `name`, every one of those
+state holds them: nothing applied or materialized), the landing sensor (the way epochs run
+daily), the rebuild sensor that rebuilds what a corrected epoch left stale, in one run, and the
+automation sensor of assets of yours (`wcoj_assets.provenance`). With a `name`, every one of those
 names is derived from it (`Names`): `wcoj_assets.component.WcojComponent` builds the same from a
 ``defs.yaml``, named after its folder, so that several live in one project.
 
@@ -58,7 +59,12 @@ from wcoj_assets.epochs import EPOCH_START, START_ENV, Epochs
 from wcoj_assets.graph import EpochGraph, Role, Translate
 from wcoj_assets.outputs import OUTPUTS_IO_MANAGER, outputs_io_manager
 from wcoj_assets.pipeline import OP_NAME, VERIFY_TAG, EpochConfig, EpochRun, epochs_asset
-from wcoj_assets.provenance import REBUILD_SENSOR, rebuild_condition, rebuild_sensor
+from wcoj_assets.provenance import (
+    AUTOMATION_SENSOR,
+    REBUILD_SENSOR,
+    automation_sensor,
+    rebuild_sensor,
+)
 from wcoj_assets.resources import DEFAULT_LANDING, DEFAULT_STORAGE, WcojResource, wcoj_resource
 from wcoj_assets.sensors import LANDING_SENSOR, SERIAL_TAG, landing_sensor
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec, Topology
@@ -106,6 +112,10 @@ class Names:
     @property
     def rebuild_sensor(self) -> str:
         return self._of("rebuild_sensor", REBUILD_SENSOR)
+
+    @property
+    def automation_sensor(self) -> str:
+        return self._of("automation_sensor", AUTOMATION_SENSOR)
 
     @property
     def resource(self) -> str:
@@ -162,8 +172,8 @@ def build_definitions(
     the day ``n`` days after `start` (``YYYY-MM-DD``). A relation's meaning: the binary
     relations named in `undirected` land as edge lists in no particular direction (read in both
     directions, self-loops dropped) and are sets unless named in `bags`; the others are bags
-    unless named in `sets` (`wcoj_core.meaning`). The landing and automation sensors tick at
-    most every `sensor_seconds`; the binary-join check runs every `check_every` epochs (the
+    unless named in `sets` (`wcoj_core.meaning`). The sensors tick at most every
+    `sensor_seconds`; the binary-join check runs every `check_every` epochs (the
     resource's default, 30, when None); `check_reporting` (``auto``, the default, ``every`` or
     ``news``) picks which partitions of a run over a range get a check evaluation of their own
     (`wcoj_assets.checks.CheckReporting`); `empty_epochs` applies an epoch with nothing landed
@@ -191,7 +201,6 @@ def build_definitions(
             topology,
             Epochs(start),
             translate,
-            automation=rebuild_condition,
             checks=lambda graph: check_specs(graph, names.rebuild_sensor),
             io_manager_key=names.outputs,
         )
@@ -290,8 +299,11 @@ def assemble(
                 interval=sensor_seconds,
             ),
             rebuild_sensor(
+                job=job, graph=graph, name=names.rebuild_sensor, interval=sensor_seconds
+            ),
+            automation_sensor(
                 keys,
-                name=names.rebuild_sensor,
+                name=names.automation_sensor,
                 run_tags={SERIAL_TAG: "epochs"},
                 interval=sensor_seconds,
             ),

@@ -39,7 +39,6 @@ from dagster import (
     AssetDep,
     AssetKey,
     AssetSpec,
-    AutomationCondition,
     TableColumn,
     TableSchema,
 )
@@ -280,13 +279,11 @@ class EpochGraph:
         topology: Topology,
         epochs: Epochs,
         translate: Translate | None = None,
-        automation: Callable[[AssetKey], AutomationCondition] | None = None,
         checks: Callable[[EpochGraph], list[AssetCheckSpec]] | None = None,
         io_manager_key: str = OUTPUTS_IO_MANAGER,
     ) -> EpochGraph:
         """The graph of `topology`: each base spec through `translate`, dependencies wired to
-        the translated keys, `automation` on each query's change (an asset without a
-        self-dependency: see `wcoj_assets.provenance`), then `checks`."""
+        the translated keys, then `checks`."""
         partitions = epochs.partitions()
         all_infos = infos(topology)
         specs: dict[str, AssetSpec] = {}
@@ -321,12 +318,6 @@ class EpochGraph:
             )
             if info.result:
                 spec = spec.with_io_manager_key(io_manager_key)
-            if (
-                automation is not None
-                and info.role is Role.QUERY_CHANGES
-                and spec.automation_condition is None
-            ):
-                spec = spec.replace_attributes(automation_condition=automation(spec.key))
             specs[info.name] = spec
         graph = EpochGraph(topology, epochs, all_infos, specs, keys, io_manager_key)
         if checks is not None:

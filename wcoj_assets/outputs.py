@@ -1,4 +1,4 @@
-"""What the pipeline maintains, for code of your own: Arrow, pandas, polars or Spark, by annotation.
+"""What the pipeline maintains, for code of your own: whole or lazy, in the form an annotation names.
 
 The step stores its data itself (the state directory, never through an IO manager), so a
 downstream asset reads a query's output through `outputs_io_manager`, the IO manager of ``<q>``
@@ -10,16 +10,28 @@ group's value, read from its arrangement), in the type its annotation names, as 
 managers do::
 
     @asset(partitions_def=..., automation_condition=follows_epochs())   # the same epochs
-    def top_vertices(triangles_deltas: pa.Table) -> ...:                 # a, b, c, diff
+    def top_vertices(triangles_deltas: pl.LazyFrame) -> ...:            # a, b, c, diff
         ...
 
-* ``pyarrow.Table`` (also an unannotated parameter), pandas ``DataFrame`` or polars
-  ``DataFrame``: read with pyarrow from the files the state's manifest lists — no JVM starts;
-* a Spark ``DataFrame`` (``pyspark.sql.DataFrame``): read lazily by Spark, which the resource
+* **Whole**, read with pyarrow (no JVM), each file checked against its size, digest and rows:
+  ``pyarrow.Table`` (also an unannotated parameter), pandas or polars ``DataFrame``. Each is
+  weighed first against the resource's memory budget (or the process's own limit, when smaller):
+  one that would not fit is refused on one line (`wcoj_core.budget.BudgetError`: the rows, the
+  bytes, the budget, the lazy forms), never left to fail midway.
+* **Lazy**, a piece at a time, so that an aggregate of an output of any size stays within
+  memory: ``pyarrow.RecordBatchReader`` (each file's size, digest and epoch checked before its
+  rows are given, each batch's rows against the manifest's), a polars ``LazyFrame``
+  (``scan_parquet``; ``collect(engine="streaming")`` keeps it bounded) and a DuckDB relation
+  (on a connection of its own whose ``memory_limit`` is the budget) — their files checked first
+  as Spark's are (`wcoj_core.state_read`). They give the stored rows as they are: a change one
+  row per tuple (as the engine writes it), an output as of an epoch its batches' rows, in which
+  a tuple's diffs sum to its multiplicity (zero once gone).
+* **Spark** ``DataFrame`` (``pyspark.sql.DataFrame``): read lazily by Spark, which the resource
   starts saying why (``starting Spark ...: <asset> reads <input> as a Spark DataFrame``).
 
+Every form reads exactly the files the state's manifest lists, and no other.
 ``<q>`` gives the output as of the epoch; ``<q>_deltas`` its change at the epoch. A parameter
-annotated ``dict[str, <type>]`` gets every epoch the run reads, by partition key — what an asset
+annotated ``dict[str, <form>]`` gets every epoch the run reads, by partition key — what an asset
 with a single-run backfill policy reads when one run fills a range of epochs (an asset added
 after the epochs ran: `wcoj_assets.provenance.follows_epochs`); otherwise a downstream asset
 without partitions (or one reading several epochs) gets ``<q>`` as of the last epoch it reads,
@@ -29,8 +41,10 @@ so. `read_output` does the same from Python, given an `wcoj_core.engine.Engine`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from enum import Enum
+from itertools import permutations
 from typing import TYPE_CHECKING, Any, get_args, get_origin
 
 import pyarrow as pa
@@ -38,13 +52,25 @@ from dagster import Failure, InputContext, IOManager, OutputContext, io_manager
 
 from wcoj_assets.graph import OUTPUTS_IO_MANAGER, AssetInfo, EpochGraph, Role
 from wcoj_assets.specs import head_columns
+from wcoj_core.budget import BudgetError, format_size, process_limit
+from wcoj_core.errors import WcojError
 from wcoj_core.traces import DIFF
 
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
     from wcoj_core.query.ir import Query
+    from wcoj_core.store.manifest import Batch, Trace
 
 __all__ = ["OUTPUTS_IO_MANAGER", "Form", "outputs_io_manager", "read_output"]
+
+# What a whole form holds at its peak, per byte of its columns: one stored batch read as it is
+# (its columns, and a file's bytes as read), several summed into one (their columns, the layer
+# they make and its sort); pandas copies the columns once more.
+READ_COPIES = 1.5
+SUMMED_COPIES = 5.5
+# The widest change whose column orders are each tried for the one it is sorted in.
+ORDERS_TRIED = 4
+LAZY_FORMS = "pyarrow.RecordBatchReader, polars.LazyFrame or duckdb.DuckDBPyRelation"
 
 
 class Form(Enum):
@@ -54,54 +80,64 @@ class Form(Enum):
     PANDAS = "pandas.DataFrame"
     POLARS = "polars.DataFrame"
     SPARK = "pyspark.sql.DataFrame"
+    BATCHES = "pyarrow.RecordBatchReader"
+    LAZY_POLARS = "polars.LazyFrame"
+    DUCKDB = "duckdb.DuckDBPyRelation"
 
     @staticmethod
     def of(annotation: Any) -> Form:
         """The form an input's annotation names (Arrow when it names none).
 
-        >>> import pyarrow as pa, pandas as pd
+        >>> import pyarrow as pa, pandas as pd, polars as pl
         >>> Form.of(pa.Table), Form.of(pd.DataFrame), Form.of(None)
         (<Form.ARROW: 'pyarrow.Table'>, <Form.PANDAS: 'pandas.DataFrame'>, <Form.ARROW: 'pyarrow.Table'>)
+        >>> Form.of(pa.RecordBatchReader), Form.of(pl.LazyFrame), Form.of(pl.DataFrame)
+        (<Form.BATCHES: 'pyarrow.RecordBatchReader'>, <Form.LAZY_POLARS: 'polars.LazyFrame'>, <Form.POLARS: 'polars.DataFrame'>)
         """
-        module = getattr(annotation, "__module__", "") or ""
+        package = (getattr(annotation, "__module__", "") or "").split(".")[0].lstrip("_")
         name = getattr(annotation, "__name__", "") or ""
-        if name == "DataFrame" and module.startswith("pyspark"):
-            return Form.SPARK
-        if name == "DataFrame" and module.startswith("pandas"):
-            return Form.PANDAS
-        if name == "DataFrame" and module.startswith("polars"):
-            return Form.POLARS
-        return Form.ARROW
+        named = (
+            f for f in Form if f.value.startswith(f"{package}.") and f.value.endswith(f".{name}")
+        )
+        return next(named, Form.ARROW)
+
+    @property
+    def whole(self) -> bool:
+        """Whether the form holds the whole output in memory."""
+        return self in (Form.ARROW, Form.PANDAS, Form.POLARS)
 
 
 def read_output(
     engine: Engine, query: Query, epoch: int, *, change: bool = False, form: Form = Form.SPARK
 ) -> Any:
     """`query`'s output as of `epoch` (or with `change`, its change at `epoch`), with the
-    query's head variables as column names, then ``diff``, in `form`."""
+    query's head variables as column names, then ``diff`` (an aggregate's value, named after
+    it, for an aggregate query's output), in `form` (see the module)."""
     from wcoj_core import aggregates
+    from wcoj_core.state_read import listed
     from wcoj_core.traces import output_trace_name, relation_columns
 
     stored = relation_columns(len(query.head))
     names = head_columns(query)
-    trace = output_trace_name(query.name)
+    trace_name = output_trace_name(query.name)
     value = DIFF if change else aggregates.value_name(query)
     if form is Form.SPARK:
         from pyspark.sql import functions as F
 
         from wcoj_core.state_read import changes_at
 
-        df = changes_at(engine, trace, epoch) if change else engine.output(query.name, epoch)
+        df = changes_at(engine, trace_name, epoch) if change else engine.output(query.name, epoch)
         cols = [F.col(c).alias(n) for c, n in zip(stored, names, strict=True)]
         return df.select(*cols, F.col(DIFF).alias(value))
-    from wcoj_core.state_read import read_table
-
-    if change:
-        table = stored_change(engine, trace, epoch)
-    elif query.aggregate is not None:
+    trace, batches = listed(engine, trace_name, epoch, change=change)
+    what = f"{query.name}{'_deltas' if change else ''} at epoch {epoch}"
+    if not form.whole:
+        return _lazy(engine, trace, batches, [*names, value], form)
+    _fits(engine, what, form, batches, len(names) + 1)
+    if query.aggregate is not None and not change:
         table = aggregates.table(engine, query, epoch)
     else:
-        table = read_table(engine, trace, epoch)
+        table = whole_table(engine, trace_name, epoch, change=change)
     table = table.rename_columns([*names, value])
     if form is Form.PANDAS:
         return table.to_pandas()
@@ -112,28 +148,82 @@ def read_output(
     return table
 
 
-def stored_change(engine: Engine, name: str, epoch: int) -> pa.Table:
-    """A trace's stored change at `epoch`, as `wcoj_core.state_read.change_table` gives it (one row
-    per tuple, non-zero ``diff``, sorted; read from exactly the files the manifest lists, each
-    checked against its size, digest and rows) without sorting it again: the engine writes a
-    change's batch in that order, so its files, concatenated, are the table once one pass over
-    its columns confirms it (`wcoj_core.arrow.consolidated`). A batch that is not (none is
-    written so) is read by `change_table`."""
-    from wcoj_core.arrow import consolidated
-    from wcoj_core.state_read import change_batches, change_table
+def _fits(engine: Engine, what: str, form: Form, batches: list[Batch], columns: int) -> None:
+    """Raise `BudgetError` when `batches` (their rows of `columns` longs), read whole in `form`,
+    would not fit the engine's budget (or the process's own limit, when smaller)."""
+    rows = sum(b.rows for b in batches)
+    copies = (READ_COPIES if len(batches) <= 1 else SUMMED_COPIES) + (form is Form.PANDAS)
+    need = int(rows * columns * 8 * copies)
+    budget = engine.budget.bytes, f"the memory budget of {engine.budget.describe()}"
+    limit = process_limit()
+    if limit is not None and limit[0] < budget[0]:
+        budget = limit[0], f"{limit[1]} of {format_size(limit[0])}"
+    if need > budget[0]:
+        raise BudgetError(
+            f"{what} as a {form.value}: {rows:,} rows would take {format_size(need)} read "
+            f"whole, over {budget[1]}; annotate the input as a lazy form, which reads it a "
+            f"piece at a time ({LAZY_FORMS}), or raise the memory budget (`memory` of the "
+            "resource)"
+        )
 
-    trace, batches = change_batches(engine, name, epoch)
-    if len(batches) != 1:
-        return change_table(engine, name, epoch)
-    (batch,) = batches
-    tables = engine.files.verified_tables(
-        batch.path, trace.columns, batch.files, batch.rows, batch.time
-    )
-    names = [*trace.columns, DIFF]
-    if not tables or not consolidated(tables, trace.columns):
-        return change_table(engine, name, epoch)
-    schema = pa.schema([pa.field(n, pa.int64()) for n in names])  # as change_table's
-    return pa.concat_tables([t.select(names).cast(schema) for t in tables])
+
+def _lazy(engine: Engine, trace: Trace, batches: list[Batch], names: list[str], form: Form) -> Any:
+    """Stored batches in a lazy `form`, their columns named `names` (see the module)."""
+    stored = [*trace.columns, DIFF]
+    schema = pa.schema([pa.field(n, pa.int64()) for n in names])
+    if form is Form.BATCHES:
+
+        def pieces() -> Iterator[pa.RecordBatch]:
+            for b in batches:
+                for chunk in engine.files.iter_chunks(b, trace.columns, digests=True):
+                    arrays = [chunk.column(c).cast(pa.int64()) for c in stored]
+                    yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+        return pa.RecordBatchReader.from_batches(schema, pieces())
+    uris = [uri for b in batches for uri in engine.files.checked_uris(b)]
+    if form is Form.LAZY_POLARS:
+        import polars as pl
+
+        frame = (
+            pl.scan_parquet(uris) if uris else pl.LazyFrame(schema={c: pl.Int64 for c in stored})
+        )
+        return frame.select([pl.col(c).alias(n) for c, n in zip(stored, names, strict=True)])
+    import duckdb
+
+    config: dict[str, Any] = {
+        "memory_limit": f"{engine.budget.bytes}B",
+        "temp_directory": tempfile.gettempdir(),
+    }
+    con = duckdb.connect(config=config)
+    relation = con.read_parquet(uris) if uris else con.from_arrow(schema.empty_table())
+    columns = ", ".join(f'"{c}" AS "{n}"' for c, n in zip(stored, names, strict=True))
+    return relation.project(columns) if uris else relation
+
+
+def whole_table(engine: Engine, name: str, epoch: int, *, change: bool = False) -> pa.Table:
+    """A trace as `wcoj_core.state_read` gives it whole: its stored change at `epoch` (with
+    `change`) or its output as of `epoch` — one row per tuple, non-zero ``diff``, from exactly
+    the files the manifest lists, each checked against its size, digest and rows. One stored
+    batch is given as it is, not sorted again: the engine writes a batch consolidated and sorted
+    on some order of its columns (its variable order), so its files, concatenated, are the table
+    once one pass over its columns in that order confirms it (`wcoj_core.arrow.consolidated`);
+    the rows come in that order. Several batches (or one that is not: none is written so) are
+    summed and sorted (`read_table`, `change_table`)."""
+    from wcoj_core.arrow import consolidated
+    from wcoj_core.state_read import change_table, listed, read_table
+
+    trace, batches = listed(engine, name, epoch, change=change)
+    if len(batches) == 1:
+        (batch,) = batches
+        tables = engine.files.verified_tables(
+            batch.path, trace.columns, batch.files, batch.rows, batch.time
+        )
+        orders = permutations(trace.columns) if len(trace.columns) <= ORDERS_TRIED else []
+        if tables and any(consolidated(tables, order) for order in orders):
+            names = [*trace.columns, DIFF]
+            schema = pa.schema([pa.field(n, pa.int64()) for n in names])  # as read_table's
+            return pa.concat_tables([t.select(names).cast(schema) for t in tables])
+    return change_table(engine, name, epoch) if change else read_table(engine, name, epoch)
 
 
 class _Outputs(IOManager):
@@ -176,12 +266,16 @@ class _Outputs(IOManager):
             self._wcoj.starter().log = context.log.info
             self._wcoj.spark(f"an asset reads {who} at {last} as a Spark DataFrame")
         engine = self._wcoj.engine(self._graph.topology, create=False)
-        if each:
-            return {
-                k: read_output(engine, query, epochs.number(k), change=change, form=form)
-                for k in sorted(keys, key=epochs.number)
-            }
-        return read_output(engine, query, epochs.number(last), change=change, form=form)
+        try:
+            if each:
+                return {
+                    k: read_output(engine, query, epochs.number(k), change=change, form=form)
+                    for k in sorted(keys, key=epochs.number)
+                }
+            return read_output(engine, query, epochs.number(last), change=change, form=form)
+        except WcojError as e:  # a whole form refused, memory run out, a damaged batch: one line
+            lazy = f"; lazy forms: {LAZY_FORMS}" if isinstance(e, MemoryError) else ""
+            raise Failure(f"{e}{lazy}") from e
 
 
 def outputs_io_manager(
@@ -194,8 +288,9 @@ def outputs_io_manager(
         required_resource_keys={resource_key},
         description="Gives a query's output as of an epoch (`<q>`), or its change at an epoch "
         "(`<q>_deltas`), to downstream assets with the query's head variables as columns, then "
-        "diff: a pyarrow Table, pandas or polars DataFrame (no JVM) or a Spark DataFrame, as "
-        "the input's annotation says.",
+        "diff: whole (a pyarrow Table, pandas or polars DataFrame, refused when it would not "
+        "fit in memory) or lazy (a pyarrow RecordBatchReader, polars LazyFrame or DuckDB "
+        "relation) with no JVM, or a Spark DataFrame, as the input's annotation says.",
     )
     def wcoj_outputs(init_context: Any) -> _Outputs:
         return _Outputs(getattr(init_context.resources, resource_key), graph, outputs)

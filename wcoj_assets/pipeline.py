@@ -484,7 +484,7 @@ class EpochRun:
                 self.book.add(check, graph.epochs.key(e), provenance.stale(e, corrected, first))
         self.context.log.warning(
             f"epochs {later[0]}..{later[-1]} were derived before {corrected} changed: they fail "
-            f"`{ck.CURRENT}` until rebuilt (the automation sensor does it, or a backfill from "
+            f"`{ck.CURRENT}` until rebuilt (the rebuild sensor does it, or a backfill from "
             f"{first})"
         )
 

@@ -7,6 +7,8 @@ The core never prints; the CLI turns a `WcojError` into one line on stderr and a
 
 from __future__ import annotations
 
+import errno
+import re
 from collections.abc import Iterable
 
 # Items a message names from a list (column names, say) before it says how many there are.
@@ -111,6 +113,47 @@ class DamagedFile(StateError):
 class DamagedBatch(DamagedFile):
     """A batch file (the source of truth of a trace) that is missing or differs from what the
     manifest records: nothing derived from it can be trusted or rebuilt, so the epoch stops."""
+
+
+class OutOfMemory(WcojError, MemoryError):
+    """Memory ran out while a file was being read: nothing is known to be wrong with the file
+    (damage is claimed only on evidence: its size, digest, rows, or bytes read that do not
+    decode). A `MemoryError` too, so that a handler of memory errors sees it as one."""
+
+
+# What an allocation failure says when it reaches Python as another error: Arrow's memory
+# pools, C++'s bad_alloc, the kernel's ENOMEM.
+_NO_MEMORY = re.compile(r"out of memory|malloc of size|bad_alloc|cannot allocate memory", re.I)
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether an error is memory running out, not what was being read.
+
+    >>> out_of_memory(MemoryError()), out_of_memory(OSError(errno.ENOMEM, "Cannot allocate memory"))
+    (True, True)
+    >>> out_of_memory(OSError("Unexpected end of stream")), out_of_memory(OSError(errno.EIO, "I/O"))
+    (False, False)
+    """
+    if isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.ENOMEM):
+        return True
+    return _NO_MEMORY.search(str(e)) is not None
+
+
+def read_failure(path: str, e: BaseException, what: str) -> WcojError:
+    """The error for a file of a batch that failed to read with `e`: `OutOfMemory` when memory
+    ran out, else `DamagedBatch` saying `what` could not be done (with `e`).
+
+    >>> str(read_failure("b/part-0.parquet", MemoryError("malloc of size 64 failed"), "x"))
+    'b/part-0.parquet: memory ran out reading this batch file (malloc of size 64 failed): no sign of damage, and nothing was changed; give the process more memory, or read less at once'
+    >>> str(read_failure("b/part-0.parquet", OSError("Unexpected end of stream"), "not a readable batch"))
+    'b/part-0.parquet: not a readable batch (Unexpected end of stream)'
+    """
+    if out_of_memory(e):
+        return OutOfMemory(
+            f"{path}: memory ran out reading this batch file ({e}): no sign of damage, and "
+            "nothing was changed; give the process more memory, or read less at once"
+        )
+    return DamagedBatch(path, f"{what} ({e})")
 
 
 class MultiplicityOverflow(WcojError):

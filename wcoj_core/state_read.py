@@ -16,10 +16,14 @@ read (``wcoj verify`` names it) — and checks what it reads before using it:
   always, its digest too on a local disk unless its stamp (inode, modification and change
   times) shows it is the file written, and its rows (Parquet footers) against the batch's.
 
+`listed` gives the batches each reads (an epoch's change, or every batch visible as of an
+epoch), for a reader of its own: the lazy forms of `wcoj_assets.outputs`.
+
 Each takes what reaches the state (`Reach`): an `Engine`, or the `StateAccess` it holds.
 Columns are ``c0 .. c{k-1}`` and ``diff``. A damaged file raises `DamagedBatch` naming it and
-what is wrong; an unknown trace, a trace as of an epoch before the compaction frontier, or a
-change at an epoch at or before it (merged into the frontier's batch) or after the last epoch
+what is wrong — only on evidence: memory running out while a file is read is `OutOfMemory`
+(`wcoj_core.errors.read_failure`); an unknown trace, a trace as of an epoch before the
+compaction frontier, or a change at an epoch at or before it (merged into the frontier's batch) or after the last epoch
 applied (`change_batches`), `StateError`. A read uses one manifest: when a file it names is
 gone because commits meanwhile retired it, the read starts again from the new manifest, which
 names the epoch's batches or refuses the epoch (`_settled`).
@@ -50,6 +54,7 @@ __all__ = [
     "change_batches",
     "change_table",
     "changes_at",
+    "listed",
     "read_batches",
     "read_table",
     "trace_as_of",
@@ -142,6 +147,16 @@ def _read(state: Reach, trace: Trace, batches: list[Batch]) -> pa.Table:
     """Batches of a trace summed into one table: one row per tuple with a non-zero sum, sorted."""
     layer = state.files.read_layer(trace.columns, batches)
     return _table(trace.columns, np.asarray(layer.rows), np.asarray(layer.diff))
+
+
+def listed(
+    state: Reach, name: str, epoch: int | None, *, change: bool = False
+) -> tuple[Trace, list[Batch]]:
+    """A trace and the batches a reader of it reads: its stored change at `epoch` (with
+    `change`: `change_batches`), else every batch visible as of `epoch` (default: the last)."""
+    if change and epoch is not None:
+        return change_batches(state, name, epoch)
+    return trace_as_of(state, name, epoch)
 
 
 def read_table(state: Reach, name: str, time: int | None = None) -> pa.Table:

@@ -100,6 +100,7 @@ def test_a_defs_yaml_builds_what_build_definitions_builds() -> None:
     assert step.op.name == "graphs_epochs" and step.can_subset
     assert defs.resolve_job_def("graphs_epoch_job") is not None
     assert defs.resolve_sensor_def("graphs_rebuild_sensor") is not None
+    assert defs.resolve_sensor_def("graphs_automation_sensor") is not None
     assert defs.resolve_sensor_def("graphs_landing_sensor") is not None
 
 

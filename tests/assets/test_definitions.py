@@ -253,22 +253,21 @@ def test_undirected_relations_must_be_read_and_binary(undirected, message: str) 
         build_definitions(ternary, undirected="r")
 
 
-def test_stale_epochs_are_rebuilt_by_the_automation_sensor() -> None:
-    from wcoj_assets.provenance import REBUILD_SENSOR
+def test_stale_epochs_are_rebuilt_by_the_rebuild_sensor() -> None:
+    from wcoj_assets.provenance import AUTOMATION_SENSOR, REBUILD_SENSOR
 
     defs = build_definitions(undirected=["edge"])
     graph = defs.resolve_asset_graph()
-    for key in graph.get_all_asset_keys():
-        condition = graph.get(key).automation_condition
-        if key.to_user_string() == "triangles_deltas":  # its current_history: the whole step
-            assert condition is not None
-            assert condition.get_label() == "rebuild what a correction left stale"
-        else:
-            assert condition is None
-    sensor = defs.resolve_sensor_def(REBUILD_SENSOR)
-    assert sensor.default_status is DefaultSensorStatus.RUNNING
-    assert {k.to_user_string() for k in sensor.asset_selection.resolve(graph)} == ASSETS
-    assert sensor.run_tags == {"wcoj/serial": "epochs"}
+    # No asset of the pipeline carries an automation condition: the rebuild sensor requests
+    # the rebuilds, as ranged runs of the epoch job.
+    assert all(graph.get(key).automation_condition is None for key in graph.get_all_asset_keys())
+    rebuild = defs.resolve_sensor_def(REBUILD_SENSOR)
+    assert rebuild.default_status is DefaultSensorStatus.RUNNING
+    assert rebuild.job_name == JOB_NAME
+    automation = defs.resolve_sensor_def(AUTOMATION_SENSOR)  # for assets downstream of yours
+    assert automation.default_status is DefaultSensorStatus.RUNNING
+    assert {k.to_user_string() for k in automation.asset_selection.resolve(graph)} == ASSETS
+    assert automation.run_tags == {"wcoj/serial": "epochs"}
     assert "Undirected" in (graph.get(AssetKey("edge_deltas")).description or "")
 
 

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dagster import AssetCheckKey, AssetKey, evaluate_automation_conditions
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    DagsterRun,
+    DagsterRunStatus,
+    RunRequest,
+    build_sensor_context,
+)
 from pyspark.sql import SparkSession
 from wcoj_support import (
     Changes,
@@ -28,8 +35,9 @@ from wcoj_support import (
 )
 
 from wcoj_assets.checks import BINARY_JOIN, CURRENT, DELTA_RULES, NON_NEGATIVE
-from wcoj_assets.definitions import VERIFY_JOB
+from wcoj_assets.definitions import JOB_NAME, VERIFY_JOB
 from wcoj_assets.epochs import epoch_key
+from wcoj_assets.provenance import RANGE_TAGS, REBUILD_SENSOR
 from wcoj_assets.report import INTERNAL
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec
 from wcoj_core.query.builtins import BUILTINS
@@ -359,10 +367,12 @@ def test_a_corrected_epoch_and_a_later_epoch_equal_the_from_scratch_answer(
     later = {epoch_key(t) for t in range(2, EPOCHS)}
     failed = {(c.asset, c.partition) for c in checks(rerun) if c.name == CURRENT and not c.passed}
     assert failed == {(f"{q}_deltas", k) for q in QUERIES for k in later}
-    # The automation sensor's condition requests exactly those partitions of each query's change
-    # (the step it runs makes whole epochs: every asset).
+    # The rebuild sensor requests ONE run over exactly the range of those partitions (the step
+    # makes whole epochs: every asset), under one run key however often it ticks.
     assets = {k.to_user_string() for k in p.defs.resolve_asset_graph().get_all_asset_keys()}
-    assert requested(p) == {(f"{q}_deltas", k) for q in QUERIES for k in later}
+    (request,) = rebuild_requests(p)
+    assert [request.tags[t] for t in RANGE_TAGS] == [epoch_key(2), epoch_key(EPOCHS - 1)]
+    assert [r.run_key for r in rebuild_requests(p)] == [request.run_key]
     assert p.output("triangles", 1) == oracle(p.topology, "triangles", corrected, 1)
     # Verifying epoch 2 as stored says it is stale, and rebuilds nothing.
     history = {AssetCheckKey(AssetKey(f"{q}_deltas"), CURRENT) for q in QUERIES}
@@ -378,18 +388,59 @@ def test_a_corrected_epoch_and_a_later_epoch_equal_the_from_scratch_answer(
     assert {(a, epoch_key(2)) for a in assets} <= rebuilt
     current = {(c.asset, c.partition): c.passed for c in checks(result) if c.name == CURRENT}
     assert current == {(f"{q}_deltas", k): True for q in QUERIES for k in later}
-    assert requested(p) == set()  # nothing left for the automation to rebuild
+    assert rebuild_requests(p) == []  # nothing left to rebuild
     for t in range(EPOCHS):
         for q in QUERIES:
             assert p.output(q, t) == oracle(p.topology, q, corrected, t), f"{q} at epoch {t}"
     assert all(c.passed for c in checks(result))
+    scenario.history = corrected
 
 
-def requested(p: Pipeline) -> set[tuple[str, str | None]]:
-    """The asset partitions one tick of the automation sensor would request now."""
-    result = evaluate_automation_conditions(defs=p.defs, instance=p.instance)
-    keys = p.defs.resolve_asset_graph().get_all_asset_keys()
-    return {(k.to_user_string(), pk) for k in keys for pk in result.get_requested_partitions(k)}
+def test_the_rebuild_sensor_requests_one_run_over_the_stale_range_once_nothing_runs(
+    scenario: Scenario,
+) -> None:
+    p = scenario.pipeline
+    corrected = list(scenario.history)
+    corrected[0] = [*corrected[0], ((5, 9), 1), ((9, 5), 1), ((0, 9), 1), ((9, 0), 1)]
+    p.land(0, corrected[0], "csv")
+    # While a run of the job has not ended (this one, or the correction's own run,
+    # still writing its reports), the sensor waits and names it.
+    waiting = DagsterRun(job_name=JOB_NAME, run_id="epoch-run", status=DagsterRunStatus.STARTED)
+    p.instance.add_run(waiting)
+    assert p.run(0).success
+    (skipped,) = rebuild_skips(p)
+    assert "run epoch-run is in flight" in skipped, skipped
+    p.instance.delete_run(waiting.run_id)
+    (request,) = rebuild_requests(p)
+    assert [request.tags[t] for t in RANGE_TAGS] == [epoch_key(1), epoch_key(EPOCHS - 1)]
+    result = p.run((1, EPOCHS - 1))  # the requested run: one run, its range tags
+    assert result.success, failures(result)
+    current = {(c.asset, c.partition): c.passed for c in checks(result) if c.name == CURRENT}
+    later = [epoch_key(t) for t in range(1, EPOCHS)]
+    assert current == {(f"{q}_deltas", k): True for q in QUERIES for k in later}
+    assert rebuild_requests(p) == []
+    assert p.engine.stale() == []
+    for t in range(EPOCHS):
+        for q in QUERIES:
+            assert p.output(q, t) == oracle(p.topology, q, corrected, t), f"{q} at epoch {t}"
+    scenario.history = corrected
+
+
+def rebuild_tick(p: Pipeline) -> tuple[list[RunRequest], list[str]]:
+    """One tick of the rebuild sensor, as the daemon evaluates it: its requests and skip
+    message."""
+    sensor = p.defs.resolve_sensor_def(REBUILD_SENSOR)
+    with build_sensor_context(instance=p.instance, definitions=p.defs) as context:
+        tick = sensor.evaluate_tick(context)
+    return list(tick.run_requests or []), [tick.skip_message] if tick.skip_message else []
+
+
+def rebuild_requests(p: Pipeline) -> list[RunRequest]:
+    return rebuild_tick(p)[0]
+
+
+def rebuild_skips(p: Pipeline) -> list[str]:
+    return rebuild_tick(p)[1]
 
 
 def test_state_lives_under_the_configured_storage(scenario: Scenario) -> None:

@@ -51,7 +51,7 @@ from wcoj_assets import instance as wi
 from wcoj_assets.checks import UPDATE_TRIPLES as CHECK
 from wcoj_assets.epochs import epoch_key, epoch_partitions
 from wcoj_assets.instance import dagster_env, prepare_home, running_postgres
-from wcoj_assets.provenance import CURRENT, reported_failed
+from wcoj_assets.provenance import CURRENT, stale_reports
 from wcoj_assets.report import FINGERPRINT
 
 EPOCHS = 4  # 0..3 good; epoch 4 is the bad one
@@ -98,9 +98,16 @@ def play(side: Side, history: list[Changes], corrected: list[Changes]) -> None:
             if e.check_name == CURRENT and e.partition == epoch_key(1)
         }
     )
-    side.stale_after_correction = {a: reported_failed(p.instance, a, LATER) for a in derived}
+    side.stale_after_correction = {a: stale(p.instance, a) for a in derived}
     step(STEPS[4], (2, EPOCHS - 1))
-    side.stale_after_backfill = {a: reported_failed(p.instance, a, LATER) for a in derived}
+    side.stale_after_backfill = {a: stale(p.instance, a) for a in derived}
+
+
+def stale(instance: DagsterInstance, asset: str) -> set[str]:
+    """The partitions of `asset` whose `current_history` Dagster holds failed (what the
+    rebuild sensor reads)."""
+    check = AssetCheckKey(AssetKey(asset), CURRENT)
+    return {i.partition_key for i in stale_reports(instance, [check])}
 
 
 @dataclass

@@ -121,26 +121,27 @@ def write_landing(
     """Write one epoch's edge changes as ``<landing>/edge/<key>/<name>.<fmt>``; return the file.
 
     With `clear`, the epoch folder's other files are removed first (a corrected epoch). Epoch
-    ``n`` is the day ``n`` days after `start`.
+    ``n`` is the day ``n`` days after `start`. The file is written beside the landing folder,
+    then moved in, as a producer lands files: a sensor never sees it half written.
     """
     folder = landing / "edge" / epoch_key(n, start)
     folder.mkdir(parents=True, exist_ok=True)
     if clear:
         for old in folder.iterdir():
-            old.unlink()
+            if old.name != f"{name}.{fmt}":
+                old.unlink()
+    final = folder / f"{name}.{fmt}"
+    path = landing.parent / f".{landing.name}-{final.name}.writing"
     if fmt == "csv":
-        path = folder / f"{name}.csv"
         lines = ["src,dst,diff"] + [f"{a},{b},{d}" for (a, b), d in changes]
         path.write_text("\n".join(lines) + "\n")
     elif fmt == "txt":
         assert all(d == 1 for _, d in changes), "a SNAP edge list carries insertions only"
-        path = folder / f"{name}.txt"
         path.write_text("# edges\n" + "".join(f"{a}\t{b}\n" for (a, b), _ in changes))
     elif fmt == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        path = folder / f"{name}.parquet"
         table = pa.table(
             {
                 "src": pa.array([a for (a, _), _ in changes], pa.int64()),
@@ -151,7 +152,7 @@ def write_landing(
         pq.write_table(table, path)
     else:  # pragma: no cover
         raise ValueError(fmt)
-    return path
+    return path.replace(final)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from wcoj_core.arrow import longs
 from wcoj_core.budget import MemoryBudget, Shares, default_budget
-from wcoj_core.errors import StateError
+from wcoj_core.errors import StateError, out_of_memory, read_failure
 from wcoj_core.spill import Scratch, Spill, merge
 from wcoj_core.store import names
 from wcoj_core.store.batches import BatchFiles
@@ -210,13 +210,17 @@ def _held_rows(
     out: dict[tuple[str, tuple[str, ...]], tuple[int, set[int]]] = {}
     for (folder, listed_names), refs in sorted(folders.items()):
         rows, epochs = 0, set()
+        path = files.full(folder)
         try:
             for r in refs:
-                parquet = pq.ParquetFile(files.full(f"{folder}/{r.name}"), filesystem=files.fs)
+                path = files.full(f"{folder}/{r.name}")
+                parquet = pq.ParquetFile(path, filesystem=files.fs)
                 rows += parquet.metadata.num_rows
                 for chunk in parquet.iter_batches(columns=[TIME]):  # a record batch at a time
                     epochs |= {int(v) for v in np.unique(longs(chunk.column(TIME)))}
-        except (OSError, pa.ArrowException, KeyError):
+        except (OSError, MemoryError, pa.ArrowException, KeyError) as e:
+            if out_of_memory(e):  # no sign of damage, and nothing checked
+                raise read_failure(path, e, "not a readable batch") from e
             continue
         out[(folder, listed_names)] = (rows, epochs)
     return out
@@ -229,7 +233,7 @@ def _figures(
     its batches summed (traces with a damaged batch are left out: that is reported already).
     The batches are read a record batch at a time and summed through sorted runs, within
     `memory`: an output of any size is checked (a 611 M-row output held whole took 12 GB)."""
-    from wcoj_core.errors import WcojError
+    from wcoj_core.errors import OutOfMemory, WcojError
 
     files = BatchFiles(store.root)
     shares = Shares.of(memory)
@@ -248,6 +252,8 @@ def _figures(
             assert figures is not None
             try:
                 held = _summed_figures(files, trace.columns, trace.visible(last.time), spill)
+            except OutOfMemory:
+                raise
             except WcojError:
                 continue
             if held != tuple(figures):

@@ -134,7 +134,7 @@ def _run(argv: list[str]) -> int:
             raise
         if debug:
             traceback.print_exc()
-        detail = " ".join(str(exc).split())[:200]
+        detail = " ".join(str(exc).split())[: None if isinstance(exc, WcojError) else 200]
         error(
             f"out of memory{f' ({detail})' if detail else ''}: the command stopped; what it had "
             "committed stays, nothing else was written (give it more memory, or less work at once)"

@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from wcoj_core.arrow import longs
-from wcoj_core.errors import DamagedBatch, StateError
+from wcoj_core.errors import DamagedBatch, StateError, read_failure
 from wcoj_core.kernel.changes import changes_layer, changes_table, data_rows
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.kernel.multiplicity import exact_sum
@@ -116,8 +116,8 @@ class BatchFiles:
                 for chunk in parquet.iter_batches(columns=[*columns, DIFF]):
                     rows += chunk.num_rows
                     yield chunk
-            except (OSError, pa.ArrowException) as e:
-                raise DamagedBatch(path, f"not a readable batch ({e})") from e
+            except (OSError, MemoryError, pa.ArrowException) as e:
+                raise read_failure(path, e, "not a readable batch") from e
         if rows != batch.rows:
             raise DamagedBatch(self.full(batch.path), _rows_differ(rows, batch.rows))
 
@@ -242,8 +242,8 @@ class BatchFiles:
             try:
                 with self.fs.open_input_file(path) as f:
                     data = f.read_buffer()  # Arrow's memory (see input_read.arrow_owned)
-            except (OSError, pa.ArrowException) as e:
-                raise DamagedBatch(path, f"cannot be read ({e})") from e
+            except (OSError, MemoryError, pa.ArrowException) as e:
+                raise read_failure(path, e, "cannot be read") from e
             if len(data) != ref.size:
                 raise DamagedBatch(path, f"{len(data)} bytes, the manifest says {ref.size}")
             if hashlib.sha256(data).hexdigest() != ref.sha256:
@@ -254,8 +254,8 @@ class BatchFiles:
                 if time is not None:
                     check_epoch(path, reader, time)
                 tables.append(reader.read(columns=[*columns, DIFF]))
-            except (OSError, pa.ArrowException) as e:
-                raise DamagedBatch(path, f"not a readable batch ({e})") from e
+            except (OSError, MemoryError, pa.ArrowException) as e:
+                raise read_failure(path, e, "not a readable batch") from e
         held = sum(t.num_rows for t in tables)
         if rows is not None and held != rows:
             raise DamagedBatch(self.full(rel), _rows_differ(held, rows))
@@ -281,8 +281,8 @@ class BatchFiles:
                 parquet = pq.ParquetFile(path, filesystem=self.fs)
                 check_epoch(path, parquet, batch.time)
                 rows += parquet.metadata.num_rows
-            except (OSError, pa.ArrowException) as e:
-                raise DamagedBatch(path, f"not a readable batch ({e})") from e
+            except (OSError, MemoryError, pa.ArrowException) as e:
+                raise read_failure(path, e, "not a readable batch") from e
             uris.append(self.uri(path))
         if rows != batch.rows:
             raise DamagedBatch(self.full(batch.path), _rows_differ(rows, batch.rows))
@@ -303,8 +303,8 @@ class BatchFiles:
             with self.fs.open_input_stream(path) as f:
                 while block := f.read(_HASH_BLOCK):
                     digest.update(block)
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedBatch(path, f"cannot be read ({e})") from e
+        except (OSError, MemoryError, pa.ArrowException) as e:
+            raise read_failure(path, e, "cannot be read") from e
         if digest.hexdigest() != ref.sha256:
             raise DamagedBatch(path, "its contents do not match its digest")
 
@@ -312,8 +312,8 @@ class BatchFiles:
         """Raise `DamagedBatch` unless the file `path` is there with `ref`'s size."""
         try:
             info = self.fs.get_file_info(path)
-        except (OSError, pa.ArrowException) as e:
-            raise DamagedBatch(path, f"cannot be read ({e})") from e
+        except (OSError, MemoryError, pa.ArrowException) as e:
+            raise read_failure(path, e, "cannot be read") from e
         if info.type == pafs.FileType.NotFound:
             raise DamagedBatch(path, "missing")
         if info.type != pafs.FileType.File:

@@ -37,6 +37,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from wcoj_core.errors import out_of_memory
 from wcoj_core.store.manifest import FileRef, Stamp
 from wcoj_core.store.names import temp_name
 
@@ -534,6 +535,8 @@ def verify_ref(path: str | os.PathLike[str], ref: FileRef) -> str | None:
     try:
         _, sha = sha256_file(path)
     except OSError as e:
+        if out_of_memory(e):
+            raise  # no sign of damage (`wcoj_core.errors.read_failure`)
         return f"cannot be read ({e.strerror or e})"
     if sha != ref.sha256:
         return f"its sha256 {sha[:12]}... differs from the manifest's {ref.sha256[:12]}..."
