@@ -17,7 +17,7 @@ first day (`wcoj_assets.epochs.Epochs`); `landed_files` only requires a well-for
 `read_epoch` reads one relation's folder at one epoch as the update rows its files hold
 (``c0 .. c{k-1}, diff``, not consolidated): local files with pyarrow (`wcoj_core.input_read`,
 the same rows and the same errors as the Spark reader), without starting Spark — into one table
-when they are small, else as a stream of record batches (`LocalFiles`: checked as the engine
+when they are small, else as a stream of record batches (`LandedStream`: checked as the engine
 lands them, the files read once), a file of any size within the memory budget; files on remote storage, or
 local ones together bigger than `LOCAL_READ_BYTES`, as a Spark DataFrame
 (`wcoj_core.input_spark.read_relation`, Spark started through the given starter, which says why).
@@ -45,7 +45,7 @@ SUFFIXES = (".parquet", ".csv", ".csv.gz", ".txt", ".txt.gz")
 # Local landed files bigger than this together are read by Spark rather than by the driver.
 LOCAL_READ_BYTES = 4 << 30
 # Local landed files that may hold more than this many bytes (decompressed) are streamed a block
-# at a time (`LocalFiles`) rather than read into one table; deflate's largest expansion.
+# at a time (`LandedStream`) rather than read into one table; deflate's largest expansion.
 TABLE_BYTES = 64 << 20
 DEFLATE_RATIO = 1032
 
@@ -131,7 +131,7 @@ def fingerprint(files: Sequence[LandedFile]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class LocalFiles:
+class LandedStream:
     """Landed local files as a stream of record batches (``c0 ..``, ``diff``), read anew each
     time `batches` (or `checked`) is asked, never held whole: the step checks each batch as the
     engine lands it (`checked`), one pass over the files."""
@@ -198,7 +198,7 @@ class LocalFiles:
 
 
 class Refused(Exception):
-    """Landed rows of `relation` refused while they were being landed (`LocalFiles.checked`):
+    """Landed rows of `relation` refused while they were being landed (`LandedStream.checked`):
     the problems, one line each."""
 
     def __init__(self, relation: str, lines: Sequence[str]) -> None:
@@ -239,9 +239,10 @@ def read_epoch(
     size = sum(f.size for f in files)
     if not files:
         return Read(None, 0, 0, found.ignored, 0)
-    if size <= local_bytes and all(
-        "://" not in f.path or f.path.startswith("file://") for f in files
-    ):
+    from wcoj_core.store.location import Location
+
+    remote = not all(Location.of(f.path).local for f in files)
+    if size <= local_bytes and not remote:
         # At most this many bytes once decompressed (deflate expands at most ~1032 times).
         bound = sum(f.size * (DEFLATE_RATIO if f.path.endswith(".gz") else 1) for f in files)
         if bound <= TABLE_BYTES:
@@ -253,11 +254,10 @@ def read_epoch(
             return Read(table, len(files), size, found.ignored, table.num_rows, files)
         # Larger than read at once: streamed, a block of a file at a time (checked as it is
         # landed), within the memory budget.
-        local = LocalFiles(tuple(f.path for f in files), arity, relation)
-        return Read(local, len(files), size, found.ignored, None, files)
+        stream = LandedStream(tuple(f.path for f in files), arity, relation)
+        return Read(stream, len(files), size, found.ignored, None, files)
     from wcoj_core.input_spark import read_relation
 
-    remote = any("://" in f.path and not f.path.startswith("file://") for f in files)
     why = "landed files on remote storage" if remote else f"landed files of {size:,} bytes"
     session = spark(f"{why} ({relation} at {key})")
     frames = [read_relation(session, f.path, arity, relation) for f in files]

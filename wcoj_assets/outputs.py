@@ -175,12 +175,12 @@ def _lazy(engine: Engine, trace: Trace, batches: list[Batch], names: list[str], 
 
         def pieces() -> Iterator[pa.RecordBatch]:
             for b in batches:
-                for chunk in engine.files.iter_chunks(b, trace.columns, digests=True):
+                for chunk in engine.batches.iter_chunks(b, trace.columns, digests=True):
                     arrays = [chunk.column(c).cast(pa.int64()) for c in stored]
                     yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
         return pa.RecordBatchReader.from_batches(schema, pieces())
-    uris = [uri for b in batches for uri in engine.files.checked_uris(b)]
+    uris = [uri for b in batches for uri in engine.batches.checked_uris(b)]
     if form is Form.LAZY_POLARS:
         import polars as pl
 
@@ -215,7 +215,7 @@ def whole_table(engine: Engine, name: str, epoch: int, *, change: bool = False) 
     trace, batches = listed(engine, name, epoch, change=change)
     if len(batches) == 1:
         (batch,) = batches
-        tables = engine.files.verified_tables(
+        tables = engine.batches.verified_tables(
             batch.path, trace.columns, batch.files, batch.rows, batch.time
         )
         orders = permutations(trace.columns) if len(trace.columns) <= ORDERS_TRIED else []

@@ -13,7 +13,7 @@ applies whole epochs and reports every asset it made (those not selected as
 1. **reads** each relation's landing folder (`wcoj_assets.landing_read`: pyarrow for local files,
    Spark only for remote or very large ones) and checks every landed row (the reader, then
    `wcoj_assets.schemas.landed_problems`). Files too big to read at once are streamed and read
-   once: each batch is checked as the engine lands it (`LocalFiles.checked`), and a refused one
+   once: each batch is checked as the engine lands it (`LandedStream.checked`), and a refused one
    stops that epoch's apply before anything of it is committed (`Refused`). An epoch whose
    files hold bad rows — or with nothing landed, unless the resource declares empty epochs
    normal — fails ``update_triples`` for that epoch, listing every bad row (up to
@@ -66,7 +66,7 @@ from wcoj_assets import checks as ck
 from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
-from wcoj_assets.landing_read import LocalFiles, Refused, landed_files
+from wcoj_assets.landing_read import LandedStream, Refused, landed_files
 from wcoj_assets.report import LandedFigures, epoch_metadata, unit
 from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
@@ -152,7 +152,7 @@ class EpochRun:
         self.lines: list[str] = []
         self.later_audits: list[tuple[AssetCheckKey, str, str, int]] = []
         # Epoch -> relation -> its streamed landed files and their check (`_read`).
-        self.streamed: dict[int, dict[str, tuple[LocalFiles, Any]]] = {}
+        self.streamed: dict[int, dict[str, tuple[LandedStream, Any]]] = {}
         self.counted: dict[tuple[int, str], int] = {}  # (epoch, relation) -> streamed rows
 
     def run(self) -> Iterator[Any]:
@@ -248,7 +248,7 @@ class EpochRun:
                     problems[rel] = rows[: ck.BAD_ROWS] or [str(e)]
                     continue
                 columns = relation_columns(arity)
-                if isinstance(read.rows, LocalFiles):
+                if isinstance(read.rows, LandedStream):
                     # Streamed: checked a batch at a time as the engine lands it, the files read
                     # once; a refusal then stops the apply (`Refused`) before anything commits.
                     def check(

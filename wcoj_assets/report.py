@@ -37,6 +37,7 @@ from dagster import MetadataValue, TableColumn, TableSchema
 from dagster._core.definitions.metadata.metadata_set import TableMetadataSet, UriMetadataSet
 
 from wcoj_assets.graph import AssetInfo, EpochGraph, Role
+from wcoj_core.store.location import Location
 
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
@@ -70,7 +71,7 @@ def standard_metadata(
 ) -> dict[str, Any]:
     """Dagster's ``dagster/column_schema``, ``dagster/uri`` and ``dagster/row_count`` entries.
 
-    A path without a scheme becomes a ``file://`` URI; None leaves an entry out.
+    A local path becomes a ``file://`` URI; None leaves an entry out.
 
     >>> from wcoj_assets.graph import table_schema
     >>> sorted(standard_metadata(table_schema(("c0",)), "/state/traces/r/b-1", 3))
@@ -80,7 +81,8 @@ def standard_metadata(
     """
     out: dict[str, Any] = dict(TableMetadataSet(column_schema=schema, row_count=rows))
     if uri is not None:
-        out |= dict(UriMetadataSet(uri=uri if "://" in uri else Path(uri).as_uri()))
+        where = Location.of(uri)
+        out |= dict(UriMetadataSet(uri=Path(where.absolute()).as_uri() if where.local else uri))
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import gc
 import logging
-import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +34,7 @@ from pydantic import Field, PrivateAttr
 
 from wcoj_assets.checks import CheckReporting
 from wcoj_core.session import SparkStarter
+from wcoj_core.store.location import Location
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -51,16 +51,15 @@ LOG = logging.getLogger("wcoj")
 
 
 def resolve(path: str) -> str:
-    """An absolute local path for a path without a URL scheme; URLs unchanged.
+    """An absolute local path for a local one (a ``file:`` URI's path); remote URIs unchanged.
 
     >>> resolve("s3a://bucket/state")
     's3a://bucket/state'
     >>> resolve("/data/state")
     '/data/state'
     """
-    if "://" in path:
-        return path
-    return os.path.abspath(path)
+    where = Location.of(path)
+    return where.absolute() if where.local else path
 
 
 def spark_settings(

@@ -172,13 +172,13 @@ FLAGGED_ROWS = 1000
 
 def landed_problems(rows: Any, columns: Sequence[str], epoch: int) -> list[str]:
     """The full check of an epoch's landed update rows (``c0 ..``, ``diff``), stamped with the
-    epoch: on the driver (an Arrow table, or a stream of batches: `wcoj_assets.landing_read.LocalFiles`)
+    epoch: on the driver (an Arrow table, or a stream of batches: `wcoj_assets.landing_read.LandedStream`)
     pandera's pandas backend for a table of at most `PANDERA_ROWS` rows, else the same rules
     checked exactly on the Arrow columns (`arrow_problems`); pandera.pyspark for a Spark
     DataFrame. One line per error; empty when they are valid."""
     import pyarrow as pa
 
-    if hasattr(rows, "batches"):  # landed files streamed (`wcoj_assets.landing_read.LocalFiles`)
+    if hasattr(rows, "batches"):  # landed files streamed (`wcoj_assets.landing_read.LandedStream`)
         seen = 0
         for batch in rows.batches():
             found = arrow_problems(batch, columns, epoch, offset=seen)

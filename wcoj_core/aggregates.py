@@ -60,7 +60,7 @@ def table(state: Reach, query: Query, time: int | None = None) -> pa.Table:
         trace,
         epoch + 1,
         [identity(width)],
-        lambda t, b: state.files.read_verified(b.path, t.columns, b.files, b.rows, b.time),
+        lambda t, b: state.batches.read_verified(b.path, t.columns, b.files, b.rows, b.time),
     )
     layer = opened.whole()
     rows = np.asarray(layer.rows)

@@ -447,7 +447,7 @@ class _Relation:
         if b.path not in self._read:
             assert self.trace is not None
             columns = self.trace.columns
-            tables = self.engine.files.verified_tables(b.path, columns, b.files, b.rows, b.time)
+            tables = self.engine.batches.verified_tables(b.path, columns, b.files, b.rows, b.time)
             if consolidated(tables, columns):
                 cols = [_longs(tables, c) for c in columns]
                 diff = _longs(tables, DIFF)

@@ -136,9 +136,9 @@ def stored_chunks(
     engine: Engine, trace: Trace, batch: Batch
 ) -> Iterator[tuple[list[np.ndarray], np.ndarray]]:
     """A stored batch's rows (as columns) and diffs, a record batch at a time: exactly the files
-    it lists, each hashed whole first (`BatchFiles.iter_chunks`: its size and digest against the
+    it lists, each hashed whole first (`Batches.iter_chunks`: its size and digest against the
     manifest), their rows against the batch's. Raises `DamagedBatch` naming the file."""
-    for part in engine.files.iter_chunks(batch, trace.columns, digests=True):
+    for part in engine.batches.iter_chunks(batch, trace.columns, digests=True):
         yield [longs(part.column(c)) for c in trace.columns], longs(part.column(DIFF))
 
 

@@ -25,7 +25,7 @@ from wcoj_core import lineage
 from wcoj_core.errors import StateError
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.spill import Spill, merge
-from wcoj_core.store.batches import BatchFiles, BatchWriter
+from wcoj_core.store.batches import Batches, BatchWriter
 from wcoj_core.store.manifest import Batch, FileRef, Manifest, Trace
 from wcoj_core.store.names import new_batch_path
 
@@ -35,7 +35,7 @@ ReadBatch = Callable[[Trace, Batch], Layer]
 def _summed(
     trace: Trace,
     batches: list[Batch],
-    files: BatchFiles,
+    files: Batches,
     folder: str,
     time: int,
     spill: Spill,
@@ -68,7 +68,7 @@ def compacted(
     m: Manifest,
     frontier: int,
     relations: list[str],
-    files: BatchFiles,
+    files: Batches,
     read_batch: ReadBatch,
     written: list[str],
     spill: Spill | None = None,

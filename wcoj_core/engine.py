@@ -50,7 +50,7 @@ from wcoj_core.query.plan import Arrangement, Plan
 from wcoj_core.served import Served, StateAccess, served_specs
 from wcoj_core.session import SparkStarter, starter_of
 from wcoj_core.store import manifest as mf
-from wcoj_core.store.batches import BatchFiles
+from wcoj_core.store.batches import Batches
 from wcoj_core.store.store import Store
 from wcoj_core.traces import output_trace_name, relation_trace_name
 
@@ -230,9 +230,9 @@ class Engine:
         return self.access.starter
 
     @property
-    def files(self) -> BatchFiles:
+    def batches(self) -> Batches:
         """The state's batches through pyarrow."""
-        return self.access.files
+        return self.access.batches
 
     @property
     def local(self) -> bool:
@@ -357,7 +357,9 @@ class Engine:
         spill = Spill.of(scratch, shares)
         try:
             relations = [relation_trace_name(r) for r in self.relations]
-            new = compacted(base, frontier, relations, self.files, self.read_batch, written, spill)
+            new = compacted(
+                base, frontier, relations, self.batches, self.read_batch, written, spill
+            )
             if new is base:
                 return base
             return self.store.commit(new, expected=base)
@@ -493,7 +495,7 @@ class Engine:
             for batch in batches:
                 for ref in batch.files:
                     try:
-                        layer = self.files.read_verified(batch.path, cols, (ref,))
+                        layer = self.batches.read_verified(batch.path, cols, (ref,))
                     except DamagedBatch:
                         now = self.store.current()
                         if now.generation == m.generation or batch.path in now.paths():

@@ -372,7 +372,7 @@ class EpochPass:
                         new,
                         frontier,
                         relations,
-                        access.files,
+                        access.batches,
                         access.read_batch,
                         self.written,
                         self.spill,
@@ -612,7 +612,7 @@ class EpochPass:
     def _writer(self, trace: Trace) -> BatchWriter:
         folder = new_batch_path(trace.name, self.epoch, "k")
         self.written.append(folder)
-        return BatchWriter(self.access.files, folder, trace.columns, self.epoch)
+        return BatchWriter(self.access.batches, folder, trace.columns, self.epoch)
 
     def _output(self, m: Manifest, name: str, change: OutputChange, stream: Any) -> _Out:
         """An output's change as the epoch keeps it: in memory; a spilled distinct output's
@@ -673,7 +673,7 @@ class EpochPass:
             else:
                 sorter = self.spill.sorter(len(trace.columns), "summing the output change")
                 for ref in out.batch.files:
-                    layer = self.access.files.read_verified(out.batch.path, trace.columns, (ref,))
+                    layer = self.access.batches.read_verified(out.batch.path, trace.columns, (ref,))
                     sorter.add(np.asarray(layer.rows), np.asarray(layer.diff))
                 out.layer = sorter.layer()
         return out.layer
@@ -880,7 +880,7 @@ class EpochPass:
             return Batch(out.rel, self.epoch, out.rows, out.close())
         folder = new_batch_path(trace.name, self.epoch, "k")
         self.written.append(folder)
-        files = self.access.files.write(
+        files = self.access.batches.write(
             folder,
             trace.columns,
             np.asarray(layer.rows),

@@ -34,6 +34,7 @@ from wcoj_core.kernel.keys import I64, U64, Packing
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.kernel.native import native
 from wcoj_core.meaning import RelationSpec
+from wcoj_core.store.location import Location
 from wcoj_core.traces import DIFF, TIME, relation_columns
 
 if TYPE_CHECKING:
@@ -359,7 +360,7 @@ def _collect(
             return None
         if spill is not None:
             folder = spill.scratch.path("frame")
-            rows.write.parquet(f"file://{folder}")
+            rows.write.parquet(Location.of(folder).spark_uri())
             found = sorted(str(p) for p in folder.glob("*.parquet"))
             return _parquet_stream(found, rows.columns)
         table = rows.toArrow()

@@ -52,7 +52,6 @@ from contextlib import contextmanager, suppress
 from enum import Enum
 from functools import partial
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +60,7 @@ import pyarrow.csv as pacsv
 from wcoj_core.arrow import long_array
 from wcoj_core.errors import InputError, listed
 from wcoj_core.kernel.native import native
+from wcoj_core.store.location import Location
 from wcoj_core.traces import DIFF, TIME, relation_columns
 
 if TYPE_CHECKING:  # imported where used: pyarrow.compute and .parquet take ~0.1 s each
@@ -129,14 +129,8 @@ def local_path(path: str) -> str | None:
     >>> local_path("file:///tmp/e.txt"), local_path("s3a://b/e.txt"), local_path("rmat:scale=4")
     ('/tmp/e.txt', None, None)
     """
-    if is_generator_spec(path):
-        return None
-    parsed = urlparse(path)
-    if parsed.scheme == "file":
-        return parsed.path
-    if parsed.scheme and len(parsed.scheme) > 1:
-        return None
-    return path
+    where = Location.of(path)
+    return where.path if where.local and not is_generator_spec(path) else None
 
 
 def is_local_input(path: str) -> bool:

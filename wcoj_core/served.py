@@ -4,7 +4,7 @@
 `RelationSpec` and arity, every query's `Plan`, the counts traces and index views the plans
 read, the record of all this a state keeps (`StatePlan`), the deployment's `Limits` and the
 memory budget's shares. `StateAccess` reaches the state: its `Store`, its batches through
-pyarrow (`BatchFiles`), the `SparkStarter` for work that needs Spark, and what the executors
+pyarrow (`Batches`), the `SparkStarter` for work that needs Spark, and what the executors
 remember between epochs (`executors_warm`).
 
 `wcoj_core.engine.Engine` is a façade over one of each. The modules below it take these two,
@@ -29,7 +29,7 @@ from wcoj_core.query.ir import Query, Var
 from wcoj_core.query.plan import Arrangement, Plan, check_width, plan_query
 from wcoj_core.session import SparkStarter
 from wcoj_core.store import manifest as mf
-from wcoj_core.store.batches import BatchFiles
+from wcoj_core.store.batches import Batches
 from wcoj_core.store.store import Store
 from wcoj_core.traces import output_trace_name, relation_columns, relation_trace_name
 
@@ -285,7 +285,7 @@ class StateAccess:
         self.one_task_rows = ONE_TASK_ROWS
         self.executors_warm = False
         self.persist_index = self.local
-        self._files: BatchFiles | None = None
+        self.batches = Batches(store.files)
 
     @classmethod
     def open(
@@ -296,38 +296,23 @@ class StateAccess:
         create: bool = True,
         executor_tasks: int | None = None,
     ) -> StateAccess:
-        """The state at `state_dir` (made when `create`), Spark started only to reach one on
-        remote storage."""
-        store = Store.open(
-            state_dir,
-            create=create,
-            spark_factory=lambda: starter("the state is on remote storage"),
-        )
-        return cls(store, starter, executor_tasks=executor_tasks)
+        """The state at `state_dir` (made when `create`)."""
+        return cls(Store.open(state_dir, create=create), starter, executor_tasks=executor_tasks)
 
     def spark(self, reason: str) -> SparkSession:
         """The Spark session, started now (announced with `reason`) if it is not running."""
         return self.starter(reason)
 
     @property
-    def files(self) -> BatchFiles:
-        """The state's batches through pyarrow."""
-        if self._files is None:
-            self._files = BatchFiles(self.store.root)
-        return self._files
-
-    @property
     def local(self) -> bool:
-        return "://" not in self.store.root or self.store.root.startswith("file://")
+        return self.store.files.location.local
 
     def scratch_root(self) -> Path | None:
         """Where an epoch spills: the state's ``scratch/`` folder (None for a state on remote
         storage: the system's temporary folder)."""
-        if not self.local:
-            return None
         from wcoj_core.store.names import SCRATCH
 
-        return Path(self.store.root.removeprefix("file://")).absolute() / SCRATCH
+        return self.store.files.path / SCRATCH if self.local else None
 
     def tasks(self) -> int:
         """The tasks an epoch's work runs in on the executors."""
@@ -337,7 +322,7 @@ class StateAccess:
     def read_batch(self, trace: mf.Trace, batch: mf.Batch) -> Layer:
         """A stored batch read whole: exactly its listed files, checked against their sizes,
         digests, the batch's rows and its epoch."""
-        return self.files.read_verified(
+        return self.batches.read_verified(
             batch.path, trace.columns, batch.files, batch.rows, batch.time
         )
 
@@ -346,4 +331,4 @@ class StateAccess:
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """A stored batch a record batch at a time (rows and diffs), with the same checks as
         `read_batch`: sizes, digests, the batch's rows and its epoch."""
-        return self.files.verified_pieces(batch, trace.columns)
+        return self.batches.verified_pieces(batch, trace.columns)

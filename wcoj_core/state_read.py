@@ -45,7 +45,7 @@ from wcoj_core.traces import DIFF
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from wcoj_core.store.batches import BatchFiles
+    from wcoj_core.store.batches import Batches
     from wcoj_core.store.store import Store
 
 __all__ = [
@@ -69,7 +69,7 @@ class Reach(Protocol):
     def store(self) -> Store: ...
 
     @property
-    def files(self) -> BatchFiles: ...
+    def batches(self) -> Batches: ...
 
     def spark(self, reason: str) -> SparkSession: ...
 
@@ -145,7 +145,7 @@ def _table(columns: tuple[str, ...], rows: np.ndarray, diff: np.ndarray) -> pa.T
 
 def _read(state: Reach, trace: Trace, batches: list[Batch]) -> pa.Table:
     """Batches of a trace summed into one table: one row per tuple with a non-zero sum, sorted."""
-    layer = state.files.read_layer(trace.columns, batches)
+    layer = state.batches.read_layer(trace.columns, batches)
     return _table(trace.columns, np.asarray(layer.rows), np.asarray(layer.diff))
 
 
@@ -176,7 +176,7 @@ def read_batches(state: Reach, trace: Trace, batches: list[Batch]) -> DataFrame:
     exactly the files they list, each checked before Spark reads it (see the module)."""
     from wcoj_core.updates import update_schema
 
-    uris = [uri for b in batches for uri in state.files.checked_uris(b)]
+    uris = [uri for b in batches for uri in state.batches.checked_uris(b)]
     spark = state.spark("reading stored batches as Spark DataFrames")
     if not uris:
         return spark.createDataFrame([], update_schema(trace.columns, with_time=False))

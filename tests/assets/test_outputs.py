@@ -283,7 +283,7 @@ def test_lazy_forms_read_the_listed_files_checked(tmp_path: Path, form: str) -> 
     query = topology.query("triangles")
     trace = engine.store.current().trace(output_trace_name("triangles"))
     (batch,) = [b for b in trace.batches if b.time == 0]
-    folder = Path(engine.files.full(batch.path))
+    folder = Path(engine.store.files.full(batch.path))
     first = folder / batch.files[0].name
     (folder / "part-9-000.snappy.parquet").write_bytes(first.read_bytes())
     rows = rows_of(read_output(engine, query, 0, change=True, form=wanted), form)
@@ -303,7 +303,7 @@ def test_a_whole_form_that_would_not_fit_is_refused_before_it_reads(
     file opened; the lazy forms still read it."""
     from wcoj_assets import outputs
     from wcoj_core.budget import BudgetError
-    from wcoj_core.store.batches import BatchFiles
+    from wcoj_core.store.batches import Batches
     from wcoj_core.traces import output_trace_name
 
     engine, topology, _ = small_state(tmp_path)
@@ -317,7 +317,7 @@ def test_a_whole_form_that_would_not_fit_is_refused_before_it_reads(
     monkeypatch.setattr(outputs, "READ_COPIES", engine.budget.bytes)
     monkeypatch.setattr(outputs, "SUMMED_COPIES", engine.budget.bytes)
     opened: list[str] = []
-    monkeypatch.setattr(BatchFiles, "verified_tables", lambda *a, **k: opened.append("read"))
+    monkeypatch.setattr(Batches, "verified_tables", lambda *a, **k: opened.append("read"))
     for form in (outputs.Form.ARROW, outputs.Form.PANDAS):
         with pytest.raises(BudgetError) as refused:
             outputs.read_output(engine, query, 2, form=form)

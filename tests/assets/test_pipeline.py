@@ -218,7 +218,7 @@ def replace_output(p: Pipeline, query: str, t: int, rows: list, diff: list) -> N
     assert trace is not None
     folder = f"traces/{trace_dir(name)}/b-k-{t}-0123456789ab"
     rows_a = np.array(rows, dtype=np.int64).reshape(len(rows), len(trace.columns))
-    files = engine.files.write(folder, trace.columns, rows_a, np.array(diff, dtype=np.int64), t)
+    files = engine.batches.write(folder, trace.columns, rows_a, np.array(diff, dtype=np.int64), t)
     (old,) = [b for b in trace.batches if b.time == t]
     batch = dataclasses.replace(old, path=folder, rows=len(diff), files=files)
     engine.store.commit(current.with_trace(trace.replacing(batch)), expected=current)

@@ -22,7 +22,7 @@ from wcoj_support import Pipeline, checks, failures, materializations, oracle, u
 
 from wcoj_assets import landing_read
 from wcoj_assets.epochs import epoch_key
-from wcoj_assets.landing_read import LocalFiles, Refused
+from wcoj_assets.landing_read import LandedStream, Refused
 from wcoj_assets.schemas import Depth, arrow_problems, problems, triples_schema
 from wcoj_core import input_read
 from wcoj_core.state_read import read_table
@@ -58,7 +58,7 @@ def test_streamed_epochs_are_read_once_and_exact(tmp_path: Path, reads: list[str
     for n, fmt in enumerate(["txt", "csv", "parquet", "csv"]):
         p.land(n, history[n], fmt)
     streamed = landing_read.read_epoch(str(p.landing), "edge", 2, epoch_key(0), lambda _: None)  # type: ignore[arg-type]
-    assert isinstance(streamed.rows, LocalFiles)
+    assert isinstance(streamed.rows, LandedStream)
     for n in (0, 1):
         before = len(reads)
         result = p.run(n)
@@ -132,7 +132,7 @@ def test_a_check_refuses_a_later_batch_before_it_goes_on(tmp_path: Path) -> None
         path = tmp_path / f"part{i}.parquet"
         pq.write_table(pa.table({"src": [i], "dst": [i + 1], "diff": [1]}), path)
         files.append(str(path))
-    local = LocalFiles(tuple(files), 2, "edge")
+    local = LandedStream(tuple(files), 2, "edge")
     seen: list[int] = []
 
     def check(batch: pa.RecordBatch, before: int) -> list[str]:

@@ -146,7 +146,7 @@ def replace_output(engine: Engine, query: str, t: int, rows: np.ndarray, diff: n
     trace = current.trace(name)
     assert trace is not None
     folder = new_batch_path(name, t, "x")
-    files = engine.files.write(folder, trace.columns, rows, diff, t)
+    files = engine.batches.write(folder, trace.columns, rows, diff, t)
     old = [b for b in trace.batches if b.time == t]
     if old:
         batch = replace(old[0], path=folder, rows=len(diff), files=files)
@@ -238,13 +238,13 @@ def test_the_usual_epoch_reads_only_the_batches_at_the_epoch(tmp_path: Path) -> 
     read: list[tuple[str, int]] = []
     m = engine.store.current()
     where = {b.path: (t.name, b.time) for t in m.traces.values() for b in t.batches}
-    real = engine.files.verified_tables
+    real = engine.batches.verified_tables
 
     def spy(rel, *args, **kwargs):
         read.append(where[rel])
         return real(rel, *args, **kwargs)
 
-    engine.files.verified_tables = spy  # type: ignore[method-assign]
+    engine.batches.verified_tables = spy  # type: ignore[method-assign]
     audit = audit_epoch(engine, query.name, 2)
     assert audit.passed and audit.actual_rows > 0
     assert sorted(read) == [("out/triangles", 2), ("rel/edge", 2)]

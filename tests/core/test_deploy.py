@@ -35,7 +35,7 @@ from wcoj_core.deploy.sharded import Router
 from wcoj_core.engine import Engine, EpochResult
 from wcoj_core.errors import InputError, StateError
 from wcoj_core.query.builtins import builtin
-from wcoj_core.store.batches import BatchFiles
+from wcoj_core.store.batches import Batches
 from wcoj_core.store.manifest import Batch
 from wcoj_core.store.store import Store
 
@@ -295,21 +295,21 @@ def test_a_failed_write_applies_nothing(tmp_path: Path, monkeypatch: pytest.Monk
     before = engine.store.current()
     on_disk = folders(state)
     writes: list[str] = []
-    real = BatchFiles.write
+    real = Batches.write
 
-    def failing(self: BatchFiles, rel: str, *args: Any, **kwargs: Any) -> Any:
+    def failing(self: Batches, rel: str, *args: Any, **kwargs: Any) -> Any:
         writes.append(rel)
         if len(writes) == 3:
             raise StateError(f"state {self.root}: cannot write a batch (No space left on device)")
         return real(self, rel, *args, **kwargs)
 
-    monkeypatch.setattr(BatchFiles, "write", failing)
+    monkeypatch.setattr(Batches, "write", failing)
     with pytest.raises(StateError, match="No space left"):
         engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
     assert len(writes) == 3
     assert engine.store.current() == before
     assert folders(state) == on_disk == kept_paths(engine.store), "the staged folders were removed"
-    monkeypatch.setattr(BatchFiles, "write", real)
+    monkeypatch.setattr(Batches, "write", real)
     engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
     graph = Counter(epochs[0])
     graph.update(epochs[1])
@@ -382,7 +382,7 @@ def test_a_failed_task_applies_nothing(
 def test_files_of_abandoned_attempts_are_removed(tmp_path: Path) -> None:
     from wcoj_core.deploy.work import RuleJob, Work
 
-    files = BatchFiles(str(tmp_path))
+    files = Batches(str(tmp_path))
     folder = "traces/out-x/b-x-1-abc"
     rows = np.array([[1, 2, 3]])
     kept = files.write(folder, ["c0", "c1", "c2"], rows, np.array([1]), 1, part="kept")
@@ -399,7 +399,7 @@ def test_files_of_abandoned_attempts_are_removed(tmp_path: Path) -> None:
         {"out/x": [f"{folder}/part-kept-000.snappy.parquet"]}, {"out/x": list(kept)}, {}, {}, {}
     )
     refs = written.clean(files, {"out/x": folder, "out/y": empty}, work)
-    assert sorted(files.listing(folder)) == ["part-kept-000.snappy.parquet"]
+    assert sorted(files.files.names(folder)) == ["part-kept-000.snappy.parquet"]
     cols = ["c0", "c1", "c2"]
     assert files.read_layer(cols, [Batch(folder, 1, 1, refs["out/x"])]).diff.tolist() == [1]
     assert len(files.read_layer(cols, [Batch(empty, 1, 0, refs["out/y"])])) == 0  # an empty file
@@ -568,7 +568,7 @@ def test_sharded_tasks_map_the_arrangement_files_and_hold_no_shard(tmp_path: Pat
         for pattern, order in sorted(read.keys, key=repr):
             view = None if pattern is None else AtomView("", pattern)
             for shard in range(shards):
-                resident = Resident(BatchFiles(root))
+                resident = Resident(Batches(root))
                 layers = ShardLayers(mapped_work, resident, shard, shards).layers(
                     read.name, view, order, Version.OLD
                 )
@@ -581,7 +581,7 @@ def test_sharded_tasks_map_the_arrangement_files_and_hold_no_shard(tmp_path: Pat
                     )
                 rows = np.asarray(whole.rows)
                 mine = shard_of(rows[:, 0], shards) == shard
-                cut = ShardLayers(cut_work, Resident(BatchFiles(root)), shard, shards).layers(
+                cut = ShardLayers(cut_work, Resident(Batches(root)), shard, shards).layers(
                     read.name, view, order, Version.OLD
                 )
                 (held,) = cut

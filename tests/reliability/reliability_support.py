@@ -13,7 +13,7 @@ Imported by the test modules of this folder (``from reliability_support import .
   segment folders carry random names): for every trace of the current manifest, the multiset of
   ``(data..., time)`` with its summed multiplicity, and for every indexed trace, what its index
   holds per view key (every segment of a key summed). Every file is checked against its digest
-  on the way (`BatchFiles.read_verified`, `open_segment(verify=True)`).
+  on the way (`Batches.read_verified`, `open_segment(verify=True)`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from oracle import fold_epoch, naive_eval
 from wcoj_core import cli
 from wcoj_core.query.builtins import builtin
 from wcoj_core.store import names
-from wcoj_core.store.batches import BatchFiles
+from wcoj_core.store.batches import Batches
 from wcoj_core.store.manifest import digest_of
 from wcoj_core.store.segments import open_segment
 from wcoj_core.store.store import Store
@@ -452,7 +452,7 @@ def contents(state: Path, only: Iterable[str] | None = None) -> Contents:
     ``(data..., time) -> diff`` (every batch file read whole and checked against its digest)."""
     store = open_store(state)
     manifest = store.current()
-    files = BatchFiles(store.root)
+    files = Batches(store.root)
     traces: dict[str, Multiset] = {}
     chosen = None if only is None else set(only)
     for name, trace in sorted(manifest.traces.items()):
@@ -507,7 +507,7 @@ def fingerprint(state: Path) -> dict[str, str]:
     root = store.local_root
     assert root is not None
     manifest = store.current()
-    files = BatchFiles(store.root)
+    files = Batches(store.root)
     out: dict[str, str] = {"epoch": str(manifest.epoch)}
     for name, trace in sorted(manifest.traces.items()):
         rows, diffs = [], []

@@ -110,7 +110,7 @@ def test_w1_a_flipped_byte_is_refused_by_every_reader(history: History, tmp_path
         with pytest.raises(DamagedBatch, match="its contents do not match its digest") as e:
             read()
         assert str(target) in str(e.value) and "\n" not in str(e.value)
-    assert engine.files.checked_uris  # the Spark readers check the same way: see the spark test
+    assert engine.batches.checked_uris  # the Spark readers check the same way: see the spark test
 
 
 @pytest.mark.spark

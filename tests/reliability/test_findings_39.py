@@ -45,7 +45,7 @@ from wcoj_core.query.builtins import builtin
 from wcoj_core.query.parse import parse_query
 from wcoj_core.state_read import change_table
 from wcoj_core.store import names
-from wcoj_core.store.files import LocalFiles, files_for
+from wcoj_core.store.files import Files
 from wcoj_core.store.store import ORPHAN_AGE, Store
 
 TRIANGLES = builtin("triangles")
@@ -179,7 +179,7 @@ def test_3_a_state_without_its_manifests_is_refused_by_every_command(
     assert hashes(state) == before
     with pytest.raises(StateError, match=said):
         Store.open(state, create=True)
-    pruned = Store(files_for(str(state))).prune(now=ORPHAN_AGE * 1e6)  # an hour later and more
+    pruned = Store(Files(str(state))).prune(now=ORPHAN_AGE * 1e6)  # an hour later and more
     assert pruned.skipped and not pruned.folders
     assert hashes(state) == before
 
@@ -306,14 +306,14 @@ def test_5_a_failed_commit_says_whether_anything_was_applied(
     folder could not be made durable says the generation was committed."""
     state = tmp_path / "state"
     build_state(history, state, 0)
-    written = LocalFiles.create_exclusive
+    written = Files.create_exclusive
 
-    def failing(self: LocalFiles, rel: str, text: str, **kw: object) -> bool:
+    def failing(self: Files, rel: str, text: str, **kw: object) -> bool:
         if linked:
             written(self, rel, text, **kw)  # type: ignore[arg-type]
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr(LocalFiles, "create_exclusive", failing)
+    monkeypatch.setattr(Files, "create_exclusive", failing)
     done = wcoj_here(*history.apply_args(state, 1))
     if linked:
         one_line_error(done, "generation 2 was committed, but making it durable failed")

@@ -20,7 +20,7 @@ from wcoj_core.indexes import arrange, rebuilt_index
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.query.builtins import builtin
 from wcoj_core.spill import Scratch, Spill
-from wcoj_core.store.batches import BatchFiles
+from wcoj_core.store.batches import Batches
 from wcoj_core.store.manifest import Level, Trace
 from wcoj_core.store.segments import open_segment
 from wcoj_core.store.store import Store
@@ -113,7 +113,7 @@ def test_figures_are_summed_through_sorted_runs_exactly_as_in_memory(tmp_path: P
     """A trace's figures checked through spilled sorted runs (runs of 64 KiB: many runs, a
     k-way merge) equal the figures of the whole trace read into memory, for every trace."""
     store = Store.open(_bag_state(tmp_path), create=False)
-    files = BatchFiles(store.root)
+    files = Batches(store.root)
     m = store.current()
     scratch = Scratch(tmp_path / "scratch", lambda _n: None)
     small = Spill(scratch, 1 << 16, 1 << 16, 1 << 16)
@@ -152,7 +152,7 @@ def test_a_wrong_figure_in_the_manifest_is_named(tmp_path: Path) -> None:
     )
 
 
-def _summed(files: BatchFiles, trace: Trace, time: int | None = None) -> Counter:
+def _summed(files: Batches, trace: Trace, time: int | None = None) -> Counter:
     """A trace's batches up to `time` summed, in memory (the oracle's view of a stored trace)."""
     layer = files.read_layer(trace.columns, list(trace.visible(time)))
     return Counter(
@@ -179,7 +179,7 @@ def test_an_arrangement_rebuilt_through_spilled_runs_equals_the_one_built_in_mem
     and arranged in memory (independently of the index)."""
     state = _bag_state(tmp_path)
     store = Store.open(state, create=False)
-    files = BatchFiles(store.root)
+    files = Batches(store.root)
     m = store.current()
     scratch = Scratch(tmp_path / "scratch", lambda _n: None)
     tiny = Spill(scratch, 1 << 12, 1 << 12, 1 << 12)
@@ -228,7 +228,7 @@ def test_verify_repair_within_its_budget_leaves_a_state_that_answers_as_the_orac
     assert verify_state(store).ok
     assert not list((state / "scratch").glob("*"))  # the repair's runs are gone
 
-    files = BatchFiles(store.root)
+    files = Batches(store.root)
     before = _summed(files, store.current().traces["rel/edge"])
     rng = random.Random(11)
     rows = [(rng.randrange(60), rng.randrange(60), 1) for _ in range(300)]

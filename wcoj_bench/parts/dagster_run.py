@@ -82,6 +82,7 @@ attributes:
     - {name: edge, arity: 2}
   queries:
     - {name: triangles, query: triangles}   # a built-in query, or query text
+    - {name: per_vertex, query: triangles-per-vertex}   # counted per vertex, not listed
   undirected: [edge]        # an edge in either direction, or both: a set of edges
   landing: data/landing
   storage: data/state

@@ -24,7 +24,7 @@ from wcoj_core.budget import MemoryBudget, Shares, default_budget
 from wcoj_core.errors import StateError, out_of_memory, read_failure
 from wcoj_core.spill import Scratch, Spill, merge
 from wcoj_core.store import names
-from wcoj_core.store.batches import BatchFiles
+from wcoj_core.store.batches import Batches
 from wcoj_core.store.manifest import Batch, FileRef, Manifest, Segment
 from wcoj_core.store.segments import check_segment, segment_bytes
 from wcoj_core.store.store import Store
@@ -206,7 +206,7 @@ def _held_rows(
 
     from wcoj_core.traces import TIME
 
-    files = BatchFiles(store.root)
+    files = store.files
     out: dict[tuple[str, tuple[str, ...]], tuple[int, set[int]]] = {}
     for (folder, listed_names), refs in sorted(folders.items()):
         rows, epochs = 0, set()
@@ -235,7 +235,7 @@ def _figures(
     `memory`: an output of any size is checked (a 611 M-row output held whole took 12 GB)."""
     from wcoj_core.errors import OutOfMemory, WcojError
 
-    files = BatchFiles(store.root)
+    files = Batches(store.files)
     shares = Shares.of(memory)
     scratch = state_scratch(store)
     spill = Spill.of(scratch, shares)
@@ -280,7 +280,7 @@ def state_scratch(store: Store) -> Scratch:
 
 
 def _summed_figures(
-    files: BatchFiles, columns: Sequence[str], batches: Iterable[Batch], spill: Spill
+    files: Batches, columns: Sequence[str], batches: Iterable[Batch], spill: Spill
 ) -> tuple[int, int, int]:
     """(distinct tuples, count, negative tuples) of `batches` summed: a record batch at a
     time into sorted runs, then merged a block at a time."""

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from wcoj_core.cli.console import UsageError
 from wcoj_core.input_read import local_path
+from wcoj_core.store.location import Location
 from wcoj_core.traces import TIME
 
 if TYPE_CHECKING:
@@ -141,8 +142,9 @@ def _check_not_in_a_state(path: str, target: Path, state: str | None) -> None:
     from wcoj_core.store.names import MARKER
 
     resolved = target.resolve()
-    if state is not None and "://" not in state.removeprefix("file://"):
-        root = Path(state.removeprefix("file://")).resolve()
+    where = Location.of(state) if state is not None else None
+    if where is not None and where.local:
+        root = Path(where.path).resolve()
         if root == resolved or root in resolved.parents:
             raise UsageError(
                 f"--output {path}: is inside the state {state}; write it outside any state "

@@ -34,7 +34,7 @@ from wcoj_core.cli.console import (
 )
 from wcoj_core.indexes import rebuilt_index
 from wcoj_core.spill import Spill
-from wcoj_core.store.batches import BatchFiles
+from wcoj_core.store.batches import Batches
 from wcoj_core.store.files import check_stamp, file_ref, verify_ref
 from wcoj_core.store.manifest import Index
 from wcoj_core.store.store import Store
@@ -130,7 +130,7 @@ def repair(store: Store, damaged: set[str], memory: MemoryBudget | None = None) 
     a time (its files' digests checked first), summed and arranged through sorted runs in the
     state's scratch folder, and merged into the segment files (`rebuilt_index`)."""
     base = store.current()
-    files = BatchFiles(store.root)
+    files = Batches(store.files)
     traces = dict(base.traces)
     written: list[str] = []
     rebuilt: list[str] = []

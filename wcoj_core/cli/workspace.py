@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 from wcoj_core.cli.console import UsageError, note
 from wcoj_core.session import SparkStarter
+from wcoj_core.store.location import Location
 
 
 def prepare_state(path: str | None) -> None:
@@ -50,9 +51,10 @@ def new_state(path: str) -> bool | None:
     """For a local ``--state`` that holds nothing yet: whether its folder exists (an empty
     folder) — then `unmake_state` can take back a state a failed first epoch created there;
     None otherwise (a state, a remote one, anything else)."""
-    if "://" in path.removeprefix("file://"):
+    where = Location.of(path)
+    if not where.local:
         return None
-    state = Path(path.removeprefix("file://"))
+    state = Path(where.path)
     if state.is_symlink() or (state.exists() and not state.is_dir()):
         return None
     if not state.exists():
@@ -69,7 +71,7 @@ def unmake_state(path: str, existed: bool) -> None:
     commit by another run, a user's file) keeps everything as it is."""
     from wcoj_core.store.names import MARKER
 
-    state = Path(path.removeprefix("file://"))
+    state = Path(Location.of(path).path)
     try:
         found = [p for p in state.rglob("*") if not p.is_dir() or p.is_symlink()]
         if [p.relative_to(state) for p in found] != [Path(MARKER)]:

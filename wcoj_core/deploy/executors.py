@@ -3,7 +3,7 @@
 The work (`wcoj_core.deploy.work`) is shipped to ``n`` tasks of one job; task ``i`` runs share
 ``i``. Each task's Python worker keeps the state's traces in memory between tasks and epochs
 (`resident_for`: Spark reuses its Python workers), reading only the batches added since, from
-the state's storage (`BatchFiles`). Spark ends a Python worker that stayed idle for about a
+the state's storage (`Batches`). Spark ends a Python worker that stayed idle for about a
 minute (measured with PySpark 4.3): an epoch that comes later finds a fresh worker, forked
 from a daemon that has imported the kernel already (`wcoj_core.deploy.daemon`), which maps the
 traces' arrangement files where the state keeps them (a state on other storage: reads the
@@ -61,7 +61,7 @@ from wcoj_core.kernel.join import RuleTally
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.step import StepCounts
 from wcoj_core.spill import Sorter, Spill, merge
-from wcoj_core.store.batches import BatchFiles, PartWriter
+from wcoj_core.store.batches import Batches, PartWriter
 from wcoj_core.store.manifest import FileRef
 from wcoj_core.traces import DIFF
 
@@ -87,7 +87,7 @@ class Written:
     counted: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def clean(
-        self, files: BatchFiles, folders: Mapping[str, str], work: Work
+        self, batches: Batches, folders: Mapping[str, str], work: Work
     ) -> dict[str, tuple[FileRef, ...]]:
         """Delete every file in the outputs' folders that no record names (left by attempts
         Spark gave up on); give an output no task wrote to an empty file of its schema (as the
@@ -96,12 +96,12 @@ class Written:
         out: dict[str, tuple[FileRef, ...]] = {}
         for name, folder in folders.items():
             named = {path.rsplit("/", 1)[-1] for path in self.files.get(name, [])}
-            for entry in files.listing(folder):
+            for entry in batches.files.names(folder):
                 if entry not in named:
-                    files.remove(f"{folder}/{entry}")
+                    batches.remove(f"{folder}/{entry}")
             if not named:
                 empty = np.zeros((0, len(columns[name])), dtype=I64)
-                out[name] = files.write(
+                out[name] = batches.write(
                     folder, columns[name], empty, np.zeros(0, dtype=I64), work.epoch
                 )
                 continue
@@ -175,7 +175,7 @@ def _kernel_task(
         if name not in writers:
             file = f"part-{attempt}-p{share}.snappy.parquet"
             writers[name] = PartWriter(
-                resident.files, folders[name], columns[name], work.epoch, file
+                resident.batches, folders[name], columns[name], work.epoch, file
             )
         return writers[name]
 
@@ -260,12 +260,12 @@ def _sum_task(
                 if int(t) not in sorters:
                     sorters[int(t)] = spill.sorter(arity, "summing the output change")
                 sorters[int(t)].add(cols, mine.column(DIFF).to_numpy())
-        files = resident_for(work.root).files
+        stored = resident_for(work.root).batches
         out = _Sender(width)
         for t, sorter in sorters.items():
             name = names[t]
             w = PartWriter(
-                files,
+                stored,
                 folders[name],
                 columns[name],
                 work.epoch,

@@ -29,7 +29,7 @@ from wcoj_core.kernel.index import TraceIndex, ViewKey
 from wcoj_core.kernel.layer import Layer, view_rows
 from wcoj_core.memory import keep_freed_memory
 from wcoj_core.query.plan import AtomView
-from wcoj_core.store.batches import BatchFiles
+from wcoj_core.store.batches import Batches
 from wcoj_core.store.manifest import Batch
 from wcoj_core.traces import DIFF
 
@@ -80,9 +80,9 @@ def shard_of(values: np.ndarray, shards: int) -> np.ndarray:
 class Resident:
     """Indexes of a state's traces, each as of some of its batches."""
 
-    def __init__(self, files: BatchFiles) -> None:
+    def __init__(self, batches: Batches) -> None:
         keep_freed_memory()  # this process reuses its arrays' memory (see `wcoj_core.memory`)
-        self.files = files
+        self.batches = batches
         self._built: dict[str, list[TraceIndex]] = {}
         self._latest: dict[str, list[TraceIndex]] = {}
         self._views: dict[str, tuple[Layer, dict[ViewKey, Layer]]] = {}
@@ -96,11 +96,11 @@ class Resident:
         record batch at a time, so only the shard is ever held whole)."""
         self.reads += len(batches)
         if shape is None:
-            return self.files.read_layer(columns, batches)
+            return self.batches.read_layer(columns, batches)
         rows: list[np.ndarray] = []
         diffs: list[np.ndarray] = []
         for batch in batches:
-            for chunk in self.files.iter_chunks(batch, columns):
+            for chunk in self.batches.iter_chunks(batch, columns):
                 cut, picked = shape.cut(data_rows(chunk, columns))
                 rows.append(cut)
                 diffs.append(chunk.column(DIFF).to_numpy(zero_copy_only=False)[picked])
@@ -210,7 +210,7 @@ def resident_for(root: str) -> Resident:
     worker is reused from task to task, so an executor keeps its indexes between epochs) and
     dropped once `KEEP_STATES` other states were used since."""
     with _WORKER_LOCK:
-        resident = _WORKER.pop(root, None) or Resident(BatchFiles(root))
+        resident = _WORKER.pop(root, None) or Resident(Batches(root))
         _WORKER[root] = resident  # the most recent last
         while len(_WORKER) > KEEP_STATES:
             _WORKER.pop(next(iter(_WORKER)))

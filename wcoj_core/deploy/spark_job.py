@@ -26,7 +26,6 @@ diffs (or its rows counted) and what every rule did.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,7 +40,7 @@ from wcoj_core.store.names import new_batch_path
 
 if TYPE_CHECKING:
     from wcoj_core.served import Served, StateAccess
-    from wcoj_core.store.batches import BatchFiles
+    from wcoj_core.store.files import Files
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +199,7 @@ def _replicated(
     tasks = 1 if rows <= state.one_task_rows and state.executors_warm else state.tasks()
     result = run_on_executors(spark, work, folders, tasks)
     state.executors_warm = True
-    refs = result.clean(state.files, folders, work)
+    refs = result.clean(state.batches, folders, work)
     batches = {
         name: Batch(folder, epoch, result.rows[name], refs[name])
         for name, folder in folders.items()
@@ -254,7 +253,7 @@ def _sharded(
             columns = served.trace_columns(name)
             read[name.removeprefix("rel/")] = (
                 spark.read.schema(update_schema(columns))
-                .parquet(*state.files.checked_uris(batch))  # its listed files, not the folder
+                .parquet(*state.batches.checked_uris(batch))  # its listed files, not the folder
                 .drop("time")
             )
     outputs, observed = rule_frames(spark, work, router, read)
@@ -274,33 +273,21 @@ def _sharded(
             F.lit(work.epoch).cast("long").alias("time"),
             F.col("diff").cast("long"),
         )
-        out.coalesce(2).write.mode("errorifexists").parquet(
-            state.files.uri(state.files.full(folder))
-        )
-        refs = _hashed(state.files, folder)
-        rows, total = _footer_figures(state.files, folder, refs)
+        out.coalesce(2).write.mode("errorifexists").parquet(state.store.files.spark_uri(folder))
+        refs = _hashed(state.store.files, folder)
+        rows, total = _footer_figures(state.store.files, folder, refs)
         batches[name] = Batch(folder, work.epoch, rows, refs)
         totals[name] = total
     return Outcome(batches, totals, tallies_of(work, observed))
 
 
-def _hashed(files: BatchFiles, folder: str) -> tuple[FileRef, ...]:
+def _hashed(files: Files, folder: str) -> tuple[FileRef, ...]:
     """The Parquet files Spark wrote into a batch folder, each with its size and digest."""
-    out = []
-    for name in sorted(files.listing(folder)):
-        if not name.endswith(".parquet"):
-            continue
-        digest = hashlib.sha256()
-        size = 0
-        with files.fs.open_input_stream(files.full(f"{folder}/{name}")) as f:
-            while chunk := f.read(1 << 20):
-                digest.update(chunk)
-                size += len(chunk)
-        out.append(FileRef(name, size, digest.hexdigest(), None))
-    return tuple(out)
+    found = sorted(n for n in files.names(folder) if n.endswith(".parquet"))
+    return tuple(files.ref(f"{folder}/{name}") for name in found)
 
 
-def _footer_figures(files: BatchFiles, folder: str, refs: Sequence[FileRef]) -> tuple[int, int]:
+def _footer_figures(files: Files, folder: str, refs: Sequence[FileRef]) -> tuple[int, int]:
     """Rows and summed diff of a batch Spark wrote."""
     import pyarrow.parquet as pq
 

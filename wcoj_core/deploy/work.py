@@ -190,7 +190,7 @@ def open_layers(
             if r.symmetric:
                 deltas[r.name].mirrored()
         elif r.raw:
-            deltas[r.name] = resident.files.read_files(r.columns, r.raw)
+            deltas[r.name] = resident.batches.read_files(r.columns, r.raw)
         elif any(b.rows for b in r.delta):
             deltas[r.name] = resident.read(r.columns, r.delta)
     layers = EpochLayers(traces, deltas, arrange=arrange or arranged)  # type: ignore[arg-type]
@@ -221,7 +221,7 @@ def opened_trace(work: Work, read: TraceRead, resident: Resident) -> Opened:
     key = (work.root, read.name, work.epoch, segments, batches)
     found = _OPENED.pop(key, None)
     if found is None:
-        files = resident.files
+        files = resident.batches
         found = open_trace(
             work.root,
             trace,

@@ -2,14 +2,11 @@
 
 A state's batches are Parquet folders (see `wcoj_core.store`). Spark reads them as DataFrames;
 everything else reads them here into `Layer`s and writes batches of the same schema, with
-pyarrow, wherever it runs: on the driver, or inside a Spark task on an executor. `BatchFiles` reaches a state through a pyarrow file system made from its root:
-
-* a local path (or ``file://``) — the local file system; on a cluster this must be storage
-  every executor mounts at the same path (a cluster on one machine, NFS);
-* ``hdfs://`` — pyarrow's HDFS client (it needs ``libhdfs`` and a Hadoop ``CLASSPATH`` on
-  every executor);
-* ``s3a://`` (read as ``s3://``), ``s3://``, ``gs://`` — pyarrow's object store clients, with
-  the credentials of their usual environment variables.
+pyarrow, wherever it runs: on the driver, or inside a Spark task on an executor. `Batches`
+reaches a state through its `Files` (a local path — on a cluster, storage every executor mounts
+at the same path — or remote storage through pyarrow's file systems: ``hdfs://`` needs
+``libhdfs`` and a Hadoop ``CLASSPATH`` on every executor, ``s3a://`` and ``gs://`` the
+credentials of their usual environment variables).
 
 Reading a batch never consolidates across files; `read_layer` sums everything it read. A batch
 written here holds one Parquet file per writer piece (the manifest names them: no marker file).
@@ -17,8 +14,8 @@ written here holds one Parquet file per writer piece (the manifest names them: n
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -33,7 +30,7 @@ from wcoj_core.errors import DamagedBatch, StateError, read_failure
 from wcoj_core.kernel.changes import changes_layer, changes_table, data_rows
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.kernel.multiplicity import exact_sum
-from wcoj_core.store.files import check_stamp, verify_ref
+from wcoj_core.store.files import Files, check_stamp
 from wcoj_core.store.manifest import Batch, FileRef
 from wcoj_core.traces import DIFF, TIME
 
@@ -41,27 +38,6 @@ from wcoj_core.traces import DIFF, TIME
 # written at once (Arrow encodes and compresses without the GIL).
 WRITE_FILE_ROWS = 1 << 21
 WRITE_FILES = 4
-# A file's digest is checked this many bytes at a time (`BatchFiles.check_digest`).
-_HASH_BLOCK = 8 << 20
-
-
-def file_system(root: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow file system of a state root, and the root's path in it.
-
-    >>> fs, path = file_system("/tmp/state")
-    >>> type(fs).__name__, path
-    ('LocalFileSystem', '/tmp/state')
-    """
-    if "://" not in root or root.startswith("file://"):
-        path = root.removeprefix("file://")
-        return pafs.LocalFileSystem(), os.path.abspath(path)
-    uri = "s3://" + root.removeprefix("s3a://") if root.startswith("s3a://") else root
-    try:
-        fs, path = pafs.FileSystem.from_uri(uri)
-    except (pa.ArrowException, OSError) as e:
-        raise StateError(f"state {root}: pyarrow cannot reach it ({e})") from e
-    return fs, path.rstrip("/")
-
 
 # The column statistics a batch file keeps: the epoch's (`check_epoch` reads its minimum and
 # maximum). Nothing reads the data columns' or the diffs', and making them cost a warm epoch's
@@ -69,23 +45,12 @@ def file_system(root: str) -> tuple[pafs.FileSystem, str]:
 STATISTICS: Any = [TIME]  # a list of columns (the stubs say a bool only)
 
 
-class BatchFiles:
-    """The batches of one state, read and written with pyarrow."""
+class Batches:
+    """The batches of one state, read and written with pyarrow through its `Files`."""
 
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self.fs, self.path = file_system(root)
-
-    def full(self, rel: str) -> str:
-        return f"{self.path}/{rel}"
-
-    def uri(self, path: str) -> str:
-        """A path of this file system (`full`'s kind) as a URI Spark reads."""
-        if isinstance(self.fs, pafs.LocalFileSystem):
-            return f"file://{path}"
-        root = self.root.rstrip("/")
-        prefix = root[: len(root) - len(self.path)] if root.endswith(self.path) else ""
-        return prefix + path
+    def __init__(self, files: Files | str) -> None:
+        self.files = files if isinstance(files, Files) else Files(files)
+        self.root = self.files.root
 
     def read_layer(self, columns: Sequence[str], batches: Sequence[Batch]) -> Layer:
         """Batches as one consolidated layer: exactly the files each lists, read whole and
@@ -106,12 +71,13 @@ class BatchFiles:
         their rows against the batch's."""
         rows = 0
         for ref in batch.files:
-            path = self.full(f"{batch.path}/{ref.name}")
-            self.check_size(path, ref)
+            rel = f"{batch.path}/{ref.name}"
+            path = self.files.full(rel)
+            self.check(rel, ref, digest=False)
             if digests:
-                self.check_digest(path, ref)
+                self.check_digest(rel, ref)
             try:
-                parquet = pq.ParquetFile(path, filesystem=self.fs)
+                parquet = pq.ParquetFile(path, filesystem=self.files.fs)
                 check_epoch(path, parquet, batch.time)
                 for chunk in parquet.iter_batches(columns=[*columns, DIFF]):
                     rows += chunk.num_rows
@@ -119,11 +85,11 @@ class BatchFiles:
             except (OSError, MemoryError, pa.ArrowException) as e:
                 raise read_failure(path, e, "not a readable batch") from e
         if rows != batch.rows:
-            raise DamagedBatch(self.full(batch.path), _rows_differ(rows, batch.rows))
+            raise DamagedBatch(self.files.full(batch.path), _rows_differ(rows, batch.rows))
 
     def read_files(self, columns: Sequence[str], files: Sequence[str]) -> Layer:
         """Parquet files of changes (absolute paths in this file system), consolidated."""
-        return read_tables(columns, [read_changes_file(self.fs, f, columns) for f in files])
+        return read_tables(columns, [read_changes_file(self.files.fs, f, columns) for f in files])
 
     def write(
         self,
@@ -145,7 +111,6 @@ class BatchFiles:
         n = len(diff)
         files = max(1, min(WRITE_FILES, n // WRITE_FILE_ROWS)) if threads else 1
         cuts = [n * i // files for i in range(files + 1)]
-        folder = self.full(rel)
         # Dictionaries for the time and the diffs only (a value or a few: a tiny page). The
         # data columns hold ids with far too many distinct values for one: Arrow would build a
         # dictionary until it overflows, then write them plain anyway, at twice the cost.
@@ -163,10 +128,10 @@ class BatchFiles:
                 write_statistics=STATISTICS,
             )
             name = f"part-{part}-{i:03d}.snappy.parquet"
-            return self.put(f"{folder}/{name}", sink.getvalue())
+            return self.files.put(f"{rel}/{name}", sink.getvalue())
 
         try:
-            self._create_dir(folder)
+            self.files.mkdirs(rel)
             if files == 1:
                 written = [write_file(0)]
             else:
@@ -179,37 +144,10 @@ class BatchFiles:
             ) from e
         return tuple(written)
 
-    def _create_dir(self, folder: str) -> None:
-        """Make a batch's folder (and its trace's, when new): on a local disk one ``mkdir``
-        when the trace's folder is there already."""
-        if isinstance(self.fs, pafs.LocalFileSystem):
-            try:
-                os.mkdir(folder)
-            except FileNotFoundError:
-                os.makedirs(folder, exist_ok=True)
-            except FileExistsError:
-                pass
-            return
-        self.fs.create_dir(folder, recursive=True)
-
-    def put(self, path: str, data: pa.Buffer | bytes) -> FileRef:
-        """Write a whole file (a full path of this file system); its reference (with its stamp
-        on a local disk). The commit naming it makes it durable (`Files.sync_many`)."""
-        digest = hashlib.sha256(memoryview(data)).hexdigest()
-        name = path.rsplit("/", 1)[-1]
-        if isinstance(self.fs, pafs.LocalFileSystem):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
-            finally:
-                os.close(fd)
-            st = os.stat(path)
-            return FileRef(name, st.st_size, digest, (st.st_ino, st.st_mtime_ns, st.st_ctime_ns))
-        with self.fs.open_output_stream(path) as out:
-            out.write(data)
-        return FileRef(name, len(memoryview(data)), digest, None)
+    def remove(self, rel: str) -> None:
+        """Delete a batch's folder or file, as far as the storage lets (a failure's cleanup)."""
+        with contextlib.suppress(OSError):
+            self.files.delete(rel)
 
     def read_verified(
         self,
@@ -238,9 +176,9 @@ class BatchFiles:
         `time` (the batch's), when given."""
         tables: list[pa.Table] = []
         for ref in refs:
-            path = self.full(f"{rel}/{ref.name}")
+            path = self.files.full(f"{rel}/{ref.name}")
             try:
-                with self.fs.open_input_file(path) as f:
+                with self.files.fs.open_input_file(path) as f:
                     data = f.read_buffer()  # Arrow's memory (see input_read.arrow_owned)
             except (OSError, MemoryError, pa.ArrowException) as e:
                 raise read_failure(path, e, "cannot be read") from e
@@ -258,7 +196,7 @@ class BatchFiles:
                 raise read_failure(path, e, "not a readable batch") from e
         held = sum(t.num_rows for t in tables)
         if rows is not None and held != rows:
-            raise DamagedBatch(self.full(rel), _rows_differ(held, rows))
+            raise DamagedBatch(self.files.full(rel), _rows_differ(held, rows))
         return tables
 
     def checked_uris(self, batch: Batch) -> list[str]:
@@ -268,24 +206,20 @@ class BatchFiles:
         batch's. Raises `DamagedBatch` naming the file and what is wrong."""
         uris = []
         rows = 0
-        local = isinstance(self.fs, pafs.LocalFileSystem)
         for ref in batch.files:
-            path = self.full(f"{batch.path}/{ref.name}")
-            if local:
-                what = None if check_stamp(path, ref) else verify_ref(path, ref)
-                if what is not None:
-                    raise DamagedBatch(path, what)
-            else:
-                self.check_size(path, ref)
+            rel = f"{batch.path}/{ref.name}"
+            path = self.files.full(rel)
+            if not (self.files.local and check_stamp(path, ref)):
+                self.check(rel, ref, digest=self.files.local)
             try:
-                parquet = pq.ParquetFile(path, filesystem=self.fs)
+                parquet = pq.ParquetFile(path, filesystem=self.files.fs)
                 check_epoch(path, parquet, batch.time)
                 rows += parquet.metadata.num_rows
             except (OSError, MemoryError, pa.ArrowException) as e:
                 raise read_failure(path, e, "not a readable batch") from e
-            uris.append(self.uri(path))
+            uris.append(self.files.spark_uri(rel))
         if rows != batch.rows:
-            raise DamagedBatch(self.full(batch.path), _rows_differ(rows, batch.rows))
+            raise DamagedBatch(self.files.full(batch.path), _rows_differ(rows, batch.rows))
         return uris
 
     def verified_pieces(
@@ -296,51 +230,24 @@ class BatchFiles:
         for chunk in self.iter_chunks(batch, columns, digests=True):
             yield data_rows(chunk, columns), longs(chunk.column(DIFF))
 
-    def check_digest(self, path: str, ref: FileRef) -> None:
+    def check(self, rel: str, ref: FileRef, *, digest: bool = True) -> None:
+        """Raise `DamagedBatch` unless the file `rel` is there with `ref`'s size (and, with
+        `digest`, its sha256): `Files.verify`."""
+        try:
+            what = self.files.verify(rel, ref, digest=digest)
+        except (OSError, MemoryError, pa.ArrowException) as e:
+            raise read_failure(self.files.full(rel), e, "cannot be read") from e
+        if what is not None:
+            raise DamagedBatch(self.files.full(rel), what)
+
+    def check_digest(self, rel: str, ref: FileRef) -> None:
         """Raise `DamagedBatch` unless the file's sha256 is `ref`'s (read a block at a time)."""
-        digest = hashlib.sha256()
         try:
-            with self.fs.open_input_stream(path) as f:
-                while block := f.read(_HASH_BLOCK):
-                    digest.update(block)
+            sha = self.files.digest(rel)[1]
         except (OSError, MemoryError, pa.ArrowException) as e:
-            raise read_failure(path, e, "cannot be read") from e
-        if digest.hexdigest() != ref.sha256:
-            raise DamagedBatch(path, "its contents do not match its digest")
-
-    def check_size(self, path: str, ref: FileRef) -> None:
-        """Raise `DamagedBatch` unless the file `path` is there with `ref`'s size."""
-        try:
-            info = self.fs.get_file_info(path)
-        except (OSError, MemoryError, pa.ArrowException) as e:
-            raise read_failure(path, e, "cannot be read") from e
-        if info.type == pafs.FileType.NotFound:
-            raise DamagedBatch(path, "missing")
-        if info.type != pafs.FileType.File:
-            raise DamagedBatch(path, "is not a file")
-        if info.size != ref.size:
-            raise DamagedBatch(path, f"is {info.size} bytes, the manifest says {ref.size}")
-
-    def file_rows(self, files: Sequence[str]) -> int:
-        """The rows of Parquet files (absolute paths in this file system), from their footers."""
-        return sum(pq.ParquetFile(f, filesystem=self.fs).metadata.num_rows for f in files)
-
-    def remove(self, rel: str) -> None:
-        """Delete a folder or file (relative), ignoring one that is not there."""
-        target = self.full(rel)
-        try:
-            info = self.fs.get_file_info(target)
-            if info.type == pafs.FileType.Directory:
-                self.fs.delete_dir(target)
-            elif info.type == pafs.FileType.File:
-                self.fs.delete_file(target)
-        except OSError:
-            pass
-
-    def listing(self, rel: str) -> list[str]:
-        """The names of the files in a folder (relative), none when it is not there."""
-        selector = pafs.FileSelector(self.full(rel), allow_not_found=True)
-        return [info.base_name for info in self.fs.get_file_info(selector)]
+            raise read_failure(self.files.full(rel), e, "cannot be read") from e
+        if sha != ref.sha256:
+            raise DamagedBatch(self.files.full(rel), "its contents do not match its digest")
 
 
 def check_epoch(path: str, parquet: pq.ParquetFile, time: int) -> None:
@@ -411,7 +318,7 @@ class BatchWriter:
 
     def __init__(
         self,
-        files: BatchFiles,
+        batches: Batches,
         rel: str,
         columns: Sequence[str],
         time: int,
@@ -419,7 +326,7 @@ class BatchWriter:
         file_rows: int = 2 * WRITE_FILE_ROWS,
         part: str = "0",
     ) -> None:
-        self.files = files
+        self.batches = batches
         self.rel = rel
         self.columns = tuple(columns)
         self.time = time
@@ -446,7 +353,7 @@ class BatchWriter:
     def _next(self) -> None:
         self._close_current()
         name = f"part-{self.part}-{len(self._done):03d}.snappy.parquet"
-        self._current = PartWriter(self.files, self.rel, self.columns, self.time, name)
+        self._current = PartWriter(self.batches, self.rel, self.columns, self.time, name)
 
     def _close_current(self) -> None:
         if self._current is not None:
@@ -460,7 +367,7 @@ class BatchWriter:
         try:
             self._close_current()
             if not self._done:
-                return self.files.write(
+                return self.batches.write(
                     self.rel,
                     self.columns,
                     np.zeros((0, len(self.columns)), dtype=np.int64),
@@ -468,9 +375,9 @@ class BatchWriter:
                     self.time,
                 )
         except OSError as e:
-            self.files.remove(self.rel)
+            self.batches.remove(self.rel)
             raise StateError(
-                f"state {self.files.root}: cannot write a batch ({e.strerror or e}); nothing "
+                f"state {self.batches.root}: cannot write a batch ({e.strerror or e}); nothing "
                 "was applied"
             ) from e
         return tuple(self._done)
@@ -479,8 +386,8 @@ class BatchWriter:
 class PartWriter:
     """One Parquet file of a batch folder, written a chunk at a time (opened at the first)."""
 
-    def __init__(self, files: BatchFiles, rel: str, columns: Sequence[str], time: int, name: str):
-        self.files = files
+    def __init__(self, batches: Batches, rel: str, columns: Sequence[str], time: int, name: str):
+        self.files = batches.files
         self.rel = rel
         self.columns = tuple(columns)
         self.time = time
@@ -501,9 +408,9 @@ class PartWriter:
             return
         table = changes_table(self.columns, rows, diff, self.time)
         if self._writer is None:
-            self.files.fs.create_dir(self.files.full(self.rel), recursive=True)
+            self.files.mkdirs(self.rel)
             self._sink = self.files.fs.open_output_stream(self.files.full(self.path))
-            dictionary: Any = ["time", DIFF]  # see `BatchFiles.write`
+            dictionary: Any = ["time", DIFF]  # see `Batches.write`
             self._writer = pq.ParquetWriter(
                 self._sink,
                 table.schema,
@@ -521,11 +428,4 @@ class PartWriter:
             self._writer.close()
             self._sink.close()
             self._writer = None
-            full = self.files.full(self.path)
-            digest = hashlib.sha256()
-            size = 0
-            with self.files.fs.open_input_stream(full) as f:
-                while chunk := f.read(1 << 20):
-                    digest.update(chunk)
-                    size += len(chunk)
-            self.ref = FileRef(self.name, size, digest.hexdigest(), None)
+            self.ref = self.files.ref(self.path)

@@ -1,21 +1,24 @@
-"""The file operations a state needs, on a local disk or any Hadoop file system.
+"""The files of a state, on this machine's disk or on remote storage: the one file interface.
 
-A `Store` keeps its manifests in small JSON files and its data in folders of files; it lists,
-reads, creates exclusively, syncs and deletes them through the `Files` interface:
+A `Store` keeps its manifests in small JSON files and its data in folders of files; it, the batch
+codec (`wcoj_core.store.batches`) and the checks list, read, create exclusively, sync, hash and
+delete them through `Files`, by '/'-separated paths relative to the state's root:
 
-* `LocalFiles` — plain paths and ``file://`` URIs, with Python's file API. Creating a file
-  exclusively is a hard link of a fully written, fsynced temporary file: atomic on POSIX file
-  systems. Listing never follows a symbolic link; deleting never deletes through one.
-* `HadoopFiles` — ``hdfs://``, ``s3a://``, ``abfs://``, ... through the Hadoop ``FileSystem`` of
-  a Spark session (same credentials and settings as Spark's own reads and writes). Creating
-  exclusively writes a temporary file and renames it; the rename is atomic and refuses an
-  existing target on HDFS; on object stores without atomic rename, run one writer at a time.
+* on this machine (a path or a ``file:`` URI: `wcoj_core.store.location`), with Python's file
+  API. Creating a file exclusively is a hard link of a fully written, fsynced temporary file:
+  atomic on POSIX file systems. Listing never follows a symbolic link; deleting never deletes
+  through one. Every file created honours the umask.
+* on remote storage (``hdfs://``, ``s3a://``, ``gs://``, ...), through its pyarrow file system
+  (`Files.fs`, the one Parquet is read and written through everywhere). Creating exclusively
+  writes a temporary file and moves it unless the target exists: atomic on HDFS (its rename
+  refuses an existing target); on object stores, run one writer at a time. A file is durable
+  once closed: syncing does nothing.
 
 And what a state needs of local files: a `FileRef` of a written file (size, sha256, stamp),
 the cheap check that a file is still the one written (`check_stamp`), the full one
 (`verify_ref`), files written sealed (`write_sealed`: hashed while written, read-only, in a
-folder nothing reads before the commit) and `sync_tree` for folders written by others (pyarrow,
-Spark) before the manifest naming them is committed. Every file created here honours the umask.
+folder nothing reads before the commit) and the syncs of what an epoch wrote, started early
+(`sync_soon`) and awaited by the commit (`Files.sync_many`).
 """
 
 from __future__ import annotations
@@ -31,18 +34,21 @@ import shutil
 import stat
 import sys
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from wcoj_core.errors import out_of_memory
+from wcoj_core.store.location import Location
 from wcoj_core.store.manifest import FileRef, Stamp
 from wcoj_core.store.names import temp_name
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    import pyarrow as pa
+    import pyarrow.fs as pafs
 
 CHUNK = 1 << 20  # files are hashed 1 MiB at a time
 
@@ -61,63 +67,6 @@ class Entry:
     name: str
     mtime: float
     kind: Kind
-
-
-class Files(Protocol):
-    """File operations relative to a root; names are '/'-separated relative paths."""
-
-    root: str
-
-    def uri(self, rel: str) -> str: ...
-
-    def entries(self, rel: str) -> list[Entry]: ...
-
-    def names(self, rel: str) -> list[str]: ...
-
-    def kind(self, rel: str) -> Kind | None: ...
-
-    def read_text(self, rel: str) -> str: ...
-
-    def create_exclusive(
-        self, rel: str, text: str, *, after: Sequence[str] = (), durable: Collection[str] = ()
-    ) -> bool: ...
-
-    def mkdirs(self, rel: str) -> None: ...
-
-    def delete(self, rel: str) -> None: ...
-
-    def sync(self, rel: str) -> None: ...
-
-    def sync_many(
-        self, rels: Sequence[str], durable: Collection[str] = (), also: Sequence[Path] = ()
-    ) -> None: ...
-
-    def remove_dir(self, rel: str) -> bool: ...
-
-    def ref(self, rel: str) -> FileRef: ...
-
-    def verify(self, rel: str, ref: FileRef) -> str | None: ...
-
-    def list(self, rel: str) -> list[tuple[str, float]]: ...
-
-
-def has_scheme(root: str) -> bool:
-    """True for a URI with a scheme other than ``file``.
-
-    >>> has_scheme("s3a://bucket/state"), has_scheme("file:///tmp/x"), has_scheme("/tmp/x")
-    (True, False, False)
-    """
-    scheme, sep, _ = root.partition("://")
-    return bool(sep) and scheme != "file"
-
-
-def local_path(root: str) -> Path:
-    """The absolute local path of a root given as a path or a ``file://`` URI.
-
-    >>> str(local_path("file:///tmp/x")), str(local_path("/tmp/x/"))
-    ('/tmp/x', '/tmp/x')
-    """
-    return Path(root.removeprefix("file://")).absolute()
 
 
 def dangling(shown: str, link: Path) -> str:
@@ -146,20 +95,59 @@ def _kind_of(mode: int) -> Kind:
     return Kind.OTHER
 
 
-class LocalFiles:
-    """A local directory."""
+class Files:
+    """The files under a state's root (see the module).
 
-    def __init__(self, root: str) -> None:
-        self.path = local_path(root)
-        self.root = str(self.path)
+    `over` reaches the root through a given pyarrow file system and path instead of its own
+    (a local root through one that is not the local one behaves as remote storage: tests)."""
+
+    def __init__(
+        self, root: str | os.PathLike[str], over: tuple[pafs.FileSystem, str] | None = None
+    ) -> None:
+        self.location = Location.of(root)
+        self.root = self.location.absolute()
+        self.path = Path(self.root)  # on this machine (when `local`)
+        self.local = self.location.local and over is None
+        self._fs, self.base = over or (
+            (None, self.root) if self.local else self.location.file_system()
+        )
+
+    @property
+    def fs(self) -> pafs.FileSystem:
+        """The pyarrow file system the state is on (what Parquet is read and written through)."""
+        if self._fs is None:
+            import pyarrow.fs as pafs
+
+            self._fs = pafs.LocalFileSystem()
+        return self._fs
+
+    def full(self, rel: str) -> str:
+        """The path of `rel` in `fs`."""
+        return f"{self.base}/{rel}" if self.base else rel
 
     def uri(self, rel: str) -> str:
-        return str(self.path / rel)
+        """How `rel` is named to a user: a local path, or a URI as the root was given."""
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def spark_uri(self, rel: str) -> str:
+        """`rel` as a URI Spark reads and writes (`Location.spark_uri`)."""
+        return self.location.spark_uri(rel)
 
     def entries(self, rel: str) -> list[Entry]:
-        """The entries of a folder (none when it is not a folder, or is a link to one)."""
+        """The entries of a folder (none when it is not a folder, or is a link to one). An
+        entry whose storage keeps no modification time (a folder of an object store) is new."""
         if self.kind(rel) is not Kind.DIR:
             return []
+        if not self.local:
+            import pyarrow.fs as pafs
+
+            found = self.fs.get_file_info(pafs.FileSelector(self.full(rel), allow_not_found=True))
+            now = time.time()
+            return [
+                Entry(i.base_name, i.mtime_ns / 1e9 if i.mtime_ns else now, kind)
+                for i in found
+                if (kind := _arrow_kind(i.type)) is not None
+            ]
         out = []
         with os.scandir(self.path / rel) as found:
             for e in found:
@@ -173,8 +161,8 @@ class LocalFiles:
     def names(self, rel: str) -> list[str]:
         """The names in a folder, as `entries` finds them, without each one's status (what
         listing the manifests needs, several times an epoch)."""
-        if self.kind(rel) is not Kind.DIR:
-            return []
+        if not self.local or self.kind(rel) is not Kind.DIR:
+            return [e.name for e in self.entries(rel)]
         try:
             return os.listdir(self.path / rel)
         except (FileNotFoundError, NotADirectoryError):  # removed meanwhile
@@ -183,6 +171,8 @@ class LocalFiles:
     def kind(self, rel: str) -> Kind | None:
         """What is at `rel` (not following a link), None when nothing is; the root itself
         may be a link to a directory."""
+        if not self.local:
+            return _arrow_kind(self.fs.get_file_info(self.full(rel)).type)
         try:
             st = os.stat(self.path) if rel in ("", ".") else os.lstat(self.path / rel)
         except (FileNotFoundError, NotADirectoryError):
@@ -192,7 +182,12 @@ class LocalFiles:
     def read_text(self, rel: str) -> str:
         """A text file; bytes that are not UTF-8 read as replacement characters (a damaged
         manifest then fails its digest check, one line, rather than decoding)."""
-        return (self.path / rel).read_bytes().decode("utf-8", errors="replace")
+        if self.local:
+            data = (self.path / rel).read_bytes()
+        else:
+            with self.fs.open_input_stream(self.full(rel)) as f:
+                data = f.read()
+        return data.decode("utf-8", errors="replace")
 
     def create_exclusive(
         self, rel: str, text: str, *, after: Sequence[str] = (), durable: Collection[str] = ()
@@ -201,42 +196,87 @@ class LocalFiles:
         fsynced, hard-linked as `rel` (atomic: the link fails on an existing name), the folder
         fsynced. `after` (with `durable`, as `sync_many` takes them) is made durable before the
         link too, its fsyncs and the temporary file's all at once: what a commit point names
-        is durable before it exists, at the cost of one wait rather than two."""
-        target = self.path / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(temp_name(target.name))
+        is durable before it exists, at the cost of one wait rather than two. (On remote
+        storage, see the module.)"""
+        folder, _, name = rel.rpartition("/")
+        self.mkdirs(folder)
+        tmp = f"{folder}/{temp_name(name)}" if folder else temp_name(name)
+        if not self.local:
+            try:
+                self.put(tmp, text.encode())
+                if self.kind(rel) is not None:
+                    return False
+                self.fs.move(self.full(tmp), self.full(rel))
+                return True
+            finally:
+                self.delete(tmp)
+        target, temp = self.path / rel, self.path / tmp
         try:
-            with open(tmp, "x") as out:  # mode 0666 less the umask
+            with open(temp, "x") as out:  # mode 0666 less the umask
                 out.write(text)
                 out.flush()
                 if after:
-                    self.sync_many(after, durable, also=(tmp,))
+                    self.sync_many(after, durable, also=(temp,))
                 else:
                     os.fsync(out.fileno())  # durable before it becomes visible
-            os.link(tmp, target)  # fails if the target exists: atomic create-exclusive
+            os.link(temp, target)  # fails if the target exists: atomic create-exclusive
             fsync_dir(target.parent)
             return True
         except FileExistsError:
             return False
         finally:
-            tmp.unlink(missing_ok=True)
+            temp.unlink(missing_ok=True)
 
     def mkdirs(self, rel: str) -> None:
-        (self.path / rel).mkdir(parents=True, exist_ok=True)
+        """Make a folder and those above it (one ``mkdir`` when its parent is there)."""
+        if self.local:
+            (self.path / rel).mkdir(parents=True, exist_ok=True)
+        else:
+            self.fs.create_dir(self.full(rel), recursive=True)
+
+    def put(self, rel: str, data: pa.Buffer | bytes) -> FileRef:
+        """Write a new whole file (created exclusively on this machine); its reference (with
+        its stamp on this machine). The commit naming it makes it durable (`sync_many`)."""
+        digest = hashlib.sha256(memoryview(data)).hexdigest()
+        name = rel.rpartition("/")[2]
+        if not self.local:
+            with self.fs.open_output_stream(self.full(rel)) as out:
+                out.write(data)
+            return FileRef(name, len(memoryview(data)), digest, None)
+        path = self.path / rel
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        st = os.stat(path)
+        return FileRef(name, st.st_size, digest, stamp_of(st))
 
     def delete(self, rel: str) -> None:
         """Delete a file or a folder with everything in it; a symbolic link is left alone (and
         a link inside the folder is removed as a link: its target stays)."""
-        target = self.path / rel
         kind = self.kind(rel)
-        if kind is Kind.DIR:
-            shutil.rmtree(target, ignore_errors=True)
+        if not self.local:
+            with contextlib.suppress(FileNotFoundError):
+                if kind is Kind.DIR:
+                    self.fs.delete_dir(self.full(rel))
+                elif kind is Kind.FILE:
+                    self.fs.delete_file(self.full(rel))
+        elif kind is Kind.DIR:
+            shutil.rmtree(self.path / rel, ignore_errors=True)
         elif kind is Kind.FILE:
             with contextlib.suppress(FileNotFoundError):
-                target.unlink()
+                (self.path / rel).unlink()
 
     def remove_dir(self, rel: str) -> bool:
         """Remove an empty folder; False (and nothing removed) when it holds anything."""
+        if not self.local:
+            if self.entries(rel):
+                return False
+            self.delete(rel)
+            return True
         try:
             os.rmdir(self.path / rel)
         except FileNotFoundError:
@@ -244,16 +284,6 @@ class LocalFiles:
         except OSError:
             return False
         return True
-
-    def sync(self, rel: str) -> None:
-        """Make a file or folder durable, and its entry in each folder up to the root."""
-        if self.kind(rel) is None:
-            return
-        sync_tree(self.path / rel)
-        parent = (self.path / rel).parent
-        while parent != self.path and self.path in parent.parents:
-            parent = parent.parent
-            fsync_dir(parent)
 
     def sync_many(
         self, rels: Sequence[str], durable: Collection[str] = (), also: Sequence[Path] = ()
@@ -265,8 +295,8 @@ class LocalFiles:
         is synced with it, but its parents are not. With ``WCOJ_SYNCFS=1`` one
         ``syncfs`` of the whole file system instead (fewer calls, but it also waits for every
         other process's dirty pages). `also` are more files to fsync at the same time (their
-        entries not)."""
-        if not rels and not also:
+        entries not). Nothing to do on remote storage."""
+        if not self.local or (not rels and not also):
             return
         if os.environ.get("WCOJ_SYNCFS") == "1" and _syncfs(self.path):
             drop_early([f"{self.root}/{rel}" for rel in rels])
@@ -294,11 +324,12 @@ class LocalFiles:
         durable: Collection[str] = (),
         early: list[_Pending] | None = None,
     ) -> tuple[list[str], set[str]]:
-        """What `sync` of each of `rels` fsyncs: the files in them, and the folders in them
-        with every folder up to the root, each once; the climb stops at a folder of `durable`
-        (synced for its new entry, its own entry durable already). Paths made as strings.
-        With `early`, a folder whose syncs started when it was written (`sync_soon`) adds
-        them to `early` instead of its files and itself (the folders above it still count)."""
+        """What `sync_many` fsyncs of each of `rels`: the files in them, and the folders in
+        them with every folder up to the root, each once; the climb stops at a folder of
+        `durable` (synced for its new entry, its own entry durable already). Paths made as
+        strings. With `early`, a folder whose syncs started when it was written (`sync_soon`)
+        adds them to `early` instead of its files and itself (the folders above it still
+        count)."""
         root = self.root
         files: list[str] = []
         folders: set[str] = set()
@@ -336,153 +367,59 @@ class LocalFiles:
                         files.append(p)
         return True
 
-    def ref(self, rel: str) -> FileRef:
-        return file_ref(self.path / rel, stamped=False)
-
-    def verify(self, rel: str, ref: FileRef) -> str | None:
-        return verify_ref(self.path / rel, ref)
-
-    def list(self, rel: str) -> list[tuple[str, float]]:
-        """Names and modification times in a folder (the old interface of the state's files)."""
-        return [(e.name, e.mtime) for e in self.entries(rel)]
-
-
-class HadoopFiles:
-    """A directory on any file system Hadoop (and so Spark) can reach."""
-
-    def __init__(self, spark: SparkSession, root: str) -> None:
-        self.root = root.rstrip("/")
-        # py4j is the only way to Hadoop's FileSystem from Python.
-        jvm: Any = spark._jvm
-        jsc: Any = spark.sparkContext._jsc
-        self._Path = jvm.org.apache.hadoop.fs.Path
-        self._jvm = jvm
-        conf = jsc.hadoopConfiguration()
-        self._fs = self._Path(self.root).getFileSystem(conf)
-
-    def _p(self, rel: str) -> Any:
-        return self._Path(f"{self.root}/{rel}")
-
-    def uri(self, rel: str) -> str:
-        return f"{self.root}/{rel}"
-
-    def entries(self, rel: str) -> list[Entry]:
-        folder = self._p(rel)
-        if not self._fs.exists(folder) or not self._fs.getFileStatus(folder).isDirectory():
-            return []
-        return [
-            Entry(s.getPath().getName(), s.getModificationTime() / 1000.0, self._kind(s))
-            for s in self._fs.listStatus(folder)
-        ]
-
-    def names(self, rel: str) -> list[str]:
-        return [e.name for e in self.entries(rel)]
-
-    @staticmethod
-    def _kind(status: Any) -> Kind:
-        if status.isSymlink():
-            return Kind.LINK
-        if status.isDirectory():
-            return Kind.DIR
-        return Kind.FILE if status.isFile() else Kind.OTHER
-
-    def kind(self, rel: str) -> Kind | None:
-        path = self._p(rel)
-        if not self._fs.exists(path):
-            return None
-        return self._kind(self._fs.getFileStatus(path))
-
-    def read_text(self, rel: str) -> str:
-        stream = self._fs.open(self._p(rel))
-        try:
-            return str(self._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
-        finally:
-            stream.close()
-
-    def create_exclusive(
-        self, rel: str, text: str, *, after: Sequence[str] = (), durable: Collection[str] = ()
-    ) -> bool:
-        """Create `rel` exclusively (see the class); `after` needs nothing here (`sync`)."""
-        target = self._p(rel)
-        folder, _, name = rel.rpartition("/")
-        tmp = self._p(f"{folder}/{temp_name(name)}" if folder else temp_name(name))
-        out = self._fs.create(tmp, False)
-        try:
-            out.write(bytearray(text.encode()))
-        finally:
-            out.close()
-        try:
-            if self._fs.exists(target):
-                return False
-            return bool(self._fs.rename(tmp, target))
-        finally:
-            self._fs.delete(tmp, False)
-
-    def mkdirs(self, rel: str) -> None:
-        self._fs.mkdirs(self._p(rel))
-
-    def delete(self, rel: str) -> None:
-        if self.kind(rel) in (Kind.FILE, Kind.DIR):
-            self._fs.delete(self._p(rel), True)
-
-    def remove_dir(self, rel: str) -> bool:
-        """Remove an empty folder (a non-recursive delete refuses a folder holding anything)."""
-        try:
-            return bool(self._fs.delete(self._p(rel), False)) or self.kind(rel) is None
-        except Exception:  # a Java IOException: the folder is not empty
-            return False
-
-    def sync(self, rel: str) -> None:
-        """Nothing to do: a Hadoop file is durable once its writer closed it."""
-
-    def sync_many(
-        self, rels: Sequence[str], durable: Collection[str] = (), also: Sequence[Path] = ()
-    ) -> None:
-        """Nothing to do (see `sync`)."""
+    def digest(self, rel: str) -> tuple[int, str]:
+        """The size and sha256 of a file, read a block at a time."""
+        if self.local:
+            return sha256_file(self.path / rel)
+        h = hashlib.sha256()
+        size = 0
+        with self.fs.open_input_stream(self.full(rel)) as f:
+            while chunk := f.read(CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+        return size, h.hexdigest()
 
     def ref(self, rel: str) -> FileRef:
-        """Size and sha256 of a file, hashed inside the JVM (no bytes cross py4j)."""
-        jvm = self._jvm
-        digest = jvm.java.security.MessageDigest.getInstance("SHA-256")
-        stream = jvm.java.security.DigestInputStream(self._fs.open(self._p(rel)), digest)
+        """A file's name, size and sha256 (no stamp)."""
+        return FileRef(rel.rpartition("/")[2], *self.digest(rel))
+
+    def verify(self, rel: str, ref: FileRef, *, digest: bool = True) -> str | None:
+        """None when a file has `ref`'s size (and, with `digest`, its sha256), else what is
+        wrong (`verify_ref`)."""
+        if self.local:
+            return verify_ref(self.path / rel, ref, digest=digest)
+        import pyarrow as pa
+
         try:
-            size = int(
-                jvm.org.apache.commons.io.IOUtils.copyLarge(
-                    stream, jvm.java.io.OutputStream.nullOutputStream()
-                )
-            )
-        finally:
-            stream.close()
-        sha = bytes(b & 0xFF for b in digest.digest()).hex()
-        return FileRef(rel.rpartition("/")[2], size, sha)
-
-    def verify(self, rel: str, ref: FileRef) -> str | None:
-        if self.kind(rel) is not Kind.FILE:
-            return "missing"
-        got = self.ref(rel)
-        if got.size != ref.size:
-            return f"is {got.size} bytes, the manifest says {ref.size}"
-        if got.sha256 != ref.sha256:
-            return (
-                f"its sha256 {got.sha256[:12]}... differs from the manifest's {ref.sha256[:12]}..."
-            )
-        return None
-
-    def list(self, rel: str) -> list[tuple[str, float]]:
-        """Names and modification times in a folder (the old interface of the state's files)."""
-        return [(e.name, e.mtime) for e in self.entries(rel)]
+            info = self.fs.get_file_info(self.full(rel))
+            kind = _arrow_kind(info.type)
+            if kind is not Kind.FILE:
+                return "missing" if kind is None else "is not a file"
+            return _mismatch(info.size, ref, (lambda: self.digest(rel)[1]) if digest else None)
+        except (OSError, pa.ArrowException) as e:
+            if out_of_memory(e):
+                raise  # no sign of damage (`wcoj_core.errors.read_failure`)
+            return f"cannot be read ({e})"
 
 
-def files_for(root: str, spark_factory: Callable[[], SparkSession] | None = None) -> Files:
-    """The file operations for a state root: local for paths, Hadoop for other URIs (which
-    need a Spark session: `spark_factory` is called then, and only then)."""
-    if not has_scheme(root):
-        return LocalFiles(root)
-    if spark_factory is None:
-        from wcoj_core.errors import StateError
+def _arrow_kind(kind: Any) -> Kind | None:
+    """A pyarrow `FileType` as a `Kind` (None: not found)."""
+    return {0: None, 2: Kind.FILE, 3: Kind.DIR}.get(int(kind), Kind.OTHER)
 
-        raise StateError(f"state {root}: a state on {root.partition('://')[0]}:// needs Spark")
-    return HadoopFiles(spark_factory(), root)
+
+def _mismatch(size: int, ref: FileRef, sha256: Callable[[], str] | None) -> str | None:
+    """What differs between a file of `size` bytes (and `sha256`, read only when the sizes
+    agree) and `ref`; None when nothing does.
+
+    >>> _mismatch(3, FileRef("f", 4, "ab"), None)
+    'is 3 bytes, the manifest says 4'
+    """
+    if size != ref.size:
+        return f"is {size} bytes, the manifest says {ref.size}"
+    found = sha256() if sha256 is not None else ref.sha256
+    if found != ref.sha256:
+        return f"its sha256 {found[:12]}... differs from the manifest's {ref.sha256[:12]}..."
+    return None
 
 
 # -- local files: refs, stamps, sealed writes, syncing ----------------------------------------------
@@ -520,8 +457,9 @@ def check_stamp(path: str | os.PathLike[str], ref: FileRef) -> bool:
     return ref.stamp is not None and st.st_size == ref.size and stamp_of(st) == ref.stamp
 
 
-def verify_ref(path: str | os.PathLike[str], ref: FileRef) -> str | None:
-    """None when a file has `ref`'s size and sha256, else what is wrong (reads it whole)."""
+def verify_ref(path: str | os.PathLike[str], ref: FileRef, *, digest: bool = True) -> str | None:
+    """None when a file has `ref`'s size and (with `digest`: read whole) its sha256, else what
+    is wrong."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -530,17 +468,12 @@ def verify_ref(path: str | os.PathLike[str], ref: FileRef) -> str | None:
         return f"cannot be read ({e.strerror or e})"
     if not stat.S_ISREG(st.st_mode):
         return "is not a file"
-    if st.st_size != ref.size:
-        return f"is {st.st_size} bytes, the manifest says {ref.size}"
     try:
-        _, sha = sha256_file(path)
+        return _mismatch(st.st_size, ref, (lambda: sha256_file(path)[1]) if digest else None)
     except OSError as e:
         if out_of_memory(e):
             raise  # no sign of damage (`wcoj_core.errors.read_failure`)
         return f"cannot be read ({e.strerror or e})"
-    if sha != ref.sha256:
-        return f"its sha256 {sha[:12]}... differs from the manifest's {ref.sha256[:12]}..."
-    return None
 
 
 class HashingWriter:
@@ -681,7 +614,7 @@ class _Pending:
 
 
 # Folders whose fsyncs started as soon as they were written (`sync_soon`), by absolute path:
-# the commit naming one waits for them rather than starting them (`LocalFiles.sync_many`).
+# the commit naming one waits for them rather than starting them (`Files.sync_many`).
 _EARLY: dict[str, _Pending] = {}
 _EARLY_LOCK = threading.Lock()
 
@@ -692,7 +625,7 @@ def sync_soon(root: str, rel: str) -> None:
     while the epoch goes on; the commit that names it waits for them before its manifest
     exists (and syncs the folders above it then). Only for what nothing more is written into
     (a segment, a batch)."""
-    top = f"{local_path(root)}/{rel}"
+    top = f"{Location.of(root).absolute()}/{rel}"
     try:
         if stat.S_ISDIR(os.lstat(top).st_mode):
             paths = [*(f"{top}/{name}" for name in os.listdir(top)), top]
@@ -741,34 +674,6 @@ def _fsync_path(path: str | Path) -> None:
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a folder's entries durable (new, renamed or removed names in it)."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def sync_tree(path: str | os.PathLike[str]) -> None:
-    """Make a file or a folder written by someone else durable: every file in it, every
-    folder in it, and its own entry in its parent. Links are not followed."""
-    top = Path(path)
-    try:
-        mode = os.lstat(top).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISREG(mode):
-        _fsync_file(top)
-    elif stat.S_ISDIR(mode):
-        for folder, _, files in os.walk(top):
-            for name in files:
-                p = Path(folder, name)
-                if stat.S_ISREG(os.lstat(p).st_mode):
-                    _fsync_file(p)
-            fsync_dir(folder)
-    fsync_dir(top.parent)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

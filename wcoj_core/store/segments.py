@@ -45,6 +45,7 @@ from wcoj_core.store.files import (
     stamp_of,
     write_sealed,
 )
+from wcoj_core.store.location import Location
 from wcoj_core.store.manifest import FileRef, Level, Pattern, Segment, Stamp
 
 
@@ -265,8 +266,8 @@ def segment_path(root: str | os.PathLike[str], segment: Segment) -> str:
 
 
 def _local_root(root: str | os.PathLike[str]) -> str:
-    """A local state root (a path or a ``file://`` URI) as an absolute path string."""
-    return os.path.abspath(os.fspath(root).removeprefix("file://"))
+    """A local state root (a path or a ``file:`` URI) as an absolute path string."""
+    return Location.of(root).absolute()
 
 
 def segment_files(root: str | os.PathLike[str], segment: Segment) -> list[str]:

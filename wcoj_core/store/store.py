@@ -28,19 +28,16 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
 from wcoj_core.store import names
-from wcoj_core.store.files import Files, Kind, LocalFiles, dangling, drop_early, files_for
+from wcoj_core.store.files import Files, Kind, dangling, drop_early
+from wcoj_core.store.location import Location
 from wcoj_core.store.manifest import EARLIER, FORMAT, FileRef, Manifest, referenced
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 KEEP_MANIFESTS = 8
 ORPHAN_AGE = 3600.0
@@ -69,7 +66,7 @@ def marker_text() -> str:
 
 
 class Store:
-    """A state directory (a local path, or any URI Hadoop reaches: see `files_for`)."""
+    """A state directory (a local path, or a URI of remote storage: see `Files`)."""
 
     def __init__(self, files: Files, *, older: bool = False) -> None:
         self.files = files
@@ -85,21 +82,20 @@ class Store:
         root: str | os.PathLike[str],
         *,
         create: bool,
-        spark_factory: Callable[[], SparkSession] | None = None,
         older: bool = False,
     ) -> Store:
         """The state at `root`; with `create`, a new one when `root` is new or empty; with
         `older`, manifests of formats 2 and 3 are read too (to rebuild their arrangements).
 
         Raises `StateError` for an empty path, a file, a directory that holds other things
-        than a state (no marker), no state when not creating; `IncompatibleState` for a state
-        of another format.
+        than a state (no marker), no state when not creating, remote storage pyarrow cannot
+        reach; `IncompatibleState` for a state of another format.
         """
         text = os.fspath(root)
-        if not text.strip() or not text.removeprefix("file://").strip():
+        if not Location.of(text).path.strip():
             raise StateError("the state path is empty: pass a directory")
         try:
-            store = cls(files_for(text, spark_factory), older=older)
+            store = cls(Files(text), older=older)
             store._check_root(text, create)
         except OSError as e:
             raise StateError(f"state {text}: cannot open ({e.strerror or e})") from e
@@ -109,7 +105,7 @@ class Store:
         files = self.files
         kind = files.kind("")
         if kind is None:
-            if isinstance(files, LocalFiles) and files.path.is_symlink():
+            if files.local and files.path.is_symlink():
                 raise StateError(dangling(shown, files.path))
             if not create:
                 raise StateError(f"no wcoj state at {shown}")
@@ -218,7 +214,7 @@ class Store:
     @property
     def local_root(self) -> Path | None:
         """The state's directory when it is on the local file system (None for a URI)."""
-        return self.files.path if isinstance(self.files, LocalFiles) else None
+        return self.files.path if self.files.local else None
 
     def batch_files(self, rel: str) -> tuple[FileRef, ...]:
         """The `FileRef`s of a written batch folder's data files (not ``_``/``.`` names)."""
@@ -307,11 +303,8 @@ class Store:
             created = (not gens or gens[-1] < new.generation) and self.files.create_exclusive(
                 rel, text, after=sorted(new.paths() - held), durable=_folders_above(held)
             )
-        except Exception as e:  # an OSError, or a Java exception from a Hadoop file system
-            if isinstance(e, StateError):
-                raise
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            why = e.strerror if isinstance(e, OSError) and e.strerror else first
+        except OSError as e:
+            why = e.strerror or (str(e).strip().splitlines() or [type(e).__name__])[0]
             if self._holds(rel, text):  # linked: only making it durable failed
                 raise StateError(
                     f"state {self.root}: generation {new.generation} was committed, but "
@@ -446,7 +439,7 @@ class Store:
         and returned; when the current manifest cannot be read, nothing is deleted.
         """
         chosen = list(paths)
-        if isinstance(self.files, LocalFiles):
+        if self.files.local:
             drop_early([f"{self.root}/{p}" for p in chosen])
         try:
             live = self.current().paths()
