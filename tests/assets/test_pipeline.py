@@ -416,8 +416,8 @@ def test_the_rebuild_sensor_requests_one_run_over_the_stale_range_once_nothing_r
     result = p.run((1, EPOCHS - 1))  # the requested run: one run, its range tags
     assert result.success, failures(result)
     current = {(c.asset, c.partition): c.passed for c in checks(result) if c.name == CURRENT}
-    later = [epoch_key(t) for t in range(1, EPOCHS)]
-    assert current == {(f"{q}_deltas", k): True for q in QUERIES for k in later}
+    later = [epoch_key(t) for t in range(1, EPOCHS)]  # each partition, then the range's result
+    assert current == {(f"{q}_deltas", k): True for q in QUERIES for k in [*later, None]}
     assert rebuild_requests(p) == []
     assert p.engine.stale() == []
     for t in range(EPOCHS):
