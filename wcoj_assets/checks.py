@@ -1,6 +1,6 @@
-"""The pipeline's checks, and how their per-partition results reach Dagster.
+"""The pipeline's checks, and how their results reach Dagster.
 
-Five checks, each per epoch partition:
+Four checks per epoch partition, and one of the latest epoch checked:
 
 * ``update_triples`` on each ``<rel>_deltas``: the landed files of the epoch before anything is
   applied — every bad row (up to `BAD_ROWS`, with file, line and column), pandera's full check
@@ -18,13 +18,16 @@ Five checks, each per epoch partition:
   wrong tuple in its metadata (`wcoj_core.audit_sample`), so the check costs about what the
   engine's epoch did at any size. The full audit (every tuple, whatever it costs) is
   `delta_rules(..., full=True)`;
-* ``matches_binary_join`` on each query's output: the whole output recomputed from the relations
-  with a plain Spark SQL binary-join plan (`wcoj_core.reference`) and compared as exact
-  multisets — on one epoch in every ``check_every`` (the resource's; 30 by default: on a large
-  graph one recomputation costs far more than the epochs it checks): epochs ``check_every - 1``,
-  ``2 * check_every - 1``, ... (`due`) — a run over a range recomputes once at most, at its
-  last due epoch — and on the last epoch of a run whose op config says ``binary_join: true``
-  (on demand).
+* ``matches_binary_join`` on each query's output, without partitions: the whole output as of
+  one epoch recomputed from the relations with a plain Spark SQL binary-join plan
+  (`wcoj_core.reference`) and compared as exact multisets; its status is the latest
+  recomputation's, whose epoch and partition its metadata names. The epoch job does not plan
+  it (a planned check left unevaluated shows SKIPPED, drawn red): it runs on one epoch in every
+  ``check_every`` (the resource's; 30 by default: on a large graph one recomputation costs far
+  more than the epochs it checks) — epochs ``check_every - 1``, ``2 * check_every - 1``, ...
+  (`due`); a run over a range recomputes once at most, at its last due epoch — and on a run's
+  last epoch when the run selects it (the verify job, the asset graph's *Materialize*) or its
+  op config says ``binary_join: true``.
 
 **Reporting: each partition its own status.** A run of one partition (a daily run) reports each
 check evaluated there once, and Dagster gives it the partition. In a run over a range (a
@@ -37,13 +40,12 @@ Dagster writes those one at a time (see docs/benchmarks.md for the cost). `Check
 * ``every`` — every evaluated partition gets its evaluation: each shows passed or failed;
 * ``news`` — the partitions where the check failed, and those where it passed but its latest
   evaluation had failed (a recovery); the range's `AssetCheckResult` summarizes the rest
-  (``passed``, ``partitions``, ``evaluated``), which Dagster shows SKIPPED. A check evaluated
-  at one partition of the range only (the binary join) gets its evaluation there.
+  (``passed``, ``partitions``, ``evaluated``), which Dagster shows SKIPPED.
 
-A check that was not evaluated at a partition (the binary join off its cadence, every check of
-an epoch whose changes were refused) reports nothing there: SKIPPED, never passed. Evaluations
-of partitions outside the run — later partitions a correction left stale, stale epochs rebuilt
-before the run's — are reported either way.
+A check that was not evaluated at a partition (every check but ``update_triples`` of an epoch
+whose changes were refused) reports nothing there: SKIPPED, never passed; the run's log says
+why. Evaluations of partitions outside the run — later partitions a correction left stale,
+stale epochs rebuilt before the run's — are reported either way.
 """
 
 from __future__ import annotations
@@ -72,7 +74,6 @@ from wcoj_assets.graph import EpochGraph, Role
 
 if TYPE_CHECKING:
     from wcoj_core.engine import Engine
-    from wcoj_core.epoch import EpochResult
     from wcoj_core.query.ir import Query
 
 UPDATE_TRIPLES = "update_triples"
@@ -109,8 +110,9 @@ class CheckReporting(Enum):
         return CheckReporting.EVERY if epochs <= PER_PARTITION_LIMIT else CheckReporting.NEWS
 
 
-def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
-    """The checks of `graph` (see the module), on its translated keys."""
+def check_specs(graph: EpochGraph, rebuild_sensor: str) -> list[AssetCheckSpec]:
+    """The checks of `graph` (see the module), on its translated keys; `rebuild_sensor` names
+    the pipeline's rebuild sensor."""
     partitions = graph.epochs.partitions()
     specs: list[AssetCheckSpec] = []
     for info in graph.of_role(Role.CHANGES):
@@ -146,8 +148,8 @@ def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
                 partitions_def=partitions,
                 description="The partition was derived from the relations' history as it is "
                 "now: no epoch up to it was corrected since. After a corrected epoch is re-run, "
-                "every later partition is reported failed until it is rebuilt (the automation "
-                "sensor `wcoj_rebuild_sensor` does it, or a backfill from that epoch).",
+                "every later partition is reported failed until it is rebuilt (the rebuild "
+                f"sensor `{rebuild_sensor}` does it, or a backfill from that epoch).",
             ),
             AssetCheckSpec(
                 DELTA_RULES,
@@ -166,13 +168,14 @@ def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
             AssetCheckSpec(
                 BINARY_JOIN,
                 asset=graph.key(info.name),
-                partitions_def=partitions,
-                description=f"Recomputes `{info.query}` from the relations as of the epoch with a "
+                description=f"Recomputes `{info.query}` from the relations as of one epoch with a "
                 "plain Spark SQL binary-join plan (`wcoj_core.reference`; the SQL is in each "
                 "evaluation's metadata) and compares it with the maintained output as exact "
-                "multisets, on one epoch in every `check_every` (the resource's; a run over a "
-                "range: its last due epoch) and on demand (op config `binary_join: true`: the "
-                "run's last epoch).",
+                "multisets. Its status is the latest recomputation's (its epoch and partition "
+                "are in the metadata): the epoch job runs it on one epoch in every `check_every` "
+                "(the resource's; a run over a range: its last due epoch); the verify job, a "
+                "run that selects it and op config `binary_join: true` run it on the run's "
+                "last epoch.",
             )
         )
     return specs
@@ -180,13 +183,11 @@ def check_specs(graph: EpochGraph) -> list[AssetCheckSpec]:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One check at one partition. `checked` False: not evaluated there (off the cadence, not
-    available) — reported in a one-partition run, which must report, and nowhere else."""
+    """One check evaluated at one partition."""
 
     passed: bool
     metadata: Mapping[str, Any] = field(default_factory=dict)
     description: str | None = None
-    checked: bool = True
 
 
 @dataclass
@@ -205,17 +206,12 @@ class CheckBook:
 # -- the checks ------------------------------------------------------------------------------------
 
 
-def non_negative(relation: str, result: EpochResult) -> Outcome:
-    """A relation as of an epoch holds no tuple a negative number of times."""
-    from wcoj_core.traces import relation_trace_name
-
-    trace = result.traces.get(relation_trace_name(relation))
-    negative = trace.figures.negative if trace is not None else 0
-    report = result.relations.get(relation)
-    offending = [
-        f"epoch {result.epoch}: {t} has multiplicity {m}"
-        for t, m in (report.negative_examples if report else ())
-    ]
+def non_negative(
+    relation: str, epoch: int, negative: int, examples: Sequence[tuple[Any, int]] = ()
+) -> Outcome:
+    """A relation as of `epoch` holds no tuple a negative number of times (`negative` tuples
+    do; a few of them with their multiplicity in `examples`)."""
+    offending = [f"epoch {epoch}: {t} has multiplicity {m}" for t, m in examples]
     return Outcome(
         negative == 0,
         {"negative_tuples": negative, "offending": offending[:EXAMPLES]},
@@ -227,18 +223,10 @@ def non_negative(relation: str, result: EpochResult) -> Outcome:
 
 def delta_rules(engine: Engine, query: str, epoch: int, full: bool = False) -> Outcome:
     """`wcoj_core.audit_sample.audit_epoch` in its default mode (every tuple of a small epoch, a
-    sample of a large one), or with `full` every tuple whatever it costs; when that module
-    exists (else not checked, saying so)."""
-    try:
-        from wcoj_core.audit import AuditMode
-        from wcoj_core.audit_sample import audit_epoch
-    except ImportError:
-        return Outcome(
-            True,
-            {"checked": False, "note": "wcoj_core.audit is not installed yet: not evaluated"},
-            "not evaluated: the independent delta-rule audit (wcoj_core.audit) is not available",
-            checked=False,
-        )
+    sample of a large one), or with `full` every tuple whatever it costs."""
+    from wcoj_core.audit import AuditMode
+    from wcoj_core.audit_sample import audit_epoch
+
     since = engine.served.since(query)
     if since is not None and epoch < since:  # a query attached later (wcoj_core.attach)
         note = f"{query} was attached at epoch {since}: the state keeps no change of it before"
@@ -294,7 +282,7 @@ def binary_join(engine: Engine, query: Query, epoch: int, partition: str) -> Out
         result.equal,
         {
             "checked": True,
-            "epoch": epoch,
+            "epoch": str(epoch),
             "partition": partition,
             "mismatches": result.mismatches,
             "expected_rows": result.expected_rows,
@@ -321,16 +309,6 @@ def due(epoch: int, every: int) -> bool:
     return (epoch + 1) % every == 0
 
 
-def not_due(epoch: int, every: int) -> Outcome:
-    return Outcome(
-        True,
-        {"checked": False, "epoch": epoch, "check_every": every},
-        f"not due: the binary-join recomputation runs on one epoch in every {every} (op config "
-        "binary_join: true runs it on demand)",
-        checked=False,
-    )
-
-
 # -- reporting -------------------------------------------------------------------------------------
 
 
@@ -343,24 +321,30 @@ def report(
 ) -> Iterator[AssetCheckResult | AssetCheckEvaluation]:
     """Every check's results of a run (see the module): in a run of one partition an
     `AssetCheckResult` per check selected and evaluated there; in a range run an
-    `AssetCheckEvaluation` per partition that `reporting` picks (and, under ``news``, the
-    range's summary); an evaluation of its own for every evaluated partition of a check the run
-    did not select, and for partitions outside the run."""
+    `AssetCheckEvaluation` per partition that `reporting` picks, and the range's summary as the
+    check's result (Dagster then counts the check as yielded: no "did not yield expected outputs"
+    line); an evaluation of its own for every evaluated partition of a check the run did not
+    select, and for partitions outside the run. A check without partitions (the binary join)
+    reports its one evaluation of the run, naming its partition in the metadata; a run without
+    partitions (a check's *Execute* in the UI) an evaluation at the epoch's partition and one
+    without, the run's own row."""
     single = bool(context.has_partition_key)
+    unpartitioned = not single and not context.has_partition_key_range  # a check's Execute
     reporting = reporting.for_range(len(run_partitions))
     selected = set(context.selected_asset_check_keys)
-    keys = {spec.key for spec in specs}
+    partitioned = {spec.key for spec in specs if spec.partitions_def is not None}
     own: dict[AssetCheckKey, list[str]] = {
         key: _own(
             context.instance,
             key,
-            outcomes,
+            book.outcomes[key],
             run_partitions,
             single and key in selected,
             reporting if key in selected else CheckReporting.EVERY,
         )
-        for key, outcomes in book.outcomes.items()
-        if key in keys
+        if key in partitioned
+        else list(book.outcomes[key])[-1:]
+        for key in {spec.key for spec in specs} & set(book.outcomes)
     }
     wanted: dict[AssetKey, set[str]] = {}
     for key, partitions in own.items():
@@ -370,31 +354,38 @@ def report(
         for asset, partitions in wanted.items()
     }
     for spec in specs:
-        key = spec.key
+        key, whole = spec.key, spec.key not in partitioned
         outcomes = book.outcomes.get(key, {})
-        ours = [(p, outcomes[p]) for p in run_partitions if p in outcomes and outcomes[p].checked]
-        if key in selected and ours:
-            if single:
-                (_partition, outcome), *_ = ours
+        ours = [(p, outcomes[p]) for p in run_partitions if p in outcomes]
+        apart: list[str | None] = list(own.get(key, []))
+        if key in selected and ours and unpartitioned and not whole:
+            # The run's own row (no partition: an AssetCheckResult cannot find its target there).
+            apart.append(None)
+        elif key in selected and (outcomes if whole else ours) and not unpartitioned:
+            # The run's result of the check, which Dagster counts as the check's output.
+            if whole or single:
+                last = outcomes[apart[-1]] if whole else ours[-1][1]
                 yield AssetCheckResult(
                     asset_key=key.asset_key,
                     check_name=key.name,
-                    passed=outcome.passed,
-                    metadata=dict(outcome.metadata),
-                    description=outcome.description,
+                    passed=last.passed,
+                    metadata=dict(last.metadata),
+                    description=last.description,
                 )
-            elif reporting is CheckReporting.NEWS:
-                yield _summary(key, ours, own.get(key, []), reporting)
-        for partition in own.get(key, []):
-            outcome = outcomes[partition]
+                apart = [] if whole else apart
+            else:
+                yield _summary(key, ours, apart, reporting)
+        for partition in apart:
+            at = partition if partition is not None else ours[-1][0]
+            outcome = outcomes[at]
             yield AssetCheckEvaluation(
                 asset_key=key.asset_key,
                 check_name=key.name,
                 passed=outcome.passed,
-                partition=partition,
+                partition=None if whole else partition,
                 metadata=dict(outcome.metadata),
                 description=outcome.description,
-                target_materialization_data=targets.get(key.asset_key, {}).get(partition),
+                target_materialization_data=targets.get(key.asset_key, {}).get(at),
                 blocking=spec.blocking,
                 severity=AssetCheckSeverity.ERROR,
             )
@@ -410,15 +401,12 @@ def _own(
 ) -> list[str]:
     """The partitions of one check that get an evaluation of their own, sorted: those outside
     the run; in a run of one partition that selected the check, no other; else the evaluated
-    partitions `reporting` picks (``news``: failures, recoveries, and the one partition of a
-    check evaluated once in the range)."""
+    partitions `reporting` picks (``news``: failures and recoveries)."""
     in_run = set(run_partitions)
-    checked = sorted(p for p, o in outcomes.items() if o.checked)
+    checked = sorted(outcomes)
     if single:
         return [p for p in checked if p not in in_run]
     if reporting is not CheckReporting.NEWS:
-        return checked
-    if sum(p in in_run for p in checked) == 1:  # the binary join: one event per run
         return checked
     passed = [p for p in checked if p in in_run and outcomes[p].passed]
     recovered = latest_failed(instance, key, passed) if passed else set()
@@ -432,34 +420,33 @@ def _summary(
     reporting: CheckReporting,
 ) -> AssetCheckResult:
     """A range run's result of one check: what its partitions say, in short."""
-    checked = [(p, o) for p, o in outcomes if o.checked]
-    failed = [p for p, o in checked if not o.passed]
+    failed = [p for p, o in outcomes if not o.passed]
     metadata: dict[str, Any] = {
         "partitions": f"{outcomes[0][0]}..{outcomes[-1][0]}" if outcomes else "",
-        "evaluated": len(checked),
-        "passed": len(checked) - len(failed),
+        "evaluated": len(outcomes),
+        "passed": len(outcomes) - len(failed),
         "failed": failed[:EXAMPLES],
         "reported per partition": len(own),
     }
-    seconds = [o.metadata["seconds"] for _, o in checked if "seconds" in o.metadata]
+    seconds = [o.metadata["seconds"] for _, o in outcomes if "seconds" in o.metadata]
     if seconds:
         metadata["seconds"] = round(sum(float(x) for x in seconds), 4)
-    if not checked and outcomes:
-        metadata["note"] = outcomes[-1][1].description or "not evaluated"
     if failed:
         description = (
             f"failed at {len(failed)} partition(s): {', '.join(failed[:5])}; each failing "
             "partition carries its own result"
         )
-    elif checked and reporting is CheckReporting.NEWS:
-        first, last = checked[0][0], checked[-1][0]
+    elif reporting is CheckReporting.NEWS:
         description = (
-            f"passed at every partition evaluated ({len(checked)}, {first}..{last}); reported "
-            f"per partition: {len(own)} (failures and recoveries only: the others show "
-            "SKIPPED in this run, passing)"
+            f"passed at every partition evaluated ({len(outcomes)}, {metadata['partitions']}); "
+            f"reported per partition: {len(own)} (failures and recoveries only: the others "
+            "show SKIPPED in this run, passing)"
         )
     else:
-        description = None
+        description = (
+            f"passed at every partition of the run ({len(outcomes)}, "
+            f"{metadata['partitions']}), each with its own evaluation"
+        )
     return AssetCheckResult(
         asset_key=key.asset_key,
         check_name=key.name,

@@ -58,8 +58,10 @@ the resource (``triangles_wcoj``)
 and the IO manager of its results (``triangles_outputs``); the component sets no executor of the
 code location (its job runs its one step in process). Two components — say triangles over
 ``edge`` and 3-cycles over ``follows``, each with its own storage and landing — live in one
-project; their assets' keys must differ (a ``translation`` with a ``key_prefix`` separates two
-pipelines over the same relation names). `WcojComponent.execute` is the step's body: a subclass
+project. A second query over a relation goes in ``queries:`` of the component that has it (the
+queries of one component share the relation's arrangements): a second component over the same
+relation would define its assets again, and is refused naming both files, unless a
+``translation`` with a ``key_prefix`` gives it keys (and a state) of its own. `WcojComponent.execute` is the step's body: a subclass
 overrides it (to log around it, or to run something after each run).
 
 Loading the component parses and plans the queries; like `build_definitions`, it touches no file
@@ -69,6 +71,7 @@ and starts no Spark.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import dagster as dg
@@ -78,10 +81,11 @@ from dagster.components.utils.translation import TranslationFn, TranslationFnRes
 from pydantic import Field
 
 from wcoj_assets.definitions import build_definitions, run_epochs
+from wcoj_assets.epochs import DEFAULT_EPOCHS
 from wcoj_assets.graph import AssetInfo, EpochGraph
 from wcoj_assets.pipeline import EpochConfig
 from wcoj_assets.resources import WcojResource
-from wcoj_assets.specs import QuerySpec
+from wcoj_assets.specs import QuerySpec, Topology
 from wcoj_core.errors import QueryError
 from wcoj_core.query.builtins import BUILTINS
 from wcoj_core.query.parse import parse_query
@@ -119,6 +123,12 @@ class WcojScaffolder(dg.Scaffolder):
 
     def scaffold(self, request: dg.ScaffoldRequest) -> None:
         scaffold_component(request, SCAFFOLD)
+
+
+def _defs_file(path: Path, root: Path) -> str:
+    """A component's ``defs.yaml`` (or its folder or file), relative to the project."""
+    found = path / "defs.yaml" if (path / "defs.yaml").exists() else path
+    return str(found.relative_to(root)) if found.is_relative_to(root) else str(found)
 
 
 def _asset_vars(asset: AssetInfo) -> dict[str, Any]:
@@ -286,7 +296,41 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
         relations = [r.name for r in self.relations]
         return landed_epochs(self.landing or DEFAULT_LANDING, relations).start
 
+    def asset_keys(self) -> set[dg.AssetKey]:
+        """The keys of this component's assets, translated."""
+        topology = Topology.of(self.specs(), self.undirected, self.sets, self.bags)
+        return set(EpochGraph.build(topology, DEFAULT_EPOCHS, self.get_asset_spec).keys.values())
+
+    def refuse_shared_keys(self, context: dg.ComponentLoadContext) -> None:
+        """`QueryError`, naming both files and what to do, when another `WcojComponent` of the
+        project defines one of this one's asset keys (Dagster would say ``Duplicate asset key``
+        alone, naming neither)."""
+        tree, own = context.component_tree, context.component_decl.loc
+        mine: set[dg.AssetKey] | None = None
+        for loc, decl in tree.find_root_decl().iterate_loc_component_decl_pairs():
+            kind = decl.component_type
+            if loc == own or not (isinstance(kind, type) and issubclass(kind, WcojComponent)):
+                continue
+            mine = mine if mine is not None else self.asset_keys()
+            theirs = tree.load_component(loc).asset_keys()
+            shared = sorted(k.to_user_string() for k in mine & theirs)
+            if shared:
+                files = sorted(
+                    _defs_file(path, context.project_root)
+                    for path in (context.path, decl.context.path)
+                )
+                raise QueryError(
+                    f"{files[0]} and {files[1]} both define the assets "
+                    f"{', '.join(shared[:4])}{', …' if len(shared) > 4 else ''}: a second query "
+                    "over the same relation goes in `queries:` of the component that has the "
+                    "relation (its queries share the relation's arrangements); a separate "
+                    "component needs keys of its own (`translation: {key_prefix: <its name>}`) "
+                    "and keeps a state of its own"
+                )
+
     def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        if context is not None:
+            self.refuse_shared_keys(context)
         op = self.op
         return build_definitions(
             self.specs(),

@@ -5,9 +5,10 @@ One set of assets per query spec over one shared set of relations and arrangemen
 manifest commit per epoch, a range of epochs in one run); the resource ``wcoj``
 (`WcojResource`), the IO manager ``wcoj_outputs`` through which assets of your own read a
 query's output (`wcoj_assets.outputs`), the job ``wcoj_epoch_job`` (that step, for one epoch or a
-range), the landing sensor (the way epochs run daily), the rebuild sensor that rebuilds what a
-corrected epoch left stale, in one run, and the automation sensor of assets of yours
-(`wcoj_assets.provenance`). With a `name`, every one of those
+range), the job ``wcoj_verify_job`` (every check but the landed files' on the epochs as the
+state holds them: nothing applied or materialized), the landing sensor (the way epochs run
+daily), the rebuild sensor that rebuilds what a corrected epoch left stale, in one run, and the
+automation sensor of assets of yours (`wcoj_assets.provenance`). With a `name`, every one of those
 names is derived from it (`Names`): `wcoj_assets.component.WcojComponent` builds the same from a
 ``defs.yaml``, named after its folder, so that several live in one project.
 
@@ -47,11 +48,17 @@ from dagster import (
     in_process_executor,
 )
 
-from wcoj_assets.checks import PER_PARTITION_LIMIT, CheckReporting, check_specs
+from wcoj_assets.checks import (
+    BINARY_JOIN,
+    PER_PARTITION_LIMIT,
+    UPDATE_TRIPLES,
+    CheckReporting,
+    check_specs,
+)
 from wcoj_assets.epochs import EPOCH_START, START_ENV, Epochs
 from wcoj_assets.graph import EpochGraph, Role, Translate
 from wcoj_assets.outputs import OUTPUTS_IO_MANAGER, outputs_io_manager
-from wcoj_assets.pipeline import OP_NAME, EpochConfig, EpochRun, epochs_asset
+from wcoj_assets.pipeline import OP_NAME, VERIFY_TAG, EpochConfig, EpochRun, epochs_asset
 from wcoj_assets.provenance import (
     AUTOMATION_SENSOR,
     REBUILD_SENSOR,
@@ -64,6 +71,7 @@ from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec, Topology
 from wcoj_core.errors import QueryError
 
 JOB_NAME = "wcoj_epoch_job"
+VERIFY_JOB = "wcoj_verify_job"
 MASTER_ENV = "WCOJ_SPARK_MASTER"
 # How often (seconds) the default code location's sensors look for new epochs and stale ones.
 SENSOR_ENV = "WCOJ_SENSOR_SECONDS"
@@ -92,6 +100,10 @@ class Names:
     @property
     def job(self) -> str:
         return self._of("epoch_job", JOB_NAME)
+
+    @property
+    def verify_job(self) -> str:
+        return self._of("verify_job", VERIFY_JOB)
 
     @property
     def landing_sensor(self) -> str:
@@ -189,7 +201,7 @@ def build_definitions(
             topology,
             Epochs(start),
             translate,
-            checks=check_specs,
+            checks=lambda graph: check_specs(graph, names.rebuild_sensor),
             io_manager_key=names.outputs,
         )
         key = names.resource
@@ -250,20 +262,34 @@ def reporting_of(value: str | CheckReporting) -> CheckReporting:
 def assemble(
     graph: EpochGraph, assets: Any, resource: Any, sensor_seconds: int, names: Names
 ) -> Definitions:
-    """The definitions around the step `assets` of `graph`: job, sensors, resources."""
+    """The definitions around the step `assets` of `graph`: jobs, sensors, resources."""
+    checks = {spec.name: [] for spec in graph.check_specs}
+    for spec in graph.check_specs:
+        checks[spec.name].append(spec.key)
+    everything = AssetSelection.assets(assets)
     job = define_asset_job(
         names.job,
-        selection=AssetSelection.assets(assets),
+        selection=everything - AssetSelection.checks(*checks[BINARY_JOIN]),
         tags={SERIAL_TAG: "epochs"},
         executor_def=in_process_executor,
         description="Every asset and check of the epochs of the run (one epoch, or a range), "
-        "in one step: one engine pass and one commit per epoch.",
+        "in one step: one engine pass and one commit per epoch; the binary-join recomputation "
+        "on its cadence only.",
+    )
+    verify = define_asset_job(
+        names.verify_job,
+        selection=everything - AssetSelection.checks(*checks[UPDATE_TRIPLES]),
+        tags={VERIFY_TAG: "true"},
+        executor_def=in_process_executor,
+        description="Verifies the epochs of the run as the state holds them: every check but "
+        "the landed files' (the binary-join recomputation on the run's last epoch), nothing "
+        "applied or materialized.",
     )
     outputs = list(graph.of_role(Role.OUTPUT))
     keys = [graph.key(i.name) for i in graph.infos]
     return Definitions(
         assets=[assets],
-        jobs=[job],
+        jobs=[job, verify],
         sensors=[
             landing_sensor(
                 name=names.landing_sensor,

@@ -30,10 +30,13 @@ managers do::
   starts saying why (``starting Spark ...: <asset> reads <input> as a Spark DataFrame``).
 
 Every form reads exactly the files the state's manifest lists, and no other.
-``<q>`` gives the output as of the epoch; ``<q>_deltas`` its change at the epoch. A downstream
-asset without partitions (or one reading several epochs) gets ``<q>`` as of the last epoch it
-reads; the change is given one epoch at a time only, and asking for several is an error that
-says so. `read_output` does the same from Python, given an `wcoj_core.engine.Engine`.
+``<q>`` gives the output as of the epoch; ``<q>_deltas`` its change at the epoch. A parameter
+annotated ``dict[str, <form>]`` gets every epoch the run reads, by partition key — what an asset
+with a single-run backfill policy reads when one run fills a range of epochs (an asset added
+after the epochs ran: `wcoj_assets.provenance.follows_epochs`); otherwise a downstream asset
+without partitions (or one reading several epochs) gets ``<q>`` as of the last epoch it reads,
+and the change is given one epoch at a time only, asking for several being an error that says
+so. `read_output` does the same from Python, given an `wcoj_core.engine.Engine`.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from enum import Enum
 from itertools import permutations
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args, get_origin
 
 import pyarrow as pa
 from dagster import Failure, InputContext, IOManager, OutputContext, io_manager
@@ -246,15 +249,17 @@ class _Outputs(IOManager):
         keys = context.asset_partition_keys if context.has_asset_partitions else []
         if not keys:
             raise Failure(f"{asset} is read per epoch: the reading asset needs epoch partitions")
-        if change and len(keys) > 1:
+        annotation = getattr(context.dagster_type, "typing_type", None)
+        each = get_origin(annotation) is dict  # dict[str, <form>]: every epoch, by partition
+        if change and len(keys) > 1 and not each:
             raise Failure(
                 f"{asset} is the change at one epoch, but {len(keys)} epochs were asked for "
-                f"({keys[0]}..{keys[-1]}); give the reading asset the same epoch partitions, "
-                f"or read `{query.name}` (the output as of an epoch)"
+                f"({keys[0]}..{keys[-1]}); annotate the parameter dict[str, pa.Table] (each "
+                f"epoch's, by partition), or read `{query.name}` (the output as of an epoch)"
             )
         epochs = self._graph.epochs
         last = max(keys, key=epochs.number)
-        form = Form.of(getattr(context.dagster_type, "typing_type", None))
+        form = Form.of(get_args(annotation)[-1] if each else annotation)
         if form is Form.SPARK:
             reader = context.upstream_output.asset_key if context.upstream_output else None
             who = context.asset_key.to_user_string() if reader is None else asset
@@ -262,6 +267,11 @@ class _Outputs(IOManager):
             self._wcoj.spark(f"an asset reads {who} at {last} as a Spark DataFrame")
         engine = self._wcoj.engine(self._graph.topology, create=False)
         try:
+            if each:
+                return {
+                    k: read_output(engine, query, epochs.number(k), change=change, form=form)
+                    for k in sorted(keys, key=epochs.number)
+                }
             return read_output(engine, query, epochs.number(last), change=change, form=form)
         except WcojError as e:  # a whole form refused, memory run out, a damaged batch: one line
             lazy = f"; lazy forms: {LAZY_FORMS}" if isinstance(e, MemoryError) else ""

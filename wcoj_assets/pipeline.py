@@ -19,7 +19,9 @@ applies whole epochs and reports every asset it made (those not selected as
    normal — fails ``update_triples`` for that epoch, listing every bad row (up to
    `wcoj_assets.checks.BAD_ROWS`) with file, line and column, and neither it nor the epochs
    after it in the run are applied; the run itself ends without an error (a data problem, not
-   a failure of the step: no stack trace, no other check failed);
+   a failure of the step: no stack trace, no other check failed), tagged ``wcoj/refused`` with
+   the epoch's key (`REFUSED_TAG`, seen in the Runs list), its log saying why the epoch's other
+   checks were skipped;
 2. **applies** each epoch before it with ``Engine.apply(t, changes, replace=True)``: one pass
    and one manifest commit per epoch, replacing what the epoch held (a re-run, a correction);
    stale epochs before it are derived again first, and reported materialized too;
@@ -32,6 +34,10 @@ A failure of the engine in the middle of a range keeps what was committed: those
 reported materialized (``AssetMaterialization(partition=)``) and the step fails, naming the
 epoch.
 
+**Verifying.** A run tagged ``wcoj/verify`` (`VERIFY_TAG`: the verify job's runs), or one that
+selects checks and no asset (the UI's *Execute* on a check), applies and materializes nothing:
+it runs the selected checks on the run's epochs as the state holds them (`EpochRun._verify`).
+
 `EpochRun.run` is what `wcoj_assets.component.WcojComponent.execute` calls: a subclass of the
 component may wrap it.
 """
@@ -40,6 +46,7 @@ import time as clock
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from dagster import (
@@ -60,11 +67,16 @@ from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
 from wcoj_assets.landing_read import LandedStream, Refused, landed_files
-from wcoj_assets.report import LandedFigures, epoch_metadata
+from wcoj_assets.report import LandedFigures, epoch_metadata, unit
 from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
+from wcoj_core.traces import relation_trace_name
 
 OP_NAME = "wcoj_epochs"
+# The tag a run gets when an epoch's changes were refused: the epoch's key (see the Runs list).
+REFUSED_TAG = "wcoj/refused"
+# The tag of the verify job's runs: the run's epochs are checked as stored, none applied.
+VERIFY_TAG = "wcoj/verify"
 
 
 class EpochConfig(Config):
@@ -141,12 +153,16 @@ class EpochRun:
         self.later_audits: list[tuple[AssetCheckKey, str, str, int]] = []
         # Epoch -> relation -> its streamed landed files and their check (`_read`).
         self.streamed: dict[int, dict[str, tuple[LandedStream, Any]]] = {}
+        self.counted: dict[tuple[int, str], int] = {}  # (epoch, relation) -> streamed rows
 
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
         freeze_heap_at_exit()
         starter = self.wcoj.starter()
         starter.log = context.log.info
+        if context.run.tags.get(VERIFY_TAG) or not self.selected:  # the verify job, or checks
+            yield from self._verify()
+            return
         pairs = epochs_of(context, graph.epochs)
         changes, landed, refused = self._read(pairs)
         applied = [(k, t) for k, t in pairs if refused is None or t < refused[1]]
@@ -188,11 +204,17 @@ class EpochRun:
         if refused is not None:
             key, t = refused
             later = [k for k, n in pairs if n > t]
+            others = sorted(
+                {c.name for c in context.selected_asset_check_keys} - {ck.UPDATE_TRIPLES}
+            )
+            context.instance.add_run_tags(context.run_id, {REFUSED_TAG: key})
             context.log.error(
                 f"epoch {t} ({key}): its changes were refused (see the check "
                 f"{ck.UPDATE_TRIPLES}); nothing of it"
                 + (f" or of the later epochs of the run ({', '.join(later)})" if later else "")
-                + " was applied. Fix or replace the files: the landing sensor runs the epoch again."
+                + " was applied, so its other checks were not evaluated (Skipped: "
+                + ", ".join(others)
+                + "). Fix or replace the files: the landing sensor runs the epoch again."
             )
         yield from ck.report(
             context, graph.check_specs, self.book, [k for k, _ in pairs], self.wcoj.check_reporting
@@ -229,8 +251,11 @@ class EpochRun:
                 if isinstance(read.rows, LandedStream):
                     # Streamed: checked a batch at a time as the engine lands it, the files read
                     # once; a refusal then stops the apply (`Refused`) before anything commits.
-                    def check(batch: Any, seen: int, t: int = t, columns: Any = columns) -> Any:
-                        return arrow_problems(batch, columns, t, seen)
+                    def check(
+                        batch: Any, seen: int, at: Any = (t, rel), columns: Any = columns
+                    ) -> Any:
+                        self.counted[at] = seen + batch.num_rows
+                        return arrow_problems(batch, columns, at[0], seen)
 
                     self.streamed.setdefault(t, {})[rel] = (read.rows, check)
                     changes[t][rel] = read.rows.checked(check, ck.BAD_ROWS)
@@ -289,14 +314,20 @@ class EpochRun:
             check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
             lines = [f"epoch {t} ({key}): {line}" for line in problems.get(rel, [])]
             metadata: dict[str, Any] = {
-                "epoch": t,
+                "epoch": str(t),
                 "depth": "schema and data",
                 "problems found": len(lines),
             }
             if lines:
                 metadata["errors"] = MetadataValue.json(lines[: ck.BAD_ROWS])
+            shown = "; ".join(lines[:3])
             summary = (
-                f"{len(lines)} problem(s), nothing applied: " + "; ".join(lines[:3])
+                f"{len(lines)} problem(s), nothing applied: {shown}"
+                + (
+                    f"; the first 3 of {len(lines)} shown, every one under errors"
+                    if len(lines) > 3
+                    else ""
+                )
                 if lines
                 else None
             )
@@ -321,14 +352,21 @@ class EpochRun:
         """Record an applied epoch: its assets' metadata and its per-epoch checks (with
         `audit_later`, its audit started in a thread of its own: `_settle`)."""
         graph, t = self.graph, result.epoch
+        landed = {  # streamed rows are counted as they are checked
+            rel: f if f.rows is not None else replace(f, rows=self.counted.get((t, rel)))
+            for rel, f in (landed or {}).items()
+        }
         self.metadata[key] = epoch_metadata(graph, engine, result, landed)
         self._epoch_checks(engine, key, result, rebuilt=False, audit_later=audit_later)
         out = ", ".join(
             f"{q} {result.count(q):,} ({result.total(q):+,})" for q in graph.topology.plans
         )
-        changed = sum(r.changed for r in result.relations.values())
+        changed = ", ".join(
+            f"{rel} {r.changed // unit(graph, rel)[1]:,} {unit(graph, rel)[0]} changed"
+            for rel, r in result.relations.items()
+        )
         self.lines.append(
-            f"epoch {t} ({key}): {changed:,} tuples changed; {out}; "
+            f"epoch {t} ({key}): {changed}; {out}; "
             f"{result.metrics.total_seconds:.3f} s on the {result.metrics.deployment}"
         )
 
@@ -337,8 +375,12 @@ class EpochRun:
     ) -> None:
         graph, t = self.graph, result.epoch
         for info in graph.of_role(Role.SNAPSHOT):
+            rel = info.relation or ""
+            trace = result.traces.get(relation_trace_name(rel))
+            negative = trace.figures.negative if trace is not None else 0
+            examples = result.relations[rel].negative_examples if rel in result.relations else ()
             check = AssetCheckKey(graph.key(info.name), ck.NON_NEGATIVE)
-            self.book.add(check, key, ck.non_negative(info.relation or "", result))
+            self.book.add(check, key, ck.non_negative(rel, t, negative, examples))
         for info in graph.of_role(Role.QUERY_CHANGES):
             asset = graph.key(info.name)
             self.book.add(AssetCheckKey(asset, ck.CURRENT), key, provenance.current(t, rebuilt))
@@ -446,22 +488,87 @@ class EpochRun:
             f"{first})"
         )
 
-    def _binary_joins(self, engine: Any, pairs: Sequence[tuple[str, int]]) -> None:
-        """`matches_binary_join` on the run's last due epoch (its last epoch on demand): a run
-        over a range recomputes the output once at most, as of the latest epoch it can."""
+    def _binary_joins(
+        self, engine: Any, pairs: Sequence[tuple[str, int]], only: Sequence[Any] | None = None
+    ) -> None:
+        """`matches_binary_join` once at most per run (of the checks `only`, default all): on
+        its last epoch when the run selected the check (the verify job, a run from the asset
+        graph) or asked for it (op config), else on its last due epoch (one in
+        ``check_every``)."""
         graph, every = self.graph, self.wcoj.check_every
         due = [t for _, t in pairs if ck.due(t, every)]
-        chosen = pairs[-1][1] if self.config.binary_join else (due[-1] if due else None)
         for info in graph.of_role(Role.OUTPUT):
-            query = graph.topology.query(info.query or "")
             check = AssetCheckKey(graph.key(info.name), ck.BINARY_JOIN)
-            for key, t in pairs:
-                if t != chosen:
-                    self.book.add(check, key, ck.not_due(t, every))
-                    continue
-                try:
-                    outcome = ck.binary_join(engine, query, t, key)
-                except Exception as e:  # a check that cannot run fails, saying why
-                    what = f"{type(e).__name__}: {e}"
-                    outcome = ck.Outcome(False, {"checked": True, "error": what}, what)
-                self.book.add(check, key, outcome)
+            if only is not None and check not in only:
+                continue
+            asked = self.config.binary_join or check in self.context.selected_asset_check_keys
+            chosen = pairs[-1][1] if asked else (due[-1] if due else None)
+            if chosen is None:
+                continue
+            key = graph.epochs.key(chosen)
+            query = graph.topology.query(info.query or "")
+            self.context.log.info(
+                f"{ck.BINARY_JOIN} of {query.name} at epoch {chosen} ({key}): recomputing the "
+                "output with Spark SQL"
+            )
+            try:
+                outcome = ck.binary_join(engine, query, chosen, key)
+            except Exception as e:  # a check that cannot run fails, saying why
+                what = f"{type(e).__name__}: {e}"
+                outcome = ck.Outcome(False, {"error": what, "epoch": str(chosen)}, what)
+            self.book.add(check, key, outcome)
+            self.context.log.info(
+                f"{ck.BINARY_JOIN} of {query.name} at epoch {chosen}: "
+                + ("passed" if outcome.passed else "FAILED")
+                + f" in {outcome.metadata.get('seconds', '?')} s"
+            )
+
+    # -- verifying -------------------------------------------------------------------------------
+    def _verify(self) -> Iterator[Any]:
+        """The selected checks of the run's epochs (a run without partitions: the state's last
+        epoch) as the state holds them (a run tagged `VERIFY_TAG`, or of checks alone): nothing
+        applied, nothing materialized. An epoch the state does not hold fails each."""
+        from wcoj_core.lineage import epochs_of as held_epochs
+
+        context, graph = self.context, self.graph
+        selected = set(context.selected_asset_check_keys)
+        engine = self.wcoj.engine(graph.topology, create=False)
+        held, stale = set(held_epochs(engine.store.current())), set(engine.stale())
+        if context.has_partition_key or context.has_partition_key_range:
+            pairs = epochs_of(context, graph.epochs)
+        else:
+            last = engine.epoch if engine.epoch is not None else 0
+            pairs = [(graph.epochs.key(last), last)]
+        if any(c.name == ck.UPDATE_TRIPLES for c in selected):
+            self._read(pairs)
+        for key, t in pairs:
+            what = f"epoch {t} ({key}) is not in the state: run it first"
+            missing = ck.Outcome(False, {"epoch": str(t), "error": what}, what)
+            for info in graph.of_role(Role.SNAPSHOT, Role.QUERY_CHANGES):
+                asset = graph.key(info.name)
+                for name in (ck.NON_NEGATIVE, ck.CURRENT, ck.DELTA_RULES):
+                    check = AssetCheckKey(asset, name)
+                    if check not in selected:
+                        continue
+                    if t not in held and name == ck.CURRENT:
+                        continue  # no history yet: not stale, and nothing for the automation
+                    if t not in held:
+                        outcome = missing
+                    elif name == ck.NON_NEGATIVE:
+                        negative = engine.figures(relation_trace_name(info.relation or ""), t)[2]
+                        outcome = ck.non_negative(info.relation or "", t, negative)
+                    elif name == ck.CURRENT and t in stale:
+                        first = graph.epochs.key(min(stale))
+                        outcome = provenance.stale(t, "an earlier epoch", first)
+                    elif name == ck.CURRENT:
+                        outcome = provenance.current(t)
+                    else:
+                        outcome = ck.delta_rules(engine, info.query or "", t)
+                    self.book.add(check, key, outcome)
+        joins = [c for c in selected if c.name == ck.BINARY_JOIN]
+        if pairs[-1][1] in held:
+            self._binary_joins(engine, pairs, joins)
+        for check in joins if pairs[-1][1] not in held else ():
+            self.book.add(check, pairs[-1][0], missing)
+        keys = [k for k, _ in pairs]
+        yield from ck.report(context, graph.check_specs, self.book, keys, self.wcoj.check_reporting)

@@ -145,12 +145,17 @@ def automation_sensor(
 def follows_epochs() -> AutomationCondition:
     """The automation condition for an asset of yours reading a query's output per epoch: each
     partition is requested once the partitions it reads are materialized (again), whatever its
-    age — Dagster's `eager` without its restriction to the latest day — and never while it or
-    what it reads is being made. The pipeline's automation sensor evaluates it."""
+    age — Dagster's `eager` without its restriction to the latest day — and, when the condition
+    is first evaluated (the asset is new), every past epoch it lacks; never while it or what it
+    reads is being made. The pipeline's automation sensor evaluates it and submits a tick's
+    requests as one backfill: with ``backfill_policy=BackfillPolicy.single_run()`` one run fills
+    the range (its parameter annotated ``dict[str, pa.Table]`` gets each epoch's)."""
+    past = AutomationCondition.missing() & AutomationCondition.initial_evaluation()
+    handled = AutomationCondition.newly_requested() | AutomationCondition.newly_updated()
     return (
-        (AutomationCondition.newly_missing() | AutomationCondition.any_deps_updated())
-        .since_last_handled()
-        .with_label("an epoch it reads was made")
+        (past | AutomationCondition.newly_missing() | AutomationCondition.any_deps_updated())
+        .since(handled.with_label("handled"))
+        .with_label("an epoch it reads was made, or it lacks one")
         & ~AutomationCondition.any_deps_missing()
         & ~AutomationCondition.any_deps_in_progress()
         & ~AutomationCondition.in_progress()
@@ -159,13 +164,13 @@ def follows_epochs() -> AutomationCondition:
 
 def current(epoch: int, rebuilt: bool = False) -> Outcome:
     """`current_history` of an epoch the run just derived."""
-    return Outcome(True, {"epoch": epoch, "rebuilt": rebuilt})
+    return Outcome(True, {"epoch": str(epoch), "rebuilt": rebuilt})
 
 
 def stale(epoch: int, since: str, backfill_from: str) -> Outcome:
     """`current_history` of a later epoch derived before `since` was corrected."""
     return Outcome(
         False,
-        {"epoch": epoch, "stale since": since, "backfill_from": backfill_from},
+        {"epoch": str(epoch), "stale since": since, "backfill_from": backfill_from},
         f"derived before {since} was re-run from corrected changes",
     )

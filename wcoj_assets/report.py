@@ -130,7 +130,7 @@ def epoch_metadata(
     return out
 
 
-def _unit(graph: EpochGraph, relation: str) -> tuple[str, int]:
+def unit(graph: EpochGraph, relation: str) -> tuple[str, int]:
     """The word for a relation's tuples and how many stored tuples make one: an undirected
     relation's edges are held in both directions."""
     spec = graph.topology.meanings[relation]
@@ -167,7 +167,7 @@ def _figures(
             return _changes(info, graph, result, batch_rows, batch_uri, landed)
         case Role.SNAPSHOT:
             f = trace.figures if trace is not None else None
-            word, per = _unit(graph, info.relation or "")
+            word, per = unit(graph, info.relation or "")
             return {
                 f"{word} held": (f.count if f else 0) // per,
                 "_rows": f.rows if f else 0,
@@ -274,7 +274,7 @@ def _changes(
     landed: LandedFigures | None,
 ) -> dict[str, Any]:
     report = result.relations.get(info.relation or "")
-    word, per = _unit(graph, info.relation or "")
+    word, per = unit(graph, info.relation or "")
     out: dict[str, Any] = {}
     internal: dict[str, Any] = {"tuples changed": batch_rows}
     if landed is not None:
@@ -298,11 +298,10 @@ def _changes(
         if report.self_loops:
             out["self-loops dropped"] = report.self_loops
         if report.ignored_examples:
+            # One line per landed row: an undirected relation holds each edge both ways.
+            seen = {(min(t), max(t)) if per == 2 else t: d for t, d in report.ignored_examples}
             out["ignored"] = MetadataValue.json(
-                [
-                    f"{t}: landed {'+' if d > 0 else '-'}"
-                    for t, d in report.ignored_examples[:EXAMPLES]
-                ]
+                [f"{t}: landed {'+' if d > 0 else '-'}" for t, d in list(seen.items())[:EXAMPLES]]
             )
         internal |= {
             "tuples landed": report.landed,

@@ -65,6 +65,7 @@ def landing_sensor(
 ) -> Any:
     """The sensor `name` requesting `job` runs for new epoch folders (see the module)."""
     epochs = graph.epochs
+    partitions = epochs.partitions()
     relations = {info.relation or "": graph.key(info.name) for info in graph.of_role(Role.CHANGES)}
 
     @sensor(
@@ -75,19 +76,31 @@ def landing_sensor(
         required_resource_keys={resource_key},
         description="Requests a run of the epoch job for each new or changed epoch folder under "
         "<landing>/<relation>/, oldest first, unless its latest materialization was made from "
-        "the same files; malformed folder names are logged and skipped.",
+        "the same files; malformed folder names are logged and skipped, and folders of days not "
+        "yet ended (UTC) wait for their day's partition.",
     )
     def _landing(context: SensorEvaluationContext) -> SensorResult | SkipReason:
         landing = getattr(context.resources, resource_key).landing_path()
+        last = partitions.get_last_partition_key() or ""
         keys: set[str] = set()
+        early: list[str] = []
         for rel in relations:
             good, bad = epoch_folders(landing, rel, epochs)
-            keys.update(good)
+            keys.update(k for k in good if k <= last)
+            early += [f"{rel}/{k}" for k in good if k > last]
             for folder in bad:
                 context.log.warning(
                     f"skipping {landing}/{rel}/{folder}: not an epoch key (YYYY-MM-DD, from "
                     f"{epochs.start}); rename the folder to ingest it"
                 )
+        waiting = (
+            f"{', '.join(early)} under {landing}: a day is an epoch once it has ended (UTC; "
+            f"the latest is {last or 'none yet'}), and its folder runs then"
+            if early
+            else ""
+        )
+        if waiting:
+            context.log.warning(f"waiting for {waiting}")
         requested: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
         requests: list[RunRequest] = []
         for key in sorted(keys, key=epochs.number):
@@ -111,7 +124,10 @@ def landing_sensor(
         cursor = json.dumps(requested, sort_keys=True)
         if not requests:
             return SensorResult(
-                skip_reason=SkipReason(f"no new or changed epoch folders under {landing}"),
+                skip_reason=SkipReason(
+                    f"no new or changed epoch folders under {landing}"
+                    + (f"; waiting for {waiting}" if waiting else "")
+                ),
                 cursor=cursor,
             )
         return SensorResult(run_requests=requests, cursor=cursor)

@@ -4,8 +4,8 @@ On a real (SQLite) instance, the pipeline runs four epochs in one run over the r
 single-run backfill or ``dagster asset materialize --partition-range`` launches). The tests read
 what the instance stored: one run, one step, a materialization per asset and epoch, one commit per
 epoch; and every check's status per partition as the UI reads it (`AssetCheckState`). By default
-(``check_reporting: news``) a range reports per partition only what is news — failures,
-recoveries, and a check evaluated once in the range (the binary join) — and summarizes the rest
+(``check_reporting: news``) a range reports per partition only what is news — failures and
+recoveries — and summarizes the rest
 in the range's result (Dagster shows those partitions SKIPPED); with ``every`` each partition
 shows its own status, not SKIPPED. Then epochs are applied again in any order (each
 replaces what it held: the outputs stay the oracle's), and a failure in the middle of a range
@@ -102,11 +102,10 @@ def check_statuses(p: Pipeline) -> dict[tuple[str, str], dict[str, list[str]]]:
 def test_a_range_gives_each_partition_its_own_check_status_by_default(scenario: Scenario) -> None:
     statuses = check_statuses(scenario.pipeline)
     every = [epoch_key(n) for n in range(EPOCHS)]
-    due = [epoch_key(EPOCHS - 1)]  # the range's last due epoch
-    assert statuses.pop(("triangles", BINARY_JOIN)) == {
-        "SUCCEEDED": due,
-        "SKIPPED": sorted(set(every) - set(due)),  # not evaluated there: never shown passed
-    }
+    # The binary join has no partitions: never planned by the epoch job, so no partition of it
+    # is SKIPPED (drawn red); its status is its latest evaluation's, at the range's last due
+    # epoch, named in its metadata.
+    assert statuses.pop(("triangles", BINARY_JOIN)) == {}
     assert len(statuses) == 4
     for check, by_status in statuses.items():
         assert by_status == {"SUCCEEDED": every}, check  # each partition its own status
@@ -114,8 +113,19 @@ def test_a_range_gives_each_partition_its_own_check_status_by_default(scenario: 
         scenario.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION
     )
     results = [e.dagster_event.event_specific_data for e in logged if e.dagster_event]
-    assert all(c.partition is not None for c in results)  # no range-level result to misread
-    assert len(results) == 4 * EPOCHS + 1
+    (join,) = [c for c in results if c.check_name == BINARY_JOIN]
+    assert join.passed and join.partition is None
+    assert join.metadata["partition"].value == epoch_key(EPOCHS - 1)
+    # Each partitioned check's evaluations name their partitions, and the range's result (the
+    # check's output, so no "did not yield expected outputs" line) says they all passed.
+    summaries = [c for c in results if c.partition is None and c is not join]
+    assert len(summaries) == 4 and all(c.passed for c in summaries)
+    assert all(
+        c.description.startswith("passed at every partition of the run (4, ") for c in summaries
+    )
+    assert len(results) == 4 * EPOCHS + 1 + 4
+    said = [e.user_message for e in scenario.pipeline.instance.all_logs(scenario.run_id)]
+    assert not [m for m in said if "did not yield or return expected outputs" in m]
 
 
 def test_with_every_each_partition_shows_its_own_check_status(
@@ -129,7 +139,7 @@ def test_with_every_each_partition_shows_its_own_check_status(
         assert result.success, failures(result)
         statuses = check_statuses(p)
     every = [epoch_key(n) for n in range(EPOCHS)]
-    assert statuses.pop(("triangles", BINARY_JOIN))["SUCCEEDED"] == [epoch_key(EPOCHS - 1)]
+    assert statuses.pop(("triangles", BINARY_JOIN)) == {}  # no partitions: its latest evaluation
     assert len(statuses) == 4
     for check, by_status in statuses.items():
         assert by_status == {"SUCCEEDED": every}, check
@@ -155,7 +165,7 @@ def test_a_range_reports_failures_and_recoveries_per_partition(
         first = p.run((0, EPOCHS - 1))
         assert first.success, failures(first)  # the audit is not blocking
         own = [(c.name, c.partition, c.passed) for c in checks(first) if c.partition is not None]
-        assert (DELTA_RULES, bad, False) in own and len(own) == 2  # and the binary join's
+        assert own == [(DELTA_RULES, bad, False)]
         assert check_statuses(p)[audit] == {
             "FAILED": [bad],
             "SKIPPED": sorted({epoch_key(n) for n in range(EPOCHS)} - {bad}),
@@ -164,7 +174,7 @@ def test_a_range_reports_failures_and_recoveries_per_partition(
         again = p.run((0, EPOCHS - 1))
         assert again.success, failures(again)
         own = [(c.name, c.partition, c.passed) for c in checks(again) if c.partition is not None]
-        assert (DELTA_RULES, bad, True) in own and len(own) == 2  # the recovery, the binary join
+        assert own == [(DELTA_RULES, bad, True)]  # the recovery
         assert check_statuses(p)[audit]["SUCCEEDED"] == [bad]
 
 

@@ -4,7 +4,8 @@ One pipeline (the default triangles spec: ``edge`` a bag) ingests a good epoch 0
 file lands at epoch 1 and a run of the epoch job must fail the ``update_triples`` check of
 ``edge_deltas`` — and no other check — with a message naming the epoch, the file, the line and
 the column, materialize nothing, leave every file of the state as it was, and end without an
-error (a data problem: no step failure, no stack trace). A file with several bad rows has them
+error (a data problem: no step failure, no stack trace), the run tagged ``wcoj/refused`` (seen
+in the Runs list) and its log saying why the other checks were skipped. A file with several bad rows has them
 all listed in one run; an epoch with nothing landed fails the check naming the folder unless
 empty epochs are declared normal. The last tests land data that is accepted but suspicious (the
 same epoch again, deletions of absent edges from a bag): they run in file order, after the
@@ -28,7 +29,7 @@ from pyspark.sql import SparkSession
 from wcoj_support import Changes, Pipeline, checks, failures, materializations, oracle
 
 from wcoj_assets.epochs import Epochs, epoch_key
-from wcoj_assets.pipeline import epochs_of
+from wcoj_assets.pipeline import REFUSED_TAG, epochs_of
 from wcoj_core.traces import relation_trace_name
 
 FIRST: Changes = [
@@ -145,6 +146,11 @@ def refused_alone(
         assert materializations(result) == []
         assert p.traces() == before
         assert files_under(p.storage) == stored
+        # Visible as such in the Runs list (a tag), and the log says why no other check ran.
+        assert p.instance.get_run_by_id(result.run_id).tags[REFUSED_TAG] == epoch_key(1)
+        logged = [e.user_message for e in p.instance.all_logs(result.run_id) if e.level >= 40]
+        said = "so its other checks were not evaluated (Skipped: current_history, "
+        assert any(said + "matches_delta_rules, non_negative)" in m for m in logged), logged
     finally:
         shutil.rmtree(folder)
 
@@ -168,6 +174,9 @@ def every_bad_row_listed(p: Pipeline) -> None:
         errors = check.metadata["errors"]
         lines = [e.split(", line ")[1].split(",")[0] for e in errors]
         assert lines == ["3", "5", "6", "8"], errors  # every bad row, in file order
+        said = check.description or ""  # what it counts, what it shows, where the rest are
+        assert said.startswith("4 problem(s), nothing applied: ") and said.count("epoch 1 (") == 3
+        assert said.endswith("; the first 3 of 4 shown, every one under errors"), said
         assert check.metadata["problems found"] == 4
         assert materializations(result) == []
     finally:

@@ -4,7 +4,7 @@ The component is loaded the way a project loads it (Dagster's defs-folder sandbo
 definitions are compared with what `build_definitions` gives for the same arguments. Its
 ``translation`` (as dagster-dbt's: key prefix, group, owners, tags, kinds), ``op`` (name, tags,
 pool, backfill policy) and `WcojComponent.get_asset_spec` override point change what they say
-and nothing else. ``dg`` (the dagster-dg-cli of the dev extra) lists the component from the
+and nothing else. ``dg`` (dagster-dg-cli, which the install brings) lists the component from the
 package's entry point, scaffolds a ``defs.yaml`` that loads, and checks a project's ``defs.yaml``
 against its attributes.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from dagster import AssetKey, AssetSpec
 from dagster.components.testing import create_defs_folder_sandbox
 
@@ -225,6 +226,63 @@ def dg(*args: str, cwd: Path, src: bool = False) -> subprocess.CompletedProcess[
     return subprocess.run(
         [str(DG), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
     )
+
+
+K4 = "k4(a, b, c, d) :- edge(a, b), edge(a, c), edge(a, d), edge(b, c), edge(b, d), edge(c, d)"
+
+
+def test_a_checks_description_names_the_components_own_sensor() -> None:
+    _, defs = load({**ATTRIBUTES, "name": "graphs"})
+    (spec,) = [
+        s
+        for a in defs.assets or ()
+        for s in getattr(a, "check_specs", ())
+        if s.name == "current_history" and s.asset_key == AssetKey("triangles_deltas")
+    ]
+    assert "`graphs_rebuild_sensor`" in (spec.description or "")
+    assert "wcoj_rebuild_sensor" not in (spec.description or "")
+
+
+def test_a_second_component_over_the_same_relation_is_refused_naming_both_files() -> None:
+    """Two components each maintaining a query over ``edge`` define ``edge_deltas`` twice:
+    refused with both files and what to do (Dagster alone says ``Duplicate asset key``). The
+    second query in ``queries:`` of one component builds, and so do two components with keys
+    of their own."""
+    one = {"relations": [{"name": "edge", "arity": 2}], "start": "2024-03-01"}
+    triangles = {**one, "queries": [{"name": "triangles", "query": "triangles"}]}
+    cliques = {**one, "queries": [{"name": "cliques", "query": K4}]}
+    with create_defs_folder_sandbox() as sandbox:
+        for folder, attributes in (("triangles", triangles), ("cliques", cliques)):
+            sandbox.scaffold_component(
+                component_cls=WcojComponent,
+                defs_path=folder,
+                defs_yaml_contents={"type": TYPE, "attributes": attributes},
+            )
+        with pytest.raises(Exception) as refused, sandbox.build_all_defs():
+            pass
+        error: BaseException | None = refused.value  # Dagster's, caused by the component's
+        while error is not None and not isinstance(error, WcojError):
+            error = error.__cause__
+        message = str(error)
+        for part in (
+            "defs/cliques/defs.yaml and ",
+            "defs/triangles/defs.yaml both define the assets edge_counts_c0, ",
+            "edge_deltas",
+            "goes in `queries:` of the component that has the relation",
+            "`translation: {key_prefix: ",
+        ):
+            assert part in message, message
+        prefixed = {**cliques, "translation": {"key_prefix": "cliques"}}
+        cliques_yaml = sandbox.defs_folder_path / "cliques" / "defs.yaml"
+        cliques_yaml.write_text(json.dumps({"type": TYPE, "attributes": prefixed}))
+        with sandbox.build_all_defs() as defs:
+            assert defs.resolve_asset_graph().has(AssetKey(["cliques", "edge_deltas"]))
+    # The README's two queries in one component: one relation's assets, both queries'.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("**More queries over the same relation**")[1].split("```")[1]
+    _, defs = load({**one, **yaml.safe_load(block.removeprefix("yaml\n"))})
+    keys = {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+    assert {"edge_deltas", "triangles", "cliques"} <= keys
 
 
 def test_dg_lists_the_component(tmp_path: Path) -> None:

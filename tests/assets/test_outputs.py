@@ -20,9 +20,24 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import dagster as dg
+import pyarrow as pa
 import pytest
-from wcoj_support import set_oracle, updates, write_landing
+from dagster._core.definitions.automation_tick_evaluation_context import (
+    build_run_requests_with_backfill_policies,
+)
+from dagster._core.definitions.events import AssetKeyPartitionKey
+from wcoj_support import (
+    RANGE_END,
+    RANGE_START,
+    Pipeline,
+    oracle,
+    set_oracle,
+    updates,
+    write_landing,
+)
 
+from wcoj_assets.provenance import follows_epochs
 from wcoj_assets.specs import DEFAULT_SPECS, Topology
 
 START = "2024-03-01"
@@ -32,6 +47,10 @@ import json, sys
 import pandas as pd
 import pyarrow as pa
 import dagster as dg
+from dagster._core.definitions.events import AssetKeyPartitionKey
+from dagster._core.definitions.automation_tick_evaluation_context import (
+    build_run_requests_with_backfill_policies,
+)
 from pyspark import SparkContext
 from wcoj_assets.definitions import build_definitions
 from wcoj_assets.epochs import Epochs
@@ -170,8 +189,6 @@ def test_assets_annotated_arrow_or_pandas_read_the_change_with_no_jvm(tmp_path: 
 
 def small_state(tmp_path: Path, seed: int = 3) -> tuple:
     """An engine over a small undirected graph's state after three epochs; its history."""
-    import pyarrow as pa
-
     from wcoj_assets.resources import WcojResource
 
     history = updates(seed=seed, epochs=3, nodes=10, inserts=14, deletes=4)
@@ -382,8 +399,6 @@ def test_an_aggregate_querys_output_in_each_form_sums_to_the_oracles_values(
     """Triangles per vertex (``count()`` in its head) as of each epoch: whole, one row per
     vertex with its value named ``count``; lazy, the stored changes of the values, which sum per
     vertex to them. Both equal each vertex's triangles in the oracle's."""
-    import pyarrow as pa
-
     from wcoj_assets.outputs import read_output
     from wcoj_assets.resources import WcojResource
     from wcoj_assets.specs import QuerySpec
@@ -411,3 +426,56 @@ def test_an_aggregate_querys_output_in_each_form_sums_to_the_oracles_values(
         if wanted.whole:
             assert len(summed) == len(rows)
         assert {k: v for k, v in summed.items() if v} == dict(expected), epoch
+
+
+def test_an_asset_added_later_fills_the_past_epochs_in_one_run(tmp_path: Path) -> None:
+    """A downstream asset added after three epochs ran: the automation's first evaluation
+    requests every past epoch it lacks, as ONE run over the range (its single-run backfill
+    policy); its parameter annotated ``dict[str, pa.Table]`` gets each epoch's change, each
+    partition its own figures, equal to the oracle's. Then nothing more is requested."""
+    p = Pipeline(None, tmp_path, start=START)
+    history = updates(seed=21, epochs=3)
+    for n, ups in enumerate(history):
+        p.land(n, ups, "csv")
+        assert p.run(n).success
+
+    @dg.asset(
+        partitions_def=p.epochs.partitions(),
+        automation_condition=follows_epochs(),
+        backfill_policy=dg.BackfillPolicy.single_run(),
+    )
+    def net_triangles(context, triangles_deltas: dict[str, pa.Table]) -> dg.MaterializeResult:
+        for key, change in triangles_deltas.items():
+            net = sum(change.column("diff").to_pylist())
+            context.add_asset_metadata({"net": net}, partition_key=key)
+        return dg.MaterializeResult()
+
+    defs = dg.Definitions.merge(p.defs, dg.Definitions(assets=[net_triangles]))
+    first = dg.evaluate_automation_conditions(defs=defs, instance=p.instance)
+    keys = [p.epochs.key(n) for n in range(3)]
+    assert sorted(first.get_requested_partitions(net_triangles.key)) == keys
+    # The automation sensor submits a tick's requests as one asset backfill, which makes its
+    # runs as the asset's backfill policy says: one run over the range.
+    (request,) = build_run_requests_with_backfill_policies(
+        [AssetKeyPartitionKey(net_triangles.key, k) for k in keys],
+        defs.resolve_asset_graph(),
+        p.instance,
+    )
+    assert (request.tags[RANGE_START], request.tags[RANGE_END]) == (keys[0], keys[-1])
+
+    job = defs.resolve_implicit_global_asset_job_def()
+    ran = job.execute_in_process(
+        instance=p.instance, asset_selection=[net_triangles.key], tags=dict(request.tags)
+    )
+    assert ran.success
+    nets = {
+        e.event_specific_data.materialization.partition: e.event_specific_data.materialization.metadata[
+            "net"
+        ].value
+        for e in ran.all_events
+        if e.event_type_value == "ASSET_MATERIALIZATION"
+    }
+    totals = [sum(oracle(p.topology, "triangles", history, n).values()) for n in range(3)]
+    assert nets == {keys[n]: totals[n] - (totals[n - 1] if n else 0) for n in range(3)}
+    again = dg.evaluate_automation_conditions(defs=defs, instance=p.instance, cursor=first.cursor)
+    assert again.get_requested_partitions(net_triangles.key) == set()

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, DagsterRun, DagsterRunStatus, RunRequest, build_sensor_context
+from dagster import (
+    AssetCheckKey,
+    AssetKey,
+    DagsterRun,
+    DagsterRunStatus,
+    RunRequest,
+    build_sensor_context,
+)
 from pyspark.sql import SparkSession
 from wcoj_support import (
     Changes,
@@ -27,8 +34,8 @@ from wcoj_support import (
     updates,
 )
 
-from wcoj_assets.checks import BINARY_JOIN, CURRENT, DELTA_RULES
-from wcoj_assets.definitions import JOB_NAME
+from wcoj_assets.checks import BINARY_JOIN, CURRENT, DELTA_RULES, NON_NEGATIVE
+from wcoj_assets.definitions import JOB_NAME, VERIFY_JOB
 from wcoj_assets.epochs import epoch_key
 from wcoj_assets.provenance import RANGE_TAGS, REBUILD_SENSOR
 from wcoj_assets.report import INTERNAL
@@ -99,15 +106,28 @@ def test_every_check_runs_for_its_epoch_and_passes(scenario: Scenario) -> None:
     for n, result in enumerate(scenario.results):
         found = checks(result)
         due = n % EVERY == EVERY - 1  # one epoch in EVERY: epoch 2
-        # The binary join reports only where it ran: elsewhere it stays SKIPPED, never passed.
+        # The binary join reports only where it ran; the epoch job does not plan it, so that
+        # nowhere else is it SKIPPED (drawn red) or passed. Its status is the latest run's.
+        logs = scenario.pipeline.instance.all_logs(result.run_id)
+        planned = {
+            e.dagster_event.event_specific_data.check_name
+            for e in logs
+            if e.dagster_event
+            and e.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION_PLANNED"
+        }
+        assert BINARY_JOIN not in planned and len(planned) == CHECKS_PER_EPOCH - len(QUERIES) - 2
         assert len(found) == CHECKS_PER_EPOCH - (0 if due else len(QUERIES))
         assert all(c.passed for c in found), [c for c in found if not c.passed]
-        assert {c.partition for c in found} == {epoch_key(n)}
+        assert {c.partition for c in found if c.name != BINARY_JOIN} == {epoch_key(n)}
+        # A check's figures are plotted by the time of the evaluation: no epoch number there.
+        assert not [c for c in found if isinstance(c.metadata.get("epoch"), int)]
         audits = [c for c in found if c.name == DELTA_RULES]
         assert {c.asset for c in audits} == {f"{q}_deltas" for q in QUERIES}
         assert all(c.metadata["checked"] and c.metadata["mismatches"] == 0 for c in audits)
         correctness = [c for c in found if c.name == BINARY_JOIN]
         assert {c.asset for c in correctness} == (set(QUERIES) if due else set())
+        assert all(c.partition is None for c in correctness)
+        assert all(c.metadata["partition"] == epoch_key(n) for c in correctness)
         assert all(c.metadata["checked"] and c.metadata["mismatches"] == 0 for c in correctness)
 
 
@@ -217,11 +237,25 @@ def test_a_tampered_output_batch_fails_the_binary_join_check(scenario: Scenario)
     last = EPOCHS - 1
     rows, diff = stored_change(p, "triangles", 1)
     replace_output(p, "triangles", 1, [*rows, [100, 101, 102]], [*diff, 1])
+    # The verify job finds it at epoch 1, applying nothing: the change and the output are wrong.
+    verified = {
+        (c.asset, c.name): c.passed
+        for c in checks(p.run(1, job=p.defs.resolve_job_def(VERIFY_JOB)))
+    }
+    assert not verified.pop(("triangles", BINARY_JOIN))
+    assert not verified.pop(("triangles_deltas", DELTA_RULES))
+    assert all(verified.values()), verified
     on_demand = {"ops": {"wcoj_epochs": {"config": {"binary_join": True}}}}
     result = p.run(last, run_config=on_demand)
     found = {(c.asset, c.name): c for c in checks(result)}
     check = found[("triangles", BINARY_JOIN)]
     assert not check.passed and check.metadata["checked"]
+    said = [e.user_message for e in p.instance.all_logs(result.run_id)]
+    progress = f"{BINARY_JOIN} of triangles at epoch {last} ({epoch_key(last)}): recomputing"
+    assert any(m.startswith(progress) for m in said), said  # before a long Spark check
+    assert any(
+        m.startswith(f"{BINARY_JOIN} of triangles at epoch {last}: FAILED in ") for m in said
+    )
     assert check.metadata["mismatches"] == 1
     assert "(100, 101, 102): expected 0, maintained 1" in str(check.metadata["examples"])
     assert found[("paths2", BINARY_JOIN)].passed
@@ -231,6 +265,34 @@ def test_a_tampered_output_batch_fails_the_binary_join_check(scenario: Scenario)
     assert p.run(1).success
     again = {(c.asset, c.name): c for c in checks(p.run(last, run_config=on_demand))}
     assert again[("triangles", BINARY_JOIN)].passed
+
+
+def test_the_verify_job_checks_an_epoch_as_stored_and_applies_nothing(scenario: Scenario) -> None:
+    """One click verifies an epoch: the verify job runs every check but the landed files' on the
+    epoch as the state holds it (the binary join too), materializes and commits nothing; an epoch
+    the state does not hold fails each check, saying so (but current_history: it has no history
+    to be stale, and a failure would have the automation run it)."""
+    p = scenario.pipeline
+    before = p.generation()
+    verify = p.defs.resolve_job_def(VERIFY_JOB)
+    result = p.run(1, job=verify)
+    assert result.success, failures(result)
+    assert materializations(result) == [] and p.generation() == before
+    found = {(c.asset, c.name): c for c in checks(result)}
+    expected = {("edge_snapshot", NON_NEGATIVE)}
+    for q in QUERIES:
+        expected |= {(f"{q}_deltas", CURRENT), (f"{q}_deltas", DELTA_RULES), (q, BINARY_JOIN)}
+    assert set(found) == expected
+    assert all(c.passed for c in found.values()), [c for c in found.values() if not c.passed]
+    for c in found.values():
+        where = c.metadata["partition"] if c.name == BINARY_JOIN else c.partition
+        assert where == epoch_key(1), c
+
+    result = p.run(EPOCHS + 5, job=verify)  # never applied
+    found = checks(result)  # current_history has nothing to say: no history, nothing stale
+    assert len(found) == len(expected) - len(QUERIES) and not any(c.passed for c in found)
+    said = f"epoch {EPOCHS + 5} ({epoch_key(EPOCHS + 5)}) is not in the state: run it first"
+    assert all(c.metadata["error"] == said for c in found), found
 
 
 @pytest.mark.parametrize("kind", ["drop", "add", "flip"])
@@ -312,6 +374,13 @@ def test_a_corrected_epoch_and_a_later_epoch_equal_the_from_scratch_answer(
     assert [request.tags[t] for t in RANGE_TAGS] == [epoch_key(2), epoch_key(EPOCHS - 1)]
     assert [r.run_key for r in rebuild_requests(p)] == [request.run_key]
     assert p.output("triangles", 1) == oracle(p.topology, "triangles", corrected, 1)
+    # Verifying epoch 2 as stored says it is stale, and rebuilds nothing.
+    history = {AssetCheckKey(AssetKey(f"{q}_deltas"), CURRENT) for q in QUERIES}
+    verify = p.defs.resolve_job_def(VERIFY_JOB)
+    every = {AssetKey(a) for a in assets}
+    verified = p.run(2, job=verify.get_subset(asset_selection=every, asset_check_selection=history))
+    assert [(c.name, c.passed) for c in checks(verified)] == [(CURRENT, False)] * len(QUERIES)
+    assert materializations(verified) == []
     # A run of the last epoch alone derives the stale epoch 2 again first, and reports it.
     result = p.run(EPOCHS - 1)
     assert result.success, failures(result)
@@ -347,8 +416,8 @@ def test_the_rebuild_sensor_requests_one_run_over_the_stale_range_once_nothing_r
     result = p.run((1, EPOCHS - 1))  # the requested run: one run, its range tags
     assert result.success, failures(result)
     current = {(c.asset, c.partition): c.passed for c in checks(result) if c.name == CURRENT}
-    later = [epoch_key(t) for t in range(1, EPOCHS)]
-    assert current == {(f"{q}_deltas", k): True for q in QUERIES for k in later}
+    later = [epoch_key(t) for t in range(1, EPOCHS)]  # each partition, then the range's result
+    assert current == {(f"{q}_deltas", k): True for q in QUERIES for k in [*later, None]}
     assert rebuild_requests(p) == []
     assert p.engine.stale() == []
     for t in range(EPOCHS):

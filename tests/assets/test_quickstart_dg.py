@@ -11,8 +11,9 @@ by hand:
 * the history is kept in the project's ``.dagster`` (the instance ``.env`` names);
 * the epochs start on the first landed day (two partitions, not years of them);
 * ``triangles`` counts the graph's triangles as a set, at each epoch;
-* the user's ``busiest_vertices`` (``reports.py``: a polars ``LazyFrame`` of ``triangles_deltas``,
-  ``follows_epochs()``) is run by the automation sensor for both epochs, and no run starts Spark;
+* the user's ``busiest_vertices`` (``reports.py``: each epoch's ``triangles_deltas`` as a polars
+  ``LazyFrame``, ``follows_epochs()``) is run by the automation sensor for both epochs, and no
+  run starts Spark;
 * the UI says "Auto-materialize on", as it is.
 """
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from pathlib import Path
 
 import pytest
 from dagster import DagsterInstance, build_sensor_context
+from dagster._core.test_utils import freeze_time
 
 from wcoj_assets.definitions import JOB_NAME, build_definitions
 from wcoj_assets.epochs import epoch_key, epoch_number
@@ -84,6 +86,40 @@ def test_epochs_count_from_the_code_locations_first_day(
     )
     # Reading a folder needs a date only; which dates are epochs is the code location's business.
     assert [f.name for f in landed_files(str(landing), "edge", "2024-02-29").files] == ["part.csv"]
+
+
+def test_a_folder_of_a_day_not_yet_ended_waits_while_the_others_run(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Producers name folders by their own day, land early or live east of UTC: a folder of
+    today (UTC) or later is not a partition yet. It is named in one warning line and requested
+    once its day has ended; a correction landed meanwhile runs at once."""
+    landing = tmp_path / "landing"
+    days = ["2026-11-26", "2026-11-27", "2026-11-28", "2026-11-29", "2026-11-30"]
+    for key in days:
+        land(landing, key)
+    morning = dt.datetime(2026, 11, 29, 9, 30, tzinfo=dt.UTC)  # the day of days[3], UTC
+    with freeze_time(morning):
+        first = tick(landing, start=days[0])
+    assert [r.partition_key for r in first.run_requests] == days[:3]
+    warned = [line for line in capfd.readouterr().err.splitlines() if "WARNING" in line]
+    assert len(warned) == 1, warned
+    assert "waiting for edge/2026-11-29, edge/2026-11-30 under " in warned[0]
+    assert "(UTC; the latest is 2026-11-28)" in warned[0]
+
+    path = land(landing, days[1], text="a,b\n1,2\n2,3\n")  # a correction, beside today's
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    with freeze_time(morning + dt.timedelta(hours=2)):
+        corrected = tick(landing, first.cursor, start=days[0])
+    assert [r.partition_key for r in corrected.run_requests] == [days[1]]
+    with freeze_time(morning + dt.timedelta(hours=3)):
+        idle = tick(landing, corrected.cursor, start=days[0])
+    assert not idle.run_requests
+    assert "waiting for edge/2026-11-29, edge/2026-11-30" in (idle.skip_message or "")
+
+    with freeze_time(morning + dt.timedelta(days=1)):  # the 29th has ended; the 30th has not
+        next_day = tick(landing, idle.cursor, start=days[0])
+    assert [r.partition_key for r in next_day.run_requests] == [days[3]]
 
 
 def test_no_landing_folder_is_a_skip(tmp_path: Path) -> None:

@@ -65,6 +65,9 @@ def test_streamed_epochs_are_read_once_and_exact(tmp_path: Path, reads: list[str
         assert result.success, failures(result)
         assert reads[before:] == ["part.txt" if n == 0 else "part.csv"]  # one pass, not two
         assert all(c.passed for c in checks(result)), checks(result)
+        # Streamed rows are counted as they are checked: every epoch says how many landed.
+        (deltas,) = [m for m in materializations(result) if m.asset_key.path == ["edge_deltas"]]
+        assert deltas.metadata["rows landed"].value == len(history[n])
         assert triangles(p, n) == oracle(p.topology, "triangles", history, n)
     before = len(reads)
     result = p.run((2, 3))  # a range: each epoch's file read once, as it is applied

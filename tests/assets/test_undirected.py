@@ -94,6 +94,23 @@ def test_one_direction_edges_give_the_undirected_answer(scenario: Scenario) -> N
     assert one_way != set_oracle(p.topology, "triangles", edges, EPOCHS - 1)
 
 
+def test_the_run_log_and_ignored_rows_speak_in_edges(tmp_path: Path) -> None:
+    """The run's line per epoch counts edges (the engine holds each edge both ways), and
+    `ignored` names a landed row once, not once per direction."""
+    p = Pipeline(None, tmp_path, undirected=["edge"], start=START)
+    p.land(0, [((1, 2), 1), ((2, 3), 1), ((1, 3), 1)], "csv")
+    p.land(1, [((1, 2), 1), ((3, 2), 1), ((3, 4), 1)], "csv")  # two present, one either way
+    for n, edges in enumerate((3, 1)):
+        result = p.run(n)
+        assert result.success, failures(result)
+        said = [e.user_message for e in p.instance.all_logs(result.run_id)]
+        line = f"epoch {n} ({p.epochs.key(n)}): edge {edges} edges changed; triangles 1 "
+        assert any(line in m for m in said), said
+    (deltas,) = [m for m in materializations(result) if m.asset_key.path == ["edge_deltas"]]
+    assert deltas.metadata["ignored (already present)"].value == 2
+    assert deltas.metadata["ignored"].value == ["(1, 2): landed +", "(2, 3): landed +"]
+
+
 def test_the_dropped_self_loop_is_reported(scenario: Scenario) -> None:
     (deltas,) = [
         m

@@ -247,3 +247,35 @@ def test_landed_files_are_read_by_the_driver_and_by_spark_alike(
         zip(*(local.rows[c].to_pylist() for c in ("c0", "c1", "diff")), strict=True)
     )
     assert read_epoch(str(tmp_path), "edge", 2, "2020-01-09", starter).rows is None
+
+
+def test_installing_wcoj_alone_brings_every_command_of_the_quick_start() -> None:
+    """``pip install -e <clone>``, no extra, installs ``dg`` (the quick start's ``dg scaffold``,
+    ``dg check defs``, ``dg dev``) and ``dagster dev``'s webserver: the distributions of those
+    commands are among what pyproject.toml's dependencies require, directly or through theirs."""
+    import tomllib
+    from importlib.metadata import PackageNotFoundError, entry_points, requires
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    wanted = list(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
+    closure: set[str] = set()
+    while wanted:
+        requirement = Requirement(wanted.pop())
+        name = canonicalize_name(requirement.name)
+        if name in closure or (
+            requirement.marker and not requirement.marker.evaluate({"extra": ""})
+        ):
+            continue
+        closure.add(name)
+        try:
+            wanted += requires(name) or []
+        except PackageNotFoundError:  # an optional platform's package, not installed here
+            continue
+    scripts = {e.name: e.dist for e in entry_points(group="console_scripts")}
+    for command in ("dg", "dagster", "dagster-webserver"):
+        dist = scripts[command]
+        assert dist is not None and canonicalize_name(dist.name) in closure, command

@@ -162,6 +162,7 @@ class Check:
     passed: bool
     partition: str | None
     metadata: dict[str, Any]
+    description: str | None = None
 
 
 class Pipeline:
@@ -229,8 +230,10 @@ class Pipeline:
         epochs: int | tuple[int, int],
         assets: Sequence[str] | None = None,
         run_config: dict[str, Any] | None = None,
+        job: Any = None,
     ) -> ExecuteInProcessResult:
-        """Run the epoch job for one epoch or, for ``(first, last)``, a range in one run.
+        """Run the epoch job (or `job`) for one epoch or, for ``(first, last)``, a range in one
+        run.
 
         A pipeline built with a `deployment` other than ``auto`` sets it in every run's resource
         config.
@@ -250,7 +253,7 @@ class Pipeline:
             first, last = epochs
             scope = {"tags": {RANGE_START: key(first), RANGE_END: key(last)}}
         with dagster_settings():
-            return self.job.execute_in_process(
+            return (job or self.job).execute_in_process(
                 instance=self.instance,
                 raise_on_error=False,
                 asset_selection=selection,
@@ -282,6 +285,7 @@ def checks(result: ExecuteInProcessResult) -> list[Check]:
                     e.passed,
                     e.partition,
                     {k: v.value for k, v in e.metadata.items()},
+                    e.description,
                 )
             )
     return out

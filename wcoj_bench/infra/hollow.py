@@ -129,12 +129,8 @@ def _hollow_assets(
         book = CheckBook()
         for spec in specs:
             for partition in run:
-                checked = spec.name != BINARY_JOIN or partition == recomputed
-                book.add(
-                    AssetCheckKey(spec.asset_key, spec.name),
-                    partition,
-                    Outcome(True, checked=checked),
-                )
+                if spec.name != BINARY_JOIN or partition == recomputed:
+                    book.add(AssetCheckKey(spec.asset_key, spec.name), partition, Outcome(True))
         yield from report(context, specs, book, run, reporting)
 
     return _step
