@@ -1,5 +1,5 @@
 """The tiers every test falls into, and what a parallel run keeps together (a pytest plugin:
-`tests/conftest.py` takes its hook; README "How it is tested").
+`tests/conftest.py` takes its hook; docs/testing.md).
 
 **Tiers** (markers registered in pyproject.toml, ``--strict-markers``). A test's tier follows
 from what it uses, so a new test falls into the right one:

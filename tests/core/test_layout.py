@@ -1,0 +1,22 @@
+"""docs/layout.md names every module of the product, so that the page stays the map it claims."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_module_of_the_product_is_in_the_layout_page() -> None:
+    page = (ROOT / "docs" / "layout.md").read_text()
+    modules = [
+        p.relative_to(ROOT).as_posix()
+        for package in ("wcoj_core", "wcoj_assets")
+        for p in sorted((ROOT / package).rglob("*"))
+        if p.suffix in (".py", ".c") and p.name != "__main__.py" and "__pycache__" not in p.parts
+    ]
+    missing = [m for m in modules if f"`{m}`" not in page]
+    assert len(modules) > 50 and not missing, f"add to docs/layout.md: {missing}"
+    named = {line.split("`")[1] for line in page.splitlines() if line.startswith("| `wcoj_")}
+    gone = sorted(n for n in named if n.endswith((".py", ".c")) and not (ROOT / n).exists())
+    assert not gone, f"docs/layout.md names modules that no longer exist: {gone}"
