@@ -35,6 +35,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from dagster import (
@@ -182,62 +183,81 @@ def build_definitions(
     dagster-pyspark `LazyPySparkResource` whose ``spark_config`` supplies Spark settings.
     `translate` maps each asset's base spec and `wcoj_assets.graph.AssetInfo` to the spec to use
     (key prefix, group, owners, tags, kinds...); `op_name`, `op_tags`, `pool` and
-    `backfill_policy` set the step's; `execute` is its body (`run_epochs`).
-
-    The definitions hold what the pipeline owns and nothing of the code location's: no
-    executor (its job runs in process; the default code location, `defs`, runs everything so).
+    `backfill_policy` set the step's; `execute` is its body (`run_epochs`). No executor: the
+    definitions hold the pipeline's own, not the code location's (`defs` runs in process).
     """
     names = Names(name)
     undirected, sets, bags = (
-        (value,) if isinstance(value, str) else tuple(value) for value in (undirected, sets, bags)
+        (v,) if isinstance(v, str) else tuple(v) for v in (undirected, sets, bags)
     )
     with warnings.catch_warnings():
-        # Deliberate: backfill policies, partitioned asset checks and automation conditions on
-        # them are beta/preview features of Dagster 1.13.
+        # Deliberate: beta/preview features of Dagster 1.13 (backfill policies, checks' partitions)
         warnings.simplefilter("ignore", BetaWarning)
         warnings.simplefilter("ignore", PreviewWarning)
         topology = Topology.of(specs, undirected, sets, bags)
-        graph = EpochGraph.build(
-            topology,
-            Epochs(start),
-            translate,
-            checks=lambda graph: check_specs(graph, names.rebuild_sensor),
-            io_manager_key=names.outputs,
+        checks = partial(check_specs, rebuild_sensor=names.rebuild_sensor)
+        graph = EpochGraph.build(topology, Epochs(start), translate, checks, names.outputs)
+        step = {"name": op_name, "op_tags": op_tags, "pool": pool, "backfill": backfill_policy}
+        assets = _step(graph, names, execute, step)
+        resource = _resource(
+            spark_master,
+            spark_conf,
+            storage,
+            landing,
+            {
+                "check_every": check_every,
+                "check_reporting": None
+                if check_reporting is None
+                else reporting_of(check_reporting),
+                "empty_epochs": empty_epochs,
+                "memory": memory,
+                "pyspark": pyspark,
+            },
         )
-        key = names.resource
+        return assemble(graph, assets, resource, sensor_seconds, names)
 
-        def body(context: Any, config: EpochConfig) -> Iterator[Any]:
-            return execute(context, config, getattr(context.resources, key), graph)
 
-        assets = epochs_asset(
-            graph,
-            body,
-            name=op_name or names.op,
-            op_tags=dict(op_tags or {}),
-            pool=pool,
-            backfill_policy=backfill_policy,
-            resource_key=key,
-        )
-        resource_values: dict[str, Any] = {
-            "master": spark_master,
-            "spark_conf": dict(spark_conf or {}),
-            "storage": storage if storage is not None else DEFAULT_STORAGE,
-            "landing": landing if landing is not None else DEFAULT_LANDING,
-        }
-        if check_every is not None:
-            resource_values["check_every"] = check_every
-        if check_reporting is not None:
-            resource_values["check_reporting"] = reporting_of(check_reporting)
-        if empty_epochs is not None:
-            resource_values["empty_epochs"] = empty_epochs
-        if memory is not None:
-            from wcoj_core.budget import MemoryBudget
+def _step(graph: EpochGraph, names: Names, execute: Execute, step: Mapping[str, Any]) -> Any:
+    """The one step of the pipeline: every asset, made by `execute` with the pipeline's resource;
+    `step` holds the op's name, tags, pool and backfill policy (None: the defaults)."""
+    key = names.resource
 
-            MemoryBudget.of(memory)  # refused when the definitions load, not at the first run
-            resource_values["memory"] = memory
-        if pyspark is not None:
-            resource_values["pyspark"] = pyspark
-        return assemble(graph, assets, wcoj_resource(**resource_values), sensor_seconds, names)
+    def body(context: Any, config: EpochConfig) -> Iterator[Any]:
+        return execute(context, config, getattr(context.resources, key), graph)
+
+    return epochs_asset(
+        graph,
+        body,
+        name=step["name"] or names.op,
+        op_tags=dict(step["op_tags"] or {}),
+        pool=step["pool"],
+        backfill_policy=step["backfill"],
+        resource_key=key,
+    )
+
+
+def _resource(
+    master: str,
+    spark_conf: Mapping[str, str] | None,
+    storage: Any,
+    landing: Any,
+    given: Mapping[str, Any],
+) -> Any:
+    """The pipeline's resource: Spark, the storage and landing locations (defaults under
+    ``.wcoj/``), and each of the resource's other settings that `given` holds a value for (None:
+    the resource's default). A memory budget is refused here, when the definitions load, not at
+    the first run."""
+    if given.get("memory") is not None:
+        from wcoj_core.budget import MemoryBudget
+
+        MemoryBudget.of(given["memory"])
+    return wcoj_resource(
+        master=master,
+        spark_conf=dict(spark_conf or {}),
+        storage=storage if storage is not None else DEFAULT_STORAGE,
+        landing=landing if landing is not None else DEFAULT_LANDING,
+        **{k: v for k, v in given.items() if v is not None},
+    )
 
 
 def reporting_of(value: str | CheckReporting) -> CheckReporting:

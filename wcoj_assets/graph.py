@@ -56,6 +56,8 @@ from wcoj_assets.specs import (
 )
 from wcoj_core.errors import QueryError
 from wcoj_core.indexes import ViewKey
+from wcoj_core.meaning import RelationSpec
+from wcoj_core.query.ir import Query
 from wcoj_core.traces import (
     counts_trace_name,
     output_trace_name,
@@ -127,134 +129,154 @@ def infos(topology: Topology) -> list[AssetInfo]:
     """Every asset of `topology`, in the order the engine makes them."""
     out: list[AssetInfo] = []
     for rel, arity in topology.relations.items():
-        spec = topology.meanings[rel]
-        cols = tuple(f"c{i}" for i in range(arity))
-        changes, snapshot = deltas_asset_name(rel), snapshot_asset_name(rel)
-        trace = relation_trace_name(rel)
-        meaning = (
-            f"an undirected {spec.meaning.value}" if spec.undirected else f"a {spec.meaning.value}"
+        out += _relation_infos(topology, rel, arity)
+    for q in topology.queries:
+        out += _query_infos(topology, q)
+    return out
+
+
+def _relation_infos(topology: Topology, rel: str, arity: int) -> list[AssetInfo]:
+    """A relation's assets: its changes, its snapshot, each index and each counts arrangement."""
+    out: list[AssetInfo] = []
+    spec = topology.meanings[rel]
+    cols = tuple(f"c{i}" for i in range(arity))
+    changes, snapshot = deltas_asset_name(rel), snapshot_asset_name(rel)
+    trace = relation_trace_name(rel)
+    text = _changes_text(rel, spec)
+    out.append(
+        AssetInfo(changes, Role.CHANGES, "inputs", trace, rel, description=text, columns=cols)
+    )
+    out.append(
+        AssetInfo(
+            snapshot,
+            Role.SNAPSHOT,
+            "engine",
+            trace,
+            rel,
+            deps=(changes,),
+            description=f"Relation `{rel}` as of the epoch (its previous snapshot plus the "
+            "epoch's change), stored as its batches: the self arrangement, which every rule "
+            "reads through its atoms' views.",
+            columns=cols,
         )
-        text = (
-            f"The change of relation `{rel}` ({meaning}) at the epoch: what the update triples "
-            f"landed in `<landing>/{rel}/<epoch key>/` (CSV, SNAP edge list or Parquet) did to "
-            "it, after a full pandera check of the landed rows."
-        )
-        if spec.undirected:
-            text += (
-                " Undirected: each landed change (a, b, diff) is an edge in no particular "
-                "direction, taken as (a, b) and (b, a); self-loops are dropped."
-            )
-        if spec.meaning.value == "set":
-            text += (
-                " A set: a tuple is present or not; inserting a present tuple or deleting an "
-                "absent one changes nothing and is counted."
-            )
-        out.append(
-            AssetInfo(changes, Role.CHANGES, "inputs", trace, rel, description=text, columns=cols)
-        )
+    )
+    for key in topology.views[rel]:
+        name = view_asset_name(rel, key)
+        pattern, order = key
+        seen = "the relation" if pattern is None else f"the view {pattern} of the relation"
         out.append(
             AssetInfo(
-                snapshot,
-                Role.SNAPSHOT,
+                name,
+                Role.INDEX,
                 "engine",
                 trace,
                 rel,
-                deps=(changes,),
-                description=f"Relation `{rel}` as of the epoch (its previous snapshot plus the "
-                "epoch's change), stored as its batches: the self arrangement, which every rule "
-                "reads through its atoms' views.",
-                columns=cols,
+                view=key,
+                deps=(snapshot,),
+                description=f"The index of `{rel}` in column order "
+                f"({', '.join(f'c{o}' for o in order)}): {seen} sorted for the kernel's "
+                "lookups, as memory-mapped segment files (a base and a few recent layers), "
+                "shared by every rule of every query that probes it.",
+                columns=tuple(f"c{o}" for o in order),
             )
         )
-        for key in topology.views[rel]:
-            name = view_asset_name(rel, key)
-            pattern, order = key
-            seen = "the relation" if pattern is None else f"the view {pattern} of the relation"
-            out.append(
-                AssetInfo(
-                    name,
-                    Role.INDEX,
-                    "engine",
-                    trace,
-                    rel,
-                    view=key,
-                    deps=(snapshot,),
-                    description=f"The index of `{rel}` in column order "
-                    f"({', '.join(f'c{o}' for o in order)}): {seen} sorted for the kernel's "
-                    "lookups, as memory-mapped segment files (a base and a few recent layers), "
-                    "shared by every rule of every query that probes it.",
-                    columns=tuple(f"c{o}" for o in order),
-                )
-            )
-        for a in topology.counts_for(rel):
-            name = counts_asset_name(a)
-            key_cols = tuple(f"c{k}" for k in a.key)
-            out.append(
-                AssetInfo(
-                    name,
-                    Role.COUNTS,
-                    "engine",
-                    counts_trace_name(a),
-                    rel,
-                    deps=(snapshot,),
-                    description=f"`{a}`: for each value of ({', '.join(key_cols) or 'no key'}) "
-                    f"of `{a.view}`, the number of distinct tuples with a non-zero "
-                    "multiplicity, kept as batches and an index. Shared by every rule of every "
-                    "query that counts or checks support by this key.",
-                    columns=key_cols,
-                )
-            )
-    for q in topology.queries:
-        head = tuple(head_columns(q))
-        rules = []
-        for i, atom in enumerate(q.atoms):
-            name = rule_asset_name(q.name, i)
-            rules.append(name)
-            reads = tuple(topology.rule_reads(q.name, i))
-            out.append(
-                AssetInfo(
-                    name,
-                    Role.RULE,
-                    "engine",
-                    rule_trace_name(q.name, i),
-                    query=q.name,
-                    atom=i,
-                    deps=(deltas_asset_name(atom.relation), *reads),
-                    description=f"Rule {i} of `{q.name}`: the output change caused by the "
-                    f"changes to atom {i} (`{atom}`) at the epoch, joining the atoms before it "
-                    "as of the epoch and those after it as of the previous epoch. GenericJoin: "
-                    "count, propose from the fewest, validate against the others.",
-                    columns=head,
-                )
-            )
-        changes = query_deltas_asset_name(q.name)
+    for a in topology.counts_for(rel):
+        name = counts_asset_name(a)
+        key_cols = tuple(f"c{k}" for k in a.key)
         out.append(
             AssetInfo(
-                changes,
-                Role.QUERY_CHANGES,
-                "results",
-                output_trace_name(q.name),
+                name,
+                Role.COUNTS,
+                "engine",
+                counts_trace_name(a),
+                rel,
+                deps=(snapshot,),
+                description=f"`{a}`: for each value of ({', '.join(key_cols) or 'no key'}) "
+                f"of `{a.view}`, the number of distinct tuples with a non-zero "
+                "multiplicity, kept as batches and an index. Shared by every rule of every "
+                "query that counts or checks support by this key.",
+                columns=key_cols,
+            )
+        )
+    return out
+
+
+def _changes_text(rel: str, spec: RelationSpec) -> str:
+    """What a relation's changes asset says of them: where they land and what they mean."""
+    meaning = (
+        f"an undirected {spec.meaning.value}" if spec.undirected else f"a {spec.meaning.value}"
+    )
+    text = (
+        f"The change of relation `{rel}` ({meaning}) at the epoch: what the update triples "
+        f"landed in `<landing>/{rel}/<epoch key>/` (CSV, SNAP edge list or Parquet) did to "
+        "it, after a full pandera check of the landed rows."
+    )
+    if spec.undirected:
+        text += (
+            " Undirected: each landed change (a, b, diff) is an edge in no particular "
+            "direction, taken as (a, b) and (b, a); self-loops are dropped."
+        )
+    if spec.meaning.value == "set":
+        text += (
+            " A set: a tuple is present or not; inserting a present tuple or deleting an "
+            "absent one changes nothing and is counted."
+        )
+    return text
+
+
+def _query_infos(topology: Topology, q: Query) -> list[AssetInfo]:
+    """A query's assets: each delta rule's change, the output's change and the output."""
+    out: list[AssetInfo] = []
+    head = tuple(head_columns(q))
+    rules = []
+    for i, atom in enumerate(q.atoms):
+        name = rule_asset_name(q.name, i)
+        rules.append(name)
+        reads = tuple(topology.rule_reads(q.name, i))
+        out.append(
+            AssetInfo(
+                name,
+                Role.RULE,
+                "engine",
+                rule_trace_name(q.name, i),
                 query=q.name,
-                deps=tuple(rules),
-                description=f"**A result**: the change of `{q.name}`'s output at the epoch "
-                "(its delta rules' outputs summed and consolidated): the tuples it gained "
-                "(diff > 0) and lost (diff < 0).",
+                atom=i,
+                deps=(deltas_asset_name(atom.relation), *reads),
+                description=f"Rule {i} of `{q.name}`: the output change caused by the "
+                f"changes to atom {i} (`{atom}`) at the epoch, joining the atoms before it "
+                "as of the epoch and those after it as of the previous epoch. GenericJoin: "
+                "count, propose from the fewest, validate against the others.",
                 columns=head,
             )
         )
-        out.append(
-            AssetInfo(
-                q.name,
-                Role.OUTPUT,
-                "results",
-                output_trace_name(q.name),
-                query=q.name,
-                deps=(changes,),
-                description=f"**The result**: the output of `{q}` as of the epoch (the "
-                "previous epoch's output plus the epoch's change).",
-                columns=head,
-            )
+    changes = query_deltas_asset_name(q.name)
+    out.append(
+        AssetInfo(
+            changes,
+            Role.QUERY_CHANGES,
+            "results",
+            output_trace_name(q.name),
+            query=q.name,
+            deps=tuple(rules),
+            description=f"**A result**: the change of `{q.name}`'s output at the epoch "
+            "(its delta rules' outputs summed and consolidated): the tuples it gained "
+            "(diff > 0) and lost (diff < 0).",
+            columns=head,
         )
+    )
+    out.append(
+        AssetInfo(
+            q.name,
+            Role.OUTPUT,
+            "results",
+            output_trace_name(q.name),
+            query=q.name,
+            deps=(changes,),
+            description=f"**The result**: the output of `{q}` as of the epoch (the "
+            "previous epoch's output plus the epoch's change).",
+            columns=head,
+        )
+    )
     return out
 
 

@@ -188,20 +188,7 @@ def _figures(
             extra = {"keys held": f.rows if f else 0, "batch rows": batch_rows}
             return {**_segments(engine, segments, extra), "_rows": f.rows if f else 0}
         case Role.RULE:
-            q, i = info.query or "", info.atom or 0
-            rule = result.rules.get(q, {}).get(i)
-            internal: dict[str, Any] = {
-                "rows proposed": rule.proposed if rule else 0,
-                "rows validated": rule.validated if rule else 0,
-                **ran,
-            }
-            out: dict[str, Any] = {"output rows": batch_rows}
-            if rule is None:
-                out["not run"] = (
-                    f"atom {i} changed nothing, or an atom the rule joins it with was empty "
-                    "(on the first epoch the last rule finds the whole output)"
-                )
-            return {**out, "_rows": batch_rows, "_uri": batch_uri, "_internal": internal}
+            return _rule(info, result, batch_rows, batch_uri, ran)
         case Role.QUERY_CHANGES:
             q = info.query or ""
             added, removed = _added_removed(result, q, batch_rows)
@@ -214,35 +201,74 @@ def _figures(
                 "_internal": {"rows written": batch_rows, **ran},
             }
         case Role.OUTPUT:
-            q = info.query or ""
-            f = trace.figures if trace is not None else None
-            changes = next(
-                (t for n, t in result.traces.items() if n == info.trace and t.batch is not None),
-                None,
-            )
-            rows = changes.batch.rows if changes is not None and changes.batch else 0
-            added, removed = _added_removed(result, q, rows)
-            return {
-                "count": f.count if f else 0,
-                **_aggregate(engine, graph.topology.query(q), result.epoch, rows),
-                "added": added,
-                "removed": removed,
-                "net": result.totals.get(q, 0),
-                "_rows": f.rows if f else 0,
-                "_uri": _folder(engine, batch.path) if batch is not None else None,
-                "_internal": {
-                    **ran,
-                    "why there": metrics.reason,
-                    "seconds by phase": {k: round(v, 4) for k, v in metrics.seconds.items()},
-                    "hydration": {
-                        "seconds": round(metrics.seconds.get("open", 0.0), 4),
-                        "mapped_bytes": metrics.mapped_bytes,
-                        "read_bytes": metrics.read_bytes,
-                        "rebuilt": list(metrics.rebuilt),
-                    },
-                },
-            }
+            return _output(info, graph, engine, result, trace, ran)
     raise AssertionError(info.role)
+
+
+def _rule(
+    info: AssetInfo,
+    result: EpochResult,
+    batch_rows: int,
+    batch_uri: str | None,
+    ran: dict[str, Any],
+) -> dict[str, Any]:
+    """A delta rule's change at the epoch: its rows, and what the kernel proposed and validated."""
+    q, i = info.query or "", info.atom or 0
+    rule = result.rules.get(q, {}).get(i)
+    internal: dict[str, Any] = {
+        "rows proposed": rule.proposed if rule else 0,
+        "rows validated": rule.validated if rule else 0,
+        **ran,
+    }
+    out: dict[str, Any] = {"output rows": batch_rows}
+    if rule is None:
+        out["not run"] = (
+            f"atom {i} changed nothing, or an atom the rule joins it with was empty "
+            "(on the first epoch the last rule finds the whole output)"
+        )
+    return {**out, "_rows": batch_rows, "_uri": batch_uri, "_internal": internal}
+
+
+def _output(
+    info: AssetInfo,
+    graph: EpochGraph,
+    engine: Engine,
+    result: EpochResult,
+    trace: TraceReport | None,
+    ran: dict[str, Any],
+) -> dict[str, Any]:
+    """A query's output as of the epoch: its count, an aggregate's figures, what the epoch added
+    and removed, and how the epoch ran."""
+    batch = trace.batch if trace is not None else None
+    metrics = result.metrics
+    q = info.query or ""
+    f = trace.figures if trace is not None else None
+    changes = next(
+        (t for n, t in result.traces.items() if n == info.trace and t.batch is not None),
+        None,
+    )
+    rows = changes.batch.rows if changes is not None and changes.batch else 0
+    added, removed = _added_removed(result, q, rows)
+    return {
+        "count": f.count if f else 0,
+        **_aggregate(engine, graph.topology.query(q), result.epoch, rows),
+        "added": added,
+        "removed": removed,
+        "net": result.totals.get(q, 0),
+        "_rows": f.rows if f else 0,
+        "_uri": _folder(engine, batch.path) if batch is not None else None,
+        "_internal": {
+            **ran,
+            "why there": metrics.reason,
+            "seconds by phase": {k: round(v, 4) for k, v in metrics.seconds.items()},
+            "hydration": {
+                "seconds": round(metrics.seconds.get("open", 0.0), 4),
+                "mapped_bytes": metrics.mapped_bytes,
+                "read_bytes": metrics.read_bytes,
+                "rebuilt": list(metrics.rebuilt),
+            },
+        },
+    }
 
 
 def _aggregate(engine: Engine, query: Query, epoch: int, changed: int) -> dict[str, Any]:

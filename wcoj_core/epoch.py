@@ -496,52 +496,73 @@ class EpochPass:
                 outputs[name] = self._output(m, name, change, streams.get(name))
             tallies = dict(result.tallies)
         else:
-            from wcoj_core.deploy.spark_job import routes, run_rules
+            choice, tallies = self._in_executors(m, choice, jobs, distinct, counted, outputs)
+        self._query_outputs(m, jobs, outputs, layers)
+        return choice, outputs, tallies
 
-            # Tasks on a state every executor reaches as files (not routed stages) map the
-            # changes the driver consolidated (`TraceRead.mapped`): the batches, which only the
-            # commit reads then, are written on a thread while the job runs (a dry pass writes
-            # none).
-            ship = self.access.local and not routes(served, access, m, self.epoch, choice)
-            mapped = {
-                name: self._shipped(name, layer) for name, layer in self.deltas.items() if ship
-            }
-            if not ship:
-                self._batches(m)
-            later = ThreadPoolExecutor(1) if ship and not self.dry else None
+    def _in_executors(
+        self,
+        m: Manifest,
+        choice: Choice,
+        jobs: list[RuleJob],
+        distinct: frozenset[str],
+        counted: frozenset[str],
+        outputs: dict[str, _Out],
+    ) -> tuple[Choice, dict[RuleJob, RuleTally]]:
+        """Every rule in one Spark job in the executors; their outputs into `outputs`."""
+        served, access = self.served, self.access
+        from wcoj_core.deploy.spark_job import routes, run_rules
+
+        # Tasks on a state every executor reaches as files (not routed stages) map the
+        # changes the driver consolidated (`TraceRead.mapped`): the batches, which only the
+        # commit reads then, are written on a thread while the job runs (a dry pass writes
+        # none).
+        ship = self.access.local and not routes(served, access, m, self.epoch, choice)
+        mapped = {name: self._shipped(name, layer) for name, layer in self.deltas.items() if ship}
+        if not ship:
+            self._batches(m)
+        later = ThreadPoolExecutor(1) if ship and not self.dry else None
+        try:
+            pending = later.submit(self._batches, m) if later is not None else None
             try:
-                pending = later.submit(self._batches, m) if later is not None else None
-                try:
-                    outcome = run_rules(
-                        served,
-                        self.access,
-                        m,
-                        self.epoch,
-                        choice,
-                        jobs,
-                        {} if ship else self.pre,
-                        self.written,
-                        distinct=distinct,
-                        counted=counted,
-                        mapped=mapped,
-                        symmetric=frozenset(n for n in mapped if self.deltas[n].symmetric),
-                    )
-                finally:
-                    if pending is not None:
-                        wait([pending])  # written (or failed) before anything is discarded
-                    self.access.store.discard([s.path for s in mapped.values() if s.rows])
-                if pending is not None:
-                    pending.result()  # a batch that could not be written fails the epoch
+                outcome = run_rules(
+                    served,
+                    self.access,
+                    m,
+                    self.epoch,
+                    choice,
+                    jobs,
+                    {} if ship else self.pre,
+                    self.written,
+                    distinct=distinct,
+                    counted=counted,
+                    mapped=mapped,
+                    symmetric=frozenset(n for n in mapped if self.deltas[n].symmetric),
+                )
             finally:
-                if later is not None:
-                    later.shutdown()
-            for name, batch in outcome.batches.items():
-                outputs[name] = _Out(None, batch, outcome.totals.get(name, 0))
-            for name, (rows, total) in outcome.counted.items():
-                outputs[name] = _Out(None, None, total, count=rows)
-            tallies = dict(outcome.tallies)
-            if outcome.how:
-                choice = replace(choice, reason=f"{choice.reason}; {outcome.how}")
+                if pending is not None:
+                    wait([pending])  # written (or failed) before anything is discarded
+                self.access.store.discard([s.path for s in mapped.values() if s.rows])
+            if pending is not None:
+                pending.result()  # a batch that could not be written fails the epoch
+        finally:
+            if later is not None:
+                later.shutdown()
+        for name, batch in outcome.batches.items():
+            outputs[name] = _Out(None, batch, outcome.totals.get(name, 0))
+        for name, (rows, total) in outcome.counted.items():
+            outputs[name] = _Out(None, None, total, count=rows)
+        tallies = dict(outcome.tallies)
+        if outcome.how:
+            choice = replace(choice, reason=f"{choice.reason}; {outcome.how}")
+        return choice, tallies
+
+    def _query_outputs(
+        self, m: Manifest, jobs: list[RuleJob], outputs: dict[str, _Out], layers: EpochLayers
+    ) -> None:
+        """Each query's output change into `outputs`: made whole, its one rule's, or its rules'
+        summed."""
+        served = self.served
         for q in served.queries:
             out = output_trace_name(q)
             width = len(served.queries[q].head)
@@ -559,7 +580,6 @@ class EpochPass:
                 outputs[out] = _Out(self.spill.merged(parts, width, "summing the output change"))
             elif out not in outputs:
                 outputs[out] = _Out(Layer.empty(width))
-        return choice, outputs, tallies
 
     def _room(self, work: Work, layers: EpochLayers, counting: frozenset[str]) -> None:
         """Refuse up front, in one line, an epoch whose output changes cannot fit the disk they
@@ -794,38 +814,7 @@ class EpochPass:
         """The manifest after the epoch: a batch per changed trace at the epoch (replacing what
         it held), figures as of the epoch, every opened trace's index advanced to it."""
         served, access, t = self.served, self.access, self.epoch
-        staged: dict[str, _Out] = {}
-        for rel, (_, eff) in self.effects.items():
-            name = relation_trace_name(rel)
-            staged[name] = _Out(eff.change, self.pre.get(name))
-            staged[name].figures = self._figures_before(m, name).plus(
-                eff.figures, f"relation {rel!r}"
-            )
-            if len(eff.ignored):
-                staged[ignored_trace_name(rel)] = _Out(eff.ignored, figures=Figures())
-        # An undirected relation's counts by its first and by its second column are one change
-        # (`counted_by`: the same layer) of traces that hold the same (the relation is its own
-        # mirror in every epoch, which the state's plan records): the lookup of the keys'
-        # old counts is made once, for traces whose figures before agree.
-        twins: dict[int, tuple[Figures, Figures]] = {}
-        for name, layer in self.deltas.items():
-            if name.startswith("counts/"):
-                out = _Out(layer, self.pre.get(name))
-                before = self._figures_before(m, name)
-                known = twins.get(id(layer))
-                if known is not None and known[0] == before:
-                    change = known[1]
-                else:
-                    change = self._change(m, name, out)
-                    twins[id(layer)] = (before, change)
-                out.figures = before.plus(change, name)
-                staged[name] = out
-        for name, out in outputs.items():
-            figures = self._figures_before(m, name)
-            if name.startswith("out/"):
-                figures = figures.plus(self._change(m, name, out), f"query {name[4:]!r}'s output")
-            out.figures = figures
-            staged[name] = out
+        staged = self._staged(m, outputs)
         traces = dict(m.traces)
         reports: dict[str, TraceReport] = {}
         at_epoch = {n for n, tr in m.traces.items() if any(b.time == t for b in tr.batches)}
@@ -880,6 +869,43 @@ class EpochPass:
             reports[name] = TraceReport(name, batch, figures, _segments(trace))
         epoch = t if m.epoch is None else max(m.epoch, t)
         return replace(m, epoch=epoch, traces=traces, plan=served.record), reports
+
+    def _staged(self, m: Manifest, outputs: Mapping[str, _Out]) -> dict[str, _Out]:
+        """Every trace the epoch changes, with its change and its figures as of the epoch: the
+        relations' (and their ignored changes), the counts', the rules' and outputs'."""
+        staged: dict[str, _Out] = {}
+        for rel, (_, eff) in self.effects.items():
+            name = relation_trace_name(rel)
+            staged[name] = _Out(eff.change, self.pre.get(name))
+            staged[name].figures = self._figures_before(m, name).plus(
+                eff.figures, f"relation {rel!r}"
+            )
+            if len(eff.ignored):
+                staged[ignored_trace_name(rel)] = _Out(eff.ignored, figures=Figures())
+        # An undirected relation's counts by its first and by its second column are one change
+        # (`counted_by`: the same layer) of traces that hold the same (the relation is its own
+        # mirror in every epoch, which the state's plan records): the lookup of the keys'
+        # old counts is made once, for traces whose figures before agree.
+        twins: dict[int, tuple[Figures, Figures]] = {}
+        for name, layer in self.deltas.items():
+            if name.startswith("counts/"):
+                out = _Out(layer, self.pre.get(name))
+                before = self._figures_before(m, name)
+                known = twins.get(id(layer))
+                if known is not None and known[0] == before:
+                    change = known[1]
+                else:
+                    change = self._change(m, name, out)
+                    twins[id(layer)] = (before, change)
+                out.figures = before.plus(change, name)
+                staged[name] = out
+        for name, out in outputs.items():
+            figures = self._figures_before(m, name)
+            if name.startswith("out/"):
+                figures = figures.plus(self._change(m, name, out), f"query {name[4:]!r}'s output")
+            out.figures = figures
+            staged[name] = out
+        return staged
 
     def _stamped(self, trace: Trace, out: _Out) -> Batch:
         """The trace's batch at the epoch (written now unless the executors or the derive step
