@@ -1,4 +1,5 @@
-"""docs/layout.md names every module of the product, so that the page stays the map it claims."""
+"""The layout as promised: docs/layout.md names every module of the product, and no function of
+it runs over 80 lines."""
 
 from __future__ import annotations
 
@@ -20,3 +21,17 @@ def test_every_module_of_the_product_is_in_the_layout_page() -> None:
     named = {line.split("`")[1] for line in page.splitlines() if line.startswith("| `wcoj_")}
     gone = sorted(n for n in named if n.endswith((".py", ".c")) and not (ROOT / n).exists())
     assert not gone, f"docs/layout.md names modules that no longer exist: {gone}"
+
+
+def test_no_function_of_the_product_is_over_80_lines() -> None:
+    import ast
+
+    long = [
+        f"{p.relative_to(ROOT)}:{f.lineno} {f.name} ({(f.end_lineno or 0) - f.lineno + 1} lines)"
+        for package in ("wcoj_core", "wcoj_assets")
+        for p in sorted((ROOT / package).rglob("*.py"))
+        for f in ast.walk(ast.parse(p.read_text()))
+        if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (f.end_lineno or f.lineno) - f.lineno + 1 > 80
+    ]
+    assert not long, f"split these (STYLE.md: functions under 80 lines): {long}"
