@@ -53,9 +53,10 @@ def test_every_epoch_runs_both_jobs_fresh_and_agrees_with_wcoj_apply(part: dict)
         for r in runs:
             assert r["seconds"] > 0 and r["peak_rss_bytes"] > 0
             assert set(r["phases"]) == {"before the run", "run", "after the run"}
-            assert r["events"]["materializations"] == 11  # every asset, one epoch
-            # every check of one epoch, the binary join off its cadence (it reports nothing)
-            assert r["events"]["check_evaluations"] == 4
+            assert r["events"]["materializations"] == 16  # every asset of both queries, one epoch
+            # every check of one epoch (4 of triangles, 2 of per_vertex), the binary join off
+            # its cadence (it reports nothing)
+            assert r["events"]["check_evaluations"] == 6
     real, hollow = part["runs"]["real"], part["runs"]["hollow"]
     assert [r["count"] for r in real] == part["counts"] and "count" not in hollow[0]
     assert part["initial_count"] > 100 and len(set([part["initial_count"], *part["counts"]])) > 1
