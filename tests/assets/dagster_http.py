@@ -178,6 +178,24 @@ class Webserver:
         return "\n".join(text.splitlines()[-lines:])
 
 
+def run_ui_script(script: Path, *args: str, shots: Path) -> dict[str, Any]:
+    """Run a browser script of ``tests/assets/ui`` (``node SCRIPT ARGS... SHOTS``): it drives
+    the UI in Chromium, saves screenshots in `shots` and prints what it saw as its last line,
+    a JSON object, returned here (a failed script or an ``error`` in it fails the test)."""
+    shots.mkdir(parents=True, exist_ok=True)
+    ran = subprocess.run(
+        ["node", str(script), *args, str(shots)],
+        cwd=script.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    out = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert "error" not in out, out
+    return out
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))

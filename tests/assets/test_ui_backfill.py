@@ -11,8 +11,6 @@ outputs must equal the oracle's. Screenshots of each step go to the test's folde
 from __future__ import annotations
 
 import datetime as dt
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from dagster_http import (
     failures,
     loaded_location,
     run_events,
+    run_ui_script,
     running_webserver,
     stop_sensor,
     wait_for_backfill,
@@ -45,18 +44,7 @@ missing = browser_missing()
 
 
 def click_backfill(url: str, first: str, last: str, asset: str, shots: Path) -> dict:
-    shots.mkdir(parents=True, exist_ok=True)
-    ran = subprocess.run(
-        ["node", str(SCRIPT), url, first, last, asset, str(shots)],
-        cwd=UI,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    out = json.loads(ran.stdout.strip().splitlines()[-1])
-    assert "error" not in out, out
-    return out
+    return run_ui_script(SCRIPT, url, first, last, asset, shots=shots)
 
 
 @pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)}")

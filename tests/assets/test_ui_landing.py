@@ -14,8 +14,6 @@ line and the correction's run succeed; elsewhere the same is read from the webse
 from __future__ import annotations
 
 import datetime as dt
-import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ from dagster_http import (
     Webserver,
     browser_missing,
     loaded_location,
+    run_ui_script,
     running_webserver,
     stop_sensor,
 )
@@ -116,18 +115,7 @@ def ticks(server: Webserver, location: str, repository: str) -> list[dict[str, A
 
 
 def look(url: str, sensor_path: str, partition: str, shots: Path) -> dict[str, Any]:
-    shots.mkdir(parents=True, exist_ok=True)
-    ran = subprocess.run(
-        ["node", str(SCRIPT), url, sensor_path, partition, str(shots)],
-        cwd=UI,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    out = json.loads(ran.stdout.strip().splitlines()[-1])
-    assert "error" not in out, out
-    return out
+    return run_ui_script(SCRIPT, url, sensor_path, partition, shots=shots)
 
 
 def test_todays_folder_waits_in_one_warning_line_while_a_correction_runs(
@@ -171,8 +159,10 @@ def test_todays_folder_waits_in_one_warning_line_while_a_correction_runs(
         runs = wait_for_runs(server, (location, repository), {keys[1]: 2})
         assert runs == {keys[0]: ["SUCCESS"], keys[1]: ["SUCCESS"] * 2, keys[2]: ["SUCCESS"]}
 
-        seen = ticks(server, location, repository)
+        # The newest ticks that have ended (one may be under way, its log not yet written).
+        seen = [t for t in ticks(server, location, repository) if t["status"] != "STARTED"]
         waiting = f"waiting for edge/{today.isoformat()} under "
+        assert seen, "no tick of the landing sensor has ended"
         for tick in seen[:3]:
             warned = [e["message"] for e in tick["logEvents"]["events"] if e["level"] == "WARNING"]
             assert len(warned) == 1 and warned[0].startswith(waiting), tick
