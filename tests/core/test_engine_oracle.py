@@ -112,7 +112,7 @@ def run_and_compare(
             rel: frame(spark, query.relations[rel], ups) for rel, ups in changes.items() if ups
         }
         engine = engine_for(spark, state_dir, query, orders or {}, deployment)  # a new process
-        result = engine.apply_epoch(t, given_changes)
+        result = engine.apply(t, given_changes)
         assert result.metrics.deployment == deployment.split("-")[0] or not given_changes
         change = collected(engine.change(query.name, t), width)
         expected = signed_difference(after, before)
@@ -241,7 +241,7 @@ def test_driver_and_executor_epochs_interleave_and_match_the_oracle(
         for rel, ups in changes.items():
             for tup, d in ups:
                 state[rel][tup] = state[rel].get(tup, 0) + d
-        result = engine.apply_epoch(
+        result = engine.apply(
             t,
             {rel: frame(small, query.relations[rel], ups) for rel, ups in changes.items()},
         )

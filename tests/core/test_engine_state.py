@@ -241,7 +241,7 @@ def test_an_applied_epoch_is_refused_and_changes_nothing(tmp_path: Path) -> None
     assert_unchanged(run.engine, root, before)
 
     with pytest.raises(EpochAlreadyApplied, match="epoch 0 cannot be applied"):
-        run.engine.apply_epoch(0, again)
+        run.engine.apply(0, again)
     assert_unchanged(run.engine, root, before)
     run.check_accumulated()
 
