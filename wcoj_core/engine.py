@@ -41,12 +41,10 @@ from wcoj_core.epoch import (
     ignored_trace_name,
 )
 from wcoj_core.errors import DamagedBatch, EpochAlreadyApplied, QueryError, StateError
-from wcoj_core.indexes import ViewKey
 from wcoj_core.input_land import Changes, check_columns, is_dataframe
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.meaning import Meaning, RelationSpec
 from wcoj_core.query.ir import Query, Var
-from wcoj_core.query.plan import Arrangement, Plan
 from wcoj_core.served import Served, StateAccess, served_specs
 from wcoj_core.session import SparkStarter, starter_of
 from wcoj_core.store import manifest as mf
@@ -193,18 +191,6 @@ class Engine:
         return self.served.queries
 
     @property
-    def plans(self) -> dict[str, Plan]:
-        return self.served.plans
-
-    @property
-    def views(self) -> dict[str, frozenset[ViewKey]]:
-        return self.served.views
-
-    @property
-    def counts_traces(self) -> dict[str, tuple[str, ...]]:
-        return self.served.counts_traces
-
-    @property
     def budget(self) -> MemoryBudget:
         return self.served.budget
 
@@ -215,19 +201,6 @@ class Engine:
     @limits.setter
     def limits(self, limits: Limits) -> None:
         self.served = dataclasses.replace(self.served, limits=limits)
-
-    @property
-    def arrangements(self) -> tuple[Arrangement, ...]:
-        """Every arrangement any plan reads, each once."""
-        return self.served.arrangements
-
-    def indexed_outputs(self) -> list[str]:
-        """The queries whose output is indexed (`Served.indexed_outputs`)."""
-        return self.served.indexed_outputs()
-
-    def indexed(self) -> list[str]:
-        """Every trace an epoch opens: relations, counts, indexed outputs."""
-        return self.served.indexed()
 
     def trace_columns(self, name: str) -> list[str]:
         return self.served.trace_columns(name)
@@ -307,24 +280,6 @@ class Engine:
     @persist_index.setter
     def persist_index(self, keep: bool) -> None:
         self.access.persist_index = keep
-
-    @property
-    def one_task_rows(self) -> int:
-        """A small executors' work runs in one task (`StateAccess.one_task_rows`)."""
-        return self.access.one_task_rows
-
-    @one_task_rows.setter
-    def one_task_rows(self, rows: int) -> None:
-        self.access.one_task_rows = rows
-
-    @property
-    def routed(self) -> bool:
-        """A sharded work runs as routed stages even over mapped files (`StateAccess.routed`)."""
-        return self.access.routed
-
-    @routed.setter
-    def routed(self, routed: bool) -> None:
-        self.access.routed = routed
 
     def spark(self, reason: str) -> SparkSession:
         """The Spark session, started now (announced with `reason`) if it is not running."""

@@ -123,9 +123,9 @@ def engines(spark: SparkSession, root: Path) -> dict[str, Engine]:
             spark, str(root / "sharded"), TRIANGLES, deployment="executors", executor_max_rows=600
         ),
     }
-    made["executors-split"].one_task_rows = 0
-    made["executors-sharded"].one_task_rows = 0
-    made["executors-sharded"].routed = True  # routed stages, however small the epoch
+    made["executors-split"].access.one_task_rows = 0
+    made["executors-sharded"].access.one_task_rows = 0
+    made["executors-sharded"].access.routed = True  # routed stages, however small the epoch
     return made
 
 
@@ -181,7 +181,7 @@ def test_a_static_evaluation_on_the_executors_is_written_by_the_tasks_unsummed(
 
     monkeypatch.setattr(executors, "run_on_executors", spy)
     engine = Engine(small, str(tmp_path / "s"), TRIANGLES, deployment="executors", executor_tasks=3)
-    engine.one_task_rows = 0
+    engine.access.one_task_rows = 0
     graph: Counter = Counter()
     for t, change in enumerate(graph_epochs(seed=5, epochs=1)):
         before = Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
@@ -226,7 +226,7 @@ def test_a_static_count_on_the_executors_is_counted_by_the_tasks_and_written_now
         engine = Engine(
             small, str(root), TRIANGLES, relations=sets, deployment=name, executor_tasks=3
         )
-        engine.one_task_rows = 0
+        engine.access.one_task_rows = 0
         result = engine.evaluate({"edge": edge_table(graph)}, count_only=True)
         assert result.metrics.deployment == name
         assert result.changes["triangles"] is None, name  # counted, not made
@@ -282,7 +282,7 @@ def test_writers_on_both_deployments_follow_each_other_and_the_merges(
             for s in trace.index.segments
             if s.level.value == "base"
         }
-    assert len(bases) > len(ways[0].indexed()), "the bases were merged again"
+    assert len(bases) > len(ways[0].served.indexed()), "the bases were merged again"
 
 
 def test_a_failed_write_applies_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -460,7 +460,7 @@ def test_a_sharded_state_on_files_runs_its_epochs_as_tasks_over_the_mapped_arran
     engine = Engine(
         small, str(tmp_path / "s"), TRIANGLES, deployment="executors", executor_max_rows=600
     )
-    engine.one_task_rows = one_task_rows
+    engine.access.one_task_rows = one_task_rows
     graph: Counter = Counter()
     sharded = 0
     epochs = graph_epochs(seed=11, epochs=3)
@@ -555,13 +555,13 @@ def test_sharded_tasks_map_the_arrangement_files_and_hold_no_shard(tmp_path: Pat
     m = engine.store.current()
     root = engine.store.root
     reads = []
-    for name in ("rel/edge", *engine.counts_traces):
+    for name in ("rel/edge", *engine.served.counts_traces):
         trace = m.traces[name]
         reads.append(
-            TraceRead(name, trace.columns, trace.batches, trace=trace, keys=engine.views[name])
+            TraceRead(name, trace.columns, trace.batches, trace=trace, keys=engine.served.views[name])
         )
     assert m.epoch is not None
-    mapped_work = Work(root, m.epoch + 1, engine.plans, tuple(reads))
+    mapped_work = Work(root, m.epoch + 1, engine.served.plans, tuple(reads))
     cut_work = replace(mapped_work, reads=tuple(replace(r, trace=None) for r in reads))
     shards = 3
     for read in reads:
