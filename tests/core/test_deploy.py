@@ -558,7 +558,9 @@ def test_sharded_tasks_map_the_arrangement_files_and_hold_no_shard(tmp_path: Pat
     for name in ("rel/edge", *engine.served.counts_traces):
         trace = m.traces[name]
         reads.append(
-            TraceRead(name, trace.columns, trace.batches, trace=trace, keys=engine.served.views[name])
+            TraceRead(
+                name, trace.columns, trace.batches, trace=trace, keys=engine.served.views[name]
+            )
         )
     assert m.epoch is not None
     mapped_work = Work(root, m.epoch + 1, engine.served.plans, tuple(reads))
