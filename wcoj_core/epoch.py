@@ -1061,8 +1061,7 @@ class EpochPass:
                 eff.ignored_examples,
                 eff.negative,
                 eff.negative_examples,
-                int(eff.change.diff[eff.change.diff > 0].sum()),
-                int(-eff.change.diff[eff.change.diff < 0].sum()),
+                *_weights(eff.change.diff),
             )
             for rel, (landed, eff) in sorted(self.effects.items())
         }
@@ -1139,6 +1138,16 @@ class _Counting:
         if len(diff):
             self.total += exact_sum(diff)
             self.negative += int(np.count_nonzero(diff < 0))
+
+
+def _weights(diff: np.ndarray) -> tuple[int, int]:
+    """The weight a change inserts and the weight it deletes, a piece at a time: a spilled
+    change is a mapped file, and a mask of it whole would be held past the epoch's budget."""
+    up = down = 0
+    for lo in range(0, len(diff), 1 << 18):
+        d = np.asarray(diff[lo : lo + (1 << 18)])
+        up, down = up + int(d[d > 0].sum()), down - int(d[d < 0].sum())
+    return up, down
 
 
 def _columns(served: Served, name: str) -> tuple[str, ...]:

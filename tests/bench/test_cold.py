@@ -113,7 +113,11 @@ def test_the_cold_part_runs_every_process_and_they_agree(cold_run: tuple[dict, P
         "apply_rss_bytes",
         "growth_per_decade",  # the R-MAT sizes ran
         "set_over_bag",
+        "evicted_apply_seconds",  # issue 39's: the main graph's and the largest R-MAT's
+        "evicted_apply_seconds_largest",
     }
+    for point in report["sizes"]:  # each R-MAT graph's evicted copy agreed with the cached one
+        assert [r["count"] for r in point["runs"]["apply-evicted"]] == point["counts"]
     assert report["machine"]["java"], "the recompute processes' JVM"
     assert (root / "img" / "cold.png").read_bytes().startswith(PNG_SIGNATURE)
     assert not (root / "scratch" / "cold").exists(), "working copies are removed"
