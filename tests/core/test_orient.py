@@ -9,7 +9,10 @@ not order-free keeps its query, and a kept state keeps its ids.
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -121,3 +124,32 @@ def test_ranks_order_the_ids_by_degree_then_id_and_relabel_a_layer_one_to_one() 
     assert sorted(map(tuple, ranked.rows.tolist())) == sorted(
         (int(rank[x - 1]), int(rank[y - 1])) for x, y in layer.rows.tolist()
     )
+
+
+def test_a_count_keeping_nothing_imports_only_what_it_reads_with(tmp_path: Path) -> None:
+    """``wcoj count`` on a SNAP text keeping nothing imports neither pandas, pyspark nor
+    Dagster, nor pyarrow's Parquet, file systems and ssl, nor numpy's masked arrays; its count
+    is the oracle's."""
+    edges = skewed(3)
+    path = tmp_path / "g.txt"
+    path.write_text("".join(f"{a}\t{b}\n" for a, b in edges))
+    heavy = ("pandas", "pyspark", "dagster", "pyarrow.parquet", "pyarrow.fs", "ssl", "numpy.ma")
+    script = (
+        "import json, sys\n"
+        "from wcoj_core.cli import main\n"
+        "code = main()\n"
+        f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))\n"
+        "sys.exit(code)\n"
+    )
+    argv = ["count", "--query", "triangles", "--input", f"edge={path}", "--undirected", "edge"]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *argv, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    *lines, imported = done.stdout.splitlines()
+    assert json.loads(imported) == []
+    assert json.loads(lines[-1])["count"] == oracle_count("triangles", edges)
