@@ -414,6 +414,7 @@ class PartWriter:
             self._writer = _pq().ParquetWriter(
                 self._sink, table.schema, **batch_options(self.columns)
             )
+        assert self._writer is not None
         self._writer.write_table(table)
         self.rows += len(diff)
         self.total += exact_sum(diff)
