@@ -25,10 +25,8 @@ I64 = np.int64
 
 
 def long_array(values: np.ndarray) -> pa.Array:
-    """A numpy array of longs as an Arrow int64 array (no copy when it is contiguous): its
-    buffer wrapped, which neither `pa.array`'s pandas shim nor its look at ``numpy.ma`` sees."""
-    values = np.ascontiguousarray(values, dtype=I64)
-    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+    """A numpy array of longs as an Arrow int64 array (no copy when it is contiguous)."""
+    return pa.array(np.ascontiguousarray(values, dtype=I64), type=pa.int64())
 
 
 def longs(column: pa.Array | pa.ChunkedArray) -> np.ndarray:

@@ -89,7 +89,7 @@ def _rows(columns: Sequence[np.ndarray | pa.ChunkedArray]) -> Rows:
     out: Rows = []
     for column in columns:
         if isinstance(column, np.ndarray):
-            out.append(pa.chunked_array([long_array(column)]))
+            out.append(pa.chunked_array([column], pa.int64()))
         elif column.type == pa.int64():  # a cast would import pyarrow.compute for nothing
             out.append(column)
         else:
