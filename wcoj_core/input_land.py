@@ -55,11 +55,13 @@ Landing = Any
 @dataclass(frozen=True, slots=True)
 class Landed:
     """A relation's landed changes at an epoch: consolidated, as the relation reads them (both
-    directions for an undirected one); rows read, and self-loops dropped."""
+    directions for an undirected one); rows read, self-loops dropped, and whether its ids
+    are relabelled by rank (`by_rank`)."""
 
     layer: Layer
     rows_in: int
     self_loops: int = 0
+    ranked: bool = False
 
 
 def is_dataframe(changes: Changes) -> bool:
@@ -100,11 +102,28 @@ def land(
     budget: int | None = None,
     spill: Spill | None = None,
     progress: Any = None,
+    ranked: bool = False,
 ) -> Landed | None:
     """The changes as a consolidated layer on the driver, or None when they hold more than
     `budget` rows (None: no limit; a DataFrame is not collected then). With `spill`, a table
     or stream larger than a sorted run is landed in runs (see the module); `progress` is told
-    the rows landed so far."""
+    the rows landed so far. `ranked` (an undirected relation whose ids nothing reads back):
+    its ids relabelled by (degree, id) rank where their span allows (`by_rank`)."""
+    landed = _land(spec, changes, budget, spill, progress, ranked)
+    if landed is None or not ranked or landed.ranked or not spec.undirected:
+        return landed
+    layer = by_rank(landed.layer)
+    return landed if layer is None else Landed(layer, landed.rows_in, landed.self_loops, True)
+
+
+def _land(
+    spec: RelationSpec,
+    changes: Changes,
+    budget: int | None,
+    spill: Spill | None,
+    progress: Any,
+    ranked: bool,
+) -> Landed | None:
     cols = relation_columns(spec.arity)
     if isinstance(changes, Layer):
         layer, rows_in = changes, len(changes)
@@ -113,7 +132,7 @@ def land(
         both, loops = symmetrized(layer)
         return Landed(both, rows_in, loops)
     if isinstance(changes, pa.RecordBatchReader):
-        return _streamed(spec, changes, budget, spill, progress)
+        return _streamed(spec, changes, budget, spill, progress, ranked)
     if isinstance(changes, pa.Table):
         table = changes.select([*cols, DIFF])
     else:
@@ -121,12 +140,13 @@ def land(
         if collected is None:
             return None
         if isinstance(collected, pa.RecordBatchReader):
-            return _streamed(spec, collected, budget, spill, progress)
+            return _streamed(spec, collected, budget, spill, progress, ranked)
         table = collected
     if budget is not None and table.num_rows > budget:
         return None
     if spill is not None and table.nbytes > spill.run_bytes:
-        return _streamed(spec, table.to_batches(max_chunksize=1 << 20), budget, spill, progress)
+        batches = table.to_batches(max_chunksize=1 << 20)
+        return _streamed(spec, batches, budget, spill, progress, ranked)
     _refuse_nulls(table, spec)
     layer, rows_in = changes_layer(cols, table), table.num_rows
     if not spec.undirected:
@@ -150,8 +170,10 @@ def _streamed(
     budget: int | None,
     spill: Spill | None,
     progress: Any,
+    ranked: bool = False,
 ) -> Landed | None:
-    """Record batches landed through sorted runs (see the module); None past `budget` rows."""
+    """Record batches landed through sorted runs (see the module); None past `budget` rows;
+    `ranked`: as `land` (done here when the batches are held)."""
     from wcoj_core.spill import Scratch, Spill
 
     if spill is None:  # no budget given: one run holds everything (as a table would)
@@ -187,7 +209,7 @@ def _streamed(
             if progress is not None:
                 progress(rows_in)
     if held is not None:
-        return _both_ways(held, rows_in)
+        return _both_ways(held, rows_in, ranked)
     layer = sorter.layer()
     if loops is None:
         return Landed(layer, rows_in)
@@ -205,7 +227,9 @@ def _columns(
     return longs(batch.column(0)), longs(batch.column(1)), longs(batch.column(DIFF))
 
 
-def _both_ways(held: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_in: int) -> Landed:
+def _both_ways(
+    held: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_in: int, ranked: bool
+) -> Landed:
     """An undirected relation's landed slices (columns and diffs, as read) summed into one
     layer of both directions, self-loops dropped: each column of the sort made once, with
     no row array and no second pass (as the sorter would give them)."""
@@ -218,7 +242,7 @@ def _both_ways(held: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_i
             keep = ~loop
             a, b, diff = a[keep], b[keep], diff[keep]
         kept.append((a, b, diff))
-    layer = _both_keys(kept)
+    layer, ranked = _both_keys(kept, ranked)
     if layer is None:  # the ids span more than 32 bits: rows sorted as columns
         m = sum(len(d) for _, _, d in kept)
         first, second, diffs = (np.empty(2 * m, dtype=I64) for _ in range(3))
@@ -241,26 +265,36 @@ def _both_ways(held: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], rows_i
                 [looped, looped], np.concatenate([d for _, d in loops]), what="summing the changes"
             )
         )
-    return Landed(layer, rows_in, dropped)
+    return Landed(layer, rows_in, dropped, ranked)
 
 
-def _both_keys(kept: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> Layer | None:
+def _both_keys(
+    kept: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], ranked: bool
+) -> tuple[Layer | None, bool]:
     """Slices of edges (no self-loop) summed both ways as one layer, each edge packed straight
     into its two keys (no column of both directions is made; the diffs neither, when every
-    edge has the same); None when the ids' span does not pack twice into 64 bits."""
+    edge has the same); None when the ids' span does not pack twice into 64 bits. `ranked`:
+    the ids relabelled by `degree_ranks` as they are packed, when it gives them; whether it
+    did."""
     m = sum(len(d) for _, _, d in kept)
     if m == 0:
-        return Layer.empty(2)
+        return Layer.empty(2), False
     low = min(min(int(a.min()), int(b.min())) for a, b, d in kept if len(d))
     high = max(max(int(a.max()), int(b.max())) for a, b, d in kept if len(d))
+    rank = degree_ranks([c for a, b, _ in kept for c in (a, b)], low, high) if ranked else None
+    base = low
+    if rank is not None:
+        low, high = 0, len(rank) - 1
     bits = (high - low).bit_length()
     if 2 * bits > 64:
-        return None
+        return None, False
     packing = Packing((low, low), (high, high), (bits, bits))
     keys = np.empty(2 * m, dtype=U64)
     at = 0
     for a, b, diff in kept:
         k = len(diff)
+        if rank is not None:
+            a, b = rank[a - base], rank[b - base]
         native.pack((a, b), k, packing.lows, packing.highs, packing.bits, keys[at : at + k], None)
         native.pack(
             (b, a), k, packing.lows, packing.highs, packing.bits, keys[m + at : m + at + k], None
@@ -272,7 +306,44 @@ def _both_keys(kept: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> Lay
     else:
         one_way = np.concatenate([d for _, _, d in kept])
         diffs = np.concatenate([one_way, one_way])
-    return Layer.from_keys(keys, packing, diffs, consolidate=True, what="summing the changes")
+    layer = Layer.from_keys(keys, packing, diffs, consolidate=True, what="summing the changes")
+    return layer, rank is not None
+
+
+def degree_ranks(columns: Sequence[np.ndarray], low: int, high: int) -> np.ndarray | None:
+    """Each id in ``[low, high]`` (at ``id - low``) mapped to its rank by (degree, id): how
+    often it appears in `columns`, ties by id; None when the span is sparse (more than four
+    ids for each value given): its table would cost more than the values.
+
+    >>> degree_ranks([np.array([5, 5, 7]), np.array([6, 7, 7])], 5, 7).tolist()
+    [1, 0, 2]
+    """
+    span = high - low + 1
+    if span > 4 * sum(len(c) for c in columns) + (1 << 16):
+        return None
+    degree = np.zeros(span, dtype=I64)
+    for c in columns:
+        degree += np.bincount(c - low, minlength=span)
+    rank = np.empty(span, dtype=I64)
+    rank[np.argsort(degree, kind="stable")] = np.arange(span, dtype=I64)
+    return rank
+
+
+def by_rank(layer: Layer) -> Layer | None:
+    """A landed undirected relation's edges with their ids relabelled by (degree, id) rank
+    (`degree_ranks`), sorted again; None when the ids' span is sparse. Any one-to-one relabelling
+    leaves the number of each clique's orderings a chain of filters admits at one, so a clique
+    count (`wcoj_core.query.plan.order_free`) is the same; ranking orients each edge towards the
+    end of higher degree, so a vertex proposes only among neighbours of higher rank: on a skewed
+    graph, far fewer candidates."""
+    if not len(layer):
+        return None
+    a, b = layer.col(0), layer.col(1)
+    low, high = int(a.min()), int(a.max())
+    rank = degree_ranks([a], low, high)
+    if rank is None:
+        return None
+    return Layer.build([rank[a - low], rank[b - low]], layer.diff).mirrored()
 
 
 def _add(

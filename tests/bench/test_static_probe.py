@@ -40,8 +40,15 @@ def _prepared(folder: Path) -> int:
     )
 
 
-@pytest.mark.parametrize("method", ["duckdb", "spark-sql"])
+@pytest.mark.parametrize("method", ["duckdb", "spark-sql", "tc"])
 def test_a_static_probe_counts_a_graph_named_by_relative_paths(tmp_path: Path, method: str) -> None:
+    if method == "tc":
+        from wcoj_bench.infra.peer import PeerMissing, build_tc
+
+        try:
+            build_tc()
+        except PeerMissing as e:
+            pytest.skip(f"tc: {e}")
     expected = _prepared(tmp_path / ".wcoj" / "g")
     assert expected > 0
     argv = [sys.executable, "-m", "wcoj_bench.infra.probes", "static", "--method", method]

@@ -19,8 +19,9 @@ for it, so a probe's process pays for what its work needs and no more.
   (`wcoj_core.reference`), write the output, and sum it;
 * ``warm --state DIR --first T --changes CSV ... [--bag REL]`` — one process applying epochs one
   after the other, each timed (what an in-process, warm epoch costs);
-* ``static --method duckdb|spark-sql --edges PARQUET --symmetric PARQUET`` — one static
-  triangle count of a prepared graph by DuckDB or Spark SQL (`wcoj_bench.parts.static`'s queries);
+* ``static --method duckdb|spark-sql|tc --edges PARQUET --symmetric PARQUET`` — one static
+  triangle count of a prepared graph by DuckDB or Spark SQL (`wcoj_bench.parts.static`'s
+  queries), or by the peer C counter (`wcoj_bench.infra.peer`, its whole process timed);
 * ``triangles --edges PARQUET [--changes CSV ...] [--method scipy|forward]`` — the triangles of
   a graph after some epochs, counted by scipy (``sum((U @ U) ∘ U)``) or by the forward algorithm
   in numpy (`forward_triangles`: for large graphs): an independent check of a count.
@@ -335,6 +336,16 @@ def static(args: argparse.Namespace) -> dict[str, Any]:
         row = con.execute(TRIANGLES_SQL).fetchone()
         count = int(row[0]) if row is not None else 0
         con.close()
+    elif args.method == "tc":  # the peer's whole process, on the same edges as raw pairs
+        import pyarrow.parquet as pq
+
+        from wcoj_bench.infra.peer import build_tc, run_tc, write_pairs
+
+        edges, pairs = pq.read_table(args.edges), Path(args.edges).with_suffix(".u32")
+        write_pairs(edges.column("c0").to_numpy(), edges.column("c1").to_numpy(), pairs)
+        program = build_tc()
+        loaded = clock.perf_counter()
+        count = run_tc(program, pairs)
     else:
         from wcoj_core import spark as wspark
         from wcoj_core.query.builtins import builtin
@@ -425,7 +436,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--master")
     gen.set_defaults(run=generate_graph)
     sta = sub.add_parser("static")
-    sta.add_argument("--method", choices=("duckdb", "spark-sql"), required=True)
+    sta.add_argument("--method", choices=("duckdb", "spark-sql", "tc"), required=True)
     sta.add_argument("--edges", required=True)
     sta.add_argument("--symmetric", required=True)
     sta.add_argument("--master")

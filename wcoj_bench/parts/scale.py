@@ -14,7 +14,7 @@ On one generated graph (default the 18.6 M-edge R-MAT ``rmat:scale=20,edges=2000
 1. **load** — the whole graph as *one* ``wcoj apply --epoch 0 --memory M`` from its Parquet
    file (the prepared graph's canonical edges, `wcoj_bench.infra.prepared`), its count checked
    against an independent count (`wcoj_bench.infra.probes.forward_triangles`, numpy, no wcoj code);
-   output rows per second beside Spark SQL's and DuckDB's static count of the same graph
+   output rows per second beside Spark SQL's, DuckDB's and tc's static count of the same graph
    (``wcoj-bench static``, each a process of its own, capped and timed out like the rest);
 2. **build** — the same graph through ``wcoj apply --deploy driver --memory M`` in `--build`
    epochs (its edges cut into equal parts): every epoch's peak, the final count equal to the
@@ -61,7 +61,7 @@ DEFAULT_SIZES = ("rmat:scale=14,edges=200000,seed=1", "rmat:scale=17,edges=20000
 DEFAULT_CAP = "10g"
 DEFAULT_TIMEOUT = 3600.0
 DEFAULT_SCRATCH = ".wcoj/bench"
-STATIC_METHODS = ("spark-sql", "duckdb")
+STATIC_METHODS = ("spark-sql", "duckdb", "tc")
 # The targets' numbers (issue 31).
 TREE_SLACK = 1.1  # the whole tree within 1.1x the budget (4.4 GB for 4g)
 EPOCH_SECONDS = 1.0

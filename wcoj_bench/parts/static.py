@@ -85,6 +85,7 @@ from wcoj_core.input_spark import canonical_undirected
 from wcoj_core.meaning import Meaning
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Atom, Filter, Query, Term, Var
+from wcoj_core.query.plan import counted
 from wcoj_core.reference import reference_sql
 from wcoj_core.updates import total_diff
 
@@ -315,9 +316,9 @@ def _wcoj(inputs: StaticInputs, deployment: str | None = None, *, apply: bool = 
 
     def run() -> int:
         state = runs / f"run-{len(phases)}"
-        engine = Engine(
-            inputs.spark, str(state), inputs.query, relations=inputs.specs, deployment=where
-        )
+        undirected = [r for r, s in inputs.specs.items() if s.undirected]
+        query = inputs.query if apply else counted(inputs.query, undirected)
+        engine = Engine(inputs.spark, str(state), query, relations=inputs.specs, deployment=where)
         engine.persist_index = False  # as `wcoj count` without --state
         if apply:
             result = engine.apply(0, dict(inputs.once))

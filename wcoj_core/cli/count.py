@@ -37,6 +37,7 @@ from wcoj_core.cli.results import OutputFormat, add_output_arguments, check_outp
 from wcoj_core.engine import Engine
 from wcoj_core.query.builtins import resolve_query
 from wcoj_core.query.ir import Query
+from wcoj_core.query.plan import counted
 
 EXAMPLES = (
     "wcoj count --query triangles --input edge=graph.txt.gz --undirected edge",
@@ -103,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         else None
     )
     check_files(query, inputs)
+    if args.state is None and output is None:  # nothing kept: a clique is counted oriented
+        query = counted(query, [r for r, s in specs.items() if s.undirected])
     new = None if args.state is None else workspace.new_state(args.state)
     workspace.prepare_state(args.state)
     starter = workspace.starter(args.master, args.conf)

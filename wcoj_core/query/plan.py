@@ -41,9 +41,10 @@ no result).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -479,3 +480,51 @@ def valid_orders(query: Query, delta: int) -> list[tuple[Var, ...]]:
     start = query.atoms[delta].vars
     rest = [v for v in query.vars if v not in start]
     return [start + perm for perm in itertools.permutations(rest)]
+
+
+def order_free(query: Query, undirected: Collection[str]) -> bool:
+    """Whether `query`'s output has as many tuples, of the same weights, under any one-to-one
+    relabelling of the values: a clique over one undirected binary relation (an atom on each
+    pair of its variables, once; no constant), its head every variable, its filters strict
+    comparisons of two variables that order them all. Each clique then has exactly one ordering
+    the filters admit whatever the labels, its weight the product of its edges' either way. A
+    count of it may read its relation relabelled (`wcoj_core.input_land.by_rank`).
+
+    >>> from wcoj_core.query.builtins import builtin
+    >>> [order_free(builtin(q), ["edge"]) for q in ("triangles", "4-cliques", "4-cycles")]
+    [True, True, False]
+    """
+    terms = [t for a in query.atoms for t in a.terms]
+    relations = {a.relation for a in query.atoms}
+    if query.aggregate is not None or len(relations) != 1 or relations - set(undirected):
+        return False
+    if any(len(a.terms) != 2 for a in query.atoms) or not all(isinstance(t, Var) for t in terms):
+        return False
+    pairs = {frozenset(a.terms) for a in query.atoms}
+    cliques = {frozenset(p) for p in itertools.combinations(query.vars, 2)}
+    filters = query.filters
+    if len(query.atoms) != len(cliques) or pairs != cliques or set(query.head) != set(query.vars):
+        return False
+    strict = all(f.op in (CmpOp.LT, CmpOp.GT) and len(f.vars) == 2 for f in filters)
+    return strict and {f.vars for f in (*filters, *implied_filters(filters))} == cliques
+
+
+def counted(query: Query, undirected: Collection[str]) -> Query:
+    """The query a count of `query` from nothing may run instead: an order-free one
+    (`order_free`) with its filters the chain that orders the variables of its last atom first
+    (any chain counts each clique once), else `query`. From nothing, the last atom's rule runs
+    alone (the others read an old state that is empty): it then binds each clique's two lowest
+    vertices and extends only upwards — with the ids relabelled by (degree, id) rank
+    (`wcoj_core.input_land.by_rank`), through the neighbours of higher rank, few even at a hub:
+    the degree ordering of clique listing.
+
+    >>> from wcoj_core.query.builtins import builtin
+    >>> str(counted(builtin("triangles"), ["edge"]))
+    'triangles(a, b, c) :- edge(a, b), edge(b, c), edge(a, c), a < c, c < b'
+    """
+    if not order_free(query, undirected):
+        return query
+    last = query.atoms[-1].vars
+    chain = [*last, *(v for v in query.vars if v not in last)]
+    filters = tuple(Filter(x, CmpOp.LT, y) for x, y in itertools.pairwise(chain))
+    return dataclasses.replace(query, filters=filters)

@@ -18,12 +18,10 @@ import contextlib
 import hashlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from wcoj_core.arrow import longs
 from wcoj_core.errors import DamagedBatch, StateError, read_failure
@@ -33,6 +31,19 @@ from wcoj_core.kernel.multiplicity import exact_sum
 from wcoj_core.store.files import Files, check_stamp
 from wcoj_core.store.manifest import Batch, FileRef
 from wcoj_core.traces import DIFF, TIME
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+
+def _pq() -> Any:
+    """pyarrow.parquet, imported when a batch is first read or written (it imports pyarrow's
+    file systems and ssl: a count that keeps nothing needs neither)."""
+    import pyarrow.parquet as pq
+
+    return pq
+
 
 # A batch written on the driver is one file per this many rows, up to `WRITE_FILES` files
 # written at once (Arrow encodes and compresses without the GIL).
@@ -77,7 +88,7 @@ class Batches:
             if digests:
                 self.check_digest(rel, ref)
             try:
-                parquet = pq.ParquetFile(path, filesystem=self.files.fs)
+                parquet = _pq().ParquetFile(path, filesystem=self.files.fs)
                 check_epoch(path, parquet, batch.time)
                 for chunk in parquet.iter_batches(columns=[*columns, DIFF]):
                     rows += chunk.num_rows
@@ -116,7 +127,7 @@ class Batches:
             lo, hi = cuts[i], cuts[i + 1]
             table = changes_table(columns, rows[lo:hi], diff[lo:hi], time)
             sink = pa.BufferOutputStream()
-            pq.write_table(table, sink, **batch_options(columns))
+            _pq().write_table(table, sink, **batch_options(columns))
             name = f"part-{part}-{i:03d}.snappy.parquet"
             return self.files.put(f"{rel}/{name}", sink.getvalue())
 
@@ -178,7 +189,7 @@ class Batches:
                 raise DamagedBatch(path, "its contents do not match its digest")
             try:
                 # ParquetFile, not read_table: read_table's dataset layer imports pandas.
-                reader = pq.ParquetFile(pa.BufferReader(data))
+                reader = _pq().ParquetFile(pa.BufferReader(data))
                 if time is not None:
                     check_epoch(path, reader, time)
                 tables.append(reader.read(columns=[*columns, DIFF]))
@@ -202,7 +213,7 @@ class Batches:
             if not (self.files.local and check_stamp(path, ref)):
                 self.check(rel, ref, digest=self.files.local)
             try:
-                parquet = pq.ParquetFile(path, filesystem=self.files.fs)
+                parquet = _pq().ParquetFile(path, filesystem=self.files.fs)
                 check_epoch(path, parquet, batch.time)
                 rows += parquet.metadata.num_rows
             except (OSError, MemoryError, pa.ArrowException) as e:
@@ -278,7 +289,7 @@ def read_changes_file(fs: pafs.FileSystem, path: str, columns: Sequence[str]) ->
     Raises `StateError` naming the file for a missing column, a null or a value that is not
     a whole number.
     """
-    table = pq.read_table(path, columns=[*columns, DIFF], filesystem=fs)
+    table = _pq().read_table(path, columns=[*columns, DIFF], filesystem=fs)
     out = []
     for name in (*columns, DIFF):
         col = table.column(name)
@@ -400,7 +411,10 @@ class PartWriter:
         if self._writer is None:
             self.files.mkdirs(self.rel)
             self._sink = self.files.fs.open_output_stream(self.files.full(self.path))
-            self._writer = pq.ParquetWriter(self._sink, table.schema, **batch_options(self.columns))
+            self._writer = _pq().ParquetWriter(
+                self._sink, table.schema, **batch_options(self.columns)
+            )
+        assert self._writer is not None
         self._writer.write_table(table)
         self.rows += len(diff)
         self.total += exact_sum(diff)
