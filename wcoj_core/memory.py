@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import sys
 from functools import cache
 
 import pyarrow as pa
+
+from wcoj_core.knobs import knob
 
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -46,7 +47,7 @@ _NEVER_TRIM = 2**31 - 1  # the largest value an int parameter takes
 @cache
 def keep_freed_memory() -> bool:
     """Set the allocator to keep freed memory, once per process; True if it was set."""
-    if os.environ.get("WCOJ_KEEP_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
+    if knob("WCOJ_KEEP_MEMORY") == "0" or not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
