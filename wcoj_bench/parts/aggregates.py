@@ -206,6 +206,7 @@ class Recount:
 
     def __init__(self, edges: np.ndarray) -> None:
         self.keys = np.sort(edges[:, 0] << 32 | edges[:, 1])
+        self.a = self.matrix()
         self.passed = 0
 
     def matrix(self) -> Any:
@@ -217,7 +218,7 @@ class Recount:
         return sp.csr_matrix((ones, (np.concatenate([a, b]), np.concatenate([b, a]))), (n, n))
 
     def whole(self, engine: Engine) -> None:
-        n = self.matrix().shape[0]
+        n = self.a.shape[0]
         want = scipy_per_vertex(np.stack([self.keys >> 32, self.keys & 0xFFFFFFFF], 1), n)
         if not np.array_equal(self.values(engine, np.arange(n)), want):
             raise AssertionError("the load epoch's per-vertex counts differ from scipy's")
@@ -235,9 +236,11 @@ class Recount:
     def epoch(self, engine: Engine, change: pa.Table, made: Any) -> None:
         a, b = change.column("c0").to_numpy(), change.column("c1").to_numpy()
         key, diff = a << 32 | b, change.column("diff").to_numpy()
-        before = self.matrix()
-        self.keys = np.union1d(np.setdiff1d(self.keys, key[diff < 0]), key[diff > 0])
-        after = self.matrix()
+        before = self.a
+        kept = np.delete(self.keys, np.searchsorted(self.keys, key[diff < 0]))
+        new = np.sort(key[diff > 0])
+        self.keys = np.insert(kept, np.searchsorted(kept, new), new)  # (sorted, not hashed)
+        after = self.a = self.matrix()
         touched = [a, b]
         for m in (before, after):
             n = m.shape[0]
