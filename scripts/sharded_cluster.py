@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             executor_max_rows=args.executor_rows,
         )
         if args.routed:
-            cluster.one_task_rows = 0
-            cluster.routed = True
+            cluster.access.one_task_rows = 0
+            cluster.access.routed = True
         report["routed"] = args.routed
         sampler.label = "spark start"
         start = clock.perf_counter()

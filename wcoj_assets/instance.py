@@ -42,6 +42,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 # A step over a range writes one materialization per asset and epoch, each with that epoch's own
 # figures (about 1-2 KB). 100 events per INSERT writes the benchmark's 100-epoch backfill in one
@@ -88,6 +89,16 @@ def dagster_settings() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def hold_connections(instance: Any) -> None:
+    """Keep one database connection per storage open for the rest of this process, as Dagster
+    does for its webserver. Dagster's Postgres storages open a connection for every statement
+    (``NullPool``), and a check evaluation is written alone, in four statements: a range run
+    writing one per check and partition spent most of its own time connecting (see
+    docs/benchmarks.md, *What one event write costs*). A step calls this once; a run's process
+    ends with the run. SQLite's storages ignore it."""
+    instance.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=4)
 
 
 def prepare_home(root: Path, name: str = "dagster") -> Path:

@@ -66,6 +66,7 @@ from wcoj_assets import checks as ck
 from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
+from wcoj_assets.instance import hold_connections
 from wcoj_assets.landing_read import LandedStream, Refused, landed_files
 from wcoj_assets.report import LandedFigures, epoch_metadata, unit
 from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
@@ -158,6 +159,7 @@ class EpochRun:
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
         freeze_heap_at_exit()
+        hold_connections(context.instance)
         starter = self.wcoj.starter()
         starter.log = context.log.info
         if context.run.tags.get(VERIFY_TAG) or not self.selected:  # the verify job, or checks

@@ -618,7 +618,7 @@ def old_state(
     covers exactly the epochs up to this one (an epoch audited as it is applied); for an older
     epoch from its batches before the epoch (a scan), so that an epoch's check never depends on
     the batches after it."""
-    if query not in engine.indexed_outputs():
+    if query not in engine.served.indexed_outputs():
         return None
     old = _Relation(engine, trace, width, epoch)
     if old.index is not None and old.index.time > epoch:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from wcoj_core import deploy, lineage
 from wcoj_core.budget import MemoryBudget, Shares
-from wcoj_core.deploy import Choice, Limits
+from wcoj_core.deploy import Limits
 from wcoj_core.epoch import (
     EpochMetrics,
     EpochPass,
@@ -41,12 +41,10 @@ from wcoj_core.epoch import (
     ignored_trace_name,
 )
 from wcoj_core.errors import DamagedBatch, EpochAlreadyApplied, QueryError, StateError
-from wcoj_core.indexes import ViewKey
 from wcoj_core.input_land import Changes, check_columns, is_dataframe
 from wcoj_core.kernel.layer import Layer
 from wcoj_core.meaning import Meaning, RelationSpec
 from wcoj_core.query.ir import Query, Var
-from wcoj_core.query.plan import Arrangement, Plan
 from wcoj_core.served import Served, StateAccess, served_specs
 from wcoj_core.session import SparkStarter, starter_of
 from wcoj_core.store import manifest as mf
@@ -193,37 +191,8 @@ class Engine:
         return self.served.queries
 
     @property
-    def specs(self) -> dict[str, RelationSpec]:
-        return self.served.specs
-
-    @property
-    def relations(self) -> dict[str, int]:
-        """Each relation's arity."""
-        return self.served.relations
-
-    @property
-    def plans(self) -> dict[str, Plan]:
-        return self.served.plans
-
-    @property
-    def views(self) -> dict[str, frozenset[ViewKey]]:
-        return self.served.views
-
-    @property
-    def counts_traces(self) -> dict[str, tuple[str, ...]]:
-        return self.served.counts_traces
-
-    @property
-    def keep_rules(self) -> bool:
-        return self.served.keep_rules
-
-    @property
     def budget(self) -> MemoryBudget:
         return self.served.budget
-
-    @property
-    def shares(self) -> Shares:
-        return self.served.shares
 
     @property
     def limits(self) -> Limits:
@@ -232,19 +201,6 @@ class Engine:
     @limits.setter
     def limits(self, limits: Limits) -> None:
         self.served = dataclasses.replace(self.served, limits=limits)
-
-    @property
-    def arrangements(self) -> tuple[Arrangement, ...]:
-        """Every arrangement any plan reads, each once."""
-        return self.served.arrangements
-
-    def indexed_outputs(self) -> list[str]:
-        """The queries whose output is indexed (`Served.indexed_outputs`)."""
-        return self.served.indexed_outputs()
-
-    def indexed(self) -> list[str]:
-        """Every trace an epoch opens: relations, counts, indexed outputs."""
-        return self.served.indexed()
 
     def trace_columns(self, name: str) -> list[str]:
         return self.served.trace_columns(name)
@@ -325,35 +281,9 @@ class Engine:
     def persist_index(self, keep: bool) -> None:
         self.access.persist_index = keep
 
-    @property
-    def one_task_rows(self) -> int:
-        """A small executors' work runs in one task (`StateAccess.one_task_rows`)."""
-        return self.access.one_task_rows
-
-    @one_task_rows.setter
-    def one_task_rows(self, rows: int) -> None:
-        self.access.one_task_rows = rows
-
-    @property
-    def routed(self) -> bool:
-        """A sharded work runs as routed stages even over mapped files (`StateAccess.routed`)."""
-        return self.access.routed
-
-    @routed.setter
-    def routed(self, routed: bool) -> None:
-        self.access.routed = routed
-
     def spark(self, reason: str) -> SparkSession:
         """The Spark session, started now (announced with `reason`) if it is not running."""
         return self.access.spark(reason)
-
-    def tasks(self) -> int:
-        """The tasks an epoch's work runs in on the executors."""
-        return self.access.tasks()
-
-    def choose(self, held: int, changed: int) -> Choice:
-        """Where an epoch's kernel work runs (see `deploy.choose`)."""
-        return deploy.choose(self.limits, local=self.local, held=held, changed=changed)
 
     def read_batch(self, trace: mf.Trace, batch: mf.Batch) -> Layer:
         """A stored batch read whole: exactly its listed files, checked against their sizes,
@@ -402,12 +332,12 @@ class Engine:
                 f"{self.store.root}; it can no longer be rewritten"
             )
         for rel, df in changes.items():
-            if rel not in self.specs:
+            if rel not in self.served.specs:
                 raise QueryError(
                     f"changes given for relation {rel!r}, which no query uses "
-                    f"(used: {', '.join(sorted(self.specs))})"
+                    f"(used: {', '.join(sorted(self.served.specs))})"
                 )
-            check_columns(self.specs[rel], df, epoch)
+            check_columns(self.served.specs[rel], df, epoch)
             if is_dataframe(df):
                 self.spark("changes given as a Spark DataFrame")
         rebuilt: list[EpochResult] = []
@@ -432,10 +362,9 @@ class Engine:
         from wcoj_core.spill import Scratch, Spill
 
         scratch = Scratch(self.access.scratch_root(), lambda _n: None)
-        shares = self.shares
-        spill = Spill.of(scratch, shares)
+        spill = Spill.of(scratch, self.served.shares)
         try:
-            relations = [relation_trace_name(r) for r in self.relations]
+            relations = [relation_trace_name(r) for r in self.served.relations]
             new = compacted(
                 base, frontier, relations, self.batches, self.read_batch, written, spill
             )
@@ -457,9 +386,9 @@ class Engine:
         self.check_plan(base)
         base = self._attached(base)
         for rel, df in changes.items():
-            if rel not in self.specs:
+            if rel not in self.served.specs:
                 raise QueryError(f"changes given for relation {rel!r}, which no query uses")
-            check_columns(self.specs[rel], df, 0)
+            check_columns(self.served.specs[rel], df, 0)
         epoch = 0 if base.epoch is None else base.epoch + 1
         return self._pass(base, epoch, changes, dry=True, count_only=count_only).run()
 
@@ -500,21 +429,17 @@ class Engine:
             base = self.store.current()
         return done
 
-    def apply_epoch(self, epoch: int, changes: Mapping[str, Changes]) -> EpochResult:
-        """`apply` without replacing: the command line's contract."""
-        return self.apply(epoch, changes)
-
     def stale(self, manifest: mf.Manifest | None = None) -> list[int]:
         """The state's stale epochs (see `wcoj_core.lineage`)."""
         m = manifest or self.store.current()
-        return lineage.stale_epochs(m, [relation_trace_name(r) for r in self.relations])
+        return lineage.stale_epochs(m, [relation_trace_name(r) for r in self.served.relations])
 
     def stored_changes(self, manifest: mf.Manifest, epoch: int) -> dict[str, Layer]:
         """The landed changes of an epoch the state holds, as its relations read them (what
         deriving it again starts from): a relation's change, plus, for a set, what changed
         nothing."""
         out: dict[str, Layer] = {}
-        for rel, spec in self.specs.items():
+        for rel, spec in self.served.specs.items():
             layers = []
             for name in (relation_trace_name(rel), ignored_trace_name(rel)):
                 trace = manifest.trace(name)
@@ -606,8 +531,8 @@ class Engine:
 
     def relation(self, name: str, time: int | None = None) -> DataFrame:
         """A relation's accumulated contents as of `time`, in Spark: (c0.., diff)."""
-        if name not in self.relations:
-            raise QueryError(f"unknown relation {name!r}; known: {sorted(self.relations)}")
+        if name not in self.served.relations:
+            raise QueryError(f"unknown relation {name!r}; known: {sorted(self.served.relations)}")
         return self._accumulated(relation_trace_name(name), time)
 
 

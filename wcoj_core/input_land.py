@@ -14,8 +14,7 @@ merged into a layer in mapped files, so a file of any size lands within the memo
 rows summed as they come: a file repeating one tuple lands as one row). What the reader
 underneath is does not matter: anything that yields record batches lands the same way.
 
-Only a DataFrame needs Spark, and only when it is not a plain scan of local Parquet files
-(`wcoj_core.spark.local_parquet_files`), which pyarrow reads.
+Only a DataFrame needs Spark.
 """
 
 from __future__ import annotations
@@ -335,24 +334,11 @@ def _collect(
 ) -> pa.Table | pa.RecordBatchReader | None:
     """A DataFrame's rows on the driver, or None when it holds more than `budget` rows.
 
-    A plain scan of local Parquet files is counted from the footers and read with pyarrow,
-    without a Spark job (a batch at a time when it is larger than a sorted run); any other is
-    collected with a limit of `DRIVER_PROBE_ROWS` first and, when that limit is reached,
+    Collected with a limit of `DRIVER_PROBE_ROWS` first and, when that limit is reached,
     counted, then collected whole — or, when a `spill` is given, written by Spark as Parquet
-    into the scratch folder and read back a batch at a time.
+    into the scratch folder and read back a batch at a time. (A caller with local files hands
+    their paths' record batches instead: `wcoj_core.input_read.read_local_batches`.)
     """
-    from wcoj_core.spark import local_parquet_files, parquet_rows, read_local_parquet
-
-    files = local_parquet_files(rows)
-    if files is not None:
-        n = parquet_rows(files)
-        if budget is not None and n > budget:
-            return None
-        if spill is not None and n * 8 * (len(rows.columns) + 1) > spill.run_bytes:
-            return _parquet_stream(files, rows.columns)
-        table = read_local_parquet(rows, files)
-        if table is not None:
-            return table
     probe = DRIVER_PROBE_ROWS if budget is None else min(budget, DRIVER_PROBE_ROWS)
     table = rows.limit(probe + 1).toArrow()
     if table.num_rows > probe:

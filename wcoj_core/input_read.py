@@ -63,7 +63,7 @@ from wcoj_core.kernel.native import native
 from wcoj_core.store.location import Location
 from wcoj_core.traces import DIFF, TIME, relation_columns
 
-if TYPE_CHECKING:  # imported where used: pyarrow.compute and .parquet take ~0.1 s each
+if TYPE_CHECKING:  # imported where used: pyarrow.compute and .parquet are slow to import
     import pyarrow.parquet as pq
 
 # The pre-flight check reads at most this many (decompressed) bytes of a text or CSV file, and
@@ -271,9 +271,9 @@ def _decompressed(local: str, source: str, what: str) -> Iterator[io.BufferedIOB
 
 def _gunzipped(raw: Any) -> io.BufferedIOBase:
     """A gzip stream inflated as it is read: by ISA-L (`isal.igzip`, gzip's reader over a faster
-    inflate: web-NotreDame's 21.6 MB in about 16 ms against zlib's 44 ms here), the same format,
-    members and errors as `gzip.GzipFile` (a damaged stream raises ISA-L's own error, taken by
-    `_unreadable` as zlib's). Imported when a compressed file is read (about 1 ms). A stream
+    inflate), the same format, members and errors as `gzip.GzipFile` (a damaged stream raises
+    ISA-L's own error, taken by `_unreadable` as zlib's). Imported when a compressed file is
+    read. A stream
     that does not start with gzip's magic is refused here, as `gzip.GzipFile` refuses it (ISA-L
     reads a whole header first: a file shorter than one would be called truncated)."""
     from isal import igzip

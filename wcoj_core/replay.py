@@ -83,7 +83,7 @@ class EpochReport:
     epochs: int
     changes: int  # consolidated change rows staged over all relations
     output_changes: int  # rows of the query's output change at this epoch
-    seconds: float  # wall-clock time of the whole `apply_epoch` call
+    seconds: float  # wall-clock time of the whole `Engine.apply` call
     result: EpochResult
 
     @property
@@ -281,7 +281,7 @@ def replay(
             for rel, df in streams.items()
         }
         start = clock.perf_counter()
-        result = engine.apply_epoch(t, changes)
+        result = engine.apply(t, changes)
         elapsed = clock.perf_counter() - start
         metrics.append(result.metrics)
         seconds.append(elapsed)

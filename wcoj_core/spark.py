@@ -4,9 +4,6 @@
 share a single JVM per process) and otherwise builds one for the given master. Local mode is the
 embedded default; pass ``spark://host:port`` (or any master URL) to run the same code on a
 cluster.
-
-It also tells when a DataFrame is nothing but a scan of local Parquet files
-(`local_parquet_files`), which the driver then reads itself (`read_local_parquet`).
 """
 
 from __future__ import annotations
@@ -14,18 +11,13 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlparse
-from urllib.request import url2pathname
-
-import pyarrow as pa
 
 from wcoj_core.fence import lift_pandas_fence
 
 lift_pandas_fence()  # Spark work is coming: pyspark's Arrow conversions import pandas
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
 
 from wcoj_core.deploy.daemon import DAEMON_MODULE  # noqa: E402
 from wcoj_core.memory import keep_freed_memory  # noqa: E402
@@ -141,67 +133,3 @@ def session(
             os.unlink(config)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-def local_parquet_files(df: DataFrame) -> list[str] | None:
-    """The local Parquet files `df` reads, when `df` is nothing but a scan of them; else None.
-
-    "Nothing but a scan": Spark's optimized plan is one Parquet file relation without partition
-    columns, or a selection of its columns (no expression, no filter, no cache), and every file
-    is on the local disk. The keyed path then reads the files with pyarrow (`read_local_parquet`)
-    instead of collecting them through Spark's executors and Arrow stream, and without a job
-    at all.
-    """
-    jdf: Any = getattr(df, "_jdf", None)  # Spark Connect's DataFrames have no JVM twin
-    if jdf is None:
-        return None
-    try:
-        plan = jdf.queryExecution().optimizedPlan()
-        if plan.getClass().getSimpleName() == "Project":
-            items = plan.projectList()
-            if any(
-                items.apply(i).getClass().getSimpleName() != "AttributeReference"
-                for i in range(items.size())
-            ):
-                return None
-            plan = plan.child()
-        if plan.getClass().getSimpleName() != "LogicalRelation":
-            return None
-        relation = plan.relation()
-        if (
-            relation.getClass().getSimpleName() != "HadoopFsRelation"
-            or relation.fileFormat().getClass().getSimpleName() != "ParquetFileFormat"
-            or relation.partitionSchema().size() != 0
-        ):
-            return None
-        uris = df.inputFiles()
-    except Exception:  # not a classic JVM-backed DataFrame, or a plan of another shape
-        return None
-    paths = [url2pathname(urlparse(u).path) for u in uris if urlparse(u).scheme == "file"]
-    return paths if len(paths) == len(uris) else None
-
-
-def read_local_parquet(df: DataFrame, files: Sequence[str]) -> pa.Table | None:
-    """`df`'s rows read from its local Parquet `files` with pyarrow, in `df`'s columns and types.
-
-    None when the files do not give exactly those columns and Arrow types (Spark would read
-    them otherwise: names matched without case, columns cast by a schema given to the reader).
-    """
-    import pyarrow.parquet as pq
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    want = to_arrow_schema(df.schema)
-    try:
-        table = pq.read_table(list(files), columns=list(df.columns))
-    except (OSError, ValueError, KeyError, pa.ArrowException):
-        return None
-    if table.schema.names != want.names or table.schema.types != want.types:
-        return None
-    return table
-
-
-def parquet_rows(files: Sequence[str]) -> int:
-    """The rows of Parquet files, from their footers."""
-    import pyarrow.parquet as pq
-
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 from dagster import (
     AssetCheckKey,
     AssetKey,
@@ -61,6 +62,7 @@ BAD = EPOCHS
 LATER = [epoch_key(t) for t in range(2, EPOCHS)]  # the epochs after the corrected one
 STEPS = ("epoch 0", "range 1..3", "bad epoch 4", "corrected epoch 1", "range 2..3")
 STORED = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION}
+CONNECTS = [0]  # database connections opened by any pool of this process (the fixture counts)
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Side:
     stale_after_correction: dict[str, set[str]] = field(default_factory=dict)
     stale_after_backfill: dict[str, set[str]] = field(default_factory=dict)
     batches: list[tuple[str, list[str]]] = field(default_factory=list)  # (run id, event types)
+    connects: dict[str, int] = field(default_factory=dict)  # step -> database connections opened
 
 
 def play(side: Side, history: list[Changes], corrected: list[Changes]) -> None:
@@ -82,7 +85,9 @@ def play(side: Side, history: list[Changes], corrected: list[Changes]) -> None:
     derived: list[str] = []
 
     def step(name: str, epochs: int | tuple[int, int], ok: bool = True) -> None:
+        before = CONNECTS[0]
         result = p.run(epochs)
+        side.connects[name] = CONNECTS[0] - before
         assert result.success is ok, (name, failures(result))
         side.runs[name] = result.run_id
 
@@ -146,6 +151,7 @@ def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> I
             pytest.MonkeyPatch.context() as patch,
         ):
             patch.setattr(PostgresEventLogStorage, "store_event_batch", recorded)
+            sqlalchemy.event.listen(sqlalchemy.pool.Pool, "connect", _count)
             root = tmp_path_factory.mktemp("postgres")
             sides = {
                 name: Side(Pipeline(spark, root / name, instance=instance, check_reporting="every"))
@@ -156,8 +162,13 @@ def scenario(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> I
             sides["postgres"].batches = batches
             yield Scenario(sides["postgres"], sides["sqlite"], history, corrected)
     finally:
+        sqlalchemy.event.remove(sqlalchemy.pool.Pool, "connect", _count)
         spark.conf.set("spark.sql.codegen.wholeStage", previous or "true")
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _count(*_: Any) -> None:
+    CONNECTS[0] += 1
 
 
 # -- reading what an instance stored ------------------------------------------------------------
@@ -301,6 +312,19 @@ def test_a_range_is_written_to_postgres_in_one_batch_per_asset(scenario: Scenari
     assets = len(pg.pipeline.job.asset_layer.executable_asset_keys)
     # Each asset's three epochs in one multi-row INSERT.
     assert [len(t) for t in found] == [EPOCHS - 1] * assets
+
+
+@pytest.mark.e2e  # a Postgres server
+def test_a_range_writes_its_check_evaluations_over_connections_held_open(
+    scenario: Scenario,
+) -> None:
+    # Dagster's Postgres storages open a connection per statement; the step keeps one per
+    # storage (wcoj_assets.instance.hold_connections): the range's evaluations, each written
+    # alone in several statements, open fewer connections than there are evaluations.
+    pg = scenario.postgres
+    written = len(evaluations(pg.pipeline.instance, pg.runs[STEPS[1]]))
+    assert written >= 4 * (EPOCHS - 1)
+    assert pg.connects[STEPS[1]] < written, pg.connects
 
 
 @pytest.mark.e2e  # a Postgres server

@@ -464,7 +464,7 @@ def test_json_carries_hydration_and_no_spark(
     assert code == 0, err
     second = json.loads(out[-1])
     hydration = second["metrics"]["hydration"]
-    indexed = engine_of(state).indexed()
+    indexed = engine_of(state).served.indexed()
     segment_bytes = sum(
         {  # each file once (an undirected relation's views and counts share theirs)
             s.path: sum(f.size for f in s.files.values())

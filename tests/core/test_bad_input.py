@@ -505,8 +505,8 @@ def two_epochs(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) ->
     engine = Engine(spark, str(state), builtin("triangles"))
     schema = "c0 long, c1 long, diff long"
     first = [(a, b, 1) for a, b in ((1, 2), (2, 3), (1, 3))]
-    engine.apply_epoch(0, {"edge": spark.createDataFrame(first, schema)})
-    engine.apply_epoch(1, {"edge": spark.createDataFrame([(3, 4, 1)], schema)})
+    engine.apply(0, {"edge": spark.createDataFrame(first, schema)})
+    engine.apply(1, {"edge": spark.createDataFrame([(3, 4, 1)], schema)})
     return state
 
 
@@ -529,7 +529,7 @@ def test_changes_for_an_unknown_relation_change_nothing(
         "friends": fast_spark.createDataFrame([(1, 2, 1)], schema),
     }
     with pytest.raises(QueryError, match="changes given for relation 'friends', which no query"):
-        engine.apply_epoch(2, changes)
+        engine.apply(2, changes)
     assert files_under(state) == before
 
 
@@ -540,7 +540,7 @@ def test_changes_with_wrong_columns_change_nothing(
     before = files_under(state)
     bad = fast_spark.createDataFrame([(5, 6, 1)], "src long, dst long, diff long")
     with pytest.raises(InputError) as caught:
-        engine.apply_epoch(2, {"edge": bad})
+        engine.apply(2, {"edge": bad})
     message = str(caught.value)
     assert message.startswith("relation 'edge' at epoch 2: ")
     assert "missing ['c0', 'c1']" in message and "unexpected ['src', 'dst']" in message
@@ -554,7 +554,7 @@ def test_a_query_with_another_arity_than_the_state_changes_nothing(
     before = files_under(state)
     ternary = parse_query("triangles(a, b, c) :- edge(a, b, c)")
     with pytest.raises(StateError, match="holds relation 'edge' as a bag of arity 2; this run"):
-        Engine(fast_spark, str(state), ternary).apply_epoch(
+        Engine(fast_spark, str(state), ternary).apply(
             2,
             {
                 "edge": fast_spark.createDataFrame(

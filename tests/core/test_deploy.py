@@ -123,9 +123,9 @@ def engines(spark: SparkSession, root: Path) -> dict[str, Engine]:
             spark, str(root / "sharded"), TRIANGLES, deployment="executors", executor_max_rows=600
         ),
     }
-    made["executors-split"].one_task_rows = 0
-    made["executors-sharded"].one_task_rows = 0
-    made["executors-sharded"].routed = True  # routed stages, however small the epoch
+    made["executors-split"].access.one_task_rows = 0
+    made["executors-sharded"].access.one_task_rows = 0
+    made["executors-sharded"].access.routed = True  # routed stages, however small the epoch
     return made
 
 
@@ -144,7 +144,7 @@ def test_every_deployment_does_the_same_work(small: SparkSession, tmp_path: Path
         assert expected, t
         steps = {}
         for name, engine in ways.items():
-            result = engine.apply_epoch(t, {"edge": edge_table(change)})
+            result = engine.apply(t, {"edge": edge_table(change)})
             assert result.metrics.deployment == name.split("-")[0], name
             assert ("shards" in result.metrics.reason) == name.endswith("sharded"), name
             assert change_of(engine, result) == expected, (name, t)
@@ -181,14 +181,14 @@ def test_a_static_evaluation_on_the_executors_is_written_by_the_tasks_unsummed(
 
     monkeypatch.setattr(executors, "run_on_executors", spy)
     engine = Engine(small, str(tmp_path / "s"), TRIANGLES, deployment="executors", executor_tasks=3)
-    engine.one_task_rows = 0
+    engine.access.one_task_rows = 0
     graph: Counter = Counter()
     for t, change in enumerate(graph_epochs(seed=5, epochs=1)):
         before = Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
         graph.update(change)
         expected = Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
         expected.subtract(before)
-        result = engine.apply_epoch(t, {"edge": edge_table(change)})
+        result = engine.apply(t, {"edge": edge_table(change)})
         assert change_of(engine, result) == Counter({k: v for k, v in expected.items() if v})
     assert [distinct for distinct, _ in seen] == [frozenset({"out/triangles"}), frozenset()]
     assert [tasks for _, tasks in seen] == [3, 3]
@@ -226,7 +226,7 @@ def test_a_static_count_on_the_executors_is_counted_by_the_tasks_and_written_now
         engine = Engine(
             small, str(root), TRIANGLES, relations=sets, deployment=name, executor_tasks=3
         )
-        engine.one_task_rows = 0
+        engine.access.one_task_rows = 0
         result = engine.evaluate({"edge": edge_table(graph)}, count_only=True)
         assert result.metrics.deployment == name
         assert result.changes["triangles"] is None, name  # counted, not made
@@ -267,7 +267,7 @@ def test_writers_on_both_deployments_follow_each_other_and_the_merges(
     for t, change in enumerate(epochs):
         engine = ways[(t // 2) % 2]  # 0, 0, 1, 1, 0
         graph.update(change)
-        result = engine.apply_epoch(t, {"edge": edge_table(change)})
+        result = engine.apply(t, {"edge": edge_table(change)})
         assert result.metrics.deployment == ("driver", "executors")[(t // 2) % 2]
         expected = naive_eval(TRIANGLES, {"edge": live(graph)})
         assert stored(engine, OUT) == Counter(expected), f"epoch {t}"
@@ -282,7 +282,7 @@ def test_writers_on_both_deployments_follow_each_other_and_the_merges(
             for s in trace.index.segments
             if s.level.value == "base"
         }
-    assert len(bases) > len(ways[0].indexed()), "the bases were merged again"
+    assert len(bases) > len(ways[0].served.indexed()), "the bases were merged again"
 
 
 def test_a_failed_write_applies_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -291,7 +291,7 @@ def test_a_failed_write_applies_nothing(tmp_path: Path, monkeypatch: pytest.Monk
     state = tmp_path / "state"
     epochs = graph_epochs(seed=2, epochs=1)
     engine = Engine(None, str(state), TRIANGLES, deployment="driver")
-    engine.apply_epoch(0, {"edge": edge_table(epochs[0])})
+    engine.apply(0, {"edge": edge_table(epochs[0])})
     before = engine.store.current()
     on_disk = folders(state)
     writes: list[str] = []
@@ -305,12 +305,12 @@ def test_a_failed_write_applies_nothing(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(Batches, "write", failing)
     with pytest.raises(StateError, match="No space left"):
-        engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
+        engine.apply(1, {"edge": edge_table(epochs[1])})
     assert len(writes) == 3
     assert engine.store.current() == before
     assert folders(state) == on_disk == kept_paths(engine.store), "the staged folders were removed"
     monkeypatch.setattr(Batches, "write", real)
-    engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
+    engine.apply(1, {"edge": edge_table(epochs[1])})
     graph = Counter(epochs[0])
     graph.update(epochs[1])
     assert stored(engine, OUT) == Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
@@ -325,7 +325,7 @@ def test_a_failed_task_applies_nothing(
     state = tmp_path / "state"
     engine = Engine(small, str(state), TRIANGLES, deployment="executors")
     epochs = graph_epochs(seed=3, epochs=1)
-    engine.apply_epoch(0, {"edge": edge_table(epochs[0])})
+    engine.apply(0, {"edge": edge_table(epochs[0])})
     before = engine.store.current()
     on_disk = folders(state)
 
@@ -342,7 +342,7 @@ def test_a_failed_task_applies_nothing(
         bad,
     )
     with pytest.raises(InputError, match="null"):
-        engine.apply_epoch(1, {"edge": small.read.parquet(str(bad))})
+        engine.apply(1, {"edge": small.read.parquet(str(bad))})
     assert engine.store.current() == before and folders(state) == on_disk
 
     real = spark_job.run_rules
@@ -364,7 +364,7 @@ def test_a_failed_task_applies_nothing(
     with monkeypatch.context() as patch:
         patch.setattr(spark_job, "run_rules", truncating)
         with pytest.raises(Exception) as failed:
-            engine.apply_epoch(1, {"edge": edge_table(epochs[1])})
+            engine.apply(1, {"edge": edge_table(epochs[1])})
     assert truncated, "the tasks ran"
     assert not isinstance(failed.value, AssertionError), failed.value
     assert engine.store.current() == before
@@ -372,7 +372,7 @@ def test_a_failed_task_applies_nothing(
 
     good = tmp_path / "good.parquet"
     pq.write_table(pq.read_table(bad).slice(0, len(changes)), good)
-    result = engine.apply_epoch(1, {"edge": small.read.parquet(str(good))})
+    result = engine.apply(1, {"edge": small.read.parquet(str(good))})
     assert result.metrics.deployment == "executors"
     graph = Counter(epochs[0])
     graph.update(epochs[1])
@@ -430,16 +430,16 @@ def test_the_router_sends_each_shard_to_its_partitions(small: SparkSession) -> N
 def test_the_choice_and_its_reason_are_recorded(small: SparkSession, tmp_path: Path) -> None:
     epochs = graph_epochs(seed=9, epochs=2)
     engine = Engine(small, str(tmp_path / "state"), TRIANGLES, driver_epoch_rows=20)
-    first = engine.apply_epoch(0, {"edge": edge_table(epochs[0])}).metrics
+    first = engine.apply(0, {"edge": edge_table(epochs[0])}).metrics
     assert (first.deployment, first.reason) == (
         "executors",
         "more than the driver's 20 rows changed at the epoch",
     )
     engine.limits = Limits(driver_max_rows=10)
-    held = engine.apply_epoch(1, {"edge": edge_table(epochs[1])}).metrics
+    held = engine.apply(1, {"edge": edge_table(epochs[1])}).metrics
     assert held.deployment == "executors" and "exceed the driver's 10" in held.reason
     engine.limits = Limits()
-    fits = engine.apply_epoch(2, {"edge": edge_table(epochs[2])}).metrics
+    fits = engine.apply(2, {"edge": edge_table(epochs[2])}).metrics
     assert fits.deployment == "driver" and fits.reason.startswith("fits the driver (")
     assert fits.to_dict()["reason"] == fits.reason
     graph: Counter = Counter()
@@ -460,7 +460,7 @@ def test_a_sharded_state_on_files_runs_its_epochs_as_tasks_over_the_mapped_arran
     engine = Engine(
         small, str(tmp_path / "s"), TRIANGLES, deployment="executors", executor_max_rows=600
     )
-    engine.one_task_rows = one_task_rows
+    engine.access.one_task_rows = one_task_rows
     graph: Counter = Counter()
     sharded = 0
     epochs = graph_epochs(seed=11, epochs=3)
@@ -469,7 +469,7 @@ def test_a_sharded_state_on_files_runs_its_epochs_as_tasks_over_the_mapped_arran
         graph.update(change)
         expected = Counter(naive_eval(TRIANGLES, {"edge": live(graph)}))
         expected.subtract(before)
-        result = engine.apply_epoch(t, {"edge": edge_table(change)})
+        result = engine.apply(t, {"edge": edge_table(change)})
         assert change_of(engine, result) == Counter({k: v for k, v in expected.items() if v}), t
         if "shards" in result.metrics.reason:
             sharded += 1
@@ -551,17 +551,19 @@ def test_sharded_tasks_map_the_arrangement_files_and_hold_no_shard(tmp_path: Pat
 
     engine = Engine(None, str(tmp_path / "s"), TRIANGLES, deployment="driver")
     for t, change in enumerate(graph_epochs(seed=3, epochs=2)):
-        engine.apply_epoch(t, {"edge": edge_table(change)})
+        engine.apply(t, {"edge": edge_table(change)})
     m = engine.store.current()
     root = engine.store.root
     reads = []
-    for name in ("rel/edge", *engine.counts_traces):
+    for name in ("rel/edge", *engine.served.counts_traces):
         trace = m.traces[name]
         reads.append(
-            TraceRead(name, trace.columns, trace.batches, trace=trace, keys=engine.views[name])
+            TraceRead(
+                name, trace.columns, trace.batches, trace=trace, keys=engine.served.views[name]
+            )
         )
     assert m.epoch is not None
-    mapped_work = Work(root, m.epoch + 1, engine.plans, tuple(reads))
+    mapped_work = Work(root, m.epoch + 1, engine.served.plans, tuple(reads))
     cut_work = replace(mapped_work, reads=tuple(replace(r, trace=None) for r in reads))
     shards = 3
     for read in reads:

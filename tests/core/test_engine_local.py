@@ -82,7 +82,7 @@ def check_epoch(engine: Engine, oracle: Oracle, t: int, result) -> None:
         assert stored(engine, relation_trace_name(rel), t) == held, f"epoch {t}: {rel}"
         figures = engine.figures(relation_trace_name(rel), t)
         assert figures == figures_of(held), f"epoch {t}: figures of {rel}"
-    for a in engine.arrangements:
+    for a in engine.served.arrangements:
         if a.kind is Kind.COUNTS:
             held = oracle.state(t)[a.view.relation]
             got = stored(engine, counts_trace_name(a), t)

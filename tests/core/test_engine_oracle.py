@@ -52,9 +52,9 @@ def engine_for(
         executor_max_rows=SHARD_ROWS if deployment.endswith("-sharded") else 10**9,
     )
     if deployment.endswith(("-split", "-sharded")):
-        engine.one_task_rows = 0  # split in tasks, however small
+        engine.access.one_task_rows = 0  # split in tasks, however small
     # Sharded: routed stages, even where its tasks could search the mapped arrangement files.
-    engine.routed = deployment.endswith("-sharded")
+    engine.access.routed = deployment.endswith("-sharded")
     return engine
 
 
@@ -112,7 +112,7 @@ def run_and_compare(
             rel: frame(spark, query.relations[rel], ups) for rel, ups in changes.items() if ups
         }
         engine = engine_for(spark, state_dir, query, orders or {}, deployment)  # a new process
-        result = engine.apply_epoch(t, given_changes)
+        result = engine.apply(t, given_changes)
         assert result.metrics.deployment == deployment.split("-")[0] or not given_changes
         change = collected(engine.change(query.name, t), width)
         expected = signed_difference(after, before)
@@ -235,13 +235,13 @@ def test_driver_and_executor_epochs_interleave_and_match_the_oracle(
         deployment = data.draw(st.sampled_from(DEPLOYMENTS), label=f"epoch {t} deployment")
         shard_rows = SHARD_ROWS if deployment.endswith("-sharded") else 10**9
         engine.limits = Limits(deployment.split("-")[0], executor_max_rows=shard_rows)
-        engine.one_task_rows = 0 if deployment.endswith(("-split", "-sharded")) else 50_000
-        engine.routed = deployment.endswith("-sharded")
+        engine.access.one_task_rows = 0 if deployment.endswith(("-split", "-sharded")) else 50_000
+        engine.access.routed = deployment.endswith("-sharded")
         before = naive_eval(query, state)
         for rel, ups in changes.items():
             for tup, d in ups:
                 state[rel][tup] = state[rel].get(tup, 0) + d
-        result = engine.apply_epoch(
+        result = engine.apply(
             t,
             {rel: frame(small, query.relations[rel], ups) for rel, ups in changes.items()},
         )
@@ -254,7 +254,7 @@ def test_driver_and_executor_epochs_interleave_and_match_the_oracle(
             arity = query.relations[rel]
             expected = Counter({k: v for k, v in state[rel].items() if v})
             assert collected(engine.relation(rel), arity) == expected
-        for a in engine.arrangements:
+        for a in engine.served.arrangements:
             if a.kind is Kind.COUNTS:
                 df = engine._accumulated(counts_trace_name(a), None)
                 cols = [f"c{k}" for k in a.key]

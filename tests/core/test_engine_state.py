@@ -241,7 +241,7 @@ def test_an_applied_epoch_is_refused_and_changes_nothing(tmp_path: Path) -> None
     assert_unchanged(run.engine, root, before)
 
     with pytest.raises(EpochAlreadyApplied, match="epoch 0 cannot be applied"):
-        run.engine.apply_epoch(0, again)
+        run.engine.apply(0, again)
     assert_unchanged(run.engine, root, before)
     run.check_accumulated()
 
@@ -521,7 +521,7 @@ def test_index_merges_keep_contents_exact_and_files_few(
         run.check_accumulated()
         engine = run.engine
         manifest = engine.store.current()
-        for name in engine.indexed():
+        for name in engine.served.indexed():
             index = manifest.traces[name].index
             assert index is not None and index.time == t, name
             per_key: Counter[Any] = Counter()
@@ -533,7 +533,7 @@ def test_index_merges_keep_contents_exact_and_files_few(
                        for key, n in per_key.items()), (name, per_key)  # fmt: skip
         assert folders(root) == kept_paths(engine.store)
         assert len(list((root / "manifests").glob("*.json"))) == min(t + 1, KEEP_MANIFESTS)
-    assert len(bases) > len(run.engine.indexed()), "some base was merged again"
+    assert len(bases) > len(run.engine.served.indexed()), "some base was merged again"
     # Batches are the history: one per changed trace and epoch, kept (no compaction asked).
     rel = run.engine.store.current().traces["rel/edge"]
     assert [b.time for b in rel.batches] == list(range(epochs))
@@ -635,7 +635,7 @@ def test_queries_share_arrangements_and_stay_exact(tmp_path: Path) -> None:
     manifest = engine.store.current()
     counts = sorted(name for name in manifest.traces if name.startswith("counts/"))
     per_query = [
-        {a for a in engine.plans[q.name].arrangements if a.kind is Kind.COUNTS}
+        {a for a in engine.served.plans[q.name].arrangements if a.kind is Kind.COUNTS}
         for q in (TRIANGLES, PATHS)
     ]
     shared = set.union(*per_query)

@@ -96,7 +96,7 @@ def test_the_engine_on_a_remote_file_system(
         rows = [(a, b, 1) for a, b in pairs] + [(b, a, 1) for a, b in pairs]
         for a, b, d in rows:
             edges[(a, b)] += d
-        engine.apply_epoch(t, {"edge": small.createDataFrame(rows, "c0 long, c1 long, diff long")})
+        engine.apply(t, {"edge": small.createDataFrame(rows, "c0 long, c1 long, diff long")})
         got = Counter({tuple(r[:-1]): r[-1] for r in engine.output().collect()})
         assert got == naive_eval(query, {"edge": edges})
     assert (tmp_path / "state" / "manifests").is_dir()

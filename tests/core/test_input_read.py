@@ -1,9 +1,7 @@
-"""Changes that are nothing but a scan of local Parquet files are read by the driver itself.
+"""Changes given as Spark DataFrames, Arrow tables or files read by the driver.
 
-`local_parquet_files` must recognise exactly the plans whose rows are the files' rows (a plain
-scan, or some of its columns), and `read_local_parquet` must give exactly Spark's rows and types
-or nothing. The engine's results must not depend on which way its input was read. A relation
-file read by the driver (`wcoj_core.input_read.read_local`) gives Spark's rows, or Spark's error.
+The engine's results must not depend on which way its input was read. A relation file read by
+the driver (`wcoj_core.input_read.read_local`) gives Spark's rows, or Spark's error.
 """
 
 from __future__ import annotations
@@ -24,70 +22,12 @@ from wcoj_core.input_read import read_local
 from wcoj_core.input_spark import read_relation
 from wcoj_core.query.builtins import builtin
 from wcoj_core.query.ir import Query
-from wcoj_core.spark import local_parquet_files, parquet_rows, read_local_parquet
 
 ROWS = [(1, 2, 1), (2, 3, 1), (1, 3, 2), (3, 4, -1), (2, 4, 1)]
 
 
-@pytest.fixture
-def parquet(spark: SparkSession, tmp_path: Path) -> tuple[str, DataFrame]:
-    path = str(tmp_path / "edge")
-    spark.createDataFrame(ROWS, "c0 long, c1 long, diff long").repartition(2).write.parquet(path)
-    return path, spark.read.parquet(path)
-
-
 def _rows(table: pa.Table) -> Counter[tuple[int, ...]]:
     return Counter(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
-
-
-def test_plain_scans_are_read_from_their_files(parquet: tuple[str, DataFrame]) -> None:
-    _, df = parquet
-    for scan, want in [
-        (df, ROWS),
-        (df.select("c0", "c1", "diff"), ROWS),
-        (df.select("c1", "c0", "diff"), [(b, a, d) for a, b, d in ROWS]),
-        (df.select("c0", "diff"), [(a, d) for a, _, d in ROWS]),
-    ]:
-        files = local_parquet_files(scan)
-        assert files is not None and len(files) == 2
-        assert all(Path(f).is_file() for f in files)
-        assert parquet_rows(files) == len(ROWS)
-        table = read_local_parquet(scan, files)
-        assert table is not None and table.column_names == scan.columns
-        assert _rows(table) == Counter(want) == Counter(tuple(r) for r in scan.collect())
-
-
-def test_anything_more_than_a_scan_is_left_to_spark(
-    spark: SparkSession, parquet: tuple[str, DataFrame], tmp_path: Path
-) -> None:
-    path, df = parquet
-    spark.createDataFrame(ROWS, "c0 long, c1 long, diff long").write.parquet(
-        str(tmp_path / "by" / "k=1")
-    )
-    for other in [
-        df.where(F.col("c0") > 1),  # a filter
-        df.select((F.col("c0") + 1).alias("c0"), "c1", "diff"),  # an expression
-        df.select(F.col("c0").alias("a"), "c1", "diff"),  # a renamed column
-        df.union(df),  # two scans
-        df.cache(),  # the cache, not the files
-        spark.read.parquet(str(tmp_path / "by")),  # a partition column
-        spark.createDataFrame(ROWS, "c0 long, c1 long, diff long"),  # no files at all
-        spark.read.option("header", True).csv(path),  # not Parquet (unreadable here anyway)
-    ]:
-        assert local_parquet_files(other) is None, other
-    df.unpersist()
-
-
-def test_types_spark_would_cast_are_not_read_directly(
-    spark: SparkSession, parquet: tuple[str, DataFrame]
-) -> None:
-    path, _ = parquet
-    # A schema given to the reader: Spark reads int64 as the declared type, names without case.
-    for schema in ("c0 long, c1 long, diff int", "C0 long, c1 long, diff long"):
-        df = spark.read.schema(schema).parquet(path)
-        files = local_parquet_files(df)
-        assert files is not None
-        assert read_local_parquet(df, files) is None, schema
 
 
 def test_engine_results_do_not_depend_on_how_the_input_was_read(
@@ -99,17 +39,16 @@ def test_engine_results_do_not_depend_on_how_the_input_was_read(
     path = str(tmp_path / "edge")
     spark.createDataFrame(rows, "c0 long, c1 long, diff long").write.parquet(path)
     scan = spark.read.parquet(path)
-    assert local_parquet_files(scan) is not None
     query = builtin("directed-triangles")
     want = naive_eval(query, {"edge": {(a, b): d for a, b, d in rows}})
-    for name, df in [("files", scan), ("spark", scan.where(F.lit(True) == F.lit(True)).cache())]:
-        assert (local_parquet_files(df) is not None) == (name == "files")
+    files = read_local(path, 2, "edge")  # the caller hands the driver the files' rows
+    for name, df in [("files", files), ("spark", scan.where(F.lit(True) == F.lit(True)).cache())]:
         result = evaluate_static(spark, query, {"edge": df}, str(tmp_path / name))
         assert result.metrics.deployment == "driver"
         assert _stored_change(spark, tmp_path / name, query, 0) == want, name
     scan.unpersist()
-    # A later epoch from files: every edge deleted. Its rows count against the driver's limit
-    # from the files' footers: within it, the driver reads them; over it, the executors do.
+    # A later epoch: every edge deleted. Its rows count against the driver's limit: within it,
+    # the driver collects them; over it, the executors read them.
     deletions = str(tmp_path / "deletions")
     spark.createDataFrame(
         [(a, b, -d) for a, b, d in rows], "c0 long, c1 long, diff long"
@@ -120,7 +59,7 @@ def test_engine_results_do_not_depend_on_how_the_input_was_read(
         ("spark", len(rows) - 1, "executors"),
     ]:
         engine = Engine(spark, str(tmp_path / name), query, driver_epoch_rows=limit)
-        later = engine.apply_epoch(1, {"edge": spark.read.parquet(deletions)})
+        later = engine.apply(1, {"edge": spark.read.parquet(deletions)})
         assert later.metrics.deployment == where
         assert _table_change(engine.change(query.name, 1)) == gone, name
 
@@ -218,8 +157,8 @@ def test_changes_given_as_arrow_tables(spark: SparkSession, tmp_path: Path) -> N
         ("tables-over-limit", table, 10, "executors"),
     ]:
         engine = Engine(spark, str(tmp_path / name), query, driver_epoch_rows=limit)
-        engine.apply_epoch(0, {"edge": given(first)})
-        result = engine.apply_epoch(1, {"edge": given(later)})
+        engine.apply(0, {"edge": given(first)})
+        result = engine.apply(1, {"edge": given(later)})
         assert result.metrics.deployment == where, name
         changes[name] = _table_change(engine.change(query.name, 1))
     before = {(a, b): d for a, b, d in first}
@@ -231,6 +170,6 @@ def test_changes_given_as_arrow_tables(spark: SparkSession, tmp_path: Path) -> N
     want = Counter({k: v for k, v in want.items() if v})
     assert want and changes == {name: want for name in changes}
     with pytest.raises(InputError, match="missing"):
-        Engine(spark, str(tmp_path / "bad"), query).apply_epoch(
+        Engine(spark, str(tmp_path / "bad"), query).apply(
             0, {"edge": pa.table({"c0": [1], "c1": [2]})}
         )

@@ -179,8 +179,8 @@ def hub_epoch(engine: Engine) -> tuple[str, list[tuple[int, str, int, int, int, 
 
     # The engine's per-step metrics match the counts recomputed here.
     steps: list[StepMetrics] = [s for s in result.metrics.steps if s.query == TRIANGLES.name]
-    assert len(steps) == len(engine.plans[TRIANGLES.name].rules), steps
-    bound = expected_steps(engine.plans[TRIANGLES.name], delta, before, after)
+    assert len(steps) == len(engine.served.plans[TRIANGLES.name].rules), steps
+    bound = expected_steps(engine.served.plans[TRIANGLES.name], delta, before, after)
     for s in steps:
         assert (s.prefixes, s.min_count_sum) == bound[s.rule], s
         # Every proposal is one of the fewest candidates; ranges narrowed by the order filters.
@@ -213,5 +213,5 @@ def test_the_hub_epoch_split_over_tasks_does_the_drivers_work(
     _, driver = hub_epoch(Engine(None, str(tmp_path / "driver"), TRIANGLES, relations=SPECS))
     options: dict[str, Any] = {"deployment": "executors", "executor_tasks": 2}
     engine = Engine(small, str(tmp_path / "executors"), TRIANGLES, relations=SPECS, **options)
-    engine.one_task_rows = 0  # split even a small epoch
+    engine.access.one_task_rows = 0  # split even a small epoch
     assert hub_epoch(engine) == ("executors", driver)

@@ -275,7 +275,7 @@ def test_every_stage_spills_and_every_epoch_matches_the_oracle(
         negative = sum(1 for v in expected.values() if v < 0)
         assert engine.figures(out) == (rows, count, negative), f"epoch {t}"
         degrees = Counter(a for (a, _), m in relation.items() if m)
-        for name in engine.counts_traces:
+        for name in engine.served.counts_traces:
             got = stored(engine, name, t)
             if name.endswith("/0") or name.endswith("/1"):
                 assert got == Counter({(v,): n for v, n in degrees.items()}), name

@@ -1,141 +1,59 @@
-"""A state written by state formats 2 to 4 (segments of three ``.npy`` files; one file of
-int64 columns, diffs and search keys, of layout 1 without a directory or of layout 2) is refused
-on one line naming the command that rebuilds it; ``wcoj verify --repair`` rebuilds its
-arrangements from its batches, and the state goes on, exact against the oracle.
-
-The states of earlier formats here are states written now and rewritten as those formats wrote
-them: every segment's file replaced by its three ``.npy`` files (the headers numpy writes, which
-format 2 wrote), or by a file of layout 1 or 2, every kept manifest's segment entries, format
-and digest edited to match, the marker set back.
+"""A state of an earlier format is refused on one line saying to re-create it, by its marker
+(or, with the marker set back to 5, by its manifests); an older wcoj refuses a state of format 5
+alike. Every new file is durable before the manifest names it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
 from test_engine_state import PATHS, TRIANGLES, Run, epoch_changes
 
 from wcoj_core import cli, indexes
-from wcoj_core.check.verify import verify_state
 from wcoj_core.errors import IncompatibleState
 from wcoj_core.store import manifest as mf
 from wcoj_core.store import names
-from wcoj_core.store.files import file_ref
-from wcoj_core.store.manifest import Manifest, Segment, digest_of
-from wcoj_core.store.segments import open_segment
+from wcoj_core.store.manifest import Manifest, digest_of
 from wcoj_core.store.store import Store
 
 
-def as_format(root: Path, fmt: int) -> int:
-    """Rewrite the state at `root` as state format `fmt` (2, 3 or 4) wrote it; the segments
-    rewritten."""
-    store = Store.open(root, create=False)
-    done: dict[str, tuple[str, dict[str, list]]] = {}
-    for g in store.generations():
-        for trace in store.generation(g).traces.values():
-            for s in trace.index.segments if trace.index is not None else ():
-                if s.path not in done:
-                    done[s.path] = _three_files(root, s) if fmt == 2 else _int64(root, s, fmt)
+def as_format(root: Path, fmt: int, marker: int) -> None:
+    """Set the state at `root`'s manifests to format `fmt` (digests resealed), its marker to
+    `marker`."""
     for path in sorted((root / "manifests").glob("*.json")):
         raw = json.loads(path.read_text())
         raw["format"] = fmt
-        for trace in raw["traces"].values():
-            for s in (trace["index"] or {}).get("segments", ()):
-                s["path"], s["files"] = done[s["path"]]
         raw["digest"] = digest_of(raw)
-        os.chmod(path, 0o644)
+        path.chmod(0o644)
         path.write_text(json.dumps(raw, sort_keys=True, separators=(",", ":")) + "\n")
-    (root / names.MARKER).write_text(f'{{"wcoj_state": {fmt}}}\n')
-    return len(done)
-
-
-def _refs(files: dict[str, Path]) -> dict[str, list]:
-    out = {}
-    for role, target in files.items():
-        os.chmod(target, 0o444)
-        ref = file_ref(target)
-        out[role] = [ref.name, ref.size, ref.sha256, list(ref.stamp or ())]
-    return out
-
-
-def _int64(root: Path, segment: Segment, fmt: int) -> tuple[str, dict[str, list]]:
-    """A segment file as format 3 or 4 wrote it (layout 1 or 2): a 64-byte header, the rows
-    column after column and the diffs as int64, the search keys, no directory (as either wrote
-    a small segment); its path and files."""
-    if not segment.rows:
-        return segment.path, {}
-    path = root / segment.path
-    layer = open_segment(root, segment, verify=True)
-    keys = np.ascontiguousarray(layer.search_keys())
-    header = struct.pack(
-        "<8sIIQQc", b"\x93WCOJSEG", fmt - 2, layer.width, len(layer), keys.dtype.itemsize,
-        keys.dtype.kind.encode(),
-    ).ljust(64, b"\0")  # fmt: skip
-    body = [np.ascontiguousarray(np.asarray(layer.rows).T), np.asarray(layer.diff), keys]
-    del layer
-    path.unlink()
-    path.write_bytes(header + b"".join(a.tobytes() for a in body))
-    return segment.path, _refs({names.SEGMENT_LAYER: path})
-
-
-def _three_files(root: Path, segment: Segment) -> tuple[str, dict[str, list]]:
-    """A segment of one file as a folder of three (the file removed); its path and files."""
-    path = segment.path.removesuffix(".seg")  # the folder format 2 named as the file is named
-    if not segment.rows:
-        return path, {}
-    layer = open_segment(root, segment, verify=True)
-    arrays = {
-        "rows": np.asfortranarray(np.asarray(layer.rows)),
-        "diff": np.array(layer.diff),
-        "keys": np.array(layer.search_keys()),
-    }
-    del layer
-    (root / segment.path).unlink()
-    folder = root / path
-    folder.mkdir()
-    files = {}
-    for role, array in arrays.items():
-        files[role] = folder / f"{role}.npy"
-        with open(files[role], "wb") as f:
-            np.lib.format.write_array(f, array, version=(1, 0))
-    return path, _refs(files)
+    (root / names.MARKER).write_text(f'{{"wcoj_state": {marker}}}\n')
 
 
 @pytest.mark.parametrize("fmt", [2, 3, 4])
-def test_a_state_of_an_earlier_format_is_refused_then_rebuilt_and_stays_exact(
+def test_a_state_of_an_earlier_format_is_refused_on_one_line(
     tmp_path: Path, fmt: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     indexes.KEPT.clear()
     root = tmp_path / "state"
     run = Run(root, [TRIANGLES, PATHS])
-    for t in range(5):
+    for t in range(3):
         run.step(t, epoch_changes(t, run.graph))
-    assert as_format(root, fmt) > 0
+    as_format(root, fmt, fmt)
     indexes.KEPT.clear()  # a process of the earlier wcoj wrote it
     with pytest.raises(IncompatibleState) as e:
         run.check_accumulated()
     assert str(e.value) == (
-        f"{root}: this state was written by an earlier wcoj (state format {fmt}), whose "
-        f"arrangement files this one does not read; rebuild them from its batches: "
-        f"wcoj verify --repair {root}"
+        f"{root}: this state was created by an earlier wcoj (state format {fmt}) and is not "
+        "readable by this one (format 5); re-create the state"
     )
-    assert cli.main(["verify", str(root)]) == 1  # every segment named, not read
-    assert "earlier wcoj" in capsys.readouterr().out
-    assert cli.main(["verify", str(root), "--repair"]) == 0
-    store = Store.open(root, create=False)
-    text = (root / "manifests" / names.manifest_name(store.current().generation)).read_text()
-    assert json.loads(text)["format"] == 5
-    assert json.loads((root / names.MARKER).read_text())["wcoj_state"] == fmt  # not rewritten
-    run.check_accumulated()  # through the rebuilt segments
-    for t in range(5, 12):
-        run.step(t, epoch_changes(t, run.graph))
+    assert cli.main(["verify", str(root)]) == 2
+    assert "re-create the state" in capsys.readouterr().err
+    as_format(root, fmt, 5)  # a marker set back: the manifests say it
+    with pytest.raises(IncompatibleState, match=f"earlier wcoj \\(state format {fmt}\\)"):
         run.check_accumulated()
-    assert verify_state(Store.open(root, create=False, older=True)).ok
 
 
 def test_an_older_wcoj_refuses_a_state_of_format_5_on_one_line(
@@ -147,7 +65,6 @@ def test_an_older_wcoj_refuses_a_state_of_format_5_on_one_line(
     run = Run(root, [TRIANGLES])
     run.step(0, epoch_changes(0, run.graph))
     manifest = next((root / "manifests").glob("*.json"))
-    monkeypatch.setattr(mf, "EARLIER", (2, 3))
     monkeypatch.setattr(mf, "FORMAT", 4)
     with pytest.raises(IncompatibleState) as e:
         Manifest.from_json(manifest.read_text(), str(manifest))

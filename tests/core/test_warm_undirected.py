@@ -127,10 +127,10 @@ def test_warm_epochs_of_an_undirected_set_match_the_oracle(
             s.path for s in twins[1].index.segments
         ]
     opened = open_trace(
-        engine.store.root, trace, 14, engine.views[name], engine.read_batch, verify=True
+        engine.store.root, trace, 14, engine.served.views[name], engine.read_batch, verify=True
     )
     edges = sorted(e for e, d in oracle.state(13)["edge"].items() if d)
-    for key in engine.views[name]:
+    for key in engine.served.views[name]:
         order = key[1]
         held = summed_sorted(opened.at(key)) if opened.at(key) else None
         rows = [] if held is None else [tuple(r) for r in held.rows.tolist()]
@@ -151,8 +151,8 @@ def test_the_executors_read_the_shared_segments_of_an_undirected_set(small, tmp_
         Engine(small, state, query, undirected=["edge"], deployment=d, executor_max_rows=rows)
         for d, rows in (("driver", 10**9), ("executors", 10**9), ("executors", 16))
     ]
-    ways[2].one_task_rows = 0  # sharded: every arrangement cut in shards, prefixes routed
-    ways[2].routed = True
+    ways[2].access.one_task_rows = 0  # sharded: every arrangement cut in shards, prefixes routed
+    ways[2].access.routed = True
     rng = random.Random(11)
     for t in range(9):
         present = {e for e, d in oracle.state(t - 1)["edge"].items() if d}

@@ -103,11 +103,7 @@ def assert_as_before(
         if parts[0] == names.MANIFESTS:
             assert names.is_manifest_temp(parts[1]), rel
         elif len(parts) >= 3:
-            assert (
-                names.is_own_batch(parts[2])
-                or names.is_own_segment(parts[2])
-                or names.is_own_segment_file(parts[2])
-            ), rel
+            assert names.is_own_batch(parts[2]) or names.is_own_segment_file(parts[2]), rel
 
 
 def assert_undisturbed(world: World, state: Path) -> None:

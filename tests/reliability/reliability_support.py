@@ -223,7 +223,7 @@ def _staged(area: str) -> Callable[[Path, Path], bool]:
     def own(name: str) -> bool:
         if area == names.TRACES:
             return names.is_own_batch(name)
-        return names.is_own_segment_file(name) or names.is_own_segment(name)
+        return names.is_own_segment_file(name)
 
     return lambda state, p: p.parent.parent == state / area and own(p.name)
 

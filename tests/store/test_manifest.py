@@ -60,7 +60,7 @@ def example() -> Manifest:
         0,
         None,
         True,
-        f"arrangements/{tdir}/s-fedcba9876543210",
+        f"arrangements/{tdir}/s-fedcba9876543210.seg",
         {},
     )
     b0 = Batch(
@@ -231,7 +231,7 @@ SHAPES = [
     (_set(seg, "order", [0, 0]), "is not an order of 2 columns"),
     (_set(seg, "rows", 1.5), "segments[0].rows"),
     (_set(seg, "unit", 1), "expected true or false"),
-    (_set(seg, "path", "arrangements/../../x"), "is not a segment folder wcoj makes"),
+    (_set(seg, "path", "arrangements/../../x"), "is not a segment file wcoj makes"),
     (_set(seg, "packing", [[0, 3], [99, 90], [7, 6]]), "is not a packing"),
     (_set(seg, "packing", [[0], [1], [1]]), "expected 2 lows, highs and bits"),
     (_set(seg, "view", [1, 0]), "view column 1 before column 0"),
@@ -274,35 +274,19 @@ def test_manifests_of_other_formats_are_refused() -> None:
         Manifest.from_json(later, SRC)
 
 
-def test_manifests_of_formats_2_to_4_are_refused_naming_the_repair() -> None:
-    """A manifest of format 2, 3 or 4 is refused on one line naming the command that rebuilds
-    its arrangements; that command reads it (`older`), its segments for the views they held,
-    without their files (not read: rebuilt). A format 5 manifest naming a segment an earlier
-    wcoj wrote (a folder of three files, not merged yet) reads it the same way."""
-
-    def legacy(raw: dict[str, Any]) -> None:
-        seg(raw)["path"] = seg(raw)["path"].removesuffix(".seg")  # a folder of three files
-        seg(raw)["files"] = LEGACY
-
-    source = "/s/manifests/0000000003.json"
+def test_manifests_of_formats_2_to_4_are_refused() -> None:
     for fmt in (2, 3, 4):
-        text = resealed(
-            lambda r, f=fmt: (legacy(r) if f == 2 else None, r.__setitem__("format", f))
-        )
+        text = resealed(lambda r, f=fmt: r.__setitem__("format", f))
         with pytest.raises(IncompatibleState) as e:
-            Manifest.from_json(text, source)
+            Manifest.from_json(text, SRC)
         assert str(e.value) == (
-            f"/s: this state was written by an earlier wcoj (state format {fmt}), whose "
-            "arrangement files this one does not read; rebuild them from its batches: "
-            "wcoj verify --repair /s"
+            f"{SRC}: this state was created by an earlier wcoj (state format {fmt}) and is not "
+            "readable by this one (format 5); re-create the state (apply its epochs into a new "
+            "directory)"
         )
-        m = Manifest.from_json(text, source, older=True)
-        index = m.traces["rel/edge"].index
-        assert index is not None and all(s.files == {} for s in index.segments)
-        assert index.segments[0].rows == 64 and json.loads(m.to_json())["format"] == 5
-    m = Manifest.from_json(resealed(legacy), SRC)
-    index = m.traces["rel/edge"].index
-    assert index is not None and index.segments[0].files == {}
+    # A segment of a folder of three files (format 2's) is no segment of this format.
+    folder = resealed(lambda r: seg(r).__setitem__("path", seg(r)["path"].removesuffix(".seg")))
+    assert "is not a segment file wcoj makes" in damaged(folder)
 
 
 def test_trace_helpers() -> None:

@@ -6,7 +6,6 @@ opening in milliseconds without reading the data; a segment an earlier wcoj wrot
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 import tracemalloc
@@ -18,7 +17,7 @@ import pytest
 from wcoj_core.errors import DamagedFile
 from wcoj_core.kernel.layer import Bound, Layer, find
 from wcoj_core.store import names
-from wcoj_core.store.manifest import Index, Level, Manifest, Segment, Trace, digest_of
+from wcoj_core.store.manifest import Index, Level, Manifest, Segment, Trace
 from wcoj_core.store.segments import (
     check_segment,
     open_segment,
@@ -222,31 +221,15 @@ def test_a_size_mismatch(written: tuple[Path, Segment]) -> None:
     assert message.endswith(f"is {ref.size} bytes, the manifest says {ref.size + 1}")
 
 
-def test_an_earlier_wcojs_segment_is_named_not_read(written: tuple[Path, Segment]) -> None:
-    """A segment file of layout 1 (state format 3) and a folder of three .npy files (format 2)
-    that a format 4 manifest still names: neither is read, each named as an earlier wcoj's (the
-    caller rebuilds it from the batches)."""
+def test_a_segment_file_of_another_layout_is_named_not_read(
+    written: tuple[Path, Segment],
+) -> None:
+    """A segment file whose header names another layout (an earlier wcoj's) is not read."""
     root, segment = written
     path = Path(segment_path(root, segment))
     rewrite(path, lambda d: d.__setitem__(slice(8, 12), (1).to_bytes(4, "little")))
-    assert damage(root, segment) == (
-        f"{path}: a segment file of an earlier wcoj (layout 1), which this one does not read"
-    )
-    folder = f"arrangements/{names.trace_dir(TRACE)}/{names.segment_name().removesuffix('.seg')}"
-    (root / folder).mkdir()
-    raw = json.loads(
-        Manifest(
-            1, 0, traces={TRACE: Trace(TRACE, ("c0", "c1"), (), Index(0, (segment,)))}
-        ).to_json()
-    )
-    ref = ["rows.npy", 8, "0" * 64, [1, 2, 3]]
-    raw["traces"][TRACE]["index"]["segments"][0] |= {"path": folder, "files": {"rows": ref}}
-    raw["digest"] = digest_of(raw)
-    (old,) = Manifest.from_json(json.dumps(raw), "m").traces[TRACE].index.segments  # type: ignore[union-attr]
-    assert old.path == folder and old.files == {} and old.rows == segment.rows
-    expected = f"{root / folder}: a segment file of an earlier wcoj (state format 2: three .npy files), not read by this one"
-    assert damage(root, old) == expected
-    assert [str(e) for e in check_segment(root, old)] == [expected]
+    assert damage(root, segment) == f"{path}: its header is of another layout (1), not read here"
+    assert [str(e) for e in check_segment(root, segment)] == [damage(root, segment)]
 
 
 # -- opening costs O(files) --------------------------------------------------------------------

@@ -99,9 +99,10 @@ def test_other_formats_are_refused(tmp_path: Path) -> None:
     (root / names.MARKER).write_text('{"wcoj_state": 6}')
     with pytest.raises(IncompatibleState, match="a later wcoj"):
         Store.open(root, create=False)
-    for earlier in (2, 3, 4):  # their manifests say more (refused, naming the repair)
+    for earlier in (2, 3, 4):
         (root / names.MARKER).write_text(f'{{"wcoj_state": {earlier}}}')
-        assert Store.open(root, create=False).current() == Manifest()
+        with pytest.raises(IncompatibleState, match=r"an earlier wcoj.*re-create the state"):
+            Store.open(root, create=False)
     (root / names.MARKER).write_text("{nope")
     with pytest.raises(DamagedState, match="damaged state marker"):
         Store.open(root, create=False)
@@ -296,7 +297,7 @@ def test_planted_user_files_survive_commits_and_prunes(tmp_path: Path) -> None:
     # Own names that are links out of the state: never followed, never deleted through.
     (root / "traces" / tdir / "b-k-3-abcdefabcdef").symlink_to(outside / "precious")
     (root / "scratch" / ("f" * 32)).symlink_to(outside / "precious")
-    (root / adir / "s-0123456789abcdef").symlink_to(outside)
+    (root / adir / "s-0123456789abcdef.seg").symlink_to(outside)
     (root / "traces" / "rule-linked-0123456789").symlink_to(outside)
     for p in root.rglob("*"):
         age(p, 5 * HOUR)
@@ -305,18 +306,14 @@ def test_planted_user_files_survive_commits_and_prunes(tmp_path: Path) -> None:
         epoch(store, t)
         assert not store.prune(now=time.time() + 10 * HOUR).skipped  # everything looks old
     assert len(store.generations()) == KEEP_MANIFESTS
-    segments = [
-        p
-        for p in (root / adir).iterdir()
-        if names.is_own_segment(p.name) or names.is_own_segment_file(p.name)
-    ]
+    segments = [p for p in (root / adir).iterdir() if names.is_own_segment_file(p.name)]
     assert len(segments) == KEEP_MANIFESTS + 1  # one per kept generation, and the link
     for rel, content in planted.items():
         assert (root / rel).read_bytes() == content, rel
     for link in (
         f"traces/{tdir}/b-k-3-abcdefabcdef",
         f"scratch/{'f' * 32}",
-        f"{adir}/s-0123456789abcdef",
+        f"{adir}/s-0123456789abcdef.seg",
         "traces/rule-linked-0123456789",
     ):
         assert (root / link).is_symlink(), link
@@ -331,20 +328,18 @@ def test_own_orphans_go_after_an_hour_young_ones_stay(tmp_path: Path) -> None:
     adir = f"arrangements/{names.trace_dir('rel/edge')}"
     old_segment = f"{adir}/{names.segment_name()}"  # a segment: one file
     young_segment = f"{adir}/{names.segment_name()}"
-    old_folder = f"{adir}/{names.segment_name().removesuffix('.seg')}"  # one of format 2
-    young_folder = f"{adir}/{names.segment_name().removesuffix('.seg')}"
     old_scratch = f"scratch/{names.scratch_name()}"
     young_scratch = f"scratch/{names.scratch_name()}"
-    for rel in (old_folder, young_folder, old_scratch, young_scratch):
+    for rel in (old_scratch, young_scratch):
         (tmp_path / rel).mkdir(parents=True)
-        (tmp_path / rel / "rows.npy").write_bytes(b"x")
+        (tmp_path / rel / "part-run-0123456789abcdef").write_bytes(b"x")  # a spilled run
     for rel in (old_segment, young_segment):
         (tmp_path / rel).write_bytes(b"x")
     old_temp = tmp_path / "manifests" / names.temp_name("0000000002.json")
     young_temp = tmp_path / "manifests" / names.temp_name("0000000002.json")
     old_temp.write_text("{}")
     young_temp.write_text("{}")
-    for p in (old_batch, old_segment, old_folder, old_scratch):
+    for p in (old_batch, old_segment, old_scratch):
         age(tmp_path / p, 2 * HOUR)
     age(old_temp, 2 * HOUR)
     live = store.current().paths()
@@ -352,11 +347,11 @@ def test_own_orphans_go_after_an_hour_young_ones_stay(tmp_path: Path) -> None:
         if (tmp_path / p).exists():
             age(tmp_path / p, 10 * HOUR)  # live folders stay however old
     pruned = store.prune()
-    assert set(pruned.folders) == {old_batch, old_segment, old_folder, old_scratch}
+    assert set(pruned.folders) == {old_batch, old_segment, old_scratch}
     assert pruned.files == (f"manifests/{old_temp.name}",)
-    for p in (old_batch, old_segment, old_folder, old_scratch, old_temp):
+    for p in (old_batch, old_segment, old_scratch, old_temp):
         assert not (tmp_path / p).exists()
-    for p in (young_batch, young_segment, young_folder, young_scratch, young_temp):
+    for p in (young_batch, young_segment, young_scratch, young_temp):
         assert (tmp_path / p).exists()
     for p in live:
         assert (tmp_path / p).exists() or p.startswith("arrangements/")

@@ -40,6 +40,7 @@ from dagster import (
 )
 
 from wcoj_assets.checks import BINARY_JOIN, CheckBook, CheckReporting, Outcome, due, report
+from wcoj_assets.instance import hold_connections
 from wcoj_assets.resources import CHECK_EVERY
 
 HOLLOW_JOB = "hollow_epoch_job"
@@ -121,6 +122,7 @@ def _hollow_assets(
         can_subset=real.can_subset,
     )
     def _step(context: AssetExecutionContext) -> Iterator[Any]:
+        hold_connections(context.instance)  # as the pipeline's step does
         for key in keys:
             yield MaterializeResult(asset_key=key)
         run = list(context.partition_keys)

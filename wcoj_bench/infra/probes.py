@@ -71,9 +71,13 @@ def open_state(args: argparse.Namespace) -> dict[str, Any]:
     before = (manifest.epoch if manifest.epoch is not None else -1) + 1
     opened = [
         open_trace(
-            engine.store.root, manifest.traces[name], before, engine.views[name], engine.read_batch
+            engine.store.root,
+            manifest.traces[name],
+            before,
+            engine.served.views[name],
+            engine.read_batch,
         )
-        for name in engine.indexed()
+        for name in engine.served.indexed()
     ]
     done = clock.perf_counter()
     return {

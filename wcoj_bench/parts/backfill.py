@@ -36,7 +36,7 @@ the CLI's", side by side in one process and one SparkSession:
    this asset model, with no wcoj work at all. Its range run must write as many materializations
    and check evaluations as the real one did.
 4. **CLI** — a fresh `Engine` applies the same landed files epoch by epoch with
-   `Engine.apply_epoch`, the call ``wcoj replay`` and ``wcoj apply`` make. Epoch 0 is untimed; an
+   `Engine.apply`, the call ``wcoj replay`` and ``wcoj apply`` make. Epoch 0 is untimed; an
    epoch's time covers reading its landed files and applying them (what ``wcoj apply`` does,
    without starting a JVM). Reported: median and mean.
 5. **Correctness** — before any figure is reported, every epoch's output change of the pipeline

@@ -578,7 +578,7 @@ def run_cli(
     check_initial: Callable[[DataFrame], int],
     undirected: frozenset[str] = frozenset(),
 ) -> tuple[CliSide, dict[int, Multiset], int]:
-    """Apply epoch 0 untimed, then time every epoch ``1..epochs`` with `Engine.apply_epoch`.
+    """Apply epoch 0 untimed, then time every epoch ``1..epochs`` with `Engine.apply`.
 
     `check_initial` compares the engine's output after epoch 0 and returns the tuples it
     compared. Returns the figures, the engine's output change at each timed epoch and that count.
@@ -589,7 +589,7 @@ def run_cli(
     engine = Engine(spark, str(storage), query, sizes={}, undirected=sorted(undirected))
     side = CliSide()
     start = clock.perf_counter()
-    engine.apply_epoch(0, read_landed(spark, landing, query.relations, 0))
+    engine.apply(0, read_landed(spark, landing, query.relations, 0))
     side.epoch0_seconds = clock.perf_counter() - start
     say(f"cli: epoch 0 (the initial graph) applied in {side.epoch0_seconds:.1f} s, untimed")
     compared = check_initial(engine.output(query.name))
@@ -599,7 +599,7 @@ def run_cli(
     for t in range(1, epochs + 1):
         jobs = spark_jobs(spark)
         start = clock.perf_counter()
-        result = engine.apply_epoch(t, read_landed(spark, landing, query.relations, t))
+        result = engine.apply(t, read_landed(spark, landing, query.relations, t))
         seconds = clock.perf_counter() - start
         side.spark_jobs += spark_jobs(spark) - jobs
         side.seconds.append(seconds)

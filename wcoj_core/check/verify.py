@@ -3,7 +3,7 @@ affects (the primitives of ``wcoj verify``).
 
 `verify_state` reads every kept generation's manifest and every file they name, once each:
 batch files (size and sha256, and their rows against the batch's row count) and segment files
-(size, header, sha256; an earlier wcoj's, which is not read, as damaged). Each damaged file is reported with its trace, the first epoch
+(size, header, sha256). Each damaged file is reported with its trace, the first epoch
 it affects — a batch at time ``t`` every epoch from ``t`` on (through the traces and
 arrangements built from it), a segment every epoch from its index's time on — and whether it
 can be rebuilt: a segment can (from the batches), a batch cannot (it is the source of truth).
@@ -262,7 +262,7 @@ def _figures(
     """Each trace's latest recorded figures (distinct tuples, count, negative tuples) against
     its batches summed (traces with a damaged batch are left out: that is reported already).
     The batches are read a record batch at a time and summed through sorted runs, within
-    `memory`: an output of any size is checked (a 611 M-row output held whole took 12 GB)."""
+    `memory`: an output of any size is checked."""
     from wcoj_core.errors import OutOfMemory, WcojError
 
     files = Batches(store.files)

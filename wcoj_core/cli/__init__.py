@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fence_pandas()
             # No command multiplies matrices: numpy's OpenBLAS is kept from starting a thread
             # per core that spins between calls (on 2 cores it took the second core from the
-            # kernel's threads: `wcoj count` of web-NotreDame, 50 ms of CPU less without it).
+            # kernel's threads).
             os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
         from wcoj_core.cli.program import run
     except KeyboardInterrupt:

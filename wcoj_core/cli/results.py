@@ -179,7 +179,7 @@ def write_tuples(
     if isinstance(rows, pa.RecordBatchReader):
         stream: pa.RecordBatchReader = rows
     else:
-        table: pa.Table = rows if isinstance(rows, pa.Table) else _collect(rows)
+        table: pa.Table = rows if isinstance(rows, pa.Table) else rows.toArrow()
         stream = pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
     names = [c for c in stream.schema.names if c != TIME]
     schema = pa.schema([stream.schema.field(c) for c in names])
@@ -230,13 +230,3 @@ def _move(scratch: Path, target: Path, force: bool) -> None:
                 f"--output {target}: the file exists; pass --force to replace it"
             ) from None
         os.replace(scratch, target)
-
-
-def _collect(df: DataFrame) -> pa.Table:
-    """A DataFrame's rows on the driver: its Parquet files read by pyarrow when it is a plain
-    scan of local files, else collected through Spark."""
-    from wcoj_core.spark import local_parquet_files, read_local_parquet
-
-    files = local_parquet_files(df)
-    table = read_local_parquet(df, files) if files is not None else None
-    return table if table is not None else df.toArrow()

@@ -10,8 +10,7 @@ exit status is 0 when nothing is damaged, 1 otherwise. With ``--repair`` the dam
 arrangement files of the current generation are rebuilt from the batches (and arrangement files
 whose stamp changed but whose digest matches — a restored backup — are stamped again) in one new
 generation; a damaged batch cannot be rebuilt (it is the source of truth) and is only reported.
-A state an earlier wcoj wrote (formats 2 to 4) is read too: its arrangement files, which this
-wcoj does not read, are reported and rebuilt the same way. No Spark starts for a local state.
+No Spark starts for a local state.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    store = Store.open(args.state, create=False, older=True)  # an earlier format: repaired
+    store = Store.open(args.state, create=False)
     before = store.generations()
     try:
         return _verify(args, store)

@@ -213,8 +213,7 @@ def _budgeted(served: Served, state: StateAccess, work: Work) -> Work:
     at once, sized for an executor's Python worker: its share of the engine's budget when
     Spark runs in this process tree (`Served.worker_bytes`), else what
     ``spark.executor.pyspark.memory`` sets, else a task's default (`work.TASK_MEMORY`, the
-    budget its spill takes then too: the kernel's own limits, sized for no budget, took a
-    worker to 2 GB on a first load of 18.6 M edges)."""
+    budget its spill takes then too: the kernel's own limits are sized for no budget)."""
     from dataclasses import replace
 
     from wcoj_core.budget import MIN_BUDGET, MemoryBudget, Shares

@@ -7,9 +7,7 @@ of the canonical JSON of everything else. `Manifest.from_json` checks the digest
 shape (every field's type, ints for times and counts, no negative counts, paths that wcoj makes)
 and raises one `DamagedState` whose one-line message names the file, what is wrong and the
 previous generation, which is the way back. A manifest of another format is refused with
-`IncompatibleState`, one of formats 2 to 4 naming the command that rebuilds its arrangements
-from its batches (``wcoj verify --repair``, which reads it with `older`: its segments' files
-are not read, only what they held, and rebuilt).
+`IncompatibleState` (formats 2 to 4 lived a few days before any user: re-create such a state).
 """
 
 from __future__ import annotations
@@ -27,11 +25,6 @@ from wcoj_core.query.ir import Const
 from wcoj_core.store import names
 
 FORMAT = 5
-# Earlier formats whose batches are this one's but whose segment files this wcoj does not read
-# (format 2: three ``.npy`` files each; format 3: one file of int64 columns, diffs and keys;
-# format 4: the same with a directory): refused, save by the repair that rebuilds their
-# arrangements.
-EARLIER = (2, 3, 4)
 
 Stamp = tuple[int, int, int]  # (st_ino, st_mtime_ns, st_ctime_ns) right after writing
 Pattern = tuple[int | Const, ...]  # an `AtomView` pattern (the relation is the trace's)
@@ -90,9 +83,7 @@ class Segment:
 
     `view` is the pattern of the `AtomView` the layer is seen through (None: the trace as
     stored), `order` its columns' order, `path` relative to the state and `files` its files by
-    role: one file, `path` itself (role ``layer``); none when `rows` is 0, or for a segment an
-    earlier wcoj wrote (a folder of three files, or any of a manifest of format 2 or 3), which
-    is not read: only rebuilt from the batches.
+    role: one file, `path` itself (role ``layer``); none when `rows` is 0.
     """
 
     level: Level
@@ -110,7 +101,7 @@ class Segment:
 
     def file_path(self, role: str) -> str:
         """A file of the segment, relative to the state."""
-        del role  # one file since state format 3
+        del role  # one file
         return self.path
 
 
@@ -246,14 +237,11 @@ class Manifest:
         return '{"digest":"' + digest + '",' + rest[1:] + "\n"
 
     @staticmethod
-    def from_json(
-        text: str, source: str, previous: str | None = None, *, older: bool = False
-    ) -> Manifest:
+    def from_json(text: str, source: str, previous: str | None = None) -> Manifest:
         """Parse and check a manifest read from `source`; `previous` names the previous
-        generation's file (for the message), None when there is none. With `older`, one of
-        format 2 or 3 too (see the module)."""
+        generation's file (for the message), None when there is none."""
         try:
-            return _decode_manifest(text, source, older)
+            return _decode_manifest(text, source)
         except _Bad as bad:
             way_back = (
                 f"the previous generation {previous} is the way back"
@@ -640,7 +628,7 @@ def _packing(v: Any, where: str, width: int) -> Packing | None:
     return Packing(lows, highs, bits)
 
 
-def _segment(v: Any, where: str, fmt: int = FORMAT) -> Segment:
+def _segment(v: Any, where: str) -> Segment:
     raw = _obj(v, where, ("level", "view", "order", "rows", "packing", "unit", "path", "files"))
     level_raw = _str(raw["level"], f"{where}.level")
     try:
@@ -662,23 +650,22 @@ def _segment(v: Any, where: str, fmt: int = FORMAT) -> Segment:
     rows = _int(raw["rows"], f"{where}.rows", 0)
     path = _str(raw["path"], f"{where}.path")
     if not names.is_segment_path(path):
-        _bad(f"{path!r} is not a segment folder wcoj makes", f"{where}.path")
+        _bad(f"{path!r} is not a segment file wcoj makes", f"{where}.path")
     files_raw = raw["files"]
     if not isinstance(files_raw, dict):
         _bad(f"expected an object, found {_show(files_raw)}", f"{where}.files")
     files: dict[str, FileRef] = {}
-    if fmt == FORMAT and names.is_segment_file_path(path):  # else an earlier wcoj's: not read
-        roles = (names.SEGMENT_LAYER,) if rows else ()
-        if sorted(files_raw) != sorted(roles):
-            _bad(
-                f"expected files {list(roles)} for {rows} rows, found {sorted(files_raw)}",
-                f"{where}.files",
-            )
-        for role in roles:
-            ref = _file_ref(files_raw[role], f"{where}.files.{role}", True)
-            if ref.name != path.rpartition("/")[2]:
-                _bad(f"expected {path.rpartition('/')[2]!r}, found {ref.name!r}", f"{where}.files")
-            files[role] = ref
+    roles = (names.SEGMENT_LAYER,) if rows else ()
+    if sorted(files_raw) != sorted(roles):
+        _bad(
+            f"expected files {list(roles)} for {rows} rows, found {sorted(files_raw)}",
+            f"{where}.files",
+        )
+    for role in roles:
+        ref = _file_ref(files_raw[role], f"{where}.files.{role}", True)
+        if ref.name != path.rpartition("/")[2]:
+            _bad(f"expected {path.rpartition('/')[2]!r}, found {ref.name!r}", f"{where}.files")
+        files[role] = ref
     return Segment(
         level,
         view,
@@ -691,7 +678,7 @@ def _segment(v: Any, where: str, fmt: int = FORMAT) -> Segment:
     )
 
 
-def _trace(name: str, v: Any, where: str, fmt: int) -> Trace:
+def _trace(name: str, v: Any, where: str) -> Trace:
     raw = _obj(v, where, ("columns", "batches", "index"))
     columns = tuple(
         _str(c, f"{where}.columns[{i}]")
@@ -716,7 +703,7 @@ def _trace(name: str, v: Any, where: str, fmt: int) -> Trace:
         index = Index(
             _int(ix["time"], f"{where}.index.time"),
             tuple(
-                _segment(s, f"{where}.index.segments[{i}]", fmt)
+                _segment(s, f"{where}.index.segments[{i}]")
                 for i, s in enumerate(_list(ix["segments"], f"{where}.index.segments"))
             ),
         )
@@ -761,7 +748,7 @@ def _plan(v: Any) -> StatePlan | None:
     return StatePlan(relations, queries)
 
 
-def _decode_manifest(text: str, source: str, older: bool = False) -> Manifest:
+def _decode_manifest(text: str, source: str) -> Manifest:
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
@@ -769,14 +756,7 @@ def _decode_manifest(text: str, source: str, older: bool = False) -> Manifest:
     if not isinstance(raw, dict):
         _bad(f"expected an object, found {_show(raw)}", "")
     fmt = raw.get("format")
-    if type(fmt) is int and fmt in EARLIER and not older:
-        state = source.rpartition(f"/{names.MANIFESTS}/")[0] or source
-        raise IncompatibleState(
-            f"{state}: this state was written by an earlier wcoj (state format {fmt}), whose "
-            f"arrangement files this one does not read; rebuild them from its batches: "
-            f"wcoj verify --repair {state}"
-        )
-    if type(fmt) is int and fmt != FORMAT and fmt not in EARLIER:
+    if type(fmt) is int and fmt != FORMAT:
         which = "an earlier" if fmt < FORMAT else "a later"
         advice = (
             "re-create the state (apply its epochs into a new directory)"
@@ -796,9 +776,7 @@ def _decode_manifest(text: str, source: str, older: bool = False) -> Manifest:
         _bad(f"expected an object, found {_show(traces_raw)}", "traces")
     if "" in traces_raw:
         _bad("a trace without a name", "traces")
-    traces = {
-        name: _trace(name, t, f"traces[{name!r}]", raw["format"]) for name, t in traces_raw.items()
-    }
+    traces = {name: _trace(name, t, f"traces[{name!r}]") for name, t in traces_raw.items()}
     epoch = _opt_int(raw["epoch"], "epoch")
     for name, t in traces.items():
         last = t.batches[-1].time if t.batches else None

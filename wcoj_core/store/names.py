@@ -9,7 +9,6 @@ put into a state never matches, so it is never touched. The layout (docs/state.m
     manifests/.0000000007.json.<hex32>.tmp          temp_name(...) while committing
     traces/<trace_dir>/b-<kind>-<time>-<hex12>/     new_batch_path(...)
     arrangements/<trace_dir>/s-<hex16>.seg          new_segment_path(...): a segment, one file
-    arrangements/<trace_dir>/s-<hex16>/             a segment of state format 2: three files
     scratch/<hex32>/                                scratch_name()
 """
 
@@ -26,19 +25,14 @@ TRACES = "traces"
 ARRANGEMENTS = "arrangements"
 SCRATCH = "scratch"
 
-# A segment's files (none for a segment of no rows), by role: since state format 3 one, the
-# segment itself; a segment of format 2 is a folder of three ``.npy`` files (`is_segment_file`:
-# recognised, not read).
+# A segment's one file (none for a segment of no rows), by role: the segment itself.
 SEGMENT_LAYER = "layer"
 
 _MANIFEST = re.compile(r"(\d{10,})\.json")
 _MANIFEST_TEMP = re.compile(r"\.\d{10,}\.json\.[0-9a-f]{32}\.tmp")
 _BATCH = re.compile(r"b-([a-z])-(-?\d+)-[0-9a-f]{12}")
-_SEGMENT = re.compile(r"s-[0-9a-f]{16}")
 _SEGMENT_ONE_FILE = re.compile(r"s-[0-9a-f]{16}\.seg")
 _SCRATCH = re.compile(r"[0-9a-f]{32}")
-_SEGMENT_FILE = re.compile(r"(rows|diff|keys)\.npy")
-_SEGMENT_TEMP = re.compile(r"\.(rows|diff|keys)\.npy\.[0-9a-f]{32}\.tmp")
 _TRACE_DIR = re.compile(r"(?:[^\W_]|-){0,40}-[0-9a-f]{10}")
 # What a batch folder holds when wcoj (pyarrow) or Spark wrote it: Parquet parts, Hadoop's
 # checksums of them, Spark's success marker and its attempt folders.
@@ -90,10 +84,10 @@ def generation_of(name: str) -> int | None:
 
 def temp_name(name: str) -> str:
     """A fresh temporary name for a file being written as `name` (in the same folder): a
-    manifest being committed, a segment file being written.
+    manifest being committed.
 
-    >>> is_manifest_temp(temp_name("0000000007.json")), is_segment_temp(temp_name("rows.npy"))
-    (True, True)
+    >>> is_manifest_temp(temp_name("0000000007.json"))
+    True
     """
     return f".{name}.{uuid.uuid4().hex}.tmp"
 
@@ -133,7 +127,7 @@ def is_own_batch(name: str) -> bool:
 
 
 def segment_name() -> str:
-    """A fresh segment file name (state format 3: a segment is one file).
+    """A fresh segment file name (a segment is one file).
 
     >>> is_own_segment_file(segment_name()), is_own_segment_file("s-1.seg")
     (True, False)
@@ -146,24 +140,6 @@ def is_own_segment_file(name: str) -> bool:
     return _SEGMENT_ONE_FILE.fullmatch(name) is not None
 
 
-def is_own_segment(name: str) -> bool:
-    """Whether `name` is a segment folder name wcoj made (state format 2).
-
-    >>> is_own_segment("s-0123456789abcdef"), is_own_segment("s-0123456789abcdef.seg")
-    (True, False)
-    """
-    return _SEGMENT.fullmatch(name) is not None
-
-
-def is_segment_file(name: str) -> bool:
-    """Whether `name` is a file of a segment folder (state format 2).
-
-    >>> is_segment_file("keys.npy"), is_segment_file("notes.txt")
-    (True, False)
-    """
-    return _SEGMENT_FILE.fullmatch(name) is not None
-
-
 def is_batch_file(name: str) -> bool:
     """Whether a name inside a batch folder is one wcoj or Spark writes there.
 
@@ -173,10 +149,6 @@ def is_batch_file(name: str) -> bool:
     (True, False)
     """
     return _BATCH_FILE.fullmatch(name) is not None
-
-
-def is_segment_temp(name: str) -> bool:
-    return _SEGMENT_TEMP.fullmatch(name) is not None
 
 
 def scratch_name() -> str:
@@ -233,26 +205,20 @@ def is_batch_path(path: str) -> bool:
 
 
 def is_segment_path(path: str) -> bool:
-    """Whether `path` is ``arrangements/<trace dir>/<own segment file>`` (or a segment folder
-    of state format 2).
+    """Whether `path` is ``arrangements/<trace dir>/<own segment file>``.
 
     >>> is_segment_path("arrangements/rel-edge-1a02791ee1/s-0123456789abcdef.seg")
     True
     >>> is_segment_path("arrangements/rel-edge-1a02791ee1/s-0123456789abcdef")
-    True
+    False
     """
     parts = path.split("/")
     return (
         len(parts) == 3
         and parts[0] == ARRANGEMENTS
         and is_trace_dir(parts[1])
-        and (is_own_segment_file(parts[2]) or is_own_segment(parts[2]))
+        and is_own_segment_file(parts[2])
     )
-
-
-def is_segment_file_path(path: str) -> bool:
-    """Whether a segment path (`is_segment_path`) is one file (state format 3), not a folder."""
-    return path.endswith(".seg")
 
 
 def is_plain_file_name(name: str) -> bool:

@@ -24,7 +24,7 @@ header against the manifest's segment, the block table against its CRC and the h
 against the table. Every other block is checked by the kernel when a search first touches it in
 the process (`wcoj_core.kernel.stored`): the cost follows the pages an epoch reads. Any
 mismatch raises `DamagedFile` naming the file; the caller rebuilds the segment from the trace's
-batches and warns. A segment an earlier wcoj wrote (another layout) is one it does not read.
+batches and warns.
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def _read_shape(where: str, found: bytes, segment: Segment) -> _Shape:
         raise DamagedFile(where, "its header is damaged (not a wcoj segment file)")
     fields = _HEAD.unpack_from(found)
     if fields[1] != SEG_LAYOUT:
-        raise DamagedFile(where, f"{EARLIER} (layout {fields[1]}), which this one does not read")
+        raise DamagedFile(where, f"its header is of another layout ({fields[1]}), not read here")
     _, _, width, rows, low, entries, narrow, dsize, dirsize, first, shift = fields
     shape = _Shape(rows, width, low, entries, narrow, dsize, dirsize, bool(first))
     most = DIRECTORY_SPAN * rows + 1025 if width else 0  # what a directory can be
@@ -312,13 +312,11 @@ def open_segment(root: str | os.PathLike[str], segment: Segment, *, verify: bool
     its arrays views at their offsets.
 
     Raises `DamagedFile` for a file that is missing, of another size, with a header that
-    disagrees with the segment (an earlier wcoj's included) or a damaged block table.
+    disagrees with the segment or a damaged block table.
     """
     if segment.rows == 0:
         return Layer.empty(segment.width)
     path = segment_path(root, segment)
-    if not segment.files:
-        raise _unread(path)
     if path in DAMAGED_FILES:
         raise DamagedFile(path, DAMAGED)
     if verify:
@@ -342,12 +340,8 @@ def _digest(path: str, segment: Segment) -> None:
         )
 
 
-# What a segment of an earlier state format is, to a reader that does not read it.
-EARLIER = "a segment file of an earlier wcoj"
-
-
 def segment_path(root: str | os.PathLike[str], segment: Segment) -> str:
-    """The local path of a segment's file (or of an earlier wcoj's folder of three)."""
+    """The local path of a segment's file."""
     return f"{_local_root(root)}/{segment.path}"
 
 
@@ -357,13 +351,9 @@ def _local_root(root: str | os.PathLike[str]) -> str:
 
 
 def segment_files(root: str | os.PathLike[str], segment: Segment) -> list[str]:
-    """The local paths of a segment's files: its one file, none when it has no rows or is an
-    earlier wcoj's (what a warm open checks the stamps of, every segment every epoch)."""
+    """The local paths of a segment's files: its one file, none when it has no rows (what a
+    warm open checks the stamps of, every segment every epoch)."""
     return [segment_path(root, segment)] if segment.files else []
-
-
-def _unread(path: str) -> DamagedFile:
-    return DamagedFile(path, f"{EARLIER} (state format 2: three .npy files), not read by this one")
 
 
 def check_segment(root: str | os.PathLike[str], segment: Segment) -> list[DamagedFile]:
@@ -372,8 +362,6 @@ def check_segment(root: str | os.PathLike[str], segment: Segment) -> list[Damage
     if segment.rows == 0:
         return []
     path = segment_path(root, segment)
-    if not segment.files:
-        return [_unread(path)]
     try:
         mapped, shape = _map(path, segment)
         stored = _stored(path, mapped, shape)

@@ -37,7 +37,7 @@ from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, 
 from wcoj_core.store import names
 from wcoj_core.store.files import Files, Kind, dangling, drop_early
 from wcoj_core.store.location import Location
-from wcoj_core.store.manifest import EARLIER, FORMAT, FileRef, Manifest, referenced
+from wcoj_core.store.manifest import FORMAT, FileRef, Manifest, referenced
 
 KEEP_MANIFESTS = 8
 ORPHAN_AGE = 3600.0
@@ -56,8 +56,8 @@ class Pruned:
 
 
 def marker_text() -> str:
-    """The content of a new state's marker (the version from the package itself:
-    `importlib.metadata` would cost a fresh ``wcoj count`` ~20 ms of imports and lookups)."""
+    """The content of a new state's marker (the version from the package itself, not
+    `importlib.metadata`'s imports and lookups)."""
     from wcoj_core import __version__
 
     by = f"wcoj {__version__}"
@@ -68,10 +68,9 @@ def marker_text() -> str:
 class Store:
     """A state directory (a local path, or a URI of remote storage: see `Files`)."""
 
-    def __init__(self, files: Files, *, older: bool = False) -> None:
+    def __init__(self, files: Files) -> None:
         self.files = files
         self.root = files.root
-        self.older = older  # manifests of an earlier format read too (`Manifest.from_json`)
         self._parsed: dict[int, Manifest] = {}  # generations read (a file is never rewritten)
         self._swept: float | None = None  # when a commit's pruning last looked for orphans
 
@@ -82,10 +81,8 @@ class Store:
         root: str | os.PathLike[str],
         *,
         create: bool,
-        older: bool = False,
     ) -> Store:
-        """The state at `root`; with `create`, a new one when `root` is new or empty; with
-        `older`, manifests of formats 2 to 4 are read too (to rebuild their arrangements).
+        """The state at `root`; with `create`, a new one when `root` is new or empty.
 
         Raises `StateError` for an empty path, a file, a directory that holds other things
         than a state (no marker), no state when not creating, remote storage pyarrow cannot
@@ -95,7 +92,7 @@ class Store:
         if not Location.of(text).path.strip():
             raise StateError("the state path is empty: pass a directory")
         try:
-            store = cls(Files(text), older=older)
+            store = cls(Files(text))
             store._check_root(text, create)
         except OSError as e:
             raise StateError(f"state {text}: cannot open ({e.strerror or e})") from e
@@ -147,7 +144,7 @@ class Store:
         found = raw.get("wcoj_state") if isinstance(raw, dict) else None
         if type(found) is not int:
             raise DamagedState(f'{source}: damaged state marker (no "wcoj_state" number)')
-        if found not in (*EARLIER, FORMAT):  # a state's first format: its manifests say more
+        if found != FORMAT:
             which = "an earlier" if found < FORMAT else "a later"
             raise IncompatibleState(
                 f"{self.root}: this state was created by {which} wcoj (state format {found}) "
@@ -239,9 +236,7 @@ class Store:
         if found is None:
             rel = self._manifest_rel(generation)
             back = self.uri(self._manifest_rel(previous)) if previous is not None else None
-            found = Manifest.from_json(
-                self.files.read_text(rel), self.uri(rel), back, older=self.older
-            )
+            found = Manifest.from_json(self.files.read_text(rel), self.uri(rel), back)
             if found.generation != generation:
                 raise DamagedState(
                     f"{self.uri(rel)}: damaged manifest: it holds generation "
@@ -387,10 +382,7 @@ class Store:
                 out_folders.append(path)
         if not orphans:
             return Pruned(tuple(out_manifests), tuple(out_folders))
-        for area, own in (
-            (names.TRACES, names.is_own_batch),
-            (names.ARRANGEMENTS, names.is_own_segment),
-        ):
+        for area in (names.TRACES, names.ARRANGEMENTS):
             for tdir in sorted(trace_dirs):
                 folder = f"{area}/{tdir}"
                 if not self._real_dir(folder):
@@ -399,13 +391,14 @@ class Store:
                     path = f"{folder}/{e.name}"
                     if path in live or now - e.mtime <= ORPHAN_AGE:
                         continue
-                    if e.kind is Kind.DIR and own(e.name) and self._remove_own(path):
-                        out_folders.append(path)
-                    elif (
-                        e.kind is Kind.FILE
-                        and area == names.ARRANGEMENTS
-                        and names.is_own_segment_file(e.name)
-                    ):  # a segment of one file
+                    if area == names.TRACES:
+                        if (
+                            e.kind is Kind.DIR
+                            and names.is_own_batch(e.name)
+                            and self._remove_own(path)
+                        ):
+                            out_folders.append(path)
+                    elif e.kind is Kind.FILE and names.is_own_segment_file(e.name):
                         self.files.delete(path)
                         out_folders.append(path)
         if self._real_dir(names.SCRATCH):
@@ -462,7 +455,7 @@ class Store:
     def _remove_made(self, path: str) -> bool:
         """Remove a batch or segment wcoj made: a folder of its files (`_remove_own`), or a
         segment's one file; True when it is gone (never through a symbolic link)."""
-        if names.is_segment_path(path) and names.is_segment_file_path(path):
+        if names.is_segment_path(path):
             if not self._real_dir(path.rpartition("/")[0]):
                 return False
             if self.files.kind(path) is Kind.FILE:
@@ -472,17 +465,11 @@ class Store:
         return self._real_dir(path) and self._remove_own(path)
 
     def _remove_own(self, path: str) -> bool:
-        """Remove a folder wcoj made: the files it writes there (segment files, Parquet parts
+        """Remove a folder wcoj made: the files it writes there (Parquet parts, spilled runs
         and what Spark leaves beside them), then the folder if nothing else is left in it. A
         file of anyone else's keeps the folder and itself; True when the folder is gone."""
-        segment = names.is_segment_path(path)
-        scratch = _is_scratch_path(path)
         for e in self.files.entries(path):
-            as_segment = names.is_segment_file(e.name) or names.is_segment_temp(e.name)
-            mine = (
-                as_segment if segment else names.is_batch_file(e.name) or (scratch and as_segment)
-            )
-            if not mine:
+            if not names.is_batch_file(e.name):
                 continue
             if e.kind is Kind.FILE or (e.kind is Kind.DIR and e.name == "_temporary"):
                 self.files.delete(f"{path}/{e.name}")
