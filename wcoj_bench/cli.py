@@ -774,10 +774,12 @@ def _aggregates(args: argparse.Namespace) -> int:
         st = result["static"]["median"]
         say(f"static seconds: {st}")
     if "warm" in result:
-        rate = {
-            q: f["changes_per_second"] for q, f in result["warm"].items() if isinstance(f, dict)
-        }
-        say(f"warm changes per second: {rate}")
+        for q, f in result["warm"].items():
+            if isinstance(f, dict):
+                say(
+                    f"warm {q}: {f['changes_per_second']:,} changes per second, "
+                    f"{f['changes_per_cpu_second']:,} per CPU second"
+                )
     for s in result.get("skew", []):
         say(f"skew: {s['query']}, N {s['N']:,}: {s['work_per_change']:,.0f} work per change")
     return _finish(args, result)

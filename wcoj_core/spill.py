@@ -41,7 +41,7 @@ import numpy as np
 from wcoj_core.budget import Shares
 from wcoj_core.errors import StateError
 from wcoj_core.kernel.keys import I64, U64, Packing, encode
-from wcoj_core.kernel.layer import Layer
+from wcoj_core.kernel.layer import Layer, summed_sorted
 from wcoj_core.kernel.layer import arranged as arranged_in_memory
 from wcoj_core.kernel.multiplicity import sums_at
 from wcoj_core.query.plan import AtomView
@@ -661,11 +661,7 @@ class Spill:
             return live[0]
         total = sum(len(x) for x in live) * 8 * (width + 2)
         if total <= self.run_bytes:
-            return Layer.build(
-                np.concatenate([np.asarray(x.rows) for x in live]),
-                np.concatenate([np.asarray(x.diff, dtype=I64) for x in live]),
-                what=what,
-            )
+            return summed_sorted(live, what=what)  # sorted runs merged, not sorted again
         return merge_into(self.scratch, live, width, self.layer_bytes, self.merge_bytes, what)
 
     def chunk_rows(self, width: int) -> int:
