@@ -342,8 +342,9 @@ def test_wcoj_query_writes_nothing_and_says_what_it_read(
     assert doc["groups"] == doc["rows"] and doc["total"] == 3 * len(oracle.output(1))
 
 
-def test_wcoj_query_imports_no_spark_dagster_or_pandas(tmp_path: Path) -> None:
-    """A fresh ``wcoj query`` process answers without importing Spark, Dagster or pandas."""
+def test_wcoj_query_imports_no_spark_dagster_pandas_or_arrow(tmp_path: Path) -> None:
+    """A fresh ``wcoj query`` process answers without importing Spark, Dagster or pandas, nor
+    Arrow for an answer it only prints (a vertex's question: a point lookup)."""
     root = tmp_path / "state"
     oracle = small_state(root)
     probe = (
@@ -351,16 +352,17 @@ def test_wcoj_query_imports_no_spark_dagster_or_pandas(tmp_path: Path) -> None:
         "from wcoj_core.cli import main\n"
         "sys.argv = ['wcoj', 'query', *sys.argv[1:]]\n"
         "code = main()\n"
-        "heavy = {'pyspark', 'py4j', 'dagster', 'pandas'}\n"
+        "heavy = {'pyspark', 'py4j', 'dagster', 'pandas', 'pyarrow'}\n"
         "print(code, sorted({m.split('.')[0] for m in sys.modules} & heavy), file=sys.stderr)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    argv = [str(root), "--query", "triangles", "--json"]
+    argv = [str(root), "--query", TRIANGLES_AT, "--bind", "v=0,1,2,3", "--json"]
     done = subprocess.run(
         [sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=env
     )
     assert done.stderr.strip() == "0 []", done.stderr
-    assert json.loads(done.stdout.splitlines()[-1])["rows"] == len(oracle.output(1))
+    want = expected(parse_query(TRIANGLES_AT), {"v": [0, 1, 2, 3]}, oracle.state(1))
+    assert json.loads(done.stdout.splitlines()[-1])["rows"] == len(want)
 
 
 @pytest.mark.parametrize(
