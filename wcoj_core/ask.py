@@ -35,6 +35,7 @@ from wcoj_core.indexes import KEPT, Opened, ViewKey, identity, open_trace, view_
 from wcoj_core.kernel.join import (
     PROPOSAL_BUDGET,
     Pace,
+    Part,
     RuleTally,
     check_overflow,
     prepare,
@@ -67,7 +68,7 @@ GIVEN = "_given"
 # Bindings of a question's given variables: a row each (a value each, for one variable).
 Values = np.ndarray | Sequence[Sequence[int]] | Sequence[int]
 # The threads a question's compiled loops may use (a small one stays on one: `Pace`).
-THREADS = max(1, min(4, usable_cores()))
+PACE = Pace(threads=max(1, min(4, usable_cores())))
 # Bindings this few are asked step by step with each step's extenders made once per question
 # (`Snapshot.few`): what a question about one vertex costs is then mostly the kernel's own.
 FEW = 64
@@ -213,15 +214,13 @@ class Snapshot:
         given = _bindings(question, values)
         self.prepare(question)
         plan, rule = question.plan, question.rule
-        tally = RuleTally.of(rule)
-        pace = Pace(threads=THREADS)
         few = self.few(question, given) if question.given and len(given) <= FEW else None
         if few is not None:
-            parts = [(few, None)]
+            parts: Iterable[Part] = [(few, None)]
         elif question.given:
-            parts = run_from(plan, rule, given, self, tally, pace=pace)
+            parts = run_from(plan, rule, given, self, RuleTally.of(rule), pace=PACE)
         else:
-            parts = run_rule(plan, rule, self, tally, pace=pace)
+            parts = run_rule(plan, rule, self, RuleTally.of(rule), pace=PACE)
         made = [p if kept is None else p.take(kept) for p, kept in parts]
         head = plan.query.head
         if not question.distinct:
