@@ -31,7 +31,6 @@ or, from Python, ``build_definitions().resolve_job_def("wcoj_epoch_job")
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +69,7 @@ from wcoj_assets.resources import DEFAULT_LANDING, DEFAULT_STORAGE, WcojResource
 from wcoj_assets.sensors import LANDING_SENSOR, SERIAL_TAG, landing_sensor
 from wcoj_assets.specs import DEFAULT_SPECS, QuerySpec, Topology
 from wcoj_core.errors import QueryError
+from wcoj_core.knobs import knob
 
 JOB_NAME = "wcoj_epoch_job"
 VERIFY_JOB = "wcoj_verify_job"
@@ -342,8 +342,8 @@ def defs() -> Definitions:
     """The default code location (what ``dagster dev`` and ``dagster job execute`` load): the
     default pipeline, every step in process."""
     pipeline = build_definitions(
-        spark_master=os.environ.get(MASTER_ENV) or "local[*]",
-        start=os.environ.get(START_ENV) or EPOCH_START,
-        sensor_seconds=int(os.environ.get(SENSOR_ENV) or SENSOR_SECONDS),
+        spark_master=knob(MASTER_ENV) or "local[*]",
+        start=knob(START_ENV) or EPOCH_START,
+        sensor_seconds=int(knob(SENSOR_ENV) or SENSOR_SECONDS),
     )
     return Definitions.merge(pipeline, Definitions(executor=in_process_executor))

@@ -33,6 +33,8 @@ import os
 import sys
 from functools import cache
 
+from wcoj_core.knobs import knob
+
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -43,7 +45,7 @@ _NEVER_TRIM = 2**31 - 1  # the largest value an int parameter takes
 @cache
 def keep_freed_memory() -> bool:
     """Set the allocator to keep freed memory, once per process; True if it was set."""
-    if os.environ.get("WCOJ_KEEP_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
+    if knob("WCOJ_KEEP_MEMORY") == "0" or not sys.platform.startswith("linux"):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: glibc's, no ldconfig

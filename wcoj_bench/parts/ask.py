@@ -25,7 +25,10 @@ each edge once) kept as a ``triangles`` state (built here in a scratch folder un
   be the same tuples in both. The relation's traces must be the same records before and after
   the attach; the bytes it added are its output's and the counts arrangement it reads.
 
-``--parts`` picks some (default all but cold, which needs ``--cold-state``).
+``--parts`` picks some (default all but cold, which needs ``--cold-state``). The JSON ends with
+issue 46's ``targets``: each figure beside its limit and whether it is met (the attach held
+against the static count that keeps the same output; the one that keeps nothing beside it).
+Fresh processes run without ``PYTHONDONTWRITEBYTECODE``, as an installed package's would.
 """
 
 from __future__ import annotations

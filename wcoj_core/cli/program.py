@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
-import os
 import signal
 import sys
 import threading
@@ -32,6 +31,7 @@ from wcoj_core.cli.console import (
     spark_message,
 )
 from wcoj_core.errors import WcojError
+from wcoj_core.knobs import knob
 
 __all__ = ["run"]
 
@@ -108,7 +108,7 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    debug = os.environ.get("WCOJ_DEBUG") == "1"
+    debug = knob("WCOJ_DEBUG") == "1"
     # The command the first argument names, or every command (``--help``, a mistake).
     named = argv[:1] if argv and argv[0] in COMMANDS else COMMANDS
     try:  # the imports: most of a second, where a Ctrl-C is still one line

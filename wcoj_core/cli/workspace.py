@@ -10,7 +10,6 @@ stderr (``starting Spark (local[*])…``) because starting a JVM takes several s
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -22,6 +21,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 from wcoj_core.cli.console import UsageError, note
+from wcoj_core.knobs import knob
 from wcoj_core.session import SparkStarter
 from wcoj_core.store.location import Location
 
@@ -115,7 +115,7 @@ def starter(master: str | None, conf: Sequence[str] = ()) -> SparkStarter:
         master,
         settings,
         announce=lambda line: note(f"{line}…"),
-        quiet=os.environ.get("WCOJ_DEBUG") != "1",
+        quiet=knob("WCOJ_DEBUG") != "1",
     )
 
 

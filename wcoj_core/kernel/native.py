@@ -31,6 +31,7 @@ from pathlib import Path
 from types import ModuleType
 
 from wcoj_core.errors import WcojError
+from wcoj_core.knobs import knob
 
 SOURCE = Path(__file__).with_name("_native.c")
 NAME = "wcoj_core.kernel._native"
@@ -46,7 +47,7 @@ def source_hash(path: Path = SOURCE) -> str | None:
 
 def cache_dir() -> Path:
     """Where modules built on first use are kept."""
-    given = os.environ.get("WCOJ_NATIVE_CACHE")
+    given = knob("WCOJ_NATIVE_CACHE")
     if given:
         return Path(given)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -165,4 +166,4 @@ def read_ahead_mode(value: str | None) -> int:
 
 
 native = load()
-native.read_ahead(read_ahead_mode(os.environ.get("WCOJ_READ_AHEAD")))
+native.read_ahead(read_ahead_mode(knob("WCOJ_READ_AHEAD")))

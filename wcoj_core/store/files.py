@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wcoj_core.errors import out_of_memory
+from wcoj_core.knobs import knob
 from wcoj_core.store.location import Location
 from wcoj_core.store.manifest import FileRef, Stamp
 from wcoj_core.store.names import temp_name
@@ -298,7 +299,7 @@ class Files:
         entries not). Nothing to do on remote storage."""
         if not self.local or (not rels and not also):
             return
-        if os.environ.get("WCOJ_SYNCFS") == "1" and _syncfs(self.path):
+        if knob("WCOJ_SYNCFS") == "1" and _syncfs(self.path):
             drop_early([f"{self.root}/{rel}" for rel in rels])
             return
         early: list[_Pending] = []
