@@ -319,6 +319,28 @@ def test_a_snapshot_answers_from_its_generation_while_epochs_commit_beside_it(
     )
 
 
+@pytest.mark.parametrize("budget", [None, 0])
+def test_a_vertex_a_call_answers_as_all_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget: int | None
+) -> None:
+    """A question of a few bindings (`wcoj_core.ask.FEW`) runs its own steps, once per
+    vertex asked, and falls back to the kernel's pieces past the proposal budget (0 here):
+    every vertex's answer is the oracle's, at the latest and an earlier epoch."""
+    import wcoj_core.ask as asking
+
+    if budget is not None:
+        monkeypatch.setattr(asking, "PROPOSAL_BUDGET", budget)
+    oracle = small_state(tmp_path / "state", epochs=3)
+    for epoch in (1, 2):
+        snapshot = Snapshot.open(str(tmp_path / "state"), epoch)
+        for text, bind in ((TRIANGLES_AT, "v"), (CLIQUES_AT, "v"), ("q(b) :- edge(3, b)", "")):
+            question = snapshot.question(parse_query(text), [bind] if bind else [])
+            for v in range(12) if bind else [None]:
+                got = answered(snapshot.ask(question, None if v is None else [v]))
+                want = expected(question.query, {bind: [v]} if bind else {}, oracle.state(epoch))
+                assert got == want, (text, v, epoch)
+
+
 def test_wcoj_query_writes_nothing_and_says_what_it_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
