@@ -26,34 +26,52 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
-from wcoj_core.aggregates import value_name
 from wcoj_core.errors import DamagedFile, QueryError, StateError
 from wcoj_core.indexes import KEPT, Opened, ViewKey, identity, open_trace, view_key
-from wcoj_core.kernel.changes import counts_delta, output_changes
-from wcoj_core.kernel.join import Pace, RuleTally, prepare, run_from, run_rule
+from wcoj_core.kernel.join import (
+    PROPOSAL_BUDGET,
+    Pace,
+    Part,
+    RuleTally,
+    check_overflow,
+    prepare,
+    run_from,
+    run_rule,
+)
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import Layer, summed_sorted, usable_cores
-from wcoj_core.kernel.step import Prefixes
+from wcoj_core.kernel.step import (
+    NativeExtender,
+    Prefixes,
+    StepCounts,
+    count,
+    extend,
+    native_extenders,
+)
 from wcoj_core.query.ir import Atom, Const, Query, Term, Var
 from wcoj_core.query.plan import Arrangement, AtomView, DeltaRule, Kind, Plan, Version, plan_query
-from wcoj_core.store.batches import Batches
 from wcoj_core.store.manifest import Manifest, Trace
 from wcoj_core.store.store import Store
-from wcoj_core.traces import counts_trace_name, relation_trace_name
+from wcoj_core.traces import DIFF, counts_trace_name, relation_trace_name
 
-__all__ = ["GIVEN", "Question", "Snapshot", "ask"]
+if TYPE_CHECKING:  # Arrow, Parquet and the changes' module are imported when first needed:
+    import pyarrow as pa  # a question of one vertex answered as numbers never needs them
+
+__all__ = ["GIVEN", "Question", "Snapshot", "ask", "table_of"]
 
 # The relation of bindings a question starts from (its given variables, then its constants).
 GIVEN = "_given"
 # Bindings of a question's given variables: a row each (a value each, for one variable).
 Values = np.ndarray | Sequence[Sequence[int]] | Sequence[int]
 # The threads a question's compiled loops may use (a small one stays on one: `Pace`).
-THREADS = max(1, min(4, usable_cores()))
+PACE = Pace(threads=max(1, min(4, usable_cores())))
+# Bindings this few are asked step by step with each step's extenders made once per question
+# (`Snapshot.few`): what a question about one vertex costs is then mostly the kernel's own.
+FEW = 64
 # How many times a question is tried again when a commit beside it pruned a file it had not
 # opened yet (each try reads the current generation).
 RETRIES = 3
@@ -122,7 +140,8 @@ class Question:
     @property
     def names(self) -> list[str]:
         """The answer's columns: the head's variables, then ``diff`` or the aggregate's."""
-        return [*(v.name for v in self.query.head), value_name(self.query)]
+        agg = self.query.aggregate
+        return [*(v.name for v in self.query.head), DIFF if agg is None else agg.name]
 
 
 class Snapshot:
@@ -133,12 +152,12 @@ class Snapshot:
         self.store = store
         self.manifest = manifest
         self.epoch = epoch
-        self.files = Batches(store.files)
         self._opened: dict[str, Opened] = {}
         self._layers: dict[tuple[str, ViewKey], list[Layer]] = {}
         self._counts: dict[str, Arrangement] = {}
         self._whole: dict[tuple[str, ViewKey], Layer] = {}
         self._prepared: dict[int, Question] = {}
+        self._extenders: dict[int, list[list[NativeExtender]]] = {}
 
     @classmethod
     def open(cls, state: str, epoch: int | None = None) -> Snapshot:
@@ -179,7 +198,7 @@ class Snapshot:
         given variables (none: the question binds no variable of the caller's)."""
         for attempt in range(RETRIES + 1):
             try:
-                return _table(question, self.answer(question, values))
+                return table_of(question, self.answer(question, values))
             except (DamagedFile, FileNotFoundError):
                 latest = self.store.current()
                 if attempt == RETRIES or latest.generation == self.generation:
@@ -195,15 +214,18 @@ class Snapshot:
         given = _bindings(question, values)
         self.prepare(question)
         plan, rule = question.plan, question.rule
-        tally = RuleTally.of(rule)
-        pace = Pace(threads=THREADS)
-        if question.given:
-            parts = run_from(plan, rule, given, self, tally, pace=pace)
+        few = self.few(question, given) if question.given and len(given) <= FEW else None
+        if few is not None:
+            parts: Iterable[Part] = [(few, None)]
+        elif question.given:
+            parts = run_from(plan, rule, given, self, RuleTally.of(rule), pace=PACE)
         else:
-            parts = run_rule(plan, rule, self, tally, pace=pace)
+            parts = run_rule(plan, rule, self, RuleTally.of(rule), pace=PACE)
         made = [p if kept is None else p.take(kept) for p, kept in parts]
         head = plan.query.head
         if not question.distinct:
+            from wcoj_core.kernel.changes import output_changes
+
             rows, diff = output_changes(made, head)
             return [rows[:, j] for j in range(len(head))], diff
         cols = [_joined([p.cols[v] for p in made]) for v in head]
@@ -212,6 +234,31 @@ class Snapshot:
             keep = np.flatnonzero(diff)
             cols, diff = [c[keep] for c in cols], diff[keep]
         return cols, diff
+
+    def few(self, question: Question, given: Prefixes) -> Prefixes | None:
+        """`run_from`'s full bindings for a few bindings (`FEW`), step by step, each step's
+        extenders made once per question; None for a question this path does not take (an
+        aggregate, atoms checked before the first step) or bindings whose candidates exceed
+        the proposal budget (`run_from` cuts those in pieces)."""
+        plan, rule = question.plan, question.rule
+        if plan.query.aggregate is not None or rule.checks:
+            return None
+        xs = self._extenders.get(id(question))
+        if xs is None:
+            names = [*question.given]
+            xs = []
+            for step in rule.steps:
+                xs.append(native_extenders(plan, step, names, self, 1))
+                names.append(step.var)
+            self._extenders[id(question)] = xs
+        p = given.filtered(rule.start_filters)
+        for step, x in zip(rule.steps, xs, strict=True):
+            live = count(plan, step, p, self, 1, x)
+            if int(live.least.sum()) > PROPOSAL_BUDGET:
+                return None
+            p = extend(plan, step, p, live, (0, len(live)), self, StepCounts("")).made
+        check_overflow(plan, (p, None))
+        return p
 
     def prepare(self, question: Question) -> None:
         """Open every trace `question` reads (a file pruned by a commit beside this one is
@@ -279,7 +326,9 @@ class Snapshot:
         return spec is not None and spec.undirected
 
     def _read_batch(self, trace: Trace, batch: Any) -> Layer:
-        return self.files.read_verified(
+        from wcoj_core.store.batches import Batches
+
+        return Batches(self.store.files).read_verified(
             batch.path, trace.columns, batch.files, batch.rows, batch.time
         )
 
@@ -291,6 +340,7 @@ class Snapshot:
         self._layers.clear()
         self._whole.clear()
         self._prepared.clear()
+        self._extenders.clear()
 
 
 class Whole:
@@ -380,6 +430,8 @@ def _counts_of(snapshot: Snapshot, a: Arrangement) -> Layer:
     if not a.key and a.view.is_identity:
         rows = snapshot._trace(name).figures_at(snapshot.epoch)[0]
         return Layer(np.zeros((1, 0), dtype=I64), np.array([rows], dtype=I64))
+    from wcoj_core.kernel.changes import counts_delta
+
     whole = summed_sorted(snapshot.layers(name, a.view, tuple(range(a.view.arity)), Version.NEW))
     support = whole.with_diff(np.ones(len(whole), dtype=I64))
     return counts_delta(support, a.key)
@@ -391,16 +443,19 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=I64)
 
 
-def _table(question: Question, answer: tuple[list[np.ndarray], np.ndarray]) -> pa.Table:
+def table_of(question: Question, answer: tuple[list[np.ndarray], np.ndarray]) -> pa.Table:
+    """`Snapshot.answer`'s columns as the answer's table (`Question.names`), each an Arrow
+    array over the column's memory (``pa.array`` goes through its pandas shim: many times the
+    cost of a small answer)."""
+    import pyarrow as pa
+
     cols, diff = answer
-    return pa.Table.from_arrays([_longs(c) for c in (*cols, diff)], names=question.names)
-
-
-def _longs(values: np.ndarray) -> pa.Array:
-    """A column of longs as an Arrow array over its memory (pyarrow's ``pa.array`` goes
-    through its pandas shim: many times the cost of a small answer)."""
-    values = np.ascontiguousarray(values, dtype=I64)
-    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+    longs = pa.int64()  # (made once: each call costs as much as an array's wrapping)
+    arrays = [
+        pa.Array.from_buffers(longs, len(c), [None, pa.py_buffer(c)])
+        for c in (np.ascontiguousarray(c, dtype=I64) for c in (*cols, diff))
+    ]
+    return pa.Table.from_arrays(arrays, names=question.names)
 
 
 def ask(

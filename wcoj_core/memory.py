@@ -29,11 +29,9 @@ settings; set ``WCOJ_KEEP_MEMORY=0`` to leave the allocators as they are.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import os
 import sys
 from functools import cache
-
-import pyarrow as pa
 
 from wcoj_core.knobs import knob
 
@@ -50,8 +48,7 @@ def keep_freed_memory() -> bool:
     if knob("WCOJ_KEEP_MEMORY") == "0" or not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: glibc's, no ldconfig
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -64,8 +61,12 @@ def keep_freed_memory() -> bool:
             (_M_ARENA_MAX, 1),
         )
     )
-    if kept:
+    if kept and "pyarrow" in sys.modules:
+        import pyarrow as pa
+
         pa.set_memory_pool(pa.system_memory_pool())
+    elif kept:  # Arrow reads it when it first allocates: a command without Arrow never imports it
+        os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     return kept
 
 

@@ -319,6 +319,28 @@ def test_a_snapshot_answers_from_its_generation_while_epochs_commit_beside_it(
     )
 
 
+@pytest.mark.parametrize("budget", [None, 0])
+def test_a_vertex_a_call_answers_as_all_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budget: int | None
+) -> None:
+    """A question of a few bindings (`wcoj_core.ask.FEW`) runs its own steps, once per
+    vertex asked, and falls back to the kernel's pieces past the proposal budget (0 here):
+    every vertex's answer is the oracle's, at the latest and an earlier epoch."""
+    import wcoj_core.ask as asking
+
+    if budget is not None:
+        monkeypatch.setattr(asking, "PROPOSAL_BUDGET", budget)
+    oracle = small_state(tmp_path / "state", epochs=3)
+    for epoch in (1, 2):
+        snapshot = Snapshot.open(str(tmp_path / "state"), epoch)
+        for text, bind in ((TRIANGLES_AT, "v"), (CLIQUES_AT, "v"), ("q(b) :- edge(3, b)", "")):
+            question = snapshot.question(parse_query(text), [bind] if bind else [])
+            for v in range(12) if bind else [-1]:
+                got = answered(snapshot.ask(question, [v] if bind else None))
+                want = expected(question.query, {bind: [v]} if bind else {}, oracle.state(epoch))
+                assert got == want, (text, v, epoch)
+
+
 def test_wcoj_query_writes_nothing_and_says_what_it_read(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -342,8 +364,9 @@ def test_wcoj_query_writes_nothing_and_says_what_it_read(
     assert doc["groups"] == doc["rows"] and doc["total"] == 3 * len(oracle.output(1))
 
 
-def test_wcoj_query_imports_no_spark_dagster_or_pandas(tmp_path: Path) -> None:
-    """A fresh ``wcoj query`` process answers without importing Spark, Dagster or pandas."""
+def test_wcoj_query_imports_no_spark_dagster_pandas_or_arrow(tmp_path: Path) -> None:
+    """A fresh ``wcoj query`` process answers without importing Spark, Dagster or pandas, nor
+    Arrow for an answer it only prints (a vertex's question: a point lookup)."""
     root = tmp_path / "state"
     oracle = small_state(root)
     probe = (
@@ -351,16 +374,17 @@ def test_wcoj_query_imports_no_spark_dagster_or_pandas(tmp_path: Path) -> None:
         "from wcoj_core.cli import main\n"
         "sys.argv = ['wcoj', 'query', *sys.argv[1:]]\n"
         "code = main()\n"
-        "heavy = {'pyspark', 'py4j', 'dagster', 'pandas'}\n"
+        "heavy = {'pyspark', 'py4j', 'dagster', 'pandas', 'pyarrow'}\n"
         "print(code, sorted({m.split('.')[0] for m in sys.modules} & heavy), file=sys.stderr)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    argv = [str(root), "--query", "triangles", "--json"]
+    argv = [str(root), "--query", TRIANGLES_AT, "--bind", "v=0,1,2,3", "--json"]
     done = subprocess.run(
         [sys.executable, "-c", probe, *argv], capture_output=True, text=True, env=env
     )
     assert done.stderr.strip() == "0 []", done.stderr
-    assert json.loads(done.stdout.splitlines()[-1])["rows"] == len(oracle.output(1))
+    want = expected(parse_query(TRIANGLES_AT), {"v": [0, 1, 2, 3]}, oracle.state(1))
+    assert json.loads(done.stdout.splitlines()[-1])["rows"] == len(want)
 
 
 @pytest.mark.parametrize(

@@ -31,7 +31,7 @@ from wcoj_core.cli.results import add_output_arguments, check_output, write_tupl
 from wcoj_core.query.builtins import resolve_query
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    import numpy as np
 
 EXAMPLES = (
     "wcoj query lake/tri --query 'q(b, c) :- edge(7, b), edge(b, c), edge(7, c), b < c'",
@@ -128,19 +128,21 @@ def run(args: argparse.Namespace) -> int:
     snapshot = Snapshot.open(args.state, args.epoch)
     question = snapshot.question(query, list(binds))
     values = np.array(list(zip(*binds.values(), strict=True)), dtype=np.int64) if binds else None
-    answer = snapshot.ask(question, values)
+    cols, last = snapshot.answer(question, values)  # numbers: Arrow only for --output
     seconds = clock.perf_counter() - start
-    last = answer.column(answer.num_columns - 1).to_numpy()
     total = int(last.sum(dtype=object)) if len(last) else 0
-    for line in _shown(answer):
+    names = question.names
+    for line in _shown(names, [*cols, last]):
         say(line)
     what = "groups" if query.aggregate is not None else "rows"
     say(
         f"{query.name} at epoch {snapshot.epoch} (generation {snapshot.generation}): "
-        f"{answer.num_rows:,} {what}, {answer.column_names[-1]} summed {total:,} "
-        f"({seconds:.3f} s)"
+        f"{len(last):,} {what}, {names[-1]} summed {total:,} ({seconds:.3f} s)"
     )
     if output is not None:
+        from wcoj_core.ask import table_of
+
+        answer = table_of(question, (cols, last))
         written = write_tuples(answer, *output, force=args.force, state=args.state)
         say(f"output: {written} rows written to {output[0]}")
     if args.json:
@@ -150,26 +152,26 @@ def run(args: argparse.Namespace) -> int:
                 "query": query.name,
                 "epoch": snapshot.epoch,
                 "generation": snapshot.generation,
-                "columns": answer.column_names,
-                "rows": answer.num_rows,
+                "columns": names,
+                "rows": len(last),
                 "count": total,
                 "seconds": round(seconds, 4),
                 **({} if output is None else {"output": str(output[0])}),
-                **({} if query.aggregate is None else {"groups": answer.num_rows, "total": total}),
+                **({} if query.aggregate is None else {"groups": len(last), "total": total}),
             }
         )
     return EXIT_OK
 
 
-def _shown(answer: pa.Table) -> list[str]:
+def _shown(names: list[str], columns: list[np.ndarray]) -> list[str]:
     """The answer's first `SHOWN` rows as aligned columns, and how many more there are."""
-    head = answer.slice(0, SHOWN)
-    cols = [[name, *map(str, head.column(name).to_pylist())] for name in answer.column_names]
+    n = len(columns[-1])
+    cols = [[name, *map(str, c[:SHOWN].tolist())] for name, c in zip(names, columns, strict=True)]
     widths = [max(map(len, c)) for c in cols]
     out = [
         "  ".join(c[i].rjust(w) for c, w in zip(cols, widths, strict=True))
-        for i in range(head.num_rows + 1)
+        for i in range(min(n, SHOWN) + 1)
     ]
-    if answer.num_rows > SHOWN:
-        out.append(f"... {answer.num_rows - SHOWN:,} more rows (--output FILE writes them all)")
+    if n > SHOWN:
+        out.append(f"... {n - SHOWN:,} more rows (--output FILE writes them all)")
     return out

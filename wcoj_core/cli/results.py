@@ -30,14 +30,12 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
 from wcoj_core.cli.console import UsageError
-from wcoj_core.input_read import local_path
 from wcoj_core.store.location import Location
 from wcoj_core.traces import TIME
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # Arrow is imported by the writer only: a command that writes no file
+    import pyarrow as pa  # (`wcoj query` of one vertex) starts without it
     from pyspark.sql import DataFrame
 
 
@@ -113,6 +111,8 @@ def _check_not_an_input(
     path: str, target: Path, existing: os.stat_result | None, inputs: Sequence[str]
 ) -> None:
     """Refuse a target that is, or lies inside, one of the inputs."""
+    from wcoj_core.input_read import local_path
+
     resolved = target.resolve()
     for spec in inputs:
         local = local_path(spec)
@@ -172,6 +172,7 @@ def write_tuples(
     `force`, `inputs` and `state` as given to `check_output`, which is checked again here (the
     file may have appeared since).
     """
+    import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 

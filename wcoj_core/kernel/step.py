@@ -178,17 +178,31 @@ def _native_extender(
     return [layer.spec(m, values=not key) for layer in source], counts, key, x.completes
 
 
+def native_extenders(
+    plan: Plan, step: Step, names: Sequence[Var], layers: Layers, m: int
+) -> list[NativeExtender]:
+    """The step's extenders as the compiled kernel reads them, for `m` prefixes binding `names`."""
+    return [_native_extender(plan, x, names, layers, m) for x in step.extenders]
+
+
 def _damaged(xs: Sequence[NativeExtender]) -> None:
     """Raise for a mapped layer of the extenders in which the kernel found a damaged block."""
     damaged(spec for x in xs for spec in [*x[0], *(x[1] or ())])
 
 
-def count(plan: Plan, step: Step, prefixes: Prefixes, layers: Layers, threads: int = 1) -> Live:
+def count(
+    plan: Plan,
+    step: Step,
+    prefixes: Prefixes,
+    layers: Layers,
+    threads: int = 1,
+    extenders: list[NativeExtender] | None = None,
+) -> Live:
     """Count and pick: each extender's number of candidates per prefix, the prefixes left with
-    none in some extender dropped, and for the others the extender with the fewest."""
-    names = list(prefixes.cols)
+    none in some extender dropped, and for the others the extender with the fewest.
+    `extenders`: the step's, made before (`native_extenders`) for the same layers."""
     m = len(prefixes)
-    xs = [_native_extender(plan, x, names, layers, m) for x in step.extenders]
+    xs = extenders or native_extenders(plan, step, list(prefixes.cols), layers, m)
     rows = np.empty(m, dtype=I64)
     tag = np.empty(m, dtype=I64)
     least = np.empty(m, dtype=I64)
