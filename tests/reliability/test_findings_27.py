@@ -51,6 +51,7 @@ from wcoj_core.engine import Engine
 from wcoj_core.errors import DamagedBatch
 from wcoj_core.query.builtins import builtin
 from wcoj_core.state_read import change_table, read_table
+from wcoj_core.store.manifest import FORMAT
 
 TRIANGLES = builtin("triangles")
 
@@ -498,7 +499,7 @@ def test_minor_a_state_that_lost_its_marker_says_so(history: History, tmp_path: 
     said = "holds a wcoj state's manifests (generations 1..2) but not its marker wcoj-state.json"
     one_line_error(run_wcoj(*history.apply_args(state, 2)), said, "restore the marker")
     one_line_error(run_wcoj("verify", state), said)
-    (state / "wcoj-state.json").write_text('{"wcoj_state": 2}\n')  # as the message says
+    (state / "wcoj-state.json").write_text(f'{{"wcoj_state": {FORMAT}}}\n')  # as the message says
     exact(apply_json(history, state, 2), history, 2, state)
 
 
