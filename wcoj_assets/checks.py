@@ -230,7 +230,7 @@ def delta_rules(engine: Engine, query: str, epoch: int, full: bool = False) -> O
     since = engine.served.since(query)
     if since is not None and epoch < since:  # a query attached later (wcoj_core.attach)
         note = f"{query} was attached at epoch {since}: the state keeps no change of it before"
-        return Outcome(True, {"checked": False, "note": note}, f"not evaluated: {note}", False)
+        return Outcome(True, {"checked": False, "note": note}, f"not evaluated: {note}")
     try:
         audit = audit_epoch(engine, query, epoch, AuditMode.FULL if full else AuditMode.SAMPLED)
     except Exception as e:  # a check that cannot run fails, saying why
@@ -363,8 +363,9 @@ def report(
             apart.append(None)
         elif key in selected and (outcomes if whole else ours) and not unpartitioned:
             # The run's result of the check, which Dagster counts as the check's output.
+            named = [p for p in apart if p is not None]  # no run's own row on this branch
             if whole or single:
-                last = outcomes[apart[-1]] if whole else ours[-1][1]
+                last = outcomes[named[-1]] if whole else ours[-1][1]
                 yield AssetCheckResult(
                     asset_key=key.asset_key,
                     check_name=key.name,
@@ -374,7 +375,7 @@ def report(
                 )
                 apart = [] if whole else apart
             else:
-                yield _summary(key, ours, apart, reporting)
+                yield _summary(key, ours, named, reporting)
         for partition in apart:
             at = partition if partition is not None else ours[-1][0]
             outcome = outcomes[at]

@@ -312,7 +312,9 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
             if loc == own or not (isinstance(kind, type) and issubclass(kind, WcojComponent)):
                 continue
             mine = mine if mine is not None else self.asset_keys()
-            theirs = tree.load_component(loc).asset_keys()
+            other = tree.load_component(loc)
+            assert isinstance(other, WcojComponent)
+            theirs = other.asset_keys()
             shared = sorted(k.to_user_string() for k in mine & theirs)
             if shared:
                 files = sorted(

@@ -136,7 +136,7 @@ def _run_epoch(
         tags={
             **request.tags,
             "dagster/sensor_name": SENSOR,
-            "dagster/run_key": request.run_key or key,
+            "dagster/run_key": request.run_key or key or "",
         },
         raise_on_error=False,
     )

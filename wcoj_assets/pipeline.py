@@ -544,8 +544,7 @@ class EpochRun:
         if any(c.name == ck.UPDATE_TRIPLES for c in selected):
             self._read(pairs)
         for key, t in pairs:
-            what = f"epoch {t} ({key}) is not in the state: run it first"
-            missing = ck.Outcome(False, {"epoch": str(t), "error": what}, what)
+            missing = _not_held(key, t)
             for info in graph.of_role(Role.SNAPSHOT, Role.QUERY_CHANGES):
                 asset = graph.key(info.name)
                 for name in (ck.NON_NEGATIVE, ck.CURRENT, ck.DELTA_RULES):
@@ -571,6 +570,12 @@ class EpochRun:
         if pairs[-1][1] in held:
             self._binary_joins(engine, pairs, joins)
         for check in joins if pairs[-1][1] not in held else ():
-            self.book.add(check, pairs[-1][0], missing)
+            self.book.add(check, pairs[-1][0], _not_held(*pairs[-1]))
         keys = [k for k, _ in pairs]
         yield from ck.report(context, graph.check_specs, self.book, keys, self.wcoj.check_reporting)
+
+
+def _not_held(key: str, t: int) -> ck.Outcome:
+    """A check's outcome at an epoch the state does not hold."""
+    what = f"epoch {t} ({key}) is not in the state: run it first"
+    return ck.Outcome(False, {"epoch": str(t), "error": what}, what)

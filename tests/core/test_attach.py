@@ -195,6 +195,31 @@ def test_an_engine_attaches_a_new_query_when_asked_to(tmp_path: Path) -> None:
         audit_epoch(engine, tri.name, 0)
 
 
+def test_the_dagster_delta_rule_check_of_an_attached_query_before_it_says_so(
+    tmp_path: Path,
+) -> None:
+    """The pipeline's delta-rule check at an epoch before a query was attached passes as not
+    evaluated, saying why; at and after it, it audits (it raised a TypeError before)."""
+    from wcoj_assets import checks
+
+    root = tmp_path / "state"
+    oracle = small_state(root)
+    tri = builtin("triangles-per-vertex")
+    engine = Engine(
+        None, str(root), [builtin("triangles"), tri], relations=oracle.specs, auto_attach=True
+    )
+    ups = epoch_ups(random.Random(4), [], False)
+    oracle.land(2, {"edge": ups})
+    engine.apply(2, {"edge": table(ups)})
+    before = checks.delta_rules(engine, tri.name, 0)
+    assert before.passed and before.metadata["checked"] is False
+    assert before.description == f"not evaluated: {tri.name} was attached at epoch 1: " + (
+        "the state keeps no change of it before"
+    )
+    after = checks.delta_rules(engine, tri.name, 2)
+    assert after.passed and "not evaluated" not in (after.description or "")
+
+
 def test_wcoj_attach_and_detach(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``wcoj attach`` reads the relations as the state declares them; ``wcoj apply`` of the
     state's first query then maintains both; ``wcoj detach`` removes one; mistakes are one
