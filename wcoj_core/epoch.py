@@ -1074,7 +1074,7 @@ class EpochPass:
                 eff.ignored_examples,
                 eff.negative,
                 eff.negative_examples,
-                *_weights(eff.change.diff),
+                *_weights(eff.change),
             )
             for rel, (landed, eff) in sorted(self.effects.items())
         }
@@ -1153,12 +1153,12 @@ class _Counting:
             self.negative += int(np.count_nonzero(diff < 0))
 
 
-def _weights(diff: np.ndarray) -> tuple[int, int]:
+def _weights(change: Layer) -> tuple[int, int]:
     """The weight a change inserts and the weight it deletes, a piece at a time: a spilled
     change is a mapped file, and a mask of it whole would be held past the epoch's budget."""
     up = down = 0
-    for lo in range(0, len(diff), 1 << 18):
-        d = np.asarray(diff[lo : lo + (1 << 18)])
+    for piece in chunks(change, 1 << 18):
+        d = np.asarray(piece.diff)
         up, down = up + int(d[d > 0].sum()), down - int(d[d < 0].sum())
     return up, down
 

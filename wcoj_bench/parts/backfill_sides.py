@@ -505,6 +505,30 @@ class HollowSide:
     events: dict[str, int] = field(default_factory=dict)
 
 
+def hollow_range(
+    job: Any, instance: DagsterInstance, epochs: int
+) -> tuple[ExecuteInProcessResult, float, float]:
+    """The hollow job's epoch 0, then one timed run over ``1..epochs`` on `instance`: the range
+    run's result, wall seconds and this process's CPU seconds (both runs verified)."""
+    from wcoj_assets.demo import QUIET_RUN
+    from wcoj_assets.epochs import epoch_key
+
+    first = job.execute_in_process(
+        run_config=QUIET_RUN, instance=instance, partition_key=epoch_key(0), raise_on_error=False
+    )
+    verify_run(first, "floor, epoch 0")
+    start, cpu = clock.perf_counter(), clock.process_time()
+    result = job.execute_in_process(
+        run_config=QUIET_RUN,
+        instance=instance,
+        tags={RANGE_START: epoch_key(1), RANGE_END: epoch_key(epochs)},
+        raise_on_error=False,
+    )
+    seconds, cpu = clock.perf_counter() - start, clock.process_time() - cpu
+    verify_run(result, f"floor, epochs 1..{epochs}")
+    return result, seconds, cpu
+
+
 def run_hollow(
     root: Path,
     epochs: int,
@@ -520,8 +544,6 @@ def run_hollow(
     real range run's): the floor must be the same bookkeeping.
     """
     from wcoj_assets.definitions import build_definitions
-    from wcoj_assets.demo import QUIET_RUN
-    from wcoj_assets.epochs import epoch_key
     from wcoj_assets.specs import DEFAULT_SPECS
     from wcoj_bench.infra.hollow import HOLLOW_JOB, hollow_definitions
 
@@ -529,23 +551,8 @@ def run_hollow(
     job = hollow_definitions(real).resolve_job_def(HOLLOW_JOB)
     side = HollowSide()
     with bench_instance(kind, root / "dagster-hollow", say) as instance:
-        first = job.execute_in_process(
-            run_config=QUIET_RUN,
-            instance=instance,
-            partition_key=epoch_key(0),
-            raise_on_error=False,
-        )
-        verify_run(first, "floor, epoch 0")
         say(f"floor: the same assets and checks with empty bodies, ONE run over 1..{epochs}")
-        start = clock.perf_counter()
-        result = job.execute_in_process(
-            run_config=QUIET_RUN,
-            instance=instance,
-            tags={RANGE_START: epoch_key(1), RANGE_END: epoch_key(epochs)},
-            raise_on_error=False,
-        )
-        side.range_seconds = clock.perf_counter() - start
-    verify_run(result, f"floor, epochs 1..{epochs}")
+        result, side.range_seconds, _ = hollow_range(job, instance, epochs)
     side.events = event_counts(result)
     if side.events != dict(expected):
         raise BackfillError(
