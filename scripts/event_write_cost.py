@@ -1,9 +1,11 @@
 """What one event write costs on Postgres (dagster-postgres for Dagster 1.13): a check evaluation
 and a materialization stored one at a time, and materializations stored in one batch, with a
 connection per statement (Dagster's default) and then with connections held open, on one server
-in one process. Usage: python scripts/event_write_cost.py"""
+in one process. Usage: python scripts/event_write_cost.py [N=200]"""
 
 import logging
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization, Dagste
 from dagster._core.events import DagsterEvent, StepMaterializationData
 from dagster._core.events.log import EventLogEntry
 
+from wcoj_assets.instance import hold_connections
 from wcoj_bench.parts.backfill_sides import InstanceKind, bench_instance
 
 
@@ -49,12 +52,15 @@ def chk(i):
     )
 
 
-N = 200
-with bench_instance(InstanceKind.POSTGRES, Path("/tmp/dagster2/wc"), print) as inst:
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+with (
+    tempfile.TemporaryDirectory() as root,
+    bench_instance(InstanceKind.POSTGRES, Path(root), print) as inst,
+):
     s = inst.event_log_storage
     for label, pooled in (("NullPool", False), ("pooled", True)):
         if pooled:
-            inst.optimize_for_webserver(statement_timeout=0, pool_recycle=3600, max_overflow=5)
+            hold_connections(inst)  # what a step does
         for name, make in (("check evaluation", chk), ("materialization", mat)):
             t = time.perf_counter()
             c = time.process_time()
