@@ -164,6 +164,9 @@ def commands(
         scale = ["--rmat", "rmat:scale=20,edges=20000000,seed=1", "--memory", "4g"]
         scale += ["--build", "5", "--epochs", "4", "--timeout", "1800"]
     where = ["--scratch", str(scratch)] if scratch is not None else []
+    # The quick run's cluster stream runs beside the local one: a cache of its own, so that no
+    # state is built by both at once (one's cleanup removed the other's chunk files).
+    apart = ["--scratch", f"{scratch}-cluster"] if scratch is not None else []
     runs = {
         "epochs": ["epochs", *epochs],
         "static": ["static", *static],
@@ -195,7 +198,7 @@ def commands(
             *["static", "--query", "4-cliques", *graph, "--repeat", "1", "--methods", "wcoj"],
             *[*ONE_GIB, *on],
         ]
-    out["cluster-idle"] = ["idle", *idle, *where, *on]
+    out["cluster-idle"] = ["idle", *idle, *apart, *on]
     return out
 
 
