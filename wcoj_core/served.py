@@ -123,7 +123,10 @@ class Served:
         for q in queries:
             check_width(q)  # before any input is read
         by_name = {q.name: q for q in queries}
-        plans = {q.name: plan_query(q, sizes, (orders or {}).get(q.name)) for q in queries}
+        undirected = [r for r, s in specs.items() if s.undirected]
+        plans = {
+            q.name: plan_query(q, sizes, (orders or {}).get(q.name), undirected) for q in queries
+        }
         arities: dict[str, int] = {}  # in the order the queries name them
         for q in queries:
             for rel, arity in q.relations.items():
