@@ -206,7 +206,7 @@ def _chunks(
     limits: Limits,
 ) -> Iterator[Part | Counted]:
     """The rule's delta tuples `rows`, a chunk at a time, through every step."""
-    outer, (plan, rule) = plan, enumerated(plan, rule)
+    outer, (plan, rule) = plan, enumerated(plan, rule, layers)
     if not rule.checks and starved(rule, layers):  # (a check's sums may raise: left to run)
         if limits.counting:
             yield Counted(0, 0)
@@ -221,7 +221,7 @@ def _chunks(
         part = slice(at, min(at + step, hi))
         cols = {v: columns[i][part] for i, v in enumerate(start)}
         made = _started(plan, rule, Prefixes(cols, d.diff[part]), layers, tally, limits, lead)
-        yield from made if outer is plan else (_grouped(outer, part) for part in made)
+        yield from made if outer is plan else (_grouped(outer, part, True) for part in made)
 
 
 def run_from(
@@ -267,11 +267,16 @@ def _started(
         yield made
 
 
-def enumerated(plan: Plan, rule: DeltaRule) -> tuple[Plan, DeltaRule]:
+def enumerated(plan: Plan, rule: DeltaRule, layers: Layers) -> tuple[Plan, DeltaRule]:
     """The plan and rule the kernel runs for `rule`: its `Plan.members` rule when it has one
-    (full bindings of the cliques, grouped by `_grouped`), else itself."""
+    (full bindings of the cliques, grouped by `_grouped`), unless the old state holds nothing
+    (a first load: the last rule alone finds every clique either way, and counting them per
+    prefix in one layer beats listing them); else itself. The same for every rule of an
+    epoch (a rule's share of the change differs between the two plans, their sum does not)."""
     m = plan.members
-    return (plan, rule) if m is None else (m, m.rules[rule.delta])
+    if m is None or starved(plan.rules[0], layers):
+        return plan, rule
+    return m, m.rules[rule.delta]
 
 
 def starved(rule: DeltaRule, layers: Layers) -> bool:
@@ -413,14 +418,14 @@ def _counted(
     return Prefixes(dict(prefixes.cols), per), None
 
 
-def _grouped(plan: Plan, part: Part) -> Part:
+def _grouped(plan: Plan, part: Part, cliques: bool = False) -> Part:
     """An aggregate rule's part as partial sums of its groups: each row's weight times the
     summed variable where the row binds it, runs of rows of one group added up, zeros
-    dropped (a sum leaving int64 raises naming the group). A `Plan.members` aggregate's
-    bindings are the cliques': each one's weight goes to each of its variables' groups."""
+    dropped (a sum leaving int64 raises naming the group). With `cliques` the bindings are
+    those of the `Plan.members` rules: each one's weight goes to each of its variables' groups."""
     p, kept = part
     p = weighed(plan, p if kept is None else p.take(kept))
-    if plan.members is not None:
+    if cliques and plan.members is not None:
         vs = [p.cols[u] for u in plan.members.query.head]
         dense = _credited(vs, p.weight)
         if dense is not None:
@@ -564,7 +569,7 @@ def weights(
     the rule's start filters drop, else its least candidate count at the rule's first step
     plus `PREFIX_WORK` (`PREFIX_WORK_COUNTED` when the bindings are only `counting`), to cut
     the delta into pieces of similar work (1 for a kept tuple of a rule without steps)."""
-    plan, rule = enumerated(plan, rule)
+    plan, rule = enumerated(plan, rule, layers)
     d = delta_layer(plan, rule, layers)
     m = len(d) if at is None else len(at)
     start = plan.atom_vars[rule.delta]
@@ -624,7 +629,7 @@ def prepare(plan: Plan, rule: DeltaRule, layers: Layers) -> None:
     """Make every search structure the rule reads lazily (views, columns, unit flags, and the
     directories its many probes will want), so rules running at once on several threads over
     the same layers only read them."""
-    plan, rule = enumerated(plan, rule)
+    plan, rule = enumerated(plan, rule, layers)
     d = delta_layer(plan, rule, layers)
     many = len(d)
 
