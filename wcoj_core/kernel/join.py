@@ -220,8 +220,10 @@ def _chunks(
     for at in range(lo, hi, step):
         part = slice(at, min(at + step, hi))
         cols = {v: columns[i][part] for i, v in enumerate(start)}
-        made = _started(plan, rule, Prefixes(cols, d.diff[part]), layers, tally, limits, lead)
-        yield from made if outer is plan else (_grouped(outer, part, True) for part in made)
+        for made in _started(plan, rule, Prefixes(cols, d.diff[part]), layers, tally, limits, lead):
+            yield (
+                made if outer is plan or isinstance(made, Counted) else _grouped(outer, made, True)
+            )
 
 
 def run_from(
