@@ -192,12 +192,15 @@ class Outcome:
 
 @dataclass
 class CheckBook:
-    """Every check outcome of a run, by check and partition."""
+    """Every check outcome of a run, by check and partition: a partition of several epochs
+    keeps its first failure, else its last outcome."""
 
     outcomes: dict[AssetCheckKey, dict[str, Outcome]] = field(default_factory=dict)
 
     def add(self, key: AssetCheckKey, partition: str, outcome: Outcome) -> None:
-        self.outcomes.setdefault(key, {})[partition] = outcome
+        known = self.outcomes.setdefault(key, {})
+        if partition not in known or known[partition].passed:
+            known[partition] = outcome
 
     def get(self, key: AssetCheckKey, partition: str) -> Outcome | None:
         return self.outcomes.get(key, {}).get(partition)

@@ -17,6 +17,7 @@ builds its definitions (nothing is built twice)::
       landing: data/landing    # <landing>/<relation>/<YYYY-MM-DD>/<files>
       storage: data/state
       start: "2024-03-01"      # epoch n is the day n days after (default: the first landed day)
+      epochs_per_day: 1        # 1440: minute epochs, landed in <day>/<HHMM>/, a partition a day
       spark_master: "local[*]"
       spark_conf: {spark.driver.memory: 4g}
       check_every: 30          # the full binary-join recomputation on one epoch in 30
@@ -172,6 +173,12 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
         default=None,
         description="The first epoch's day (YYYY-MM-DD): epoch n is n days on. Default: the "
         "oldest epoch folder landed when the code location loads (today when none has).",
+    )
+    epochs_per_day: int = Field(
+        default=1,
+        description="Epochs in a day's partition, a divisor of 1440 (24: hourly, 1440: a minute "
+        "each): each epoch lands in <landing>/<relation>/<YYYY-MM-DD>/<HHMM>/ (its first "
+        "minute), is applied and committed on its own, and a day's run applies them in order.",
     )
     check_every: int | None = Field(
         default=None,
@@ -344,6 +351,7 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
             spark_master=self.spark_master,
             spark_conf=self.spark_conf,
             start=self.first_day(),
+            epochs_per_day=self.epochs_per_day,
             undirected=self.undirected,
             sets=self.sets,
             bags=self.bags,

@@ -148,6 +148,7 @@ def build_definitions(
     spark_master: str = "local[*]",
     spark_conf: Mapping[str, str] | None = None,
     start: str = EPOCH_START,
+    epochs_per_day: int = 1,
     undirected: Sequence[str] = (),
     sets: Sequence[str] = (),
     bags: Sequence[str] = (),
@@ -170,7 +171,9 @@ def build_definitions(
     several pipelines share a code location; None gives the default code location's names.
     `storage` and `landing` default to ``.wcoj/state`` and ``.wcoj/landing`` under the working
     directory of the process running a step; either may be a `dagster.EnvVar`. Epoch ``n`` is
-    the day ``n`` days after `start` (``YYYY-MM-DD``). A relation's meaning: the binary
+    the day ``n`` days after `start` (``YYYY-MM-DD``); with `epochs_per_day` of ``N`` (a divisor
+    of 1,440) a day's partition holds ``N`` epochs, each landed in ``<day>/<HHMM>/``
+    (`wcoj_assets.epochs`). A relation's meaning: the binary
     relations named in `undirected` land as edge lists in no particular direction (read in both
     directions, self-loops dropped) and are sets unless named in `bags`; the others are bags
     unless named in `sets` (`wcoj_core.meaning`). The sensors tick at most every
@@ -196,7 +199,9 @@ def build_definitions(
         warnings.simplefilter("ignore", PreviewWarning)
         topology = Topology.of(specs, undirected, sets, bags)
         checks = partial(check_specs, rebuild_sensor=names.rebuild_sensor)
-        graph = EpochGraph.build(topology, Epochs(start), translate, checks, names.outputs)
+        graph = EpochGraph.build(
+            topology, Epochs(start, epochs_per_day), translate, checks, names.outputs
+        )
         step = {"name": op_name, "op_tags": op_tags, "pool": pool, "backfill": backfill_policy}
         assets = _step(graph, names, execute, step)
         resource = _resource(

@@ -54,6 +54,7 @@ from wcoj_assets.graph import OUTPUTS_IO_MANAGER, AssetInfo, EpochGraph, Role
 from wcoj_assets.specs import head_columns
 from wcoj_core.budget import BudgetError, format_size, process_limit
 from wcoj_core.errors import WcojError
+from wcoj_core.lineage import epochs_of as epochs_held
 from wcoj_core.traces import DIFF
 
 if TYPE_CHECKING:
@@ -251,28 +252,33 @@ class _Outputs(IOManager):
             raise Failure(f"{asset} is read per epoch: the reading asset needs epoch partitions")
         annotation = getattr(context.dagster_type, "typing_type", None)
         each = get_origin(annotation) is dict  # dict[str, <form>]: every epoch, by partition
-        if change and len(keys) > 1 and not each:
-            raise Failure(
-                f"{asset} is the change at one epoch, but {len(keys)} epochs were asked for "
-                f"({keys[0]}..{keys[-1]}); annotate the parameter dict[str, pa.Table] (each "
-                f"epoch's, by partition), or read `{query.name}` (the output as of an epoch)"
-            )
         epochs = self._graph.epochs
-        last = max(keys, key=epochs.number)
+        engine = self._wcoj.engine(self._graph.topology, create=False)
+        # Several epochs a day: each epoch of the days the state holds, by folder (day/HHMM).
+        held = set(epochs_held(engine.store.current())) if epochs.per_day > 1 else None
+        ts = sorted(t for k in keys for t in epochs.span(k) if held is None or t in held)
+        ts = ts or [epochs.span(max(keys, key=epochs.number))[-1]]
+        if change and len(ts) > 1 and not each:
+            raise Failure(
+                f"{asset} is the change at one epoch, but {len(ts)} epochs were asked for "
+                f"({epochs.folder(ts[0])}..{epochs.folder(ts[-1])}); annotate the parameter "
+                f"dict[str, pa.Table] (each epoch's, by partition, or day/HHMM with several "
+                f"epochs a day), or read `{query.name}` (the output as of an epoch)"
+            )
+        last = epochs.folder(ts[-1])
         form = Form.of(get_args(annotation)[-1] if each else annotation)
         if form is Form.SPARK:
             reader = context.upstream_output.asset_key if context.upstream_output else None
             who = context.asset_key.to_user_string() if reader is None else asset
             self._wcoj.starter().log = context.log.info
             self._wcoj.spark(f"an asset reads {who} at {last} as a Spark DataFrame")
-        engine = self._wcoj.engine(self._graph.topology, create=False)
         try:
             if each:
                 return {
-                    k: read_output(engine, query, epochs.number(k), change=change, form=form)
-                    for k in sorted(keys, key=epochs.number)
+                    epochs.folder(t): read_output(engine, query, t, change=change, form=form)
+                    for t in ts
                 }
-            return read_output(engine, query, epochs.number(last), change=change, form=form)
+            return read_output(engine, query, ts[-1], change=change, form=form)
         except WcojError as e:  # a whole form refused, memory run out, a damaged batch: one line
             lazy = f"; lazy forms: {LAZY_FORMS}" if isinstance(e, MemoryError) else ""
             raise Failure(f"{e}{lazy}") from e

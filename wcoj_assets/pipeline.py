@@ -67,8 +67,8 @@ from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
 from wcoj_assets.instance import hold_connections
-from wcoj_assets.landing_read import LandedStream, Refused, landed_files
-from wcoj_assets.report import LandedFigures, epoch_metadata, unit
+from wcoj_assets.landing_read import LandedStream, Refused, fingerprint, landed_files
+from wcoj_assets.report import FINGERPRINT, LandedFigures, epoch_metadata, unit
 from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
 from wcoj_core.traces import relation_trace_name
@@ -90,13 +90,16 @@ class EpochConfig(Config):
     )
 
 
-def epochs_of(context: Any, epochs: Epochs) -> list[tuple[str, int]]:
-    """The (key, epoch) pairs of the step's partitions, oldest first; Failure for a bad key."""
+def epochs_of(context: Any, epochs: Epochs, day: Any = None) -> list[tuple[str, int]]:
+    """The (key, epoch) pairs of the step's partitions, oldest first; Failure for a bad key.
+    Several epochs a day: each epoch ``day(key)`` names, else the day's first."""
     try:
-        pairs = [(key, epochs.number(key)) for key in context.partition_keys]
+        keys = sorted(context.partition_keys, key=epochs.number)
     except InputError as e:
         raise Failure(description=str(e), allow_retries=False) from e
-    return sorted(pairs, key=lambda p: p[1])
+    if epochs.per_day == 1 or day is None:
+        return [(key, epochs.number(key)) for key in keys]
+    return [(key, t) for key in keys for t in day(key) or [epochs.number(key)]]
 
 
 def epochs_asset(
@@ -155,6 +158,31 @@ class EpochRun:
         # Epoch -> relation -> its streamed landed files and their check (`_read`).
         self.streamed: dict[int, dict[str, tuple[LandedStream, Any]]] = {}
         self.counted: dict[tuple[int, str], int] = {}  # (epoch, relation) -> streamed rows
+        # Several epochs a day: the epochs the state holds; (day, relation) -> its files read.
+        self.held: set[int] = set()
+        self.day_files: dict[tuple[str, str], list[Any]] = {}
+
+    def _pairs(self, create: bool = True) -> list[tuple[str, int]]:
+        """The run's (partition key, epoch) pairs: several epochs a day, each epoch of a day
+        with a landing folder of some relation or held by the state (a folder removed since
+        is applied empty), the day's first when it has none (`epochs_of`)."""
+        from wcoj_assets.landing_read import partition_folders
+        from wcoj_core.lineage import epochs_of as held_epochs
+
+        epochs, landing = self.graph.epochs, self.wcoj.landing_path()
+        if epochs.per_day > 1:
+            try:
+                engine = self.wcoj.engine(self.graph.topology, create=create)
+                self.held = set(held_epochs(engine.store.current()))
+            except WcojError:  # no state yet
+                self.held = set()
+
+        def day(key: str) -> list[int]:
+            rels = self.graph.topology.relations
+            found = {t for r in rels for t in partition_folders(landing, r, key, epochs)[0]}
+            return sorted(found | (self.held & set(epochs.span(key))))
+
+        return epochs_of(self.context, epochs, day)
 
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
@@ -165,9 +193,10 @@ class EpochRun:
         if context.run.tags.get(VERIFY_TAG) or not self.selected:  # the verify job, or checks
             yield from self._verify()
             return
-        pairs = epochs_of(context, graph.epochs)
+        pairs = self._pairs(create=False)
         changes, landed, refused = self._read(pairs)
-        applied = [(k, t) for k, t in pairs if refused is None or t < refused[1]]
+        # A day whose changes are refused is applied none of (nor are the days after it).
+        applied = [(k, t) for k, t in pairs if refused is None or k < refused[0]]
         done: list[tuple[str, int]] = []
         if applied:
             engine = self.wcoj.engine(graph.topology)
@@ -205,7 +234,7 @@ class EpochRun:
                 self._binary_joins(engine, done)
         if refused is not None:
             key, t = refused
-            later = [k for k, n in pairs if n > t]
+            later = sorted({k for k, _ in pairs if k > key})
             others = sorted(
                 {c.name for c in context.selected_asset_check_keys} - {ck.UPDATE_TRIPLES}
             )
@@ -219,7 +248,7 @@ class EpochRun:
                 + "). Fix or replace the files: the landing sensor runs the epoch again."
             )
         yield from ck.report(
-            context, graph.check_specs, self.book, [k for k, _ in pairs], self.wcoj.check_reporting
+            context, graph.check_specs, self.book, _keys(pairs), self.wcoj.check_reporting
         )
 
     # -- reading -------------------------------------------------------------------------------
@@ -229,7 +258,7 @@ class EpochRun:
         """Every relation's landed rows at every epoch up to the first refused one, checked;
         each relation's ``update_triples`` outcome at each epoch read; the first refused epoch
         as ``(key, t)`` (None when none was)."""
-        from wcoj_assets.landing_read import bad_rows, fingerprint, landed_columns, read_epoch
+        from wcoj_assets.landing_read import bad_rows, landed_columns, read_epoch
         from wcoj_assets.schemas import arrow_problems, landed_problems
         from wcoj_core.traces import relation_columns
 
@@ -240,12 +269,13 @@ class EpochRun:
         for key, t in pairs:
             problems: dict[str, list[str]] = {}
             found: dict[str, Any] = {}
+            folder = graph.epochs.folder(t)
             for rel, arity in graph.topology.relations.items():
                 start = clock.perf_counter()
                 try:
-                    read = read_epoch(landing, rel, arity, key, starter)
+                    read = read_epoch(landing, rel, arity, folder, starter)
                 except InputError as e:
-                    files = [f.path for f in landed_files(landing, rel, key).files]
+                    files = [f.path for f in landed_files(landing, rel, folder).files]
                     rows = [r for f in files for r in bad_rows(f, arity, rel, ck.BAD_ROWS)]
                     problems[rel] = rows[: ck.BAD_ROWS] or [str(e)]
                     continue
@@ -268,6 +298,7 @@ class EpochRun:
                         continue
                     changes[t][rel] = read.rows
                 found[rel] = read
+                self.day_files.setdefault((key, rel), []).extend(read.paths)
                 names = next((landed_columns(f.path) for f in read.paths), ())
                 landed[t][rel] = LandedFigures(
                     tuple(f.name for f in read.paths),
@@ -282,10 +313,11 @@ class EpochRun:
                 not problems
                 and not any(r.paths for r in found.values())
                 and not self.wcoj.empty_epochs
+                and t not in self.held  # a folder removed since: the epoch is applied empty
             ):
                 problems = {
                     rel: [
-                        f"nothing landed in {landing}/{rel}/{key}/: no epoch is applied "
+                        f"nothing landed in {landing}/{rel}/{folder}/: no epoch is applied "
                         "without changes unless empty epochs are declared normal "
                         "(empty_epochs: true)"
                     ]
@@ -341,7 +373,7 @@ class EpochRun:
         """Epoch `t`'s streamed rows refused while it was applied (nothing of it committed): its
         ``update_triples`` fails as a refusal found when reading does, and the later epochs of
         the run, not applied, report no check."""
-        later = {k for k, n in pairs if n > t}
+        later = {k for k, _ in pairs if k > key}
         for outcomes in self.book.outcomes.values():
             for k in later:
                 outcomes.pop(k, None)
@@ -359,6 +391,10 @@ class EpochRun:
             for rel, f in (landed or {}).items()
         }
         self.metadata[key] = epoch_metadata(graph, engine, result, landed)
+        if graph.epochs.per_day > 1:  # the day's files, as the landing sensor fingerprints them
+            for info in graph.of_role(Role.CHANGES):
+                files = self.day_files.get((key, info.relation or ""))
+                self.metadata[key][info.name][FINGERPRINT] = fingerprint(files) if files else ""
         self._epoch_checks(engine, key, result, rebuilt=False, audit_later=audit_later)
         out = ", ".join(
             f"{q} {result.count(q):,} ({result.total(q):+,})" for q in graph.topology.plans
@@ -437,7 +473,7 @@ class EpochRun:
         """The epochs `done` reported materialized, one event per asset (of `names`, default
         all) and epoch."""
         wanted = set(names) if names is not None else None
-        for key, _t in done:
+        for key in _keys(done):
             for info in self.graph.infos:
                 if wanted is None or info.name in wanted:
                     yield AssetMaterialization(
@@ -456,7 +492,7 @@ class EpochRun:
         if not whole:
             yield from self._materialized(done)
             return
-        for key, _t in done:
+        for key in _keys(done):
             for name in chosen:
                 entries = self.metadata[key][name]
                 context.add_asset_metadata(entries, asset_key=graph.key(name), partition_key=key)
@@ -537,7 +573,7 @@ class EpochRun:
         engine = self.wcoj.engine(graph.topology, create=False)
         held, stale = set(held_epochs(engine.store.current())), set(engine.stale())
         if context.has_partition_key or context.has_partition_key_range:
-            pairs = epochs_of(context, graph.epochs)
+            pairs = self._pairs(create=False)
         else:
             last = engine.epoch if engine.epoch is not None else 0
             pairs = [(graph.epochs.key(last), last)]
@@ -573,6 +609,11 @@ class EpochRun:
             self.book.add(check, pairs[-1][0], _not_held(*pairs[-1]))
         keys = [k for k, _ in pairs]
         yield from ck.report(context, graph.check_specs, self.book, keys, self.wcoj.check_reporting)
+
+
+def _keys(pairs: Sequence[tuple[str, int]]) -> list[str]:
+    """The partition keys of (key, epoch) pairs, each once, in order."""
+    return list(dict.fromkeys(k for k, _ in pairs))
 
 
 def _not_held(key: str, t: int) -> ck.Outcome:
