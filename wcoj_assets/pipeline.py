@@ -200,6 +200,7 @@ class EpochRun:
         done: list[tuple[str, int]] = []
         if applied:
             engine = self.wcoj.engine(graph.topology)
+            last_of = dict(applied)  # each day's last epoch: the one its metadata reports
             for key, t in applied:
                 try:
                     self._check_before_rebuilds(engine, t, changes[t])
@@ -222,7 +223,7 @@ class EpochRun:
                     yield from self._rebuilt(engine, rebuilt)
                 # The run's last epoch is audited while its events are written (below).
                 last = (key, t) == applied[-1]
-                self._epoch(engine, key, result, landed.get(t), audit_later=last)
+                self._epoch(engine, key, result, landed.get(t), last, t == last_of[key])
                 done.append((key, t))
             if done:
                 self._later(engine, done)
@@ -381,16 +382,21 @@ class EpochRun:
 
     # -- after each epoch ----------------------------------------------------------------------
     def _epoch(
-        self, engine: Any, key: str, result: Any, landed: Any, audit_later: bool = False
+        self, engine: Any, key: str, result: Any, landed: Any, audit_later: bool, full: bool
     ) -> None:
-        """Record an applied epoch: its assets' metadata and its per-epoch checks (with
-        `audit_later`, its audit started in a thread of its own: `_settle`)."""
+        """Record an applied epoch: its per-epoch checks (with `audit_later`, its audit started in
+        a thread of its own: `_audit_meanwhile`) and, with `full` (its partition's last epoch),
+        its assets' metadata."""
         graph, t = self.graph, result.epoch
         landed = {  # streamed rows are counted as they are checked
             rel: f if f.rows is not None else replace(f, rows=self.counted.get((t, rel)))
             for rel, f in (landed or {}).items()
         }
-        self.metadata[key] = epoch_metadata(graph, engine, result, landed)
+        self.metadata[key] = (
+            epoch_metadata(graph, engine, result, landed)
+            if full
+            else {i.name: {"epoch": t} for i in graph.infos}
+        )
         if graph.epochs.per_day > 1:  # the day's files, as the landing sensor fingerprints them
             for info in graph.of_role(Role.CHANGES):
                 files = self.day_files.get((key, info.relation or ""))
@@ -404,7 +410,7 @@ class EpochRun:
             for rel, r in result.relations.items()
         )
         self.lines.append(
-            f"epoch {t} ({key}): {changed}; {out}; "
+            f"epoch {t} ({graph.epochs.folder(t)}): {changed}; {out}; "
             f"{result.metrics.total_seconds:.3f} s on the {result.metrics.deployment}"
         )
 
