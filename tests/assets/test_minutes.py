@@ -17,7 +17,15 @@ import pyarrow as pa
 import pytest
 from dagster import DagsterInstance, build_sensor_context
 from oracle import naive_eval
-from wcoj_support import Changes, Pipeline, checks, failures, materializations, updates
+from wcoj_support import (
+    Changes,
+    Pipeline,
+    checks,
+    failures,
+    materializations,
+    set_oracle,
+    updates,
+)
 
 from wcoj_assets.checks import CURRENT
 from wcoj_assets.epochs import Epochs
@@ -150,3 +158,34 @@ def test_a_downstream_asset_reads_each_minute_of_its_day(
     for before, t in zip([-1, *day0], day0, strict=False):
         net = sum(oracle(p, history, t).values()) - sum(oracle(p, history, before).values())
         assert seen[MINUTES.folder(t)] == net, t
+
+
+def test_the_components_epochs_per_day_runs_a_day_of_minutes_in_one_run(tmp_path: Path) -> None:
+    """The quick start's component with ``epochs_per_day: 1440``: a day's folders of minutes are
+    one run of the day's partition, exact; a count that does not divide a day is refused."""
+    from wcoj_assets.component import QueryModel, RelationModel, WcojComponent
+    from wcoj_core.errors import InputError
+
+    attributes = {
+        "relations": [RelationModel(name="edge", arity=2)],
+        "queries": [QueryModel(name="triangles", query="triangles")],
+        "undirected": ["edge"],
+        "landing": str(tmp_path / "landing"),
+        "storage": str(tmp_path / "state"),
+        "check_every": 10**9,
+    }
+    p = Pipeline(None, tmp_path, undirected=["edge"], check_every=10**9)
+    history = dict(zip([0, 3, 1439], updates(seed=2, epochs=3, nodes=7), strict=True))
+    for t, ups in history.items():
+        land(p, t, ups)
+    defs = WcojComponent(**attributes, epochs_per_day=1440).build_defs(None)  # type: ignore[arg-type]
+    job = next(j for j in defs.resolve_all_job_defs() if j.name.endswith("epoch_job"))
+    with DagsterInstance.ephemeral() as instance:
+        result = job.execute_in_process(instance=instance, partition_key="2020-01-01")
+        assert result.success and len(instance.get_runs()) == 1
+    assert p.generation() == 3
+    for t in (0, 1, 3, 1000, 1439):
+        upto = [ups for time, ups in sorted(history.items()) if time <= t]
+        assert triangles(p, t) == set_oracle(p.topology, "triangles", upto, len(upto) - 1), t
+    with pytest.raises(InputError, match="epochs_per_day 7: not a divisor of 1,440"):
+        WcojComponent(**attributes, epochs_per_day=7).build_defs(None)  # type: ignore[arg-type]
