@@ -379,27 +379,20 @@ def landed_columns(path: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in names if n.strip().lower() not in ("diff", "time"))
 
 
-def first_landed_day(landing: str, relations: Sequence[str]) -> str | None:
-    """The oldest epoch folder's day under ``<landing>/<relation>/`` of any of `relations`
-    (None when nothing has landed): where epochs start when no first day is given.
+def landed_epochs(landing: str, relations: Sequence[str]) -> Epochs:
+    """The epochs of a pipeline whose first day is not given: from the oldest epoch folder
+    landed under ``<landing>/<relation>/`` of any of `relations`, or from today (UTC) when none
+    has; a relative `landing` is relative to the working directory.
 
     >>> import pathlib, tempfile
     >>> root = pathlib.Path(tempfile.mkdtemp())
     >>> for day in ("2024-03-02", "2024-03-01", "notes"): (root / "edge" / day).mkdir(parents=True)
-    >>> first_landed_day(str(root), ["edge"]), first_landed_day(str(root), ["other"])
-    ('2024-03-01', None)
+    >>> landed_epochs(str(root), ["edge"]).start
+    '2024-03-01'
     """
-    days = [d for rel in relations for d in epoch_folders(landing, rel, _ANY)[0]]
-    return min(days) if days else None
-
-
-def landed_epochs(landing: str, relations: Sequence[str]) -> Epochs:
-    """The epochs of a pipeline whose first day is not given: from the oldest epoch folder
-    landed (`first_landed_day`), or from today (UTC) when none has; a relative `landing` is
-    relative to the working directory."""
     import datetime as dt
 
     from wcoj_assets.resources import resolve
 
-    day = first_landed_day(resolve(landing), relations)
-    return Epochs(day or dt.datetime.now(dt.UTC).date().isoformat())
+    days = [d for rel in relations for d in epoch_folders(resolve(landing), rel, _ANY)[0]]
+    return Epochs(min(days) if days else dt.datetime.now(dt.UTC).date().isoformat())

@@ -45,7 +45,7 @@ component may wrap it.
 import time as clock
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Any
 
@@ -162,24 +162,23 @@ class EpochRun:
         self.held: set[int] = set()
         self.day_files: dict[tuple[str, str], list[Any]] = {}
 
-    def _pairs(self, create: bool = True) -> list[tuple[str, int]]:
-        """The run's (partition key, epoch) pairs: several epochs a day, each epoch of a day
-        with a landing folder of some relation or held by the state (a folder removed since
-        is applied empty), the day's first when it has none (`epochs_of`)."""
+    def _pairs(self) -> list[tuple[str, int]]:
+        """The run's (partition key, epoch) pairs (`epochs_of`); several epochs a day, each of a
+        day's with a landing folder or held by the state (a folder removed since: applied
+        empty)."""
         from wcoj_assets.landing_read import partition_folders
         from wcoj_core.lineage import epochs_of as held_epochs
 
-        epochs, landing = self.graph.epochs, self.wcoj.landing_path()
+        epochs, landing, topo = self.graph.epochs, self.wcoj.landing_path(), self.graph.topology
         if epochs.per_day > 1:
-            try:
-                engine = self.wcoj.engine(self.graph.topology, create=create)
-                self.held = set(held_epochs(engine.store.current()))
-            except WcojError:  # no state yet
-                self.held = set()
+            with suppress(WcojError):  # no state yet: none held
+                held = self.wcoj.engine(topo, create=False).store.current()
+                self.held = set(held_epochs(held))
 
         def day(key: str) -> list[int]:
-            rels = self.graph.topology.relations
-            found = {t for r in rels for t in partition_folders(landing, r, key, epochs)[0]}
+            found = {
+                t for r in topo.relations for t in partition_folders(landing, r, key, epochs)[0]
+            }
             return sorted(found | (self.held & set(epochs.span(key))))
 
         return epochs_of(self.context, epochs, day)
@@ -193,7 +192,7 @@ class EpochRun:
         if context.run.tags.get(VERIFY_TAG) or not self.selected:  # the verify job, or checks
             yield from self._verify()
             return
-        pairs = self._pairs(create=False)
+        pairs = self._pairs()
         changes, landed, refused = self._read(pairs)
         # A day whose changes are refused is applied none of (nor are the days after it).
         applied = [(k, t) for k, t in pairs if refused is None or k < refused[0]]
@@ -579,7 +578,7 @@ class EpochRun:
         engine = self.wcoj.engine(graph.topology, create=False)
         held, stale = set(held_epochs(engine.store.current())), set(engine.stale())
         if context.has_partition_key or context.has_partition_key_range:
-            pairs = self._pairs(create=False)
+            pairs = self._pairs()
         else:
             last = engine.epoch if engine.epoch is not None else 0
             pairs = [(graph.epochs.key(last), last)]
