@@ -1,20 +1,21 @@
 """Epochs as Dagster partitions: one daily time-window partition per day, from a first day.
 
-By default a day is one epoch: epoch ``0`` is the partition of the first day (`Epochs.start`,
-``2020-01-01`` unless set) and epoch ``n`` the day ``n`` days later; the engine's ``time`` for a
-partition is `Epochs.number` of its key. With `Epochs.per_day` of ``N`` (a divisor of 1,440: 24
-hourly epochs, 1,440 minute epochs) a day's partition holds the ``N`` epochs ``d*N .. d*N+N-1``,
-each landed in a folder of its own, ``<day>/<HHMM>`` (its first minute: `Epochs.folder`), each
-still its own engine epoch (a commit, an output version), while Dagster counts days: a year is
-365 partitions, far below Dagster's ceiling of partition keys, not 525,600. Every place that turns epoch numbers into keys or back (the asset steps, the checks, the
-sensor, the landing writer) is given the same `Epochs`, so a code location may start its epochs on
-any day: start them on the first landed epoch's day and the UI counts the epochs there are
-("5 of 5"), not every day since 2020. Time windows are used (rather than a static or dynamic
-partition set) because `TimeWindowPartitionMapping` is the only partition mapping with offsets
-that the daemon understands, and the arrangements depend on their own previous epoch.
+Epoch ``0`` is the partition of the first day (`Epochs.start`, ``2020-01-01`` unless set) and
+epoch ``n`` the day ``n`` days later; the engine's ``time`` for a partition is `Epochs.number` of
+its key. With `Epochs.per_day` of ``N`` (a divisor of 1,440: 24 hourly epochs, 1,440 minute
+epochs) a day's partition holds the epochs ``d*N .. d*N+N-1``, each landed in ``<day>/<HHMM>``
+(its first minute: `Epochs.folder`) and its own engine epoch, while Dagster counts days (a year
+of minutes is 365 partition keys, not 525,600). Every place that turns epoch numbers into keys or
+back (the step, the checks, the sensor, the landing writer) is given the same `Epochs`, so a code
+location may start its epochs on any day: start them on the first landed epoch's day and the UI
+counts the epochs there are ("5 of 5"), not every day since 2020. Time windows are used (rather
+than a static or dynamic partition set) because `TimeWindowPartitionMapping` is the only
+partition mapping with offsets that the daemon understands, and the arrangements depend on their
+own previous epoch.
 
 A key comes from outside (a landing folder name, a CLI argument), so `Epochs.number` accepts only
-a well-formed ``YYYY-MM-DD`` date at or after the start: nothing that could walk a path.
+a well-formed ``YYYY-MM-DD`` date (then ``/HHMM``) at or after the start: nothing that could walk
+a path.
 
 >>> epochs = Epochs("2024-03-01")
 >>> epochs.key(0), epochs.key(31), epochs.number("2024-04-01")
@@ -22,9 +23,9 @@ a well-formed ``YYYY-MM-DD`` date at or after the start: nothing that could walk
 >>> minutes = Epochs("2024-03-01", per_day=1440)
 >>> minutes.key(1441), minutes.folder(1441), minutes.span("2024-03-02"), minutes.number("2024-03-02/0001")
 ('2024-03-02', '2024-03-02/0001', range(1440, 2880), 1441)
->>> epoch_key(0), epoch_number("2020-02-01")
+>>> epoch_key(0), Epochs().number("2020-02-01")
 ('2020-01-01', 31)
->>> epoch_number("../2020-01-01")
+>>> Epochs().number("../2020-01-01")
 Traceback (most recent call last):
   ...
 wcoj_core.errors.InputError: epoch key '../2020-01-01': not a date of the form YYYY-MM-DD
@@ -165,16 +166,6 @@ class Epochs:
 DEFAULT_EPOCHS = Epochs()
 
 
-def epoch_partitions(start: str = EPOCH_START) -> DailyPartitionsDefinition:
-    """`Epochs.partitions` of the epochs starting on `start`."""
-    return Epochs(start).partitions()
-
-
 def epoch_key(n: int, start: str = EPOCH_START) -> str:
     """`Epochs.key` of the epochs starting on `start`."""
     return Epochs(start).key(n)
-
-
-def epoch_number(key: str, start: str = EPOCH_START) -> int:
-    """`Epochs.number` of the epochs starting on `start`."""
-    return Epochs(start).number(key)

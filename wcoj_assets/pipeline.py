@@ -346,22 +346,15 @@ class EpochRun:
         for info in graph.of_role(Role.CHANGES):
             rel = info.relation or ""
             check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
-            lines = [f"epoch {t} ({key}): {line}" for line in problems.get(rel, [])]
-            metadata: dict[str, Any] = {
-                "epoch": str(t),
-                "depth": "schema and data",
-                "problems found": len(lines),
-            }
+            lines = [f"epoch {t} ({graph.epochs.folder(t)}): {x}" for x in problems.get(rel, [])]
+            metadata: dict[str, Any] = {"epoch": str(t), "depth": "schema and data"}
+            metadata["problems found"] = len(lines)
             if lines:
                 metadata["errors"] = MetadataValue.json(lines[: ck.BAD_ROWS])
-            shown = "; ".join(lines[:3])
+            more = f"; the first 3 of {len(lines)} shown, every one under errors"
             summary = (
-                f"{len(lines)} problem(s), nothing applied: {shown}"
-                + (
-                    f"; the first 3 of {len(lines)} shown, every one under errors"
-                    if len(lines) > 3
-                    else ""
-                )
+                f"{len(lines)} problem(s), nothing applied: {'; '.join(lines[:3])}"
+                + (more if len(lines) > 3 else "")
                 if lines
                 else None
             )
