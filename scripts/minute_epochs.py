@@ -90,8 +90,10 @@ def main() -> None:
     print(f"{N} minute epochs ({EDGES:,} edges, then {CHANGES} changes a minute), one day:")
     print(f"  engine alone:        {engine_s:8.2f} s  {engine_s / N * 1000:7.1f} ms an epoch")
     print(f"  Dagster, one run:    {dagster_s:8.2f} s  {dagster_s / N * 1000:7.1f} ms an epoch")
-    print(f"  Dagster's share:     {(dagster_s - engine_s) / N * 1000:7.1f} ms an epoch; ratio "
-          f"{dagster_s / engine_s:.2f}x; outputs equal at every 60th minute")
+    print(
+        f"  Dagster's share:     {(dagster_s - engine_s) / N * 1000:7.1f} ms an epoch; ratio "
+        f"{dagster_s / engine_s:.2f}x; outputs equal at every 60th minute"
+    )
 
 
 if __name__ == "__main__":
