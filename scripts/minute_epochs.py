@@ -8,6 +8,7 @@ fails). Epoch 0000 lands a random graph, each later minute CHANGES edge changes.
 Usage: python scripts/minute_epochs.py [N=1440] [CHANGES=20] [EDGES=20000]"""
 
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -55,6 +56,13 @@ def triangles(resource: WcojResource, topology: Topology, t: int) -> Counter:
 
 def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="minute-epochs-"))
+    try:
+        measure(root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def measure(root: Path) -> None:
     landing = root / "landing"
     land(landing)
     topology = Topology.of(DEFAULT_SPECS, ("edge",), (), ())
