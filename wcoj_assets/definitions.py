@@ -171,9 +171,7 @@ def build_definitions(
     several pipelines share a code location; None gives the default code location's names.
     `storage` and `landing` default to ``.wcoj/state`` and ``.wcoj/landing`` under the working
     directory of the process running a step; either may be a `dagster.EnvVar`. Epoch ``n`` is
-    the day ``n`` days after `start` (``YYYY-MM-DD``); with `epochs_per_day` of ``N`` (a divisor
-    of 1,440) a day's partition holds ``N`` epochs, each landed in ``<day>/<HHMM>/``
-    (`wcoj_assets.epochs`). A relation's meaning: the binary
+    the day ``n`` days after `start` (``YYYY-MM-DD``), or `epochs_per_day` a day (`Epochs`). A relation's meaning: the binary
     relations named in `undirected` land as edge lists in no particular direction (read in both
     directions, self-loops dropped) and are sets unless named in `bags`; the others are bags
     unless named in `sets` (`wcoj_core.meaning`). The sensors tick at most every

@@ -48,6 +48,7 @@ from dagster import (
     sensor,
 )
 
+from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
 from wcoj_assets.landing_read import epoch_folders, fingerprint, partition_files, partition_folders
 from wcoj_assets.report import FINGERPRINT
@@ -75,10 +76,9 @@ def landing_sensor(
         minimum_interval_seconds=interval,
         default_status=DefaultSensorStatus.RUNNING,
         required_resource_keys={resource_key},
-        description="Requests a run of the epoch job for each new or changed epoch folder under "
-        "<landing>/<relation>/, oldest first, unless its latest materialization was made from "
-        "the same files; malformed folder names are logged and skipped, and folders of days not "
-        "yet ended (UTC) wait for their day's partition.",
+        description="Requests a run of the epoch job per new or changed epoch folder under "
+        "<landing>/<relation>/, oldest first, unless last materialized from the same files; "
+        "malformed folder names are logged and skipped; a day's folder waits for its end (UTC).",
     )
     def _landing(context: SensorEvaluationContext) -> SensorResult | SkipReason:
         landing = getattr(context.resources, resource_key).landing_path()
@@ -107,11 +107,7 @@ def landing_sensor(
         for key in sorted(keys, key=epochs.number):
             by_relation = {rel: partition_files(landing, rel, key, epochs) for rel in relations}
             for rel in relations if epochs.per_day > 1 else ():
-                for name in partition_folders(landing, rel, key, epochs)[1]:
-                    context.log.warning(
-                        f"skipping {landing}/{rel}/{key}/{name}: not an epoch's folder (HHMM, "
-                        f"{epochs.per_day} epochs a day); rename it to ingest it"
-                    )
+                _misnamed(context, landing, rel, key, epochs)
             files = [f for found in by_relation.values() for f in found]
             if not files:
                 continue
@@ -140,6 +136,15 @@ def landing_sensor(
         return SensorResult(run_requests=requests, cursor=cursor)
 
     return _landing
+
+
+def _misnamed(context: Any, landing: str, rel: str, key: str, epochs: Epochs) -> None:
+    """Log each name in day `key`'s folder of `rel` that is not an epoch's ``HHMM`` folder."""
+    for name in partition_folders(landing, rel, key, epochs)[1]:
+        context.log.warning(
+            f"skipping {landing}/{rel}/{key}/{name}: not an epoch's folder (HHMM, "
+            f"{epochs.per_day} epochs a day); rename it to ingest it"
+        )
 
 
 def _materialized_from(
