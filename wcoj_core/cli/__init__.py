@@ -49,6 +49,8 @@ Contract:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -56,6 +58,19 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 EXIT_INTERRUPTED = 130
+_ENDED: list[int] = []  # the status of the command this process is, once it returned
+
+
+def _leave() -> None:
+    """The last exit handler of a process that is the command: once the command returned (its
+    files closed and synced, its threads joined, every later-registered exit handler run), the
+    process leaves without tearing its modules and objects down one by one (tens of ms after
+    an epoch), with the command's exit status."""
+    if _ENDED:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(_ENDED[0])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,10 +80,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     the program imports the modules of the command it runs the same way: numpy, pyarrow, the
     engine, most of a second on a cold cache). A process that is the command
     (`argv` None: its own command line) keeps pandas out until Spark starts (see
-    `wcoj_core.fence`).
+    `wcoj_core.fence`) and leaves without tearing itself down (`_leave`).
     """
     try:
         if argv is None:  # the process is the command: pandas stays out until Spark starts
+            atexit.register(_leave)  # registered first, so run last
             from wcoj_core.fence import fence_pandas
 
             fence_pandas()
@@ -80,4 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("wcoj: error: interrupted: nothing was applied", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    return run(argv)
+    code = run(argv)
+    if argv is None:
+        _ENDED.append(code)
+    return code
