@@ -25,8 +25,9 @@ I64 = np.int64
 
 
 def long_array(values: np.ndarray) -> pa.Array:
-    """A numpy array of longs as an Arrow int64 array (no copy when it is contiguous; its
-    buffer wrapped, not ``pa.array``, whose test for a masked array imports ``numpy.ma``)."""
+    """A numpy array of longs as an Arrow int64 array over its memory (no copy when it is
+    contiguous; wrapped, not given to ``pa.array``, whose masked-array test imports
+    ``numpy.ma``). The memory stays Python's: nothing for Arrow's threaded readers."""
     values = np.ascontiguousarray(values, dtype=I64)
     return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
 

@@ -57,7 +57,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from wcoj_core.arrow import long_array
 from wcoj_core.errors import InputError, listed
 from wcoj_core.kernel.native import native
 from wcoj_core.store.location import Location
@@ -1123,10 +1122,11 @@ def _relation(blocks: Sequence[Rows], roles: Sequence[Role], arity: int) -> pa.T
         names.append(TIME)
     if Role.DIFF in roles:
         diff = column(roles.index(Role.DIFF))
-    else:
-        diff = pa.chunked_array(
-            [long_array(np.ones(sum(len(b[0]) for b in blocks), dtype=np.int64))]
-        )
+    else:  # ones in memory Arrow owns (see `wcoj_core.arrow.long_array`)
+        n = sum(len(b[0]) for b in blocks)
+        ones = pa.allocate_buffer(8 * n)
+        np.frombuffer(ones, dtype=np.int64)[:] = 1
+        diff = pa.chunked_array([pa.Array.from_buffers(pa.int64(), n, [None, ones])])
     return pa.table([*data, diff], names=[*names, DIFF])
 
 
