@@ -65,8 +65,8 @@ def _leave() -> None:
     """The last exit handler of a process that is the command: once the command returned (its
     files closed and synced, its threads joined, every later-registered exit handler run), the
     process leaves without tearing its modules and objects down one by one (tens of ms after
-    an epoch), with the command's exit status."""
-    if _ENDED:
+    an epoch), with the command's exit status; not after an uncaught error (`sys.last_value`)."""
+    if _ENDED and not hasattr(sys, "last_value"):
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
