@@ -58,14 +58,12 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 EXIT_INTERRUPTED = 130
-_ENDED: list[int] = []  # the status of the command this process is, once it returned
+_ENDED: list[int] = []  # the command's status, once it returned
 
 
 def _leave() -> None:
-    """The last exit handler of a process that is the command: once the command returned (its
-    files closed and synced, its threads joined, every later-registered exit handler run), the
-    process leaves without tearing its modules and objects down one by one (tens of ms after
-    an epoch), with the command's exit status; not after an uncaught error (`sys.last_value`)."""
+    """Run last at exit in a process that is the command: after its work and other exit handlers,
+    leave with its status, not tearing every object down (unless an error escaped: 1)."""
     if _ENDED and not hasattr(sys, "last_value"):
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
