@@ -1,32 +1,15 @@
 """The wcoj code location: `build_definitions` from query specs, and the default `defs`.
 
-One set of assets per query spec over one shared set of relations and arrangements
-(`wcoj_assets.graph`), all made by ONE step (`wcoj_assets.pipeline`: one engine pass and one
-manifest commit per epoch, a range of epochs in one run); the resource ``wcoj``
-(`WcojResource`), the IO manager ``wcoj_outputs`` through which assets of your own read a
-query's output (`wcoj_assets.outputs`), the job ``wcoj_epoch_job`` (that step, for one epoch or a
-range), the job ``wcoj_verify_job`` (every check but the landed files' on the epochs as the
-state holds them: nothing applied or materialized), the landing sensor (the way epochs run
-daily), the rebuild sensor that rebuilds what a corrected epoch left stale, in one run, and the
-automation sensor of assets of yours (`wcoj_assets.provenance`). With a `name`, every one of those
-names is derived from it (`Names`): `wcoj_assets.component.WcojComponent` builds the same from a
-``defs.yaml``, named after its folder, so that several live in one project.
-
-Epoch ``n`` is the day ``n`` days after `start` (`wcoj_assets.epochs`). Building the definitions
-parses and plans the queries and nothing else: no file, environment variable or Spark session is
-touched until a run, sensor tick or schedule asks for one. The default `defs` is loaded lazily
-(`dagster.definitions`): when Dagster loads the code location, not when the module is imported,
-it reads ``WCOJ_SPARK_MASTER`` (a cluster's master URL), ``WCOJ_EPOCH_START`` (the first
-epoch's day, ``2020-01-01`` when unset; ``make ui`` sets it to the demo's first landed epoch) and
-``WCOJ_SENSOR_SECONDS``.
-
-Run one epoch::
+One set of assets per query over shared relations and arrangements (`wcoj_assets.graph`), all made
+by ONE step (`wcoj_assets.pipeline`); the resource ``wcoj``, the IO manager ``wcoj_outputs``
+(`wcoj_assets.outputs`), the jobs ``wcoj_epoch_job`` and ``wcoj_verify_job``, and the landing,
+rebuild and automation sensors; with a `name`, every name derives from it (`Names`). Epoch ``n``
+is the day ``n`` days after `start`. Building parses and plans the queries and nothing else. The
+default `defs` is loaded lazily and reads ``WCOJ_SPARK_MASTER``, ``WCOJ_EPOCH_START`` (default
+``2020-01-01``) and ``WCOJ_SENSOR_SECONDS`` then. Run one epoch::
 
     dagster job execute -m wcoj_assets.definitions -j wcoj_epoch_job --tags \\
         '{"dagster/partition": "2020-01-03"}'
-
-or, from Python, ``build_definitions().resolve_job_def("wcoj_epoch_job")
-.execute_in_process(partition_key=...)``.
 """
 
 from __future__ import annotations

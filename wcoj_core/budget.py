@@ -1,24 +1,11 @@
 """One memory budget per process: the number every stage of an epoch sizes its pieces by.
 
-A process is given one budget — ``--memory 4g`` on ``wcoj apply``, ``count`` and ``replay``,
-``memory:`` on the Dagster resource — or takes the default derived from the machine
-(`default_budget`: a quarter of its physical memory, at least 1 GiB); a budget given that the
-machine (or the process's own limit) cannot back is refused (`MemoryBudget.backed`). The budget
-bounds the process's *anonymous* memory (``RssAnon``: numpy arrays, Arrow buffers, Python
-objects), not the page cache behind the files it maps (arrangements, spilled runs): those pages
-are clean or written back, and the kernel reclaims them before it kills anything.
-
-`Shares` cuts a budget into what each stage may hold at once, after a fixed reserve for the
-interpreter and its libraries: the rows a sort takes before it writes a sorted run (`run_bytes`),
-the largest layer kept in memory rather than spilled to a mapped file (`layer_bytes`), the
-kernel's proposals per thread (`proposals`, `chunk_rows`), the output pieces a thread holds
-before they are spilled (`sink_bytes`), and how a local Spark's JVM and Python workers are sized
-(`spark_conf`). Every stage reads its share; none reads the machine.
-
-`MemoryMeter` measures what the budget bounds while an epoch runs: the peak ``RssAnon``
-(sampled every 20 ms from ``/proc/self/status``: Linux keeps no peak of it), ``VmHWM`` (the peak
-of anonymous and file-backed resident memory together, reported beside it), and the bytes the
-epoch spilled to its scratch folder.
+A process is given one budget (``--memory 4g``, the Dagster resource's ``memory:``) or takes
+`default_budget` (a quarter of physical memory, at least 1 GiB); one the machine cannot back is
+refused (`MemoryBudget.backed`). It bounds anonymous memory (``RssAnon``), not the page cache
+behind mapped files. `Shares` cuts it, after a fixed reserve, into what each stage may hold
+(`run_bytes`, `layer_bytes`, `proposals`, `chunk_rows`, `sink_bytes`, `spark_conf`); none reads
+the machine. `MemoryMeter` measures the peak ``RssAnon`` (sampled), ``VmHWM`` and the bytes spilled.
 
 >>> parse_size("4g"), parse_size("512M"), parse_size("1.5GiB")
 (4294967296, 536870912, 1610612736)

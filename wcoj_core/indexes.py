@@ -1,30 +1,14 @@
 """A trace's arrangements as of an epoch: its persisted index, corrected, and advanced.
 
-A trace's index (`wcoj_core.store.manifest.Index`) covers exactly its batches up to the
-index's time: per *view key* — the atom view the kernel reads through (None: the trace as
-stored) and the column order it searches — a base segment and a few recent ones, each a sorted
-layer in files a process maps (`wcoj_core.store.segments`). `open_trace` gives the trace as of just
-before an epoch: the mapped segments, plus a *correction* layer holding the batches the epoch's
-old state has and the index lacks (added) or the index has and the old state lacks (subtracted:
-a re-run or a corrected epoch), read from their Parquet files. The usual epoch — the next one
-after the index — needs no correction and reads no batch.
-
-When segments are missing or damaged (`DamagedFile`), or a trace has no index yet, the trace is
-rebuilt from its batches (`Opened.rebuilt` says why) and the next commit persists a fresh base.
-
-`advance` persists the index after an epoch: one new recent segment per view key holding the
-epoch's change and the open's correction, so the new index covers every batch up to the epoch;
-recent segments are merged together once there are more than `MAX_RECENT`, and into a new base
-once they outgrow `MERGE_SHARE` of it (LSM style): files stay few, and an epoch writes what it
-changed.
-
-`plan_views` says which view keys the plans read, per trace: the ones persisted.
-
-A process applying epoch after epoch (a warm engine, a bench, a Dagster code server) keeps its
-segments mapped between them (`KEPT`): a segment opened again, its files' stamps unchanged
-since they were checked, is the same layer — its pages already mapped, and a directory of its
-first column built on this second use, so a key's rows are found in one step rather than by a
-binary search of millions of rows. A fresh process pays for neither.
+A trace's index (`wcoj_core.store.manifest.Index`) covers its batches up to the index's time: per
+*view key* (an atom view, or None, and a column order) a base segment and a few recent ones
+(`wcoj_core.store.segments`). `open_trace` gives the trace as of just before an epoch: the mapped
+segments plus a *correction* layer of the batches the index lacks (added) or holds beyond the old
+state (subtracted); the usual epoch, the next after the index, reads no batch. Missing or damaged
+segments, or no index, rebuild the trace from its batches (`Opened.rebuilt`). `advance` adds one
+recent segment per view key after an epoch, merged together beyond `MAX_RECENT` and into a new
+base beyond `MERGE_SHARE` of it. `plan_views` says which view keys the plans read. A process
+applying epoch after epoch keeps its segments mapped (`KEPT`) while their stamps are unchanged.
 """
 
 from __future__ import annotations

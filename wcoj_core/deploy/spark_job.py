@@ -1,27 +1,14 @@
 """An epoch's rules in one Spark job in the executors: what the driver hands over and what comes
 back.
 
-The driver does everything an epoch needs but the rules (`wcoj_core.epoch`): it maps the old
-state, lands the changes, computes the counts changes. When the rules run in the executors,
-the epoch's changes are written as batches first (the relation and counts changes, small), and
-each task opens the old state itself: replicated (`executors`), a task maps the traces'
-arrangement files from the state's storage through the same `wcoj_core.indexes.open_trace` the
-driver uses — files, not memory, so a Python worker Spark ended after a minute idle costs its
-successor a few milliseconds, not a rebuild — and, on a state the executors reach as files,
-maps the epoch's changes too: the layers the driver consolidated, written as one segment file
-each (`TraceRead.mapped`, removed after the job), where decoding and sorting a batch again cost
-each task 0.1 s of a whole-graph epoch (a dry pass, keeping nothing, then writes no batch at
-all); sharded (`sharded`), the prefixes are routed to
-the shard owning each lookup's key, each task holding its shard cut from the batches — for a
-state on other storage only: on a state the executors reach as files, a sharded work runs as
-the replicated one does (`routes`, `OVER_FILES`), its tasks searching the mapped arrangement
-files, whose pages are the page cache's, not the executor's memory: a shard buys no memory there,
-and the routed stages (a Spark stage per rule's phase) cost a large epoch minutes where split
-tasks take seconds.
-
-The tasks write the outputs' batches (each file with its size and digest), or only count an
-output nobody keeps (`Work.counted`); the driver gets the batches, the sum of each output's
-diffs (or its rows counted) and what every rule did.
+The driver maps the old state, lands the changes and computes the counts changes
+(`wcoj_core.epoch`); the epoch's changes are written as batches first, and each task opens the old
+state itself: replicated (`executors`), it maps the arrangement files through
+`wcoj_core.indexes.open_trace` and, on a state the executors reach as files, the epoch's
+consolidated layers as one segment each (`TraceRead.mapped`, removed after the job); sharded
+(`sharded`, a state on other storage only: `routes`, `OVER_FILES`), prefixes are routed to the
+shard owning each key. The tasks write the outputs' batches or only count (`Work.counted`); the
+driver gets the batches, each output's diff sum and what every rule did.
 """
 
 from __future__ import annotations

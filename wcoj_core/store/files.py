@@ -1,24 +1,12 @@
 """The files of a state, on this machine's disk or on remote storage: the one file interface.
 
-A `Store` keeps its manifests in small JSON files and its data in folders of files; it, the batch
-codec (`wcoj_core.store.batches`) and the checks list, read, create exclusively, sync, hash and
-delete them through `Files`, by '/'-separated paths relative to the state's root:
-
-* on this machine (a path or a ``file:`` URI: `wcoj_core.store.location`), with Python's file
-  API. Creating a file exclusively is a hard link of a fully written, fsynced temporary file:
-  atomic on POSIX file systems. Listing never follows a symbolic link; deleting never deletes
-  through one. Every file created honours the umask.
-* on remote storage (``hdfs://``, ``s3a://``, ``gs://``, ...), through its pyarrow file system
-  (`Files.fs`, the one Parquet is read and written through everywhere). Creating exclusively
-  writes a temporary file and moves it unless the target exists: atomic on HDFS (its rename
-  refuses an existing target); on object stores, run one writer at a time. A file is durable
-  once closed: syncing does nothing.
-
-And what a state needs of local files: a `FileRef` of a written file (size, sha256, stamp),
-the cheap check that a file is still the one written (`check_stamp`), the full one
-(`verify_ref`), files written sealed (`write_sealed`: hashed while written, read-only, in a
-folder nothing reads before the commit) and the syncs of what an epoch wrote, started early
-(`sync_soon`) and awaited by the commit (`Files.sync_many`).
+The store, the batch codec (`wcoj_core.store.batches`) and the checks reach every file through
+`Files`, by '/'-separated paths relative to the state's root: on this machine with Python's file
+API (exclusive creation by a hard link of a fsynced temporary file; never listing or deleting
+through a symbolic link), remotely through its pyarrow file system (`Files.fs`; exclusive creation
+by a move that refuses a target: atomic on HDFS, one writer at a time on object stores). Also: a
+`FileRef` (size, sha256, stamp), `check_stamp`, `verify_ref`, `write_sealed` (hashed while
+written, read-only) and the syncs of an epoch's writes (`sync_soon`, `Files.sync_many`).
 """
 
 from __future__ import annotations

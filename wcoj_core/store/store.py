@@ -1,25 +1,13 @@
 """A state directory: its marker, its manifests, the commit and the pruning of what is unused.
 
-`Store.open` checks the marker (``wcoj-state.json``) and creates a state (its marker and
-``manifests/``) only in a directory that does not exist or is empty: a directory holding anything
-else is never taken for a state. A state without a manifest whose ``traces/`` or
-``arrangements/`` hold folders older than its ``manifests/`` (or that has no ``manifests/``)
-lost its manifests: it is refused by `Store.open` and `Store.current`, never taken for a new
-state (a new history would then prune the old one). A generation is committed by creating the
-next manifest file exclusively (`Store.commit`): of two writers racing for it exactly one wins,
-the other gets `ConcurrentCommit`; the generation a writer built on must still be there; the
-folders the new manifest names are made durable first.
-
-After each commit, `Store.prune` keeps the last `KEEP_MANIFESTS` manifests and removes what
-none of them references, under three rules that keep a user's files safe:
-
-* only names wcoj makes (`wcoj_core.store.names`) are deleted, only inside the trace directories
-  the manifests name (and ``scratch/``, ``manifests/``), never through a symbolic link;
-* a folder referenced by a dropped manifest only (retired by a compaction or a merge) goes at
-  once; anything else unreferenced (staged by a writer that failed, or is still at work) only
-  once it is older than `ORPHAN_AGE` (looked for by a store's first commit, then at most every
-  `SWEEP_SECONDS`);
-* when any manifest cannot be read, or none is there, nothing is deleted.
+`Store.open` checks the marker (``wcoj-state.json``) and creates a state only in a missing or
+empty directory; a state whose manifests were lost (data folders older than ``manifests/``) is
+refused, never taken for a new one. `Store.commit` creates the next manifest exclusively: of two
+racing writers one wins, the other gets `ConcurrentCommit`. `Store.prune` keeps the last
+`KEEP_MANIFESTS` manifests and deletes what none references: only names wcoj makes
+(`wcoj_core.store.names`), inside the trace directories the manifests name, never through a link;
+a folder only a dropped manifest named at once, anything else only after `ORPHAN_AGE`; nothing
+at all when a manifest cannot be read.
 """
 
 from __future__ import annotations
