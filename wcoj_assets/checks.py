@@ -285,15 +285,11 @@ def report(
     run_partitions: Sequence[str],
     reporting: CheckReporting = CheckReporting.AUTO,
 ) -> Iterator[AssetCheckResult | AssetCheckEvaluation]:
-    """Every check's results of a run (see the module): in a run of one partition an
-    `AssetCheckResult` per check selected and evaluated there; in a range run an
-    `AssetCheckEvaluation` per partition that `reporting` picks, and the range's summary as the
-    check's result (Dagster then counts the check as yielded: no "did not yield expected outputs"
-    line); an evaluation of its own for every evaluated partition of a check the run did not
-    select, and for partitions outside the run. A check without partitions (the binary join)
-    reports its one evaluation of the run, naming its partition in the metadata; a run without
-    partitions (a check's *Execute* in the UI) an evaluation at the epoch's partition and one
-    without, the run's own row."""
+    """Every check's results of a run (see the module): in a one-partition run an `AssetCheckResult`
+    per check evaluated; in a range run an `AssetCheckEvaluation` per partition `reporting`
+    picks and the range's summary as the result; evaluations of checks the run did not select and of
+    partitions outside the run; the binary join's one evaluation, its partition in the metadata.
+    """
     single = bool(context.has_partition_key)
     unpartitioned = not single and not context.has_partition_key_range  # a check's Execute
     reporting = reporting.for_range(len(run_partitions))
@@ -424,12 +420,8 @@ def _summary(
 
 
 def latest_failed(instance: Any, check: AssetCheckKey, keys: Sequence[str]) -> set[str]:
-    """The partitions among `keys` whose latest evaluation of `check` failed.
-
-    Reads the check's failed evaluations (few: failures are news), newest first, then for each
-    partition of `keys` among them whether a passing evaluation came later: a query per check,
-    and one per failing partition. Planned evaluations (a running run's) are skipped: they hide
-    nothing.
+    """The partitions among `keys` whose latest evaluation of `check` failed: the failed evaluations
+    (few), newest first, then per failing partition whether a pass came later; planned ones skipped.
     """
     from dagster._core.event_api import PartitionKeyFilter
     from dagster._core.storage.asset_check_execution_record import (

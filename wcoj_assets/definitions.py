@@ -147,27 +147,15 @@ def build_definitions(
     backfill_policy: BackfillPolicy | None = None,
     execute: Execute = run_epochs,
 ) -> Definitions:
-    """Definitions maintaining every query of `specs` over shared arrangements.
+    """Definitions maintaining every query of `specs` over shared arrangements (docs/dagster.md).
 
-    `name` prefixes the names of the job, sensors, resource and IO manager (`Names`), so that
-    several pipelines share a code location; None gives the default code location's names.
-    `storage` and `landing` default to ``.wcoj/state`` and ``.wcoj/landing`` under the working
-    directory of the process running a step; either may be a `dagster.EnvVar`. Epoch ``n`` is
-    the day ``n`` days after `start` (``YYYY-MM-DD``). A relation's meaning: the binary
-    relations named in `undirected` land as edge lists in no particular direction (read in both
-    directions, self-loops dropped) and are sets unless named in `bags`; the others are bags
-    unless named in `sets` (`wcoj_core.meaning`). The sensors tick at most every
-    `sensor_seconds`; the binary-join check runs every `check_every` epochs (the
-    resource's default, 30, when None); `check_reporting` (``auto``, the default, ``every`` or
-    ``news``) picks which partitions of a run over a range get a check evaluation of their own
-    (`wcoj_assets.checks.CheckReporting`); `empty_epochs` applies an epoch with nothing landed
-    (by default its ``update_triples`` fails, naming the folder). `memory` is the memory budget
-    of the process running a step (``4g``; `wcoj_core.budget`). `pyspark` is an optional
-    dagster-pyspark `LazyPySparkResource` whose ``spark_config`` supplies Spark settings.
-    `translate` maps each asset's base spec and `wcoj_assets.graph.AssetInfo` to the spec to use
-    (key prefix, group, owners, tags, kinds...); `op_name`, `op_tags`, `pool` and
-    `backfill_policy` set the step's; `execute` is its body (`run_epochs`). No executor: the
-    definitions hold the pipeline's own, not the code location's (`defs` runs in process).
+    `name` prefixes the job, sensors, resource and IO manager (`Names`; None: the default names).
+    `storage` and `landing` (default ``.wcoj/state``, ``.wcoj/landing``) may be `dagster.EnvVar`s.
+    `undirected`, `sets` and `bags` declare the relations' meanings (`wcoj_core.meaning`);
+    `check_every`, `check_reporting` (`wcoj_assets.checks.CheckReporting`), `empty_epochs`,
+    `memory` (the step's budget) and `pyspark` (a `LazyPySparkResource`) configure the step;
+    `translate` maps each base spec and `AssetInfo` to the spec used; `op_name`, `op_tags`, `pool`,
+    `backfill_policy` and `execute` (its body, `run_epochs`) set the step's. No executor.
     """
     names = Names(name)
     undirected, sets, bags = (

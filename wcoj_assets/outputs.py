@@ -172,14 +172,11 @@ def _lazy(engine: Engine, trace: Trace, batches: list[Batch], names: list[str], 
 
 
 def whole_table(engine: Engine, name: str, epoch: int, *, change: bool = False) -> pa.Table:
-    """A trace as `wcoj_core.state_read` gives it whole: its stored change at `epoch` (with
-    `change`) or its output as of `epoch` — one row per tuple, non-zero ``diff``, from exactly
-    the files the manifest lists, each checked against its size, digest and rows. One stored
-    batch is given as it is, not sorted again: the engine writes a batch consolidated and sorted
-    on some order of its columns (its variable order), so its files, concatenated, are the table
-    once one pass over its columns in that order confirms it (`wcoj_core.arrow.consolidated`);
-    the rows come in that order. Several batches (or one that is not: none is written so) are
-    summed and sorted (`read_table`, `change_table`)."""
+    """A trace whole (`wcoj_core.state_read`): its change at `epoch` (`change`) or its output as of
+    `epoch`, one row per tuple, from exactly the manifest's files, each checked. One batch is given
+    as stored once one pass confirms it consolidated and sorted (`wcoj_core.arrow.consolidated`);
+    several are summed and sorted (`read_table`, `change_table`).
+    """
     from wcoj_core.arrow import consolidated
     from wcoj_core.state_read import change_table, listed, read_table
 

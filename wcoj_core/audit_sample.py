@@ -605,13 +605,10 @@ def audit_epoch(
     mode: AuditMode = AuditMode.SAMPLED,
     seed: int | None = None,
 ) -> Audit:
-    """Check query `query`'s stored output change at `epoch` against its recomputation, and its
-    figures as of the epoch against those before it plus the change (see the module).
-
-    `mode` `SAMPLED` (the default per-epoch check) recomputes every tuple when the epoch is
-    small and a random sample of them otherwise (`wcoj_core.audit_sample`, with `seed`, drawn
-    when None); `FULL` every tuple whatever it costs. A damaged output or relation batch raises
-    `DamagedBatch`."""
+    """Check query `query`'s stored change at `epoch` against its recomputation and its figures
+    against those before plus the change (see the module): `SAMPLED` (the default, `seed` drawn
+    when None) or `FULL`. A damaged batch raises `DamagedBatch`.
+    """
     started = clock.perf_counter()
     manifest = engine.store.current()
     relations = _relations(engine, query, epoch, manifest)

@@ -225,11 +225,8 @@ class Shares:
         )
 
     def proposals(self, width: int) -> int:
-        """The candidates a kernel step proposes at once for bindings of `width` variables
-        (the kernel's ``budget``): its share in bytes over what a candidate costs. A rule binds
-        its variables depth first, each step's piece of bindings held while the next steps
-        extend it: a piece of ``n`` candidates may be held at every depth, ``n * d`` longs at
-        depth ``d``, about ``n * width**2 / 2`` in all, beside the copies a step makes.
+        """The candidates a kernel step proposes at once for `width` variables: its share
+        over what a candidate costs, about ``width**2 / 2`` longs held across the depths.
 
         >>> Shares.of(MemoryBudget(1 << 30)).proposals(100) < Shares.of(MemoryBudget(1 << 30)).proposals(3)
         True
@@ -342,13 +339,9 @@ class MemoryFigures:
 
 @dataclass(eq=False)
 class MemoryMeter:
-    """Samples this process's ``RssAnon`` while running (`start` / `stop`) and counts the bytes
-    spilled (`spilled`); `figures` gives what was seen.
-
-    The samples between `start` and `stop` are taken by one thread per process (`_Sampler`),
-    started by the first meter and kept: a small epoch starts no thread of its own (starting
-    one waits for it to be scheduled, milliseconds on a loaded machine) and reads
-    ``/proc/self/status`` twice, at its start and its end."""
+    """Samples this process's ``RssAnon`` between `start` and `stop` (one `_Sampler` thread per
+    process, kept for later meters) and counts the bytes `spilled`; `figures` gives what was seen.
+    """
 
     budget: MemoryBudget
     interval: float = SAMPLE_SECONDS

@@ -330,12 +330,11 @@ def degree_ranks(columns: Sequence[np.ndarray], low: int, high: int) -> np.ndarr
 
 
 def by_rank(layer: Layer) -> Layer | None:
-    """A landed undirected relation's edges with their ids relabelled by (degree, id) rank
-    (`degree_ranks`), sorted again; None when the ids' span is sparse. Any one-to-one relabelling
-    leaves the number of each clique's orderings a chain of filters admits at one, so a clique
-    count (`wcoj_core.query.plan.order_free`) is the same; ranking orients each edge towards the
-    end of higher degree, so a vertex proposes only among neighbours of higher rank: on a skewed
-    graph, far fewer candidates."""
+    """A landed undirected relation's edges relabelled by (degree, id) rank (`degree_ranks`),
+    sorted again; None when the ids are sparse. A one-to-one relabelling leaves a clique count
+    (`wcoj_core.query.plan.order_free`) the same, and ranking makes a vertex propose only among
+    neighbours of higher degree.
+    """
     if not len(layer):
         return None
     a, b = layer.col(0), layer.col(1)
@@ -403,12 +402,9 @@ def symmetrized(layer: Layer) -> tuple[Layer, int]:
 def _collect(
     rows: DataFrame, budget: int | None, spill: Spill | None = None
 ) -> pa.Table | pa.RecordBatchReader | None:
-    """A DataFrame's rows on the driver, or None when it holds more than `budget` rows.
-
-    Collected with a limit of `DRIVER_PROBE_ROWS` first and, when that limit is reached,
-    counted, then collected whole — or, when a `spill` is given, written by Spark as Parquet
-    into the scratch folder and read back a batch at a time. (A caller with local files hands
-    their paths' record batches instead: `wcoj_core.input_read.read_local_batches`.)
+    """A DataFrame's rows on the driver, or None beyond `budget` rows: collected with a limit of
+    `DRIVER_PROBE_ROWS` first, then counted and collected whole, or with `spill` written as
+    Parquet into the scratch folder and read back a batch at a time.
     """
     probe = DRIVER_PROBE_ROWS if budget is None else min(budget, DRIVER_PROBE_ROWS)
     table = rows.limit(probe + 1).toArrow()

@@ -157,14 +157,9 @@ def figures_change(
 
 @dataclass(frozen=True, slots=True)
 class Effect:
-    """What an epoch's landed changes do to a relation.
-
-    `change` is the relation's change (its batch at the epoch); `landed` the landed changes as
-    the relation reads them (for a set, each tuple's sign — or, from `effects` on a large layer,
-    the landed layer itself, whose signs `landed_digest(..., sign=True)` takes: what a later
-    re-derivation starts from, with `ignored` the part of it that changed nothing); `figures`
-    the change of the relation's figures; `negative` the tuples now held a negative number of
-    times (a bag's), the first `EXAMPLES` with their multiplicities.
+    """What an epoch's landed changes do to a relation: `change` (its batch at the epoch),
+    `landed` (as the relation reads them: a set's signs, or the landed layer), `ignored`,
+    `figures` (their change) and `negative` (tuples now held negatively, the first `EXAMPLES`).
     """
 
     change: Layer

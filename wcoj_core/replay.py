@@ -230,12 +230,9 @@ def replay(
     specs: Mapping[str, RelationSpec] | None = None,
     memory: Any = None,
 ) -> ReplayResult:
-    """Apply the update streams in `inputs` epoch by epoch ``0 .. epochs - 1`` to a new engine.
-
-    `inputs` maps every relation of `query` to update triples ``(c0.., time, diff)`` whose times
-    lie in ``[0, epochs)``; updates at other times are never applied. `deployment` says where
-    the kernel runs every epoch (``auto``, ``driver`` or ``executors``; see `wcoj_core.deploy`);
-    `memory` is the process's memory budget (`wcoj_core.budget.MemoryBudget.of`).
+    """Apply the update streams in `inputs` (every relation of `query`, times in ``[0, epochs)``)
+    epoch by epoch to a new engine; `deployment` and `memory` as `wcoj_core.deploy` and
+    `wcoj_core.budget.MemoryBudget.of` take them.
     """
     check_parameters(epochs, 0.0, 0)
     missing = sorted(set(query.relations) - set(inputs))

@@ -78,12 +78,10 @@ def served_specs(
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """What an engine serves, planned once (see the module). `relations` maps each relation to
-    its arity; `keep_rules` stores each delta rule's output as a trace of its own;
-    `landing_rows` caps the landed rows an epoch takes (None: none); `compact_every` keeps that
-    many epochs re-runnable (0: never compacts); `budget` is the process's memory budget and
-    `shares` what each stage of an epoch may hold of it; `worker_bytes` what an executor's
-    Python worker may (0: the kernel's own limits)."""
+    """What an engine serves, planned once (see the module): `relations` and their arities,
+    `keep_rules`, `landing_rows` (cap per epoch), `compact_every` (0: never), `budget` and its
+    `shares`, `worker_bytes` (an executor's Python worker; 0: the kernel's own limits).
+    """
 
     queries: dict[str, Query]
     specs: dict[str, RelationSpec]
@@ -269,15 +267,10 @@ def _describe(p: mf.RelationPlan) -> str:
 
 
 class StateAccess:
-    """The state an engine works on and the means to reach it (see the module).
-
-    `persist_index`: arrangement files are kept (a state on this machine's file system, or one
-    every executor mounts at the same path; a state on remote storage keeps batches only).
-    `executor_tasks`: the tasks an epoch's work runs in on the executors (None: Spark's default
-    parallelism). `one_task_rows`: a small executors' work (changed rows) runs in one task once
-    the executors are warm (`executors_warm`, set by the first Spark job). `routed`: a sharded
-    work runs as routed stages even where its tasks could search the mapped arrangement files
-    (`wcoj_core.deploy.spark_job.routes`; tests and measurements of the routed stages)."""
+    """The state an engine works on and how to reach it: `persist_index` (arrangement files kept),
+    `executor_tasks` (None: Spark's parallelism), `one_task_rows` (a small work in one task once
+    `executors_warm`), `routed` (force routed stages: tests and measurements).
+    """
 
     routed: bool = False
 

@@ -207,12 +207,9 @@ def _keys(rows: np.ndarray, packing: Packing | None) -> np.ndarray:
 
 
 class LayerWriter:
-    """Sorted, consolidated chunks, in order, as one `Layer` (see the module): kept in memory
-    while they fit `limit` bytes, else written into files in `folder` and mapped.
-
-    `packing` is the packing of the rows' keys (None: bytes keys); chunks must come in the
-    order of those keys, each row once. With `sink`, each finished file is handed over by
-    name instead of being mapped (a segment's files, sealed by the caller).
+    """Sorted, consolidated chunks, in the order of their keys' `packing` (None: bytes keys), as
+    one `Layer`: in memory while within `limit` bytes, else in files of `folder`, mapped; with
+    `sink` each finished file is handed over instead.
     """
 
     def __init__(self, scratch: Scratch, width: int, packing: Packing | None, limit: int) -> None:

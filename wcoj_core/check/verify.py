@@ -32,11 +32,8 @@ from wcoj_core.store.store import Store
 
 @dataclass(frozen=True, slots=True)
 class Damage:
-    """One damaged file (or manifest) and what it affects.
-
-    `since` is the first epoch affected (None: a manifest, which affects its generation);
-    `generations` the kept generations that name the file, `current` whether the current one
-    does.
+    """One damaged file (or manifest): `since` the first epoch affected (None: a manifest),
+    `generations` the kept generations naming it, `current` whether the current one does.
     """
 
     path: str

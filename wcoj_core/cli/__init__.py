@@ -23,13 +23,9 @@ EXIT_INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status.
-
-    The program is imported here, where an interruption is still reported on one line (and
-    the program imports the modules of the command it runs the same way: numpy, pyarrow, the
-    engine, most of a second on a cold cache). A process that is the command
-    (`argv` None: its own command line) keeps pandas out until Spark starts (see
-    `wcoj_core.fence`).
+    """Run the command line; return the exit status. The program is imported here, where an
+    interruption is still one line; a process that is the command (`argv` None) keeps pandas out
+    until Spark starts (`wcoj_core.fence`).
     """
     try:
         if argv is None:  # the process is the command: pandas stays out until Spark starts

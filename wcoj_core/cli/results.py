@@ -64,10 +64,8 @@ def add_output_arguments(p: argparse.ArgumentParser, what: str = "the output's t
 def check_output(
     path: str, *, force: bool = False, inputs: Sequence[str] = (), state: str | None = None
 ) -> tuple[Path, OutputFormat]:
-    """The ``--output`` path and its format, or a `UsageError` saying what to give instead.
-
-    `inputs` are the command's input paths (``--input``, ``--changes``; generator specs and
-    remote URIs are skipped); `state` the command's ``--state`` (perhaps not created yet).
+    """The ``--output`` path and its format, or a `UsageError` saying what to give instead;
+    `inputs` and `state` (the command's) must not be overwritten.
 
     >>> check_output("tri.CSV")[1]
     <OutputFormat.CSV: '.csv'>

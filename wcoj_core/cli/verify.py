@@ -121,13 +121,10 @@ def _verify(args: argparse.Namespace, store: Store) -> int:
 
 
 def repair(store: Store, damaged: set[str], memory: MemoryBudget | None = None) -> list[str]:
-    """Rebuild the index of every trace of the current generation with a damaged segment file
-    (paths relative to the state), and stamp again the segment files whose stamp changed but
-    whose contents match (a restored copy), in one new generation; what was done.
-
-    Within the `memory` budget (default: the process's): each batch is read a record batch at
-    a time (its files' digests checked first), summed and arranged through sorted runs in the
-    state's scratch folder, and merged into the segment files (`rebuilt_index`)."""
+    """Rebuild, in one new generation, the index of every current trace with a damaged segment
+    file (`rebuilt_index`, within `memory`) and stamp again the segment files whose stamp changed
+    but whose contents match; what was done.
+    """
     base = store.current()
     files = Batches(store.files)
     traces = dict(base.traces)

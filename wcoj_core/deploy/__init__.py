@@ -73,12 +73,10 @@ class Limits:
 
 
 def choose(limits: Limits, *, local: bool, held: int, changed: int | None = None) -> Choice:
-    """The deployment of an epoch's work.
-
-    `local`: the state is on this machine's disk; `held`: rows of the traces the work reads,
-    before the epoch; `changed`: rows the epoch changes, when known (None: not counted yet —
-    the caller counts at most `limits.driver_epoch_rows` of them, then asks again). On the
-    executors, traces beyond `limits.executor_max_rows` rows are sharded.
+    """The deployment of an epoch's work: `local` (the state on this disk), `held` (rows of the
+    traces read), `changed` (rows the epoch changes; None: not counted yet, the caller counts up
+    to `limits.driver_epoch_rows` and asks again). Traces beyond `limits.executor_max_rows` are
+    sharded.
 
     >>> choose(Limits(), local=True, held=5_000, changed=1_000).reason
     'fits the driver (6,000 rows held, 1,000 changed)'

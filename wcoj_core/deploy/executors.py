@@ -93,12 +93,8 @@ class Written:
 def run_on_executors(
     spark: SparkSession, work: Work, folders: Mapping[str, str], tasks: int
 ) -> Written:
-    """Run a work in `tasks` Spark tasks; its outputs are written into `folders` (output trace
-    -> batch folder relative to the state), but for the outputs only counted (`Work.counted`,
-    no folder). See the module.
-
-    With one task, the task sums every output itself (there is no other share to meet): a
-    small epoch is one stage, one task.
+    """Run a work in `tasks` Spark tasks, its outputs written into `folders` (output trace ->
+    batch folder) but those only counted (`Work.counted`); one task sums every output itself.
     """
     columns = work.columns()
     names = list(columns)

@@ -183,11 +183,8 @@ class Resident:
         return [*self._built.get(name, []), *self._latest.get(name, [])]
 
     def _share_views(self, name: str, index: TraceIndex) -> None:
-        """Give `index` every view of its base layer that a sibling index has built.
-
-        Indexes walked by different steps share a base layer, but each memoizes the views it was
-        asked for; without sharing, a rule reading another view than the step before it would
-        sort the whole base again at every epoch.
+        """Give `index` every view of its base layer a sibling index has built, so that a rule
+        reading another view than the step before does not sort the base again.
         """
         pool = self._views.get(name)
         if pool is None or pool[0] is not index.base:

@@ -57,15 +57,11 @@ def run_rules(
     mapped: Mapping[str, Segment] | None = None,
     symmetric: frozenset[str] = frozenset(),
 ) -> Outcome:
-    """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (the
-    changed traces' batches at the epoch, already written; or, for a replicated work, the
-    changes as segment files the tasks map, `mapped`, those in `symmetric` their own mirrors:
-    `TraceRead.symmetric`), for what `served` serves over the state
-    `state` reaches; staged folders go to `written`.
-    Outputs in `distinct` are made already consolidated (`EpochPass._distinct`): each task
-    writes its own, with no stage summing them; those also in `counted` (a static count keeping
-    nothing, `Work.counted`) are only counted by the tasks that make them, nothing written
-    (replicated; the sharded stages write them as any other)."""
+    """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (batches
+    written, or for a replicated work segment files the tasks map: `mapped`, `symmetric`); staged
+    folders go to `written`. Outputs in `distinct` are written consolidated by each task; those
+    also in `counted` only counted (replicated works).
+    """
     state.spark(f"the kernel runs in Spark's executors ({choice.reason})")  # started, and why
     routed = routes(served, state, m, epoch, choice)
     reads = tuple(
@@ -112,12 +108,11 @@ def _read(served: Served) -> list[str]:
 
 
 def routes(served: Served, state: StateAccess, m: Manifest, epoch: int, choice: Choice) -> bool:
-    """Whether a work at `epoch` runs as routed stages over shards (`_sharded`): a choice of
-    more than one shard whose tasks cannot search every trace's arrangement files themselves
-    (`_in_files`), or routing asked for (`StateAccess.routed`: tests and measurements). On
-    files, the tasks search the mapped arrangements as the replicated ones do, split by key
-    ranges of the delta as any replicated work is: what they touch is file pages, not memory
-    of theirs, so an executor smaller than the arrangements holds none of them."""
+    """Whether a work at `epoch` runs as routed stages over shards: more than one shard whose
+    tasks cannot search the arrangement files (`_in_files`), or `StateAccess.routed`. On files
+    the tasks search the mapped arrangements, as replicated ones do: file pages, not their
+    memory.
+    """
     if choice.shards <= 1:
         return False
     if state.routed:

@@ -50,17 +50,11 @@ from wcoj_core.traces import counts_trace_name, relation_columns, relation_trace
 
 @dataclass(frozen=True, slots=True)
 class TraceRead:
-    """A trace a work reads: its batches as of the old state, and its changes at the epoch:
-    stored batches, files of unconsolidated changes (absolute paths in the state's file
-    system), or unconsolidated changes carried along (data columns and ``diff``).
-
-    With `trace` (the manifest's entry) the old state is opened from the trace's index — its
-    arrangement files mapped, through the view keys `keys` (`wcoj_core.indexes.open_trace`) —
-    rather than read from the batches `old`. With `mapped`, the changes are the layer the
-    driver consolidated, written as one segment file (`wcoj_core.store.segments`) a task maps
-    rather than decoding and sorting the batch `delta` again; `symmetric` when that layer is
-    its own mirror (`Layer.mirrored`: an undirected relation's change), so that its reversed
-    view is the file itself, not a sort of it.
+    """A trace a work reads: its batches as of the old state (`old`) or, with `trace`, its
+    index's mapped files through the view `keys` (`wcoj_core.indexes.open_trace`); and its
+    changes at the epoch: batches (`delta`), files, carried columns, or with `mapped` the
+    driver's consolidated layer as one segment file (`symmetric`: its own mirror, its reversed
+    view the file itself).
     """
 
     name: str

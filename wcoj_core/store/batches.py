@@ -113,11 +113,9 @@ class Batches:
         part: str = "0",
         threads: bool = False,
     ) -> tuple[FileRef, ...]:
-        """Write rows and diffs into the batch folder `rel` as Parquet files named by `part`;
-        each file's name, size and digest (hashed as written; on a local disk, flushed to it).
-
-        With `threads` a large batch is several files written at once. Raises `StateError`
-        (with the folder removed) when the storage refuses.
+        """Write rows and diffs into the batch folder `rel` as Parquet files named by `part`
+        (several at once with `threads`); each file's name, size and digest. `StateError` (the
+        folder removed) when the storage refuses.
         """
         n = len(diff)
         files = max(1, min(WRITE_FILES, n // WRITE_FILE_ROWS)) if threads else 1

@@ -58,13 +58,9 @@ class FileRef:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """One immutable batch of a trace: its folder (relative to the state), time and rows.
-
-    `files` are its data files; `figures` the trace's (distinct tuples, summed multiplicity,
-    tuples with a negative multiplicity) as of this batch's time. Provenance: `landed` for a
-    relation batch (a digest of the epoch's landed changes), `inputs` for a derived batch (a
-    running digest of every relation's landed digests up to its epoch), `chain` for whatever
-    digest chain the engine keeps across a trace's batches.
+    """One immutable batch of a trace: its folder (relative to the state), time, rows, data
+    `files`, the trace's `figures` as of it (distinct tuples, summed multiplicity, negative
+    tuples) and its provenance digests (`landed`, `inputs`, `chain`).
     """
 
     path: str
@@ -79,11 +75,9 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One persisted layer of a trace's index (see `wcoj_core.store.segments`).
-
-    `view` is the pattern of the `AtomView` the layer is seen through (None: the trace as
-    stored), `order` its columns' order, `path` relative to the state and `files` its files by
-    role: one file, `path` itself (role ``layer``); none when `rows` is 0.
+    """One persisted layer of a trace's index (`wcoj_core.store.segments`): seen through `view`
+    (None: as stored), in column `order`, at `path`, its one file by role (none when `rows` is
+    0).
     """
 
     level: Level
@@ -224,12 +218,9 @@ class Manifest:
         return {p for t in self.traces.values() for p in t.paths()}
 
     def to_json(self) -> str:
-        """Canonical JSON (sorted keys, no spaces, one line) with its ``digest``.
-
-        The text is `canonical` of `_encode_manifest`'s body, put together from the canonical
-        text of each batch, made once per batch object (`_batch_text`): a warm process's
-        manifest holds the batches of every epoch since the last compaction, and encodes only
-        the epoch's new ones again."""
+        """Canonical JSON (sorted keys, no spaces, one line) with its ``digest``, made of each
+        batch's canonical text, made once per batch object (`_batch_text`).
+        """
         rest = _canonical_manifest(self)
         digest = hashlib.sha256(rest.encode()).hexdigest()
         # "digest" sorts before every field of the body ("epoch", "format", ...): the whole

@@ -71,10 +71,8 @@ class Store:
         create: bool,
     ) -> Store:
         """The state at `root`; with `create`, a new one when `root` is new or empty.
-
-        Raises `StateError` for an empty path, a file, a directory that holds other things
-        than a state (no marker), no state when not creating, remote storage pyarrow cannot
-        reach; `IncompatibleState` for a state of another format.
+        `StateError` for anything else but a state, or storage pyarrow cannot reach;
+        `IncompatibleState` for another format.
         """
         text = os.fspath(root)
         if not Location.of(text).path.strip():
@@ -413,11 +411,9 @@ class Store:
         return Pruned(tuple(out_manifests), tuple(out_folders), tuple(out_files))
 
     def discard(self, paths: Iterable[str]) -> list[str]:
-        """Remove staged folders that will never be committed (batches, segments, scratch).
-
-        Called while handling a failure, it never raises: a path that is not a folder name wcoj
-        makes, or that the current generation references (committed after all), is left alone
-        and returned; when the current manifest cannot be read, nothing is deleted.
+        """Remove staged folders that will never be committed, never raising: a path that is not
+        a name wcoj makes, or that the current generation references, is left alone and returned;
+        nothing is deleted when the current manifest cannot be read.
         """
         chosen = list(paths)
         if self.files.local:
