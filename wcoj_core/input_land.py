@@ -1,20 +1,10 @@
 """An epoch's landed changes, as the engine reads them: consolidated layers on the driver.
 
-A relation's changes at an epoch come as an Arrow table (read from files with pyarrow, or
-already in memory), a stream of Arrow record batches (`pyarrow.RecordBatchReader`: a file
-reader's blocks, `wcoj_core.input_read.read_local_batches`), a Spark DataFrame (a large or
-remote input, a generator), or a `Layer` (consolidated changes the engine stored itself, when
-it derives a stale epoch again). `land` turns any of them into one consolidated `Layer` of the
-relation's data columns: an undirected relation's changes are read in both directions and
-self-loops dropped (`symmetrized`).
-
-Landing streams: record batches are summed into sorted runs of at most the budget's run size
-(`wcoj_core.spill.Sorter`), written to the epoch's scratch folder when there are several and
-merged into a layer in mapped files, so a file of any size lands within the memory budget (its
-rows summed as they come: a file repeating one tuple lands as one row). What the reader
-underneath is does not matter: anything that yields record batches lands the same way.
-
-Only a DataFrame needs Spark.
+`land` turns a relation's changes at an epoch (an Arrow table, a stream of record batches, a
+Spark DataFrame or a stored `Layer`) into one consolidated `Layer` of its data columns, an
+undirected relation's read both ways, self-loops dropped (`symmetrized`). Record batches are
+summed into sorted runs of the budget's run size (`wcoj_core.spill.Sorter`), spilled and merged
+into a mapped layer: a file of any size lands within the budget. Only a DataFrame needs Spark.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """What an engine serves and the state it serves it from: the two things an epoch is handed.
 
-`Served` is planned once, when an engine is made, and frozen: the queries, each relation's
-`RelationSpec` and arity, every query's `Plan`, the counts traces and index views the plans
-read, the record of all this a state keeps (`StatePlan`), the deployment's `Limits` and the
-memory budget's shares. `StateAccess` reaches the state: its `Store`, its batches through
-pyarrow (`Batches`), the `SparkStarter` for work that needs Spark, and what the executors
-remember between epochs (`executors_warm`).
-
-`wcoj_core.engine.Engine` is a façade over one of each. The modules below it take these two,
-never the engine: one epoch (`wcoj_core.epoch`), the executors' Spark job
-(`wcoj_core.deploy.spark_job`), the readers of a state (`wcoj_core.state_read`).
+`Served` is planned once and frozen: the queries, each relation's `RelationSpec`, the plans, the
+counts traces and index views they read, the `StatePlan`, the `Limits` and the budget's shares.
+`StateAccess` reaches the state: its `Store`, `Batches`, the `SparkStarter` and
+`executors_warm`. `wcoj_core.engine.Engine` is a façade over one of each; the modules below it
+take these two, never the engine.
 """
 
 from __future__ import annotations

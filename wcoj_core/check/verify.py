@@ -1,17 +1,11 @@
 """Reading a whole state back against its manifests: which files are damaged, and what that
 affects (the primitives of ``wcoj verify``).
 
-`verify_state` reads every kept generation's manifest and every file they name, once each:
-batch files (size and sha256, and their rows against the batch's row count) and segment files
-(size, header, sha256). Each damaged file is reported with its trace, the first epoch
-it affects — a batch at time ``t`` every epoch from ``t`` on (through the traces and
-arrangements built from it), a segment every epoch from its index's time on — and whether it
-can be rebuilt: a segment can (from the batches), a batch cannot (it is the source of truth).
-
-A file inside a batch folder that no kept manifest lists is named too (`Damage.foreign`): no
-reader reads it (they read exactly the files a manifest lists), and wcoj never deletes a file
-it did not write, so it stays until someone moves it out. Spark's own by-products of a batch it
-wrote (``_SUCCESS``, a listed file's ``.crc``) are not named.
+`verify_state` reads every kept manifest and every file they name, once: batch files (size,
+sha256, rows) and segment files (size, header, sha256). Each damaged file comes with its trace,
+the first epoch it affects and whether it can be rebuilt (a segment can, a batch cannot). A file
+in a batch folder that no manifest lists is named too (`Damage.foreign`), but not Spark's own
+by-products (``_SUCCESS``, a listed file's ``.crc``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Where the kernel runs: on the driver or inside Spark's executors, chosen in one place.
 
-The GenericJoin kernel (`wcoj_core.kernel`) is one implementation; an epoch's work
-(`work.Work`) runs in one of two deployments of it:
-
-* **driver** (`driver`) — on this process, over traces it keeps in memory between epochs: an
-  epoch touching a few thousand keys costs lookups of those keys, no Spark job at all;
-* **executors** (`executors`) — inside the tasks of one Spark job, each task's Python worker
-  keeping the traces in memory between epochs, reading them from the state's storage.
-
-`choose` is the only place that decides, and says why; the reason is recorded in every epoch's
-metrics. The driver serves a state on this machine's disk whose traces (the epoch's included)
-fit `Limits.driver_max_rows` and an epoch changing at most `Limits.driver_epoch_rows` rows —
-by default any: the driver streams and spills every stage within the process's memory budget
-(`wcoj_core.budget`), its arrangements mapped, not held — and everything else runs on the
-executors. `Limits.mode` forces either.
+An epoch's work (`work.Work`) runs on the **driver** (`driver`: this process, traces kept in
+memory, no Spark job) or the **executors** (`executors`: one Spark job, each Python worker keeping
+the traces). `choose` alone decides, and says why (recorded in every epoch's metrics): the driver
+serves a state on this machine within `Limits.driver_max_rows` and `Limits.driver_epoch_rows`
+(by default any: it streams and spills within the budget), the executors everything else;
+`Limits.mode` forces either.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """What one epoch (or one epoch-addressed step) asks of the kernel, and how a share of it runs.
 
-A `Work` names everything a deployment needs, as plain picklable data: the state's root, the
-epoch, the plans, the traces to read (`TraceRead`: batches of the old state, and the epoch's
-changes as stored batches or as raw change files), the counts changes to compute and the delta
-rules to run (`RuleJob`, each writing its output change to a named trace; several rules of a
-query may add up into one).
-
-Both deployments run it the same way: `open_layers` reads the traces into an `EpochLayers`
-(indexes kept by a `Resident`, the epoch's changes consolidated, counts changes computed from
-the relation changes), then `run_share` runs share ``i`` of ``n``: every rule takes the i-th of
-``n`` consecutive ranges of its delta tuples, cut to balance the work the counts predict. Share 0
-also emits the changes that are outputs of the work themselves (relation changes read raw,
-counts changes computed). The driver runs the shares on threads; the executors, one per task.
+A `Work` is plain picklable data: the state's root, the epoch, the plans, the traces to read
+(`TraceRead`), the counts changes and the delta rules (`RuleJob`). `open_layers` reads the traces
+into `EpochLayers`; `run_share` runs share ``i`` of ``n`` (each rule's i-th range of delta tuples,
+balanced on the work the counts predict; share 0 also emits the work's own changes). The driver
+runs the shares on threads, the executors one per task.
 """
 
 from __future__ import annotations

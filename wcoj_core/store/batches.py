@@ -1,15 +1,10 @@
 """A state's batches, read and written with pyarrow: the Parquet codec of update triples.
 
-A state's batches are Parquet folders (see `wcoj_core.store`). Spark reads them as DataFrames;
-everything else reads them here into `Layer`s and writes batches of the same schema, with
-pyarrow, wherever it runs: on the driver, or inside a Spark task on an executor. `Batches`
-reaches a state through its `Files` (a local path — on a cluster, storage every executor mounts
-at the same path — or remote storage through pyarrow's file systems: ``hdfs://`` needs
-``libhdfs`` and a Hadoop ``CLASSPATH`` on every executor, ``s3a://`` and ``gs://`` the
-credentials of their usual environment variables).
-
-Reading a batch never consolidates across files; `read_layer` sums everything it read. A batch
-written here holds one Parquet file per writer piece (the manifest names them: no marker file).
+Everything but Spark reads a state's batches here into `Layer`s and writes them, on the driver
+or in a Spark task, through the state's `Files` (local, or remote through pyarrow's file systems:
+``hdfs://`` needs ``libhdfs`` and a Hadoop ``CLASSPATH`` on every executor). Reading never
+consolidates across files (`read_layer` sums what it read); a batch written here is one Parquet
+file per writer piece, named by the manifest.
 """
 
 from __future__ import annotations
