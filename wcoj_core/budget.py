@@ -422,17 +422,3 @@ class _Sampler:
 
 
 _SAMPLER = _Sampler()
-
-
-__all__ = [
-    "BudgetError",
-    "MemoryBudget",
-    "MemoryFigures",
-    "MemoryMeter",
-    "Shares",
-    "SparkShares",
-    "default_budget",
-    "format_size",
-    "parse_size",
-    "process_memory",
-]

@@ -739,6 +739,17 @@ def _plan(v: Any) -> StatePlan | None:
     return StatePlan(relations, queries)
 
 
+def incompatible(source: str, found: int) -> IncompatibleState:
+    """The refusal of a state written in format `found`, not this one's."""
+    which, advice = ("an earlier", "re-create the state (apply its epochs into a new directory)")
+    if found > FORMAT:
+        which, advice = "a later", "use that wcoj"
+    return IncompatibleState(
+        f"{source}: this state was created by {which} wcoj (state format {found}) and is not "
+        f"readable by this one (format {FORMAT}); {advice}"
+    )
+
+
 def _decode_manifest(text: str, source: str) -> Manifest:
     try:
         raw = json.loads(text)
@@ -748,16 +759,7 @@ def _decode_manifest(text: str, source: str) -> Manifest:
         _bad(f"expected an object, found {_show(raw)}", "")
     fmt = raw.get("format")
     if type(fmt) is int and fmt != FORMAT:
-        which = "an earlier" if fmt < FORMAT else "a later"
-        advice = (
-            "re-create the state (apply its epochs into a new directory)"
-            if fmt < FORMAT
-            else "use that wcoj"
-        )
-        raise IncompatibleState(
-            f"{source}: this state was created by {which} wcoj (state format {fmt}) and is "
-            f"not readable by this one (format {FORMAT}); {advice}"
-        )
+        raise incompatible(source, fmt)
     raw = _obj(raw, "", ("format", "generation", "epoch", "frontier", "plan", "traces", "digest"))
     _int(raw["format"], "format")
     if _sha(raw["digest"], "digest") != digest_of(raw):

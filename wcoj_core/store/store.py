@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
+from wcoj_core.errors import ConcurrentCommit, DamagedState, StateError
 from wcoj_core.store import names
 from wcoj_core.store.files import Files, Kind, dangling, drop_early
 from wcoj_core.store.location import Location
-from wcoj_core.store.manifest import FORMAT, FileRef, Manifest, referenced
+from wcoj_core.store.manifest import FORMAT, FileRef, Manifest, incompatible, referenced
 
 KEEP_MANIFESTS = 8
 ORPHAN_AGE = 3600.0
@@ -131,12 +131,7 @@ class Store:
         if type(found) is not int:
             raise DamagedState(f'{source}: damaged state marker (no "wcoj_state" number)')
         if found != FORMAT:
-            which = "an earlier" if found < FORMAT else "a later"
-            raise IncompatibleState(
-                f"{self.root}: this state was created by {which} wcoj (state format {found}) "
-                f"and is not readable by this one (format {FORMAT})"
-                + ("; re-create the state" if found < FORMAT else "; use that wcoj")
-            )
+            raise incompatible(self.root, found)
 
     def _refuse_earlier_format(self) -> None:
         """A directory without a marker but with manifests of format 1 (wcoj before the
@@ -151,11 +146,7 @@ class Store:
         except (OSError, ValueError, UnicodeDecodeError):
             return
         if isinstance(raw, dict) and raw.get("format") == 1:
-            raise IncompatibleState(
-                f"{self.root}: this state was created by an earlier wcoj (state format 1) and "
-                f"is not readable by this one (format {FORMAT}); re-create the state (apply "
-                f"its epochs into a new directory)"
-            )
+            raise incompatible(self.root, 1)
 
     def _refuse_lost_marker(self, shown: str) -> None:
         """A directory without a marker but with manifests of this format: a state that lost
