@@ -288,8 +288,7 @@ def report(
     """Every check's results of a run (see the module): in a one-partition run an `AssetCheckResult`
     per check evaluated; in a range run an `AssetCheckEvaluation` per partition `reporting`
     picks and the range's summary as the result; evaluations of checks the run did not select and of
-    partitions outside the run; the binary join's one evaluation, its partition in the metadata.
-    """
+    partitions outside the run; the binary join's one evaluation, its partition in the metadata."""
     single = bool(context.has_partition_key)
     unpartitioned = not single and not context.has_partition_key_range  # a check's Execute
     reporting = reporting.for_range(len(run_partitions))

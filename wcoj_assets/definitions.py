@@ -155,8 +155,7 @@ def build_definitions(
     `check_every`, `check_reporting` (`wcoj_assets.checks.CheckReporting`), `empty_epochs`,
     `memory` (the step's budget) and `pyspark` (a `LazyPySparkResource`) configure the step;
     `translate` maps each base spec and `AssetInfo` to the spec used; `op_name`, `op_tags`, `pool`,
-    `backfill_policy` and `execute` (its body, `run_epochs`) set the step's. No executor.
-    """
+    `backfill_policy` and `execute` (its body, `run_epochs`) set the step's. No executor."""
     names = Names(name)
     undirected, sets, bags = (
         (v,) if isinstance(v, str) else tuple(v) for v in (undirected, sets, bags)
@@ -214,10 +213,8 @@ def _resource(
     landing: Any,
     given: Mapping[str, Any],
 ) -> Any:
-    """The pipeline's resource: Spark, the storage and landing locations (defaults under
-    ``.wcoj/``), and each of the resource's other settings that `given` holds a value for (None:
-    the resource's default). A memory budget is refused here, when the definitions load, not at
-    the first run."""
+    """The pipeline's resource: Spark, storage and landing (defaults under ``.wcoj/``) and the
+    other settings `given` holds; a bad memory budget is refused when the definitions load."""
     if given.get("memory") is not None:
         from wcoj_core.budget import MemoryBudget
 

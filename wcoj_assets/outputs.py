@@ -175,8 +175,7 @@ def whole_table(engine: Engine, name: str, epoch: int, *, change: bool = False) 
     """A trace whole (`wcoj_core.state_read`): its change at `epoch` (`change`) or its output as of
     `epoch`, one row per tuple, from exactly the manifest's files, each checked. One batch is given
     as stored once one pass confirms it consolidated and sorted (`wcoj_core.arrow.consolidated`);
-    several are summed and sorted (`read_table`, `change_table`).
-    """
+    several are summed and sorted (`read_table`, `change_table`)."""
     from wcoj_core.arrow import consolidated
     from wcoj_core.state_read import change_table, listed, read_table
 

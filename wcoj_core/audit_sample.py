@@ -607,8 +607,7 @@ def audit_epoch(
 ) -> Audit:
     """Check query `query`'s stored change at `epoch` against its recomputation and its figures
     against those before plus the change (see the module): `SAMPLED` (the default, `seed` drawn
-    when None) or `FULL`. A damaged batch raises `DamagedBatch`.
-    """
+    when None) or `FULL`. A damaged batch raises `DamagedBatch`."""
     started = clock.perf_counter()
     manifest = engine.store.current()
     relations = _relations(engine, query, epoch, manifest)

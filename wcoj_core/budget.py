@@ -192,11 +192,8 @@ def default_description() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Shares:
-    """What each stage may hold at once, cut from one budget (see the module).
-
-    `threads` is how many kernel threads share `kernel_bytes`; every per-thread share is
-    already divided by it.
-    """
+    """What each stage may hold at once, cut from one budget (see the module); per-thread shares
+    are divided by `threads` already."""
 
     budget: MemoryBudget
     work: int  # the budget less the reserve: what the stages share
@@ -254,10 +251,8 @@ MIN_HEAP = 512 << 20
 
 @dataclass(frozen=True, slots=True)
 class SparkShares:
-    """One budget split over a process tree that runs Spark (see the constants): the shares
-    of this process (`driver`), the JVM's heap setting (`heap`, ``spark.driver.memory``), and
-    what each executor's Python worker may hold (`worker_bytes`, given to its tasks with the
-    work, which size their pieces by it)."""
+    """One budget split over a process tree running Spark: this process's shares (`driver`), the
+    JVM heap (`heap`) and each executor Python worker's (`worker_bytes`)."""
 
     driver: Shares
     heap: int

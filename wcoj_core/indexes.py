@@ -132,8 +132,7 @@ class Streamed:
 class Opened:
     """A trace as of just before an epoch, through any view key: `segments` (mapped, per view key),
     `correction` (signed: what the old state holds beyond them), `read` (batches read whole, by
-    path), `rebuilt` (why the index was not used, "" when it was), `mapped` and `read_bytes`.
-    """
+    path), `rebuilt` (why the index was not used, "" when it was), `mapped` and `read_bytes`."""
 
     trace: Trace
     before: int
@@ -188,8 +187,7 @@ class KeptSegments:
     """Segments this process mapped, kept for its next epochs: `open` reuses one while its record
     and every file's stamp are unchanged (a file rewritten in place changes its stamp), else
     opens and checks it again; `keep_only` forgets what the current manifest no longer names;
-    at most `most` are kept.
-    """
+    at most `most` are kept."""
 
     def __init__(self, most: int = 512) -> None:
         self.most = most
@@ -278,11 +276,8 @@ def _stamps(paths: Iterable[os.PathLike[str] | str]) -> tuple[object, ...]:
 
 
 def kept_most() -> int:
-    """How many segments a process keeps mapped: a segment's file is a mapping, and Python's
-    ``mmap`` holds a file descriptor for each. At most 128 segments (every segment of a few
-    states), and never more than a twelfth of the process's descriptor limit, so a long-lived process (a Dagster code
-    server, a notebook, a test worker) opening state after state neither runs out of
-    descriptors nor holds thousands of them."""
+    """How many segments a process keeps mapped (each mapping holds a file descriptor): at most
+    128, and never more than a twelfth of the descriptor limit."""
     try:
         import resource
 
@@ -313,8 +308,7 @@ def open_trace(
     """The trace as of just before epoch `before`, through every view key in `keys` (see the
     module). A damaged or missing index is rebuilt from the batches (`streamed`: a piece at a
     time); a damaged batch raises. `kept` reuses segments an earlier epoch mapped; with `mirror`
-    (an undirected trace) the reversed view is read from the identity's segments.
-    """
+    (an undirected trace) the reversed view is read from the identity's segments."""
     wanted = [b for b in trace.batches if b.time < before]
     index = trace.index
     keys = set(keys)
@@ -443,8 +437,7 @@ def advance(
     """The trace's index after epoch `time` changed it by `change` (see the module); new segment
     folders go to `written` as soon as they may exist. With `mirror` the reversed view's segments
     are the identity's. A damaged segment is not merged but its view's base rebuilt from the
-    batches; `streamed` arranges and merges through mapped runs (`wcoj_core.spill`).
-    """
+    batches; `streamed` arranges and merges through mapped runs (`wcoj_core.spill`)."""
     spill = streamed.spill if streamed is not None else None
     folder = f"arrangements/{trace_dir(opened.name)}"
 
@@ -570,8 +563,7 @@ def rebuilt_index(
 ) -> Index | None:
     """A trace's index written again from its batches, a base segment per view key it held
     (`repair`'s work), within `spill`'s shares: batches read a piece at a time into a `Sorter`,
-    each view arranged by `Spill.arranged`; nothing held whole.
-    """
+    each view arranged by `Spill.arranged`; nothing held whole."""
     index = trace.index
     if index is None:
         return None

@@ -323,8 +323,7 @@ def by_rank(layer: Layer) -> Layer | None:
     """A landed undirected relation's edges relabelled by (degree, id) rank (`degree_ranks`),
     sorted again; None when the ids are sparse. A one-to-one relabelling leaves a clique count
     (`wcoj_core.query.plan.order_free`) the same, and ranking makes a vertex propose only among
-    neighbours of higher degree.
-    """
+    neighbours of higher degree."""
     if not len(layer):
         return None
     a, b = layer.col(0), layer.col(1)
@@ -394,8 +393,7 @@ def _collect(
 ) -> pa.Table | pa.RecordBatchReader | None:
     """A DataFrame's rows on the driver, or None beyond `budget` rows: collected with a limit of
     `DRIVER_PROBE_ROWS` first, then counted and collected whole, or with `spill` written as
-    Parquet into the scratch folder and read back a batch at a time.
-    """
+    Parquet into the scratch folder and read back a batch at a time."""
     probe = DRIVER_PROBE_ROWS if budget is None else min(budget, DRIVER_PROBE_ROWS)
     table = rows.limit(probe + 1).toArrow()
     if table.num_rows > probe:

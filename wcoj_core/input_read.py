@@ -270,8 +270,7 @@ def _decompressed(local: str, source: str, what: str) -> Iterator[io.BufferedIOB
 def _gunzipped(raw: Any) -> io.BufferedIOBase:
     """A gzip stream inflated as it is read by ISA-L (`isal.igzip`: gzip's format, members and
     errors, a faster inflate); a stream without gzip's magic is refused here, as `gzip.GzipFile`
-    does.
-    """
+    does."""
     from isal import igzip
 
     at = raw.tell()
@@ -313,8 +312,7 @@ class _Lines:
     """The whole lines of a byte stream, a block at a time. A line ends at ``\\n``, ``\\r\\n`` or
     a lone ``\\r``; each block is rewritten so that only ``\\n`` or ``\\r\\n`` end its lines, a
     leading byte order mark dropped. With `limit`, only the lines wholly within the first `limit`
-    bytes; `complete` says whether that was all.
-    """
+    bytes; `complete` says whether that was all."""
 
     def __init__(
         self, handle: io.BufferedIOBase, source: str, what: str, limit: int | None = None

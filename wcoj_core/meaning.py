@@ -159,8 +159,7 @@ def figures_change(
 class Effect:
     """What an epoch's landed changes do to a relation: `change` (its batch at the epoch),
     `landed` (as the relation reads them: a set's signs, or the landed layer), `ignored`,
-    `figures` (their change) and `negative` (tuples now held negatively, the first `EXAMPLES`).
-    """
+    `figures` (their change) and `negative` (tuples now held negatively, the first `EXAMPLES`)."""
 
     change: Layer
     landed: Layer
@@ -229,11 +228,8 @@ def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect
 
 
 def _subset(layer: Layer, picked: np.ndarray, diff: np.ndarray) -> Layer:
-    """The rows of a sorted layer at `picked` (increasing), with `diff` at those rows: still
-    sorted and consolidated. A `symmetric` layer (an undirected relation's landed changes)
-    stays its own mirror: a tuple and its mirror landed with the same diff and held the same
-    multiplicity before (the relation is its own mirror in every epoch), so both are picked
-    with the same diff."""
+    """The rows of a sorted layer at `picked` (increasing) with `diff` there: sorted,
+    consolidated, and a `symmetric` layer's mirror pairs picked together."""
     if len(picked) == len(layer):
         return layer.with_diff(diff, symmetric=True)
     out = Layer(layer.rows[picked], diff[picked])

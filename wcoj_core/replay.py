@@ -232,8 +232,7 @@ def replay(
 ) -> ReplayResult:
     """Apply the update streams in `inputs` (every relation of `query`, times in ``[0, epochs)``)
     epoch by epoch to a new engine; `deployment` and `memory` as `wcoj_core.deploy` and
-    `wcoj_core.budget.MemoryBudget.of` take them.
-    """
+    `wcoj_core.budget.MemoryBudget.of` take them."""
     check_parameters(epochs, 0.0, 0)
     missing = sorted(set(query.relations) - set(inputs))
     unused = sorted(set(inputs) - set(query.relations))

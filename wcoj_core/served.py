@@ -75,8 +75,7 @@ def served_specs(
 class Served:
     """What an engine serves, planned once (see the module): `relations` and their arities,
     `keep_rules`, `landing_rows` (cap per epoch), `compact_every` (0: never), `budget` and its
-    `shares`, `worker_bytes` (an executor's Python worker; 0: the kernel's own limits).
-    """
+    `shares`, `worker_bytes` (an executor's Python worker; 0: the kernel's own limits)."""
 
     queries: dict[str, Query]
     specs: dict[str, RelationSpec]
@@ -164,10 +163,8 @@ class Served:
         return tuple(seen)
 
     def indexed_outputs(self) -> list[str]:
-        """The queries whose output is indexed: those whose output tuples may be held other
-        than once (a bag relation read, a head dropping a variable, an aggregate: its values),
-        whose figures then need lookups. An output over sets with every variable in its head
-        holds each tuple once."""
+        """The queries whose output tuples may be held other than once (a bag read, a variable
+        dropped, an aggregate), whose figures then need lookups."""
         return _indexed_outputs(self.queries, self.specs)
 
     def indexed(self) -> list[str]:
@@ -264,8 +261,7 @@ def _describe(p: mf.RelationPlan) -> str:
 class StateAccess:
     """The state an engine works on and how to reach it: `persist_index` (arrangement files kept),
     `executor_tasks` (None: Spark's parallelism), `one_task_rows` (a small work in one task once
-    `executors_warm`), `routed` (force routed stages: tests and measurements).
-    """
+    `executors_warm`), `routed` (force routed stages: tests and measurements)."""
 
     routed: bool = False
 

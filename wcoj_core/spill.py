@@ -46,10 +46,9 @@ Chunk = tuple[np.ndarray, np.ndarray]  # rows (any order of memory) and diffs
 
 
 class Scratch:
-    """The folder an epoch spills into: made on first use under `root` (the state's
-    ``scratch/`` folder, or the system's temporary folder for a state on remote storage),
-    removed by `close`. Counts what is written into it (`spilled`, and the meter's), and by
-    the stage the epoch was in (`by_stage`, its `stage` set by the epoch)."""
+    """The folder an epoch spills into (under the state's ``scratch/``, or the system's temporary
+    folder for remote storage): made on first use, removed by `close`; counts what is written, by
+    `stage`."""
 
     def __init__(
         self, root: str | os.PathLike[str] | None, on_spill: Callable[[int], None]
@@ -209,8 +208,7 @@ def _keys(rows: np.ndarray, packing: Packing | None) -> np.ndarray:
 class LayerWriter:
     """Sorted, consolidated chunks, in the order of their keys' `packing` (None: bytes keys), as
     one `Layer`: in memory while within `limit` bytes, else in files of `folder`, mapped; with
-    `sink` each finished file is handed over instead.
-    """
+    `sink` each finished file is handed over instead."""
 
     def __init__(self, scratch: Scratch, width: int, packing: Packing | None, limit: int) -> None:
         self.scratch = scratch

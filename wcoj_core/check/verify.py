@@ -27,8 +27,7 @@ from wcoj_core.store.store import Store
 @dataclass(frozen=True, slots=True)
 class Damage:
     """One damaged file (or manifest): `since` the first epoch affected (None: a manifest),
-    `generations` the kept generations naming it, `current` whether the current one does.
-    """
+    `generations` the kept generations naming it, `current` whether the current one does."""
 
     path: str
     trace: str
@@ -80,10 +79,8 @@ def verify_state(
     progress: Callable[[str], None] | None = None,
     memory: MemoryBudget | None = None,
 ) -> VerifyReport:
-    """Check every file the kept generations of `store` name (each read whole, once), within
-    the `memory` budget (default: the process's, `default_budget`): files are read a record
-    batch at a time, and a trace's batches summed for its figures through sorted runs spilled
-    to the state's scratch folder."""
+    """Check every file the kept generations of `store` name, each read once, a record batch at a
+    time, within `memory` (default: `default_budget`)."""
     gens = store.generations()
     current = gens[-1] if gens else 0
     damaged: list[Damage] = []
@@ -250,10 +247,8 @@ def _held_rows(
 def _figures(
     store: Store, manifest: Manifest, broken: set[str], memory: MemoryBudget
 ) -> list[Damage]:
-    """Each trace's latest recorded figures (distinct tuples, count, negative tuples) against
-    its batches summed (traces with a damaged batch are left out: that is reported already).
-    The batches are read a record batch at a time and summed through sorted runs, within
-    `memory`: an output of any size is checked."""
+    """Each trace's latest recorded figures against its batches summed through sorted runs within
+    `memory` (traces with a damaged batch left out: reported already)."""
     from wcoj_core.errors import OutOfMemory, WcojError
 
     files = Batches(store.files)

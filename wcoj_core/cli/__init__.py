@@ -25,8 +25,7 @@ EXIT_INTERRUPTED = 130
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status. The program is imported here, where an
     interruption is still one line; a process that is the command (`argv` None) keeps pandas out
-    until Spark starts (`wcoj_core.fence`).
-    """
+    until Spark starts (`wcoj_core.fence`)."""
     try:
         if argv is None:  # the process is the command: pandas stays out until Spark starts
             from wcoj_core.fence import fence_pandas

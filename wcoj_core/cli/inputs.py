@@ -143,11 +143,8 @@ def read_inputs(
 def read_flagged(
     spark: SparkSession, rel: str, path: str, arity: int, negative: dict[str, int]
 ) -> DataFrame:
-    """`read_relation`, then a warning listing tuples whose multiplicity is negative.
-
-    Such tuples (deletions of absent tuples) are kept as signed multiplicities; their number goes
-    into `negative`. Only CSV and Parquet can carry a ``diff`` column, so only they are checked.
-    """
+    """`read_relation`, warning of tuples whose multiplicity is negative (kept signed, counted in
+    `negative`; only CSV and Parquet carry a ``diff``)."""
     from wcoj_core.input_spark import negative_tuples, read_relation
 
     df = read_relation(spark, path, arity, rel)

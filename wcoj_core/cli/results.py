@@ -154,11 +154,8 @@ def write_tuples(
     inputs: Sequence[str] = (),
     state: str | None = None,
 ) -> int:
-    """Write the data columns and ``diff`` of `rows` into `target`; the number of rows.
-
-    `force`, `inputs` and `state` as given to `check_output`, which is checked again here (the
-    file may have appeared since).
-    """
+    """Write the data columns and ``diff`` of `rows` into `target`, `check_output` checked again
+    first; the number of rows."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq

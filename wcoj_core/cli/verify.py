@@ -117,8 +117,7 @@ def _verify(args: argparse.Namespace, store: Store) -> int:
 def repair(store: Store, damaged: set[str], memory: MemoryBudget | None = None) -> list[str]:
     """Rebuild, in one new generation, the index of every current trace with a damaged segment
     file (`rebuilt_index`, within `memory`) and stamp again the segment files whose stamp changed
-    but whose contents match; what was done.
-    """
+    but whose contents match; what was done."""
     base = store.current()
     files = Batches(store.files)
     traces = dict(base.traces)

@@ -41,10 +41,9 @@ def preload() -> None:
 
 
 def limit_memory() -> None:
-    """Apply ``spark.executor.pyspark.memory`` (which Spark hands the daemon and its workers as
-    ``PYSPARK_EXECUTOR_MEMORY_MB``) before preloading, as pyspark's worker does before its own
-    imports: the libraries reserve their address space under the same limit a stock worker
-    would, and a worker forked from here finds the limit already set."""
+    """Apply ``spark.executor.pyspark.memory`` (``PYSPARK_EXECUTOR_MEMORY_MB``) before
+    preloading, as pyspark's worker does before its imports, so forked workers find the limit
+    set."""
     megabytes = int(os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB", "-1"))
     if megabytes > 0:
         from pyspark.worker_util import setup_memory_limits

@@ -94,8 +94,7 @@ def run_on_executors(
     spark: SparkSession, work: Work, folders: Mapping[str, str], tasks: int
 ) -> Written:
     """Run a work in `tasks` Spark tasks, its outputs written into `folders` (output trace ->
-    batch folder) but those only counted (`Work.counted`); one task sums every output itself.
-    """
+    batch folder) but those only counted (`Work.counted`); one task sums every output itself."""
     columns = work.columns()
     names = list(columns)
     width = max([3, *(len(c) for c in columns.values())])

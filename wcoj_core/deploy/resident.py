@@ -176,8 +176,7 @@ class Resident:
 
     def _share_views(self, name: str, index: TraceIndex) -> None:
         """Give `index` every view of its base layer a sibling index has built, so that a rule
-        reading another view than the step before does not sort the base again.
-        """
+        reading another view than the step before does not sort the base again."""
         pool = self._views.get(name)
         if pool is None or pool[0] is not index.base:
             pool = (index.base, {})

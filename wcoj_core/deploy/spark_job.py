@@ -60,8 +60,7 @@ def run_rules(
     """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (batches
     written, or for a replicated work segment files the tasks map: `mapped`, `symmetric`); staged
     folders go to `written`. Outputs in `distinct` are written consolidated by each task; those
-    also in `counted` only counted (replicated works).
-    """
+    also in `counted` only counted (replicated works)."""
     state.spark(f"the kernel runs in Spark's executors ({choice.reason})")  # started, and why
     routed = routes(served, state, m, epoch, choice)
     reads = tuple(
@@ -111,8 +110,7 @@ def routes(served: Served, state: StateAccess, m: Manifest, epoch: int, choice: 
     """Whether a work at `epoch` runs as routed stages over shards: more than one shard whose
     tasks cannot search the arrangement files (`_in_files`), or `StateAccess.routed`. On files
     the tasks search the mapped arrangements, as replicated ones do: file pages, not their
-    memory.
-    """
+    memory."""
     if choice.shards <= 1:
         return False
     if state.routed:
@@ -191,11 +189,9 @@ def _replicated(
 
 
 def _budgeted(served: Served, state: StateAccess, work: Work) -> Work:
-    """The work with the candidates a step proposes at once, and the delta tuples a rule takes
-    at once, sized for an executor's Python worker: its share of the engine's budget when
-    Spark runs in this process tree (`Served.worker_bytes`), else what
-    ``spark.executor.pyspark.memory`` sets, else a task's default (`work.TASK_MEMORY`, the
-    budget its spill takes then too: the kernel's own limits are sized for no budget)."""
+    """The work with the kernel's pieces sized for an executor's Python worker:
+    `Served.worker_bytes` in this process tree, else ``spark.executor.pyspark.memory``, else
+    `work.TASK_MEMORY`."""
     from dataclasses import replace
 
     from wcoj_core.budget import MIN_BUDGET, MemoryBudget, Shares

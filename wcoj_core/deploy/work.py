@@ -47,8 +47,7 @@ class TraceRead:
     index's mapped files through the view `keys` (`wcoj_core.indexes.open_trace`); and its
     changes at the epoch: batches (`delta`), files, carried columns, or with `mapped` the
     driver's consolidated layer as one segment file (`symmetric`: its own mirror, its reversed
-    view the file itself).
-    """
+    view the file itself)."""
 
     name: str
     columns: tuple[str, ...]
@@ -230,9 +229,8 @@ def run_share(
     threads: int = 1,
     whole: bool = False,
 ) -> Iterator[Made]:
-    """Share `share` of `count` of a work: emitted changes (share 0), then every rule's
-    bindings on its share of the delta, each rule followed by its tally; the kernel's loops
-    on up to `threads` threads, the last step writing whole chunks with `whole`
+    """Share `share` of `count` of a work: emitted changes (share 0), then each rule's bindings
+    on its share of the delta and its tally, on up to `threads` threads
     (`wcoj_core.kernel.join.run_rule`)."""
     if share == 0:
         columns = work.columns()

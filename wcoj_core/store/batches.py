@@ -110,8 +110,7 @@ class Batches:
     ) -> tuple[FileRef, ...]:
         """Write rows and diffs into the batch folder `rel` as Parquet files named by `part`
         (several at once with `threads`); each file's name, size and digest. `StateError` (the
-        folder removed) when the storage refuses.
-        """
+        folder removed) when the storage refuses."""
         n = len(diff)
         files = max(1, min(WRITE_FILES, n // WRITE_FILE_ROWS)) if threads else 1
         cuts = [n * i // files for i in range(files + 1)]

@@ -183,8 +183,7 @@ class Files:
     ) -> bool:
         """Create `rel` holding `text`, or return False when it exists: a fsynced temporary file
         hard-linked as `rel`, the folder fsynced; `after` (and `durable`, as `sync_many` takes
-        them) is made durable in the same wait, before the link.
-        """
+        them) is made durable in the same wait, before the link."""
         folder, _, name = rel.rpartition("/")
         self.mkdirs(folder)
         tmp = f"{folder}/{temp_name(name)}" if folder else temp_name(name)
@@ -278,8 +277,7 @@ class Files:
         """Make files and folders durable with their entries, on a few threads; `durable` names
         folders whose own entries are durable already (their parents are not synced).
         ``WCOJ_SYNCFS=1``: one ``syncfs`` instead. `also`: more files to fsync meanwhile. Nothing
-        to do on remote storage.
-        """
+        to do on remote storage."""
         if not self.local or (not rels and not also):
             return
         if knob("WCOJ_SYNCFS") == "1" and _syncfs(self.path):
@@ -310,8 +308,7 @@ class Files:
     ) -> tuple[list[str], set[str]]:
         """What `sync_many` fsyncs of `rels`: the files in them and every folder up to the root
         (or to a folder of `durable`), each once. With `early`, a folder whose syncs started when
-        written (`sync_soon`) adds them to `early` instead.
-        """
+        written (`sync_soon`) adds them to `early` instead."""
         root = self.root
         files: list[str] = []
         folders: set[str] = set()
@@ -487,8 +484,7 @@ def write_sealed(
     """Write a new file that is never changed again, and its `FileRef` (stamp included): created
     exclusively in a folder nothing reads before a manifest names it, hashed as written, made
     read-only. A failure removes it; a crash leaves an orphan folder the pruning removes. The
-    commit makes it durable (`Files.sync_many`), unless `sync`.
-    """
+    commit makes it durable (`Files.sync_many`), unless `sync`."""
     target = os.fspath(path)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask
     try:

@@ -60,8 +60,7 @@ class FileRef:
 class Batch:
     """One immutable batch of a trace: its folder (relative to the state), time, rows, data
     `files`, the trace's `figures` as of it (distinct tuples, summed multiplicity, negative
-    tuples) and its provenance digests (`landed`, `inputs`, `chain`).
-    """
+    tuples) and its provenance digests (`landed`, `inputs`, `chain`)."""
 
     path: str
     time: int
@@ -77,8 +76,7 @@ class Batch:
 class Segment:
     """One persisted layer of a trace's index (`wcoj_core.store.segments`): seen through `view`
     (None: as stored), in column `order`, at `path`, its one file by role (none when `rows` is
-    0).
-    """
+    0)."""
 
     level: Level
     view: Pattern | None
@@ -219,8 +217,7 @@ class Manifest:
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no spaces, one line) with its ``digest``, made of each
-        batch's canonical text, made once per batch object (`_batch_text`).
-        """
+        batch's canonical text, made once per batch object (`_batch_text`)."""
         rest = _canonical_manifest(self)
         digest = hashlib.sha256(rest.encode()).hexdigest()
         # "digest" sorts before every field of the body ("epoch", "format", ...): the whole

@@ -293,8 +293,7 @@ def _stored(path: str, mapped: mmap.mmap, shape: _Shape) -> Stored:
 def open_segment(root: str | os.PathLike[str], segment: Segment, *, verify: bool = False) -> Layer:
     """The layer of a segment of the local state `root`, its file mapped once and checked (see
     the module; with `verify`, read whole against its sha256). `DamagedFile` for a file missing,
-    of another size, or whose header or block table disagrees.
-    """
+    of another size, or whose header or block table disagrees."""
     if segment.rows == 0:
         return Layer.empty(segment.width)
     path = segment_path(root, segment)

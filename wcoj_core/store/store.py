@@ -72,8 +72,7 @@ class Store:
     ) -> Store:
         """The state at `root`; with `create`, a new one when `root` is new or empty.
         `StateError` for anything else but a state, or storage pyarrow cannot reach;
-        `IncompatibleState` for another format.
-        """
+        `IncompatibleState` for another format."""
         text = os.fspath(root)
         if not Location.of(text).path.strip():
             raise StateError("the state path is empty: pass a directory")
@@ -255,10 +254,8 @@ class Store:
             raise StateError(f"state {self.root}: cannot read ({e.strerror or e})") from e
 
     def commit(self, manifest: Manifest, expected: Manifest) -> Manifest:
-        """Commit `manifest` as the generation after `expected`, or raise `ConcurrentCommit`
-        if another writer did; then prune. The folders it names that `expected` did not are
-        made durable before the manifest is created (up to the folders holding what `expected`
-        names: a committed generation's folders are durable, entries included)."""
+        """Commit `manifest` as the generation after `expected` (else `ConcurrentCommit`), the
+        folders it adds made durable first; then prune."""
         new = replace(manifest, generation=expected.generation + 1)
         text = new.to_json()
         rel = self._manifest_rel(new.generation)
@@ -324,11 +321,9 @@ class Store:
         return referenced(self.files.read_text(rel), self.uri(rel))
 
     def prune(self, now: float | None = None, *, orphans: bool = True) -> Pruned:
-        """Drop manifests beyond the last `KEEP_MANIFESTS` and what no kept one references
-        (see the module's rules). With `orphans` False, only what dropped manifests retired
-        goes: the folders and files older than `ORPHAN_AGE` are not looked for (a commit
-        looks at most every `SWEEP_SECONDS`: listing every trace folder each epoch of a warm
-        process would find nothing that old)."""
+        """Drop manifests beyond the last `KEEP_MANIFESTS` and what no kept one references (see
+        the module); with `orphans` False only what dropped manifests retired, no search for
+        orphans."""
         now = time.time() if now is None else now
         gens = self.generations()
         if not gens:
@@ -404,8 +399,7 @@ class Store:
     def discard(self, paths: Iterable[str]) -> list[str]:
         """Remove staged folders that will never be committed, never raising: a path that is not
         a name wcoj makes, or that the current generation references, is left alone and returned;
-        nothing is deleted when the current manifest cannot be read.
-        """
+        nothing is deleted when the current manifest cannot be read."""
         chosen = list(paths)
         if self.files.local:
             drop_early([f"{self.root}/{p}" for p in chosen])
