@@ -8,12 +8,15 @@ on exactly one; the independent 4-clique count agrees with the pure-Python one.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
 from oracle import naive_eval
 
+from wcoj_bench import cli
 from wcoj_bench.infra.probes import count_cliques
 from wcoj_bench.parts import shards
 from wcoj_core.query.builtins import builtin
@@ -76,3 +79,33 @@ def test_hub_graph_has_its_hubs() -> None:
     degree = np.bincount(g.ravel())
     assert (degree[:6] >= 30).all() and len(degree) <= 64 + 6
     assert (g[:, 0] < g[:, 1]).all()
+
+
+def test_the_scale_part_runs_both_placements_and_checks_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plot = tmp_path / "shards.png"
+    argv = ["scale", "--shards", "1,3", "--rmat", GRAPH, "--hubs", "6", "--hub-degree", "30"]
+    assert cli.main([*argv, "--slice-rows", "4", "--plot", str(plot), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for query, q in report["queries"].items():
+        assert q["truth"] == sum(oracle(query, shards.hub_graph(GRAPH, 6, 30)).values())
+        runs = {(r["shards"], r["placement"]): r for r in q["runs"]}
+        assert set(runs) == {(k, p) for k in (1, 3) for p in shards.PLACEMENTS}
+        assert all(r["exact"] and len(r["work"]) == r["shards"] for r in runs.values())
+    assert len(report["targets"]) == 4 and plot.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--shards", "two"], "--shards: 'two' is not a list"),
+        (["--shards", "2", "--queries", "5-cycles"], "--queries: 5-cycles"),
+    ],
+)
+def test_shard_mistakes_are_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    assert cli.main(["scale", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
