@@ -563,7 +563,8 @@ class _ShardLayers:
         return self.sim.layers((name, view, order), version, self.shard)
 
     def delta(self, name: str, view: AtomView | None, order: tuple[int, ...]) -> Layer:
-        raise NotImplementedError("a shard's stages read whole versions only")
+        got = self.sim.layers((name, view, order), Version.DELTA, self.shard)
+        return got[0] if got else Layer.empty(len(order))
 
 
 # -- the part ---------------------------------------------------------------------------------
