@@ -1,20 +1,10 @@
 """An epoch's landed changes, as the engine reads them: consolidated layers on the driver.
 
-A relation's changes at an epoch come as an Arrow table (read from files with pyarrow, or
-already in memory), a stream of Arrow record batches (`pyarrow.RecordBatchReader`: a file
-reader's blocks, `wcoj_core.input_read.read_local_batches`), a Spark DataFrame (a large or
-remote input, a generator), or a `Layer` (consolidated changes the engine stored itself, when
-it derives a stale epoch again). `land` turns any of them into one consolidated `Layer` of the
-relation's data columns: an undirected relation's changes are read in both directions and
-self-loops dropped (`_both_ways`).
-
-Landing streams: record batches are summed into sorted runs of at most the budget's run size
-(`wcoj_core.spill.Sorter`), written to the epoch's scratch folder when there are several and
-merged into a layer in mapped files, so a file of any size lands within the memory budget (its
-rows summed as they come: a file repeating one tuple lands as one row). What the reader
-underneath is does not matter: anything that yields record batches lands the same way.
-
-Only a DataFrame needs Spark.
+`land` turns a relation's changes at an epoch (an Arrow table, a stream of record batches, a
+Spark DataFrame or a stored `Layer`) into one consolidated `Layer` of its data columns, an
+undirected relation's read both ways, self-loops dropped (`_both_ways`). Record batches are
+summed into sorted runs of the budget's run size (`wcoj_core.spill.Sorter`), spilled and merged
+into a mapped layer: a file of any size lands within the budget. Only a DataFrame needs Spark.
 """
 
 from __future__ import annotations
@@ -316,13 +306,11 @@ def degree_ranks(columns: Sequence[np.ndarray], low: int, high: int) -> np.ndarr
 
 
 def by_rank(layer: Layer) -> Layer | None:
-    """A landed undirected relation's edges with their ids relabelled by (degree, id) rank
-    (`degree_ranks`), each once, from its lower rank to its higher, sorted again; None when the
-    ids' span is sparse. Any one-to-one relabelling leaves the number of each clique's orderings
-    a chain of filters admits at one, so a clique count (`wcoj_core.query.plan.order_free`) is
-    the same; ranking orients each edge towards the end of higher degree, so a vertex proposes
-    only among neighbours of higher rank: on a skewed graph, far fewer candidates. A query
-    whose every atom matches only edges from lower to higher (`plan.oriented`) finds the same
+    """A landed undirected relation's edges relabelled by (degree, id) rank (`degree_ranks`),
+    each once, from lower rank to higher, sorted again; None when the ids are sparse. A
+    one-to-one relabelling leaves a clique count (`wcoj_core.query.plan.order_free`) the same,
+    ranking makes a vertex propose only among neighbours of higher degree, and a query whose
+    every atom matches only edges from lower to higher (`plan.oriented`) finds the same
     bindings in the one direction: half the rows to sort and search."""
     if not len(layer):
         return None
@@ -373,13 +361,9 @@ def _add_both(
 def _collect(
     rows: DataFrame, budget: int | None, spill: Spill | None = None
 ) -> pa.Table | pa.RecordBatchReader | None:
-    """A DataFrame's rows on the driver, or None when it holds more than `budget` rows.
-
-    Collected with a limit of `DRIVER_PROBE_ROWS` first and, when that limit is reached,
-    counted, then collected whole — or, when a `spill` is given, written by Spark as Parquet
-    into the scratch folder and read back a batch at a time. (A caller with local files hands
-    their paths' record batches instead: `wcoj_core.input_read.read_local_batches`.)
-    """
+    """A DataFrame's rows on the driver, or None beyond `budget` rows: collected with a limit of
+    `DRIVER_PROBE_ROWS` first, then counted and collected whole, or with `spill` written as
+    Parquet into the scratch folder and read back a batch at a time."""
     probe = DRIVER_PROBE_ROWS if budget is None else min(budget, DRIVER_PROBE_ROWS)
     table = rows.limit(probe + 1).toArrow()
     if table.num_rows > probe:
