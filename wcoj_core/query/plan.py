@@ -521,22 +521,24 @@ def order_free(query: Query, undirected: Collection[str]) -> bool:
 def counted(query: Query, undirected: Collection[str]) -> Query:
     """The query a count of `query` from nothing may run instead: an order-free one
     (`order_free`) with its filters the chain that orders the variables of its last atom first
-    (any chain counts each clique once), else `query`. From nothing, the last atom's rule runs
-    alone (the others read an old state that is empty): it then binds each clique's two lowest
-    vertices and extends only upwards — with the ids relabelled by (degree, id) rank
-    (`wcoj_core.input_land.by_rank`), through the neighbours of higher rank, few even at a hub:
-    the degree ordering of clique listing.
+    (any chain counts each clique once) and each atom written from its lower variable to its
+    higher (the same atom of a relation that is its own mirror, `oriented`), else `query`.
+    From nothing, the last atom's rule runs alone (the others read an old state that is empty):
+    it then binds each clique's two lowest vertices and extends only upwards — with the ids
+    relabelled by (degree, id) rank (`wcoj_core.input_land.by_rank`), through the neighbours of
+    higher rank, few even at a hub: the degree ordering of clique listing.
 
     >>> from wcoj_core.query.builtins import builtin
     >>> str(counted(builtin("triangles"), ["edge"]))
-    'triangles(a, b, c) :- edge(a, b), edge(b, c), edge(a, c), a < c, c < b'
+    'triangles(a, b, c) :- edge(a, b), edge(c, b), edge(a, c), a < c, c < b'
     """
     if not order_free(query, undirected):
         return query
     last = query.atoms[-1].vars
     chain = [*last, *(v for v in query.vars if v not in last)]
     filters = tuple(Filter(x, CmpOp.LT, y) for x, y in itertools.pairwise(chain))
-    return dataclasses.replace(query, filters=filters)
+    atoms = tuple(Atom(a.relation, tuple(sorted(a.vars, key=chain.index))) for a in query.atoms)
+    return dataclasses.replace(query, atoms=atoms, filters=filters)
 
 
 def members(query: Query, undirected: Collection[str]) -> Query | None:
@@ -564,3 +566,20 @@ def members(query: Query, undirected: Collection[str]) -> Query | None:
     pairs = {frozenset(p) for p in itertools.combinations(rest, 2)}
     fits = strict and order == pairs and order_free(cliques, undirected)
     return cliques if fits else None
+
+
+def oriented(query: Query) -> bool:
+    """Whether every atom of an order-free query (`order_free`) binds its first variable below
+    its second (stated or implied by its filters): its relation's edges from higher to lower
+    are then never matched, and a count may hold each edge once, from lower to higher.
+
+    >>> from wcoj_core.query.builtins import builtin
+    >>> [oriented(q) for q in (builtin("triangles"), counted(builtin("4-cliques"), ["edge"]))]
+    [True, True]
+    """
+    below = {
+        (f.left, f.right) if f.op is CmpOp.LT else (f.right, f.left)
+        for f in (*query.filters, *implied_filters(query.filters))
+        if f.op in (CmpOp.LT, CmpOp.GT)
+    }
+    return all(a.vars in below for a in query.atoms)
