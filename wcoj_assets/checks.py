@@ -1,51 +1,17 @@
-"""The pipeline's checks, and how their results reach Dagster.
+"""The pipeline's checks, and how their results reach Dagster (docs/dagster.md lists them).
 
-Four checks per epoch partition, and one of the latest epoch checked:
+Per epoch partition: ``update_triples`` on each ``<rel>_deltas`` (the landed files, before
+anything is applied: bad rows named, pandera's check, something landed), ``non_negative`` on
+each ``<rel>_snapshot`` (blocking), ``current_history`` and ``matches_delta_rules``
+(`wcoj_core.audit`, sampled on a large epoch: `wcoj_core.audit_sample`) on each ``<q>_deltas``;
+without partitions, ``matches_binary_join`` on each output (`wcoj_core.reference`), run on one
+epoch in ``check_every`` (`due`), on a run's last epoch when the run selects it, or when its op
+config says ``binary_join: true``.
 
-* ``update_triples`` on each ``<rel>_deltas``: the landed files of the epoch before anything is
-  applied — every bad row (up to `BAD_ROWS`, with file, line and column), pandera's full check
-  of the rows (`wcoj_assets.schemas.landed_problems`), and that something landed at all; a
-  failure applies nothing of the epoch and fails this check alone;
-* ``non_negative`` on each ``<rel>_snapshot`` (blocking): no tuple held a negative number of
-  times as of the epoch (a bag's deletion of something absent; a set never has one);
-* ``current_history`` on each query's change ``<q>_deltas``: the partition was derived from the
-  relations' history as it is now (`wcoj_assets.provenance`);
-* ``matches_delta_rules`` on each query's change ``<q>_deltas``: the epoch's output change
-  recomputed by `wcoj_core.audit` — the epoch's delta rules evaluated by other code, with other
-  joins, over the stored relations — and the output's figures (distinct tuples, count, negative
-  tuples) checked exactly against the change. Every tuple of a small epoch; of a large one (a
-  bulk load) a random sample of tuples, each recomputed whole, with the chance of finding one
-  wrong tuple in its metadata (`wcoj_core.audit_sample`), so the check costs about what the
-  engine's epoch did at any size. The full audit (every tuple, whatever it costs) is
-  `delta_rules(..., full=True)`;
-* ``matches_binary_join`` on each query's output, without partitions: the whole output as of
-  one epoch recomputed from the relations with a plain Spark SQL binary-join plan
-  (`wcoj_core.reference`) and compared as exact multisets; its status is the latest
-  recomputation's, whose epoch and partition its metadata names. The epoch job does not plan
-  it (a planned check left unevaluated shows SKIPPED, drawn red): it runs on one epoch in every
-  ``check_every`` (the resource's; 30 by default: on a large graph one recomputation costs far
-  more than the epochs it checks) — epochs ``check_every - 1``, ``2 * check_every - 1``, ...
-  (`due`); a run over a range recomputes once at most, at its last due epoch — and on a run's
-  last epoch when the run selects it (the verify job, the asset graph's *Materialize*) or its
-  op config says ``binary_join: true``.
-
-**Reporting: each partition its own status.** A run of one partition (a daily run) reports each
-check evaluated there once, and Dagster gives it the partition. In a run over a range (a
-single-run backfill) Dagster 1.13 plans one check row per check and partition, and only an
-`AssetCheckEvaluation` carrying the partition fills it (a result without one stays SKIPPED);
-Dagster writes those one at a time (see docs/benchmarks.md for the cost). `CheckReporting` chooses:
-
-* ``auto`` (the default) — ``every`` for a range of at most `PER_PARTITION_LIMIT` (100) epochs,
-  ``news`` beyond;
-* ``every`` — every evaluated partition gets its evaluation: each shows passed or failed;
-* ``news`` — the partitions where the check failed, and those where it passed but its latest
-  evaluation had failed (a recovery); the range's `AssetCheckResult` summarizes the rest
-  (``passed``, ``partitions``, ``evaluated``), which Dagster shows SKIPPED.
-
-A check that was not evaluated at a partition (every check but ``update_triples`` of an epoch
-whose changes were refused) reports nothing there: SKIPPED, never passed; the run's log says
-why. Evaluations of partitions outside the run — later partitions a correction left stale,
-stale epochs rebuilt before the run's — are reported either way.
+In a run over a range, only an `AssetCheckEvaluation` carrying the partition fills that
+partition's row; `CheckReporting` chooses which are written: ``every``, ``news`` (failures and
+recoveries, the rest summarized) or ``auto`` (``every`` up to `PER_PARTITION_LIMIT` epochs). A
+check not evaluated at a partition reports nothing there (SKIPPED, never passed).
 """
 
 from __future__ import annotations
@@ -192,12 +158,15 @@ class Outcome:
 
 @dataclass
 class CheckBook:
-    """Every check outcome of a run, by check and partition."""
+    """Every check outcome of a run, by check and partition: a partition of several epochs
+    keeps its first failure, else its last outcome."""
 
     outcomes: dict[AssetCheckKey, dict[str, Outcome]] = field(default_factory=dict)
 
     def add(self, key: AssetCheckKey, partition: str, outcome: Outcome) -> None:
-        self.outcomes.setdefault(key, {})[partition] = outcome
+        known = self.outcomes.setdefault(key, {})
+        if partition not in known or known[partition].passed:
+            known[partition] = outcome
 
     def get(self, key: AssetCheckKey, partition: str) -> Outcome | None:
         return self.outcomes.get(key, {}).get(partition)
@@ -319,15 +288,10 @@ def report(
     run_partitions: Sequence[str],
     reporting: CheckReporting = CheckReporting.AUTO,
 ) -> Iterator[AssetCheckResult | AssetCheckEvaluation]:
-    """Every check's results of a run (see the module): in a run of one partition an
-    `AssetCheckResult` per check selected and evaluated there; in a range run an
-    `AssetCheckEvaluation` per partition that `reporting` picks, and the range's summary as the
-    check's result (Dagster then counts the check as yielded: no "did not yield expected outputs"
-    line); an evaluation of its own for every evaluated partition of a check the run did not
-    select, and for partitions outside the run. A check without partitions (the binary join)
-    reports its one evaluation of the run, naming its partition in the metadata; a run without
-    partitions (a check's *Execute* in the UI) an evaluation at the epoch's partition and one
-    without, the run's own row."""
+    """Every check's results of a run (see the module): in a one-partition run an `AssetCheckResult`
+    per check evaluated; in a range run an `AssetCheckEvaluation` per partition `reporting`
+    picks and the range's summary as the result; evaluations of checks the run did not select and of
+    partitions outside the run; the binary join's one evaluation, its partition in the metadata."""
     single = bool(context.has_partition_key)
     unpartitioned = not single and not context.has_partition_key_range  # a check's Execute
     reporting = reporting.for_range(len(run_partitions))
@@ -458,12 +422,8 @@ def _summary(
 
 
 def latest_failed(instance: Any, check: AssetCheckKey, keys: Sequence[str]) -> set[str]:
-    """The partitions among `keys` whose latest evaluation of `check` failed.
-
-    Reads the check's failed evaluations (few: failures are news), newest first, then for each
-    partition of `keys` among them whether a passing evaluation came later: a query per check,
-    and one per failing partition. Planned evaluations (a running run's) are skipped: they hide
-    nothing.
+    """The partitions among `keys` whose latest evaluation of `check` failed: the failed evaluations
+    (few), newest first, then per failing partition whether a pass came later; planned ones skipped.
     """
     from dagster._core.event_api import PartitionKeyFilter
     from dagster._core.storage.asset_check_execution_record import (

@@ -1,71 +1,13 @@
 """`WcojComponent`: the wcoj pipeline as a Dagster component, configured by a ``defs.yaml``.
 
-A component's attributes are the arguments of `wcoj_assets.definitions.build_definitions`, which
-builds its definitions (nothing is built twice)::
-
-    type: wcoj_assets.component.WcojComponent
-    attributes:
-      relations:
-        - {name: edge, arity: 2}
-      queries:
-        - {name: triangles, query: triangles}          # a built-in query, by name
-        - name: wedges                                 # or query text
-          query: "w(a, b, c) :- edge(a, b), edge(b, c), a < c"
-      undirected: [edge]       # landed as edges in no direction: read both ways, loops dropped
-      sets: []                 # relations whose tuples are present or not (undirected: default)
-      bags: []                 # relations with signed multiplicities (the others: default)
-      landing: data/landing    # <landing>/<relation>/<YYYY-MM-DD>/<files>
-      storage: data/state
-      start: "2024-03-01"      # epoch n is the day n days after (default: the first landed day)
-      spark_master: "local[*]"
-      spark_conf: {spark.driver.memory: 4g}
-      check_every: 30          # the full binary-join recomputation on one epoch in 30
-      check_reporting: auto    # a range's check evaluations per partition: auto, every or news
-      empty_epochs: false      # an epoch with nothing landed fails update_triples (true: normal)
-      name: graphs             # the prefix of the job, sensors, resource (default: the folder)
-      op:                      # the one step, as dagster-dbt's `op` (name, tags, pool, policy)
-        name: wcoj_epochs
-        tags: {team: graphs}
-        backfill_policy: {type: single_run}
-      translation:             # each asset's spec, as dagster-dbt's `translation`
-        key_prefix: graphs
-        group_name: "{{ asset.group }}"
-        owners: ["team:graphs"]
-        tags: {layer: "{{ asset.role.value }}"}
-        kinds: [wcoj]
-
-``translation`` sees each asset as ``asset`` (`wcoj_assets.graph.AssetInfo`: its ``name``,
-``role`` — changes, snapshot, index, counts, rule, query changes, output —, ``relation``,
-``query``, ``group``, ``trace``) and its base spec as ``spec``; it may set the key (or a
-``key_prefix``), group, owners, tags, kinds, description and metadata, never the lineage or the
-partitions (wcoj wires those). A subclass may override `WcojComponent.get_asset_spec` instead.
-
-Every relation a query reads must be declared with its arity, and every declared relation read
-by some query. Relative paths are relative to the working directory of the process running a
-step (as for the ``wcoj`` resource); ``{{ env.NAME }}`` in a value is replaced when the
-component is loaded. The package registers this module for ``dg`` (the
-``dagster_dg_cli.registry_modules`` entry point), so ``dg list components`` shows the component,
-``dg scaffold defs wcoj_assets.component.WcojComponent <path>`` writes a working ``defs.yaml``
-(the built-in triangles over an undirected ``edge``) and ``dg check yaml`` checks one against
-its attributes.
-
-**Names and what it owns.** Like dagster-dbt's and dagster-sling's components, the definitions
-carry only what the component owns, named after it: ``name`` (default: the folder of its
-``defs.yaml``, ``triangles`` for ``defs/triangles/defs.yaml``) prefixes the job
-(``triangles_epoch_job``), the step (``triangles_epochs``), the sensors
-(``triangles_landing_sensor``, ``triangles_rebuild_sensor``, ``triangles_automation_sensor``),
-the resource (``triangles_wcoj``)
-and the IO manager of its results (``triangles_outputs``); the component sets no executor of the
-code location (its job runs its one step in process). Two components — say triangles over
-``edge`` and 3-cycles over ``follows``, each with its own storage and landing — live in one
-project. A second query over a relation goes in ``queries:`` of the component that has it (the
-queries of one component share the relation's arrangements): a second component over the same
-relation would define its assets again, and is refused naming both files, unless a
-``translation`` with a ``key_prefix`` gives it keys (and a state) of its own. `WcojComponent.execute` is the step's body: a subclass
-overrides it (to log around it, or to run something after each run).
-
-Loading the component parses and plans the queries; like `build_definitions`, it touches no file
-and starts no Spark.
+Its attributes are the arguments of `wcoj_assets.definitions.build_definitions`, which builds its
+definitions; ``translation`` sees each asset as ``asset`` (`wcoj_assets.graph.AssetInfo`) and its
+base spec as ``spec`` and may set anything but the lineage and the partitions. ``name`` (default:
+the folder of the ``defs.yaml``) prefixes the job, step, sensors, resource and IO manager, so that
+several components live in one project; a second component over the same relation is refused
+unless a ``key_prefix`` gives it keys of its own. The attributes, an example and the scaffold
+(``dg scaffold defs wcoj_assets.component.WcojComponent <path>``) are in docs/dagster.md.
+Loading the component parses and plans the queries; it touches no file and starts no Spark.
 """
 
 from __future__ import annotations
@@ -172,6 +114,12 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
         default=None,
         description="The first epoch's day (YYYY-MM-DD): epoch n is n days on. Default: the "
         "oldest epoch folder landed when the code location loads (today when none has).",
+    )
+    epochs_per_day: int = Field(
+        default=1,
+        description="Epochs in a day's partition, a divisor of 1440 (24: hourly, 1440: a minute "
+        "each): each epoch lands in <landing>/<relation>/<YYYY-MM-DD>/<HHMM>/ (its first "
+        "minute), is applied and committed on its own, and a day's run applies them in order.",
     )
     check_every: int | None = Field(
         default=None,
@@ -344,6 +292,7 @@ class WcojComponent(dg.Component, dg.Resolvable, dg.Model):
             spark_master=self.spark_master,
             spark_conf=self.spark_conf,
             start=self.first_day(),
+            epochs_per_day=self.epochs_per_day,
             undirected=self.undirected,
             sets=self.sets,
             bags=self.bags,

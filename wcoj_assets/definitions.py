@@ -1,32 +1,15 @@
 """The wcoj code location: `build_definitions` from query specs, and the default `defs`.
 
-One set of assets per query spec over one shared set of relations and arrangements
-(`wcoj_assets.graph`), all made by ONE step (`wcoj_assets.pipeline`: one engine pass and one
-manifest commit per epoch, a range of epochs in one run); the resource ``wcoj``
-(`WcojResource`), the IO manager ``wcoj_outputs`` through which assets of your own read a
-query's output (`wcoj_assets.outputs`), the job ``wcoj_epoch_job`` (that step, for one epoch or a
-range), the job ``wcoj_verify_job`` (every check but the landed files' on the epochs as the
-state holds them: nothing applied or materialized), the landing sensor (the way epochs run
-daily), the rebuild sensor that rebuilds what a corrected epoch left stale, in one run, and the
-automation sensor of assets of yours (`wcoj_assets.provenance`). With a `name`, every one of those
-names is derived from it (`Names`): `wcoj_assets.component.WcojComponent` builds the same from a
-``defs.yaml``, named after its folder, so that several live in one project.
-
-Epoch ``n`` is the day ``n`` days after `start` (`wcoj_assets.epochs`). Building the definitions
-parses and plans the queries and nothing else: no file, environment variable or Spark session is
-touched until a run, sensor tick or schedule asks for one. The default `defs` is loaded lazily
-(`dagster.definitions`): when Dagster loads the code location, not when the module is imported,
-it reads ``WCOJ_SPARK_MASTER`` (a cluster's master URL), ``WCOJ_EPOCH_START`` (the first
-epoch's day, ``2020-01-01`` when unset; ``make ui`` sets it to the demo's first landed epoch) and
-``WCOJ_SENSOR_SECONDS``.
-
-Run one epoch::
+One set of assets per query over shared relations and arrangements (`wcoj_assets.graph`), all made
+by ONE step (`wcoj_assets.pipeline`); the resource ``wcoj``, the IO manager ``wcoj_outputs``
+(`wcoj_assets.outputs`), the jobs ``wcoj_epoch_job`` and ``wcoj_verify_job``, and the landing,
+rebuild and automation sensors; with a `name`, every name derives from it (`Names`). Epoch ``n``
+is the day ``n`` days after `start`. Building parses and plans the queries and nothing else. The
+default `defs` is loaded lazily and reads ``WCOJ_SPARK_MASTER``, ``WCOJ_EPOCH_START`` (default
+``2020-01-01``) and ``WCOJ_SENSOR_SECONDS`` then. Run one epoch::
 
     dagster job execute -m wcoj_assets.definitions -j wcoj_epoch_job --tags \\
         '{"dagster/partition": "2020-01-03"}'
-
-or, from Python, ``build_definitions().resolve_job_def("wcoj_epoch_job")
-.execute_in_process(partition_key=...)``.
 """
 
 from __future__ import annotations
@@ -148,6 +131,7 @@ def build_definitions(
     spark_master: str = "local[*]",
     spark_conf: Mapping[str, str] | None = None,
     start: str = EPOCH_START,
+    epochs_per_day: int = 1,
     undirected: Sequence[str] = (),
     sets: Sequence[str] = (),
     bags: Sequence[str] = (),
@@ -164,28 +148,16 @@ def build_definitions(
     backfill_policy: BackfillPolicy | None = None,
     execute: Execute = run_epochs,
 ) -> Definitions:
-    """Definitions maintaining every query of `specs` over shared arrangements.
+    """Definitions maintaining every query of `specs` over shared arrangements (docs/dagster.md).
 
-    `name` prefixes the names of the job, sensors, resource and IO manager (`Names`), so that
-    several pipelines share a code location; None gives the default code location's names.
-    `storage` and `landing` default to ``.wcoj/state`` and ``.wcoj/landing`` under the working
-    directory of the process running a step; either may be a `dagster.EnvVar`. Epoch ``n`` is
-    the day ``n`` days after `start` (``YYYY-MM-DD``). A relation's meaning: the binary
-    relations named in `undirected` land as edge lists in no particular direction (read in both
-    directions, self-loops dropped) and are sets unless named in `bags`; the others are bags
-    unless named in `sets` (`wcoj_core.meaning`). The sensors tick at most every
-    `sensor_seconds`; the binary-join check runs every `check_every` epochs (the
-    resource's default, 30, when None); `check_reporting` (``auto``, the default, ``every`` or
-    ``news``) picks which partitions of a run over a range get a check evaluation of their own
-    (`wcoj_assets.checks.CheckReporting`); `empty_epochs` applies an epoch with nothing landed
-    (by default its ``update_triples`` fails, naming the folder). `memory` is the memory budget
-    of the process running a step (``4g``; `wcoj_core.budget`). `pyspark` is an optional
-    dagster-pyspark `LazyPySparkResource` whose ``spark_config`` supplies Spark settings.
-    `translate` maps each asset's base spec and `wcoj_assets.graph.AssetInfo` to the spec to use
-    (key prefix, group, owners, tags, kinds...); `op_name`, `op_tags`, `pool` and
-    `backfill_policy` set the step's; `execute` is its body (`run_epochs`). No executor: the
-    definitions hold the pipeline's own, not the code location's (`defs` runs in process).
-    """
+    `name` prefixes the job, sensors, resource and IO manager (`Names`; None: the default names).
+    `storage` and `landing` (default ``.wcoj/state``, ``.wcoj/landing``) may be `dagster.EnvVar`s.
+    `start` and `epochs_per_day` set the epochs (`Epochs`); `undirected`, `sets` and `bags` declare
+    the relations' meanings (`wcoj_core.meaning`);
+    `check_every`, `check_reporting` (`wcoj_assets.checks.CheckReporting`), `empty_epochs`,
+    `memory` (the step's budget) and `pyspark` (a `LazyPySparkResource`) configure the step;
+    `translate` maps each base spec and `AssetInfo` to the spec used; `op_name`, `op_tags`, `pool`,
+    `backfill_policy` and `execute` (its body, `run_epochs`) set the step's. No executor."""
     names = Names(name)
     undirected, sets, bags = (
         (v,) if isinstance(v, str) else tuple(v) for v in (undirected, sets, bags)
@@ -196,7 +168,9 @@ def build_definitions(
         warnings.simplefilter("ignore", PreviewWarning)
         topology = Topology.of(specs, undirected, sets, bags)
         checks = partial(check_specs, rebuild_sensor=names.rebuild_sensor)
-        graph = EpochGraph.build(topology, Epochs(start), translate, checks, names.outputs)
+        graph = EpochGraph.build(
+            topology, Epochs(start, epochs_per_day), translate, checks, names.outputs
+        )
         step = {"name": op_name, "op_tags": op_tags, "pool": pool, "backfill": backfill_policy}
         assets = _step(graph, names, execute, step)
         resource = _resource(
@@ -243,10 +217,8 @@ def _resource(
     landing: Any,
     given: Mapping[str, Any],
 ) -> Any:
-    """The pipeline's resource: Spark, the storage and landing locations (defaults under
-    ``.wcoj/``), and each of the resource's other settings that `given` holds a value for (None:
-    the resource's default). A memory budget is refused here, when the definitions load, not at
-    the first run."""
+    """The pipeline's resource: Spark, storage and landing (defaults under ``.wcoj/``) and the
+    other settings `given` holds; a bad memory budget is refused when the definitions load."""
     if given.get("memory") is not None:
         from wcoj_core.budget import MemoryBudget
 

@@ -1,31 +1,13 @@
 """The asset graph of one code location: every asset the engine's pass makes, with its lineage.
 
-One `AssetInfo` per asset, in the order the engine makes them (topological):
-
-* per relation ``R``: ``R_deltas`` (the relation's change at the epoch: what its landed changes
-  did), ``R_snapshot`` (the relation as of the epoch, its batches: the *self* arrangement),
-  then its index segments in every column order the plans probe (``R_forward``,
-  ``R_reverse``, ...) and its counts arrangements (``R_counts_<key>``) — the four shared
-  arrangements of the design, each a set of sorted files on disk;
-* per query ``Q``: ``Q_rule_<i>`` (each delta rule's output change), ``Q_deltas`` (their sum)
-  and ``Q`` (the output as of the epoch).
-
-Lineage: what each asset is made from at the same epoch (identity partition mappings); a rule
-reads the arrangements the kernel probes for it. What is accumulated from the previous epoch — a
-snapshot, a counts arrangement, an output — says so in its description and its ``wcoj/role``
-tag, not as a dependency on its own previous partition: a self-dependency makes Dagster 1.13's
-asset backfills launch a run per asset (it will not put a self-dependent asset in the same run
-as its parents), and the engine applies any epoch in any order correctly anyway (each pass
-replaces its epoch and first derives again what a correction left stale).
-
-Groups: ``inputs`` (each relation's change), ``results`` (each query's change and output: the
-answer, tagged ``wcoj/result``) and ``engine`` (what the engine keeps to answer the next epoch:
-snapshots, indexes, counts, rule outputs).
-
-`EpochGraph.build(topology, epochs, translate)` makes each asset's base `AssetSpec` and passes it
-with its `AssetInfo` through `translate` (the component's ``translation``: key prefix, group,
-owners, tags, kinds, description, metadata), then wires the dependencies and the checks to the
-translated keys. Nothing here reads a file or starts Spark.
+One `AssetInfo` per asset, in topological order: per relation ``R``, ``R_deltas``,
+``R_snapshot``, its index segments (``R_forward``, ``R_reverse``, ...) and counts
+(``R_counts_<key>``); per query ``Q``, ``Q_rule_<i>``, ``Q_deltas`` and ``Q``. Lineage is what
+each asset is made from at the same epoch; what accumulates from the previous epoch says so in
+its ``wcoj/role`` tag, not by a self-dependency (which makes Dagster launch a run per asset).
+Groups: ``inputs``, ``results`` and ``engine``. `EpochGraph.build` passes each base `AssetSpec`
+through the component's ``translation``, then wires dependencies and checks to the translated
+keys. Nothing here reads a file or starts Spark.
 """
 
 from __future__ import annotations

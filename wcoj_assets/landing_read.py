@@ -35,12 +35,14 @@ from typing import TYPE_CHECKING, Any
 
 from upath import UPath
 
-from wcoj_assets.epochs import DEFAULT_EPOCHS, Epochs, date_of_key
+from wcoj_assets.epochs import DAY_MINUTES, DEFAULT_EPOCHS, Epochs
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
+# Accepts the folder of an epoch of any pipeline: a day, or a day and a minute.
+_ANY = Epochs("1900-01-01", DAY_MINUTES)
 SUFFIXES = (".parquet", ".csv", ".csv.gz", ".txt", ".txt.gz")
 # Local landed files bigger than this together are read by Spark rather than by the driver.
 LOCAL_READ_BYTES = 4 << 30
@@ -99,9 +101,39 @@ def _stat(path: UPath) -> tuple[int, float]:
     return int(st.st_size), float(st.st_mtime)
 
 
+def partition_folders(
+    landing: str, relation: str, key: str, epochs: Epochs
+) -> tuple[list[int], list[str]]:
+    """The epochs of partition `key` that have a folder of `relation` (oldest first), and the
+    other names in the day's folder (several epochs a day: each epoch in ``<day>/<HHMM>/``)."""
+    root = UPath(landing) / relation / key
+    if not root.is_dir():
+        return [], []
+    if epochs.per_day == 1:
+        return [epochs.number(key)], []
+    good: list[int] = []
+    bad: list[str] = []
+    for entry in root.iterdir():
+        folder = f"{key}/{entry.name}"
+        if _hidden(entry.name):
+            continue
+        if entry.is_dir() and epochs.is_key(folder):
+            good.append(epochs.number(folder))
+        else:
+            bad.append(entry.name)
+    return sorted(good), sorted(bad)
+
+
+def partition_files(landing: str, relation: str, key: str, epochs: Epochs) -> list[LandedFile]:
+    """Every file of `relation` landed for partition `key`: each of its epochs' folders'."""
+    found = partition_folders(landing, relation, key, epochs)[0]
+    return [f for t in found for f in landed_files(landing, relation, epochs.folder(t)).files]
+
+
 def landed_files(landing: str, relation: str, key: str) -> Landing:
-    """The files of one relation at one epoch (none when the folder does not exist)."""
-    date_of_key(key)  # refuse anything that is not a date before touching a path
+    """The files of one relation at one epoch, in its folder `key` (``YYYY-MM-DD``, or
+    ``YYYY-MM-DD/HHMM``: `Epochs.folder`); none when the folder does not exist."""
+    _ANY.number(key)  # refuse anything that is not an epoch's folder before touching a path
     folder = UPath(landing) / relation / key
     if not folder.is_dir():
         return Landing((), ())
@@ -347,27 +379,20 @@ def landed_columns(path: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in names if n.strip().lower() not in ("diff", "time"))
 
 
-def first_landed_day(landing: str, relations: Sequence[str]) -> str | None:
-    """The oldest epoch folder's day under ``<landing>/<relation>/`` of any of `relations`
-    (None when nothing has landed): where epochs start when no first day is given.
+def landed_epochs(landing: str, relations: Sequence[str]) -> Epochs:
+    """The epochs of a pipeline whose first day is not given: from the oldest epoch folder
+    landed under ``<landing>/<relation>/`` of any of `relations`, or from today (UTC) when none
+    has; a relative `landing` is relative to the working directory.
 
     >>> import pathlib, tempfile
     >>> root = pathlib.Path(tempfile.mkdtemp())
     >>> for day in ("2024-03-02", "2024-03-01", "notes"): (root / "edge" / day).mkdir(parents=True)
-    >>> first_landed_day(str(root), ["edge"]), first_landed_day(str(root), ["other"])
-    ('2024-03-01', None)
+    >>> landed_epochs(str(root), ["edge"]).start
+    '2024-03-01'
     """
-    days = [d for rel in relations for d in epoch_folders(landing, rel, Epochs("1900-01-01"))[0]]
-    return min(days) if days else None
-
-
-def landed_epochs(landing: str, relations: Sequence[str]) -> Epochs:
-    """The epochs of a pipeline whose first day is not given: from the oldest epoch folder
-    landed (`first_landed_day`), or from today (UTC) when none has; a relative `landing` is
-    relative to the working directory."""
     import datetime as dt
 
     from wcoj_assets.resources import resolve
 
-    day = first_landed_day(resolve(landing), relations)
-    return Epochs(day or dt.datetime.now(dt.UTC).date().isoformat())
+    days = [d for rel in relations for d in epoch_folders(resolve(landing), rel, _ANY)[0]]
+    return Epochs(min(days) if days else dt.datetime.now(dt.UTC).date().isoformat())

@@ -1,42 +1,13 @@
 """What the pipeline maintains, for code of your own: whole or lazy, in the form an annotation names.
 
-The step stores its data itself (the state directory, never through an IO manager), so a
-downstream asset reads a query's output through `outputs_io_manager`, the IO manager of ``<q>``
-and ``<q>_deltas`` (registered as ``wcoj_outputs``, or ``<name>_outputs`` for a named pipeline).
-An asset of your own that takes one of them as a parameter receives the query's head variables
-as columns, then ``diff`` (the signed multiplicity; for an output, how many times the tuple is
-in it; an aggregate query's ``<q>`` names it after the aggregate, ``count`` or ``sum_<x>``: each
-group's value, read from its arrangement), in the type its annotation names, as dagster-duckdb's and dagster-deltalake's IO
-managers do::
-
-    @asset(partitions_def=..., automation_condition=follows_epochs())   # the same epochs
-    def top_vertices(triangles_deltas: pl.LazyFrame) -> ...:            # a, b, c, diff
-        ...
-
-* **Whole**, read with pyarrow (no JVM), each file checked against its size, digest and rows:
-  ``pyarrow.Table`` (also an unannotated parameter), pandas or polars ``DataFrame``. Each is
-  weighed first against the resource's memory budget (or the process's own limit, when smaller):
-  one that would not fit is refused on one line (`wcoj_core.budget.BudgetError`: the rows, the
-  bytes, the budget, the lazy forms), never left to fail midway.
-* **Lazy**, a piece at a time, so that an aggregate of an output of any size stays within
-  memory: ``pyarrow.RecordBatchReader`` (each file's size, digest and epoch checked before its
-  rows are given, each batch's rows against the manifest's), a polars ``LazyFrame``
-  (``scan_parquet``; ``collect(engine="streaming")`` keeps it bounded) and a DuckDB relation
-  (on a connection of its own whose ``memory_limit`` is the budget) — their files checked first
-  as Spark's are (`wcoj_core.state_read`). They give the stored rows as they are: a change one
-  row per tuple (as the engine writes it), an output as of an epoch its batches' rows, in which
-  a tuple's diffs sum to its multiplicity (zero once gone).
-* **Spark** ``DataFrame`` (``pyspark.sql.DataFrame``): read lazily by Spark, which the resource
-  starts saying why (``starting Spark ...: <asset> reads <input> as a Spark DataFrame``).
-
-Every form reads exactly the files the state's manifest lists, and no other.
-``<q>`` gives the output as of the epoch; ``<q>_deltas`` its change at the epoch. A parameter
-annotated ``dict[str, <form>]`` gets every epoch the run reads, by partition key — what an asset
-with a single-run backfill policy reads when one run fills a range of epochs (an asset added
-after the epochs ran: `wcoj_assets.provenance.follows_epochs`); otherwise a downstream asset
-without partitions (or one reading several epochs) gets ``<q>`` as of the last epoch it reads,
-and the change is given one epoch at a time only, asking for several being an error that says
-so. `read_output` does the same from Python, given an `wcoj_core.engine.Engine`.
+`outputs_io_manager` (``wcoj_outputs``, or ``<name>_outputs``) gives ``<q>`` (the output as of
+the epoch) and ``<q>_deltas`` (its change) as the head variables' columns then ``diff`` (an
+aggregate's ``count`` or ``sum_<x>``), in the annotated type: whole (``pyarrow.Table``, pandas
+or polars ``DataFrame``; weighed first against the memory budget, `BudgetError` if it would not
+fit), lazy (``pyarrow.RecordBatchReader``, polars ``LazyFrame``, a DuckDB relation) or a Spark
+``DataFrame``. Every form reads exactly the files the manifest lists, each checked against its
+digest; ``dict[str, <form>]`` gets every epoch the run reads, by partition key. `read_output`
+does the same from Python, given an `wcoj_core.engine.Engine`. See docs/dagster.md.
 """
 
 from __future__ import annotations
@@ -54,6 +25,7 @@ from wcoj_assets.graph import OUTPUTS_IO_MANAGER, AssetInfo, EpochGraph, Role
 from wcoj_assets.specs import head_columns
 from wcoj_core.budget import BudgetError, format_size, process_limit
 from wcoj_core.errors import WcojError
+from wcoj_core.lineage import epochs_of as epochs_held
 from wcoj_core.traces import DIFF
 
 if TYPE_CHECKING:
@@ -201,14 +173,10 @@ def _lazy(engine: Engine, trace: Trace, batches: list[Batch], names: list[str], 
 
 
 def whole_table(engine: Engine, name: str, epoch: int, *, change: bool = False) -> pa.Table:
-    """A trace as `wcoj_core.state_read` gives it whole: its stored change at `epoch` (with
-    `change`) or its output as of `epoch` — one row per tuple, non-zero ``diff``, from exactly
-    the files the manifest lists, each checked against its size, digest and rows. One stored
-    batch is given as it is, not sorted again: the engine writes a batch consolidated and sorted
-    on some order of its columns (its variable order), so its files, concatenated, are the table
-    once one pass over its columns in that order confirms it (`wcoj_core.arrow.consolidated`);
-    the rows come in that order. Several batches (or one that is not: none is written so) are
-    summed and sorted (`read_table`, `change_table`)."""
+    """A trace whole (`wcoj_core.state_read`): its change at `epoch` (`change`) or its output as of
+    `epoch`, one row per tuple, from exactly the manifest's files, each checked. One batch is given
+    as stored once one pass confirms it consolidated and sorted (`wcoj_core.arrow.consolidated`);
+    several are summed and sorted (`read_table`, `change_table`)."""
     from wcoj_core.arrow import consolidated
     from wcoj_core.state_read import change_table, listed, read_table
 
@@ -251,28 +219,33 @@ class _Outputs(IOManager):
             raise Failure(f"{asset} is read per epoch: the reading asset needs epoch partitions")
         annotation = getattr(context.dagster_type, "typing_type", None)
         each = get_origin(annotation) is dict  # dict[str, <form>]: every epoch, by partition
-        if change and len(keys) > 1 and not each:
-            raise Failure(
-                f"{asset} is the change at one epoch, but {len(keys)} epochs were asked for "
-                f"({keys[0]}..{keys[-1]}); annotate the parameter dict[str, pa.Table] (each "
-                f"epoch's, by partition), or read `{query.name}` (the output as of an epoch)"
-            )
         epochs = self._graph.epochs
-        last = max(keys, key=epochs.number)
+        engine = self._wcoj.engine(self._graph.topology, create=False)
+        # Several epochs a day: each epoch of the days the state holds, by folder (day/HHMM).
+        held = set(epochs_held(engine.store.current())) if epochs.per_day > 1 else None
+        ts = sorted(t for k in keys for t in epochs.span(k) if held is None or t in held)
+        ts = ts or [epochs.span(max(keys, key=epochs.number))[-1]]
+        if change and len(ts) > 1 and not each:
+            raise Failure(
+                f"{asset} is the change at one epoch, but {len(ts)} epochs were asked for "
+                f"({epochs.folder(ts[0])}..{epochs.folder(ts[-1])}); annotate the parameter "
+                f"dict[str, pa.Table] (each epoch's, by partition, or day/HHMM with several "
+                f"epochs a day), or read `{query.name}` (the output as of an epoch)"
+            )
+        last = epochs.folder(ts[-1])
         form = Form.of(get_args(annotation)[-1] if each else annotation)
         if form is Form.SPARK:
             reader = context.upstream_output.asset_key if context.upstream_output else None
             who = context.asset_key.to_user_string() if reader is None else asset
             self._wcoj.starter().log = context.log.info
             self._wcoj.spark(f"an asset reads {who} at {last} as a Spark DataFrame")
-        engine = self._wcoj.engine(self._graph.topology, create=False)
         try:
             if each:
                 return {
-                    k: read_output(engine, query, epochs.number(k), change=change, form=form)
-                    for k in sorted(keys, key=epochs.number)
+                    epochs.folder(t): read_output(engine, query, t, change=change, form=form)
+                    for t in ts
                 }
-            return read_output(engine, query, epochs.number(last), change=change, form=form)
+            return read_output(engine, query, ts[-1], change=change, form=form)
         except WcojError as e:  # a whole form refused, memory run out, a damaged batch: one line
             lazy = f"; lazy forms: {LAZY_FORMS}" if isinstance(e, MemoryError) else ""
             raise Failure(f"{e}{lazy}") from e

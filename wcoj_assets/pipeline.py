@@ -45,7 +45,7 @@ component may wrap it.
 import time as clock
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Any
 
@@ -67,8 +67,8 @@ from wcoj_assets import provenance
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
 from wcoj_assets.instance import hold_connections
-from wcoj_assets.landing_read import LandedStream, Refused, landed_files
-from wcoj_assets.report import LandedFigures, epoch_metadata, unit
+from wcoj_assets.landing_read import LandedStream, Refused, fingerprint, landed_files
+from wcoj_assets.report import FINGERPRINT, LandedFigures, epoch_metadata, unit
 from wcoj_assets.resources import WcojResource, freeze_heap_at_exit
 from wcoj_core.errors import InputError, WcojError
 from wcoj_core.traces import relation_trace_name
@@ -90,13 +90,16 @@ class EpochConfig(Config):
     )
 
 
-def epochs_of(context: Any, epochs: Epochs) -> list[tuple[str, int]]:
-    """The (key, epoch) pairs of the step's partitions, oldest first; Failure for a bad key."""
+def epochs_of(context: Any, epochs: Epochs, day: Any = None) -> list[tuple[str, int]]:
+    """The (key, epoch) pairs of the step's partitions, oldest first; Failure for a bad key.
+    Several epochs a day: each epoch ``day(key)`` names, else the day's first."""
     try:
-        pairs = [(key, epochs.number(key)) for key in context.partition_keys]
+        keys = sorted(context.partition_keys, key=epochs.number)
     except InputError as e:
         raise Failure(description=str(e), allow_retries=False) from e
-    return sorted(pairs, key=lambda p: p[1])
+    if epochs.per_day == 1 or day is None:
+        return [(key, epochs.number(key)) for key in keys]
+    return [(key, t) for key in keys for t in day(key) or [epochs.number(key)]]
 
 
 def epochs_asset(
@@ -155,6 +158,30 @@ class EpochRun:
         # Epoch -> relation -> its streamed landed files and their check (`_read`).
         self.streamed: dict[int, dict[str, tuple[LandedStream, Any]]] = {}
         self.counted: dict[tuple[int, str], int] = {}  # (epoch, relation) -> streamed rows
+        # Several epochs a day: the epochs the state holds; (day, relation) -> its files read.
+        self.held: set[int] = set()
+        self.day_files: dict[tuple[str, str], list[Any]] = {}
+
+    def _pairs(self) -> list[tuple[str, int]]:
+        """The run's (partition key, epoch) pairs (`epochs_of`); several epochs a day, each of a
+        day's with a landing folder or held by the state (a folder removed since: applied
+        empty)."""
+        from wcoj_assets.landing_read import partition_folders
+        from wcoj_core.lineage import epochs_of as held_epochs
+
+        epochs, landing, topo = self.graph.epochs, self.wcoj.landing_path(), self.graph.topology
+        if epochs.per_day > 1:
+            with suppress(WcojError):  # no state yet: none held
+                held = self.wcoj.engine(topo, create=False).store.current()
+                self.held = set(held_epochs(held))
+
+        def day(key: str) -> list[int]:
+            found = {
+                t for r in topo.relations for t in partition_folders(landing, r, key, epochs)[0]
+            }
+            return sorted(found | (self.held & set(epochs.span(key))))
+
+        return epochs_of(self.context, epochs, day)
 
     def run(self) -> Iterator[Any]:
         context, graph = self.context, self.graph
@@ -165,12 +192,14 @@ class EpochRun:
         if context.run.tags.get(VERIFY_TAG) or not self.selected:  # the verify job, or checks
             yield from self._verify()
             return
-        pairs = epochs_of(context, graph.epochs)
+        pairs = self._pairs()
         changes, landed, refused = self._read(pairs)
-        applied = [(k, t) for k, t in pairs if refused is None or t < refused[1]]
+        # A day whose changes are refused is applied none of (nor are the days after it).
+        applied = [(k, t) for k, t in pairs if refused is None or k < refused[0]]
         done: list[tuple[str, int]] = []
         if applied:
             engine = self.wcoj.engine(graph.topology)
+            last_of = dict(applied)  # each day's last epoch: the one its metadata reports
             for key, t in applied:
                 try:
                     self._check_before_rebuilds(engine, t, changes[t])
@@ -193,7 +222,7 @@ class EpochRun:
                     yield from self._rebuilt(engine, rebuilt)
                 # The run's last epoch is audited while its events are written (below).
                 last = (key, t) == applied[-1]
-                self._epoch(engine, key, result, landed.get(t), audit_later=last)
+                self._epoch(engine, key, result, landed.get(t), last, t == last_of[key])
                 done.append((key, t))
             if done:
                 self._later(engine, done)
@@ -205,7 +234,7 @@ class EpochRun:
                 self._binary_joins(engine, done)
         if refused is not None:
             key, t = refused
-            later = [k for k, n in pairs if n > t]
+            later = sorted({k for k, _ in pairs if k > key})
             others = sorted(
                 {c.name for c in context.selected_asset_check_keys} - {ck.UPDATE_TRIPLES}
             )
@@ -219,7 +248,7 @@ class EpochRun:
                 + "). Fix or replace the files: the landing sensor runs the epoch again."
             )
         yield from ck.report(
-            context, graph.check_specs, self.book, [k for k, _ in pairs], self.wcoj.check_reporting
+            context, graph.check_specs, self.book, _keys(pairs), self.wcoj.check_reporting
         )
 
     # -- reading -------------------------------------------------------------------------------
@@ -229,7 +258,7 @@ class EpochRun:
         """Every relation's landed rows at every epoch up to the first refused one, checked;
         each relation's ``update_triples`` outcome at each epoch read; the first refused epoch
         as ``(key, t)`` (None when none was)."""
-        from wcoj_assets.landing_read import bad_rows, fingerprint, landed_columns, read_epoch
+        from wcoj_assets.landing_read import bad_rows, landed_columns, read_epoch
         from wcoj_assets.schemas import arrow_problems, landed_problems
         from wcoj_core.traces import relation_columns
 
@@ -240,12 +269,13 @@ class EpochRun:
         for key, t in pairs:
             problems: dict[str, list[str]] = {}
             found: dict[str, Any] = {}
+            folder = graph.epochs.folder(t)
             for rel, arity in graph.topology.relations.items():
                 start = clock.perf_counter()
                 try:
-                    read = read_epoch(landing, rel, arity, key, starter)
+                    read = read_epoch(landing, rel, arity, folder, starter)
                 except InputError as e:
-                    files = [f.path for f in landed_files(landing, rel, key).files]
+                    files = [f.path for f in landed_files(landing, rel, folder).files]
                     rows = [r for f in files for r in bad_rows(f, arity, rel, ck.BAD_ROWS)]
                     problems[rel] = rows[: ck.BAD_ROWS] or [str(e)]
                     continue
@@ -268,6 +298,7 @@ class EpochRun:
                         continue
                     changes[t][rel] = read.rows
                 found[rel] = read
+                self.day_files.setdefault((key, rel), []).extend(read.paths)
                 names = next((landed_columns(f.path) for f in read.paths), ())
                 landed[t][rel] = LandedFigures(
                     tuple(f.name for f in read.paths),
@@ -282,10 +313,11 @@ class EpochRun:
                 not problems
                 and not any(r.paths for r in found.values())
                 and not self.wcoj.empty_epochs
+                and t not in self.held  # a folder removed since: the epoch is applied empty
             ):
                 problems = {
                     rel: [
-                        f"nothing landed in {landing}/{rel}/{key}/: no epoch is applied "
+                        f"nothing landed in {landing}/{rel}/{folder}/: no epoch is applied "
                         "without changes unless empty epochs are declared normal "
                         "(empty_epochs: true)"
                     ]
@@ -314,22 +346,15 @@ class EpochRun:
         for info in graph.of_role(Role.CHANGES):
             rel = info.relation or ""
             check = AssetCheckKey(graph.key(info.name), ck.UPDATE_TRIPLES)
-            lines = [f"epoch {t} ({key}): {line}" for line in problems.get(rel, [])]
-            metadata: dict[str, Any] = {
-                "epoch": str(t),
-                "depth": "schema and data",
-                "problems found": len(lines),
-            }
+            lines = [f"epoch {t} ({graph.epochs.folder(t)}): {x}" for x in problems.get(rel, [])]
+            metadata: dict[str, Any] = {"epoch": str(t), "depth": "schema and data"}
+            metadata["problems found"] = len(lines)
             if lines:
                 metadata["errors"] = MetadataValue.json(lines[: ck.BAD_ROWS])
-            shown = "; ".join(lines[:3])
+            more = f"; the first 3 of {len(lines)} shown, every one under errors"
             summary = (
-                f"{len(lines)} problem(s), nothing applied: {shown}"
-                + (
-                    f"; the first 3 of {len(lines)} shown, every one under errors"
-                    if len(lines) > 3
-                    else ""
-                )
+                f"{len(lines)} problem(s), nothing applied: {'; '.join(lines[:3])}"
+                + (more if len(lines) > 3 else "")
                 if lines
                 else None
             )
@@ -341,7 +366,7 @@ class EpochRun:
         """Epoch `t`'s streamed rows refused while it was applied (nothing of it committed): its
         ``update_triples`` fails as a refusal found when reading does, and the later epochs of
         the run, not applied, report no check."""
-        later = {k for k, n in pairs if n > t}
+        later = {k for k, _ in pairs if k > key}
         for outcomes in self.book.outcomes.values():
             for k in later:
                 outcomes.pop(k, None)
@@ -349,16 +374,25 @@ class EpochRun:
 
     # -- after each epoch ----------------------------------------------------------------------
     def _epoch(
-        self, engine: Any, key: str, result: Any, landed: Any, audit_later: bool = False
+        self, engine: Any, key: str, result: Any, landed: Any, audit_later: bool, full: bool
     ) -> None:
-        """Record an applied epoch: its assets' metadata and its per-epoch checks (with
-        `audit_later`, its audit started in a thread of its own: `_settle`)."""
+        """Record an applied epoch: its per-epoch checks (with `audit_later`, its audit started in
+        a thread of its own: `_audit_meanwhile`) and, with `full` (its partition's last epoch),
+        its assets' metadata."""
         graph, t = self.graph, result.epoch
         landed = {  # streamed rows are counted as they are checked
             rel: f if f.rows is not None else replace(f, rows=self.counted.get((t, rel)))
             for rel, f in (landed or {}).items()
         }
-        self.metadata[key] = epoch_metadata(graph, engine, result, landed)
+        self.metadata[key] = (
+            epoch_metadata(graph, engine, result, landed)
+            if full
+            else {i.name: {"epoch": t} for i in graph.infos}
+        )
+        if graph.epochs.per_day > 1:  # the day's files, as the landing sensor fingerprints them
+            for info in graph.of_role(Role.CHANGES):
+                files = self.day_files.get((key, info.relation or ""))
+                self.metadata[key][info.name][FINGERPRINT] = fingerprint(files) if files else ""
         self._epoch_checks(engine, key, result, rebuilt=False, audit_later=audit_later)
         out = ", ".join(
             f"{q} {result.count(q):,} ({result.total(q):+,})" for q in graph.topology.plans
@@ -368,7 +402,7 @@ class EpochRun:
             for rel, r in result.relations.items()
         )
         self.lines.append(
-            f"epoch {t} ({key}): {changed}; {out}; "
+            f"epoch {t} ({graph.epochs.folder(t)}): {changed}; {out}; "
             f"{result.metrics.total_seconds:.3f} s on the {result.metrics.deployment}"
         )
 
@@ -437,7 +471,7 @@ class EpochRun:
         """The epochs `done` reported materialized, one event per asset (of `names`, default
         all) and epoch."""
         wanted = set(names) if names is not None else None
-        for key, _t in done:
+        for key in _keys(done):
             for info in self.graph.infos:
                 if wanted is None or info.name in wanted:
                     yield AssetMaterialization(
@@ -456,7 +490,7 @@ class EpochRun:
         if not whole:
             yield from self._materialized(done)
             return
-        for key, _t in done:
+        for key in _keys(done):
             for name in chosen:
                 entries = self.metadata[key][name]
                 context.add_asset_metadata(entries, asset_key=graph.key(name), partition_key=key)
@@ -537,7 +571,7 @@ class EpochRun:
         engine = self.wcoj.engine(graph.topology, create=False)
         held, stale = set(held_epochs(engine.store.current())), set(engine.stale())
         if context.has_partition_key or context.has_partition_key_range:
-            pairs = epochs_of(context, graph.epochs)
+            pairs = self._pairs()
         else:
             last = engine.epoch if engine.epoch is not None else 0
             pairs = [(graph.epochs.key(last), last)]
@@ -573,6 +607,11 @@ class EpochRun:
             self.book.add(check, pairs[-1][0], _not_held(*pairs[-1]))
         keys = [k for k, _ in pairs]
         yield from ck.report(context, graph.check_specs, self.book, keys, self.wcoj.check_reporting)
+
+
+def _keys(pairs: Sequence[tuple[str, int]]) -> list[str]:
+    """The partition keys of (key, epoch) pairs, each once, in order."""
+    return list(dict.fromkeys(k for k, _ in pairs))
 
 
 def _not_held(key: str, t: int) -> ck.Outcome:

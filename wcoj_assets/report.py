@@ -1,26 +1,11 @@
 """What each asset's materialization of an epoch says: its own figures, from the engine's result.
 
-One engine pass makes every asset of an epoch; `epoch_metadata` turns its `EpochResult` (and,
-for a relation's changes, what was read from the landing folder) into each asset's metadata for
-that epoch's partition. Figures are in the user's units: rows as landed, and for an undirected
-relation *edges* (the engine holds each as two tuples). Dagster plots a partitioned asset's
-numeric entries per partition, so the numeric entries are the few a user follows — an output's
-``count``, ``added``, ``removed`` and ``net``; a relation's ``rows landed``, ``inserted``,
-``deleted`` and ``ignored`` — and everything the engine measured about itself is folded into one
-JSON entry, ``engine (internal)``. Besides, Dagster's standard entries:
-``dagster/row_count``, ``dagster/column_schema`` (the columns as the user named them: a landed
-CSV's or Parquet file's header, the query's head variables) and ``dagster/uri``.
-
-| asset | ``dagster/row_count`` | figures |
-|---|---|---|
-| ``R_deltas`` | rows changed, in the relation's units | rows landed, files, inserted, deleted, ignored (already present / absent), self-loops dropped, the files' fingerprint |
-| ``Q_deltas`` | output tuples changed | added, removed, net |
-| ``Q`` | output tuples as of the epoch | count, added, removed, net |
-| ``R_snapshot`` | tuples held as of the epoch | count (edges for an undirected relation) |
-| ``R_forward``, ``R_counts_<key>``, ``Q_rule_<i>`` | rows in its files or batch | the rule's output rows, or why it was not run |
-
-Everything comes from the manifest the epoch committed and the pass's result (figures kept
-incrementally): nothing here reads a batch or starts Spark.
+`epoch_metadata` turns an `EpochResult` (and what was read from the landing folder) into each
+asset's metadata, in the user's units (an undirected relation in edges). The numeric entries are
+the few a user follows (an output's ``count``, ``added``, ``removed``, ``net``; a relation's rows
+landed, inserted, deleted, ignored); the engine's own measures go in one JSON entry, ``engine
+(internal)``; besides, ``dagster/row_count``, ``dagster/column_schema`` and ``dagster/uri``.
+Everything comes from the committed manifest and the pass's result: nothing reads a batch.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ lines; callers turn a non-empty list into a failed check. The validation depth i
 ``PANDERA_VALIDATION_ENABLED`` in the environment cannot weaken it:
 
 * `Depth.FULL` (schema and data: types, nulls, ``diff != 0``, ``time``, uniqueness) on each epoch's
-  incoming changes — what can be wrong. Landed rows on the driver beyond `PANDERA_ROWS` (a bulk
-  load: millions of rows, or a stream) are checked by the same rules vectorized on their Arrow
-  columns (`arrow_problems`, exact over every row), pandera describing the rows that fail;
+  incoming changes — what can be wrong. Landed rows on the driver (a table or a stream) are
+  checked by the same rules vectorized on their Arrow columns (`arrow_problems`, exact over every
+  row), pandera describing the rows that fail (converting an epoch of 20 rows to pandas for
+  pandera costs more than applying it);
 * `Depth.SCHEMA` (columns and types only) on what the engine wrote (rule and query outputs).
 
 Each schema comes in two backends with the same rules: `pandera.pyspark` for frames Spark holds,
@@ -164,18 +165,16 @@ def _local_problems(df: pd.DataFrame, schema: Any, depth: Depth) -> list[str]:
     return []
 
 
-# A landed table of at most this many rows is validated by pandera whole; a bigger one (or a
-# stream) by `arrow_problems`, pandera describing the rows it flags (at most `FLAGGED_ROWS`).
-PANDERA_ROWS = 1 << 16
+# Landed rows are checked by `arrow_problems`, pandera describing the rows it flags (at most this
+# many).
 FLAGGED_ROWS = 1000
 
 
 def landed_problems(rows: Any, columns: Sequence[str], epoch: int) -> list[str]:
     """The full check of an epoch's landed update rows (``c0 ..``, ``diff``), stamped with the
     epoch: on the driver (an Arrow table, or a stream of batches: `wcoj_assets.landing_read.LandedStream`)
-    pandera's pandas backend for a table of at most `PANDERA_ROWS` rows, else the same rules
-    checked exactly on the Arrow columns (`arrow_problems`); pandera.pyspark for a Spark
-    DataFrame. One line per error; empty when they are valid."""
+    pandera's rules checked exactly on the Arrow columns (`arrow_problems`); pandera.pyspark for
+    a Spark DataFrame. One line per error; empty when they are valid."""
     import pyarrow as pa
 
     if hasattr(rows, "batches"):  # landed files streamed (`wcoj_assets.landing_read.LandedStream`)
@@ -187,9 +186,7 @@ def landed_problems(rows: Any, columns: Sequence[str], epoch: int) -> list[str]:
             seen += batch.num_rows
         return []
     if isinstance(rows, pa.Table):
-        if rows.num_rows > PANDERA_ROWS:
-            return arrow_problems(rows, columns, epoch)
-        return _pandera_problems(rows.select([*columns, DIFF]), columns, epoch)
+        return arrow_problems(rows, columns, epoch)
     from pyspark.sql import functions as F
 
     stamped = rows.select(*columns, F.lit(epoch).cast("long").alias(TIME), DIFF)

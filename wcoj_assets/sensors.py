@@ -2,7 +2,8 @@
 
 `landing_sensor` lists ``<landing>/<relation>/`` for every relation and, for each well-formed
 epoch folder holding files, requests one run of the epoch job for that partition, oldest epoch
-first. The run key is the epoch key plus a fingerprint of the files (names, sizes, modification
+first (several epochs a day: one run of the day's partition, which applies each epoch the day's
+``<day>/<HHMM>/`` folders hold). The run key is the epoch key plus a fingerprint of the files (names, sizes, modification
 times): a replaced file — a corrected epoch — gets a new run; an unchanged folder never gets a
 second one. The cursor remembers the fingerprints already requested, and an epoch whose latest
 materialization was made from the same files (its changes record their fingerprint: a
@@ -47,8 +48,9 @@ from dagster import (
     sensor,
 )
 
+from wcoj_assets.epochs import Epochs
 from wcoj_assets.graph import EpochGraph, Role
-from wcoj_assets.landing_read import epoch_folders, fingerprint, landed_files
+from wcoj_assets.landing_read import epoch_folders, fingerprint, partition_files, partition_folders
 from wcoj_assets.report import FINGERPRINT
 
 SERIAL_TAG = "wcoj/serial"
@@ -74,10 +76,9 @@ def landing_sensor(
         minimum_interval_seconds=interval,
         default_status=DefaultSensorStatus.RUNNING,
         required_resource_keys={resource_key},
-        description="Requests a run of the epoch job for each new or changed epoch folder under "
-        "<landing>/<relation>/, oldest first, unless its latest materialization was made from "
-        "the same files; malformed folder names are logged and skipped, and folders of days not "
-        "yet ended (UTC) wait for their day's partition.",
+        description="Requests a run of the epoch job per new or changed epoch folder under "
+        "<landing>/<relation>/, oldest first, unless last materialized from the same files; "
+        "malformed folder names are logged and skipped; a day's folder waits for its end (UTC).",
     )
     def _landing(context: SensorEvaluationContext) -> SensorResult | SkipReason:
         landing = getattr(context.resources, resource_key).landing_path()
@@ -104,7 +105,9 @@ def landing_sensor(
         requested: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
         requests: list[RunRequest] = []
         for key in sorted(keys, key=epochs.number):
-            by_relation = {rel: landed_files(landing, rel, key).files for rel in relations}
+            by_relation = {rel: partition_files(landing, rel, key, epochs) for rel in relations}
+            for rel in relations if epochs.per_day > 1 else ():
+                _misnamed(context, landing, rel, key, epochs)
             files = [f for found in by_relation.values() for f in found]
             if not files:
                 continue
@@ -133,6 +136,15 @@ def landing_sensor(
         return SensorResult(run_requests=requests, cursor=cursor)
 
     return _landing
+
+
+def _misnamed(context: Any, landing: str, rel: str, key: str, epochs: Epochs) -> None:
+    """Log each name in day `key`'s folder of `rel` that is not an epoch's ``HHMM`` folder."""
+    for name in partition_folders(landing, rel, key, epochs)[1]:
+        context.log.warning(
+            f"skipping {landing}/{rel}/{key}/{name}: not an epoch's folder (HHMM, "
+            f"{epochs.per_day} epochs a day); rename it to ingest it"
+        )
 
 
 def _materialized_from(

@@ -19,6 +19,8 @@ Commands::
     wcoj-bench scale   [--rmat SPEC] [--memory SIZE] [--build K] [--epochs K] [--epoch-size N]
                        [--sizes SPEC,..] [--methods spark-sql,duckdb] [--cap SIZE]
                        [--timeout S] [--scratch DIR] [--save JSON] [--json]
+    wcoj-bench scale   --shards K,.. [--rmat SPEC] [--hubs N] [--hub-degree D] [--queries Q,..]
+                       [--slice-rows R] [--plot PNG] [--save JSON] [--json]
     wcoj-bench dagster-run --input edge=PATH --undirected edge [--epochs K] [--epoch-size N]
                        [--instance sqlite|postgres] [--scratch DIR] [--json]
     wcoj-bench backfill --input REL=PATH --undirected REL --epochs K --epoch-size N [--json]
@@ -62,7 +64,7 @@ from wcoj_bench import report
 from wcoj_bench.infra import cluster
 from wcoj_bench.infra.machine import machine_facts, machine_label
 from wcoj_bench.infra.measure import Sample
-from wcoj_bench.parts import aggregates, ask, backfill, cold, dagster_run, idle, scale
+from wcoj_bench.parts import aggregates, ask, backfill, cold, dagster_run, idle, scale, shards
 from wcoj_bench.parts.curves import (
     CURVE_METHODS,
     DEFAULT_EPOCH_SIZE,
@@ -257,7 +259,30 @@ def _parser() -> argparse.ArgumentParser:
         help="one memory budget at 20-40 M edges: a one-epoch load, a build in epochs, fresh "
         "epochs, each a whole process with its tree's peak anonymous memory",
     )
-    sc.add_argument("--rmat", default=scale.DEFAULT_RMAT, metavar="SPEC", help="the graph")
+    sc.add_argument(
+        "--rmat",
+        metavar="SPEC",
+        help=f"the graph (default {scale.DEFAULT_RMAT}; with --shards {shards.DEFAULT_RMAT})",
+    )
+    sc.add_argument(
+        "--shards",
+        metavar="K,..",
+        help="instead: the sharded deployment's stages over K shards, by key and with heavy keys "
+        f"split, on the R-MAT plus a hub clique (`wcoj_bench.parts.shards`; e.g. "
+        f"{','.join(map(str, shards.DEFAULT_SHARDS))})",
+    )
+    _number(sc, "--hubs", shards.DEFAULT_HUBS, "N", "with --shards: hubs in a clique")
+    _number(sc, "--hub-degree", shards.DEFAULT_HUB_DEGREE, "D", "with --shards: a hub's degree")
+    sc.add_argument(
+        "--queries",
+        default=",".join(shards.DEFAULT_QUERIES),
+        metavar="Q,..",
+        help="with --shards: the queries (default triangles,4-cliques)",
+    )
+    _number(
+        sc, "--slice-rows", shards.SLICE_ROWS, "R", "with --shards: rows of a heavy key's slice"
+    )
+    sc.add_argument("--plot", metavar="PNG", help="with --shards: the plot to write")
     sc.add_argument(
         "--query", default="triangles", metavar="Q", help="a built-in query (default triangles)"
     )
@@ -666,8 +691,41 @@ def _cold(args: argparse.Namespace) -> int:
     return _finish(args, result, facts=facts)
 
 
+def _shards(args: argparse.Namespace) -> int:
+    try:
+        ks = [int(k) for k in args.shards.split(",")]
+    except ValueError as e:
+        raise UsageError(f"--shards: {args.shards!r} is not a list of numbers such as 2,8") from e
+    if not ks or min(ks) < 1 or args.slice_rows < 1 or args.hubs < 0:
+        raise UsageError("--shards, --slice-rows must be 1 or more, --hubs 0 or more")
+    queries = [q for q in args.queries.split(",") if q]
+    unknown = set(queries) - {"triangles", "4-cliques"}
+    if unknown:
+        raise UsageError(f"--queries: {', '.join(sorted(unknown))}: known are triangles, 4-cliques")
+    result = shards.run_shards(
+        args.rmat or shards.DEFAULT_RMAT,
+        args.hubs,
+        args.hub_degree,
+        ks,
+        queries,
+        args.slice_rows,
+        say=note,
+    )
+    _say_targets(result)
+    if args.plot:
+        shards.plot(result, Path(args.plot))
+        say(f"plot: {args.plot}")
+    if args.save:
+        scale.save(result, Path(args.save))
+    return _finish(args, result)
+
+
 def _scale(args: argparse.Namespace) -> int:
     from wcoj_core.budget import parse_size
+
+    if args.shards:
+        return _shards(args)
+    args.rmat = args.rmat or scale.DEFAULT_RMAT
 
     for flag, value in (("--memory", args.memory), ("--cap", args.cap)):
         try:

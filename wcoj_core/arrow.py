@@ -25,8 +25,10 @@ I64 = np.int64
 
 
 def long_array(values: np.ndarray) -> pa.Array:
-    """A numpy array of longs as an Arrow int64 array (no copy when it is contiguous)."""
-    return pa.array(np.ascontiguousarray(values, dtype=I64), type=pa.int64())
+    """A numpy array of longs as an Arrow int64 array over its memory (no copy when contiguous;
+    not ``pa.array``, which imports ``numpy.ma``): not for Arrow's threaded readers."""
+    values = np.ascontiguousarray(values, dtype=I64)
+    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
 
 
 def longs(column: pa.Array | pa.ChunkedArray) -> np.ndarray:

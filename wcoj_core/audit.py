@@ -1,64 +1,21 @@
 """The per-epoch check: an epoch's output change recomputed from its input changes.
 
-`audit_epoch(engine, query, epoch, mode)` (in `wcoj_core.audit_sample`, above this module)
-recomputes query `query`'s output change at `epoch` from the relations' stored state and
-compares it, as an exact multiset, with the change the engine stored (the ``out/<query>`` batch
-at the epoch, its files checked against their digests), and the output's figures as of the
-epoch (distinct tuples, count, negative tuples) with its figures as of the epoch before moved by
-that change. `AuditMode.FULL` recomputes every tuple; `AuditMode.SAMPLED`, the default, every
-tuple of a small epoch and otherwise a random sample, each sampled tuple recomputed whole, with
-the figures and the change's sum still exact (`wcoj_core.audit_sample`: a bulk load audited in
-about the time the engine took). The `Audit` says whether they agree, how many tuples differ
-(the first few named), what the figures get wrong, how many rows the check's joins produced,
-what it read, how long it took and the chance it had of finding one wrong tuple.
-
-**Independent of the kernel.** Nothing here runs the kernel's GenericJoin, its layer searches or
-the planner's rules. The check evaluates the epoch's *delta rules* by plain binary joins — one
-atom at a time, all of its variables bound at once — over sorted arrays it searches itself
-(`numpy.searchsorted` on a leading column, a vectorised bisection inside ranges). The two share
-only the stored data: the relations' batches, the source of truth, and their index segments,
-sorted copies of them (mapped, checked by size, header and stamp).
-
-**A cost that follows the change.** The change of a conjunctive query telescopes over its atoms::
+`recompute_change` evaluates a query's delta rules at an epoch (`wcoj_core.audit_sample` compares
+the result with the stored change and figures, in full or sampled)::
 
     Q(new) - Q(old) = sum_i  new_1 ... new_{i-1}  dR_i  old_{i+1} ... old_n
 
-Rule ``i`` starts from ``dR_i``, relation R_i's stored batch at the epoch (no batch: no rule);
-the atoms before ``i`` read the new state (time <= t), those after it the old one (time < t),
-exactly as the engine's plan does. Every further atom is joined by *fetching only the tuples that
-match the keys bound so far* (a semi-join by key) from sorted sources: the relation's index
-segments in an order whose leading column is bound — the stored ``(c0, c1, ..)``, the reverse
-``(c1, c0)`` when the plans read one, or a view segment of the atom's own constants and repeated
-variables — mapped where they lie, plus one small source sorted here: the small recent segments
-and the batches the index lacks or holds beyond the epoch (signed). Old and new states are such
-sums, and a join is linear in each input, so the sources are searched apart, never merged: no
-relation is read whole. Only when no sorted order starts with a bound column is a relation
-scanned from its batches, and `Audit.method` says so.
+**Independent of the kernel**: plain binary joins, one atom at a time, each fetching only the
+tuples that match the keys bound so far from sorted sources it searches itself (index segments
+whose leading column is bound, mapped and checked in order first, plus the recent batches sorted
+here; old and new states are signed sums of them, never merged). Only when no order starts with a
+bound column is a relation scanned (`Audit.method` says so). The next atom is the one with the
+fewest matching tuples per binding; bindings that disagree are split by their cheapest atom.
+Weights are exact: int64 while a bound proves it fits, Python ints otherwise.
 
-**Join order.** At each step the next atom is, among those keyed by a bound term, the one with
-the fewest matching tuples for the current bindings — counted exactly from the searched ranges,
-narrowed by the filters on the atom's next column. The count is known per binding, so when the
-bindings disagree (some hang off a hub on one side, others on the other), they are split by
-their cheapest atom and each group goes on in its own order: a join distributes over a union, so
-the sum is unchanged, and a hub never piles up rows that another order avoids. Filters apply as
-soon as their variables are bound; the head projects (repeated head variables too) and equal
-tuples are summed: an aggregate's groups (a sum(x)'s weights times x).
-
-**Exact arithmetic.** A binding's weight is the product of its atoms' multiplicities, as in
-the tests' oracle: int64 while a bound on the magnitudes proves it fits, Python ints otherwise —
-never a wrapped value. Sets, bags and negative multiplicities need nothing special: the stored
-multiplicities are what the query reads.
-
-**Segments in order.** Every segment the audit maps is checked to be in order (every pair of
-neighbouring rows up to `ORDER_ROWS` rows, else `ORDER_PAIRS` random pairs) before it is
-searched: a segment out of order is read around from the batches, which the engine's answer then
-contradicts.
-
-**What it cannot see.** Whatever both sides read alike: a relation batch that is itself wrong
-(say, a wrong set effect of the landed changes), an index segment that disagrees with the
-batches it was built from, the output's earlier batches and the figures they record (each epoch's
-audit checks its own step from the one before), and the counts arrangements. The full recompute
-from the batches (`matches_binary_join`) and ``wcoj verify`` cover those.
+**What it cannot see**: what both sides read alike (a wrong relation batch, a segment that
+disagrees with its batches, the output's earlier batches, counts arrangements);
+``matches_binary_join`` and ``wcoj verify`` cover those.
 """
 
 from __future__ import annotations

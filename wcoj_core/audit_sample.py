@@ -3,51 +3,22 @@ checked tuple by tuple, and what is cheap to check exactly checked exactly (its 
 every tuple of a small epoch, or of any epoch asked for in full, recomputed by the binary joins
 of `wcoj_core.audit`.
 
-Recomputing a whole epoch's change by binary joins (`wcoj_core.audit`, the full audit) is what
-the engine avoids: on a first load of a web graph it joins a hundred million rows. So at an epoch
-whose change is large the audit checks, with the same independent joins:
+A large epoch is checked with the same independent joins by:
 
-* **stored tuples, sampled** — positions of the stored change drawn at random
-  (with replacement: a tuple is drawn with chance ``p = 1 - (1 - 1/n)^s`` of ``n``); each drawn
-  tuple's multiplicity is recomputed whole: every delta rule evaluated with the head's variables
-  bound to the tuple (`_Rules.run_bound`), so a wrong multiplicity, or a tuple that should not be
-  there, is found when drawn;
-* **missing tuples, sampled** — per delta rule, rows of its relation's change
-  drawn at random and the rule evaluated from them alone: every output tuple they reach (at most
-  `REACHED` of them, drawn at random beyond that) is recomputed whole as above and compared, so a
-  tuple the engine left out is found when one of the change rows it grows from is drawn;
-* **exactly, whatever the size** — the stored change read whole once, streamed (every file's
-  size and digest, its rows against the manifest's); the sum of its multiplicities; the output's
-  figures (distinct tuples, count, negative tuples) as of the epoch against its figures as of
-  the epoch before plus the change: for an output whose tuples are held once or not at all,
-  every change is +1 or -1 and the figures move by its sum; for an indexed output, each changed
-  tuple's multiplicity before the epoch is looked up in the output's mapped segments (their order
-  checked; for an epoch older than the index, in its batches before the epoch) and the figures
-  follow.
+* **stored tuples, sampled**: positions drawn at random (a tuple with chance ``p = 1 - (1 -
+  1/n)^s``), each tuple's multiplicity recomputed whole with the head bound (`_Rules.run_bound`);
+* **missing tuples, sampled**: per rule, change rows drawn and the rule run from them; every
+  output tuple reached (at most `REACHED`) recomputed whole and compared;
+* **exactly**: the stored change streamed once (digests, rows), its sum, and the output's
+  figures as of the epoch against those before plus the change;
+* **the sum, recounted** (`Engine.recount`, local states): a missing or extra tuple or a wrong
+  multiplicity moves it, so `Audit.catch_sum` is 1; errors of the kernel's own joins that keep
+  the sum are found by the sample only (`Audit.misses`).
 
-* **the change's sum, recounted** — the epoch derived again on this process from the landed
-  changes the state keeps (`Engine.recount`: a pass that writes nothing and counts in the
-  kernel what it need not make), its total compared with the stored change's: a missing or
-  extra tuple, or a wrong multiplicity, moves it, so `Audit.catch_sum` is 1. The recount is
-  independent of the stored change, its files and figures, not of the kernel: errors that
-  leave the sum as it is (a tuple replaced by another of its multiplicity) and errors of the
-  kernel's own joins are found by the sample only (`Audit.misses` says so). A state on remote
-  storage is not recounted (the sample's chance is then the check's).
-
-How many are drawn follows the change (`sample_sizes`: a quarter as many items as the epoch has
-change rows, half stored tuples, half change rows, between floors and caps), so the audit's work
-grows as the engine's does: at most about the engine's own pass at every epoch size, and the
-recount is the engine's pass less its writing.
-`Audit.catch` states the chance that one wrong tuple is found: the least of ``p`` and the chance
-a missing tuple's change row is drawn (times the share of the reached tuples kept). With ``w``
-wrong tuples, all are missed with chance at most ``(1 - catch)^w``. The seed is named in the
-method: an audit run again with it checks the same sample.
-
-Joins stop at `JOINED` rows: a sample that would cost more is drawn again, smaller (the audit
-says so, and its chance shrinks with it): change rows a quarter as many, then the tuples
-recomputed (an aggregate's groups each sum many bindings). An epoch whose change rows number at most `EXACT_DELTA` and whose stored change at most
-`EXACT_STORED` tuples is audited in full instead (`Audit.catch` 1.0), if its joins stay within
-`JOINED`.
+`sample_sizes` follows the change, so the audit costs about the engine's pass. `Audit.catch` is
+the chance one wrong tuple is found; the seed is named in the method. Joins stop at `JOINED`
+rows (the sample is drawn again, smaller); an epoch within `EXACT_DELTA` change rows and
+`EXACT_STORED` stored tuples is audited in full.
 """
 
 from __future__ import annotations
@@ -634,13 +605,9 @@ def audit_epoch(
     mode: AuditMode = AuditMode.SAMPLED,
     seed: int | None = None,
 ) -> Audit:
-    """Check query `query`'s stored output change at `epoch` against its recomputation, and its
-    figures as of the epoch against those before it plus the change (see the module).
-
-    `mode` `SAMPLED` (the default per-epoch check) recomputes every tuple when the epoch is
-    small and a random sample of them otherwise (`wcoj_core.audit_sample`, with `seed`, drawn
-    when None); `FULL` every tuple whatever it costs. A damaged output or relation batch raises
-    `DamagedBatch`."""
+    """Check query `query`'s stored change at `epoch` against its recomputation and its figures
+    against those before plus the change (see the module): `SAMPLED` (the default, `seed` drawn
+    when None) or `FULL`. A damaged batch raises `DamagedBatch`."""
     started = clock.perf_counter()
     manifest = engine.store.current()
     relations = _relations(engine, query, epoch, manifest)

@@ -1,24 +1,11 @@
 """One memory budget per process: the number every stage of an epoch sizes its pieces by.
 
-A process is given one budget — ``--memory 4g`` on ``wcoj apply``, ``count`` and ``replay``,
-``memory:`` on the Dagster resource — or takes the default derived from the machine
-(`default_budget`: a quarter of its physical memory, at least 1 GiB); a budget given that the
-machine (or the process's own limit) cannot back is refused (`MemoryBudget.backed`). The budget
-bounds the process's *anonymous* memory (``RssAnon``: numpy arrays, Arrow buffers, Python
-objects), not the page cache behind the files it maps (arrangements, spilled runs): those pages
-are clean or written back, and the kernel reclaims them before it kills anything.
-
-`Shares` cuts a budget into what each stage may hold at once, after a fixed reserve for the
-interpreter and its libraries: the rows a sort takes before it writes a sorted run (`run_bytes`),
-the largest layer kept in memory rather than spilled to a mapped file (`layer_bytes`), the
-kernel's proposals per thread (`proposals`, `chunk_rows`), the output pieces a thread holds
-before they are spilled (`sink_bytes`), and how a local Spark's JVM and Python workers are sized
-(`spark_conf`). Every stage reads its share; none reads the machine.
-
-`MemoryMeter` measures what the budget bounds while an epoch runs: the peak ``RssAnon``
-(sampled every 20 ms from ``/proc/self/status``: Linux keeps no peak of it), ``VmHWM`` (the peak
-of anonymous and file-backed resident memory together, reported beside it), and the bytes the
-epoch spilled to its scratch folder.
+A process is given one budget (``--memory 4g``, the Dagster resource's ``memory:``) or takes
+`default_budget` (a quarter of physical memory, at least 1 GiB); one the machine cannot back is
+refused (`MemoryBudget.backed`). It bounds anonymous memory (``RssAnon``), not the page cache
+behind mapped files. `Shares` cuts it, after a fixed reserve, into what each stage may hold
+(`run_bytes`, `layer_bytes`, `proposals`, `chunk_rows`, `sink_bytes`, `spark_conf`); none reads
+the machine. `MemoryMeter` measures the peak ``RssAnon`` (sampled), ``VmHWM`` and the bytes spilled.
 
 >>> parse_size("4g"), parse_size("512M"), parse_size("1.5GiB")
 (4294967296, 536870912, 1610612736)
@@ -205,11 +192,8 @@ def default_description() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Shares:
-    """What each stage may hold at once, cut from one budget (see the module).
-
-    `threads` is how many kernel threads share `kernel_bytes`; every per-thread share is
-    already divided by it.
-    """
+    """What each stage may hold at once, cut from one budget (see the module); per-thread shares
+    are divided by `threads` already."""
 
     budget: MemoryBudget
     work: int  # the budget less the reserve: what the stages share
@@ -238,11 +222,8 @@ class Shares:
         )
 
     def proposals(self, width: int) -> int:
-        """The candidates a kernel step proposes at once for bindings of `width` variables
-        (the kernel's ``budget``): its share in bytes over what a candidate costs. A rule binds
-        its variables depth first, each step's piece of bindings held while the next steps
-        extend it: a piece of ``n`` candidates may be held at every depth, ``n * d`` longs at
-        depth ``d``, about ``n * width**2 / 2`` in all, beside the copies a step makes.
+        """The candidates a kernel step proposes at once for `width` variables: its share
+        over what a candidate costs, about ``width**2 / 2`` longs held across the depths.
 
         >>> Shares.of(MemoryBudget(1 << 30)).proposals(100) < Shares.of(MemoryBudget(1 << 30)).proposals(3)
         True
@@ -270,10 +251,8 @@ MIN_HEAP = 512 << 20
 
 @dataclass(frozen=True, slots=True)
 class SparkShares:
-    """One budget split over a process tree that runs Spark (see the constants): the shares
-    of this process (`driver`), the JVM's heap setting (`heap`, ``spark.driver.memory``), and
-    what each executor's Python worker may hold (`worker_bytes`, given to its tasks with the
-    work, which size their pieces by it)."""
+    """One budget split over a process tree running Spark: this process's shares (`driver`), the
+    JVM heap (`heap`) and each executor Python worker's (`worker_bytes`)."""
 
     driver: Shares
     heap: int
@@ -355,13 +334,9 @@ class MemoryFigures:
 
 @dataclass(eq=False)
 class MemoryMeter:
-    """Samples this process's ``RssAnon`` while running (`start` / `stop`) and counts the bytes
-    spilled (`spilled`); `figures` gives what was seen.
-
-    The samples between `start` and `stop` are taken by one thread per process (`_Sampler`),
-    started by the first meter and kept: a small epoch starts no thread of its own (starting
-    one waits for it to be scheduled, milliseconds on a loaded machine) and reads
-    ``/proc/self/status`` twice, at its start and its end."""
+    """Samples this process's ``RssAnon`` between `start` and `stop` (one `_Sampler` thread per
+    process, kept for later meters) and counts the bytes `spilled`; `figures` gives what was seen.
+    """
 
     budget: MemoryBudget
     interval: float = SAMPLE_SECONDS
@@ -442,17 +417,3 @@ class _Sampler:
 
 
 _SAMPLER = _Sampler()
-
-
-__all__ = [
-    "BudgetError",
-    "MemoryBudget",
-    "MemoryFigures",
-    "MemoryMeter",
-    "Shares",
-    "SparkShares",
-    "default_budget",
-    "format_size",
-    "parse_size",
-    "process_memory",
-]

@@ -57,7 +57,7 @@ from wcoj_core.meaning import (
     figures_change,
     landed_digest,
 )
-from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version, order_free
+from wcoj_core.query.plan import AtomView, DeltaRule, Kind, Plan, Version, order_free, oriented
 from wcoj_core.served import Served, StateAccess
 from wcoj_core.spill import Scratch, Spill, chunks, merge, merge_into
 from wcoj_core.store.batches import BatchWriter
@@ -427,15 +427,15 @@ class EpochPass:
     # -- land ---------------------------------------------------------------------------------
     def _land(self) -> None:
         served = self.served
-        # A count of cliques from nothing reads its relation relabelled by (degree, id) rank:
-        # the count is the same, the candidates fewer (`by_rank`).
+        # A count of cliques from nothing, atoms oriented, reads its relation relabelled by
+        # (degree, id) rank, each edge once: the same count, fewer candidates (`by_rank`).
         ranked = (
             self.count_only
             and len(served.specs) == 1
             and not any(n.startswith("out/") for n in self.opened)
             and all(self._held_nothing(r) for r in served.specs)
             and all(
-                order_free(q, [r for r, s in served.specs.items() if s.undirected])
+                order_free(q, [r for r, s in served.specs.items() if s.undirected]) and oriented(q)
                 for q in served.queries.values()
             )
         )

@@ -1,30 +1,14 @@
 """A trace's arrangements as of an epoch: its persisted index, corrected, and advanced.
 
-A trace's index (`wcoj_core.store.manifest.Index`) covers exactly its batches up to the
-index's time: per *view key* — the atom view the kernel reads through (None: the trace as
-stored) and the column order it searches — a base segment and a few recent ones, each a sorted
-layer in files a process maps (`wcoj_core.store.segments`). `open_trace` gives the trace as of just
-before an epoch: the mapped segments, plus a *correction* layer holding the batches the epoch's
-old state has and the index lacks (added) or the index has and the old state lacks (subtracted:
-a re-run or a corrected epoch), read from their Parquet files. The usual epoch — the next one
-after the index — needs no correction and reads no batch.
-
-When segments are missing or damaged (`DamagedFile`), or a trace has no index yet, the trace is
-rebuilt from its batches (`Opened.rebuilt` says why) and the next commit persists a fresh base.
-
-`advance` persists the index after an epoch: one new recent segment per view key holding the
-epoch's change and the open's correction, so the new index covers every batch up to the epoch;
-recent segments are merged together once there are more than `MAX_RECENT`, and into a new base
-once they outgrow `MERGE_SHARE` of it (LSM style): files stay few, and an epoch writes what it
-changed.
-
-`plan_views` says which view keys the plans read, per trace: the ones persisted.
-
-A process applying epoch after epoch (a warm engine, a bench, a Dagster code server) keeps its
-segments mapped between them (`KEPT`): a segment opened again, its files' stamps unchanged
-since they were checked, is the same layer — its pages already mapped, and a directory of its
-first column built on this second use, so a key's rows are found in one step rather than by a
-binary search of millions of rows. A fresh process pays for neither.
+A trace's index (`wcoj_core.store.manifest.Index`) covers its batches up to the index's time: per
+*view key* (an atom view, or None, and a column order) a base segment and a few recent ones
+(`wcoj_core.store.segments`). `open_trace` gives the trace as of just before an epoch: the mapped
+segments plus a *correction* layer of the batches the index lacks (added) or holds beyond the old
+state (subtracted); the usual epoch, the next after the index, reads no batch. Missing or damaged
+segments, or no index, rebuild the trace from its batches (`Opened.rebuilt`). `advance` adds one
+recent segment per view key after an epoch, merged together beyond `MAX_RECENT` and into a new
+base beyond `MERGE_SHARE` of it. `plan_views` says which view keys the plans read. A process
+applying epoch after epoch keeps its segments mapped (`KEPT`) while their stamps are unchanged.
 """
 
 from __future__ import annotations
@@ -146,13 +130,9 @@ class Streamed:
 
 @dataclass
 class Opened:
-    """A trace as of just before an epoch, through any view key.
-
-    `segments` are the index's mapped layers per view key; `correction` (signed, as stored)
-    is what the old state holds beyond them. `read` holds every batch read whole while opening,
-    by path (so nothing is read twice). `rebuilt` says why the index was not used ("" when it
-    was), `mapped` and `read_bytes` what opening cost.
-    """
+    """A trace as of just before an epoch, through any view key: `segments` (mapped, per view key),
+    `correction` (signed: what the old state holds beyond them), `read` (batches read whole, by
+    path), `rebuilt` (why the index was not used, "" when it was), `mapped` and `read_bytes`."""
 
     trace: Trace
     before: int
@@ -204,15 +184,10 @@ class Opened:
 
 
 class KeptSegments:
-    """Segments this process mapped, kept for its next epochs (see the module).
-
-    `open` gives the layer mapped before when the segment is the same record (its files'
-    sizes and digests) and each file's stamp (inode, mtime, ctime) is the one seen when it was
-    opened and checked; anything else is opened and checked again (`segments.open_segment`).
-    A file rewritten in place changes its stamp, so what a fresh open would catch is caught
-    here too. `keep_only` forgets a state's segments that its current manifest no longer
-    names (their files are pruned: no mapping holds them on disk); at most `most` are kept.
-    """
+    """Segments this process mapped, kept for its next epochs: `open` reuses one while its record
+    and every file's stamp are unchanged (a file rewritten in place changes its stamp), else
+    opens and checks it again; `keep_only` forgets what the current manifest no longer names;
+    at most `most` are kept."""
 
     def __init__(self, most: int = 512) -> None:
         self.most = most
@@ -301,11 +276,8 @@ def _stamps(paths: Iterable[os.PathLike[str] | str]) -> tuple[object, ...]:
 
 
 def kept_most() -> int:
-    """How many segments a process keeps mapped: a segment's file is a mapping, and Python's
-    ``mmap`` holds a file descriptor for each. At most 128 segments (every segment of a few
-    states), and never more than a twelfth of the process's descriptor limit, so a long-lived process (a Dagster code
-    server, a notebook, a test worker) opening state after state neither runs out of
-    descriptors nor holds thousands of them."""
+    """How many segments a process keeps mapped (each mapping holds a file descriptor): at most
+    128, and never more than a twelfth of the descriptor limit."""
     try:
         import resource
 
@@ -334,13 +306,9 @@ def open_trace(
     mirror: bool = False,
 ) -> Opened:
     """The trace as of just before epoch `before`, through every view key in `keys` (see the
-    module). A damaged or missing index is rebuilt from the batches — with `streamed`, a piece
-    at a time within its budget, else each batch read whole; a damaged batch raises.
-    With `kept` (and not `verify`), segments mapped by an earlier epoch are reused. With
-    `mirror` (an undirected relation's trace: every tuple held with its mirror, in every
-    epoch), the reversed view is read from the identity's segments, which hold the same rows
-    in the same order: its own segments (kept up to date by `advance` all the same) are not
-    mapped, and the kernel's searches walk one layer's memory instead of two."""
+    module). A damaged or missing index is rebuilt from the batches (`streamed`: a piece at a
+    time); a damaged batch raises. `kept` reuses segments an earlier epoch mapped; with `mirror`
+    (an undirected trace) the reversed view is read from the identity's segments."""
     wanted = [b for b in trace.batches if b.time < before]
     index = trace.index
     keys = set(keys)
@@ -466,20 +434,10 @@ def advance(
     streamed: Streamed | None = None,
     mirror: bool = False,
 ) -> Index:
-    """The trace's index after epoch `time` changed it by `change`: it covers every batch up to
-    `time` (see the module). New segment folders are added to `written` as soon as they may
-    exist (for the caller to discard on failure).
-
-    With `mirror` (an undirected relation's trace, its own mirror in every epoch, as each of
-    its changes is), the reversed view's segments are the identity's, named for the reversed
-    order: every one holds the same rows in the same order seen either way, so none is
-    written, merged or opened twice.
-
-    A merge reads segments whole and checks their digests: a damaged one is not merged but
-    replaced, its view's base rebuilt from the batches (`Opened.rebuilt` says so). With
-    `streamed`, a large change is arranged a run at a time, segments are merged by a k-way
-    merge of their mapped files (`wcoj_core.spill`), never two whole layers in memory, and a
-    damaged base is rebuilt from the batches a piece at a time."""
+    """The trace's index after epoch `time` changed it by `change` (see the module); new segment
+    folders go to `written` as soon as they may exist. With `mirror` the reversed view's segments
+    are the identity's. A damaged segment is not merged but its view's base rebuilt from the
+    batches; `streamed` arranges and merges through mapped runs (`wcoj_core.spill`)."""
     spill = streamed.spill if streamed is not None else None
     folder = f"arrangements/{trace_dir(opened.name)}"
 
@@ -603,13 +561,9 @@ def _write(
 def rebuilt_index(
     root: str, trace: Trace, read_chunks: ReadChunks, written: list[str], spill: Spill
 ) -> Index | None:
-    """A trace's index written again from its batches: one base segment per view key its
-    index held, covering the same batches (`repair`'s work for a damaged segment).
-
-    Within `spill`'s shares of the memory budget: the batches are read a piece at a time
-    (`read_chunks`) into a `Sorter` (sorted runs in the scratch folder, merged), each view
-    arranged from that sum by `Spill.arranged` (a run at a time, merged) and written into its
-    segment's files from the mapped result: no batch nor view is held whole."""
+    """A trace's index written again from its batches, a base segment per view key it held
+    (`repair`'s work), within `spill`'s shares: batches read a piece at a time into a `Sorter`,
+    each view arranged by `Spill.arranged`; nothing held whole."""
     index = trace.index
     if index is None:
         return None

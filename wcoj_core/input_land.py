@@ -1,20 +1,10 @@
 """An epoch's landed changes, as the engine reads them: consolidated layers on the driver.
 
-A relation's changes at an epoch come as an Arrow table (read from files with pyarrow, or
-already in memory), a stream of Arrow record batches (`pyarrow.RecordBatchReader`: a file
-reader's blocks, `wcoj_core.input_read.read_local_batches`), a Spark DataFrame (a large or
-remote input, a generator), or a `Layer` (consolidated changes the engine stored itself, when
-it derives a stale epoch again). `land` turns any of them into one consolidated `Layer` of the
-relation's data columns: an undirected relation's changes are read in both directions and
-self-loops dropped (`symmetrized`).
-
-Landing streams: record batches are summed into sorted runs of at most the budget's run size
-(`wcoj_core.spill.Sorter`), written to the epoch's scratch folder when there are several and
-merged into a layer in mapped files, so a file of any size lands within the memory budget (its
-rows summed as they come: a file repeating one tuple lands as one row). What the reader
-underneath is does not matter: anything that yields record batches lands the same way.
-
-Only a DataFrame needs Spark.
+`land` turns a relation's changes at an epoch (an Arrow table, a stream of record batches, a
+Spark DataFrame or a stored `Layer`) into one consolidated `Layer` of its data columns, an
+undirected relation's read both ways, self-loops dropped (`_both_ways`). Record batches are
+summed into sorted runs of the budget's run size (`wcoj_core.spill.Sorter`), spilled and merged
+into a mapped layer: a file of any size lands within the budget. Only a DataFrame needs Spark.
 """
 
 from __future__ import annotations
@@ -55,8 +45,8 @@ Landing = Any
 @dataclass(frozen=True, slots=True)
 class Landed:
     """A relation's landed changes at an epoch: consolidated, as the relation reads them (both
-    directions for an undirected one); rows read, self-loops dropped, and whether its ids
-    are relabelled by rank (`by_rank`)."""
+    directions for an undirected one, each edge once when `ranked`); rows read, self-loops
+    dropped, and whether its ids are relabelled by rank (`by_rank`)."""
 
     layer: Layer
     rows_in: int
@@ -107,8 +97,9 @@ def land(
     """The changes as a consolidated layer on the driver, or None when they hold more than
     `budget` rows (None: no limit; a DataFrame is not collected then). With `spill`, a table
     or stream larger than a sorted run is landed in runs (see the module); `progress` is told
-    the rows landed so far. `ranked` (an undirected relation whose ids nothing reads back):
-    its ids relabelled by (degree, id) rank where their span allows (`by_rank`)."""
+    the rows landed so far. `ranked` (an undirected relation whose ids nothing reads back, read
+    by atoms that each match only edges from lower to higher, `plan.oriented`): its ids
+    relabelled by (degree, id) rank where their span allows, each edge held once (`by_rank`)."""
     landed = _land(spec, changes, budget, spill, progress, ranked)
     if landed is None or not ranked or landed.ranked or not spec.undirected:
         return landed
@@ -126,33 +117,24 @@ def _land(
 ) -> Landed | None:
     cols = relation_columns(spec.arity)
     if isinstance(changes, Layer):
-        layer, rows_in = changes, len(changes)
         if not spec.undirected:
-            return Landed(layer, rows_in)
-        both, loops = symmetrized(layer)
-        return Landed(both, rows_in, loops)
+            return Landed(changes, len(changes))
+        held = [(changes.col(0), changes.col(1), np.asarray(changes.diff, dtype=I64))]
+        return _both_ways(held, len(changes), ranked)
+    if not isinstance(changes, pa.RecordBatchReader | pa.Table):  # a DataFrame
+        changes = _collect(changes.select(*cols, DIFF), budget, spill)
+        if changes is None:
+            return None
     if isinstance(changes, pa.RecordBatchReader):
         return _streamed(spec, changes, budget, spill, progress, ranked)
-    if isinstance(changes, pa.Table):
-        table = changes.select([*cols, DIFF])
-    else:
-        collected = _collect(changes.select(*cols, DIFF), budget, spill)
-        if collected is None:
-            return None
-        if isinstance(collected, pa.RecordBatchReader):
-            return _streamed(spec, collected, budget, spill, progress, ranked)
-        table = collected
+    table = changes.select([*cols, DIFF])
     if budget is not None and table.num_rows > budget:
         return None
-    if spill is not None and table.nbytes > spill.run_bytes:
-        batches = table.to_batches(max_chunksize=1 << 20)
+    if spec.undirected or (spill is not None and table.nbytes > spill.run_bytes):
+        batches = table.to_batches(max_chunksize=1 << 20)  # (both directions in one sort)
         return _streamed(spec, batches, budget, spill, progress, ranked)
     _refuse_nulls(table, spec)
-    layer, rows_in = changes_layer(cols, table), table.num_rows
-    if not spec.undirected:
-        return Landed(layer, rows_in)
-    both, loops = symmetrized(layer)
-    return Landed(both, rows_in, loops)
+    return Landed(changes_layer(cols, table), table.num_rows)
 
 
 def _refuse_nulls(table: pa.Table | pa.RecordBatch, spec: RelationSpec) -> None:
@@ -244,18 +226,11 @@ def _both_ways(
         kept.append((a, b, diff))
     layer, ranked = _both_keys(kept, ranked)
     if layer is None:  # the ids span more than 32 bits: rows sorted as columns
-        m = sum(len(d) for _, _, d in kept)
-        first, second, diffs = (np.empty(2 * m, dtype=I64) for _ in range(3))
-        at = 0
-        for a, b, diff in kept:
-            k = len(diff)
-            first[at : at + k], first[m + at : m + at + k] = a, b
-            second[at : at + k], second[m + at : m + at + k] = b, a
-            diffs[at : at + k], diffs[m + at : m + at + k] = diff, diff
-            at += k
-        layer = Layer.build([first, second], diffs, what="summing the changes")
+        a, b, d = (np.concatenate([t[i] for t in kept]) for i in range(3))
+        both = [np.concatenate([a, b]), np.concatenate([b, a])]
+        layer = Layer.build(both, np.concatenate([d, d]), what="summing the changes")
     del kept
-    if len(layer):
+    if len(layer) and not ranked:
         layer.mirrored()
     dropped = 0
     if loops:  # the self-loop tuples whose multiplicities do not sum to 0, as the sorter counts
@@ -274,8 +249,8 @@ def _both_keys(
     """Slices of edges (no self-loop) summed both ways as one layer, each edge packed straight
     into its two keys (no column of both directions is made; the diffs neither, when every
     edge has the same); None when the ids' span does not pack twice into 64 bits. `ranked`:
-    the ids relabelled by `degree_ranks` as they are packed, when it gives them; whether it
-    did."""
+    the ids relabelled by `degree_ranks` as they are packed, when it gives them, and each edge
+    packed once, from its lower rank to its higher; whether it did."""
     m = sum(len(d) for _, _, d in kept)
     if m == 0:
         return Layer.empty(2), False
@@ -289,23 +264,24 @@ def _both_keys(
     if 2 * bits > 64:
         return None, False
     packing = Packing((low, low), (high, high), (bits, bits))
-    keys = np.empty(2 * m, dtype=U64)
+    ways = 1 if rank is not None else 2
+    keys = np.empty(ways * m, dtype=U64)
     at = 0
     for a, b, diff in kept:
         k = len(diff)
         if rank is not None:
             a, b = rank[a - base], rank[b - base]
-        native.pack((a, b), k, packing.lows, packing.highs, packing.bits, keys[at : at + k], None)
-        native.pack(
-            (b, a), k, packing.lows, packing.highs, packing.bits, keys[m + at : m + at + k], None
-        )
+            a, b = np.minimum(a, b), np.maximum(a, b)
+        for j, pair in enumerate([(a, b), (b, a)][:ways]):
+            into = keys[j * m + at : j * m + at + k]
+            native.pack(pair, k, packing.lows, packing.highs, packing.bits, into, None)
         at += k
     d0 = next(int(d[0]) for _, _, d in kept if len(d))
     if all(bool((d == d0).all()) for _, _, d in kept):
         diffs = np.full(1, d0, dtype=I64)  # one for all
     else:
         one_way = np.concatenate([d for _, _, d in kept])
-        diffs = np.concatenate([one_way, one_way])
+        diffs = np.concatenate([one_way] * ways)
     layer = Layer.from_keys(keys, packing, diffs, consolidate=True, what="summing the changes")
     return layer, rank is not None
 
@@ -330,12 +306,12 @@ def degree_ranks(columns: Sequence[np.ndarray], low: int, high: int) -> np.ndarr
 
 
 def by_rank(layer: Layer) -> Layer | None:
-    """A landed undirected relation's edges with their ids relabelled by (degree, id) rank
-    (`degree_ranks`), sorted again; None when the ids' span is sparse. Any one-to-one relabelling
-    leaves the number of each clique's orderings a chain of filters admits at one, so a clique
-    count (`wcoj_core.query.plan.order_free`) is the same; ranking orients each edge towards the
-    end of higher degree, so a vertex proposes only among neighbours of higher rank: on a skewed
-    graph, far fewer candidates."""
+    """A landed undirected relation's edges relabelled by (degree, id) rank (`degree_ranks`),
+    each once, from lower rank to higher, sorted again; None when the ids are sparse. A
+    one-to-one relabelling leaves a clique count (`wcoj_core.query.plan.order_free`) the same,
+    ranking makes a vertex propose only among neighbours of higher degree, and a query whose
+    every atom matches only edges from lower to higher (`plan.oriented`) finds the same
+    bindings in the one direction: half the rows to sort and search."""
     if not len(layer):
         return None
     a, b = layer.col(0), layer.col(1)
@@ -343,7 +319,9 @@ def by_rank(layer: Layer) -> Layer | None:
     rank = degree_ranks([a], low, high)
     if rank is None:
         return None
-    return Layer.build([rank[a - low], rank[b - low]], layer.diff).mirrored()
+    a, b = rank[a - low], rank[b - low]
+    up = np.flatnonzero(a < b)
+    return Layer.build([a[up], b[up]], np.asarray(layer.diff)[up])
 
 
 def _add(
@@ -380,36 +358,12 @@ def _add_both(
     sorter.add(both, np.concatenate([diff, diff]))
 
 
-def symmetrized(layer: Layer) -> tuple[Layer, int]:
-    """A binary layer in both directions, self-loops dropped; and how many landed rows were
-    loops.
-
-    >>> both, loops = symmetrized(Layer.build(np.array([[1, 2], [3, 3]]), np.array([1, 1])))
-    >>> both.rows.tolist(), both.diff.tolist(), loops
-    ([[1, 2], [2, 1]], [1, 1], 1)
-    """
-    a, b, diff = layer.col(0), layer.col(1), np.asarray(layer.diff)
-    loop = a == b
-    loops = int(np.count_nonzero(loop))
-    if loops:
-        kept = np.flatnonzero(~loop)
-        a, b, diff = a[kept], b[kept], diff[kept]
-    # Column by column: no array of rows is made (the kernel sorts columns as they are).
-    both = [np.concatenate([a, b]), np.concatenate([b, a])]
-    layer = Layer.build(both, np.concatenate([diff, diff]))
-    return (layer.mirrored() if len(layer) else layer), loops
-
-
 def _collect(
     rows: DataFrame, budget: int | None, spill: Spill | None = None
 ) -> pa.Table | pa.RecordBatchReader | None:
-    """A DataFrame's rows on the driver, or None when it holds more than `budget` rows.
-
-    Collected with a limit of `DRIVER_PROBE_ROWS` first and, when that limit is reached,
-    counted, then collected whole — or, when a `spill` is given, written by Spark as Parquet
-    into the scratch folder and read back a batch at a time. (A caller with local files hands
-    their paths' record batches instead: `wcoj_core.input_read.read_local_batches`.)
-    """
+    """A DataFrame's rows on the driver, or None beyond `budget` rows: collected with a limit of
+    `DRIVER_PROBE_ROWS` first, then counted and collected whole, or with `spill` written as
+    Parquet into the scratch folder and read back a batch at a time."""
     probe = DRIVER_PROBE_ROWS if budget is None else min(budget, DRIVER_PROBE_ROWS)
     table = rows.limit(probe + 1).toArrow()
     if table.num_rows > probe:

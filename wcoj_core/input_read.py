@@ -57,7 +57,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from wcoj_core.arrow import long_array
 from wcoj_core.errors import InputError, listed
 from wcoj_core.kernel.native import native
 from wcoj_core.store.location import Location
@@ -186,11 +185,9 @@ def _not_regular(kind: str, where: str) -> InputError:
 
 
 def check_input_file(path: str, name: str) -> None:
-    """Refuse a local input that cannot be read as relation `name`, from ``os.stat`` alone.
-
-    A missing path, anything but a regular file (a folder only for Parquet, and then anything
-    in it but regular files) and an unreadable file are refused with one `InputError`. Remote
-    URIs and generator specs are left alone.
+    """Refuse, from ``os.stat`` alone, a local input that cannot be read as relation `name`:
+    missing, not a regular file (a folder only for Parquet, holding regular files) or unreadable.
+    Remote URIs and generator specs are left alone.
 
     >>> try:
     ...     check_input_file("/dev/zero", "edge")
@@ -270,12 +267,9 @@ def _decompressed(local: str, source: str, what: str) -> Iterator[io.BufferedIOB
 
 
 def _gunzipped(raw: Any) -> io.BufferedIOBase:
-    """A gzip stream inflated as it is read: by ISA-L (`isal.igzip`, gzip's reader over a faster
-    inflate), the same format, members and errors as `gzip.GzipFile` (a damaged stream raises
-    ISA-L's own error, taken by `_unreadable` as zlib's). Imported when a compressed file is
-    read. A stream
-    that does not start with gzip's magic is refused here, as `gzip.GzipFile` refuses it (ISA-L
-    reads a whole header first: a file shorter than one would be called truncated)."""
+    """A gzip stream inflated as it is read by ISA-L (`isal.igzip`: gzip's format, members and
+    errors, a faster inflate); a stream without gzip's magic is refused here, as `gzip.GzipFile`
+    does."""
     from isal import igzip
 
     at = raw.tell()
@@ -314,13 +308,10 @@ def _unreadable(source: str, what: str) -> Iterator[None]:
 
 
 class _Lines:
-    """The whole lines of a byte stream, a block at a time.
-
-    A line ends at ``\\n``, ``\\r\\n`` or a lone ``\\r`` (as Python splits lines); each
-    block is rewritten so that only ``\\n`` or ``\\r\\n`` end its lines, and a byte order mark
-    at the start of the stream is dropped. With `limit`, only the lines wholly within the first
-    `limit` bytes are given; `complete` then says whether that was the whole stream.
-    """
+    """The whole lines of a byte stream, a block at a time. A line ends at ``\\n``, ``\\r\\n`` or
+    a lone ``\\r``; each block is rewritten so that only ``\\n`` or ``\\r\\n`` end its lines, a
+    leading byte order mark dropped. With `limit`, only the lines wholly within the first `limit`
+    bytes; `complete` says whether that was all."""
 
     def __init__(
         self, handle: io.BufferedIOBase, source: str, what: str, limit: int | None = None
@@ -924,13 +915,9 @@ def _numbers(column: pa.ChunkedArray) -> np.ndarray:
 
 
 def read_local(path: str, arity: int, name: str, *, with_time: bool = False) -> pa.Table:
-    """Relation `name` of the given arity from local `path`, without Spark.
-
-    Returns the rows of the file (a multiset, not consolidated) as int64 columns
-    ``c0 .. c{arity-1}, diff``; with `with_time` (CSV and Parquet update files)
-    ``c0 .. c{arity-1}, time, diff``. Raises an `InputError` for a bad file naming its line and
-    column; for one that does not decompress or whose Parquet does not read,
-    ``cannot be read as <format>: <why>``.
+    """Relation `name` of `arity` from local `path`, without Spark: the file's rows (a multiset)
+    as int64 ``c0 .. c{arity-1}, [time,] diff``; an `InputError` naming the line and column for a
+    bad file, ``cannot be read as <format>: <why>`` for one that does not decompress or read.
 
     >>> import pathlib, tempfile
     >>> edges = pathlib.Path(tempfile.mkdtemp()) / "e.txt"
@@ -944,10 +931,8 @@ def read_local(path: str, arity: int, name: str, *, with_time: bool = False) -> 
 def read_local_batches(
     path: str, arity: int, name: str, *, with_time: bool = False
 ) -> pa.RecordBatchReader:
-    """`read_local` as a stream: the same rows, a block of the file at a time, as Arrow record
-    batches ``c0 .. c{arity-1}, [time,] diff`` (int64). Nothing is read before the first batch
-    is asked for but what names the file's columns; a bad line raises when its block is read,
-    an empty file after the last.
+    """`read_local` as a stream of record batches, a block of the file at a time: a bad line
+    raises when its block is read, an empty file after the last.
 
     >>> import pathlib, tempfile
     >>> edges = pathlib.Path(tempfile.mkdtemp()) / "e.txt"
@@ -989,16 +974,10 @@ def read_local_batches(
 
 
 def check_locally(path: str, arity: int, name: str, *, window: int = LOCAL_CHECK_BYTES) -> None:
-    """Refuse a bad local relation file cheaply, before any long read: what `read_local` (and
-    `read_relation`) would refuse first, with the same message.
-
-    Refuses what is not a regular file (a folder only for Parquet) from ``os.stat``, never
-    opening it. Reads at most the first `window` decompressed bytes of a text or CSV file: the
-    lines wholly within them are checked, and a file that fits must have data rows. For Parquet
-    the footers give the columns, their types and the row count; files of at most `window`
-    bytes have their values checked for nulls and zero diffs. A file that does not decompress or
-    whose footer does not read is left to the full read, which refuses it. Generator specs and
-    remote paths are left alone.
+    """Refuse a bad local relation file cheaply, with the message `read_local` would give: from
+    ``os.stat``; the lines within the first `window` decompressed bytes of a text or CSV file; a
+    Parquet file's footers (and values, when small). What does not decompress or whose footer
+    does not read is left to the full read; generator specs and remote paths are left alone.
 
     >>> import pathlib, tempfile
     >>> bad = pathlib.Path(tempfile.mkdtemp()) / "e.txt"
@@ -1123,10 +1102,11 @@ def _relation(blocks: Sequence[Rows], roles: Sequence[Role], arity: int) -> pa.T
         names.append(TIME)
     if Role.DIFF in roles:
         diff = column(roles.index(Role.DIFF))
-    else:
-        diff = pa.chunked_array(
-            [long_array(np.ones(sum(len(b[0]) for b in blocks), dtype=np.int64))]
-        )
+    else:  # ones in memory Arrow owns (see `wcoj_core.arrow.long_array`)
+        n = sum(len(b[0]) for b in blocks)
+        ones = pa.allocate_buffer(8 * n)
+        np.frombuffer(ones, dtype=np.int64)[:] = 1
+        diff = pa.chunked_array([pa.Array.from_buffers(pa.int64(), n, [None, ones])])
     return pa.table([*data, diff], names=[*names, DIFF])
 
 
@@ -1200,11 +1180,9 @@ def check_arity(arity: int, source: str) -> None:
 
 
 def canonical_undirected_local(table: pa.Table) -> tuple[pa.Table, int]:
-    """The set of undirected edges of a binary relation, each ``(least, greatest)`` with diff 1;
-    with the number of self-loop rows dropped.
-
-    An edge is kept when its multiplicity summed over both directions is positive (on a
-    DataFrame, `wcoj_core.input_spark.canonical_undirected` runs this in Spark's tasks).
+    """The set of undirected edges of a binary relation, each ``(least, greatest)`` with diff 1
+    when its multiplicity summed over both directions is positive; with the number of self-loop
+    rows dropped (`wcoj_core.input_spark.canonical_undirected` does it in Spark).
 
     >>> t = pa.table({"c0": [2, 1, 3, 6, 7], "c1": [1, 2, 3, 7, 6], "diff": [1, 1, 1, 1, -1]})
     >>> out, loops = canonical_undirected_local(t)

@@ -1,26 +1,13 @@
 """What a relation's changes mean: a set or a bag, declared once per relation.
 
-A relation is a **bag** (signed multiplicities: a landed change adds its diff, a deletion
-subtracts, a tuple may be held several times or a negative number of times) or a **set** (each
-tuple present or not). One `RelationSpec` per relation says which, and whether the relation is
-**undirected** (a binary relation whose landed edges have no direction: each landed
-``(a, b, diff)`` is read as ``(a, b, diff)`` and ``(b, a, diff)``, self-loops dropped). Every
-command and the Dagster pipeline honour the same declaration; the state records it.
-
-Defaults (`relation_specs`): an undirected relation is a set — an edge list downloaded as it is
-often lists every edge in both directions, and deleting an edge must delete it, however it is
-named. Any other relation is a bag: a bag keeps every multiplicity a file gives, so nothing is
-collapsed silently, and over data that holds each tuple once it behaves exactly as a set.
-
-`effect` turns an epoch's landed changes into the relation's change, from the relation's state
-before the epoch — a lookup per changed tuple, never a scan:
-
-* **set** — per tuple, the summed landed diff ``s``: ``s > 0`` means present after the epoch,
-  ``s < 0`` absent, ``s == 0`` unchanged; the change is ``after - before``. Landing a tuple
-  twice, or an undirected edge in both directions, is landing it once; inserting a present tuple
-  or deleting an absent one changes nothing and is counted (`Effect.ignored`).
-* **bag** — the landed changes are the change; tuples left with a negative multiplicity are
-  counted and a few named.
+One `RelationSpec` per relation says whether it is a **bag** (signed multiplicities) or a
+**set** (each tuple present or not), and whether it is **undirected** (each landed ``(a, b,
+diff)`` read both ways, self-loops dropped); the state records it. Defaults (`relation_specs`):
+an undirected relation is a set, any other a bag. `effect` turns an epoch's landed changes into
+the relation's change with a lookup per changed tuple: for a set, the summed landed diff ``s``
+per tuple makes it present (``s > 0``) or absent (``s < 0``), inserting a present tuple or
+deleting an absent one counted (`Effect.ignored`); for a bag the landed changes are the change,
+negative multiplicities counted and a few named.
 
 >>> spec = RelationSpec("edge", 2, Meaning.SET)
 >>> landed = Layer.build(np.array([[1, 2], [3, 4], [5, 6]]), np.array([2, -1, 1]))
@@ -170,15 +157,9 @@ def figures_change(
 
 @dataclass(frozen=True, slots=True)
 class Effect:
-    """What an epoch's landed changes do to a relation.
-
-    `change` is the relation's change (its batch at the epoch); `landed` the landed changes as
-    the relation reads them (for a set, each tuple's sign — or, from `effects` on a large layer,
-    the landed layer itself, whose signs `landed_digest(..., sign=True)` takes: what a later
-    re-derivation starts from, with `ignored` the part of it that changed nothing); `figures`
-    the change of the relation's figures; `negative` the tuples now held a negative number of
-    times (a bag's), the first `EXAMPLES` with their multiplicities.
-    """
+    """What an epoch's landed changes do to a relation: `change` (its batch at the epoch),
+    `landed` (as the relation reads them: a set's signs, or the landed layer), `ignored`,
+    `figures` (their change) and `negative` (tuples now held negatively, the first `EXAMPLES`)."""
 
     change: Layer
     landed: Layer
@@ -247,11 +228,8 @@ def effect(spec: RelationSpec, landed: Layer, before: Sequence[Layer]) -> Effect
 
 
 def _subset(layer: Layer, picked: np.ndarray, diff: np.ndarray) -> Layer:
-    """The rows of a sorted layer at `picked` (increasing), with `diff` at those rows: still
-    sorted and consolidated. A `symmetric` layer (an undirected relation's landed changes)
-    stays its own mirror: a tuple and its mirror landed with the same diff and held the same
-    multiplicity before (the relation is its own mirror in every epoch), so both are picked
-    with the same diff."""
+    """The rows of a sorted layer at `picked` (increasing) with `diff` there: sorted,
+    consolidated, and a `symmetric` layer's mirror pairs picked together."""
     if len(picked) == len(layer):
         return layer.with_diff(diff, symmetric=True)
     out = Layer(layer.rows[picked], diff[picked])

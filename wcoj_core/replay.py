@@ -1,28 +1,12 @@
 """Replaying a relation as epochs of changes, and checking the result against a static run.
 
-Contract:
-
-* `epoch_stream` turns a relation ``(c0.., diff)`` into update triples ``(c0.., time, diff)``.
-  The relation is consolidated first, so each distinct tuple appears once with its summed
-  multiplicity. Each tuple is inserted at an epoch drawn from a seeded ``xxhash64`` of the tuple,
-  uniform over ``[0, epochs)``. A second hash picks a fraction `delete_fraction` of the tuples whose
-  insert epoch is before the last one; each of those is deleted again (its diff negated) at a
-  third hashed epoch, uniform over ``(insert, epochs - 1]``. Every choice is a pure function of
-  ``(seed, tuple)``: the same seed gives the same stream under any partitioning or master.
-  With ``undirected=True`` the relation is first reduced to its set of undirected edges
-  (`canonical_undirected`), each named once; the epochs are drawn per undirected edge. The
-  engine reads an undirected relation's changes in both directions itself.
-* `replay` writes a stream once to Parquet, partitioned by time, under the state directory, then
-  feeds it epoch by epoch to a fresh `Engine`: epoch ``t`` reads only the partition ``time = t``.
-  It reports every epoch through `on_epoch` as it goes and returns a `ReplayResult` with the
-  per-epoch metrics, the final count (the sum of the multiplicities of the accumulated output)
-  and, when asked, the outcome of a check: the accumulated final inputs are evaluated statically
-  in a separate temporary state, and the two outputs are compared as exact multisets.
-
-Layout under the state directory: ``engine/`` (the engine's state), ``stream/<relation>/``
-(the update triples, ``time=<t>`` partitions) and, during the check only, ``check-*/``.
-
-`check_parameters` validates the numbers a caller passes, without Spark:
+`epoch_stream` turns a consolidated relation into update triples: each tuple inserted at an
+epoch from a seeded ``xxhash64`` of it, a `delete_fraction` of them deleted at a later hashed
+epoch (a pure function of ``(seed, tuple)``: the same under any partitioning); ``undirected``
+draws per undirected edge. `replay` writes the stream to Parquet under the state directory
+(``stream/<relation>/time=<t>``), feeds it epoch by epoch to a fresh `Engine` (``engine/``),
+reports each epoch through `on_epoch` and, when asked, compares the final output with a static
+run in ``check-*/`` as exact multisets. `check_parameters` checks the numbers without Spark:
 
 >>> check_parameters(4, 0.25, 7)
 >>> check_parameters(0, 0.0, 1)
@@ -246,13 +230,9 @@ def replay(
     specs: Mapping[str, RelationSpec] | None = None,
     memory: Any = None,
 ) -> ReplayResult:
-    """Apply the update streams in `inputs` epoch by epoch ``0 .. epochs - 1`` to a new engine.
-
-    `inputs` maps every relation of `query` to update triples ``(c0.., time, diff)`` whose times
-    lie in ``[0, epochs)``; updates at other times are never applied. `deployment` says where
-    the kernel runs every epoch (``auto``, ``driver`` or ``executors``; see `wcoj_core.deploy`);
-    `memory` is the process's memory budget (`wcoj_core.budget.MemoryBudget.of`).
-    """
+    """Apply the update streams in `inputs` (every relation of `query`, times in ``[0, epochs)``)
+    epoch by epoch to a new engine; `deployment` and `memory` as `wcoj_core.deploy` and
+    `wcoj_core.budget.MemoryBudget.of` take them."""
     check_parameters(epochs, 0.0, 0)
     missing = sorted(set(query.relations) - set(inputs))
     unused = sorted(set(inputs) - set(query.relations))

@@ -1,15 +1,10 @@
 """What an engine serves and the state it serves it from: the two things an epoch is handed.
 
-`Served` is planned once, when an engine is made, and frozen: the queries, each relation's
-`RelationSpec` and arity, every query's `Plan`, the counts traces and index views the plans
-read, the record of all this a state keeps (`StatePlan`), the deployment's `Limits` and the
-memory budget's shares. `StateAccess` reaches the state: its `Store`, its batches through
-pyarrow (`Batches`), the `SparkStarter` for work that needs Spark, and what the executors
-remember between epochs (`executors_warm`).
-
-`wcoj_core.engine.Engine` is a façade over one of each. The modules below it take these two,
-never the engine: one epoch (`wcoj_core.epoch`), the executors' Spark job
-(`wcoj_core.deploy.spark_job`), the readers of a state (`wcoj_core.state_read`).
+`Served` is planned once and frozen: the queries, each relation's `RelationSpec`, the plans, the
+counts traces and index views they read, the `StatePlan`, the `Limits` and the budget's shares.
+`StateAccess` reaches the state: its `Store`, `Batches`, the `SparkStarter` and
+`executors_warm`. `wcoj_core.engine.Engine` is a façade over one of each; the modules below it
+take these two, never the engine.
 """
 
 from __future__ import annotations
@@ -78,12 +73,9 @@ def served_specs(
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """What an engine serves, planned once (see the module). `relations` maps each relation to
-    its arity; `keep_rules` stores each delta rule's output as a trace of its own;
-    `landing_rows` caps the landed rows an epoch takes (None: none); `compact_every` keeps that
-    many epochs re-runnable (0: never compacts); `budget` is the process's memory budget and
-    `shares` what each stage of an epoch may hold of it; `worker_bytes` what an executor's
-    Python worker may (0: the kernel's own limits)."""
+    """What an engine serves, planned once (see the module): `relations` and their arities,
+    `keep_rules`, `landing_rows` (cap per epoch), `compact_every` (0: never), `budget` and its
+    `shares`, `worker_bytes` (an executor's Python worker; 0: the kernel's own limits)."""
 
     queries: dict[str, Query]
     specs: dict[str, RelationSpec]
@@ -123,7 +115,10 @@ class Served:
         for q in queries:
             check_width(q)  # before any input is read
         by_name = {q.name: q for q in queries}
-        plans = {q.name: plan_query(q, sizes, (orders or {}).get(q.name)) for q in queries}
+        undirected = [r for r, s in specs.items() if s.undirected]
+        plans = {
+            q.name: plan_query(q, sizes, (orders or {}).get(q.name), undirected) for q in queries
+        }
         arities: dict[str, int] = {}  # in the order the queries name them
         for q in queries:
             for rel, arity in q.relations.items():
@@ -171,10 +166,8 @@ class Served:
         return tuple(seen)
 
     def indexed_outputs(self) -> list[str]:
-        """The queries whose output is indexed: those whose output tuples may be held other
-        than once (a bag relation read, a head dropping a variable, an aggregate: its values),
-        whose figures then need lookups. An output over sets with every variable in its head
-        holds each tuple once."""
+        """The queries whose output tuples may be held other than once (a bag read, a variable
+        dropped, an aggregate), whose figures then need lookups."""
         return _indexed_outputs(self.queries, self.specs)
 
     def indexed(self) -> list[str]:
@@ -269,15 +262,9 @@ def _describe(p: mf.RelationPlan) -> str:
 
 
 class StateAccess:
-    """The state an engine works on and the means to reach it (see the module).
-
-    `persist_index`: arrangement files are kept (a state on this machine's file system, or one
-    every executor mounts at the same path; a state on remote storage keeps batches only).
-    `executor_tasks`: the tasks an epoch's work runs in on the executors (None: Spark's default
-    parallelism). `one_task_rows`: a small executors' work (changed rows) runs in one task once
-    the executors are warm (`executors_warm`, set by the first Spark job). `routed`: a sharded
-    work runs as routed stages even where its tasks could search the mapped arrangement files
-    (`wcoj_core.deploy.spark_job.routes`; tests and measurements of the routed stages)."""
+    """The state an engine works on and how to reach it: `persist_index` (arrangement files kept),
+    `executor_tasks` (None: Spark's parallelism), `one_task_rows` (a small work in one task once
+    `executors_warm`), `routed` (force routed stages: tests and measurements)."""
 
     routed: bool = False
 

@@ -1,27 +1,13 @@
 """Work beyond the memory budget, on disk: sorted runs, k-way merges and layers in mapped files.
 
-An epoch's stages hold what fits their share of the budget (`wcoj_core.budget.Shares`) in
-memory and spill the rest into the epoch's `Scratch` folder (``<state>/scratch/<hex32>/``, made
-on first use, removed when the epoch ends):
-
-* `Sorter` — rows and diffs added a piece at a time, summed into one sorted, consolidated
-  layer: pieces are buffered up to `run_bytes`, then sorted and written as a *run*; at the end
-  the runs are merged. When everything fit one run nothing was written and the result is the
-  in-memory layer `Layer.build` would have made.
-* `merge` — the k-way merge of sorted, consolidated layers (runs, mapped segments, in-memory
-  layers), yielding consolidated chunks in order with equal rows summed: each run is read a
-  block at a time, and a round takes from every run the rows up to the least "last key" among
-  the blocks still short of their run's end, so every row of a key is in the round that takes it.
-* `LayerWriter` — consolidated, sorted chunks written into the files of a layer (``rows`` in
-  Fortran order, ``diff``, ``keys``) and mapped as one `Layer`: the kernel searches it as it
-  searches a mapped arrangement, its pages file-backed, not anonymous. While the chunks fit
-  `layer_bytes` they stay in memory and nothing is written.
-* `arranged` / `merged` — `wcoj_core.kernel.layer`'s functions of the same names for layers of
-  any size: a large layer is arranged by sorting it a run at a time and merging the runs.
-
-Keys: a merge packs rows into ``uint64`` with one `Packing` covering every input's box (each
-layer sorted by its own packing orders its rows the same way: packing keeps row order), and
-falls back to order-preserving bytes (`encode`) when the box needs more than 64 bits.
+What does not fit a stage's share (`wcoj_core.budget.Shares`) goes to the epoch's `Scratch`
+folder (``<state>/scratch/<hex32>/``, removed when the epoch ends). `Sorter` sums rows added a
+piece at a time into one sorted, consolidated layer through runs of `run_bytes` (none written
+when all fit one); `merge` is the k-way merge of sorted layers, a round taking every row up to
+the least last key of the blocks in hand; `LayerWriter` writes sorted chunks into a mapped
+`Layer` beyond `layer_bytes`; `arranged` / `merged` are `wcoj_core.kernel.layer`'s functions for
+layers of any size. A merge packs rows into ``uint64`` with one `Packing` over every input's box,
+or order-preserving bytes (`encode`) beyond 64 bits.
 """
 
 from __future__ import annotations
@@ -60,10 +46,9 @@ Chunk = tuple[np.ndarray, np.ndarray]  # rows (any order of memory) and diffs
 
 
 class Scratch:
-    """The folder an epoch spills into: made on first use under `root` (the state's
-    ``scratch/`` folder, or the system's temporary folder for a state on remote storage),
-    removed by `close`. Counts what is written into it (`spilled`, and the meter's), and by
-    the stage the epoch was in (`by_stage`, its `stage` set by the epoch)."""
+    """The folder an epoch spills into (under the state's ``scratch/``, or the system's temporary
+    folder for remote storage): made on first use, removed by `close`; counts what is written, by
+    `stage`."""
 
     def __init__(
         self, root: str | os.PathLike[str] | None, on_spill: Callable[[int], None]
@@ -221,13 +206,9 @@ def _keys(rows: np.ndarray, packing: Packing | None) -> np.ndarray:
 
 
 class LayerWriter:
-    """Sorted, consolidated chunks, in order, as one `Layer` (see the module): kept in memory
-    while they fit `limit` bytes, else written into files in `folder` and mapped.
-
-    `packing` is the packing of the rows' keys (None: bytes keys); chunks must come in the
-    order of those keys, each row once. With `sink`, each finished file is handed over by
-    name instead of being mapped (a segment's files, sealed by the caller).
-    """
+    """Sorted, consolidated chunks, in the order of their keys' `packing` (None: bytes keys), as
+    one `Layer`: in memory while within `limit` bytes, else in files of `folder`, mapped; with
+    `sink` each finished file is handed over instead."""
 
     def __init__(self, scratch: Scratch, width: int, packing: Packing | None, limit: int) -> None:
         self.scratch = scratch

@@ -31,7 +31,7 @@ from wcoj_support import Changes, Pipeline, checks, failures, materializations, 
 
 from wcoj_assets import checks as ck
 from wcoj_assets.checks import BINARY_JOIN, DELTA_RULES
-from wcoj_assets.epochs import epoch_key, epoch_partitions
+from wcoj_assets.epochs import Epochs, epoch_key
 from wcoj_assets.instance import prepare_home
 
 EPOCHS = 4
@@ -217,7 +217,9 @@ def test_a_failure_mid_range_keeps_the_committed_epochs(
         assets = {k.to_user_string() for k in p.defs.resolve_asset_graph().get_all_asset_keys()}
         assert committed == {(a, epoch_key(n)) for a in assets for n in (0, 1)}
         keys = [epoch_key(n) for n in range(EPOCHS)]
-        status = instance.get_status_by_partition(AssetKey("triangles"), keys, epoch_partitions())
+        status = instance.get_status_by_partition(
+            AssetKey("triangles"), keys, Epochs().partitions()
+        )
         assert [status.get(k) == AssetPartitionStatus.MATERIALIZED for k in keys] == [
             True,
             True,

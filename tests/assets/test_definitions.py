@@ -16,7 +16,7 @@ from dagster import (
 )
 
 from wcoj_assets.definitions import JOB_NAME, build_definitions
-from wcoj_assets.epochs import EPOCH_START, epoch_key, epoch_number, epoch_partitions
+from wcoj_assets.epochs import EPOCH_START, Epochs, epoch_key
 from wcoj_assets.specs import QuerySpec
 from wcoj_core.errors import InputError, QueryError
 from wcoj_core.query.builtins import BUILTINS
@@ -126,7 +126,7 @@ def test_the_default_spec_builds_the_documented_assets() -> None:
     }
     for key in graph.get_all_asset_keys():
         node = graph.get(key)
-        assert node.partitions_def == epoch_partitions()
+        assert node.partitions_def == Epochs().partitions()
         assert node.backfill_policy == BackfillPolicy.single_run()
     assert defs.resolve_sensor_def("wcoj_landing_sensor").default_status is (
         DefaultSensorStatus.RUNNING
@@ -208,8 +208,8 @@ def test_bad_specs_are_refused_with_a_clear_message(specs, message: str) -> None
 def test_epoch_keys_round_trip() -> None:
     assert epoch_key(0) == EPOCH_START
     for n in (0, 1, 59, 60, 366, 5000):
-        assert epoch_number(epoch_key(n)) == n
-    keys = epoch_partitions().get_partition_keys()
+        assert Epochs().number(epoch_key(n)) == n
+    keys = Epochs().partitions().get_partition_keys()
     assert keys[:3] == [epoch_key(0), epoch_key(1), epoch_key(2)]
     with pytest.raises(InputError):
         epoch_key(-1)

@@ -50,7 +50,7 @@ from wcoj_support import Changes, Pipeline, failures, oracle, updates
 
 from wcoj_assets import instance as wi
 from wcoj_assets.checks import UPDATE_TRIPLES as CHECK
-from wcoj_assets.epochs import epoch_key, epoch_partitions
+from wcoj_assets.epochs import Epochs, epoch_key
 from wcoj_assets.instance import dagster_env, prepare_home
 from wcoj_assets.provenance import CURRENT, stale_reports
 from wcoj_assets.report import FINGERPRINT
@@ -346,7 +346,7 @@ def test_the_bad_epoch_is_reported_failed_from_postgres(scenario: Scenario) -> N
     # The caveat of one planned event per run (wcoj_assets.instance): Dagster's own partition
     # status does not say the epoch failed, it says nothing. The check above is what reports it.
     status = instance.get_status_by_partition(
-        AssetKey("edge_deltas"), [epoch_key(BAD - 1), epoch_key(BAD)], epoch_partitions()
+        AssetKey("edge_deltas"), [epoch_key(BAD - 1), epoch_key(BAD)], Epochs().partitions()
     )
     assert status == {epoch_key(BAD - 1): AssetPartitionStatus.MATERIALIZED, epoch_key(BAD): None}
 

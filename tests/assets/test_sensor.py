@@ -11,7 +11,7 @@ from dagster import DagsterInstance, build_sensor_context
 from dagster._core.test_utils import freeze_time
 
 from wcoj_assets.definitions import JOB_NAME, build_definitions
-from wcoj_assets.epochs import epoch_key, epoch_number
+from wcoj_assets.epochs import Epochs, epoch_key
 from wcoj_assets.landing_read import epoch_folders, landed_files
 from wcoj_assets.resources import WcojResource
 from wcoj_core.errors import InputError
@@ -131,7 +131,7 @@ def test_no_landing_folder_is_a_skip(tmp_path: Path) -> None:
 @pytest.mark.parametrize("key", ["..", "../edge", "/etc", "2020-13-01", "abc", "", "2020-01-01/.."])
 def test_malformed_keys_never_become_paths(tmp_path: Path, key: str) -> None:
     with pytest.raises(InputError):
-        epoch_number(key)
+        Epochs().number(key)
     with pytest.raises(InputError):
         landed_files(str(tmp_path), "edge", key)
 

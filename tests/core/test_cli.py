@@ -1196,3 +1196,20 @@ def test_a_command_that_ended_ignores_ctrl_c_while_the_process_exits() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.splitlines()[-1] == "0 True", done.stdout + done.stderr
+
+
+def test_a_process_that_is_the_command_leaves_with_its_status_and_output() -> None:
+    """A process that is the command leaves without tearing itself down (`_leave`): its
+    output is flushed and its status is the command's; an error raised after the command
+    returned still ends the process as Python ends it (status 1)."""
+    for after, code in (("sys.exit(main())", 2), ("main(); raise ValueError('after')", 1)):
+        probe = f"import sys\nfrom wcoj_core.cli import main\nprint('before')\n{after}\n"
+        done = subprocess.run(
+            [sys.executable, "-c", probe, "explain", "--query", "p(a) :- e(a"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == code, done.stderr
+        assert done.stdout == "before\n" and "wcoj: error:" in done.stderr, done

@@ -47,7 +47,8 @@ def test_a_state_of_an_earlier_format_is_refused_on_one_line(
         run.check_accumulated()
     assert str(e.value) == (
         f"{root}: this state was created by an earlier wcoj (state format {fmt}) and is not "
-        "readable by this one (format 5); re-create the state"
+        "readable by this one (format 5); re-create the state (apply its epochs into a new "
+        "directory)"
     )
     assert cli.main(["verify", str(root)]) == 2
     assert "re-create the state" in capsys.readouterr().err

@@ -14,16 +14,22 @@ to the file's own, as if the state had not been copied and the damage had left i
 reports, the manifest's figures and the output's batches against an independent triangle count
 of the graph the state then holds) or stop on one line with nothing committed.
 
-``WCOJ_DAMAGES=1000`` runs a thousand cases (docs/reliability.md); the suite runs `CASES`.
+The state is built once and copied per case; the independent count is made once; the epoch
+runs in this process (`wcoj_here`: the command's own `main`). ``WCOJ_DAMAGES=1000`` runs a
+thousand cases (docs/reliability.md); the suite runs `CASES`. Each case records what it damaged
+and how the epoch took it (``damage``, ``outcome``: refused, rebuilt, refused when read, or not
+read) as test properties: ``--junitxml FILE`` keeps them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -82,14 +88,18 @@ def epochs(seed: int = 41) -> list[list[tuple[int, int, int]]]:
     return out
 
 
-def triangles(changes: list[list[tuple[int, int, int]]]) -> Counter[tuple[int, int, int]]:
+@functools.cache
+def triangles() -> Counter[tuple[int, int, int]]:
     """The triangles ``a < b < c`` of the undirected set the epochs leave (an independent
-    count: adjacency sets intersected)."""
+    count: adjacency sets intersected), counted once: every case wants the same answer."""
     held: set[Edge] = set()
-    for rows in changes:
+    for rows in epochs():
         for a, b, d in rows:
             e = (min(a, b), max(a, b))
-            held = held | {e} if d > 0 else held - {e}
+            if d > 0:
+                held.add(e)
+            else:
+                held.discard(e)
     near: dict[int, set[int]] = {}
     for a, b in held:
         near.setdefault(a, set()).add(b)
@@ -173,7 +183,10 @@ def restamped(state: Path) -> None:
 
 @pytest.mark.parametrize("case", range(CASES))
 def test_damage_below_the_file_system(
-    pristine: tuple[Path, list[Path]], tmp_path: Path, case: int
+    pristine: tuple[Path, list[Path]],
+    tmp_path: Path,
+    case: int,
+    record_property: Callable[[str, object], None],
 ) -> None:
     rng = random.Random(case)
     source, files = pristine
@@ -186,11 +199,13 @@ def test_damage_below_the_file_system(
         restamped(state)
     before = manifest_files(state)
     done = wcoj_here(*apply(state, files, 2))
+    record_property("damage", f"{kind} {path.relative_to(state)}: {what}")
     if done.code != 0:
         line = one_line_error(done)
         assert manifest_files(state) == before, (what, line)  # nothing committed
+        record_property("outcome", f"refused: {line}")
         return
-    want = triangles(epochs())
+    want = triangles()
     assert done.payload["count"] == sum(want.values()), (kind, path, what)
     found = figures(state, "out/triangles")
     assert found is not None and found[1] == sum(want.values()), (kind, path, what)
@@ -198,8 +213,11 @@ def test_damage_below_the_file_system(
         output = summed(contents(state, ["out/triangles"]), "out/triangles")
     except DamagedBatch as e:  # the damaged file is an output batch: refused when read
         assert str(path) in str(e) or str(path.parent) in str(e), (path, e)
+        record_property("outcome", f"exact; the output batch refused when read: {e}")
     else:
         assert output == want, (kind, path, what)
+        rebuilt = [x for x in done.err.splitlines() if "rebuilt from the batches" in x]
+        record_property("outcome", f"exact; {rebuilt[0] if rebuilt else 'damage not read'}")
 
 
 def test_issue_39_a_shifted_directory_is_caught_and_rebuilt(
@@ -224,6 +242,6 @@ def test_issue_39_a_shifted_directory_is_caught_and_rebuilt(
     restamped(state)
     done = wcoj_here(*apply(state, files, 2))
     assert done.code == 0, done.err
-    assert done.payload["count"] == sum(triangles(epochs()).values())
+    assert done.payload["count"] == sum(triangles().values())
     assert "arrangements rebuilt from the batches: rel/edge" in done.err
     assert str(base) in done.err and "does not match its checksum" in done.err

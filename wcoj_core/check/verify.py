@@ -1,17 +1,11 @@
 """Reading a whole state back against its manifests: which files are damaged, and what that
 affects (the primitives of ``wcoj verify``).
 
-`verify_state` reads every kept generation's manifest and every file they name, once each:
-batch files (size and sha256, and their rows against the batch's row count) and segment files
-(size, header, sha256). Each damaged file is reported with its trace, the first epoch
-it affects — a batch at time ``t`` every epoch from ``t`` on (through the traces and
-arrangements built from it), a segment every epoch from its index's time on — and whether it
-can be rebuilt: a segment can (from the batches), a batch cannot (it is the source of truth).
-
-A file inside a batch folder that no kept manifest lists is named too (`Damage.foreign`): no
-reader reads it (they read exactly the files a manifest lists), and wcoj never deletes a file
-it did not write, so it stays until someone moves it out. Spark's own by-products of a batch it
-wrote (``_SUCCESS``, a listed file's ``.crc``) are not named.
+`verify_state` reads every kept manifest and every file they name, once: batch files (size,
+sha256, rows) and segment files (size, header, sha256). Each damaged file comes with its trace,
+the first epoch it affects and whether it can be rebuilt (a segment can, a batch cannot). A file
+in a batch folder that no manifest lists is named too (`Damage.foreign`), but not Spark's own
+by-products (``_SUCCESS``, a listed file's ``.crc``).
 """
 
 from __future__ import annotations
@@ -32,12 +26,8 @@ from wcoj_core.store.store import Store
 
 @dataclass(frozen=True, slots=True)
 class Damage:
-    """One damaged file (or manifest) and what it affects.
-
-    `since` is the first epoch affected (None: a manifest, which affects its generation);
-    `generations` the kept generations that name the file, `current` whether the current one
-    does.
-    """
+    """One damaged file (or manifest): `since` the first epoch affected (None: a manifest),
+    `generations` the kept generations naming it, `current` whether the current one does."""
 
     path: str
     trace: str
@@ -89,10 +79,8 @@ def verify_state(
     progress: Callable[[str], None] | None = None,
     memory: MemoryBudget | None = None,
 ) -> VerifyReport:
-    """Check every file the kept generations of `store` name (each read whole, once), within
-    the `memory` budget (default: the process's, `default_budget`): files are read a record
-    batch at a time, and a trace's batches summed for its figures through sorted runs spilled
-    to the state's scratch folder."""
+    """Check every file the kept generations of `store` name, each read once, a record batch at a
+    time, within `memory` (default: `default_budget`)."""
     gens = store.generations()
     current = gens[-1] if gens else 0
     damaged: list[Damage] = []
@@ -259,10 +247,8 @@ def _held_rows(
 def _figures(
     store: Store, manifest: Manifest, broken: set[str], memory: MemoryBudget
 ) -> list[Damage]:
-    """Each trace's latest recorded figures (distinct tuples, count, negative tuples) against
-    its batches summed (traces with a damaged batch are left out: that is reported already).
-    The batches are read a record batch at a time and summed through sorted runs, within
-    `memory`: an output of any size is checked."""
+    """Each trace's latest recorded figures against its batches summed through sorted runs within
+    `memory` (traces with a damaged batch left out: reported already)."""
     from wcoj_core.errors import OutOfMemory, WcojError
 
     files = Batches(store.files)

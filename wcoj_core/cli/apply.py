@@ -25,7 +25,6 @@ and ``total``. An interruption says whether the epoch was applied.
 from __future__ import annotations
 
 import argparse
-import errno
 import time as clock
 from typing import Any
 
@@ -52,6 +51,7 @@ from wcoj_core.cli.results import add_output_arguments, check_output, write_tupl
 from wcoj_core.engine import Engine
 from wcoj_core.epoch import EpochResult
 from wcoj_core.errors import StateError, WcojError
+from wcoj_core.errors import out_of_memory as ran_out
 from wcoj_core.meaning import RelationSpec
 from wcoj_core.query.builtins import resolve_query
 from wcoj_core.store.manifest import Manifest
@@ -146,13 +146,9 @@ def add_meaning_arguments(p: argparse.ArgumentParser) -> None:
 
 def relation_meanings(args: argparse.Namespace, arities: dict[str, int]) -> dict[str, RelationSpec]:
     """Every relation's spec from ``--undirected``, ``--set`` and ``--bag``."""
-    from wcoj_core.errors import QueryError
     from wcoj_core.meaning import relation_specs
 
-    try:
-        return relation_specs(arities, undirected=args.undirected, sets=args.sets, bags=args.bags)
-    except QueryError as e:
-        raise UsageError(str(e)) from e
+    return relation_specs(arities, undirected=args.undirected, sets=args.sets, bags=args.bags)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -193,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return _stopped(engine, base, args.epoch, new, args.state, "interrupted")
     except BaseException as e:
-        if is_out_of_memory(e):
+        if ran_out(e):
             return _stopped(engine, base, args.epoch, new, args.state, out_of_memory(e))
         if new is not None:
             workspace.unmake_state(args.state, new)
@@ -218,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         error(f"interrupted after epoch {args.epoch} was applied")
         return EXIT_INTERRUPTED
     except (MemoryError, OSError) as e:
-        if not is_out_of_memory(e):
+        if not ran_out(e):
             raise
         error(f"{out_of_memory(e)} after epoch {args.epoch} was applied")
         return EXIT_FAILED
@@ -240,25 +236,19 @@ def _stopped(
     epoch (a batch at the epoch that the state did not hold before), and exit 130 (interrupted)
     or 1. A state this run created and left without an epoch is removed."""
     code = EXIT_INTERRUPTED if why == "interrupted" else EXIT_FAILED
-    if engine is None or base is None:  # the state not opened yet: nothing was written
-        error(f"{why}: epoch {epoch} was not applied; the state is as it was")
-        return code
-    after = engine.store.current()
-    before = {b.path for t in base.traces.values() for b in t.batches if b.time == epoch}
-    now = {b.path for t in after.traces.values() for b in t.batches if b.time == epoch}
-    if now - before:
-        error(f"{why} after epoch {epoch} was applied (generation {after.generation})")
-    else:
-        if new is not None:
-            workspace.unmake_state(state, new)
-        error(f"{why}: epoch {epoch} was not applied; the state is as it was")
+    if engine is not None and base is not None:  # else the state was not opened: nothing written
+        after = engine.store.current()
+        at = [
+            {b.path for t in m.traces.values() for b in t.batches if b.time == epoch}
+            for m in (base, after)
+        ]
+        if at[1] - at[0]:
+            error(f"{why} after epoch {epoch} was applied (generation {after.generation})")
+            return code
+    if new is not None:
+        workspace.unmake_state(state, new)
+    error(f"{why}: epoch {epoch} was not applied; the state is as it was")
     return code
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-    """Whether `e` says memory ran out: a `MemoryError`, or an `OSError` ENOMEM (a mapping
-    refused under an address-space limit, say)."""
-    return isinstance(e, MemoryError) or (isinstance(e, OSError) and e.errno == errno.ENOMEM)
 
 
 def out_of_memory(e: BaseException) -> str:
@@ -305,11 +295,8 @@ def warn_about(epoch: int, result: EpochResult) -> None:
             )
         if r.negative:
             shown = ", ".join(f"{t}: {m}" for t, m in r.negative_examples)
-            more = (
-                f" (and {r.negative - len(r.negative_examples)} more)"
-                if r.negative > len(r.negative_examples)
-                else ""
-            )
+            left = r.negative - len(r.negative_examples)
+            more = f" (and {left} more)" if left > 0 else ""
             warn(
                 f"epoch {epoch} deleted tuples relation {rel!r} did not hold; {r.negative} now "
                 f"have a negative multiplicity: {shown}{more}"
@@ -340,8 +327,7 @@ def _report(
     if result.rebuilt or rebuilt:
         done = [r.epoch for r in (*result.rebuilt, *rebuilt)]
         say(f"derived again: epochs {', '.join(map(str, done))} (stale after a correction)")
-    served = engine.queries[query]
-    figures = result.traces[f"out/{query}"].figures
+    served, figures = engine.queries[query], result.traces[f"out/{query}"].figures
     if output is not None:
         _write_output(args, query, engine, result, output, changes)
     if args.json:
@@ -390,26 +376,21 @@ def _write_output(
     changes: dict[str, str],
 ) -> None:
     """``--output``: an aggregate's groups as of the epoch, or the epoch's change of the output."""
-    served = engine.queries[query]
-    if served.aggregate is not None:
+    if engine.queries[query].aggregate is not None:
         from wcoj_core import aggregates
 
-        table = aggregates.table(engine, served, args.epoch)
-        written = write_tuples(
-            table, *output, force=args.force, inputs=list(changes.values()), state=args.state
-        )
-        say(f"output: {written} groups of {query} as of the epoch written to {output[0]}")
+        table = aggregates.table(engine, engine.queries[query], args.epoch)
+        what = "groups of {} as of the epoch"
+    elif (arrays := result.changes.get(query)) is None:  # read from its batch, a file at a time
+        table = engine.change_batches(query, args.epoch)
+        what = "tuples of the epoch's change"
     else:
-        arrays = result.changes.get(query)
-        if arrays is None:  # read from its batch, a file at a time
-            table = engine.change_batches(query, args.epoch)
-        else:
-            from wcoj_core.kernel.changes import changes_table
+        from wcoj_core.kernel.changes import changes_table
 
-            rows, diff = arrays
-            cols = engine.trace_columns(f"out/{query}")
-            table = changes_table(cols, rows, diff, args.epoch).drop_columns(["time"])
-        written = write_tuples(
-            table, *output, force=args.force, inputs=list(changes.values()), state=args.state
-        )
-        say(f"output: {written} tuples of the epoch's change written to {output[0]}")
+        cols = engine.trace_columns(f"out/{query}")
+        table = changes_table(cols, *arrays, args.epoch).drop_columns(["time"])
+        what = "tuples of the epoch's change"
+    written = write_tuples(
+        table, *output, force=args.force, inputs=list(changes.values()), state=args.state
+    )
+    say(f"output: {written} {what.format(query)} written to {output[0]}")

@@ -1,18 +1,10 @@
 """``wcoj attach`` and ``wcoj detach``: add a query to a kept state, or remove one.
 
-Contract: ``wcoj attach STATE --query Q [--memory SIZE] [--json]`` adds query ``Q`` (a built-in's
-name or query text over the state's relations, read as the state declares them) to a state that
-holds epochs, in one commit (`wcoj_core.attach`): its output is made as of the state's latest
-epoch from the arrangements the state keeps — no change landed again, no relation copied — and
-every later ``apply`` maintains it with the others (an ``apply`` of any of the state's queries
-serves all of them). It prints one line: the epoch, the output's rows and count, the bytes
-written and the seconds; ``--json`` ends with one JSON line (``query``, ``epoch``,
-``generation``, ``rows``, ``count``, ``written_bytes``, ``seconds``). A query the state keeps
-already, or one reading a relation the state does not hold, is refused in one line.
-
-``wcoj detach STATE --query NAME`` removes a query (its name, or the built-in's name) from the
-state, in one commit, with the traces only it read: its output, the counts arrangements no
-other query reads, a relation no other query reads. The last query is not removed.
+``wcoj attach STATE --query Q`` adds ``Q`` to a state holding epochs in one commit
+(`wcoj_core.attach`), its output made as of the latest epoch from the kept arrangements; later
+``apply`` runs maintain it. ``wcoj detach STATE --query NAME`` removes a query with the traces
+only it read (never the last query). Each prints one line, or one JSON line with ``--json``;
+docs/cli.md has the details.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """``wcoj count``: evaluate a query once over whole inputs and print the sum of its output.
 
-Contract: arguments, input files (`inputs.check_files`) and ``--output`` are checked before
-anything is read. The inputs are read — local files with pyarrow, without Spark; a generator or
-a remote input through Spark, started for it and announced — and evaluated as one epoch applied
-to a fresh state (`evaluate_static`), each relation with its meaning (``--undirected``,
-``--set``, ``--bag``, as ``apply`` reads them: an undirected relation is the set of its edges, in
-both directions). Prints one line ``count: N (seconds ...)``; ``--output FILE`` also writes the
-output's tuples (``c0 ..``, ``diff``) as Parquet or CSV; ``--json`` ends with one JSON line
-holding at least ``count`` and ``seconds``. An aggregate query's output is its table: the line
-also says its groups, ``count`` is the sum of its values, ``--output`` names the value column
-after the aggregate (``count``, ``sum_<x>``) and the JSON ends with ``groups`` and ``total``. With ``--state DIR`` (new or empty) the state is
-kept, arrangements included, for later ``wcoj apply`` epochs.
+Arguments, input files and ``--output`` are checked before anything is read; the inputs (local
+files without Spark, a generator or remote input through Spark) are applied as one epoch to a
+fresh state (`evaluate_static`) with their meanings (``--undirected``, ``--set``, ``--bag``). It
+prints ``count: N (seconds ...)``; ``--output`` writes the tuples, ``--json`` ends with one JSON
+line (an aggregate's adds ``groups`` and ``total``); ``--state DIR`` keeps the state for later
+``wcoj apply`` epochs.
 """
 
 from __future__ import annotations

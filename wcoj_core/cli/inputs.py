@@ -1,26 +1,12 @@
 """The relations a command reads: ``--input`` / ``--changes`` specs, checked, then read.
 
-Contract, in the order a command uses it, everything before `read_*` without Spark:
-
-* `parse_inputs` (``--input REL=PATH``) and `parse_changes` (``--changes REL=PATH``) turn the
-  specs into a mapping from relation to path, checked against the query: each relation once, a
-  name that is an identifier, no relation the query does not use, and (for inputs) every
-  relation the query uses. A local file must exist; a generator spec (``rmat:...``) must parse
-  and feed a binary relation; changes come from files only.
-* `check_undirected` checks ``--undirected REL``: given, and binary.
-  A local path must be a regular file (a folder only for Parquet): a named pipe or a device
-  is refused from ``os.stat``, never opened.
-* `check_files` reads what is cheap to read of every local file without a JVM
-  (`wcoj_core.input_read.check_locally`: at most the first 4 MiB of a text or CSV file, Parquet
-  footers) and raises the `InputError` the full read would raise, with the file, line and
-  column, so that bad input is refused before anything long starts.
-* Reading: without Spark when `needs_spark` is false (every input a local file), the commands
-  stream each file (`wcoj_core.input_read.read_local_batches`) and the engine lands it as the
-  relation's meaning says; with Spark, `read_inputs` reads every input as it is (the benchmarks
-  normalize inputs themselves) and `read_flagged` reads one and warns about tuples whose summed
-  multiplicity is negative.
-
-Every error is a `WcojError` (`UsageError` for the syntax of an argument).
+`parse_inputs` and `parse_changes` check the specs against the query (each relation once, used by
+it, every used one given for inputs; local files exist, generator specs parse, changes are
+files); `check_undirected` checks ``--undirected REL``; `check_files` reads what is cheap of every
+local file (`wcoj_core.input_read.check_locally`) and raises the full read's `InputError`. All of
+it runs before Spark. Without Spark (`needs_spark` false) the commands stream each file
+(`read_local_batches`); with Spark, `read_inputs` reads every input and `read_flagged` one, warning
+of negative multiplicities. Every error is a `WcojError` (`UsageError` for an argument's syntax).
 """
 
 from __future__ import annotations
@@ -157,11 +143,8 @@ def read_inputs(
 def read_flagged(
     spark: SparkSession, rel: str, path: str, arity: int, negative: dict[str, int]
 ) -> DataFrame:
-    """`read_relation`, then a warning listing tuples whose multiplicity is negative.
-
-    Such tuples (deletions of absent tuples) are kept as signed multiplicities; their number goes
-    into `negative`. Only CSV and Parquet can carry a ``diff`` column, so only they are checked.
-    """
+    """`read_relation`, warning of tuples whose multiplicity is negative (kept signed, counted in
+    `negative`; only CSV and Parquet carry a ``diff``)."""
     from wcoj_core.input_spark import negative_tuples, read_relation
 
     df = read_relation(spark, path, arity, rel)

@@ -1,22 +1,12 @@
 """``wcoj query``: ask a kept state a question, answered from its arrangements; nothing written.
 
-Contract: ``wcoj query STATE --query Q [--epoch T] [--bind VAR=VALUES ...] [--output FILE]
-[--json]`` answers any conjunctive query over the state's relations (a built-in's name or query
-text; constants allowed, aggregate heads too) as of epoch ``T`` (default: the latest), on this
-process, from the state's mapped arrangements (`wcoj_core.ask`): no Spark, no write, no lock —
-the state's generation is unchanged, and an ``apply`` beside it runs as it would alone. An epoch
-the state does not hold, or one before its compaction frontier, is refused naming what it holds.
-
-``--bind VAR=VALUES`` binds a variable of the query to each of some values (``7,9,12``, or
-``@FILE``: one value per line, ``#`` starting a comment): one answer for all of them, the
-variable's column telling them apart. Several ``--bind`` give as many values each, bound
-position by position.
-
-It prints the answer's first rows (the head's variables, then ``diff``, or an aggregate's value
-named after it) and one line: the rows, the sum of the last column, the epoch and generation
-read and the seconds. ``--output FILE`` writes every row (Parquet or CSV, as ``count``
-writes); ``--json`` ends with one JSON line holding ``rows``, ``count``, ``epoch``,
-``generation``, ``columns`` and ``seconds`` (an aggregate's also ``groups`` and ``total``).
+``wcoj query STATE --query Q [--epoch T] [--bind VAR=VALUES ...] [--output FILE] [--json]``
+answers any conjunctive query over the state's relations as of epoch ``T`` (default: the
+latest) on this process from the mapped arrangements (`wcoj_core.ask`): no Spark, no write, no
+lock. ``--bind`` binds a variable to each of some values (``7,9,12`` or ``@FILE``), several
+position by position. It prints the first rows and one summary line; ``--json`` ends with one
+JSON line (``rows``, ``count``, ``epoch``, ``generation``, ``columns``, ``seconds``). See
+docs/cli.md.
 """
 
 from __future__ import annotations

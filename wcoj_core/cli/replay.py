@@ -1,12 +1,9 @@
 """``wcoj replay``: split the inputs into epochs of changes and apply them one by one.
 
-Contract: arguments (the epoch count, the delete fraction, the seed) and input files are checked
-before Spark starts. Each input becomes a seeded stream of insertions and, with
-``--delete-fraction``, later deletions (`wcoj_core.replay.epoch_stream`); the epochs are applied
-in order to a fresh engine, one progress line per epoch printed as it ends. ``--check`` compares
-the final output with a static evaluation of the final inputs; a failed check exits 1. ``--json``
-ends with one JSON line holding at least ``final_count``, ``check``, ``epochs``,
-``seconds_per_epoch`` and ``median_seconds``.
+Arguments and input files are checked before Spark starts; each input becomes a seeded stream
+(`wcoj_core.replay.epoch_stream`) applied epoch by epoch, a progress line each. ``--check``
+compares the final output with a static evaluation (a failure exits 1); ``--json`` ends with one
+JSON line (``final_count``, ``check``, ``epochs``, ``seconds_per_epoch``, ``median_seconds``).
 """
 
 from __future__ import annotations

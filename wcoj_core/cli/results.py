@@ -1,22 +1,11 @@
 """``--output FILE``: a query's tuples written to one Parquet or CSV file, safely.
 
-Contract: `add_output_arguments` adds ``--output FILE`` and ``--force`` to a command.
-`check_output` runs before anything is read or computed and accepts a local path ending in
-``.parquet`` or ``.csv`` (any case) whose folder exists and is writable, and which is either new
-or, with ``--force``, an existing regular file; it never accepts one of the command's inputs,
-even with ``--force`` (the same file by ``st_dev``/``st_ino`` or by resolved path, or a path
-inside an input folder), nor a path inside a state — the command's ``--state`` or any folder
-holding a state's marker (a state holds what wcoj writes there, and nothing else). Anything
-else is a `UsageError` naming the path.
-
-`write_tuples` writes the data columns ``c0 .. c{k-1}`` and ``diff`` of update triples (a
-``time`` column is dropped), given as an Arrow table, a stream of record batches (written a
-batch at a time: an output of any size) or a Spark DataFrame, into that file:
-Parquet, or CSV with a header row, the format `wcoj_core.input_spark` reads back. The rows are
-written to a temporary file in the target's folder, created with mode ``0666 & ~umask`` (the
-kernel applies the umask, as for any new file), then moved into place: without ``--force`` by a
-hard link that fails if the target appeared meanwhile, with it by a rename. A failed write
-leaves no partial file and no scratch file. It returns the number of rows written.
+`check_output` runs before anything is read: a local ``.parquet`` or ``.csv`` path in a writable
+folder, new or (with ``--force``) a regular file, never one of the command's inputs nor a path
+inside a state. `write_tuples` writes ``c0 .. c{k-1}, diff`` (from a table, record batches or a
+Spark DataFrame) to a temporary file in the target's folder, then moves it into place (a hard
+link without ``--force``, a rename with it): a failed write leaves no partial file. See
+docs/cli.md.
 """
 
 from __future__ import annotations
@@ -64,10 +53,8 @@ def add_output_arguments(p: argparse.ArgumentParser, what: str = "the output's t
 def check_output(
     path: str, *, force: bool = False, inputs: Sequence[str] = (), state: str | None = None
 ) -> tuple[Path, OutputFormat]:
-    """The ``--output`` path and its format, or a `UsageError` saying what to give instead.
-
-    `inputs` are the command's input paths (``--input``, ``--changes``; generator specs and
-    remote URIs are skipped); `state` the command's ``--state`` (perhaps not created yet).
+    """The ``--output`` path and its format, or a `UsageError` saying what to give instead;
+    `inputs` and `state` (the command's) must not be overwritten.
 
     >>> check_output("tri.CSV")[1]
     <OutputFormat.CSV: '.csv'>
@@ -167,11 +154,8 @@ def write_tuples(
     inputs: Sequence[str] = (),
     state: str | None = None,
 ) -> int:
-    """Write the data columns and ``diff`` of `rows` into `target`; the number of rows.
-
-    `force`, `inputs` and `state` as given to `check_output`, which is checked again here (the
-    file may have appeared since).
-    """
+    """Write the data columns and ``diff`` of `rows` into `target`, `check_output` checked again
+    first; the number of rows."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
     import pyarrow.parquet as pq

@@ -1,25 +1,11 @@
 """``wcoj status``: what a state holds, from its current manifest alone; no Spark, no data read.
 
-Contract: the state's marker and current manifest are read (the manifest's digest and shape
-checked, as on every open) and nothing else — no batch, no arrangement file — so the command
-takes milliseconds whatever the state's size, and imports neither pyarrow nor pandas. It says:
-
-* the last commit: its generation, and when it was made (the manifest file's modification time);
-* the epochs the state holds (every epoch some trace has a batch for), the latest applied, the
-  compaction frontier (history at or before it is merged, `wcoj_core.compaction`) and the stale
-  epochs (derived from landed changes corrected since, `wcoj_core.lineage`);
-* every relation: its arity and meaning (a set or a bag, and whether undirected);
-* every query: its normalized text (and ``since``, the epoch a query attached later was
-  attached at: `wcoj_core.attach`), its count (summed multiplicity of its output) now and at
-  each held epoch from then, from the figures each output batch records; an aggregate query's count is
-  the sum of its values, and it says its groups (the keys its arrangement holds) and its
-  value column (``aggregate``);
-* every trace: stored update rows, distinct tuples now, bytes on disk (batch and index files, as
-  the manifest lists them), batches and index segments.
-
-With ``--json`` the last line on stdout is one JSON object, `status_of`'s document (its keys are
-part of the command's contract: new keys may be added, none renamed). Exit status 0; 2 for a
-path that is not a state, or a damaged manifest (one line, as every command).
+Only the marker and the current manifest (digest and shape checked) are read, so it takes
+milliseconds at any size and imports neither pyarrow nor pandas. It says the last commit, the
+epochs held (latest, compaction frontier, stale ones), every relation (arity, meaning), every
+query (text, ``since``, count now and per epoch; an aggregate's groups and value column) and every
+trace (rows, tuples, bytes, batches, segments). ``--json``: `status_of`'s document as the last
+stdout line (keys may be added, never renamed). Exit 0; 2 for a non-state or damaged manifest.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """``wcoj verify``: read a whole state back against its manifests; name every damaged file.
 
-Contract: every kept generation's manifest and every file they name is read whole, once: batch
-files (size and sha256) and arrangement files (size, header, sha256), within the process's
-memory budget (``--memory``: files a record batch at a time, a trace's batches summed for its
-figures through sorted runs in the state's scratch folder; a repair rebuilds arrangements the
-same way, merging the runs into the segment files). Each damaged file is
-printed on one line with its trace, the epochs it affects and whether it can be rebuilt; the
-exit status is 0 when nothing is damaged, 1 otherwise. With ``--repair`` the damaged
-arrangement files of the current generation are rebuilt from the batches (and arrangement files
-whose stamp changed but whose digest matches — a restored backup — are stamped again) in one new
-generation; a damaged batch cannot be rebuilt (it is the source of truth) and is only reported.
-No Spark starts for a local state.
+Every kept manifest and every file it names is read once, within ``--memory``; each damaged file
+is one line (its trace, the epochs it affects, whether it can be rebuilt); exit 0 when nothing
+is damaged, 1 otherwise. ``--repair`` rebuilds the current generation's damaged arrangement
+files from the batches and stamps again restored ones, in one new generation; a damaged batch is
+only reported. No Spark starts for a local state.
 """
 
 from __future__ import annotations
@@ -121,13 +115,9 @@ def _verify(args: argparse.Namespace, store: Store) -> int:
 
 
 def repair(store: Store, damaged: set[str], memory: MemoryBudget | None = None) -> list[str]:
-    """Rebuild the index of every trace of the current generation with a damaged segment file
-    (paths relative to the state), and stamp again the segment files whose stamp changed but
-    whose contents match (a restored copy), in one new generation; what was done.
-
-    Within the `memory` budget (default: the process's): each batch is read a record batch at
-    a time (its files' digests checked first), summed and arranged through sorted runs in the
-    state's scratch folder, and merged into the segment files (`rebuilt_index`)."""
+    """Rebuild, in one new generation, the index of every current trace with a damaged segment
+    file (`rebuilt_index`, within `memory`) and stamp again the segment files whose stamp changed
+    but whose contents match; what was done."""
     base = store.current()
     files = Batches(store.files)
     traces = dict(base.traces)

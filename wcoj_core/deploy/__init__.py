@@ -1,19 +1,11 @@
 """Where the kernel runs: on the driver or inside Spark's executors, chosen in one place.
 
-The GenericJoin kernel (`wcoj_core.kernel`) is one implementation; an epoch's work
-(`work.Work`) runs in one of two deployments of it:
-
-* **driver** (`driver`) — on this process, over traces it keeps in memory between epochs: an
-  epoch touching a few thousand keys costs lookups of those keys, no Spark job at all;
-* **executors** (`executors`) — inside the tasks of one Spark job, each task's Python worker
-  keeping the traces in memory between epochs, reading them from the state's storage.
-
-`choose` is the only place that decides, and says why; the reason is recorded in every epoch's
-metrics. The driver serves a state on this machine's disk whose traces (the epoch's included)
-fit `Limits.driver_max_rows` and an epoch changing at most `Limits.driver_epoch_rows` rows —
-by default any: the driver streams and spills every stage within the process's memory budget
-(`wcoj_core.budget`), its arrangements mapped, not held — and everything else runs on the
-executors. `Limits.mode` forces either.
+An epoch's work (`work.Work`) runs on the **driver** (`driver`: this process, traces kept in
+memory, no Spark job) or the **executors** (`executors`: one Spark job, each Python worker keeping
+the traces). `choose` alone decides, and says why (recorded in every epoch's metrics): the driver
+serves a state on this machine within `Limits.driver_max_rows` and `Limits.driver_epoch_rows`
+(by default any: it streams and spills within the budget), the executors everything else;
+`Limits.mode` forces either.
 """
 
 from __future__ import annotations
@@ -73,12 +65,10 @@ class Limits:
 
 
 def choose(limits: Limits, *, local: bool, held: int, changed: int | None = None) -> Choice:
-    """The deployment of an epoch's work.
-
-    `local`: the state is on this machine's disk; `held`: rows of the traces the work reads,
-    before the epoch; `changed`: rows the epoch changes, when known (None: not counted yet —
-    the caller counts at most `limits.driver_epoch_rows` of them, then asks again). On the
-    executors, traces beyond `limits.executor_max_rows` rows are sharded.
+    """The deployment of an epoch's work: `local` (the state on this disk), `held` (rows of the
+    traces read), `changed` (rows the epoch changes; None: not counted yet, the caller counts up
+    to `limits.driver_epoch_rows` and asks again). Traces beyond `limits.executor_max_rows` are
+    sharded.
 
     >>> choose(Limits(), local=True, held=5_000, changed=1_000).reason
     'fits the driver (6,000 rows held, 1,000 changed)'

@@ -1,20 +1,11 @@
 """The driver deployment: the kernel on this process, over traces it keeps in memory.
 
-The epoch's work (`wcoj_core.deploy.work`) runs here, against the state's traces as the epoch
-opened them: an epoch that touches a few thousand keys costs lookups of those keys, not a pass
-over the arrangements. Each rule's delta tuples are cut into *tasks* (consecutive ranges, run
-one after another: what progress reports): a small delta is one task, a larger one ranges of
-the rule's chunk size. A work of many delta tuples runs the kernel's compiled loops on up to
-`WORKERS` threads (each loop cuts its prefixes into chunks and puts the chunks' bindings back
-in order: the bindings, their order and every count are those of one thread); a small one
-stays on this thread, keeping its latency.
-
-Memory is bounded by the budget's shares (`wcoj_core.budget.Shares`), passed to the kernel as
-its parameters: the candidates a step proposes at once and the delta tuples a rule takes at once
-are sized for the rule's width. Each part of full bindings is projected on the head and handed
-to the output's collector at once (`wcoj_core.deploy.output`): small outputs are summed in
-memory, large ones spilled. An output only counted (`Work.counted`: a static count keeping
-nothing) has its rules' bindings counted and their weights summed, nothing written.
+The epoch's work (`wcoj_core.deploy.work`) runs here against the traces as the epoch opened
+them: a few thousand changed keys cost lookups, not a pass. Each rule's delta is cut into tasks
+(consecutive ranges, run in turn: what progress reports); a large work runs the compiled loops on
+up to `WORKERS` threads with the bindings and counts of one thread. The kernel's parameters come
+from the budget's shares; bindings go to the output's collector (`wcoj_core.deploy.output`); an
+output only counted (`Work.counted`) is counted, nothing written.
 """
 
 from __future__ import annotations

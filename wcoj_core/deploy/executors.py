@@ -1,35 +1,16 @@
 """The executors deployment: the kernel inside Spark tasks, one Spark job per epoch.
 
-The work (`wcoj_core.deploy.work`) is shipped to ``n`` tasks of one job; task ``i`` runs share
-``i``. Each task's Python worker keeps the state's traces in memory between tasks and epochs
-(`resident_for`: Spark reuses its Python workers), reading only the batches added since, from
-the state's storage (`Batches`). Spark ends a Python worker that stayed idle for about a
-minute (measured with PySpark 4.3): an epoch that comes later finds a fresh worker, forked
-from a daemon that has imported the kernel already (`wcoj_core.deploy.daemon`), which maps the
-traces' arrangement files where the state keeps them (a state on other storage: reads the
-traces whole again). Every arrangement is replicated to every executor, and the
-work is split by ranges of each rule's delta tuples, balanced on the work the counts predict
-(`wcoj_core.kernel.join.share_ranges`, from a sample of the tuples),
-so a hub's tuples are spread over tasks like any others.
+The work (`wcoj_core.deploy.work`) is shipped to ``n`` tasks; task ``i`` runs share ``i``, split
+by ranges of each rule's delta tuples balanced on the work the counts predict
+(`wcoj_core.kernel.join.share_ranges`). Each Python worker keeps the traces in memory between
+tasks (`resident_for`), reading only the batches added since; a fresh worker (forked from
+`wcoj_core.deploy.daemon`) maps the arrangement files where the state keeps them.
 
-Results leave the tasks as batch files, written where the state keeps them:
-
-* **stage 1** (the kernel): changes known to be consolidated as made (relation changes, counts
-  changes, and outputs whose bindings are all distinct) are written by the task that makes them;
-  the others leave as rows;
-* **stage 2** (only when some output needs it): those rows, hash-partitioned by tuple, are
-  summed and written by the task owning them.
-
-An output only counted (`Work.counted`: a static count keeping nothing, ``wcoj count``) is
-never written: each task counts its bindings and sums their weights in the kernel, and sends
-the two numbers.
-
-Tasks stream: bindings are projected and written (or sent on) a part at a time, so a task holds
-one part of its proposals, never its whole output; what a task sums (stage 2, or one task's
-outputs) goes through sorted runs spilled to the executor's local directories beyond the
-task's budget (`Work.memory`, its share of the process tree's budget in local mode). Every file written and every rule's counts
-come back as small records, collected by the driver; the files of a task attempt Spark gave up
-on are never named by one, and are deleted (`Written.clean`).
+Results leave as batch files: stage 1 writes the changes known consolidated as made; stage 2
+(only when an output needs it) sums the other rows, hash-partitioned by tuple. An output only
+counted (`Work.counted`) sends two numbers. Tasks stream and spill beyond `Work.memory`; every
+file and rule's counts come back as small records, and the files of an attempt Spark gave up on
+are deleted (`Written.clean`).
 """
 
 from __future__ import annotations
@@ -112,13 +93,8 @@ class Written:
 def run_on_executors(
     spark: SparkSession, work: Work, folders: Mapping[str, str], tasks: int
 ) -> Written:
-    """Run a work in `tasks` Spark tasks; its outputs are written into `folders` (output trace
-    -> batch folder relative to the state), but for the outputs only counted (`Work.counted`,
-    no folder). See the module.
-
-    With one task, the task sums every output itself (there is no other share to meet): a
-    small epoch is one stage, one task.
-    """
+    """Run a work in `tasks` Spark tasks, its outputs written into `folders` (output trace ->
+    batch folder) but those only counted (`Work.counted`); one task sums every output itself."""
     columns = work.columns()
     names = list(columns)
     width = max([3, *(len(c) for c in columns.values())])

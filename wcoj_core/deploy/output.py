@@ -1,22 +1,10 @@
 """An output trace's change as the driver's threads make it: summed in memory, or spilled.
 
-Each kernel thread projects every part of full bindings it makes on the query's head and hands
-the rows and weights to its own `Collector` for that output, at once (the part is then dropped:
-a thread holds one part of proposals, never its whole output). A collector holds pieces up to
-its share of the budget (`Shares.sink_bytes`); past it:
-
-* an output whose rows come out already consolidated (`distinct`: one rule on a fresh state,
-  its head keeping every variable) writes its pieces straight into the output's batch, through
-  a `Stream` shared by the threads;
-* any other output sums its pieces into sorted runs in the epoch's scratch folder
-  (`wcoj_core.spill.Sorter`), merged when the epoch writes the change.
-
-An output no one reads (a dry run's distinct output: ``wcoj count`` without ``--state`` or
-``--output``) is only counted: its rows and the sum of their weights, nothing projected or kept.
-
-`gather` puts the threads' collectors of one output together as an `OutputChange`: arrays
-when nothing was spilled (the pieces in the order of the tasks that made them, summed as
-`output_changes` sums them unless distinct), else the runs to merge, or the batch written.
+Each kernel thread hands each part of projected bindings to its own `Collector`, which holds
+pieces up to `Shares.sink_bytes`; past it a `distinct` output (already consolidated) writes them
+straight into its batch through a shared `Stream`, any other sums them into sorted runs
+(`wcoj_core.spill.Sorter`). An output no one reads is only counted. `gather` puts one output's
+collectors together as an `OutputChange`: arrays, runs to merge, or the batch written.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """Traces kept in memory between epochs and steps, by whoever runs the kernel.
 
-A deployment asks for a trace as of a list of its batches (`Resident.index`). The first time,
-the batches are read into one `TraceIndex`; later, an index covering a prefix of the batches
-asked for is advanced by the missing ones only (`TraceIndex.advanced`), so an epoch reads one
-new batch per trace, not the relation. An index is found by the batch paths it covers: a batch
-replaced (a corrected epoch) or merged (a compaction done elsewhere) has a new path, so nothing
-stale is reused; `rename` follows a compaction done by this process.
-
-Several steps may walk the same range of epochs one after another (counts, then each rule, each
-starting again from the range's first epoch), so the index built from the files is kept beside
-the latest few, and views of a shared base layer built for one index are given to its siblings.
-
-On the driver there is one `Resident` per state; inside a Spark executor's Python worker (reused
-from task to task and epoch to epoch while it is never idle for about a minute: Spark ends
-idle Python workers), `resident_for` keeps one per state root.
+`Resident.index` gives a trace as of a list of its batches: read once into a `TraceIndex`,
+then advanced by the missing batches only (`TraceIndex.advanced`). An index is found by the batch
+paths it covers, so a replaced or merged batch is never reused stale (`rename` follows this
+process's compactions); the index built from the files is kept beside the latest few, and views
+of a shared base layer are given to its siblings. One `Resident` per state on the driver;
+`resident_for` keeps one per state root in an executor's Python worker.
 """
 
 from __future__ import annotations
@@ -183,12 +175,8 @@ class Resident:
         return [*self._built.get(name, []), *self._latest.get(name, [])]
 
     def _share_views(self, name: str, index: TraceIndex) -> None:
-        """Give `index` every view of its base layer that a sibling index has built.
-
-        Indexes walked by different steps share a base layer, but each memoizes the views it was
-        asked for; without sharing, a rule reading another view than the step before it would
-        sort the whole base again at every epoch.
-        """
+        """Give `index` every view of its base layer a sibling index has built, so that a rule
+        reading another view than the step before does not sort the base again."""
         pool = self._views.get(name)
         if pool is None or pool[0] is not index.base:
             pool = (index.base, {})

@@ -1,27 +1,14 @@
 """An epoch's rules in one Spark job in the executors: what the driver hands over and what comes
 back.
 
-The driver does everything an epoch needs but the rules (`wcoj_core.epoch`): it maps the old
-state, lands the changes, computes the counts changes. When the rules run in the executors,
-the epoch's changes are written as batches first (the relation and counts changes, small), and
-each task opens the old state itself: replicated (`executors`), a task maps the traces'
-arrangement files from the state's storage through the same `wcoj_core.indexes.open_trace` the
-driver uses — files, not memory, so a Python worker Spark ended after a minute idle costs its
-successor a few milliseconds, not a rebuild — and, on a state the executors reach as files,
-maps the epoch's changes too: the layers the driver consolidated, written as one segment file
-each (`TraceRead.mapped`, removed after the job), where decoding and sorting a batch again cost
-each task 0.1 s of a whole-graph epoch (a dry pass, keeping nothing, then writes no batch at
-all); sharded (`sharded`), the prefixes are routed to
-the shard owning each lookup's key, each task holding its shard cut from the batches — for a
-state on other storage only: on a state the executors reach as files, a sharded work runs as
-the replicated one does (`routes`, `OVER_FILES`), its tasks searching the mapped arrangement
-files, whose pages are the page cache's, not the executor's memory: a shard buys no memory there,
-and the routed stages (a Spark stage per rule's phase) cost a large epoch minutes where split
-tasks take seconds.
-
-The tasks write the outputs' batches (each file with its size and digest), or only count an
-output nobody keeps (`Work.counted`); the driver gets the batches, the sum of each output's
-diffs (or its rows counted) and what every rule did.
+The driver maps the old state, lands the changes and computes the counts changes
+(`wcoj_core.epoch`); the epoch's changes are written as batches first, and each task opens the old
+state itself: replicated (`executors`), it maps the arrangement files through
+`wcoj_core.indexes.open_trace` and, on a state the executors reach as files, the epoch's
+consolidated layers as one segment each (`TraceRead.mapped`, removed after the job); sharded
+(`sharded`, a state on other storage only: `routes`, `OVER_FILES`), prefixes are routed to the
+shard owning each key. The tasks write the outputs' batches or only count (`Work.counted`); the
+driver gets the batches, each output's diff sum and what every rule did.
 """
 
 from __future__ import annotations
@@ -70,15 +57,10 @@ def run_rules(
     mapped: Mapping[str, Segment] | None = None,
     symmetric: frozenset[str] = frozenset(),
 ) -> Outcome:
-    """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (the
-    changed traces' batches at the epoch, already written; or, for a replicated work, the
-    changes as segment files the tasks map, `mapped`, those in `symmetric` their own mirrors:
-    `TraceRead.symmetric`), for what `served` serves over the state
-    `state` reaches; staged folders go to `written`.
-    Outputs in `distinct` are made already consolidated (`EpochPass._distinct`): each task
-    writes its own, with no stage summing them; those also in `counted` (a static count keeping
-    nothing, `Work.counted`) are only counted by the tasks that make them, nothing written
-    (replicated; the sharded stages write them as any other)."""
+    """Run `jobs` in the executors over the old state of `m` plus the epoch's `changes` (batches
+    written, or for a replicated work segment files the tasks map: `mapped`, `symmetric`); staged
+    folders go to `written`. Outputs in `distinct` are written consolidated by each task; those
+    also in `counted` only counted (replicated works)."""
     state.spark(f"the kernel runs in Spark's executors ({choice.reason})")  # started, and why
     routed = routes(served, state, m, epoch, choice)
     reads = tuple(
@@ -125,12 +107,10 @@ def _read(served: Served) -> list[str]:
 
 
 def routes(served: Served, state: StateAccess, m: Manifest, epoch: int, choice: Choice) -> bool:
-    """Whether a work at `epoch` runs as routed stages over shards (`_sharded`): a choice of
-    more than one shard whose tasks cannot search every trace's arrangement files themselves
-    (`_in_files`), or routing asked for (`StateAccess.routed`: tests and measurements). On
-    files, the tasks search the mapped arrangements as the replicated ones do, split by key
-    ranges of the delta as any replicated work is: what they touch is file pages, not memory
-    of theirs, so an executor smaller than the arrangements holds none of them."""
+    """Whether a work at `epoch` runs as routed stages over shards: more than one shard whose
+    tasks cannot search the arrangement files (`_in_files`), or `StateAccess.routed`. On files
+    the tasks search the mapped arrangements, as replicated ones do: file pages, not their
+    memory."""
     if choice.shards <= 1:
         return False
     if state.routed:
@@ -209,11 +189,9 @@ def _replicated(
 
 
 def _budgeted(served: Served, state: StateAccess, work: Work) -> Work:
-    """The work with the candidates a step proposes at once, and the delta tuples a rule takes
-    at once, sized for an executor's Python worker: its share of the engine's budget when
-    Spark runs in this process tree (`Served.worker_bytes`), else what
-    ``spark.executor.pyspark.memory`` sets, else a task's default (`work.TASK_MEMORY`, the
-    budget its spill takes then too: the kernel's own limits are sized for no budget)."""
+    """The work with the kernel's pieces sized for an executor's Python worker:
+    `Served.worker_bytes` in this process tree, else ``spark.executor.pyspark.memory``, else
+    `work.TASK_MEMORY`."""
     from dataclasses import replace
 
     from wcoj_core.budget import MIN_BUDGET, MemoryBudget, Shares

@@ -1,17 +1,10 @@
 """What one epoch (or one epoch-addressed step) asks of the kernel, and how a share of it runs.
 
-A `Work` names everything a deployment needs, as plain picklable data: the state's root, the
-epoch, the plans, the traces to read (`TraceRead`: batches of the old state, and the epoch's
-changes as stored batches or as raw change files), the counts changes to compute and the delta
-rules to run (`RuleJob`, each writing its output change to a named trace; several rules of a
-query may add up into one).
-
-Both deployments run it the same way: `open_layers` reads the traces into an `EpochLayers`
-(indexes kept by a `Resident`, the epoch's changes consolidated, counts changes computed from
-the relation changes), then `run_share` runs share ``i`` of ``n``: every rule takes the i-th of
-``n`` consecutive ranges of its delta tuples, cut to balance the work the counts predict. Share 0
-also emits the changes that are outputs of the work themselves (relation changes read raw,
-counts changes computed). The driver runs the shares on threads; the executors, one per task.
+A `Work` is plain picklable data: the state's root, the epoch, the plans, the traces to read
+(`TraceRead`), the counts changes and the delta rules (`RuleJob`). `open_layers` reads the traces
+into `EpochLayers`; `run_share` runs share ``i`` of ``n`` (each rule's i-th range of delta tuples,
+balanced on the work the counts predict; share 0 also emits the work's own changes). The driver
+runs the shares on threads, the executors one per task.
 """
 
 from __future__ import annotations
@@ -50,18 +43,11 @@ from wcoj_core.traces import counts_trace_name, relation_columns, relation_trace
 
 @dataclass(frozen=True, slots=True)
 class TraceRead:
-    """A trace a work reads: its batches as of the old state, and its changes at the epoch:
-    stored batches, files of unconsolidated changes (absolute paths in the state's file
-    system), or unconsolidated changes carried along (data columns and ``diff``).
-
-    With `trace` (the manifest's entry) the old state is opened from the trace's index — its
-    arrangement files mapped, through the view keys `keys` (`wcoj_core.indexes.open_trace`) —
-    rather than read from the batches `old`. With `mapped`, the changes are the layer the
-    driver consolidated, written as one segment file (`wcoj_core.store.segments`) a task maps
-    rather than decoding and sorting the batch `delta` again; `symmetric` when that layer is
-    its own mirror (`Layer.mirrored`: an undirected relation's change), so that its reversed
-    view is the file itself, not a sort of it.
-    """
+    """A trace a work reads: its batches as of the old state (`old`) or, with `trace`, its
+    index's mapped files through the view `keys` (`wcoj_core.indexes.open_trace`); and its
+    changes at the epoch: batches (`delta`), files, carried columns, or with `mapped` the
+    driver's consolidated layer as one segment file (`symmetric`: its own mirror, its reversed
+    view the file itself)."""
 
     name: str
     columns: tuple[str, ...]
@@ -243,9 +229,8 @@ def run_share(
     threads: int = 1,
     whole: bool = False,
 ) -> Iterator[Made]:
-    """Share `share` of `count` of a work: emitted changes (share 0), then every rule's
-    bindings on its share of the delta, each rule followed by its tally; the kernel's loops
-    on up to `threads` threads, the last step writing whole chunks with `whole`
+    """Share `share` of `count` of a work: emitted changes (share 0), then each rule's bindings
+    on its share of the delta and its tally, on up to `threads` threads
     (`wcoj_core.kernel.join.run_rule`)."""
     if share == 0:
         columns = work.columns()

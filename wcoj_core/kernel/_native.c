@@ -1932,6 +1932,7 @@ typedef struct {
     const uint8_t *flags;
     int nx, nf, owner, spread; /* write the owner / the prefix's columns */
     int counting;              /* write nothing: count the survivors and sum their weights */
+    int ranged;                /* counting for itself over several layers (`ext_ranged`) */
     i64 *per;                  /* counting: each prefix's sum, at its row (an aggregate's) */
     int value;                 /* counting: sum weight x value (an aggregate's sum(x)) */
     Filt fs[MAXF];
@@ -2150,14 +2151,25 @@ static int extend_merged(ExtendCtx *ctx, Ext *xs, int t, Py_ssize_t r, Py_ssize_
     return 0;
 }
 
+/* Extender x's candidates for prefix row r bounded by the sizes of its key's ranges in its
+ * layers (`ext_ready`'s, kept for extending; an entry a layer cancels still counts): how a
+ * warm epoch's count picks in extend, no counts looked up. */
+static inline i64 ext_ranged(Ext *x, const Prefix *P, Py_ssize_t r) {
+    ext_ready(x, P, r);
+    i64 c = 0;
+    for (int l = 0; l < x->nsource; l++) c += x->hi[l] - x->lo[l];
+    return c;
+}
+
 /* The extender with the fewest candidates for prefix row r (ties to the lowest), each counted
- * by its range in its one layer, as `count_range` picks it (and counts the rows alive after
+ * by its range in its one layer (`ext_ranged` when `ranged`), as `count_range` picks it (and counts the rows alive after
  * each extender and the live rows' least counts in st); -1 when some extender has none. */
-static inline int pick_least(Ext *xs, const Prefix *P, int nx, Py_ssize_t r, Stats *st) {
+static inline int pick_least(Ext *xs, const Prefix *P, int nx, Py_ssize_t r, Stats *st,
+                             int ranged) {
     i64 best = 0;
     int who = -1, err = 0;
     for (int j = 0; j < nx; j++) {
-        i64 c = ext_count(&xs[j], P, r, &err);
+        i64 c = ranged ? ext_ranged(&xs[j], P, r) : ext_count(&xs[j], P, r, &err);
         if (c <= 0) return -1;
         st->alive[j]++;
         if (who < 0 || c < best) { best = c; who = j; }
@@ -2247,7 +2259,7 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
              * here as `count_range` counts it, each extender by its one layer's range (no sum
              * to overflow), and the fewest proposes */
             r = i;
-            t = pick_least(xs, ctx->P, ctx->nx, r, st);
+            t = pick_least(xs, P, nx, r, st, ctx->ranged);
         }
         if (ctx->per) {
             if (pr >= 0 && put_sum(ctx, st, pr, st->total - base) < 0) break;
@@ -2271,8 +2283,10 @@ static void extend_range(void *vctx, void *scratch, Py_ssize_t i0, Py_ssize_t i1
             }
         }
         if (empty || low > high) continue;
-        for (int j = 0; j < nx; j++) xs[j].ready = 0;
-        ext_ready(x, P, r);
+        if (!ctx->ranged) {
+            for (int j = 0; j < nx; j++) xs[j].ready = 0;
+            ext_ready(x, P, r);
+        }
         int nonempty = 0;
         if (x->nsource == 1) {
             narrowed(x, low, high, &x->lo[0], &x->hi[0]);
@@ -2426,7 +2440,8 @@ static int choose_marks(ExtendCtx *ctx, Ext *xs, Py_ssize_t prefixes) {
  * is written: the survivors are counted and their weights summed (times their values with
  * `value`), each prefix's sum also written at its row of `per` when given. Live and tag None: the
  * prefixes [start, stop) are counted and picked here first, as `count` would (every extender
- * reading one layer: the last step of a count, in one pass). Returns (survivors, proposed,
+ * reading one layer: the last step of a count, in one pass; by their ranges, `ext_ranged`, when
+ * some reads several). Returns (survivors, proposed,
  * passed, flagged, err, err_row, err_ext, err_value, the weights' sum as high and low 64 bits:
  * 0 when writing, and when counted here the prefixes kept, the sum of their least counts and
  * the rows alive after each extender, summed; else zeros). */
@@ -2455,13 +2470,16 @@ static PyObject *py_extend(PyObject *self, PyObject *args) {
     ok = ok && (ctx.weight = take(&h, weight_o, 8, 0, m, NULL, "weight"));
     if (ok && flags_o != Py_None) ok = (ctx.flags = take(&h, flags_o, 1, 0, m, NULL, "flags")) != NULL;
     if (live_o == Py_None) {
-        /* no live rows: every prefix is counted here (each extender by its one layer) */
+        /* no live rows: every prefix is counted here, by its ranges (`ext_ranged`) when an
+         * extender reads several layers */
         nlive = m;
-        for (int j = 0; ok && j < ctx.nx; j++)
-            if (!xs[j].by_range || xs[j].nsource > 1) {
-                PyErr_SetString(PyExc_ValueError, "counting in extend needs one layer an extender");
+        for (int j = 0; ok && j < ctx.nx; j++) {
+            ctx.ranged |= xs[j].nsource > 1;
+            if (!xs[j].by_range) {
+                PyErr_SetString(PyExc_ValueError, "counting in extend takes no counts layers");
                 ok = 0;
             }
+        }
     } else {
         ok = ok && (ctx.live = take(&h, live_o, 8, 0, -1, &nlive, "live"));
         ok = ok && (ctx.tag = take(&h, tag_o, 8, 0, nlive, NULL, "tag"));

@@ -119,17 +119,27 @@ def counts_delta(support: Layer, key: Sequence[int]) -> Layer:
 
     A key that is the layer's first columns is grouped as the rows lie (equal keys are
     adjacent: nothing to sort); a `symmetric` layer's counts by its second column are its
-    counts by its first.
+    counts by its first; a set's counts by another column of dense values are counted by value.
 
     >>> support = Layer.build(np.array([[1, 2], [1, 3], [2, 1], [3, 1]]), np.ones(4, dtype=I64))
     >>> counts_delta(support, (0,)).rows.tolist(), counts_delta(support, (0,)).diff.tolist()
     ([[1], [2], [3]], [2, 1, 1])
     >>> counts_delta(support.mirrored(), (1,)).diff.tolist()
     [2, 1, 1]
+    >>> by_second = counts_delta(support, (1,))
+    >>> by_second.rows.tolist(), by_second.diff.tolist()
+    ([[1], [2], [3]], [2, 1, 1])
     """
     key = counted_by(support, key)
     cols = [support.col(k) for k in key]
     n = len(support)
+    if len(key) == 1 and n and support.unit and key != (0,):  # by a column not sorted:
+        low = int(cols[0].min())  # counted by value where the values are dense (no sort)
+        span = int(cols[0].max()) - low + 1
+        if span <= 4 * n:
+            per = np.bincount(cols[0] - low, minlength=span)
+            at = np.flatnonzero(per)
+            return Layer((at + low).reshape(-1, 1), per[at], unit=bool(per.max() == 1))
     if not key or key != tuple(range(len(key))) or n == 0:
         return Layer.build(cols, support.diff)
     starts = np.zeros(n, dtype=bool)

@@ -33,7 +33,9 @@ candidates' weights, times their values for the summed variable) and yields the 
 those sums as weights; whatever a rule yields is then summed per group as it comes (`_grouped`:
 weights times the summed variable where it is bound, runs of one group added up, zeros
 dropped), so no full binding is held unless the last variable is the head's (each is then a
-partial sum of its own group).
+partial sum of its own group). A count per vertex of the cliques of an undirected relation
+(`Plan.members`) runs the cliques' rules instead: each clique found once, not once per member,
+its weight credited to each of its vertices (`_grouped`).
 
 Multiplicities are checked, never wrapped (`wcoj_core.kernel.multiplicity`). A binding's weight
 is the product of the multiplicities of its atoms, each as of the version the rule reads (the
@@ -62,7 +64,7 @@ from wcoj_core.errors import MultiplicityOverflow
 from wcoj_core.kernel.index import Layers
 from wcoj_core.kernel.keys import I64
 from wcoj_core.kernel.layer import AGGREGATED, DIRECTORY_SHARE, Layer, lookup_sum_of
-from wcoj_core.kernel.multiplicity import row_namer, sums_at
+from wcoj_core.kernel.multiplicity import magnitude, row_namer, sums_at
 from wcoj_core.kernel.step import (
     Prefixes,
     StepCounts,
@@ -204,6 +206,7 @@ def _chunks(
     limits: Limits,
 ) -> Iterator[Part | Counted]:
     """The rule's delta tuples `rows`, a chunk at a time, through every step."""
+    outer, (plan, rule) = plan, enumerated(plan, rule, layers)
     if not rule.checks and starved(rule, layers):  # (a check's sums may raise: left to run)
         if limits.counting:
             yield Counted(0, 0)
@@ -217,7 +220,10 @@ def _chunks(
     for at in range(lo, hi, step):
         part = slice(at, min(at + step, hi))
         cols = {v: columns[i][part] for i, v in enumerate(start)}
-        yield from _started(plan, rule, Prefixes(cols, d.diff[part]), layers, tally, limits, lead)
+        for made in _started(plan, rule, Prefixes(cols, d.diff[part]), layers, tally, limits, lead):
+            yield (
+                made if outer is plan or isinstance(made, Counted) else _grouped(outer, made, True)
+            )
 
 
 def run_from(
@@ -261,6 +267,18 @@ def _started(
             if plan.query.aggregate is not None:
                 made = _grouped(plan, made)
         yield made
+
+
+def enumerated(plan: Plan, rule: DeltaRule, layers: Layers) -> tuple[Plan, DeltaRule]:
+    """The plan and rule the kernel runs for `rule`: its `Plan.members` rule when it has one
+    (full bindings of the cliques, grouped by `_grouped`), unless the old state holds nothing
+    (a first load: the last rule alone finds every clique either way, and counting them per
+    prefix in one layer beats listing them); else itself. The same for every rule of an
+    epoch (a rule's share of the change differs between the two plans, their sum does not)."""
+    m = plan.members
+    if m is None or starved(plan.rules[0], layers):
+        return plan, rule
+    return m, m.rules[rule.delta]
 
 
 def starved(rule: DeltaRule, layers: Layers) -> bool:
@@ -391,30 +409,30 @@ def _counted(
     value = agg is not None and step.var == agg.var
     per = np.zeros(len(prefixes), dtype=I64)
     mine = StepCounts(step.var.name)
-    got = count_and_extend(plan, step, prefixes, layers, mine, threads, per, value)
-    if got is None or got.flagged:
-        per[:] = 0
-        mine = StepCounts(step.var.name)
+    got = count_and_extend(plan, step, prefixes, layers, mine, threads, per, value, True)
+    assert got is not None
+    if got.flagged:  # a binding's weight left int64: written again, to name it
         live = count(plan, step, prefixes, layers, threads)
-        mine.prefixes += len(live)
-        mine.min_sum += int(live.least.sum())
-        span = (0, len(live))
-        got = extend(plan, step, prefixes, live, span, layers, mine, (), threads, True, per, value)
-        tally.joins += live.joins
-        if got.flagged:  # a binding's weight left int64: written again, to name it
-            made = extend(plan, step, prefixes, live, span, layers, StepCounts(""))
-            check_overflow(plan, (made.made, None))
+        made = extend(plan, step, prefixes, live, (0, len(live)), layers, StepCounts(""))
+        check_overflow(plan, (made.made, None))
     tally.joins += got.joins
     tally.steps[k] = tally.steps[k].plus(mine)
     return Prefixes(dict(prefixes.cols), per), None
 
 
-def _grouped(plan: Plan, part: Part) -> Part:
+def _grouped(plan: Plan, part: Part, cliques: bool = False) -> Part:
     """An aggregate rule's part as partial sums of its groups: each row's weight times the
     summed variable where the row binds it, runs of rows of one group added up, zeros
-    dropped (a sum leaving int64 raises naming the group)."""
+    dropped (a sum leaving int64 raises naming the group). With `cliques` the bindings are
+    those of the `Plan.members` rules: each one's weight goes to each of its variables' groups."""
     p, kept = part
     p = weighed(plan, p if kept is None else p.take(kept))
+    if cliques and plan.members is not None:
+        vs = [p.cols[u] for u in plan.members.query.head]
+        dense = _credited(vs, p.weight)
+        if dense is not None:
+            return Prefixes({plan.query.head[0]: dense[0]}, dense[1]), None
+        p = Prefixes({plan.query.head[0]: np.concatenate(vs)}, np.tile(p.weight, len(vs)))
     cols = [p.cols[v] for v in plan.query.head]
     edge = np.zeros(len(p), dtype=bool)
     edge[:1] = True
@@ -425,6 +443,30 @@ def _grouped(plan: Plan, part: Part) -> Part:
     keep = starts[sums != 0]
     head = {v: c[keep] for v, c in zip(plan.query.head, cols, strict=True)}
     return Prefixes(head, sums[sums != 0]), None
+
+
+def _credited(
+    cols: Sequence[np.ndarray], weight: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The weights credited to the values of every column, summed per value by a dense count:
+    the values (ascending) and their sums that are not 0; None (summed by sorting instead)
+    when the values span more than twice the credits or a partial sum could leave the
+    integers float64 holds exactly.
+
+    >>> _credited([np.array([5, 6]), np.array([6, 7])], np.array([2, -2]))
+    (array([5, 7]), array([ 2, -2]))
+    """
+    n = len(weight) * len(cols)
+    if n == 0 or magnitude(weight) * n >= 1 << 53:
+        return None
+    lo = min(int(c.min()) for c in cols)
+    span = max(int(c.max()) for c in cols) - lo + 1
+    if span > 2 * n:
+        return None
+    w = weight.astype(np.float64)
+    total = sum(np.bincount(c - lo, weights=w, minlength=span) for c in cols)
+    at = np.flatnonzero(total)
+    return at + lo, np.asarray(total)[at].astype(I64)
 
 
 def weighed(plan: Plan, p: Prefixes) -> Prefixes:
@@ -529,6 +571,7 @@ def weights(
     the rule's start filters drop, else its least candidate count at the rule's first step
     plus `PREFIX_WORK` (`PREFIX_WORK_COUNTED` when the bindings are only `counting`), to cut
     the delta into pieces of similar work (1 for a kept tuple of a rule without steps)."""
+    plan, rule = enumerated(plan, rule, layers)
     d = delta_layer(plan, rule, layers)
     m = len(d) if at is None else len(at)
     start = plan.atom_vars[rule.delta]
@@ -588,6 +631,7 @@ def prepare(plan: Plan, rule: DeltaRule, layers: Layers) -> None:
     """Make every search structure the rule reads lazily (views, columns, unit flags, and the
     directories its many probes will want), so rules running at once on several threads over
     the same layers only read them."""
+    plan, rule = enumerated(plan, rule, layers)
     d = delta_layer(plan, rule, layers)
     many = len(d)
 

@@ -24,7 +24,6 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
-import subprocess
 import sysconfig
 import tempfile
 from pathlib import Path
@@ -65,6 +64,8 @@ def _load_file(path: Path) -> ModuleType:
 
 def build(target: Path, digest: str) -> None:
     """Compile the source into `target` (written beside it, then renamed into place)."""
+    import subprocess  # (only to build: a process that finds its module never needs it)
+
     cc = (sysconfig.get_config_var("CC") or "cc").split()
     include = sysconfig.get_paths()["include"]
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -166,13 +166,14 @@ NativeExtender = tuple[list[Any], list[Any] | None, tuple[int, ...], bool]
 
 
 def _native_extender(
-    plan: Plan, x: Extender, names: Sequence[Var], layers: Layers, m: int
+    plan: Plan, x: Extender, names: Sequence[Var], layers: Layers, m: int, counted: bool = True
 ) -> NativeExtender:
     """Extender `x` as the compiled kernel reads it: its source layers, its counts layers
-    (None: counted by its one source layer's ranges), its key's prefix columns, completes."""
+    (None: counted by its source layers' ranges; only one layer's unless not `counted`), its
+    key's prefix columns, completes."""
     source = [layer for layer in layers.layers(*support_source(x), x.version) if len(layer)]
     counts = None
-    if len(source) > 1:
+    if len(source) > 1 and counted:
         counts = [layer.spec(m) for layer in layers.layers(*counts_source(x), x.version)]
     key = tuple(names.index(plan.atom_vars[x.atom][k]) for k in x.key)
     return [layer.spec(m, values=not key) for layer in source], counts, key, x.completes
@@ -365,17 +366,20 @@ def count_and_extend(
     threads: int = 1,
     per: np.ndarray | None = None,
     value: bool = False,
+    ranged: bool = False,
 ) -> Extended | None:
-    """A count's last step in one pass, when every extender reads one layer (a first load,
-    a static count): each prefix counted and picked as `count` does it, then proposed and
-    validated as `extend` counting does, without the arrays of live rows, tags and least
-    counts; the step's counts as the two would add them (`joins`: the count's rows alive
-    after each extender, then the lookups). None when some extender reads several layers
-    (`count`, then `extend`). `per` and `value` as `extend` takes them."""
+    """A count's last step in one pass: each prefix counted and picked as `count` does it,
+    then proposed and validated as `extend` counting does, without the arrays of live rows,
+    tags and least counts; the step's counts as the two would add them (`joins`: the count's
+    rows alive after each extender, then the lookups). When some extender reads several
+    layers (a warm epoch): None (`count`, then `extend`), or with `ranged` each counted by
+    its key's ranges in its layers instead of its counts (no lookups but those extending
+    makes: the prefixes and least counts it reports are then bounds, an entry a layer
+    cancels still counted). `per` and `value` as `extend` takes them."""
     names = list(prefixes.cols)
     m = len(prefixes)
-    xs = [_native_extender(plan, x, names, layers, m) for x in step.extenders]
-    if any(x[1] is not None for x in xs):
+    xs = [_native_extender(plan, x, names, layers, m, counted=False) for x in step.extenders]
+    if not ranged and any(len(x[0]) > 1 for x in xs):
         return None
     cols = contiguous(prefixes.cols.values())
     outcome = native.extend(

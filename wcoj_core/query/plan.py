@@ -17,7 +17,9 @@ multiplies in exactly once.
 A rule of an aggregate query (`Query.aggregate`) binds, among the variables linked to those
 bound, the head's first, then the others, the summed variable last: when the last variable is
 not the head's, the kernel counts its candidates per group (weighted, or summed times their
-values) instead of enumerating them (`wcoj_core.kernel.join`).
+values) instead of enumerating them (`wcoj_core.kernel.join`). A count per vertex of the
+cliques of an undirected relation also carries the cliques' own plan (`members`), which the
+kernel runs instead.
 
 Atoms see their relation through an `AtomView`: constants select, a repeated variable selects
 equal columns, and the view's columns are the atom's distinct variables. Atoms with the same view
@@ -204,6 +206,9 @@ class Plan:
     filters: tuple[Filter, ...]
     implied: tuple[Filter, ...]
     rules: tuple[DeltaRule, ...]
+    # An aggregate counting the cliques at each member (`members`): the cliques' own plan, each
+    # of whose full bindings adds its weight to the group of each of its variables.
+    members: Plan | None = None
     arrangements: tuple[Arrangement, ...] = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -214,7 +219,7 @@ class Plan:
         seen: dict[Arrangement, None] = {}
         for view in self.views:
             seen.setdefault(Arrangement(Kind.SELF, view), None)
-        for rule in self.rules:
+        for rule in self.rules + (() if self.members is None else self.members.rules):
             for step in rule.steps:
                 for x in step.extenders:
                     seen.setdefault(x.counts, None)
@@ -430,11 +435,13 @@ def plan_query(
     query: Query,
     sizes: Mapping[str, int] | None = None,
     orders: Mapping[int, Sequence[Var]] | None = None,
+    undirected: Collection[str] = (),
 ) -> Plan:
     """Plan every delta rule of `query`.
 
     `sizes` (relation -> tuple count) breaks ties between variables; `orders` forces the
-    variable order of chosen rules (tests use it to exercise every order).
+    variable order of chosen rules (tests use it to exercise every order; then no `members`
+    plan is made); `undirected` names the undirected relations (for `members`).
     """
     if len(query.atoms) > MAX_ATOMS:
         raise QueryError(
@@ -448,6 +455,7 @@ def plan_query(
         plan_rule(query, i, (orders or {}).get(i), sizes, filters, shape)
         for i in range(len(query.atoms))
     )
+    cliques = None if orders else members(query, undirected)
     return Plan(
         query=query,
         views=shape.views,
@@ -455,6 +463,7 @@ def plan_query(
         filters=filters,
         implied=implied,
         rules=rules,
+        members=None if cliques is None else plan_query(cliques, sizes),
     )
 
 
@@ -512,19 +521,65 @@ def order_free(query: Query, undirected: Collection[str]) -> bool:
 def counted(query: Query, undirected: Collection[str]) -> Query:
     """The query a count of `query` from nothing may run instead: an order-free one
     (`order_free`) with its filters the chain that orders the variables of its last atom first
-    (any chain counts each clique once), else `query`. From nothing, the last atom's rule runs
-    alone (the others read an old state that is empty): it then binds each clique's two lowest
-    vertices and extends only upwards — with the ids relabelled by (degree, id) rank
-    (`wcoj_core.input_land.by_rank`), through the neighbours of higher rank, few even at a hub:
-    the degree ordering of clique listing.
+    (any chain counts each clique once) and each atom written from its lower variable to its
+    higher (the same atom of a relation that is its own mirror, `oriented`), else `query`.
+    From nothing, the last atom's rule runs alone (the others read an old state that is empty):
+    it then binds each clique's two lowest vertices and extends only upwards — with the ids
+    relabelled by (degree, id) rank (`wcoj_core.input_land.by_rank`), through the neighbours of
+    higher rank, few even at a hub: the degree ordering of clique listing.
 
     >>> from wcoj_core.query.builtins import builtin
     >>> str(counted(builtin("triangles"), ["edge"]))
-    'triangles(a, b, c) :- edge(a, b), edge(b, c), edge(a, c), a < c, c < b'
+    'triangles(a, b, c) :- edge(a, b), edge(c, b), edge(a, c), a < c, c < b'
     """
     if not order_free(query, undirected):
         return query
     last = query.atoms[-1].vars
     chain = [*last, *(v for v in query.vars if v not in last)]
     filters = tuple(Filter(x, CmpOp.LT, y) for x, y in itertools.pairwise(chain))
-    return dataclasses.replace(query, filters=filters)
+    atoms = tuple(Atom(a.relation, tuple(sorted(a.vars, key=chain.index))) for a in query.atoms)
+    return dataclasses.replace(query, atoms=atoms, filters=filters)
+
+
+def members(query: Query, undirected: Collection[str]) -> Query | None:
+    """The cliques an aggregate counts at each member, when it is one: ``count()`` per vertex
+    `v` over a clique of one undirected relation whose filters order its other variables (as
+    ``triangles-per-vertex``: each clique holding `v` is then one binding, the others' order
+    fixed), else None. The cliques, each once (`order_free`: every variable ordered), credit
+    their weight to each of their vertices (distinct: an undirected relation has no loops)
+    and find each clique once, where the aggregate's rules find it once per member.
+
+    >>> from wcoj_core.query.builtins import builtin
+    >>> str(members(builtin("triangles-per-vertex"), ["edge"]))
+    'triangles_per_vertex(a, b, c) :- edge(a, b), edge(b, c), edge(a, c), a < b, b < c'
+    >>> [members(builtin(q), ["edge"]) is None for q in ("degrees", "edge-support")]
+    [False, True]
+    """
+    agg = query.aggregate
+    if agg is None or agg.var is not None or len(query.head) != 1:
+        return None
+    chain = tuple(Filter(x, CmpOp.LT, y) for x, y in itertools.pairwise(query.vars))
+    cliques = dataclasses.replace(query, head=query.vars, filters=chain, aggregate=None)
+    rest = set(query.vars) - set(query.head)
+    order = {f.vars for f in (*query.filters, *implied_filters(query.filters))}
+    strict = all(f.op in (CmpOp.LT, CmpOp.GT) and f.vars <= rest for f in query.filters)
+    pairs = {frozenset(p) for p in itertools.combinations(rest, 2)}
+    fits = strict and order == pairs and order_free(cliques, undirected)
+    return cliques if fits else None
+
+
+def oriented(query: Query) -> bool:
+    """Whether every atom of an order-free query (`order_free`) binds its first variable below
+    its second (stated or implied by its filters): its relation's edges from higher to lower
+    are then never matched, and a count may hold each edge once, from lower to higher.
+
+    >>> from wcoj_core.query.builtins import builtin
+    >>> [oriented(q) for q in (builtin("triangles"), counted(builtin("4-cliques"), ["edge"]))]
+    [True, True]
+    """
+    below = {
+        (f.left, f.right) if f.op is CmpOp.LT else (f.right, f.left)
+        for f in (*query.filters, *implied_filters(query.filters))
+        if f.op in (CmpOp.LT, CmpOp.GT)
+    }
+    return all(a.vars in below for a in query.atoms)

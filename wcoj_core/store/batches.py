@@ -1,15 +1,10 @@
 """A state's batches, read and written with pyarrow: the Parquet codec of update triples.
 
-A state's batches are Parquet folders (see `wcoj_core.store`). Spark reads them as DataFrames;
-everything else reads them here into `Layer`s and writes batches of the same schema, with
-pyarrow, wherever it runs: on the driver, or inside a Spark task on an executor. `Batches`
-reaches a state through its `Files` (a local path — on a cluster, storage every executor mounts
-at the same path — or remote storage through pyarrow's file systems: ``hdfs://`` needs
-``libhdfs`` and a Hadoop ``CLASSPATH`` on every executor, ``s3a://`` and ``gs://`` the
-credentials of their usual environment variables).
-
-Reading a batch never consolidates across files; `read_layer` sums everything it read. A batch
-written here holds one Parquet file per writer piece (the manifest names them: no marker file).
+Everything but Spark reads a state's batches here into `Layer`s and writes them, on the driver
+or in a Spark task, through the state's `Files` (local, or remote through pyarrow's file systems:
+``hdfs://`` needs ``libhdfs`` and a Hadoop ``CLASSPATH`` on every executor). Reading never
+consolidates across files (`read_layer` sums what it read); a batch written here is one Parquet
+file per writer piece, named by the manifest.
 """
 
 from __future__ import annotations
@@ -113,12 +108,9 @@ class Batches:
         part: str = "0",
         threads: bool = False,
     ) -> tuple[FileRef, ...]:
-        """Write rows and diffs into the batch folder `rel` as Parquet files named by `part`;
-        each file's name, size and digest (hashed as written; on a local disk, flushed to it).
-
-        With `threads` a large batch is several files written at once. Raises `StateError`
-        (with the folder removed) when the storage refuses.
-        """
+        """Write rows and diffs into the batch folder `rel` as Parquet files named by `part`
+        (several at once with `threads`); each file's name, size and digest. `StateError` (the
+        folder removed) when the storage refuses."""
         n = len(diff)
         files = max(1, min(WRITE_FILES, n // WRITE_FILE_ROWS)) if threads else 1
         cuts = [n * i // files for i in range(files + 1)]

@@ -1,24 +1,12 @@
 """The files of a state, on this machine's disk or on remote storage: the one file interface.
 
-A `Store` keeps its manifests in small JSON files and its data in folders of files; it, the batch
-codec (`wcoj_core.store.batches`) and the checks list, read, create exclusively, sync, hash and
-delete them through `Files`, by '/'-separated paths relative to the state's root:
-
-* on this machine (a path or a ``file:`` URI: `wcoj_core.store.location`), with Python's file
-  API. Creating a file exclusively is a hard link of a fully written, fsynced temporary file:
-  atomic on POSIX file systems. Listing never follows a symbolic link; deleting never deletes
-  through one. Every file created honours the umask.
-* on remote storage (``hdfs://``, ``s3a://``, ``gs://``, ...), through its pyarrow file system
-  (`Files.fs`, the one Parquet is read and written through everywhere). Creating exclusively
-  writes a temporary file and moves it unless the target exists: atomic on HDFS (its rename
-  refuses an existing target); on object stores, run one writer at a time. A file is durable
-  once closed: syncing does nothing.
-
-And what a state needs of local files: a `FileRef` of a written file (size, sha256, stamp),
-the cheap check that a file is still the one written (`check_stamp`), the full one
-(`verify_ref`), files written sealed (`write_sealed`: hashed while written, read-only, in a
-folder nothing reads before the commit) and the syncs of what an epoch wrote, started early
-(`sync_soon`) and awaited by the commit (`Files.sync_many`).
+The store, the batch codec (`wcoj_core.store.batches`) and the checks reach every file through
+`Files`, by '/'-separated paths relative to the state's root: on this machine with Python's file
+API (exclusive creation by a hard link of a fsynced temporary file; never listing or deleting
+through a symbolic link), remotely through its pyarrow file system (`Files.fs`; exclusive creation
+by a move that refuses a target: atomic on HDFS, one writer at a time on object stores). Also: a
+`FileRef` (size, sha256, stamp), `check_stamp`, `verify_ref`, `write_sealed` (hashed while
+written, read-only) and the syncs of an epoch's writes (`sync_soon`, `Files.sync_many`).
 """
 
 from __future__ import annotations
@@ -193,12 +181,9 @@ class Files:
     def create_exclusive(
         self, rel: str, text: str, *, after: Sequence[str] = (), durable: Collection[str] = ()
     ) -> bool:
-        """Create `rel` holding `text`, or return False when it exists: a temporary file,
-        fsynced, hard-linked as `rel` (atomic: the link fails on an existing name), the folder
-        fsynced. `after` (with `durable`, as `sync_many` takes them) is made durable before the
-        link too, its fsyncs and the temporary file's all at once: what a commit point names
-        is durable before it exists, at the cost of one wait rather than two. (On remote
-        storage, see the module.)"""
+        """Create `rel` holding `text`, or return False when it exists: a fsynced temporary file
+        hard-linked as `rel`, the folder fsynced; `after` (and `durable`, as `sync_many` takes
+        them) is made durable in the same wait, before the link."""
         folder, _, name = rel.rpartition("/")
         self.mkdirs(folder)
         tmp = f"{folder}/{temp_name(name)}" if folder else temp_name(name)
@@ -289,14 +274,10 @@ class Files:
     def sync_many(
         self, rels: Sequence[str], durable: Collection[str] = (), also: Sequence[Path] = ()
     ) -> None:
-        """Make files and folders durable, with their entries: each of them, on a few threads
-        (the file system batches concurrent syncs into few journal commits, where one after
-        another each waits for its own). `durable` names folders (relative) whose own entries
-        are durable already (they held what a committed generation names): a new entry in one
-        is synced with it, but its parents are not. With ``WCOJ_SYNCFS=1`` one
-        ``syncfs`` of the whole file system instead (fewer calls, but it also waits for every
-        other process's dirty pages). `also` are more files to fsync at the same time (their
-        entries not). Nothing to do on remote storage."""
+        """Make files and folders durable with their entries, on a few threads; `durable` names
+        folders whose own entries are durable already (their parents are not synced).
+        ``WCOJ_SYNCFS=1``: one ``syncfs`` instead. `also`: more files to fsync meanwhile. Nothing
+        to do on remote storage."""
         if not self.local or (not rels and not also):
             return
         if knob("WCOJ_SYNCFS") == "1" and _syncfs(self.path):
@@ -325,12 +306,9 @@ class Files:
         durable: Collection[str] = (),
         early: list[_Pending] | None = None,
     ) -> tuple[list[str], set[str]]:
-        """What `sync_many` fsyncs of each of `rels`: the files in them, and the folders in
-        them with every folder up to the root, each once; the climb stops at a folder of
-        `durable` (synced for its new entry, its own entry durable already). Paths made as
-        strings. With `early`, a folder whose syncs started when it was written (`sync_soon`)
-        adds them to `early` instead of its files and itself (the folders above it still
-        count)."""
+        """What `sync_many` fsyncs of `rels`: the files in them and every folder up to the root
+        (or to a folder of `durable`), each once. With `early`, a folder whose syncs started when
+        written (`sync_soon`) adds them to `early` instead."""
         root = self.root
         files: list[str] = []
         folders: set[str] = set()
@@ -503,16 +481,10 @@ class HashingWriter:
 def write_sealed(
     path: str | os.PathLike[str], write: Callable[[HashingWriter], None], *, sync: bool = False
 ) -> FileRef:
-    """Write a new file that is never changed again, and its `FileRef` (stamp included).
-
-    `path` must not exist (it is created exclusively) and lie in a folder this writer has just
-    made, which nothing reads before a manifest names it: `write` writes the content straight
-    there (hashed as it goes: the file is not read back), then the file is made read-only and
-    its stamp read last. A failure removes the file; a crash leaves a folder no manifest names
-    (the pruning's orphan, `wcoj_core.store.store`), so no temporary name and no link are
-    needed. It is not made durable here (unless `sync`): the commit that names it does that
-    for everything the epoch wrote at once (`Files.sync_many`).
-    """
+    """Write a new file that is never changed again, and its `FileRef` (stamp included): created
+    exclusively in a folder nothing reads before a manifest names it, hashed as written, made
+    read-only. A failure removes it; a crash leaves an orphan folder the pruning removes. The
+    commit makes it durable (`Files.sync_many`), unless `sync`."""
     target = os.fspath(path)
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # less the umask
     try:

@@ -58,14 +58,9 @@ class FileRef:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """One immutable batch of a trace: its folder (relative to the state), time and rows.
-
-    `files` are its data files; `figures` the trace's (distinct tuples, summed multiplicity,
-    tuples with a negative multiplicity) as of this batch's time. Provenance: `landed` for a
-    relation batch (a digest of the epoch's landed changes), `inputs` for a derived batch (a
-    running digest of every relation's landed digests up to its epoch), `chain` for whatever
-    digest chain the engine keeps across a trace's batches.
-    """
+    """One immutable batch of a trace: its folder (relative to the state), time, rows, data
+    `files`, the trace's `figures` as of it (distinct tuples, summed multiplicity, negative
+    tuples) and its provenance digests (`landed`, `inputs`, `chain`)."""
 
     path: str
     time: int
@@ -79,12 +74,9 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One persisted layer of a trace's index (see `wcoj_core.store.segments`).
-
-    `view` is the pattern of the `AtomView` the layer is seen through (None: the trace as
-    stored), `order` its columns' order, `path` relative to the state and `files` its files by
-    role: one file, `path` itself (role ``layer``); none when `rows` is 0.
-    """
+    """One persisted layer of a trace's index (`wcoj_core.store.segments`): seen through `view`
+    (None: as stored), in column `order`, at `path`, its one file by role (none when `rows` is
+    0)."""
 
     level: Level
     view: Pattern | None
@@ -224,12 +216,8 @@ class Manifest:
         return {p for t in self.traces.values() for p in t.paths()}
 
     def to_json(self) -> str:
-        """Canonical JSON (sorted keys, no spaces, one line) with its ``digest``.
-
-        The text is `canonical` of `_encode_manifest`'s body, put together from the canonical
-        text of each batch, made once per batch object (`_batch_text`): a warm process's
-        manifest holds the batches of every epoch since the last compaction, and encodes only
-        the epoch's new ones again."""
+        """Canonical JSON (sorted keys, no spaces, one line) with its ``digest``, made of each
+        batch's canonical text, made once per batch object (`_batch_text`)."""
         rest = _canonical_manifest(self)
         digest = hashlib.sha256(rest.encode()).hexdigest()
         # "digest" sorts before every field of the body ("epoch", "format", ...): the whole
@@ -748,6 +736,17 @@ def _plan(v: Any) -> StatePlan | None:
     return StatePlan(relations, queries)
 
 
+def incompatible(source: str, found: int) -> IncompatibleState:
+    """The refusal of a state written in format `found`, not this one's."""
+    which, advice = ("an earlier", "re-create the state (apply its epochs into a new directory)")
+    if found > FORMAT:
+        which, advice = "a later", "use that wcoj"
+    return IncompatibleState(
+        f"{source}: this state was created by {which} wcoj (state format {found}) and is not "
+        f"readable by this one (format {FORMAT}); {advice}"
+    )
+
+
 def _decode_manifest(text: str, source: str) -> Manifest:
     try:
         raw = json.loads(text)
@@ -757,16 +756,7 @@ def _decode_manifest(text: str, source: str) -> Manifest:
         _bad(f"expected an object, found {_show(raw)}", "")
     fmt = raw.get("format")
     if type(fmt) is int and fmt != FORMAT:
-        which = "an earlier" if fmt < FORMAT else "a later"
-        advice = (
-            "re-create the state (apply its epochs into a new directory)"
-            if fmt < FORMAT
-            else "use that wcoj"
-        )
-        raise IncompatibleState(
-            f"{source}: this state was created by {which} wcoj (state format {fmt}) and is "
-            f"not readable by this one (format {FORMAT}); {advice}"
-        )
+        raise incompatible(source, fmt)
     raw = _obj(raw, "", ("format", "generation", "epoch", "frontier", "plan", "traces", "digest"))
     _int(raw["format"], "format")
     if _sha(raw["digest"], "digest") != digest_of(raw):

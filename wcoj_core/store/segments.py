@@ -1,30 +1,14 @@
 """Persisted kernel layers: a trace's index segments as one file each, memory-mapped on open.
 
 A segment (`wcoj_core.store.manifest.Segment`) is one sorted, consolidated `Layer` written once
-as one new uncompressed file, ``arrangements/<trace dir>/s-<hex16>.seg``, in no folder of its
-own (layout 3, state format 5; docs/state.md says what each byte is):
-
-* a 64-byte header (`_HEAD`): a magic, the layout, the width, the rows, the first column's
-  directory (its low key, entries and item size), which columns are ``uint32``, the diffs'
-  item size (0: none), whether the first column is stored, the block size;
-* the arrays, each at an offset the header fixes, 8-byte aligned: the directory
-  (``dir[k - low]`` is the first row whose first column is at least ``k``; in a layer of two
-  columns or more it stands for the first column, which is then not stored), the columns
-  (``uint32`` where every value lies in [0, 2^32), else int64), the diffs (int32 or int64; none
-  in a set's layer, whose diffs are all 1). No search key is stored: the kernel searches the
-  columns, and a sort packs them again when it needs keys;
-* the CRC-32 of each block of ``2^BLOCK_SHIFT`` bytes of all of the above, then the CRC-32 of
-  that table and its length: every byte of the file is checked before it is used.
-
-`write_segment` writes it a piece at a time (a mapped layer's rows made a piece at a time), hashes
-it (sha256, for `wcoj verify` and copies) and records its size, sha256 and stamp.
-
-`open_segment` maps the file (one ``mmap``) and checks what opening reads: the file's size, the
-header against the manifest's segment, the block table against its CRC and the header's block
-against the table. Every other block is checked by the kernel when a search first touches it in
-the process (`wcoj_core.kernel.stored`): the cost follows the pages an epoch reads. Any
-mismatch raises `DamagedFile` naming the file; the caller rebuilds the segment from the trace's
-batches and warns.
+as ``arrangements/<trace dir>/s-<hex16>.seg`` (layout 3, state format 5; docs/state.md says what
+each byte is): a 64-byte header (`_HEAD`), the first column's directory, the columns (``uint32``
+where they fit), the diffs (none in a set's layer), and a CRC-32 per block of
+``2^BLOCK_SHIFT`` bytes with the CRC of that table. `write_segment` writes it a piece at a time
+and records its size, sha256 and stamp. `open_segment` maps it and checks the size, the header
+against the manifest and the block table; every other block is checked by the kernel when a
+search first touches it (`wcoj_core.kernel.stored`). A mismatch raises `DamagedFile` naming the
+file; the caller rebuilds the segment from the trace's batches.
 """
 
 from __future__ import annotations
@@ -307,13 +291,9 @@ def _stored(path: str, mapped: mmap.mmap, shape: _Shape) -> Stored:
 
 
 def open_segment(root: str | os.PathLike[str], segment: Segment, *, verify: bool = False) -> Layer:
-    """The layer of a segment of the local state `root`, its file memory-mapped: checked
-    (see the module; with `verify`, read whole against the manifest's sha256), mapped once,
-    its arrays views at their offsets.
-
-    Raises `DamagedFile` for a file that is missing, of another size, with a header that
-    disagrees with the segment or a damaged block table.
-    """
+    """The layer of a segment of the local state `root`, its file mapped once and checked (see
+    the module; with `verify`, read whole against its sha256). `DamagedFile` for a file missing,
+    of another size, or whose header or block table disagrees."""
     if segment.rows == 0:
         return Layer.empty(segment.width)
     path = segment_path(root, segment)

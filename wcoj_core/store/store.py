@@ -1,25 +1,13 @@
 """A state directory: its marker, its manifests, the commit and the pruning of what is unused.
 
-`Store.open` checks the marker (``wcoj-state.json``) and creates a state (its marker and
-``manifests/``) only in a directory that does not exist or is empty: a directory holding anything
-else is never taken for a state. A state without a manifest whose ``traces/`` or
-``arrangements/`` hold folders older than its ``manifests/`` (or that has no ``manifests/``)
-lost its manifests: it is refused by `Store.open` and `Store.current`, never taken for a new
-state (a new history would then prune the old one). A generation is committed by creating the
-next manifest file exclusively (`Store.commit`): of two writers racing for it exactly one wins,
-the other gets `ConcurrentCommit`; the generation a writer built on must still be there; the
-folders the new manifest names are made durable first.
-
-After each commit, `Store.prune` keeps the last `KEEP_MANIFESTS` manifests and removes what
-none of them references, under three rules that keep a user's files safe:
-
-* only names wcoj makes (`wcoj_core.store.names`) are deleted, only inside the trace directories
-  the manifests name (and ``scratch/``, ``manifests/``), never through a symbolic link;
-* a folder referenced by a dropped manifest only (retired by a compaction or a merge) goes at
-  once; anything else unreferenced (staged by a writer that failed, or is still at work) only
-  once it is older than `ORPHAN_AGE` (looked for by a store's first commit, then at most every
-  `SWEEP_SECONDS`);
-* when any manifest cannot be read, or none is there, nothing is deleted.
+`Store.open` checks the marker (``wcoj-state.json``) and creates a state only in a missing or
+empty directory; a state whose manifests were lost (data folders older than ``manifests/``) is
+refused, never taken for a new one. `Store.commit` creates the next manifest exclusively: of two
+racing writers one wins, the other gets `ConcurrentCommit`. `Store.prune` keeps the last
+`KEEP_MANIFESTS` manifests and deletes what none references: only names wcoj makes
+(`wcoj_core.store.names`), inside the trace directories the manifests name, never through a link;
+a folder only a dropped manifest named at once, anything else only after `ORPHAN_AGE`; nothing
+at all when a manifest cannot be read.
 """
 
 from __future__ import annotations
@@ -33,11 +21,11 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from wcoj_core.errors import ConcurrentCommit, DamagedState, IncompatibleState, StateError
+from wcoj_core.errors import ConcurrentCommit, DamagedState, StateError
 from wcoj_core.store import names
 from wcoj_core.store.files import Files, Kind, dangling, drop_early
 from wcoj_core.store.location import Location
-from wcoj_core.store.manifest import FORMAT, FileRef, Manifest, referenced
+from wcoj_core.store.manifest import FORMAT, FileRef, Manifest, incompatible, referenced
 
 KEEP_MANIFESTS = 8
 ORPHAN_AGE = 3600.0
@@ -83,11 +71,8 @@ class Store:
         create: bool,
     ) -> Store:
         """The state at `root`; with `create`, a new one when `root` is new or empty.
-
-        Raises `StateError` for an empty path, a file, a directory that holds other things
-        than a state (no marker), no state when not creating, remote storage pyarrow cannot
-        reach; `IncompatibleState` for a state of another format.
-        """
+        `StateError` for anything else but a state, or storage pyarrow cannot reach;
+        `IncompatibleState` for another format."""
         text = os.fspath(root)
         if not Location.of(text).path.strip():
             raise StateError("the state path is empty: pass a directory")
@@ -145,12 +130,7 @@ class Store:
         if type(found) is not int:
             raise DamagedState(f'{source}: damaged state marker (no "wcoj_state" number)')
         if found != FORMAT:
-            which = "an earlier" if found < FORMAT else "a later"
-            raise IncompatibleState(
-                f"{self.root}: this state was created by {which} wcoj (state format {found}) "
-                f"and is not readable by this one (format {FORMAT})"
-                + ("; re-create the state" if found < FORMAT else "; use that wcoj")
-            )
+            raise incompatible(self.root, found)
 
     def _refuse_earlier_format(self) -> None:
         """A directory without a marker but with manifests of format 1 (wcoj before the
@@ -165,11 +145,7 @@ class Store:
         except (OSError, ValueError, UnicodeDecodeError):
             return
         if isinstance(raw, dict) and raw.get("format") == 1:
-            raise IncompatibleState(
-                f"{self.root}: this state was created by an earlier wcoj (state format 1) and "
-                f"is not readable by this one (format {FORMAT}); re-create the state (apply "
-                f"its epochs into a new directory)"
-            )
+            raise incompatible(self.root, 1)
 
     def _refuse_lost_marker(self, shown: str) -> None:
         """A directory without a marker but with manifests of this format: a state that lost
@@ -278,10 +254,8 @@ class Store:
             raise StateError(f"state {self.root}: cannot read ({e.strerror or e})") from e
 
     def commit(self, manifest: Manifest, expected: Manifest) -> Manifest:
-        """Commit `manifest` as the generation after `expected`, or raise `ConcurrentCommit`
-        if another writer did; then prune. The folders it names that `expected` did not are
-        made durable before the manifest is created (up to the folders holding what `expected`
-        names: a committed generation's folders are durable, entries included)."""
+        """Commit `manifest` as the generation after `expected` (else `ConcurrentCommit`), the
+        folders it adds made durable first; then prune."""
         new = replace(manifest, generation=expected.generation + 1)
         text = new.to_json()
         rel = self._manifest_rel(new.generation)
@@ -347,11 +321,9 @@ class Store:
         return referenced(self.files.read_text(rel), self.uri(rel))
 
     def prune(self, now: float | None = None, *, orphans: bool = True) -> Pruned:
-        """Drop manifests beyond the last `KEEP_MANIFESTS` and what no kept one references
-        (see the module's rules). With `orphans` False, only what dropped manifests retired
-        goes: the folders and files older than `ORPHAN_AGE` are not looked for (a commit
-        looks at most every `SWEEP_SECONDS`: listing every trace folder each epoch of a warm
-        process would find nothing that old)."""
+        """Drop manifests beyond the last `KEEP_MANIFESTS` and what no kept one references (see
+        the module); with `orphans` False only what dropped manifests retired, no search for
+        orphans."""
         now = time.time() if now is None else now
         gens = self.generations()
         if not gens:
@@ -425,12 +397,9 @@ class Store:
         return Pruned(tuple(out_manifests), tuple(out_folders), tuple(out_files))
 
     def discard(self, paths: Iterable[str]) -> list[str]:
-        """Remove staged folders that will never be committed (batches, segments, scratch).
-
-        Called while handling a failure, it never raises: a path that is not a folder name wcoj
-        makes, or that the current generation references (committed after all), is left alone
-        and returned; when the current manifest cannot be read, nothing is deleted.
-        """
+        """Remove staged folders that will never be committed, never raising: a path that is not
+        a name wcoj makes, or that the current generation references, is left alone and returned;
+        nothing is deleted when the current manifest cannot be read."""
         chosen = list(paths)
         if self.files.local:
             drop_early([f"{self.root}/{p}" for p in chosen])
