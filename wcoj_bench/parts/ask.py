@@ -305,6 +305,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "edges": len(edges),
         "load": os.getloadavg(),
     }
+    Path(args.work).mkdir(parents=True, exist_ok=True)  # --work need not exist yet
     with tempfile.TemporaryDirectory(dir=args.work) as scratch:
         work = Path(scratch)
         state = str(work / "state")
