@@ -16,7 +16,7 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 from dagster import DagsterInstance, build_sensor_context
-from oracle import naive_eval
+from oracle import naive_eval, stored
 from wcoj_support import (
     Changes,
     Pipeline,
@@ -30,7 +30,6 @@ from wcoj_support import (
 from wcoj_assets.checks import CURRENT
 from wcoj_assets.epochs import Epochs
 from wcoj_assets.instance import prepare_home
-from wcoj_core.state_read import read_table
 from wcoj_core.traces import output_trace_name
 
 MINUTES = Epochs(per_day=1440)
@@ -56,17 +55,11 @@ def oracle(p: Pipeline, history: dict[int, Changes], t: int) -> Counter:
     return naive_eval(p.topology.query("triangles"), {"edge": {k: m for k, m in edge.items() if m}})
 
 
-def triangles(p: Pipeline, t: int) -> Counter:
-    table = read_table(p.engine, output_trace_name("triangles"), t).to_pydict()
-    out: Counter = Counter()
-    for *row, diff in zip(*table.values(), strict=True):
-        out[tuple(row)] += diff
-    return Counter({k: v for k, v in out.items() if v})
-
-
 def exact(p: Pipeline, history: dict[int, Changes], epochs: list[int]) -> None:
     for t in epochs:
-        assert triangles(p, t) == oracle(p, history, t), MINUTES.folder(t)
+        assert stored(p.engine, output_trace_name("triangles"), t) == oracle(p, history, t), (
+            MINUTES.folder(t)
+        )
 
 
 def tick(p: Pipeline, cursor: str | None = None):
@@ -186,6 +179,8 @@ def test_the_components_epochs_per_day_runs_a_day_of_minutes_in_one_run(tmp_path
     assert p.generation() == 3
     for t in (0, 1, 3, 1000, 1439):
         upto = [ups for time, ups in sorted(history.items()) if time <= t]
-        assert triangles(p, t) == set_oracle(p.topology, "triangles", upto, len(upto) - 1), t
+        assert stored(p.engine, output_trace_name("triangles"), t) == set_oracle(
+            p.topology, "triangles", upto, len(upto) - 1
+        ), t
     with pytest.raises(InputError, match="epochs_per_day 7: not a divisor of 1,440"):
         WcojComponent(**attributes, epochs_per_day=7).build_defs(None)  # type: ignore[arg-type]
